@@ -1,0 +1,192 @@
+"""Build the DuckDB catalog `LAKE/tokenlake.duckdb`: base views over the Parquet files, then
+every view under `sql/`. This is the only module that imports duckdb.
+
+The base views list the lake's Parquet files explicitly, with absolute paths, so the catalog
+works from any working directory and a path with quotes or glob characters cannot break or
+inject into the SQL. The catalog is rebuilt by every extract, so the lists stay current.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from pipeline import schema
+from pipeline.errors import LakeError
+
+if TYPE_CHECKING:
+    import duckdb
+
+log = logging.getLogger(__name__)
+
+_VIEW_STATEMENT = re.compile(r"CREATE\s+OR\s+REPLACE\s+VIEW\s+(\w+)\s", re.IGNORECASE)
+
+_ARROW_TO_DUCKDB: dict[pa.DataType, str] = {
+    pa.bool_(): "BOOLEAN",
+    pa.int8(): "TINYINT",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float32(): "FLOAT",
+    pa.float64(): "DOUBLE",
+    pa.string(): "VARCHAR",
+    pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
+    pa.list_(pa.string()): "VARCHAR[]",
+    pa.list_(pa.int64()): "BIGINT[]",
+}
+
+
+def sql_dir() -> Path:
+    """The one place that knows where the view files live."""
+    return Path(__file__).resolve().parent.parent / "sql"
+
+
+def iter_view_files() -> Iterator[Path]:
+    """Every view definition, one `CREATE OR REPLACE VIEW <file stem>` per file."""
+    yield from sorted(sql_dir().glob("*.sql"))
+
+
+def iter_audit_files() -> Iterator[Path]:
+    """Every audit query (returns the offending rows; zero rows means healthy)."""
+    yield from sorted((sql_dir() / "audits").glob("*.sql"))
+
+
+def quote_literal(text: str) -> str:
+    """A SQL string literal for DuckDB.
+
+    Examples:
+        >>> quote_literal("it's")
+        "'it''s'"
+    """
+    return "'" + text.replace("'", "''") + "'"
+
+
+def duckdb_type(arrow_type: pa.DataType) -> str:
+    """DuckDB type name of a schema column type."""
+    return _ARROW_TO_DUCKDB[arrow_type]
+
+
+def table_files(lake: Path, table: str) -> list[Path]:
+    """The Parquet files of one table, in partition order (hidden temporary files excluded)."""
+    base = lake / table
+    if not base.is_dir():
+        return []
+    files = [p for p in base.glob("run=*/rollout_id=*/*.parquet") if not p.name.startswith(".")]
+    return sorted(files, key=_partition_sort_key)
+
+
+def _partition_sort_key(path: Path) -> tuple[str, int, str]:
+    rid = path.parent.name.partition("=")[2]
+    return (path.parent.parent.name, int(rid) if rid.isdigit() else -1, path.name)
+
+
+def base_view_sql(table: str, files: list[Path]) -> str:
+    """`SELECT` over a table's files with the partition columns first, typed from the schema."""
+    table_schema = schema.TABLE_SCHEMAS[table]
+    if not files:
+        columns = [f"NULL::VARCHAR AS {schema.RUN}", f"NULL::BIGINT AS {schema.ROLLOUT_ID}"]
+        columns += [f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in table_schema]
+        return "SELECT " + ", ".join(columns) + " WHERE false"
+    file_list = ", ".join(quote_literal(str(p.resolve())) for p in files)
+    partition_types = f"{{'{schema.RUN}': VARCHAR, '{schema.ROLLOUT_ID}': BIGINT}}"
+    columns = ", ".join(f.name for f in table_schema)
+    return (
+        f"SELECT {schema.RUN}, {schema.ROLLOUT_ID}, {columns} FROM read_parquet([{file_list}], "
+        f"hive_partitioning = true, hive_types = {partition_types}, hive_types_autocast = false)"
+    )
+
+
+def header_comment(sql_text: str) -> str:
+    """The leading `--` comment block of a view file, used as the view's COMMENT."""
+    lines = []
+    for line in sql_text.splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line[2:].strip())
+    return "\n".join(lines).strip()
+
+
+def create_base_views(con: duckdb.DuckDBPyConnection, lake: Path) -> None:
+    """`tokens`, `samples`, `runs` over the lake's Parquet files."""
+    for table in schema.TABLES:
+        con.execute(
+            f"CREATE OR REPLACE VIEW {table} AS {base_view_sql(table, table_files(lake, table))}"
+        )
+
+
+def create_sql_views(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Create every `sql/*.sql` view, retrying in rounds so a view may build on another.
+
+    Returns:
+        The view names in the order they were created.
+    """
+    import duckdb
+
+    pending = {path: path.read_text(encoding="utf-8") for path in iter_view_files()}
+    for path, text in pending.items():
+        _check_view_file(path, text)
+    created: list[str] = []
+    while pending:
+        errors: dict[Path, Exception] = {}
+        for path, text in list(pending.items()):
+            try:
+                con.execute(text)
+            except duckdb.CatalogException as exc:  # depends on a view not created yet
+                errors[path] = exc
+                continue
+            comment = header_comment(text)
+            con.execute(f"COMMENT ON VIEW {path.stem} IS {quote_literal(comment)}")
+            created.append(path.stem)
+            del pending[path]
+        if errors and len(errors) == len(pending):
+            path, exc = next(iter(errors.items()))
+            raise LakeError(path, f"view `{path.stem}` cannot be created: {exc}")
+    return created
+
+
+def _check_view_file(path: Path, text: str) -> None:
+    match = _VIEW_STATEMENT.search(text)
+    if match is None or match.group(1) != path.stem:
+        raise LakeError(path, f"must hold one `CREATE OR REPLACE VIEW {path.stem} AS ...`")
+
+
+def build_catalog(lake: Path) -> Path:
+    """(Re)build `LAKE/tokenlake.duckdb`; replaced atomically so readers never see half of it.
+
+    Returns:
+        The path of the catalog file.
+    """
+    import duckdb
+
+    lake = lake.resolve()
+    target = lake / schema.CATALOG_FILE
+    tmp = lake / f".{schema.CATALOG_FILE}.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    try:
+        con = duckdb.connect(str(tmp))
+        try:
+            create_base_views(con, lake)
+            create_sql_views(con)
+        finally:
+            con.close()
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)
+    log.info("catalog %s rebuilt", target)
+    return target
+
+
+def connect(lake: Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """Open the lake's catalog."""
+    import duckdb
+
+    path = lake / schema.CATALOG_FILE
+    if not path.is_file():
+        raise LakeError(lake, f"has no `{schema.CATALOG_FILE}`; run `tokenlake extract` first")
+    return duckdb.connect(str(path), read_only=read_only)
