@@ -76,28 +76,38 @@ def table_files(lake: Path, table: str) -> list[Path]:
     base = lake / table
     if not base.is_dir():
         return []
-    files = [p for p in base.glob("run=*/rollout_id=*/*.parquet") if not p.name.startswith(".")]
-    return sorted(files, key=_partition_sort_key)
+    pattern = "/".join(f"{col}=*" for col in schema.TABLE_PARTITIONS[table]) + "/*.parquet"
+    files = [p for p in base.glob(pattern) if not p.name.startswith(".")]
+    return sorted(files, key=lambda p: _partition_sort_key(p.relative_to(base)))
 
 
-def _partition_sort_key(path: Path) -> tuple[str, int, str]:
-    rid = path.parent.name.partition("=")[2]
-    return (path.parent.parent.name, int(rid) if rid.isdigit() else -1, path.name)
+def _partition_sort_key(relative: Path) -> tuple[tuple[str, int], ...]:
+    """Natural order: run name, then step number, then file name."""
+    key = []
+    for part in relative.parts:
+        value = part.partition("=")[2] if "=" in part else part
+        key.append(("", int(value)) if value.isdigit() else (value, -1))
+    return tuple(key)
 
 
 def base_view_sql(table: str, files: list[Path]) -> str:
     """`SELECT` over a table's files with the partition columns first, typed from the schema."""
     table_schema = schema.TABLE_SCHEMAS[table]
+    partitions = schema.TABLE_PARTITIONS[table]
     if not files:
-        columns = [f"NULL::VARCHAR AS {schema.RUN}", f"NULL::BIGINT AS {schema.ROLLOUT_ID}"]
+        columns = [
+            f"NULL::{duckdb_type(schema.PARTITION_TYPES[col])} AS {col}" for col in partitions
+        ]
         columns += [f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in table_schema]
         return "SELECT " + ", ".join(columns) + " WHERE false"
     file_list = ", ".join(quote_literal(str(p.resolve())) for p in files)
-    partition_types = f"{{'{schema.RUN}': VARCHAR, '{schema.ROLLOUT_ID}': BIGINT}}"
-    columns = ", ".join(f.name for f in table_schema)
+    partition_types = ", ".join(
+        f"'{col}': {duckdb_type(schema.PARTITION_TYPES[col])}" for col in partitions
+    )
+    columns = ", ".join([*partitions, *(f.name for f in table_schema)])
     return (
-        f"SELECT {schema.RUN}, {schema.ROLLOUT_ID}, {columns} FROM read_parquet([{file_list}], "
-        f"hive_partitioning = true, hive_types = {partition_types}, hive_types_autocast = false)"
+        f"SELECT {columns} FROM read_parquet([{file_list}], hive_partitioning = true, "
+        f"hive_types = {{{partition_types}}}, hive_types_autocast = false)"
     )
 
 

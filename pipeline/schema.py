@@ -181,6 +181,13 @@ RUNS_SCHEMA = pa.schema(
     ]
 )
 
+# Hive partition columns of each table, outermost first.
+TABLE_PARTITIONS: dict[str, tuple[str, ...]] = {
+    TOKENS: (RUN, ROLLOUT_ID),
+    SAMPLES: (RUN, ROLLOUT_ID),
+    RUNS: (RUN,),
+}
+
 TABLE_SCHEMAS: dict[str, pa.Schema] = {
     TOKENS: TOKENS_SCHEMA,
     SAMPLES: SAMPLES_SCHEMA,
@@ -206,11 +213,15 @@ TENSOR_KIND_TO_ARROW: dict[str, pa.DataType] = {
 }
 
 
-def partition_dir(table: str, run: str, rollout_id: int) -> str:
+def partition_dir(table: str, run: str, rollout_id: int | None = None) -> str:
     """Relative directory of one partition.
 
     Examples:
         >>> partition_dir("tokens", "qwen", 3)
         'tokens/run=qwen/rollout_id=3'
+        >>> partition_dir("runs", "qwen")
+        'runs/run=qwen'
     """
+    if TABLE_PARTITIONS[table] == (RUN,):
+        return f"{table}/{RUN}={run}"
     return f"{table}/{RUN}={run}/{ROLLOUT_ID}={rollout_id}"

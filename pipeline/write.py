@@ -1,0 +1,80 @@
+"""Write lake Parquet files. The only module that uses `pyarrow.parquet`.
+
+Every file is written to a hidden temporary name in its partition directory and renamed into
+place, so a reader (or a crash) never sees half a file. Every setting is stated here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import schema
+from pipeline.errors import LakeError
+
+# 1 Mi rows per row group: a 2-core DuckDB scan gets several groups per step to split, and the
+# min/max statistics per group are fine-grained enough to prune by batch_position.
+ROW_GROUP_SIZE = 1 << 20
+COMPRESSION = "zstd"
+# Level 1: measured within ~3 % of level 3's size on log-prob columns, at twice the speed.
+COMPRESSION_LEVEL = 1
+PARQUET_FORMAT_VERSION = "2.6"
+# Delta encoding suits the monotone key columns; dictionary encoding only pays for strings
+# (on float columns pyarrow tries it, gives up, and wastes time).
+_DELTA_COLUMNS = (schema.BATCH_POSITION, schema.POSITION, schema.SAMPLE_INDEX)
+
+
+def _writer_options(table_schema: pa.Schema) -> dict[str, object]:
+    names = set(table_schema.names)
+    dictionary = [
+        f.name
+        for f in table_schema
+        if pa.types.is_string(f.type) or pa.types.is_list(f.type) and f.name != "prompt_token_ids"
+    ]
+    encodings = {name: "DELTA_BINARY_PACKED" for name in _DELTA_COLUMNS if name in names}
+    return {
+        "compression": COMPRESSION,
+        "compression_level": COMPRESSION_LEVEL,
+        "version": PARQUET_FORMAT_VERSION,
+        "use_dictionary": dictionary,
+        "column_encoding": encodings,
+        "write_statistics": True,
+    }
+
+
+def file_metadata(table: str, run: str, source: str) -> dict[bytes, bytes]:
+    """Key-value metadata stamped into every file: lineage and schema version."""
+    return {
+        b"tokenlake.table": table.encode(),
+        b"tokenlake.schema_version": str(schema.SCHEMA_VERSION).encode(),
+        b"tokenlake.run": run.encode(),
+        b"tokenlake.source": source.encode(),
+    }
+
+
+def write_parquet(path: Path, table: str, data: pa.Table, metadata: dict[bytes, bytes]) -> int:
+    """Write one step's rows of `table` into `path`, atomically (temporary name, then rename).
+
+    A whole step is written at once: `write_table` splits it into ROW_GROUP_SIZE groups,
+    whereas writing many small batches would make one tiny row group per batch.
+
+    Returns:
+        The number of rows written.
+    """
+    table_schema = schema.TABLE_SCHEMAS[table].with_metadata(metadata)
+    if data.schema.remove_metadata() != table_schema.remove_metadata():
+        raise LakeError(path, f"rows do not match the `{table}` schema: {data.schema}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with pq.ParquetWriter(tmp, table_schema, **_writer_options(table_schema)) as writer:  # type: ignore[arg-type]
+            writer.write_table(data.replace_schema_metadata(metadata), ROW_GROUP_SIZE)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise LakeError(path, f"cannot be written ({exc.strerror or exc})") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return data.num_rows

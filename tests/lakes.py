@@ -1,0 +1,54 @@
+"""Build small lakes from hand-written rows, for tests of the SQL views.
+
+Rows are dicts keyed by `pipeline.schema` column names; missing columns are NULL. Partition
+columns (`run`, `rollout_id`) go in the dicts too and choose the partition directory.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline import catalog, schema, write
+
+
+def _defaults(table: str) -> dict[str, Any]:
+    defaults: dict[str, Any] = {}
+    for field in schema.TABLE_SCHEMAS[table]:
+        if not field.nullable:
+            defaults[field.name] = False if pa.types.is_boolean(field.type) else 0
+    return defaults
+
+
+def write_rows(lake: Path, table: str, rows: list[dict[str, Any]]) -> None:
+    """Write rows of one table, one file per (run, rollout_id, evaluation)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    partitions = schema.TABLE_PARTITIONS[table]
+    for row in rows:
+        key = tuple(row[col] for col in partitions) + (row.get(schema.EVALUATION, False),)
+        groups[key].append(row)
+    table_schema = schema.TABLE_SCHEMAS[table]
+    for key, group in groups.items():
+        full = [{**_defaults(table), **row} for row in group]
+        data = pa.Table.from_pylist(
+            [{f.name: r.get(f.name) for f in table_schema} for r in full], schema=table_schema
+        )
+        directory = lake / schema.partition_dir(table, *key[: len(partitions)])
+        stem = schema.EVAL_STEM if key[-1] else schema.TRAIN_STEM
+        write.write_parquet(directory / f"{stem}.parquet", table, data, {})
+
+
+def build_lake(
+    lake: Path,
+    tokens: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    samples: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    runs: list[dict[str, Any]] = (),  # type: ignore[assignment]
+) -> Path:
+    """Write the rows and build the catalog; returns the catalog path."""
+    for table, rows in ((schema.TOKENS, tokens), (schema.SAMPLES, samples), (schema.RUNS, runs)):
+        if rows:
+            write_rows(lake, table, list(rows))
+    return catalog.build_catalog(lake)
