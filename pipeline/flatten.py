@@ -1,0 +1,185 @@
+"""Turn one resolved step into Arrow tables: pure functions over whole columns.
+
+Per-sample work is a handful of numpy calls; nothing loops per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline import schema
+from pipeline.errors import DumpFormatError
+from pipeline.resolve import TrainRow, sample_label
+from pipeline.summary import sample_summary
+
+
+@dataclass
+class SampleTokens:
+    """The response-aligned arrays of one sample, before masking."""
+
+    token_ids: np.ndarray  # int64 [R]
+    mask: np.ndarray | None  # int8 [R]: train mask, else the rollout dump's, else None
+    has_train: bool
+    columns: dict[str, np.ndarray | None]  # tokens column -> float32 [R] or None
+
+
+def sample_tokens(
+    path: Path, position: int, sample: dict[str, Any], train: TrainRow | None
+) -> SampleTokens:
+    """Collect one sample's per-token values under the masking rules of section 5.3."""
+    tokens = np.asarray(sample.get("tokens") or [], dtype=np.int64)
+    response_length = int(sample.get("response_length") or 0)
+    label = sample_label(position, sample)
+    if response_length > len(tokens) or response_length < 0:
+        raise DumpFormatError(
+            path,
+            f"`response_length` {response_length} exceeds the {len(tokens)} `tokens`",
+            sample=label,
+        )
+    token_ids = tokens[len(tokens) - response_length :]
+    rollout_lp = _rollout_side(path, label, sample, "rollout_log_probs", response_length)
+    if train is None:
+        mask = _rollout_side(path, label, sample, "loss_mask", response_length)
+        columns = {name: None for name in schema.TOKEN_STAT_COLUMNS}
+        columns[schema.ROLLOUT_LOG_PROB] = _f32(rollout_lp)
+        return SampleTokens(token_ids, _i8(mask), False, columns)
+    if train.response_length != response_length:
+        # Media expansion (section 8.13): the train arrays do not fit the rollout token grid.
+        train.fields = dict.fromkeys(train.fields)
+        train.alignment_failed = True
+        mask = np.zeros(response_length, dtype=np.int8)
+    else:
+        mask = train.loss_mask
+    return SampleTokens(token_ids, _i8(mask), True, _train_columns(train, rollout_lp))
+
+
+def _train_columns(train: TrainRow, rollout_lp: np.ndarray | None) -> dict[str, np.ndarray | None]:
+    fields = train.fields
+    columns: dict[str, np.ndarray | None] = {
+        column: _f32(fields[name]) for name, column in schema.TRAIN_TOKEN_FIELDS.items()
+    }
+    train_rlp = _f32(fields[schema.ROLLOUT_LOG_PROBS_FIELD])
+    # The trainer compared its log-probs with the train-side copy: lp_diff uses that pair.
+    lp = columns[schema.TRAIN_LOG_PROB]
+    columns[schema.LP_DIFF] = None if lp is None or train_rlp is None else lp - train_rlp
+    columns[schema.ROLLOUT_LOG_PROB] = train_rlp if train_rlp is not None else _f32(rollout_lp)
+    return columns
+
+
+def _rollout_side(
+    path: Path, label: str, sample: dict[str, Any], key: str, response_length: int
+) -> np.ndarray | None:
+    values = sample.get(key)
+    if values is None:
+        return None
+    array = np.asarray(values)
+    if array.ndim != 1 or len(array) != response_length:
+        raise DumpFormatError(
+            path,
+            f"`{key}` has {len(array)} entries; `response_length` is {response_length}",
+            sample=label,
+        )
+    return array
+
+
+def _f32(values: np.ndarray | None) -> np.ndarray | None:
+    return None if values is None else np.asarray(values, dtype=np.float32)
+
+
+def _i8(values: np.ndarray | None) -> np.ndarray | None:
+    return None if values is None else (np.asarray(values) > 0).astype(np.int8)
+
+
+def tokens_table(
+    evaluation: bool, sample_indices: Sequence[int | None], parts: list[SampleTokens]
+) -> pa.Table:
+    """One row per response token of the step, sorted by (batch_position, position)."""
+    lengths = np.fromiter((len(p.token_ids) for p in parts), dtype=np.int64, count=len(parts))
+    total = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    positions = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+    index_values = np.array([-1 if i is None else i for i in sample_indices], dtype=np.int64)
+    index_valid = np.array([i is not None for i in sample_indices], dtype=bool)
+    arrays: dict[str, pa.Array] = {
+        schema.EVALUATION: pa.array(np.full(total, evaluation, dtype=bool)),
+        schema.BATCH_POSITION: pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), lengths)),
+        schema.SAMPLE_INDEX: _with_validity(
+            np.repeat(index_values, lengths), np.repeat(index_valid, lengths)
+        ),
+        schema.POSITION: pa.array(positions.astype(np.int32)),
+        schema.TOKEN_ID: pa.array(_concat([p.token_ids for p in parts], np.int64, total)),
+        schema.LOSS_MASK: _mask_column(parts, total),
+    }
+    covered = _covered(parts, total)
+    for column in schema.TOKEN_STAT_COLUMNS:
+        arrays[column] = _stat_column(parts, column, covered, total)
+    return pa.Table.from_pydict(arrays, schema=schema.TOKENS_SCHEMA)
+
+
+def _concat(chunks: list[np.ndarray], dtype: type, total: int) -> np.ndarray:
+    return np.concatenate(chunks).astype(dtype, copy=False) if chunks else np.zeros(total, dtype)
+
+
+def _with_validity(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    return pa.array(values, mask=~valid) if not valid.all() else pa.array(values)
+
+
+def _mask_column(parts: list[SampleTokens], total: int) -> pa.Array:
+    values = np.zeros(total, dtype=np.int8)
+    valid = np.zeros(total, dtype=bool)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        if part.mask is not None:
+            values[offset : offset + n] = part.mask
+            valid[offset : offset + n] = True
+        offset += n
+    return _with_validity(values, valid)
+
+
+def _covered(parts: list[SampleTokens], total: int) -> np.ndarray:
+    """Positions whose values are shown: mask on, or no mask known for the sample."""
+    covered = np.ones(total, dtype=bool)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        if part.mask is not None:
+            covered[offset : offset + n] = part.mask > 0
+        offset += n
+    return covered
+
+
+def _stat_column(
+    parts: list[SampleTokens], column: str, covered: np.ndarray, total: int
+) -> pa.Array:
+    values = np.zeros(total, dtype=np.float32)
+    valid = np.zeros(total, dtype=bool)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        source = part.columns.get(column)
+        if source is not None:
+            values[offset : offset + n] = source
+            valid[offset : offset + n] = True
+        offset += n
+    return _with_validity(values, valid & covered)
+
+
+def samples_table(
+    rollout_id: int,
+    evaluation: bool,
+    samples: list[dict[str, Any]],
+    train_rows: dict[int, TrainRow],
+) -> pa.Table:
+    """One row per rollout-dump sample with the reference summary's scalar columns."""
+    rows = [
+        sample_summary(rollout_id, evaluation, position, sample, train_rows.get(position))
+        for position, sample in enumerate(samples)
+    ]
+    return pa.Table.from_pylist(rows, schema=schema.SAMPLES_SCHEMA)
