@@ -1,9 +1,10 @@
 """Build the DuckDB catalog `LAKE/tokenlake.duckdb`: base views over the Parquet files, then
 every view under `sql/`. This is the only module that imports duckdb.
 
-The base views list the lake's Parquet files explicitly, with absolute paths, so the catalog
-works from any working directory and a path with quotes or glob characters cannot break or
-inject into the SQL. The catalog is rebuilt by every extract, so the lists stay current.
+The base views list the Parquet files that the run manifests name (pipeline/manifest.py),
+with absolute paths, so the catalog works from any working directory, shows only committed
+files, and a path with quotes or glob characters cannot break or inject into the SQL. The
+catalog is rebuilt by every extract, so the lists stay current.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from pipeline import schema
+from pipeline import manifest, schema
 from pipeline.errors import LakeError
 
 if TYPE_CHECKING:
@@ -72,22 +73,8 @@ def duckdb_type(arrow_type: pa.DataType) -> str:
 
 
 def table_files(lake: Path, table: str) -> list[Path]:
-    """The Parquet files of one table, in partition order (hidden temporary files excluded)."""
-    base = lake / table
-    if not base.is_dir():
-        return []
-    pattern = "/".join(f"{col}=*" for col in schema.TABLE_PARTITIONS[table]) + "/*.parquet"
-    files = [p for p in base.glob(pattern) if not p.name.startswith(".")]
-    return sorted(files, key=lambda p: _partition_sort_key(p.relative_to(base)))
-
-
-def _partition_sort_key(relative: Path) -> tuple[tuple[str, int], ...]:
-    """Natural order: run name, then step number, then file name."""
-    key = []
-    for part in relative.parts:
-        value = part.partition("=")[2] if "=" in part else part
-        key.append(("", int(value)) if value.isdigit() else (value, -1))
-    return tuple(key)
+    """The Parquet files of one table that the runs' manifests list, by run then step."""
+    return [lake / name for run in manifest.load_all(lake) for name in run.files(table)]
 
 
 def base_view_sql(table: str, files: list[Path]) -> str:
@@ -142,20 +129,21 @@ def create_sql_views(con: duckdb.DuckDBPyConnection) -> list[str]:
         _check_view_file(path, text)
     created: list[str] = []
     while pending:
+        created_before = len(created)
         errors: dict[Path, Exception] = {}
         for path, text in list(pending.items()):
             try:
                 con.execute(text)
-            except duckdb.CatalogException as exc:  # depends on a view not created yet
+            except duckdb.CatalogException as exc:  # may depend on a view not created yet
                 errors[path] = exc
                 continue
             comment = header_comment(text)
             con.execute(f"COMMENT ON VIEW {path.stem} IS {quote_literal(comment)}")
             created.append(path.stem)
             del pending[path]
-        if errors and len(errors) == len(pending):
-            path, exc = next(iter(errors.items()))
-            raise LakeError(path, f"view `{path.stem}` cannot be created: {exc}")
+        if errors and len(created) == created_before:  # a round without progress: give up
+            problems = "; ".join(f"`{p.stem}`: {str(e).splitlines()[0]}" for p, e in errors.items())
+            raise LakeError(sql_dir(), f"views cannot be created: {problems}")
     return created
 
 

@@ -176,10 +176,13 @@ def samples_table(
     evaluation: bool,
     samples: list[dict[str, Any]],
     train_rows: dict[int, TrainRow],
+    train_files: int,
 ) -> pa.Table:
     """One row per rollout-dump sample with the reference summary's scalar columns."""
     rows = [
-        sample_summary(rollout_id, evaluation, position, sample, train_rows.get(position))
+        sample_summary(
+            rollout_id, evaluation, position, sample, train_rows.get(position), train_files
+        )
         for position, sample in enumerate(samples)
     ]
     return pa.Table.from_pylist(rows, schema=schema.SAMPLES_SCHEMA)

@@ -157,6 +157,9 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field("metadata_json", pa.string()),  # Sample.metadata as JSON
         # --- train side (null when the sample has no train row) ---
         pa.field("has_train_row", pa.bool_(), nullable=False),  # some train file holds it
+        # Train files the step had at extraction; 0 marks a rollout-only step (eval files,
+        # --debug-rollout-only, or a step still training: re-extracted when they appear).
+        pa.field("step_train_files", pa.int32(), nullable=False),
         pa.field("raw_reward", pa.float64()),  # raw_reward[batch_position]
         pa.field("normalized_reward", pa.float64()),  # train `rewards` (group-normalised)
         pa.field("truncated", pa.bool_(), nullable=False),  # train flag, else status

@@ -19,6 +19,7 @@ def sample_summary(
     position: int,
     sample: dict[str, Any],
     train: TrainRow | None,
+    step_train_files: int = 0,
 ) -> dict[str, Any]:
     """One `samples` row (column names from `pipeline.schema.SAMPLES_SCHEMA`)."""
     tokens = list(sample.get("tokens") or [])
@@ -59,6 +60,7 @@ def sample_summary(
         "response_text": _text_or_none(sample.get("response")),
         "prompt_token_ids": [int(t) for t in tokens[:prompt_length]],
         "metadata_json": to_json(sample.get("metadata") or {}),
+        "step_train_files": step_train_files,
         **_train_side(train, status),
     }
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline import catalog, schema, write
+from pipeline import catalog, manifest, schema, write
 
 
 def _defaults(table: str) -> dict[str, Any]:
@@ -21,6 +21,24 @@ def _defaults(table: str) -> dict[str, Any]:
         if not field.nullable:
             defaults[field.name] = False if pa.types.is_boolean(field.type) else 0
     return defaults
+
+
+def _record(lake: Path, table: str, key: tuple[Any, ...], path: Path) -> None:
+    """List the file in the run's manifest, as an extraction would."""
+    run = key[0]
+    entry = manifest.load_manifest(lake, run) or manifest.RunManifest(run=run, source_dir="")
+    relative = str(path.relative_to(lake))
+    if table == schema.RUNS:
+        entry.runs_file = relative
+    else:
+        rollout_id, evaluation = key[1], key[-1]
+        step_key = f"eval_{rollout_id}" if evaluation else str(rollout_id)
+        step = entry.steps.setdefault(
+            step_key,
+            manifest.StepRecord(rollout_id, evaluation, [], {}, 0, 0, 0, ""),
+        )
+        step.files[table] = relative
+    manifest.save_manifest(lake, entry)
 
 
 def write_rows(lake: Path, table: str, rows: list[dict[str, Any]]) -> None:
@@ -39,6 +57,7 @@ def write_rows(lake: Path, table: str, rows: list[dict[str, Any]]) -> None:
         directory = lake / schema.partition_dir(table, *key[: len(partitions)])
         stem = schema.EVAL_STEM if key[-1] else schema.TRAIN_STEM
         write.write_parquet(directory / f"{stem}.parquet", table, data, {})
+        _record(lake, table, key, directory / f"{stem}.parquet")
 
 
 def build_lake(

@@ -1,0 +1,193 @@
+"""The `tokenlake` command line: a thin layer over the library.
+
+Each command parses options, calls one library function, and prints. Errors raised as
+`PipelineError` become one line, `Error: ...`, and exit code 1; `--debug` (or TOKENLAKE_DEBUG=1)
+shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from pipeline import __version__
+from pipeline.errors import PipelineError, UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def parse_steps(text: str | None) -> list[int] | None:
+    """Parse `0-9,12` into step ids.
+
+    Examples:
+        >>> parse_steps("0-2,7")
+        [0, 1, 2, 7]
+    """
+    if text is None:
+        return None
+    steps: set[int] = set()
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise UsageError(f"--steps `{text}` is not a list of steps or ranges like `0-9,12`.")
+        steps.update(range(int(low), int(high) + 1) if sep else [int(low)])
+    return sorted(steps)
+
+
+class _Command(click.Group):
+    """Turns library errors into one readable line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PipelineError as exc:
+            if ctx.params.get("debug") or os.environ.get("TOKENLAKE_DEBUG"):
+                raise
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Command)
+@click.version_option(__version__, prog_name="tokenlake")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+def main(debug: bool) -> None:
+    """tokenlake: query miles --dump-details training dumps with SQL.
+
+    Example:
+
+    \b
+        tokenlake extract /data/runs/qwen-grpo --lake lake
+        tokenlake query lake "SELECT * FROM step_stats"
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.argument("dump_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--lake",
+    type=click.Path(path_type=Path),
+    default=Path("lake"),
+    show_default=True,
+    help="Lake root directory; one lake holds many runs.",
+)
+@click.option("--run-name", help="The run's name in the lake. Default: the dump directory's name.")
+@click.option("--steps", help="Only these steps, e.g. `0-9,12` (train and eval files of each).")
+@click.option("--strict", is_flag=True, help="Stop at the first bad step instead of skipping it.")
+@click.option("--silent", is_flag=True, help="No progress display on stderr.")
+def extract(
+    dump_dir: Path, lake: Path, run_name: str | None, steps: str | None, strict: bool, silent: bool
+) -> None:
+    """Extract a dump directory into the lake and rebuild the DuckDB catalog.
+
+    Writes LAKE/tokens, LAKE/samples, LAKE/runs (Hive-partitioned Parquet) and
+    LAKE/tokenlake.duckdb. Extracting a run again replaces that run's data only.
+
+    Example:
+
+    \b
+        tokenlake extract /data/runs/qwen-grpo --lake lake --run-name qwen --steps 0-9
+    """
+    from pipeline.extract import extract_run
+
+    reporter = None if silent else _progress_reporter()
+    summary = extract_run(
+        dump_dir, lake, run_name, steps=parse_steps(steps), strict=strict, progress=reporter
+    )
+    if not silent:
+        click.echo("", err=True)
+    for label, message in summary.failed:
+        click.echo(f"Skipped step {label}: {message}", err=True)
+    for path in summary.ignored_files:
+        click.echo(f"Ignored `{path}`: not a rollout or train dump file name", err=True)
+    click.echo(_summary_line(summary))
+    if summary.failed:
+        sys.exit(1)
+
+
+def _progress_reporter() -> Callable[[Any], None]:
+    started = time.perf_counter()
+    totals = {"steps": 0, "tokens": 0}
+
+    def report(result: Any) -> None:
+        totals["steps"] += 1
+        totals["tokens"] += result.tokens
+        rate = totals["tokens"] / max(time.perf_counter() - started, 1e-9)
+        kind = "eval " if result.evaluation else ""
+        click.echo(
+            f"\r{totals['steps']} files done ({kind}step {result.rollout_id}),"
+            f" {totals['tokens']:,} tokens, {rate / 1e6:.2f} M tokens/s   ",
+            err=True,
+            nl=False,
+        )
+
+    return report
+
+
+def _summary_line(summary: Any) -> str:
+    train = sum(1 for s in summary.steps if not s.evaluation)
+    evals = len(summary.steps) - train
+    nonfinite = sum(s.nonfinite_values for s in summary.steps)
+    text = (
+        f"Extracted run `{summary.run}`: {train} train steps, {evals} eval files,"
+        f" {summary.samples:,} samples, {summary.tokens:,} tokens in {summary.seconds:.1f} s"
+        f" -> {summary.lake}"
+    )
+    if nonfinite:
+        text += f" ({nonfinite:,} NaN/inf values kept)"
+    if summary.failed:
+        text += f"; {len(summary.failed)} steps skipped"
+    return text
+
+
+@main.command()
+@click.argument("lake", type=click.Path(path_type=Path), default=Path("lake"))
+def views(lake: Path) -> None:
+    """Rebuild LAKE/tokenlake.duckdb from the lake's Parquet files and the sql/ views.
+
+    Example:
+
+    \b
+        tokenlake views lake
+    """
+    from pipeline.catalog import build_catalog
+
+    click.echo(f"Rebuilt {build_catalog(lake)}")
+
+
+@main.command()
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option(
+    "--preset",
+    default="example",
+    show_default=True,
+    help="Layout and size preset (see docs/generator.md).",
+)
+@click.option("--seed", type=int, default=None, help="Override the preset's random seed.")
+@click.option("--force", is_flag=True, help="Overwrite dump files of an earlier generation in OUT.")
+def generate(out: Path, preset: str, seed: int | None, force: bool) -> None:
+    """Write a synthetic miles dump (deterministic) for trying tokenlake or testing it.
+
+    Example:
+
+    \b
+        tokenlake generate /tmp/dump --preset cp-thd
+    """
+    import dataclasses
+
+    from pipeline import synth
+
+    if preset not in synth.PRESETS:
+        raise UsageError(f"Unknown preset `{preset}`; choose one of: {', '.join(synth.PRESETS)}.")
+    spec = synth.PRESETS[preset]
+    if seed is not None:
+        spec = dataclasses.replace(spec, seed=seed)
+    synth.write_dump(out, spec, force=force)
+    click.echo(f"Wrote preset `{preset}` dump to {out}")

@@ -1,0 +1,93 @@
+"""Housekeeping of the lake directory: the writer lock, the `runs` row, and removal of files
+that no manifest lists (superseded generations, leftovers of a crash).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+
+from pipeline import __version__, manifest, schema, write
+from pipeline.errors import LakeError
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".tokenlake.lock"
+
+
+@contextmanager
+def lake_lock(lake: Path) -> Iterator[None]:
+    """One writer per lake at a time; a second extraction fails at once with a clear error."""
+    path = lake / manifest.MANIFEST_DIR / LOCK_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115 - held for the whole extraction
+    except OSError as exc:
+        raise LakeError(lake, f"cannot be written ({exc.strerror or exc})") from exc
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise LakeError(
+                lake, "another tokenlake extraction is writing to it; wait for it to finish"
+            ) from exc
+        yield
+    finally:
+        handle.close()
+
+
+def write_run_row(lake: Path, record: manifest.RunManifest) -> None:
+    """Write the run's `runs` row under a fresh name and list it in the manifest record."""
+    steps = record.steps.values()
+    row = {
+        "source_dir": record.source_dir,
+        "extracted_at": datetime.now(timezone.utc),
+        "tool": f"{schema.TOOL_NAME} {__version__}",
+        "schema_version": schema.SCHEMA_VERSION,
+        "train_steps": sum(1 for s in steps if not s.evaluation),
+        "eval_steps": sum(1 for s in steps if s.evaluation),
+    }
+    table = pa.Table.from_pylist([row], schema=schema.RUNS_SCHEMA)
+    relative = f"{schema.partition_dir(schema.RUNS, record.run)}/run-{secrets.token_hex(4)}.parquet"
+    metadata = write.file_metadata(schema.RUNS, record.run, record.source_dir)
+    write.write_parquet(lake / relative, schema.RUNS, table, metadata)
+    record.runs_file = relative
+
+
+def delete_unlisted(lake: Path, record: manifest.RunManifest) -> int:
+    """Delete the run's files that its manifest does not list; returns how many.
+
+    Safe only under `lake_lock`: then no other writer has files in flight.
+    """
+    listed = {lake / name for table in schema.TABLES for name in record.files(table)}
+    deleted = 0
+    for table in schema.TABLES:
+        run_dir = lake / table / f"{schema.RUN}={record.run}"
+        if not run_dir.is_dir():
+            continue
+        for path in sorted(run_dir.rglob("*"), reverse=True):  # files before their folders
+            if path.is_dir():
+                if not any(path.iterdir()):
+                    path.rmdir()
+            elif path not in listed:
+                path.unlink()
+                deleted += 1
+        if not any(run_dir.iterdir()):
+            run_dir.rmdir()
+    if deleted:
+        log.info("deleted %d files of run %s that no manifest lists", deleted, record.run)
+    return deleted
+
+
+def remove_run(lake: Path, run: str) -> None:
+    """Forget a run entirely (manifest first, so the lake is never half-removed)."""
+    os.unlink(manifest.manifest_path(lake, run))
+    delete_unlisted(lake, manifest.RunManifest(run=run, source_dir=""))

@@ -1,0 +1,166 @@
+"""Extract one rollout file (and its train files) into two staged Parquet files.
+
+Runs in a worker process when extraction is parallel, so everything it returns is plain,
+picklable data; errors come back as text instead of exceptions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline import dump, flatten, manifest, schema, write
+from pipeline.errors import DumpFormatError, PipelineError
+from pipeline.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one rollout file became."""
+
+    rollout_id: int
+    evaluation: bool
+    samples: int
+    tokens: int
+    train_files: int
+    samples_with_train_row: int
+    nonfinite_values: int
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """A written step (result and manifest record) or the reason it could not be."""
+
+    label: str
+    status: str
+    result: StepResult | None = None
+    record: manifest.StepRecord | None = None
+    error: str | None = None
+
+
+def fingerprint(files: dump.StepFiles, root: Path) -> list[manifest.SourceFile]:
+    """The identity of a step's source files (name, size, modification time)."""
+    paths = [files.rollout_file, *(path for _, path in files.train_files)]
+    return [manifest.SourceFile.of(path, root) for path in paths]
+
+
+def extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> StepOutcome:
+    """Load, resolve, flatten and write one step; never raises for bad input."""
+    try:
+        sources = fingerprint(files, files.rollout_file.parent.parent)
+        result, written, checksum = _write_step(files, lake, run)
+    except PipelineError as exc:
+        return StepOutcome(files.label, status, error=str(exc))
+    except OSError as exc:  # a file vanished or became unreadable between listing and reading
+        return StepOutcome(files.label, status, error=f"`{exc.filename}`: {exc.strerror}")
+    record = manifest.StepRecord(
+        rollout_id=files.rollout_id,
+        evaluation=files.evaluation,
+        sources=sources,
+        files={table: str(path.relative_to(lake)) for table, path in written.items()},
+        samples=result.samples,
+        tokens=result.tokens,
+        train_files=result.train_files,
+        checksum=checksum,
+    )
+    return StepOutcome(files.label, status, result=result, record=record)
+
+
+def _write_step(
+    files: dump.StepFiles, lake: Path, run: str
+) -> tuple[StepResult, dict[str, Path], str]:
+    tokens, samples_table, result = build_step_tables(files)
+    stem = schema.EVAL_STEM if files.evaluation else schema.TRAIN_STEM
+    generation = secrets.token_hex(4)  # fresh names: the manifest decides when they count
+    written: dict[str, Path] = {}
+    for table, data in ((schema.TOKENS, tokens), (schema.SAMPLES, samples_table)):
+        directory = lake / schema.partition_dir(table, run, files.rollout_id)
+        path = directory / f"{stem}-{generation}.parquet"
+        metadata = write.file_metadata(table, run, str(files.rollout_file))
+        write.write_parquet(path, table, data, metadata)
+        written[table] = path
+    return result, written, tokens_checksum(tokens)
+
+
+def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepResult]:
+    """The step's `tokens` and `samples` tables, in memory."""
+    rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
+    samples: list[dict[str, Any]] = rollout["samples"]
+    train_files = [
+        TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
+    ]
+    train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
+    parts = [
+        flatten.sample_tokens(files.rollout_file, position, sample, train_rows.get(position))
+        for position, sample in enumerate(samples)
+    ]
+    indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
+    tokens = flatten.tokens_table(files.evaluation, indices, parts)
+    samples_table = flatten.samples_table(
+        files.rollout_id, files.evaluation, samples, train_rows, len(train_files)
+    )
+    result = StepResult(
+        rollout_id=files.rollout_id,
+        evaluation=files.evaluation,
+        samples=len(samples),
+        tokens=tokens.num_rows,
+        train_files=len(train_files),
+        samples_with_train_row=len(train_rows),
+        nonfinite_values=count_nonfinite(tokens),
+    )
+    return tokens, samples_table, result
+
+
+def resolve_train_rows(
+    rollout_path: Path, samples: list[dict[str, Any]], train_files: list[TrainFile]
+) -> dict[int, TrainRow]:
+    """Batch position → resolved train row, for every sample some train file holds."""
+    if not train_files:
+        return {}
+    raw_reward = _raw_reward(rollout_path, samples, train_files)
+    located = locate_rows(samples, train_files)
+    return {
+        position: resolve_sample(position, samples[position], locations, raw_reward)
+        for position, locations in sorted(located.items())
+    }
+
+
+def _raw_reward(
+    rollout_path: Path, samples: list[dict[str, Any]], train_files: list[TrainFile]
+) -> list[Any] | None:
+    for train_file in train_files:
+        raw = train_file.columns.get("raw_reward")
+        if raw is None:
+            continue
+        if len(raw) != len(samples):
+            raise DumpFormatError(
+                train_file.path,
+                f"`raw_reward` has {len(raw)} entries but `{rollout_path.name}` has"
+                f" {len(samples)} samples (it is batch-global)",
+            )
+        return list(raw)
+    return None
+
+
+def count_nonfinite(tokens: pa.Table) -> int:
+    """NaN/inf values in the per-token float columns (kept in Parquet, reported to the user)."""
+    total = 0
+    for column in schema.TOKEN_STAT_COLUMNS:
+        values = tokens.column(column).fill_null(0.0).to_numpy()
+        total += int(np.count_nonzero(~np.isfinite(values)))
+    return total
+
+
+def tokens_checksum(tokens: pa.Table) -> str:
+    """blake2b of token ids and loss masks in row order (nulls as -1); `verify` recomputes it."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(np.ascontiguousarray(tokens.column(schema.TOKEN_ID).to_numpy()).tobytes())
+    mask = tokens.column(schema.LOSS_MASK).fill_null(-1).to_numpy()
+    digest.update(np.ascontiguousarray(mask).astype(np.int8).tobytes())
+    return digest.hexdigest()
