@@ -10,7 +10,7 @@ RUN_NAME ?=
 EXAMPLE_DUMP ?= example-dump
 BENCH_SCALE ?= 1
 
-.PHONY: help setup extract example views audit sql test test-fast lint fmt bench clean
+.PHONY: help setup extract example follow verify views audit sql test test-fast lint fmt bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -36,6 +36,12 @@ extract: setup ## RUN=dump [LAKE=lake] [RUN_NAME=name]: dump directory -> Parque
 	else \
 	  $(PY) -m pipeline extract "$(RUN)" --lake "$(LAKE)" $(if $(RUN_NAME),--run-name "$(RUN_NAME)"); \
 	fi
+
+follow: setup ## RUN=dump [LAKE=lake]: keep extracting a live run's complete steps (Ctrl-C ends)
+	$(PY) -m pipeline extract "$(RUN)" --lake "$(LAKE)" $(if $(RUN_NAME),--run-name "$(RUN_NAME)") --follow
+
+verify: setup ## [LAKE=lake]: check the lake against its manifests and sources; exit 1 on a mismatch
+	$(PY) -m pipeline verify "$(LAKE)"
 
 views: setup ## rebuild $(LAKE)/tokenlake.duckdb from the Parquet files and sql/
 	$(PY) -m pipeline views "$(LAKE)"

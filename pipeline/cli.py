@@ -81,9 +81,45 @@ def main(debug: bool) -> None:
 @click.option("--run-name", help="The run's name in the lake. Default: the dump directory's name.")
 @click.option("--steps", help="Only these steps, e.g. `0-9,12` (train and eval files of each).")
 @click.option("--strict", is_flag=True, help="Stop at the first bad step instead of skipping it.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=os.cpu_count() or 1,
+    show_default="the core count",
+    help="Steps extracted in parallel processes.",
+)
 @click.option("--silent", is_flag=True, help="No progress display on stderr.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Keep watching a live run; extract each step once complete (Ctrl-C ends).",
+)
+@click.option(
+    "--poll",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="With --follow: seconds between looks at the dump directory.",
+)
+@click.option(
+    "--settle",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="With --follow: seconds without change after which a step whose rank set"
+    " is not known yet (the first step, eval files) counts as complete.",
+)
 def extract(
-    dump_dir: Path, lake: Path, run_name: str | None, steps: str | None, strict: bool, silent: bool
+    dump_dir: Path,
+    lake: Path,
+    run_name: str | None,
+    steps: str | None,
+    strict: bool,
+    workers: int,
+    silent: bool,
+    follow: bool,
+    poll: float,
+    settle: float,
 ) -> None:
     """Extract a dump directory into the lake and rebuild the DuckDB catalog.
 
@@ -94,14 +130,24 @@ def extract(
 
     \b
         tokenlake extract /data/runs/qwen-grpo --lake lake --run-name qwen --steps 0-9
+        tokenlake extract /data/runs/live --lake lake --follow
     """
     from pipeline.extract import extract_run
 
+    if follow:
+        _follow(dump_dir, lake, run_name, workers, poll, settle, silent)
+        return
     reporter = None if silent else _progress_reporter()
     summary = extract_run(
-        dump_dir, lake, run_name, steps=parse_steps(steps), strict=strict, progress=reporter
+        dump_dir,
+        lake,
+        run_name,
+        steps=parse_steps(steps),
+        strict=strict,
+        workers=workers,
+        progress=reporter,
     )
-    if not silent:
+    if reporter is not None and summary.steps:
         click.echo("", err=True)
     for label, message in summary.failed:
         click.echo(f"Skipped step {label}: {message}", err=True)
@@ -110,6 +156,37 @@ def extract(
     click.echo(_summary_line(summary))
     if summary.failed:
         sys.exit(1)
+
+
+def _follow(
+    dump_dir: Path,
+    lake: Path,
+    run_name: str | None,
+    workers: int,
+    poll: float,
+    settle: float,
+    silent: bool,
+) -> None:
+    from pipeline.follow import follow_run
+
+    def on_round(summary: Any) -> None:
+        for label, message in summary.failed:
+            click.echo(f"Not yet: step {label}: {message}", err=True)
+        if summary.steps or summary.counts["removed"]:
+            click.echo(_summary_line(summary))
+
+    if not silent:
+        click.echo(f"Following {dump_dir} every {poll:g} s; Ctrl-C stops.", err=True)
+    follow_run(
+        dump_dir,
+        lake,
+        run_name,
+        poll_seconds=poll,
+        settle_seconds=settle,
+        workers=workers,
+        on_round=on_round,
+    )
+    click.echo("Stopped; the lake holds every step extracted so far.", err=True)
 
 
 def _progress_reporter() -> Callable[[Any], None]:
@@ -123,7 +200,7 @@ def _progress_reporter() -> Callable[[Any], None]:
         kind = "eval " if result.evaluation else ""
         click.echo(
             f"\r{totals['steps']} files done ({kind}step {result.rollout_id}),"
-            f" {totals['tokens']:,} tokens, {rate / 1e6:.2f} M tokens/s   ",
+            f" {totals['tokens']:,} tokens, {rate:,.0f} tokens/s   ",
             err=True,
             nl=False,
         )
@@ -132,19 +209,38 @@ def _progress_reporter() -> Callable[[Any], None]:
 
 
 def _summary_line(summary: Any) -> str:
-    train = sum(1 for s in summary.steps if not s.evaluation)
-    evals = len(summary.steps) - train
-    nonfinite = sum(s.nonfinite_values for s in summary.steps)
+    counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items())
     text = (
-        f"Extracted run `{summary.run}`: {train} train steps, {evals} eval files,"
-        f" {summary.samples:,} samples, {summary.tokens:,} tokens in {summary.seconds:.1f} s"
-        f" -> {summary.lake}"
+        f"Run `{summary.run}`: {counts} steps; wrote {summary.samples:,} samples and"
+        f" {summary.tokens:,} tokens in {summary.seconds:.1f} s -> {summary.lake}"
     )
-    if nonfinite:
-        text += f" ({nonfinite:,} NaN/inf values kept)"
-    if summary.failed:
-        text += f"; {len(summary.failed)} steps skipped"
+    if summary.nonfinite_values:
+        text += f" ({summary.nonfinite_values:,} NaN/inf values kept)"
     return text
+
+
+@main.command()
+@click.argument("lake", type=click.Path(path_type=Path), default=Path("lake"))
+@click.option("--run", "run_name", help="Check only this run.")
+def verify(lake: Path, run_name: str | None) -> None:
+    """Reconcile the lake with its manifests and the dumps it came from; exit 1 on a mismatch.
+
+    Checks every extracted step: files present, every sample once, token rows = sum of
+    response lengths, checksum of token ids and masks, source files unchanged.
+
+    Example:
+
+    \b
+        tokenlake verify lake --run qwen
+    """
+    from pipeline.verify import verify_lake
+
+    checked, problems = verify_lake(lake, run_name)
+    for problem in problems:
+        click.echo(str(problem))
+    click.echo(f"{checked} steps checked, {len(problems)} problems")
+    if problems:
+        sys.exit(1)
 
 
 @main.command()

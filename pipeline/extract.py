@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import catalog, dump, lake_files, manifest
+from pipeline import catalog, dump, lake_files, manifest, schema
 from pipeline.errors import LakeError, PipelineError, UsageError
 from pipeline.step import StepOutcome, StepResult, extract_step, fingerprint
 
@@ -84,6 +84,7 @@ def extract_run(
     strict: bool = False,
     workers: int = 1,
     progress: ProgressCallback | None = None,
+    ready: Callable[[dump.StepFiles], bool] | None = None,
 ) -> ExtractSummary:
     """Extract a miles dump directory into `lake` and rebuild the catalog.
 
@@ -99,6 +100,8 @@ def extract_run(
         strict: Raise on the first bad step instead of recording it and going on.
         workers: Processes extracting steps in parallel.
         progress: Called after each step is written.
+        ready: Only steps for which it returns true are considered (live runs, see follow.py);
+            like `steps`, it keeps the run's other steps as they are.
 
     Returns:
         What was written, what was skipped and why.
@@ -111,18 +114,34 @@ def extract_run(
     with lake_files.lake_lock(lake):
         record = _current_manifest(lake, run, listing.root)
         wanted = set(steps) if steps is not None else None
-        selected = [s for s in listing.steps if wanted is None or s.rollout_id in wanted]
+        selected = [
+            s
+            for s in listing.steps
+            if (wanted is None or s.rollout_id in wanted) and (ready is None or ready(s))
+        ]
         todo = _plan(lake, record, selected, summary)
-        if wanted is None:
+        if wanted is None and ready is None:
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
-        for outcome in _run_steps(todo, lake, run, workers):
-            _commit(lake, record, outcome, summary, strict, progress)
-        lake_files.write_run_row(lake, record)
-        manifest.save_manifest(lake, record)
-        catalog.build_catalog(lake)
-        lake_files.delete_unlisted(lake, record)
+        try:
+            for outcome in _run_steps(todo, lake, run, workers):
+                _commit(lake, record, outcome, summary, strict, progress)
+        finally:  # also on Ctrl-C: publish the steps committed so far
+            if _changed(summary) or not (lake / schema.CATALOG_FILE).is_file():
+                _publish(lake, record)
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _changed(summary: ExtractSummary) -> bool:
+    return any(summary.counts[k] for k in (NEW, UPDATED, REMOVED))
+
+
+def _publish(lake: Path, record: manifest.RunManifest) -> None:
+    """Record the run row, rebuild the catalog, then delete files no manifest lists."""
+    lake_files.write_run_row(lake, record)
+    manifest.save_manifest(lake, record)
+    catalog.build_catalog(lake)
+    lake_files.delete_unlisted(lake, record)
 
 
 def prepare_lake(lake: Path, dump_root: Path) -> Path:
