@@ -287,3 +287,93 @@ def generate(out: Path, preset: str, seed: int | None, force: bool) -> None:
         spec = dataclasses.replace(spec, seed=seed)
     synth.write_dump(out, spec, force=force)
     click.echo(f"Wrote preset `{preset}` dump to {out}")
+
+
+def _parse_settings(pairs: tuple[str, ...]) -> dict[str, float]:
+    """`--set name=value` pairs as drift_settings overrides."""
+    settings: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            settings[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise UsageError(f"--set `{pair}` is not `name=number`, e.g. `--set alarm_k3_kl=0.01`.")
+    return settings
+
+
+_settings_option = click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Override a drift_settings threshold for this command (repeatable).",
+)
+
+
+@main.command()
+@click.argument("lake", type=click.Path(path_type=Path))
+@click.argument("sql")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json", "parquet"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    help="Write to this file instead of stdout (required for parquet on a terminal).",
+)
+@_settings_option
+def query(lake: Path, sql: str, fmt: str, output: Path | None, settings: tuple[str, ...]) -> None:
+    """Run SQL against the lake's catalog and print the result.
+
+    Every view of the catalog is available: tokens, samples, runs, sample_stats, group_stats,
+    step_stats, drift_* (see docs/views.md and docs/drift.md).
+
+    Example:
+
+    \b
+        tokenlake query lake "SELECT * FROM step_stats"
+        tokenlake query lake "SELECT * FROM drift_steps" --format csv -o drift.csv
+    """
+    from pipeline.query import format_table, run_query
+
+    rendered = format_table(run_query(lake, sql, _parse_settings(settings)), fmt)
+    if output is not None:
+        mode = "wb" if isinstance(rendered, bytes) else "w"
+        with open(output, mode) as handle:
+            handle.write(rendered)
+    elif isinstance(rendered, bytes):
+        if sys.stdout.isatty():
+            raise UsageError("Parquet output is binary; give --output FILE or redirect stdout.")
+        sys.stdout.buffer.write(rendered)
+    else:
+        click.echo(rendered, nl=not rendered.endswith("\n"))
+
+
+@main.command()
+@click.argument("lake", type=click.Path(path_type=Path), default=Path("lake"))
+@_settings_option
+def audit(lake: Path, settings: tuple[str, ...]) -> None:
+    """Run the health checks in sql/audits/; print failures and exit 1 if any returns rows.
+
+    Each audit is a query returning the offending rows (zero rows = healthy). Thresholds come
+    from the drift_settings view; override them with --set.
+
+    Example:
+
+    \b
+        tokenlake audit lake --set alarm_mean_abs_lp_diff_smtm=0.2
+    """
+    from pipeline.audit import format_audit_report, run_audits
+
+    results = run_audits(lake, _parse_settings(settings))
+    click.echo(format_audit_report(results))
+    if not all(result.passed for result in results):
+        sys.exit(1)

@@ -1,0 +1,100 @@
+"""The command line: exact text a user sees, and exit codes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import main, parse_steps
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "miles-real" / "dumps"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_parse_steps_accepts_ranges_and_rejects_garbage():
+    assert parse_steps("3,0-1") == [0, 1, 3]
+    code, _, err = run("extract", "x", "--steps", "1-a")
+    assert (code, err) == (
+        1,
+        "Error: --steps `1-a` is not a list of steps or ranges like `0-9,12`.\n",
+    )
+
+
+def test_missing_dump_directory_is_one_line(tmp_path):
+    code, out, err = run("extract", str(tmp_path / "nope"), "--lake", str(tmp_path / "lake"))
+    assert code == 1
+    assert out == ""
+    assert err == f"Error: `{tmp_path / 'nope'}` does not exist\n"
+
+
+def test_directory_that_is_not_a_dump(tmp_path):
+    code, _, err = run("extract", str(tmp_path), "--lake", str(tmp_path / "lake"))
+    assert code == 1
+    assert err == f"Error: `{tmp_path}` is not a miles dump: it has no `rollout_data/` directory\n"
+
+
+def test_run_name_that_cannot_be_a_directory(tmp_path):
+    code, _, err = run(
+        "extract", str(FIXTURES / "basic"), "--lake", str(tmp_path), "--run-name", "a/b"
+    )
+    assert code == 1
+    assert err == (
+        "Error: Run name `a/b` cannot be a partition directory: it must be non-empty, not start"
+        " with `.`, and contain no `/`, `\\`, `=`, `%` or control characters. Choose another"
+        " with --run-name.\n"
+    )
+
+
+@pytest.mark.slow
+def test_extract_then_query_then_reextract(tmp_path):
+    lake = tmp_path / "l'ake [1]"
+    code, out, err = run(
+        "extract",
+        str(FIXTURES / "basic"),
+        "--lake",
+        str(lake),
+        "--run-name",
+        "rü n'1",
+        "--workers",
+        "1",
+    )
+    assert code == 0, err
+    assert re.fullmatch(
+        r"Run `rü n'1`: 3 new, 0 updated, 0 unchanged, 0 removed, 0 skipped steps; wrote 20"
+        rf" samples and 206 tokens in \d+\.\d s -> {re.escape(str(lake))}\n",
+        out,
+    )
+    assert "3 files done (step 1), 206 tokens" in err
+    code, out, _ = run(
+        "query", str(lake), "SELECT run, rollout_id, n_samples, reward_mean FROM step_stats"
+    )
+    assert (code, out) == (
+        0,
+        "run     rollout_id  n_samples  reward_mean\n"
+        "------  ----------  ---------  -----------\n"
+        "rü n'1           0          8         0.25\n"
+        "rü n'1           1          8        0.375\n"
+        "(2 rows)\n",
+    )
+    code, out, _ = run(
+        "extract", str(FIXTURES / "basic"), "--lake", str(lake), "--run-name", "rü n'1", "--silent"
+    )
+    assert out.startswith("Run `rü n'1`: 0 new, 0 updated, 3 unchanged, 0 removed, 0 skipped")
+    code, out, _ = run("verify", str(lake))
+    assert (code, out) == (0, "3 steps checked, 0 problems\n")
+
+
+@pytest.mark.slow
+def test_query_errors_are_one_line(tmp_path):
+    run("extract", str(FIXTURES / "pp2"), "--lake", str(tmp_path), "--silent")
+    code, _, err = run("query", str(tmp_path), "SELECT nope FROM tokens")
+    assert code == 1
+    assert err.startswith('Error: Query failed: Binder Error: Referenced column "nope" not found')
+    assert err.count("\n") >= 1
