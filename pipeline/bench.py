@@ -1,0 +1,267 @@
+"""`make bench`: generate realistic dumps in a temporary directory and print throughput figures.
+
+Each measured pipeline runs in a fresh subprocess so that its wall time, CPU time and peak RSS
+(its own and its workers') are its alone. Figures printed:
+- generation time of each dump (context, not a goal);
+- extraction: response tokens/s by wall clock and per CPU second, peak RSS of the main process
+  and of the largest worker, bytes per token on disk — for tokenlake with 1 and 2 workers, and
+  for a baseline pipeline (torch.load each file + concatenate + write with the same Parquet
+  settings), with the ratios;
+- query time over the lake for `step_stats`, `sample_stats` and `drift_steps`, in token rows/s.
+
+Usage: python -m pipeline.bench [--scale 1.0] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline import catalog, dump, schema, synth, write
+
+BASE_PROMPTS_PER_STEP = 64  # x 8 samples per prompt = 512 samples per step at scale 1
+
+
+def scaled_spec(preset: str, scale: float) -> synth.DumpSpec:
+    """The bench preset with its samples per step multiplied by `scale`."""
+    spec = synth.PRESETS[preset]
+    prompts = max(1, round(BASE_PROMPTS_PER_STEP * scale))
+    return dataclasses.replace(spec, prompts_per_step=prompts)
+
+
+def _high_water_mb() -> float:
+    """This process's peak RSS since exec (VmHWM; ru_maxrss would include the parent's peak
+    inherited through fork)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _usage() -> dict[str, float]:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "cpu": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+        "rss_main_mb": _high_water_mb(),
+        "rss_worker_mb": kids.ru_maxrss / 1024,  # largest worker (spawned: fresh processes)
+    }
+
+
+def measure_extract(dump_dir: Path, lake: Path, workers: int) -> dict[str, Any]:
+    """Child process: tokenlake's extraction."""
+    from pipeline.extract import extract_run
+
+    started = time.perf_counter()
+    summary = extract_run(dump_dir, lake, "bench", workers=workers)
+    wall = time.perf_counter() - started
+    if summary.failed:
+        raise SystemExit(f"bench extraction failed: {summary.failed}")
+    return {"wall": wall, "tokens": summary.tokens, **_usage()}
+
+
+def measure_baseline(dump_dir: Path, out: Path) -> dict[str, Any]:
+    """Child process: the straightforward pipeline (no CP/PP resolution; TP de-duplicated)."""
+    started = time.perf_counter()
+    tokens = 0
+    for files in dump.discover(dump_dir).steps:
+        table = _baseline_step(files)
+        tokens += table.num_rows
+        path = out / f"{files.label}.parquet"
+        write.write_parquet(path, schema.TOKENS, table, {})
+    return {"wall": time.perf_counter() - started, "tokens": tokens, **_usage()}
+
+
+def _baseline_step(files: dump.StepFiles) -> pa.Table:
+    import torch
+
+    rollout = torch.load(files.rollout_file, weights_only=True, mmap=True, map_location="cpu")
+    position_of = {s["index"]: i for i, s in enumerate(rollout["samples"])}
+    shards: dict[tuple[int, ...], dict[str, Any]] = {}
+    for _, path in files.train_files:
+        data = torch.load(path, weights_only=True, mmap=True, map_location="cpu")["rollout_data"]
+        shards.setdefault(tuple(data["sample_indices"]), data)  # lowest rank of a TP group
+    if not shards:
+        return _baseline_rollout_only(files, rollout["samples"])
+    return pa.concat_tables([_baseline_shard(files, data, position_of) for data in shards.values()])
+
+
+def _baseline_shard(files: dump.StepFiles, data: dict[str, Any], position_of: dict) -> pa.Table:
+    import torch
+
+    lengths = torch.tensor(data["response_lengths"], dtype=torch.int64)
+    positions = torch.tensor([position_of[i] for i in data["sample_indices"]], dtype=torch.int32)
+    total = int(lengths.sum())
+    starts = torch.cumsum(lengths, 0) - lengths
+    mask = torch.cat(data["loss_masks"]).numpy() > 0
+    response_ids = torch.cat(
+        [t[len(t) - r :] for t, r in zip(data["tokens"], lengths.tolist(), strict=True)]
+    )
+    columns: dict[str, Any] = {
+        schema.EVALUATION: pa.array(np.zeros(total, dtype=bool)),
+        schema.BATCH_POSITION: pa.array(torch.repeat_interleave(positions, lengths).numpy()),
+        schema.SAMPLE_INDEX: pa.array(
+            torch.repeat_interleave(torch.tensor(data["sample_indices"]), lengths).numpy()
+        ),
+        schema.POSITION: pa.array(
+            (torch.arange(total) - torch.repeat_interleave(starts, lengths)).int().numpy()
+        ),
+        schema.TOKEN_ID: pa.array(response_ids.numpy()),
+        schema.LOSS_MASK: pa.array(mask.astype(np.int8)),
+    }
+    fields = {"rollout_log_probs": schema.ROLLOUT_LOG_PROB, **schema.TRAIN_TOKEN_FIELDS}
+    for name, column in fields.items():
+        values = torch.cat(data[name]).float().numpy() if name in data else None
+        columns[column] = (
+            pa.array(values, mask=~mask) if values is not None else pa.nulls(total, pa.float32())
+        )
+    lp, rlp = data.get("log_probs"), data.get("rollout_log_probs")
+    diff = (torch.cat(lp) - torch.cat(rlp)).numpy() if lp and rlp else None
+    columns[schema.LP_DIFF] = (
+        pa.array(diff, mask=~mask) if diff is not None else pa.nulls(total, pa.float32())
+    )
+    return pa.table(columns, schema=schema.TOKENS_SCHEMA)
+
+
+def _baseline_rollout_only(files: dump.StepFiles, samples: list[dict[str, Any]]) -> pa.Table:
+    rows = {name: [] for name in schema.TOKENS_SCHEMA.names}
+    for position, sample in enumerate(samples):
+        r = int(sample["response_length"])
+        rows[schema.TOKEN_ID].extend(sample["tokens"][len(sample["tokens"]) - r :])
+        rows[schema.ROLLOUT_LOG_PROB].extend(sample["rollout_log_probs"] or [None] * r)
+        rows[schema.BATCH_POSITION].extend([position] * r)
+        rows[schema.SAMPLE_INDEX].extend([sample["index"]] * r)
+        rows[schema.POSITION].extend(range(r))
+    total = len(rows[schema.TOKEN_ID])
+    rows[schema.EVALUATION] = [files.evaluation] * total
+    for name in schema.TOKENS_SCHEMA.names:
+        if not rows[name]:
+            rows[name] = [None] * total
+    return pa.table(rows, schema=schema.TOKENS_SCHEMA)
+
+
+def _run_child(*args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.bench", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _disk_bytes(paths: list[Path]) -> int:
+    return sum(p.stat().st_size for p in paths)
+
+
+def query_figures(lake: Path, token_rows: int) -> list[tuple[str, float]]:
+    """Seconds for each query over the lake's catalog (2 DuckDB threads)."""
+    con = catalog.connect(lake)
+    queries = {
+        "step_stats": "SELECT * FROM step_stats",
+        "sample_stats": "SELECT * FROM sample_stats",
+        "drift_steps": "SELECT * FROM drift_steps",
+    }
+    results = []
+    for name, sql in queries.items():
+        con.execute(sql).fetchall()  # warm the file cache and DuckDB's metadata
+        started = time.perf_counter()
+        con.execute(sql).fetchall()
+        results.append((name, time.perf_counter() - started))
+    con.close()
+    return results
+
+
+def _fmt_run(name: str, fig: dict[str, Any], token_bytes: int | None) -> str:
+    per_cpu = fig["tokens"] / fig["cpu"] if fig["cpu"] else float("nan")
+    line = (
+        f"  {name:<22} {fig['wall']:7.2f} s  {fig['tokens'] / fig['wall'] / 1e6:6.2f} M tok/s wall"
+        f"  {per_cpu / 1e6:6.2f} M tok/CPU-s  peak RSS main {fig['rss_main_mb']:6.0f} MB,"
+        f" worker {fig['rss_worker_mb']:6.0f} MB"
+    )
+    if token_bytes is not None:
+        line += f"  {token_bytes / fig['tokens']:5.1f} B/token"
+    return line
+
+
+def bench_variant(root: Path, preset: str, scale: float, baseline: bool) -> None:
+    """Generate one dump and print its figures."""
+    spec = scaled_spec(preset, scale)
+    dump_dir = root / preset
+    started = time.perf_counter()
+    synth.write_dump(dump_dir, spec)
+    generated = time.perf_counter() - started
+    dump_mb = _disk_bytes([p for p in dump_dir.rglob("*.pt")]) / 1e6
+    print(
+        f"\n{preset}: {spec.steps} steps x {spec.samples_per_step} samples, R in"
+        f" {spec.response_length[0]}..{spec.response_length[1]}, DP {spec.dp} x TP {spec.tp}"
+        f" x CP {spec.cp}; {dump_mb:,.0f} MB of .pt written in {generated:.1f} s"
+    )
+    figures: dict[str, dict[str, Any]] = {}
+    for workers in (1, 2):
+        lake = root / f"lake-{preset}-{workers}"
+        fig = _run_child("_extract", str(dump_dir), str(lake), str(workers))
+        size = _disk_bytes(catalog.table_files(lake, schema.TOKENS))
+        figures[f"tokenlake --workers {workers}"] = fig
+        print(_fmt_run(f"tokenlake --workers {workers}", fig, size))
+    if baseline:
+        out = root / f"baseline-{preset}"
+        fig = _run_child("_baseline", str(dump_dir), str(out))
+        figures["baseline"] = fig
+        print(_fmt_run("baseline (torch.load)", fig, _disk_bytes(list(out.glob("*.parquet")))))
+        base = fig["tokens"] / fig["wall"]
+        for name in ("tokenlake --workers 1", "tokenlake --workers 2"):
+            ours = figures[name]["tokens"] / figures[name]["wall"]
+            print(f"  {name} vs baseline: {ours / base:.2f}x")
+    one, two = figures["tokenlake --workers 1"], figures["tokenlake --workers 2"]
+    print(f"  2 workers vs 1: {one['wall'] / two['wall']:.2f}x")
+    lake = root / f"lake-{preset}-2"
+    for name, seconds in query_figures(lake, one["tokens"]):
+        print(
+            f"  query {name:<13} {seconds:6.3f} s  {one['tokens'] / seconds / 1e6:7.1f} M token rows/s"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.bench")
+    parser.add_argument("--scale", type=float, default=1.0, help="samples per step x this")
+    parser.add_argument("--keep", type=Path, help="keep dumps and lakes in this directory")
+    args, rest = parser.parse_known_args(argv)
+    if rest and rest[0] in ("_extract", "_baseline"):
+        mode, dump_dir, out = rest[0], Path(rest[1]), Path(rest[2])
+        fig = (
+            measure_extract(dump_dir, out, int(rest[3]))
+            if mode == "_extract"
+            else measure_baseline(dump_dir, out)
+        )
+        print(json.dumps(fig))
+        return
+    root = args.keep or Path(tempfile.mkdtemp(prefix="tokenlake-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    print(
+        f"tokenlake bench, scale {args.scale:g}, in {root}. Parquet: {write.COMPRESSION}"
+        f" level {write.COMPRESSION_LEVEL}, row groups {write.ROW_GROUP_SIZE:,} rows;"
+        " DuckDB default threads."
+    )
+    try:
+        bench_variant(root, "bench", args.scale, baseline=True)
+        bench_variant(root, "bench-cp", args.scale, baseline=False)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
