@@ -76,7 +76,8 @@ TOKENS_SCHEMA = pa.schema(
         # mask; null when neither exists.
         pa.field(LOSS_MASK, pa.int8()),
         # Log-prob (nats) of the token under the rollout engine. The train-side copy when the
-        # sample has a train side (the pair the trainer compared), else the rollout dump's.
+        # sample has one (the pair the trainer compared); else (no train side, or the train
+        # copy absent or not CP-aligned) the rollout dump's, as the reference token view does.
         pa.field(ROLLOUT_LOG_PROB, pa.float32()),
         # Log-prob (nats) of the token under the trainer (actor) before the update.
         pa.field(TRAIN_LOG_PROB, pa.float32()),
