@@ -1,0 +1,57 @@
+-- Drift by response position: does the mismatch grow along the response?
+-- Grain: one row per (run, rollout_id, position_bucket) with at least one covered finite token.
+-- Buckets are log2-spaced: bucket b holds response positions [2^b - 1, 2^(b+1) - 2], i.e.
+--   0: {0}, 1: {1, 2}, 2: {3..6}, 3: {7..14}, ...
+-- Inputs: drift_tokens.
+-- Columns:
+--   run, rollout_id          keys
+--   position_bucket INTEGER  b = floor(log2(position + 1))
+--   position_low    INTEGER  first response position of the bucket (0-based)
+--   position_high   INTEGER  last response position of the bucket (inclusive)
+--   tokens          BIGINT   covered finite tokens in the bucket
+--   samples         BIGINT   samples with a token in the bucket
+--   mean_lp_diff    DOUBLE   mean delta (nats)
+--   mean_abs_lp_diff DOUBLE  mean |delta| (nats)
+--   max_abs_lp_diff DOUBLE   max |delta| (nats)
+--   k3_kl           DOUBLE   mean of r - 1 - delta (nats)
+--   k3_share        DOUBLE   the bucket's sum of k3 / the step's sum of k3 (fraction)
+--   mult_prob_error DOUBLE   mean exp(|delta|) (ratio)
+CREATE OR REPLACE VIEW drift_by_position AS
+WITH bucketed AS (
+    SELECT
+        *,
+        floor(log2(position + 1))::INTEGER AS position_bucket
+    FROM drift_tokens
+),
+grouped AS (
+    SELECT
+        run,
+        rollout_id,
+        position_bucket,
+        count(*) AS tokens,
+        count(DISTINCT batch_position) AS samples,
+        avg(lp_diff) AS mean_lp_diff,
+        avg(abs_lp_diff) AS mean_abs_lp_diff,
+        max(abs_lp_diff) AS max_abs_lp_diff,
+        avg(k3) AS k3_kl,
+        sum(k3) / nullif(sum(sum(k3)) OVER (PARTITION BY run, rollout_id), 0) AS k3_share,
+        avg(exp(abs_lp_diff)) AS mult_prob_error
+    FROM bucketed
+    GROUP BY run, rollout_id, position_bucket
+)
+SELECT
+    run::VARCHAR AS run,  -- run name
+    rollout_id::BIGINT AS rollout_id,  -- training step
+    position_bucket::INTEGER AS position_bucket,  -- floor(log2(position + 1))
+    (2 ** position_bucket - 1)::INTEGER AS position_low,  -- first position, inclusive
+    (2 ** (position_bucket + 1) - 2)::INTEGER AS position_high,  -- last position, inclusive
+    tokens::BIGINT AS tokens,  -- covered finite tokens
+    samples::BIGINT AS samples,  -- samples
+    mean_lp_diff::DOUBLE AS mean_lp_diff,  -- nats
+    mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,  -- nats
+    max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,  -- nats
+    k3_kl::DOUBLE AS k3_kl,  -- nats
+    k3_share::DOUBLE AS k3_share,  -- fraction of the step's k3 sum
+    mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
+FROM grouped
+ORDER BY run, rollout_id, position_bucket

@@ -1,0 +1,83 @@
+-- Drift by turn (segment) of a multi-turn response: is a later turn, scored after tool output,
+-- worse than the first?
+-- Grain: one row per (run, rollout_id, turn_index) with at least one covered finite token.
+-- Segments: within one sample's response (all its tokens, masked ones included, by position),
+-- a segment is a maximal run of tokens with loss_mask > 0; turn_index numbers them from 0. A new
+-- segment therefore starts after each run of masked tokens (tool/observation output); masked
+-- tokens before the first trained token do not open a segment of their own.
+-- Inputs: tokens (for the masks), drift_tokens.
+-- Columns:
+--   run, rollout_id          keys
+--   turn_index      INTEGER  0-based segment index within the response
+--   tokens          BIGINT   covered finite tokens in that segment across the step
+--   samples         BIGINT   samples that have this segment
+--   mean_lp_diff    DOUBLE   mean delta (nats)
+--   mean_abs_lp_diff DOUBLE  mean |delta| (nats)
+--   max_abs_lp_diff DOUBLE   max |delta| (nats)
+--   k3_kl           DOUBLE   mean of r - 1 - delta (nats)
+--   k3_share        DOUBLE   the segment's k3 sum / the step's k3 sum (fraction)
+--   mult_prob_error DOUBLE   mean exp(|delta|) (ratio)
+CREATE OR REPLACE VIEW drift_by_turn AS
+WITH masks AS (
+    SELECT
+        run,
+        rollout_id,
+        batch_position,
+        position,
+        coalesce(loss_mask > 0, false) AS mask_on
+    FROM tokens
+    WHERE NOT evaluation
+),
+starts AS (
+    SELECT
+        *,
+        mask_on AND NOT coalesce(
+            lag(mask_on) OVER (PARTITION BY run, rollout_id, batch_position ORDER BY position),
+            false
+        ) AS segment_start
+    FROM masks
+),
+segmented AS (
+    SELECT
+        run,
+        rollout_id,
+        batch_position,
+        position,
+        sum(segment_start::INTEGER) OVER (
+            PARTITION BY run, rollout_id, batch_position
+            ORDER BY position
+            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
+        ) - 1 AS turn_index
+    FROM starts
+),
+grouped AS (
+    SELECT
+        t.run,
+        t.rollout_id,
+        g.turn_index,
+        count(*) AS tokens,
+        count(DISTINCT t.batch_position) AS samples,
+        avg(t.lp_diff) AS mean_lp_diff,
+        avg(t.abs_lp_diff) AS mean_abs_lp_diff,
+        max(t.abs_lp_diff) AS max_abs_lp_diff,
+        avg(t.k3) AS k3_kl,
+        sum(t.k3) / nullif(sum(sum(t.k3)) OVER (PARTITION BY t.run, t.rollout_id), 0) AS k3_share,
+        avg(exp(t.abs_lp_diff)) AS mult_prob_error
+    FROM drift_tokens AS t
+    JOIN segmented AS g USING (run, rollout_id, batch_position, position)
+    GROUP BY t.run, t.rollout_id, g.turn_index
+)
+SELECT
+    run::VARCHAR AS run,  -- run name
+    rollout_id::BIGINT AS rollout_id,  -- training step
+    turn_index::INTEGER AS turn_index,  -- 0 = first trained segment
+    tokens::BIGINT AS tokens,  -- covered finite tokens
+    samples::BIGINT AS samples,  -- samples
+    mean_lp_diff::DOUBLE AS mean_lp_diff,  -- nats
+    mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,  -- nats
+    max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,  -- nats
+    k3_kl::DOUBLE AS k3_kl,  -- nats
+    k3_share::DOUBLE AS k3_share,  -- fraction of the step's k3 sum
+    mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
+FROM grouped
+ORDER BY run, rollout_id, turn_index

@@ -1,0 +1,57 @@
+-- Histogram of delta = train - rollout log-prob per training step, with fixed bins.
+-- Grain: one row per (run, rollout_id, bin) for every step with a covered finite token; all
+--        102 bins are present (empty ones with tokens = 0), so steps line up for plotting.
+-- Bins: width 0.002 nats over [-0.1, 0.1), plus two open tails. A token goes to bin
+--   k = floor(delta * 500) computed in DOUBLE, clamped to [-51, 50]:
+--   k = -51: (-inf, -0.1); -50 <= k <= 49: [k / 500, (k + 1) / 500); k = 50: [0.1, +inf).
+-- Inputs: drift_tokens.
+-- Columns:
+--   run, rollout_id              keys
+--   bin                 INTEGER  k, -51..50
+--   bin_low             DOUBLE   inclusive lower edge (nats; -inf for the low tail)
+--   bin_high            DOUBLE   exclusive upper edge (nats; +inf for the high tail)
+--   tokens              BIGINT   covered finite tokens in the bin
+--   fraction            DOUBLE   tokens / the step's covered finite tokens
+--   cumulative_fraction DOUBLE   fraction of the step's tokens in this bin or below
+CREATE OR REPLACE VIEW drift_histogram AS
+WITH bins AS (
+    SELECT range::INTEGER AS bin FROM range(-51, 51)
+),
+steps AS (
+    SELECT run, rollout_id, count(*) AS step_tokens
+    FROM drift_tokens
+    GROUP BY run, rollout_id
+),
+counted AS (
+    SELECT
+        run,
+        rollout_id,
+        greatest(least(floor(lp_diff * 500.0), 50), -51)::INTEGER AS bin,
+        count(*) AS tokens
+    FROM drift_tokens
+    GROUP BY ALL
+),
+filled AS (
+    SELECT
+        st.run,
+        st.rollout_id,
+        b.bin,
+        coalesce(c.tokens, 0) AS tokens,
+        st.step_tokens
+    FROM steps AS st
+    CROSS JOIN bins AS b
+    LEFT JOIN counted AS c
+        ON c.run = st.run AND c.rollout_id = st.rollout_id AND c.bin = b.bin
+)
+SELECT
+    run::VARCHAR AS run,  -- run name
+    rollout_id::BIGINT AS rollout_id,  -- training step
+    bin::INTEGER AS bin,  -- floor(delta * 500), clamped to [-51, 50]
+    (CASE WHEN bin = -51 THEN '-inf'::DOUBLE ELSE bin / 500.0 END)::DOUBLE AS bin_low,  -- nats
+    (CASE WHEN bin = 50 THEN 'inf'::DOUBLE ELSE (bin + 1) / 500.0 END)::DOUBLE AS bin_high,  -- nats
+    tokens::BIGINT AS tokens,  -- covered finite tokens
+    (tokens / step_tokens)::DOUBLE AS fraction,  -- of the step's tokens
+    (sum(tokens) OVER (PARTITION BY run, rollout_id ORDER BY bin) / step_tokens)::DOUBLE
+        AS cumulative_fraction  -- of the step's tokens
+FROM filled
+ORDER BY run, rollout_id, bin

@@ -1,0 +1,89 @@
+-- Per-sample drift: the sample-level quantities behind the SMTM and sequence-level metrics.
+-- Grain: one row per training-step sample with at least one row in drift_tokens
+--        (run, rollout_id, batch_position). Samples with no covered finite token are absent.
+-- Inputs: drift_tokens, drift_settings (log_ratio_clamp, k3_clamp, veto_min_ratio,
+--         outlier_min_ratio, outlier_max_ratio, geo_band_low, geo_band_high, seq_ratio_low,
+--         seq_ratio_high, icepop_low, icepop_high).
+-- Columns:
+--   run, rollout_id, batch_position, sample_index   keys
+--   tokens                 BIGINT   covered finite tokens of the sample
+--   sum_lp_diff            DOUBLE   sum of delta (nats) = log of the sequence ratio
+--   mean_lp_diff           DOUBLE   mean delta (nats) = log of the geometric-mean ratio
+--   mean_abs_lp_diff       DOUBLE   mean |delta| (nats)
+--   max_abs_lp_diff        DOUBLE   max |delta| (nats)
+--   k3_kl_clamped          DOUBLE   mean of clamp(exp(d) - 1 - d, +-k3_clamp), d = clamp(delta,
+--                                   +-log_ratio_clamp) (nats; miles' SMTM k3 per sample)
+--   mean_train_log_prob    DOUBLE   mean trainer log-prob (nats)
+--   mean_rollout_log_prob  DOUBLE   mean engine log-prob (nats)
+--   log_ppl_diff           DOUBLE   mean_rollout_log_prob - mean_train_log_prob
+--                                   = log ppl(train) - log ppl(rollout) (nats)
+--   chi2_seq_term          DOUBLE   exp(2 clamp(sum_lp_diff, +-log_ratio_clamp)) - 1
+--   min_ratio, max_ratio   DOUBLE   smallest / largest r
+--   geo_mean_ratio         DOUBLE   exp(mean_lp_diff)
+--   seq_ratio              DOUBLE   exp(sum_lp_diff) (may be inf for huge sums)
+--   veto_tokens            BIGINT   tokens with r < veto_min_ratio
+--   outlier_tokens         BIGINT   tokens with r outside [outlier_min_ratio, outlier_max_ratio]
+--   icepop_tokens          BIGINT   tokens with r outside [icepop_low, icepop_high]
+--   vetoed                 BOOLEAN  veto_tokens > 0
+--   geo_rejected           BOOLEAN  geo_mean_ratio outside [geo_band_low, geo_band_high]
+--   seq_ratio_rejected     BOOLEAN  seq_ratio outside [seq_ratio_low, seq_ratio_high]
+CREATE OR REPLACE VIEW drift_samples AS
+WITH per_sample AS (
+    SELECT
+        t.run,
+        t.rollout_id,
+        t.batch_position,
+        any_value(t.sample_index) AS sample_index,
+        count(*) AS tokens,
+        sum(t.lp_diff) AS sum_lp_diff,
+        avg(t.lp_diff) AS mean_lp_diff,
+        avg(t.abs_lp_diff) AS mean_abs_lp_diff,
+        max(t.abs_lp_diff) AS max_abs_lp_diff,
+        avg(greatest(least(
+            exp(greatest(least(t.lp_diff, s.log_ratio_clamp), -s.log_ratio_clamp))
+            - 1.0 - greatest(least(t.lp_diff, s.log_ratio_clamp), -s.log_ratio_clamp),
+            s.k3_clamp
+        ), -s.k3_clamp)) AS k3_kl_clamped,
+        avg(t.train_log_prob) AS mean_train_log_prob,
+        avg(t.rollout_log_prob) AS mean_rollout_log_prob,
+        min(t.ratio) AS min_ratio,
+        max(t.ratio) AS max_ratio,
+        count(*) FILTER (WHERE t.ratio < s.veto_min_ratio) AS veto_tokens,
+        count(*) FILTER (
+            WHERE t.ratio < s.outlier_min_ratio OR t.ratio > s.outlier_max_ratio
+        ) AS outlier_tokens,
+        count(*) FILTER (WHERE t.ratio < s.icepop_low OR t.ratio > s.icepop_high) AS icepop_tokens
+    FROM drift_tokens AS t
+    CROSS JOIN drift_settings AS s
+    GROUP BY t.run, t.rollout_id, t.batch_position
+)
+SELECT
+    p.run::VARCHAR AS run,  -- run name
+    p.rollout_id::BIGINT AS rollout_id,  -- training step
+    p.batch_position::INTEGER AS batch_position,  -- sample's position in the rollout dump
+    p.sample_index::BIGINT AS sample_index,  -- Sample.index
+    p.tokens::BIGINT AS tokens,  -- covered finite tokens
+    p.sum_lp_diff::DOUBLE AS sum_lp_diff,  -- nats
+    p.mean_lp_diff::DOUBLE AS mean_lp_diff,  -- nats
+    p.mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,  -- nats
+    p.max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,  -- nats
+    p.k3_kl_clamped::DOUBLE AS k3_kl_clamped,  -- nats
+    p.mean_train_log_prob::DOUBLE AS mean_train_log_prob,  -- nats
+    p.mean_rollout_log_prob::DOUBLE AS mean_rollout_log_prob,  -- nats
+    (p.mean_rollout_log_prob - p.mean_train_log_prob)::DOUBLE AS log_ppl_diff,  -- nats
+    (exp(2.0 * greatest(least(p.sum_lp_diff, s.log_ratio_clamp), -s.log_ratio_clamp)) - 1.0)::DOUBLE
+        AS chi2_seq_term,  -- ratio
+    p.min_ratio::DOUBLE AS min_ratio,  -- ratio
+    p.max_ratio::DOUBLE AS max_ratio,  -- ratio
+    exp(p.mean_lp_diff)::DOUBLE AS geo_mean_ratio,  -- ratio
+    exp(p.sum_lp_diff)::DOUBLE AS seq_ratio,  -- ratio
+    p.veto_tokens::BIGINT AS veto_tokens,  -- count
+    p.outlier_tokens::BIGINT AS outlier_tokens,  -- count
+    p.icepop_tokens::BIGINT AS icepop_tokens,  -- count
+    (p.veto_tokens > 0)::BOOLEAN AS vetoed,  -- whole sample rejected
+    (exp(p.mean_lp_diff) < s.geo_band_low OR exp(p.mean_lp_diff) > s.geo_band_high)::BOOLEAN
+        AS geo_rejected,  -- whole sample rejected
+    (exp(p.sum_lp_diff) < s.seq_ratio_low OR exp(p.sum_lp_diff) > s.seq_ratio_high)::BOOLEAN
+        AS seq_ratio_rejected  -- whole sample rejected
+FROM per_sample AS p
+CROSS JOIN drift_settings AS s

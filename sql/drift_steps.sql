@@ -1,0 +1,203 @@
+-- Train/rollout log-prob drift per training step: the metrics verl, slime/miles, NeMo-RL,
+-- prime-rl, TRL, OpenRLHF and SkyRL report, computed over the same tokens.
+-- Grain: one row per training step (run, rollout_id) that has samples or tokens; a step with no
+--        covered finite token has tokens = 0 and null statistics.
+-- Notation: delta = train - rollout log-prob over drift_tokens (loss-covered, finite tokens);
+--   r = exp(delta); TM = mean over all the step's tokens; SMTM = mean over samples of each
+--   sample's token mean (drift_samples); w = clamp(r, 1/C, C) with C = is_cap.
+-- Inputs: tokens, samples, drift_tokens, drift_samples, drift_settings (is_cap, veto_min_ratio,
+--         outlier_min_ratio, outlier_max_ratio, icepop_low, icepop_high).
+-- Columns (nats unless said otherwise; docs/drift.md gives every formula and framework name):
+--   run, rollout_id                  keys
+--   tokens                BIGINT     covered finite tokens
+--   nonfinite_tokens      BIGINT     covered tokens with a NaN/inf value (excluded from stats)
+--   samples               BIGINT     samples with at least one covered finite token
+--   mean_lp_diff          DOUBLE     TM delta
+--   mean_abs_lp_diff_tm   DOUBLE     TM |delta|
+--   mean_abs_lp_diff_smtm DOUBLE     SMTM |delta| (slime/miles train_rollout_logprob_abs_diff)
+--   max_abs_lp_diff       DOUBLE     max |delta|
+--   p50/p90/p99/p999_abs_lp_diff DOUBLE  quantiles of |delta| (quantile_cont, linear)
+--   k1_kl, k2_kl, k3_kl   DOUBLE     TM of -delta, delta^2/2, r - 1 - delta
+--   k3_kl_smtm            DOUBLE     SMTM of clamped k3 (drift_samples.k3_kl_clamped)
+--   mult_prob_error       DOUBLE     TM exp(|delta|) (ratio)
+--   chi2_token            DOUBLE     TM r^2 - 1
+--   chi2_seq              DOUBLE     mean over samples of exp(2 clamp(sum delta, +-20)) - 1
+--   mean_abs_prob_diff, max_abs_prob_diff DOUBLE  |exp(train) - exp(rollout)| (probability)
+--   prob_corr             DOUBLE     Pearson correlation of exp(train), exp(rollout); null when
+--                                    undefined (fewer than 2 tokens or a constant side)
+--   train_mean_log_prob, rollout_mean_log_prob DOUBLE  SMTM log-prob on each side
+--   train_ppl, rollout_ppl DOUBLE    mean over samples of exp(-sample mean log-prob)
+--   log_ppl_diff          DOUBLE     mean over samples of log ppl(train) - log ppl(rollout)
+--   log_ppl_abs_diff, log_ppl_diff_max, log_ppl_diff_min DOUBLE  abs-mean / max / min of it
+--   ppl_ratio             DOUBLE     mean over samples of ppl(train) / ppl(rollout)
+--   is_ratio_mean, is_ratio_std, is_ratio_min, is_ratio_max DOUBLE  TM / population std /
+--                                    min / max of the raw r
+--   is_frac_above_cap, is_frac_below_inv_cap DOUBLE  token fraction r > C, r < 1/C
+--   ess                   DOUBLE     1 / TM((w / TM(w))^2) = TM(w)^2 / TM(w^2) (fraction)
+--   <rule>_token_frac, <rule>_seq_frac DOUBLE  fraction of tokens the rule removes from the
+--       loss, and of samples it touches, for rule in veto (sample rejected if any r <
+--       veto_min_ratio), outlier (token r outside [outlier_min, outlier_max]), geo_reject
+--       (sample exp(mean delta) outside the geo band), seq_ratio_reject (sample exp(sum delta)
+--       outside the band), icepop (token r outside the icepop band)
+--   prev_rollout_id       BIGINT     the run's previous training step
+--   <metric>_change       DOUBLE     value minus the previous step's, for mean_abs_lp_diff_tm,
+--                                    mean_abs_lp_diff_smtm, k3_kl, mult_prob_error, ess
+CREATE OR REPLACE VIEW drift_steps AS
+WITH steps AS (
+    SELECT DISTINCT run, rollout_id FROM samples WHERE NOT evaluation
+    UNION
+    SELECT DISTINCT run, rollout_id FROM tokens WHERE NOT evaluation
+),
+nonfinite AS (
+    SELECT run, rollout_id, count(*) AS nonfinite_tokens
+    FROM tokens
+    WHERE NOT evaluation
+        AND loss_mask > 0
+        AND lp_diff IS NOT NULL
+        AND NOT (isfinite(lp_diff) AND isfinite(train_log_prob) AND isfinite(rollout_log_prob))
+    GROUP BY run, rollout_id
+),
+token_level AS (
+    SELECT
+        t.run,
+        t.rollout_id,
+        count(*) AS tokens,
+        avg(t.lp_diff) AS mean_lp_diff,
+        avg(t.abs_lp_diff) AS mean_abs_lp_diff_tm,
+        max(t.abs_lp_diff) AS max_abs_lp_diff,
+        quantile_cont(t.abs_lp_diff, [0.5, 0.9, 0.99, 0.999]) AS abs_quantiles,
+        avg(-t.lp_diff) AS k1_kl,
+        avg(t.lp_diff * t.lp_diff * 0.5) AS k2_kl,
+        avg(t.k3) AS k3_kl,
+        avg(exp(t.abs_lp_diff)) AS mult_prob_error,
+        avg(t.ratio * t.ratio) - 1.0 AS chi2_token,
+        avg(t.abs_prob_diff) AS mean_abs_prob_diff,
+        max(t.abs_prob_diff) AS max_abs_prob_diff,
+        corr(t.train_prob, t.rollout_prob) AS prob_corr,
+        avg(t.ratio) AS is_ratio_mean,
+        stddev_pop(t.ratio) AS is_ratio_std,
+        min(t.ratio) AS is_ratio_min,
+        max(t.ratio) AS is_ratio_max,
+        avg((t.ratio > s.is_cap)::INTEGER) AS is_frac_above_cap,
+        avg((t.ratio < 1.0 / s.is_cap)::INTEGER) AS is_frac_below_inv_cap,
+        avg(greatest(least(t.ratio, s.is_cap), 1.0 / s.is_cap)) AS w_mean,
+        avg(power(greatest(least(t.ratio, s.is_cap), 1.0 / s.is_cap), 2)) AS w_sq_mean,
+        avg((t.ratio < s.outlier_min_ratio OR t.ratio > s.outlier_max_ratio)::INTEGER)
+            AS outlier_token_frac,
+        avg((t.ratio < s.icepop_low OR t.ratio > s.icepop_high)::INTEGER) AS icepop_token_frac
+    FROM drift_tokens AS t
+    CROSS JOIN drift_settings AS s
+    GROUP BY t.run, t.rollout_id
+),
+sample_level AS (
+    SELECT
+        run,
+        rollout_id,
+        count(*) AS samples,
+        avg(mean_abs_lp_diff) AS mean_abs_lp_diff_smtm,
+        avg(k3_kl_clamped) AS k3_kl_smtm,
+        avg(chi2_seq_term) AS chi2_seq,
+        avg(mean_train_log_prob) AS train_mean_log_prob,
+        avg(mean_rollout_log_prob) AS rollout_mean_log_prob,
+        avg(exp(-mean_train_log_prob)) AS train_ppl,
+        avg(exp(-mean_rollout_log_prob)) AS rollout_ppl,
+        avg(log_ppl_diff) AS log_ppl_diff,
+        avg(abs(log_ppl_diff)) AS log_ppl_abs_diff,
+        max(log_ppl_diff) AS log_ppl_diff_max,
+        min(log_ppl_diff) AS log_ppl_diff_min,
+        avg(exp(log_ppl_diff)) AS ppl_ratio,
+        coalesce(sum(tokens) FILTER (WHERE vetoed), 0)::DOUBLE / sum(tokens) AS veto_token_frac,
+        avg(vetoed::INTEGER) AS veto_seq_frac,
+        avg((outlier_tokens > 0)::INTEGER) AS outlier_seq_frac,
+        coalesce(sum(tokens) FILTER (WHERE geo_rejected), 0)::DOUBLE / sum(tokens) AS geo_reject_token_frac,
+        avg(geo_rejected::INTEGER) AS geo_reject_seq_frac,
+        coalesce(sum(tokens) FILTER (WHERE seq_ratio_rejected), 0)::DOUBLE / sum(tokens) AS seq_ratio_reject_token_frac,
+        avg(seq_ratio_rejected::INTEGER) AS seq_ratio_reject_seq_frac,
+        avg((icepop_tokens > 0)::INTEGER) AS icepop_seq_frac
+    FROM drift_samples
+    GROUP BY run, rollout_id
+),
+joined AS (
+    SELECT
+        st.run,
+        st.rollout_id,
+        coalesce(tl.tokens, 0) AS tokens,
+        coalesce(nf.nonfinite_tokens, 0) AS nonfinite_tokens,
+        coalesce(sl.samples, 0) AS samples,
+        tl.* EXCLUDE (run, rollout_id, tokens, abs_quantiles, w_mean, w_sq_mean, prob_corr),
+        tl.abs_quantiles,
+        CASE WHEN isnan(tl.prob_corr) THEN NULL ELSE tl.prob_corr END AS prob_corr,
+        tl.w_mean * tl.w_mean / tl.w_sq_mean AS ess,
+        sl.* EXCLUDE (run, rollout_id, samples),
+        lag(st.rollout_id) OVER run_steps AS prev_rollout_id,
+        tl.mean_abs_lp_diff_tm - lag(tl.mean_abs_lp_diff_tm) OVER run_steps AS mean_abs_lp_diff_tm_change,
+        sl.mean_abs_lp_diff_smtm - lag(sl.mean_abs_lp_diff_smtm) OVER run_steps
+            AS mean_abs_lp_diff_smtm_change,
+        tl.k3_kl - lag(tl.k3_kl) OVER run_steps AS k3_kl_change,
+        tl.mult_prob_error - lag(tl.mult_prob_error) OVER run_steps AS mult_prob_error_change,
+        tl.w_mean * tl.w_mean / tl.w_sq_mean
+            - lag(tl.w_mean * tl.w_mean / tl.w_sq_mean) OVER run_steps AS ess_change
+    FROM steps AS st
+    LEFT JOIN token_level AS tl USING (run, rollout_id)
+    LEFT JOIN sample_level AS sl USING (run, rollout_id)
+    LEFT JOIN nonfinite AS nf USING (run, rollout_id)
+    WINDOW run_steps AS (PARTITION BY st.run ORDER BY st.rollout_id)
+)
+SELECT
+    run::VARCHAR AS run,  -- run name
+    rollout_id::BIGINT AS rollout_id,  -- training step
+    tokens::BIGINT AS tokens,  -- covered finite tokens
+    nonfinite_tokens::BIGINT AS nonfinite_tokens,  -- covered tokens left out (NaN/inf)
+    samples::BIGINT AS samples,  -- samples with a covered finite token
+    mean_lp_diff::DOUBLE AS mean_lp_diff,  -- nats, TM
+    mean_abs_lp_diff_tm::DOUBLE AS mean_abs_lp_diff_tm,  -- nats, TM
+    mean_abs_lp_diff_smtm::DOUBLE AS mean_abs_lp_diff_smtm,  -- nats, SMTM
+    max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,  -- nats
+    abs_quantiles[1]::DOUBLE AS p50_abs_lp_diff,  -- nats
+    abs_quantiles[2]::DOUBLE AS p90_abs_lp_diff,  -- nats
+    abs_quantiles[3]::DOUBLE AS p99_abs_lp_diff,  -- nats
+    abs_quantiles[4]::DOUBLE AS p999_abs_lp_diff,  -- nats
+    k1_kl::DOUBLE AS k1_kl,  -- nats, TM
+    k2_kl::DOUBLE AS k2_kl,  -- nats, TM
+    k3_kl::DOUBLE AS k3_kl,  -- nats, TM
+    k3_kl_smtm::DOUBLE AS k3_kl_smtm,  -- nats, SMTM, clamped
+    mult_prob_error::DOUBLE AS mult_prob_error,  -- ratio, TM
+    chi2_token::DOUBLE AS chi2_token,  -- TM
+    chi2_seq::DOUBLE AS chi2_seq,  -- mean over samples
+    mean_abs_prob_diff::DOUBLE AS mean_abs_prob_diff,  -- probability, TM
+    max_abs_prob_diff::DOUBLE AS max_abs_prob_diff,  -- probability
+    prob_corr::DOUBLE AS prob_corr,  -- Pearson r
+    train_mean_log_prob::DOUBLE AS train_mean_log_prob,  -- nats, SMTM
+    rollout_mean_log_prob::DOUBLE AS rollout_mean_log_prob,  -- nats, SMTM
+    train_ppl::DOUBLE AS train_ppl,  -- perplexity, mean over samples
+    rollout_ppl::DOUBLE AS rollout_ppl,  -- perplexity, mean over samples
+    log_ppl_diff::DOUBLE AS log_ppl_diff,  -- nats, mean over samples
+    log_ppl_abs_diff::DOUBLE AS log_ppl_abs_diff,  -- nats
+    log_ppl_diff_max::DOUBLE AS log_ppl_diff_max,  -- nats
+    log_ppl_diff_min::DOUBLE AS log_ppl_diff_min,  -- nats
+    ppl_ratio::DOUBLE AS ppl_ratio,  -- ratio, mean over samples
+    is_ratio_mean::DOUBLE AS is_ratio_mean,  -- ratio, TM
+    is_ratio_std::DOUBLE AS is_ratio_std,  -- ratio, population std
+    is_ratio_min::DOUBLE AS is_ratio_min,  -- ratio
+    is_ratio_max::DOUBLE AS is_ratio_max,  -- ratio
+    is_frac_above_cap::DOUBLE AS is_frac_above_cap,  -- token fraction
+    is_frac_below_inv_cap::DOUBLE AS is_frac_below_inv_cap,  -- token fraction
+    ess::DOUBLE AS ess,  -- fraction in (0, 1]
+    veto_token_frac::DOUBLE AS veto_token_frac,  -- token fraction
+    veto_seq_frac::DOUBLE AS veto_seq_frac,  -- sample fraction
+    outlier_token_frac::DOUBLE AS outlier_token_frac,  -- token fraction
+    outlier_seq_frac::DOUBLE AS outlier_seq_frac,  -- sample fraction
+    geo_reject_token_frac::DOUBLE AS geo_reject_token_frac,  -- token fraction
+    geo_reject_seq_frac::DOUBLE AS geo_reject_seq_frac,  -- sample fraction
+    seq_ratio_reject_token_frac::DOUBLE AS seq_ratio_reject_token_frac,  -- token fraction
+    seq_ratio_reject_seq_frac::DOUBLE AS seq_ratio_reject_seq_frac,  -- sample fraction
+    icepop_token_frac::DOUBLE AS icepop_token_frac,  -- token fraction
+    icepop_seq_frac::DOUBLE AS icepop_seq_frac,  -- sample fraction
+    prev_rollout_id::BIGINT AS prev_rollout_id,  -- previous training step of the run
+    mean_abs_lp_diff_tm_change::DOUBLE AS mean_abs_lp_diff_tm_change,  -- nats
+    mean_abs_lp_diff_smtm_change::DOUBLE AS mean_abs_lp_diff_smtm_change,  -- nats
+    k3_kl_change::DOUBLE AS k3_kl_change,  -- nats
+    mult_prob_error_change::DOUBLE AS mult_prob_error_change,  -- ratio
+    ess_change::DOUBLE AS ess_change  -- fraction
+FROM joined
+ORDER BY run, rollout_id

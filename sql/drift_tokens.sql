@@ -1,0 +1,59 @@
+-- The token population every drift statistic is computed over, with per-token derived values.
+-- Grain: one row per loss-covered, finite token of a training step
+--        (run, rollout_id, batch_position, position).
+-- Covered: evaluation = false, loss_mask > 0 and lp_diff not null (so both log-probs exist).
+-- Finite: lp_diff, train_log_prob and rollout_log_prob all finite. Covered tokens with a NaN or
+-- infinite value are left out of every drift statistic; drift_steps counts them
+-- (`nonfinite_tokens`) and the audit `nonfinite_log_probs` lists them.
+-- Inputs: tokens.
+-- Columns:
+--   run, rollout_id, batch_position, sample_index, position, token_id   keys, as in `tokens`
+--   train_log_prob    DOUBLE  trainer log-prob (nats)
+--   rollout_log_prob  DOUBLE  engine log-prob (nats)
+--   entropy           DOUBLE  actor entropy at the position (nats), null if not dumped
+--   lp_diff           DOUBLE  delta = train - rollout (nats)
+--   abs_lp_diff       DOUBLE  |delta| (nats)
+--   ratio             DOUBLE  r = exp(delta)
+--   k3                DOUBLE  r - 1 - delta (nats)
+--   train_prob        DOUBLE  exp(train_log_prob)
+--   rollout_prob      DOUBLE  exp(rollout_log_prob)
+--   abs_prob_diff     DOUBLE  |train_prob - rollout_prob|
+CREATE OR REPLACE VIEW drift_tokens AS
+WITH covered AS (
+    SELECT
+        run,
+        rollout_id,
+        batch_position,
+        sample_index,
+        position,
+        token_id,
+        train_log_prob::DOUBLE AS train_lp,
+        rollout_log_prob::DOUBLE AS rollout_lp,
+        entropy::DOUBLE AS entropy,
+        lp_diff::DOUBLE AS delta
+    FROM tokens
+    WHERE NOT evaluation
+        AND loss_mask > 0
+        AND lp_diff IS NOT NULL
+        AND isfinite(lp_diff)
+        AND isfinite(train_log_prob)
+        AND isfinite(rollout_log_prob)
+)
+SELECT
+    run::VARCHAR AS run,  -- run name
+    rollout_id::BIGINT AS rollout_id,  -- training step
+    batch_position::INTEGER AS batch_position,  -- sample's position in the rollout dump
+    sample_index::BIGINT AS sample_index,  -- Sample.index
+    position::INTEGER AS position,  -- 0-based response index
+    token_id::BIGINT AS token_id,  -- token id
+    train_lp::DOUBLE AS train_log_prob,  -- nats
+    rollout_lp::DOUBLE AS rollout_log_prob,  -- nats
+    entropy::DOUBLE AS entropy,  -- nats
+    delta::DOUBLE AS lp_diff,  -- nats
+    abs(delta)::DOUBLE AS abs_lp_diff,  -- nats
+    exp(delta)::DOUBLE AS ratio,  -- importance ratio r
+    (exp(delta) - 1.0 - delta)::DOUBLE AS k3,  -- nats
+    exp(train_lp)::DOUBLE AS train_prob,  -- probability
+    exp(rollout_lp)::DOUBLE AS rollout_prob,  -- probability
+    abs(exp(train_lp) - exp(rollout_lp))::DOUBLE AS abs_prob_diff  -- probability
+FROM covered

@@ -1,0 +1,135 @@
+"""`pipeline.query`: running SQL against a lake and rendering the result."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.errors import LakeError, UsageError
+from pipeline.query import format_table, run_query
+from tests.lakes import build_lake
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    path = tmp_path_factory.mktemp("query_lake")
+    rows = [
+        {
+            "run": "r",
+            "rollout_id": 0,
+            "batch_position": 0,
+            "position": pos,
+            "token_id": 5 + pos,
+            "loss_mask": 1,
+            "train_log_prob": -0.5,
+            "rollout_log_prob": -0.75,
+            "lp_diff": 0.25,
+        }
+        for pos in range(3)
+    ]
+    build_lake(path, tokens=rows)
+    return path
+
+
+RESULT = pa.table(
+    {
+        "run": ["r", "longer"],
+        "step": pa.array([0, 12], pa.int64()),
+        "k3": [0.0012345678, math.nan],
+        "ok": [True, None],
+        "ids": [[1, 2], None],
+    }
+)
+
+
+def test_run_query_returns_arrow(lake):
+    table = run_query(lake, "SELECT token_id, lp_diff FROM tokens ORDER BY position")
+    assert table.to_pylist() == [
+        {"token_id": 5, "lp_diff": 0.25},
+        {"token_id": 6, "lp_diff": 0.25},
+        {"token_id": 7, "lp_diff": 0.25},
+    ]
+
+
+def test_run_query_reads_the_drift_views(lake):
+    table = run_query(lake, "SELECT tokens, mean_abs_lp_diff_tm, max_abs_lp_diff FROM drift_steps")
+    assert table.to_pylist() == [
+        {"tokens": 3, "mean_abs_lp_diff_tm": 0.25, "max_abs_lp_diff": 0.25}
+    ]
+
+
+def test_run_query_error_names_duckdb_problem(lake):
+    with pytest.raises(UsageError) as info:
+        run_query(lake, "SELECT nope FROM tokens")
+    assert str(info.value).startswith(
+        'Query failed: Binder Error: Referenced column "nope" not found'
+    )
+
+
+def test_run_query_is_read_only(lake):
+    with pytest.raises(UsageError, match="read-only"):
+        run_query(lake, "CREATE VIEW x AS SELECT 1")
+
+
+def test_run_query_without_catalog(tmp_path):
+    with pytest.raises(LakeError) as info:
+        run_query(tmp_path, "SELECT 1")
+    assert str(info.value) == (
+        f"Lake `{tmp_path}`: has no `tokenlake.duckdb`; run `tokenlake extract` first"
+    )
+
+
+def test_unknown_setting(lake):
+    with pytest.raises(UsageError) as info:
+        run_query(lake, "SELECT 1", settings={"is_capp": 3.0})
+    assert str(info.value).startswith(
+        "Unknown drift setting `is_capp`; the settings are `is_cap`, `veto_min_ratio`,"
+    )
+
+
+def test_format_table_text():
+    assert format_table(RESULT, "table") == "\n".join(
+        [
+            "run     step          k3  ok    ids",
+            "------  ----  ----------  ----  ------",
+            "r          0  0.00123457  true  [1, 2]",
+            "longer    12         nan  NULL  NULL",
+            "(2 rows)",
+        ]
+    )
+    assert format_table(RESULT.slice(0, 0), "table").splitlines()[-1] == "(0 rows)"
+
+
+def test_format_table_csv():
+    assert format_table(RESULT, "csv") == (
+        '"run","step","k3","ok","ids"\n"r",0,0.0012345678,true,"[1, 2]"\n"longer",12,nan,,\n'
+    )
+
+
+def test_format_table_json_lines():
+    text = format_table(RESULT, "json")
+    assert text == (
+        '{"run": "r", "step": 0, "k3": 0.0012345678, "ok": true, "ids": [1, 2]}\n'
+        '{"run": "longer", "step": 12, "k3": null, "ok": null, "ids": null}\n'
+    )
+    assert [json.loads(line)["step"] for line in text.splitlines()] == [0, 12]
+
+
+def test_format_table_parquet_round_trips():
+    data = format_table(RESULT, "parquet")
+    assert isinstance(data, bytes)
+    back = pq.read_table(io.BytesIO(data))
+    assert back.schema.names == RESULT.schema.names
+    assert back.drop_columns(["k3"]).to_pylist() == RESULT.drop_columns(["k3"]).to_pylist()
+    assert back.column("k3")[0].as_py() == 0.0012345678 and math.isnan(back.column("k3")[1].as_py())
+
+
+def test_format_table_unknown_format():
+    with pytest.raises(UsageError) as info:
+        format_table(RESULT, "xml")
+    assert str(info.value) == "Unknown format `xml`; choose one of table, csv, json, parquet"
