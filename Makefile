@@ -52,9 +52,10 @@ audit: setup ## run the sql/audits checks against $(LAKE); exit 1 if any returns
 sql: setup ## Q="SELECT ..." [LAKE=lake]: run a query against the catalog
 	$(PY) -m pipeline query "$(LAKE)" "$(Q)"
 
-lint: setup ## ruff check + format check
+lint: setup ## ruff check + format check + mypy (strict defs in pipeline/)
 	$(VENV)/bin/ruff check pipeline tests
 	$(VENV)/bin/ruff format --check pipeline tests
+	$(VENV)/bin/mypy pipeline
 
 fmt: setup ## format and fix what ruff can
 	$(VENV)/bin/ruff format pipeline tests

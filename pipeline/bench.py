@@ -136,7 +136,7 @@ def _baseline_shard(files: dump.StepFiles, data: dict[str, Any], position_of: di
 
 
 def _baseline_rollout_only(files: dump.StepFiles, samples: list[dict[str, Any]]) -> pa.Table:
-    rows = {name: [] for name in schema.TOKENS_SCHEMA.names}
+    rows: dict[str, list[Any]] = {name: [] for name in schema.TOKENS_SCHEMA.names}
     for position, sample in enumerate(samples):
         r = int(sample["response_length"])
         rows[schema.TOKEN_ID].extend(sample["tokens"][len(sample["tokens"]) - r :])

@@ -91,9 +91,9 @@ def base_view_sql(table: str, files: list[Path]) -> str:
     partition_types = ", ".join(
         f"'{col}': {duckdb_type(schema.PARTITION_TYPES[col])}" for col in partitions
     )
-    columns = ", ".join([*partitions, *(f.name for f in table_schema)])
+    selected = ", ".join([*partitions, *(f.name for f in table_schema)])
     return (
-        f"SELECT {columns} FROM read_parquet([{file_list}], hive_partitioning = true, "
+        f"SELECT {selected} FROM read_parquet([{file_list}], hive_partitioning = true, "
         f"hive_types = {{{partition_types}}}, hive_types_autocast = false)"
     )
 

@@ -151,8 +151,8 @@ def extract(
         click.echo("", err=True)
     for label, message in summary.failed:
         click.echo(f"Skipped step {label}: {message}", err=True)
-    for path in summary.ignored_files:
-        click.echo(f"Ignored `{path}`: not a rollout or train dump file name", err=True)
+    for path, why in summary.ignored_files:
+        click.echo(f"Ignored `{path}`: {why}", err=True)
     click.echo(_summary_line(summary))
     if summary.failed:
         sys.exit(1)

@@ -20,6 +20,7 @@ ROLLOUT_DIR = "rollout_data"
 TRAIN_DIR = "train_data"
 _ROLLOUT_NAME = re.compile(r"^(eval_)?(\d+)\.pt$")
 _TRAIN_NAME = re.compile(r"^(\d+)_(\d+)\.pt$")
+NOT_A_DUMP_FILE = "not a rollout or train dump file name"
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class DumpListing:
 
     root: Path
     steps: tuple[StepFiles, ...]
-    ignored: tuple[Path, ...] = field(default=())
+    # (path, why) of files that are not extracted
+    ignored: tuple[tuple[Path, str], ...] = field(default=())
 
 
 def discover(dump_dir: Path) -> DumpListing:
@@ -63,33 +65,34 @@ def discover(dump_dir: Path) -> DumpListing:
         raise DumpNotFoundError(
             dump_dir, f"is not a miles dump: it has no `{ROLLOUT_DIR}/` directory"
         )
-    train, ignored_train = _list_train_files(root / TRAIN_DIR)
+    train, ignored = _list_train_files(root / TRAIN_DIR)
     steps: list[StepFiles] = []
-    ignored = list(ignored_train)
     for path in sorted(rollout_dir.iterdir()):
         match = _ROLLOUT_NAME.match(path.name)
         if match is None or not path.is_file():
-            ignored.append(path)
+            ignored.append((path, NOT_A_DUMP_FILE))
             continue
         rid, evaluation = int(match.group(2)), match.group(1) is not None
         ranks = () if evaluation else tuple(sorted(train.pop(rid, {}).items()))
         steps.append(StepFiles(rid, evaluation, path, ranks))
-    for rid, ranks in train.items():  # train files without a rollout file cannot be joined
-        ignored.extend(path for _, path in sorted(ranks.items()))
-        log.warning("train files of step %d have no rollout file; skipped", rid)
+    for rid, by_rank in train.items():  # train files without a rollout file cannot be joined
+        why = f"step {rid} has no `{ROLLOUT_DIR}/{rid}.pt` to join it to"
+        ignored.extend((path, why) for _, path in sorted(by_rank.items()))
     steps.sort(key=lambda s: (s.rollout_id, s.evaluation))
     return DumpListing(root, tuple(steps), tuple(sorted(ignored)))
 
 
-def _list_train_files(train_dir: Path) -> tuple[dict[int, dict[int, Path]], list[Path]]:
+def _list_train_files(
+    train_dir: Path,
+) -> tuple[dict[int, dict[int, Path]], list[tuple[Path, str]]]:
     by_step: dict[int, dict[int, Path]] = {}
-    ignored: list[Path] = []
+    ignored: list[tuple[Path, str]] = []
     if not train_dir.is_dir():
         return by_step, ignored
     for path in train_dir.iterdir():
         match = _TRAIN_NAME.match(path.name)
         if match is None or not path.is_file():
-            ignored.append(path)
+            ignored.append((path, NOT_A_DUMP_FILE))
             continue
         by_step.setdefault(int(match.group(1)), {})[int(match.group(2))] = path
     return by_step, ignored

@@ -46,7 +46,7 @@ def sample_tokens(
     rollout_lp = _rollout_side(path, label, sample, "rollout_log_probs", response_length)
     if train is None:
         mask = _rollout_side(path, label, sample, "loss_mask", response_length)
-        columns = {name: None for name in schema.TOKEN_STAT_COLUMNS}
+        columns: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
         columns[schema.ROLLOUT_LOG_PROB] = _f32(rollout_lp)
         return SampleTokens(token_ids, _i8(mask), False, columns)
     if train.response_length != response_length:

@@ -28,7 +28,7 @@ class TrainFile:
 
     @property
     def columns(self) -> dict[str, Any]:
-        return self.data["rollout_data"]  # type: ignore[no-any-return]
+        return self.data["rollout_data"]
 
 
 @dataclass(frozen=True)

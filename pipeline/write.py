@@ -75,7 +75,7 @@ def write_parquet(path: Path, table: str, data: pa.Table, metadata: dict[bytes, 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with pq.ParquetWriter(tmp, table_schema, **_writer_options(table_schema)) as writer:  # type: ignore[arg-type]
+        with pq.ParquetWriter(tmp, table_schema, **_writer_options(table_schema)) as writer:
             writer.write_table(data.replace_schema_metadata(metadata), ROW_GROUP_SIZE)
         os.replace(tmp, path)
     except OSError as exc:
