@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import catalog, dump, lake_files, manifest, schema
 from pipeline.errors import LakeError, PipelineError, UsageError
-from pipeline.step import StepOutcome, StepResult, extract_step, fingerprint
+from pipeline.step import StepOutcome, StepResult, discard_files, extract_step, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,7 @@ class ExtractSummary:
         default_factory=lambda: dict.fromkeys((NEW, UPDATED, UNCHANGED, REMOVED, SKIPPED), 0)
     )
     failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
-    ignored_files: list[Path] = field(default_factory=list)
+    ignored_files: list[tuple[Path, str]] = field(default_factory=list)  # (path, why)
     seconds: float = 0.0
 
     @property
@@ -101,7 +104,8 @@ def extract_run(
         workers: Processes extracting steps in parallel.
         progress: Called after each step is written.
         ready: Only steps for which it returns true are considered (live runs, see follow.py);
-            like `steps`, it keeps the run's other steps as they are.
+            the run's other steps are kept as they are, except that steps whose rollout file
+            is gone are removed.
 
     Returns:
         What was written, what was skipped and why.
@@ -120,20 +124,56 @@ def extract_run(
             if (wanted is None or s.rollout_id in wanted) and (ready is None or ready(s))
         ]
         todo = _plan(lake, record, selected, summary)
-        if wanted is None and ready is None:
+        if wanted is None:  # `ready` only defers present steps; a vanished one is gone
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
         try:
             for outcome in _run_steps(todo, lake, run, workers):
                 _commit(lake, record, outcome, summary, strict, progress)
         finally:  # also on Ctrl-C: publish the steps committed so far
-            if _changed(summary) or not (lake / schema.CATALOG_FILE).is_file():
+            if _changed(summary) or catalog_is_stale(lake):
                 _publish(lake, record)
+        _sweep(lake, run)
     summary.seconds = time.perf_counter() - started
     return summary
 
 
+def _sweep(lake: Path, run: str) -> None:
+    """Delete leftovers of an interrupted extraction (temporary or never-committed files).
+
+    Judged against the manifest on disk, which the catalog (not stale) agrees with: the
+    in-memory record may differ when nothing was published.
+    """
+    committed = manifest.load_manifest(lake, run)
+    if committed is not None:
+        lake_files.delete_unlisted(lake, committed)
+    lake_files.delete_stale_temporaries(lake)
+
+
 def _changed(summary: ExtractSummary) -> bool:
     return any(summary.counts[k] for k in (NEW, UPDATED, REMOVED))
+
+
+def catalog_is_stale(lake: Path) -> bool:
+    """Whether some manifest is newer than the catalog (or there is no catalog).
+
+    An extraction killed after committing steps but before rebuilding the catalog leaves the
+    catalog behind its manifests; the next extraction must rebuild it even if every step is
+    unchanged by then.
+    """
+    target = lake / schema.CATALOG_FILE
+    if not target.is_file():
+        return True
+    built = target.stat().st_mtime_ns
+    manifests = (lake / manifest.MANIFEST_DIR).glob("*.json")
+    return any(p.stat().st_mtime_ns >= built for p in manifests if not p.name.startswith("."))
+
+
+def _lake_failure(path: str, problem: str) -> LakeError:
+    return LakeError(
+        path,
+        f"{problem}. Steps committed before this are kept; free space or fix permissions,"
+        " then extract again",
+    )
 
 
 def _publish(lake: Path, record: manifest.RunManifest) -> None:
@@ -149,6 +189,8 @@ def prepare_lake(lake: Path, dump_root: Path) -> Path:
     lake = lake.resolve()
     if lake == dump_root or dump_root in lake.parents:
         raise LakeError(lake, "is inside the dump directory; tokenlake never writes there")
+    if lake.exists() and not lake.is_dir():
+        raise LakeError(lake, "is a file, not a directory; choose another --lake")
     try:
         lake.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -205,10 +247,29 @@ def _run_steps(
     from multiprocessing import get_context
 
     # spawn, not fork: the parent may hold Arrow/DuckDB thread pools that fork would corrupt.
-    with ProcessPoolExecutor(min(workers, len(todo)), mp_context=get_context("spawn")) as pool:
+    # Workers start with Ctrl-C ignored (they inherit SIG_IGN; they all start during the
+    # submits), so a Ctrl-C to the process group stops only the parent: running steps finish,
+    # queued ones are cancelled, and no worker prints a KeyboardInterrupt traceback.
+    with _sigint_ignored():
+        pool = ProcessPoolExecutor(min(workers, len(todo)), mp_context=get_context("spawn"))
         futures = [pool.submit(extract_step, files, lake, run, status) for files, status in todo]
+    try:
         for future in futures:
             yield future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():  # only main may set it
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _commit(
@@ -220,16 +281,28 @@ def _commit(
     progress: ProgressCallback | None,
 ) -> None:
     """Make one step's files part of the lake by listing them in the manifest."""
+    if outcome.lake_error is not None:  # the lake, not the input, is at fault: stop here
+        raise _lake_failure(*outcome.lake_error)
     if outcome.error is not None:
         if strict:
             raise PipelineError(f"Step {outcome.label}: {outcome.error}")
         summary.failed.append((outcome.label, outcome.error))
         summary.counts[SKIPPED] += 1
-        log.error("step %s skipped: %s", outcome.label, outcome.error)
+        # info, not error: the caller reports `summary.failed` (the CLI would print it twice)
+        log.info("step %s skipped: %s", outcome.label, outcome.error)
         return
     assert outcome.record is not None and outcome.result is not None
+    previous = record.steps.get(outcome.label)
     record.steps[outcome.label] = outcome.record
-    manifest.save_manifest(lake, record)
+    try:
+        manifest.save_manifest(lake, record)
+    except LakeError as exc:  # not committed: its files must not linger, the record stays
+        discard_files(lake / name for name in outcome.record.files.values())
+        if previous is None:
+            del record.steps[outcome.label]
+        else:
+            record.steps[outcome.label] = previous
+        raise _lake_failure(exc.path, exc.problem) from exc
     summary.steps.append(outcome.result)
     summary.counts[outcome.status] += 1
     if progress is not None:

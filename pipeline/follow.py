@@ -77,19 +77,22 @@ def follow_round(
 ) -> ExtractSummary:
     """One pass: extract what is complete now, remember what failed."""
     now = time.time()
+    # Stamps taken before reading: a file completed while it was read must count as changed
+    # (a stamp taken after the failure would match the finished file and never retry it).
+    attempted: dict[str, tuple[tuple[str, int, int], ...]] = {}
 
     def ready(files: dump.StepFiles) -> bool:
-        if state.failed.get(files.label) == _stamp(files):
+        stamp = attempted[files.label] = _stamp(files)
+        if state.failed.get(files.label) == stamp:
             return False  # failed before and unchanged since: wait for the file to change
         return is_complete(files, state.expected_ranks, now, settle_seconds)
 
     summary = extract_run(dump_dir, lake, run, workers=workers, progress=progress, ready=ready)
     state.rounds += 1
     for label, message in summary.failed:
-        step = next((s for s in dump.discover(dump_dir).steps if s.label == label), None)
-        if step is not None:
-            state.failed[label] = _stamp(step)
-        log.warning("step %s not extracted yet: %s", label, message)
+        state.failed[label] = attempted[label]
+        # info: `on_round` shows the failure to the user (the CLI prints "Not yet: ...")
+        log.info("step %s not extracted yet: %s", label, message)
     for result in summary.steps:
         if result.train_files and not result.evaluation:
             ranks = _ranks_of(dump_dir, result.rollout_id)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,8 +31,9 @@ def lake_lock(lake: Path) -> Iterator[None]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(path, "a")  # noqa: SIM115 - held for the whole extraction
-    except OSError as exc:
-        raise LakeError(lake, f"cannot be written ({exc.strerror or exc})") from exc
+    except OSError as exc:  # e.g. a read-only lake, or `_manifest` is a file
+        where = f"`{exc.filename}`: " if exc.filename else ""
+        raise LakeError(lake, f"cannot be written ({where}{exc.strerror or exc})") from exc
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -85,6 +87,40 @@ def delete_unlisted(lake: Path, record: manifest.RunManifest) -> int:
     if deleted:
         log.info("deleted %d files of run %s that no manifest lists", deleted, record.run)
     return deleted
+
+
+# Temporary names of the catalog and of manifests: `.<name>.<pid>.tmp` (and DuckDB's `.wal`).
+_TEMPORARY = re.compile(r"^\..+\.(\d+)\.tmp(\.wal)?$")
+
+
+def delete_stale_temporaries(lake: Path) -> int:
+    """Delete temporary catalog and manifest files left by killed processes; returns how many.
+
+    A file whose writer (the pid in its name) still runs is kept: `tokenlake views` builds the
+    catalog without taking the lake lock.
+    """
+    deleted = 0
+    for folder in (lake, lake / manifest.MANIFEST_DIR):
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            match = _TEMPORARY.match(path.name)
+            if match and path.is_file() and not _process_alive(int(match.group(1))):
+                path.unlink(missing_ok=True)
+                deleted += 1
+    return deleted
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def remove_run(lake: Path, run: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import dump, flatten, manifest, schema, write
-from pipeline.errors import DumpFormatError, PipelineError
+from pipeline.errors import DumpFormatError, DumpNotFoundError, LakeError, PipelineError
 from pipeline.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 
 
@@ -42,6 +43,9 @@ class StepOutcome:
     result: StepResult | None = None
     record: manifest.StepRecord | None = None
     error: str | None = None
+    # (path, problem) when the lake could not be written: fatal for the whole extraction,
+    # unlike `error` (bad input: only this step is skipped). Plain data: it crosses processes.
+    lake_error: tuple[str, str] | None = None
 
 
 def fingerprint(files: dump.StepFiles, root: Path) -> list[manifest.SourceFile]:
@@ -51,14 +55,23 @@ def fingerprint(files: dump.StepFiles, root: Path) -> list[manifest.SourceFile]:
 
 
 def extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> StepOutcome:
-    """Load, resolve, flatten and write one step; never raises for bad input."""
+    """Load, resolve, flatten and write one step; never raises for bad input or a bad lake."""
     try:
+        # Fingerprint before reading: a file that changes while it is read looks changed later.
         sources = fingerprint(files, files.rollout_file.parent.parent)
-        result, written, checksum = _write_step(files, lake, run)
+        tokens, samples_table, result = build_step_tables(files)
     except PipelineError as exc:
-        return StepOutcome(files.label, status, error=str(exc))
+        return StepOutcome(files.label, status, error=input_error_text(files, exc))
     except OSError as exc:  # a file vanished or became unreadable between listing and reading
-        return StepOutcome(files.label, status, error=f"`{exc.filename}`: {exc.strerror}")
+        text = f"`{exc.filename}`: {exc.strerror}. Extract again once the file is readable."
+        return StepOutcome(files.label, status, error=text)
+    try:
+        written = _write_step(files, lake, run, tokens, samples_table)
+    except LakeError as exc:
+        return StepOutcome(files.label, status, lake_error=(exc.path, exc.problem))
+    except OSError as exc:  # e.g. a partition directory cannot be created
+        problem = f"cannot be written ({exc.strerror or exc})"
+        return StepOutcome(files.label, status, lake_error=(str(exc.filename or lake), problem))
     record = manifest.StepRecord(
         rollout_id=files.rollout_id,
         evaluation=files.evaluation,
@@ -67,25 +80,58 @@ def extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> St
         samples=result.samples,
         tokens=result.tokens,
         train_files=result.train_files,
-        checksum=checksum,
+        checksum=tokens_checksum(tokens),
     )
     return StepOutcome(files.label, status, result=result, record=record)
 
 
+def input_error_text(files: dump.StepFiles, exc: PipelineError) -> str:
+    """The one-line reason a step is skipped: the rank when a train file is at fault, the
+    error (file, sample), and what to do.
+
+    Examples:
+        >>> step = dump.StepFiles(3, False, Path("d/rollout_data/3.pt"), ((1, Path("d/train_data/3_1.pt")),))
+        >>> input_error_text(step, DumpFormatError("d/train_data/3_1.pt", "bad"))
+        'rank 1: `d/train_data/3_1.pt`: bad. Replace or remove the file, then extract again.'
+    """
+    path = getattr(exc, "path", None)
+    rank = next((r for r, p in files.train_files if str(p) == path), None)
+    where = f"rank {rank}: " if rank is not None else ""
+    text = str(exc).rstrip(".")
+    if isinstance(exc, DumpNotFoundError):  # deleted between listing and reading
+        return f"{where}{text}. Extract again to pick up the current files."
+    if getattr(exc, "still_writing", False):  # its message already says "extract again later"
+        return f"{where}{text}."
+    return f"{where}{text}. Replace or remove the file, then extract again."
+
+
 def _write_step(
-    files: dump.StepFiles, lake: Path, run: str
-) -> tuple[StepResult, dict[str, Path], str]:
-    tokens, samples_table, result = build_step_tables(files)
+    files: dump.StepFiles, lake: Path, run: str, tokens: pa.Table, samples_table: pa.Table
+) -> dict[str, Path]:
     stem = schema.EVAL_STEM if files.evaluation else schema.TRAIN_STEM
     generation = secrets.token_hex(4)  # fresh names: the manifest decides when they count
     written: dict[str, Path] = {}
-    for table, data in ((schema.TOKENS, tokens), (schema.SAMPLES, samples_table)):
-        directory = lake / schema.partition_dir(table, run, files.rollout_id)
-        path = directory / f"{stem}-{generation}.parquet"
-        metadata = write.file_metadata(table, run, str(files.rollout_file))
-        write.write_parquet(path, table, data, metadata)
-        written[table] = path
-    return result, written, tokens_checksum(tokens)
+    try:
+        for table, data in ((schema.TOKENS, tokens), (schema.SAMPLES, samples_table)):
+            directory = lake / schema.partition_dir(table, run, files.rollout_id)
+            written[table] = directory / f"{stem}-{generation}.parquet"
+            metadata = write.file_metadata(table, run, str(files.rollout_file))
+            write.write_parquet(written[table], table, data, metadata)
+    except (LakeError, OSError):
+        discard_files(written.values())  # half a step must not linger (full or read-only lake)
+        raise
+    return written
+
+
+def discard_files(paths: Iterable[Path]) -> None:
+    """Delete uncommitted files and their partition folders if that leaves them empty."""
+    for path in paths:
+        path.unlink(missing_ok=True)
+        for folder in (path.parent, path.parent.parent):  # rollout_id=…, then run=…
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (other steps or runs live there): keep it
+                break
 
 
 def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepResult]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import manifest, schema
@@ -36,6 +37,11 @@ def verify_lake(lake: Path, run: str | None = None) -> tuple[int, list[Problem]]
     Returns:
         The number of steps checked and the problems found (empty when consistent).
     """
+    if not (lake / manifest.MANIFEST_DIR).is_dir():  # else a mistyped path would "pass"
+        raise LakeError(
+            lake,
+            f"is not a lake: it has no `{manifest.MANIFEST_DIR}/`; run `tokenlake extract` first",
+        )
     runs = manifest.load_all(lake)
     if run is not None:
         runs = [r for r in runs if r.run == run]
@@ -56,8 +62,16 @@ def check_step(lake: Path, record: manifest.RunManifest, step: manifest.StepReco
     if missing:
         return [f"file `{name}` is missing" for name in missing]
     problems = _check_sources(Path(record.source_dir), step)
-    tokens = pq.read_table(lake / step.files[schema.TOKENS])
-    samples = pq.read_table(lake / step.files[schema.SAMPLES])
+    tables: dict[str, pa.Table] = {}
+    for table, name in step.files.items():
+        try:
+            tables[table] = pq.read_table(lake / name)
+        except (pa.ArrowException, OSError) as exc:  # truncated or overwritten by something else
+            # extract skips a step whose files exist and sources are unchanged: delete first
+            problems.append(f"file `{name}` cannot be read ({exc}); delete it and extract again")
+    if len(tables) < len(step.files):
+        return problems
+    tokens, samples = tables[schema.TOKENS], tables[schema.SAMPLES]
     if samples.num_rows != step.samples:
         problems.append(f"`samples` has {samples.num_rows} rows; extracted {step.samples}")
     positions = samples.column(schema.BATCH_POSITION).to_numpy()

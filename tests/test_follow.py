@@ -1,0 +1,315 @@
+"""`extract --follow`: a live run is extracted step by step as its files complete.
+
+The live dump is fed from a copy of the real `basic` dump (train steps 0 and 1 with 4 rank
+files each, and `eval_0`), one file at a time and each file in two writes, as `torch.save`
+writes in place. The end state must equal a one-shot extraction of the finished dump.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import manifest, schema
+from pipeline.extract import ExtractSummary, extract_run
+from pipeline.follow import FollowState, follow_round, follow_run
+from pipeline.verify import verify_lake
+
+pytestmark = pytest.mark.slow  # every test extracts real dump files
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "miles-real" / "dumps"
+SETTLE = 0.3
+# (file, pause after it). Each file is written in two parts, PART_PAUSE apart. The long pause
+# after `1.pt` lets step 1 settle as rollout-only before its train files arrive.
+WRITE_ORDER = [
+    ("rollout_data/0.pt", 0.05),
+    *((f"train_data/0_{rank}.pt", 0.05) for rank in range(4)),
+    ("rollout_data/eval_0.pt", 0.05),
+    ("rollout_data/1.pt", SETTLE + 1.5),
+    *((f"train_data/1_{rank}.pt", 0.1) for rank in range(4)),
+]
+PART_PAUSE = 0.15
+OLD = 7200.0
+
+
+def empty_dump(path: Path) -> Path:
+    """A dump directory as miles creates it at start: the folders, no files yet."""
+    (path / "rollout_data").mkdir(parents=True)
+    (path / "train_data").mkdir()
+    return path.resolve()
+
+
+def rows(lake: Path, table: str) -> list[tuple]:
+    import duckdb
+
+    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+        found = con.execute(f"SELECT * FROM {table}").fetchall()
+    return sorted(tuple(map(repr, row)) for row in found)
+
+
+def one_shot(tmp_path: Path, run: str) -> Path:
+    lake = tmp_path / "one-shot"
+    extract_run(FIXTURES / "basic", lake, run, workers=1)
+    return lake
+
+
+def step_train_files(lake: Path) -> list[tuple]:
+    import duckdb
+
+    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+        return con.execute(
+            "SELECT rollout_id, evaluation, min(step_train_files), bool_and(has_train_row)"
+            " FROM samples GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+
+
+def counts(summary: ExtractSummary) -> tuple[int, ...]:
+    return tuple(summary.counts.values())  # new, updated, unchanged, removed, skipped
+
+
+def write_in_two_parts(source: Path, target: Path, pause: float) -> None:
+    data = source.read_bytes()
+    with open(target, "wb") as handle:
+        handle.write(data[: len(data) // 2])
+        handle.flush()
+        time.sleep(pause)  # a reader now sees a young, truncated file
+        handle.write(data[len(data) // 2 :])
+
+
+def test_follow_a_run_while_it_is_written(tmp_path: Path) -> None:
+    live, lake = empty_dump(tmp_path / "live"), tmp_path / "lake"
+    stop = threading.Event()
+    rounds: list[ExtractSummary] = []
+    errors: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            follow_run(
+                live, lake, "live", poll_seconds=0.05, settle_seconds=SETTLE, workers=1,
+                on_round=rounds.append, should_stop=stop.is_set,
+            )  # fmt: skip
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    for name, pause in WRITE_ORDER:
+        write_in_two_parts(FIXTURES / "basic" / name, live / name, PART_PAUSE)
+        time.sleep(pause)
+    written = time.monotonic()
+
+    # Quiet: settle time over, then three rounds in a row with nothing to do.
+    deadline = written + 20
+    while time.monotonic() < deadline and not errors:
+        recent = rounds[-3:]
+        if (
+            time.monotonic() > written + 0.5
+            and len(recent) == 3
+            and all(counts(r)[:2] == (0, 0) and counts(r)[3:] == (0, 0) for r in recent)
+        ):
+            break
+        time.sleep(0.05)
+    stop.set()
+    follower.join(timeout=10)
+    assert errors == []
+    assert not follower.is_alive()
+    assert sum(r.counts["new"] for r in rounds) == 3
+    # Step 1 went in rollout-only first, and was extracted again once its ranks were complete.
+    step_1 = [(r.train_files, r.samples) for s in rounds for r in s.steps if r.rollout_id == 1]
+    assert step_1[0] == (0, 8) and step_1[-1] == (4, 8)
+
+    reference = one_shot(tmp_path, "live")
+    assert verify_lake(lake) == (3, [])
+    for table in (schema.TOKENS, schema.SAMPLES):
+        assert rows(lake, table) == rows(reference, table), table
+
+
+def test_young_truncated_file_is_picked_up_once_complete(tmp_path: Path) -> None:
+    live, lake = tmp_path / "live", tmp_path / "lake"
+    shutil.copytree(FIXTURES / "basic", live)
+    partial = live / "train_data" / "0_1.pt"
+    full = partial.read_bytes()
+    partial.write_bytes(full[:1000])  # being written now
+    state = FollowState()
+
+    summary = follow_round(live, lake, "live", state, 0.0, 1, None)
+    assert counts(summary) == (2, 0, 0, 0, 1)
+    assert summary.failed == [
+        (
+            "0",
+            f"rank 1: Cannot read `{partial.resolve()}`: the zip archive is incomplete (no central"
+            " directory at its end), so the file is truncated. It was modified less than a minute"
+            " ago and is probably still being written; extract again later.",
+        )
+    ]
+    summary = follow_round(live, lake, "live", state, 0.0, 1, None)  # unchanged: not retried
+    assert (counts(summary), summary.failed) == ((0, 0, 2, 0, 0), [])
+
+    partial.write_bytes(full)  # the writer finishes
+    summary = follow_round(live, lake, "live", state, 0.0, 1, None)
+    assert counts(summary) == (1, 0, 2, 0, 0)
+    reference = one_shot(tmp_path, "live")
+    for table in (schema.TOKENS, schema.SAMPLES):
+        assert rows(lake, table) == rows(reference, table), table
+
+
+def test_file_completed_while_its_failed_read_was_reported_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer finishes the file between the failed read and the end of the round: the
+    step was judged on the old content, so the next round must try it again."""
+    from pipeline import extract as extract_module
+
+    live, lake = tmp_path / "live", tmp_path / "lake"
+    shutil.copytree(FIXTURES / "basic", live)
+    partial = live / "train_data" / "0_1.pt"
+    full = partial.read_bytes()
+    partial.write_bytes(full[:1000])
+    real_extract_step = extract_module.extract_step
+
+    def extract_then_finish_writing(files, lake, run, status):  # type: ignore[no-untyped-def]
+        outcome = real_extract_step(files, lake, run, status)
+        if outcome.error is not None:
+            partial.write_bytes(full)
+        return outcome
+
+    state = FollowState()
+    with monkeypatch.context() as patched:
+        patched.setattr(extract_module, "extract_step", extract_then_finish_writing)
+        assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (2, 0, 0, 0, 1)
+    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (1, 0, 2, 0, 0)
+
+
+def test_old_unreadable_file_is_an_error_until_it_changes(tmp_path: Path) -> None:
+    live, lake = tmp_path / "live", tmp_path / "lake"
+    shutil.copytree(FIXTURES / "basic", live)
+    bad = live / "rollout_data" / "1.pt"
+    bad.write_bytes(b"")
+    stamp = time.time() - OLD
+    os.utime(bad, (stamp, stamp))
+    state = FollowState()
+    summary = follow_round(live, lake, "live", state, 0.0, 1, None)
+    assert summary.failed == [
+        (
+            "1",
+            f"Cannot read `{bad.resolve()}`: the file is empty (0 bytes). Replace or remove the"
+            " file, then extract again.",
+        )
+    ]
+    summary = follow_round(live, lake, "live", state, 0.0, 1, None)
+    assert (counts(summary), summary.failed) == ((0, 0, 2, 0, 0), [])  # reported once
+    shutil.copy(FIXTURES / "basic" / "rollout_data" / "1.pt", bad)
+    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (1, 0, 2, 0, 0)
+
+
+def test_rollout_only_step_is_extracted_again_when_all_ranks_appear(tmp_path: Path) -> None:
+    live, lake = tmp_path / "live", tmp_path / "lake"
+    shutil.copytree(FIXTURES / "basic", live)
+    parked = tmp_path / "parked"
+    parked.mkdir()
+    for path in sorted((live / "train_data").glob("1_*.pt")):
+        shutil.move(path, parked / path.name)
+    state = FollowState()
+    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (3, 0, 0, 0, 0)
+    assert state.expected_ranks == frozenset({0, 1, 2, 3})  # learnt from step 0
+    assert step_train_files(lake) == [
+        (0, False, 4, True),
+        (0, True, 0, False),
+        (1, False, 0, False),
+    ]
+
+    for rank in (0, 1):  # half the ranks: not complete, the lake keeps the rollout-only step
+        shutil.move(parked / f"1_{rank}.pt", live / "train_data" / f"1_{rank}.pt")
+    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (0, 0, 2, 0, 0)
+    assert step_train_files(lake)[2] == (1, False, 0, False)
+
+    for rank in (2, 3):
+        shutil.move(parked / f"1_{rank}.pt", live / "train_data" / f"1_{rank}.pt")
+    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (0, 1, 2, 0, 0)
+    assert step_train_files(lake)[2] == (1, False, 4, True)
+    assert verify_lake(lake) == (3, [])
+
+
+def test_step_deleted_from_a_followed_run_is_removed(tmp_path: Path) -> None:
+    live, lake = tmp_path / "live", tmp_path / "lake"
+    shutil.copytree(FIXTURES / "basic", live)
+    state = FollowState()
+    follow_round(live, lake, "live", state, 0.0, 1, None)
+    for path in [live / "rollout_data" / "1.pt", *(live / "train_data").glob("1_*.pt")]:
+        path.unlink()
+    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (0, 0, 2, 1, 0)
+    assert sorted(manifest.load_manifest(lake.resolve(), "live").steps) == ["0", "eval_0"]
+
+
+def _start_follow(dump: Path, lake: Path, workers: int) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "pipeline", "extract", str(dump), "--lake", str(lake)]
+    command += ["--follow", "--poll", "0.1", "--settle", "0.2", "--workers", str(workers)]
+    # Its own process group, so SIGINT reaches it and its workers, as Ctrl-C in a terminal does.
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _ctrl_c(process: subprocess.Popen[str]) -> tuple[str, str]:
+    os.killpg(process.pid, signal.SIGINT)
+    return process.communicate(timeout=60)
+
+
+def test_ctrl_c_ends_follow_cleanly(tmp_path: Path) -> None:
+    dump = tmp_path / "run 'a'"
+    shutil.copytree(FIXTURES / "basic", dump)
+    lake = tmp_path / "lake"
+    process = _start_follow(dump, lake, workers=1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # wait until every step is in the lake
+        record = manifest.load_manifest(lake.resolve(), dump.name) if lake.exists() else None
+        if record is not None and len(record.steps) == 3 and catalog_ready(lake):
+            break
+        time.sleep(0.1)
+    time.sleep(0.3)
+    out, err = _ctrl_c(process)
+    assert process.returncode == 0
+    assert err.splitlines() == [
+        f"Following {dump} every 0.1 s; Ctrl-C stops.",
+        "Stopped; the lake holds every step extracted so far.",
+    ]
+    assert out.startswith(f"Run `{dump.name}`: 3 new, 0 updated, 0 unchanged, 0 removed, 0 skipped")
+    assert len(out.splitlines()) == 1
+    assert verify_lake(lake) == (3, [])
+
+
+def catalog_ready(lake: Path) -> bool:
+    catalog = lake / schema.CATALOG_FILE
+    record = lake / "_manifest"
+    return catalog.is_file() and all(
+        p.stat().st_mtime_ns < catalog.stat().st_mtime_ns for p in record.glob("*.json")
+    )
+
+
+def test_ctrl_c_during_a_parallel_extraction_leaves_a_consistent_lake(tmp_path: Path) -> None:
+    dump = tmp_path / "run"
+    shutil.copytree(FIXTURES / "cp2", dump)
+    lake = tmp_path / "lake"
+    process = _start_follow(dump, lake, workers=2)
+    assert process.stderr is not None
+    assert process.stderr.readline() == f"Following {dump} every 0.1 s; Ctrl-C stops.\n"
+    time.sleep(0.4)  # the first round is starting its workers or extracting
+    out, err = _ctrl_c(process)
+    assert process.returncode == 0
+    assert "Traceback" not in err
+    assert err.endswith("Stopped; the lake holds every step extracted so far.\n")
+    checked, problems = verify_lake(lake)
+    assert problems == []
+    summary = extract_run(dump, lake, workers=1)  # an ordinary run completes it
+    assert summary.counts["unchanged"] == checked
+    assert summary.counts["new"] == 3 - checked
