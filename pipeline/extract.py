@@ -130,7 +130,8 @@ def extract_run(
             for outcome in _run_steps(todo, lake, run, workers):
                 _commit(lake, record, outcome, summary, strict, progress)
         finally:  # also on Ctrl-C: publish the steps committed so far
-            if _changed(summary) or catalog_is_stale(lake):
+            vocab_changed = lake_files.refresh_vocab(lake, record)
+            if vocab_changed or _changed(summary) or catalog_is_stale(lake):
                 _publish(lake, record)
         _sweep(lake, run)
     summary.seconds = time.perf_counter() - started

@@ -64,6 +64,30 @@ def write_run_row(lake: Path, record: manifest.RunManifest) -> None:
     record.runs_file = relative
 
 
+def refresh_vocab(lake: Path, record: manifest.RunManifest) -> bool:
+    """Write the run's `vocab` file when the dump's tokenizer is new or changed.
+
+    Returns:
+        Whether the record changed (a vocab written, or dropped because the tokenizer is gone).
+    """
+    from pipeline import vocab
+
+    source = vocab.tokenizer_file(Path(record.source_dir))
+    if source is None:
+        changed = record.vocab_file is not None
+        record.vocab_file = record.vocab_digest = None
+        return changed
+    digest = vocab.file_digest(source)
+    if digest == record.vocab_digest and record.vocab_file and (lake / record.vocab_file).is_file():
+        return False
+    name = f"vocab-{secrets.token_hex(4)}.parquet"
+    relative = f"{schema.partition_dir(schema.VOCAB, record.run)}/{name}"
+    metadata = write.file_metadata(schema.VOCAB, record.run, str(source))
+    write.write_parquet(lake / relative, schema.VOCAB, vocab.vocab_table(source), metadata)
+    record.vocab_file, record.vocab_digest = relative, digest
+    return True
+
+
 def delete_unlisted(lake: Path, record: manifest.RunManifest) -> int:
     """Delete the run's files that its manifest does not list; returns how many.
 

@@ -62,12 +62,16 @@ class RunManifest:
     source_dir: str
     steps: dict[str, StepRecord] = field(default_factory=dict)
     runs_file: str | None = None
+    vocab_file: str | None = None
+    vocab_digest: str | None = None  # content hash of the tokenizer file it was built from
     version: int = MANIFEST_VERSION
 
     def files(self, table: str) -> list[str]:
         """Relative paths of one table's files, in step order."""
         if table == schema.RUNS:
             return [self.runs_file] if self.runs_file else []
+        if table == schema.VOCAB:
+            return [self.vocab_file] if self.vocab_file else []
         ordered = sorted(self.steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
         return [s.files[table] for s in ordered if table in s.files]
 
@@ -125,5 +129,7 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
         source_dir=data["source_dir"],
         steps=steps,
         runs_file=data.get("runs_file"),
+        vocab_file=data.get("vocab_file"),
+        vocab_digest=data.get("vocab_digest"),
         version=data["version"],
     )

@@ -27,7 +27,8 @@ TOOL_NAME = "tokenlake"
 TOKENS = "tokens"
 SAMPLES = "samples"
 RUNS = "runs"
-TABLES = (TOKENS, SAMPLES, RUNS)
+VOCAB = "vocab"
+TABLES = (TOKENS, SAMPLES, RUNS, VOCAB)
 
 CATALOG_FILE = "tokenlake.duckdb"
 MANIFEST_FILE = "manifest.json"
@@ -185,17 +186,29 @@ RUNS_SCHEMA = pa.schema(
     ]
 )
 
+# ---------------------------------------------------------------------------------------------
+# `vocab`: one row per token id of the run's tokenizer (only when the dump saved `tokenizer/`).
+# ---------------------------------------------------------------------------------------------
+VOCAB_SCHEMA = pa.schema(
+    [
+        pa.field(TOKEN_ID, pa.int64(), nullable=False),  # joins tokens.token_id
+        pa.field("token_text", pa.string()),  # the id decoded alone, special tokens kept
+    ]
+)
+
 # Hive partition columns of each table, outermost first.
 TABLE_PARTITIONS: dict[str, tuple[str, ...]] = {
     TOKENS: (RUN, ROLLOUT_ID),
     SAMPLES: (RUN, ROLLOUT_ID),
     RUNS: (RUN,),
+    VOCAB: (RUN,),
 }
 
 TABLE_SCHEMAS: dict[str, pa.Schema] = {
     TOKENS: TOKENS_SCHEMA,
     SAMPLES: SAMPLES_SCHEMA,
     RUNS: RUNS_SCHEMA,
+    VOCAB: VOCAB_SCHEMA,
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -226,6 +239,6 @@ def partition_dir(table: str, run: str, rollout_id: int | None = None) -> str:
         >>> partition_dir("runs", "qwen")
         'runs/run=qwen'
     """
-    if TABLE_PARTITIONS[table] == (RUN,):
+    if ROLLOUT_ID not in TABLE_PARTITIONS[table]:
         return f"{table}/{RUN}={run}"
     return f"{table}/{RUN}={run}/{ROLLOUT_ID}={rollout_id}"

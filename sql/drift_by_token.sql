@@ -1,11 +1,11 @@
 -- Drift by token id: which vocabulary entries carry the mismatch (the top offenders).
 -- Grain: one row per (run, rollout_id, token_id) with at least one covered finite token.
--- Token text is not in the lake yet (no token-text table); join your tokenizer's vocabulary on
--- token_id to read them.
--- Inputs: drift_tokens.
+-- Token texts come from the run's `vocab` table (NULL when the dump saved no tokenizer/).
+-- Inputs: drift_tokens, vocab.
 -- Columns:
 --   run, rollout_id          keys
 --   token_id        BIGINT   token id
+--   token_text      VARCHAR  the token decoded alone (NULL without a tokenizer)
 --   tokens          BIGINT   covered finite occurrences of the token in the step
 --   samples         BIGINT   samples containing it
 --   mean_lp_diff    DOUBLE   mean delta (nats)
@@ -37,6 +37,7 @@ SELECT
     run::VARCHAR AS run,  -- run name
     rollout_id::BIGINT AS rollout_id,  -- training step
     token_id::BIGINT AS token_id,  -- token id
+    v.token_text::VARCHAR AS token_text,  -- decoded token, NULL without a tokenizer
     tokens::BIGINT AS tokens,  -- covered finite occurrences
     samples::BIGINT AS samples,  -- samples containing the token
     mean_lp_diff::DOUBLE AS mean_lp_diff,  -- nats
@@ -47,4 +48,5 @@ SELECT
     k3_rank::BIGINT AS k3_rank,  -- 1 = worst
     mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
 FROM grouped
+LEFT JOIN vocab AS v USING (run, token_id)
 ORDER BY run, rollout_id, k3_rank

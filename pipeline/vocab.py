@@ -1,0 +1,56 @@
+"""Token texts from the dump's `tokenizer/` folder (dump-format.md 1), for the `vocab` table.
+
+Each id is decoded on its own, as the reference token view does, with special tokens kept.
+The `tokenizers` package reads `tokenizer.json` directly; no model hub is contacted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pyarrow as pa
+
+from pipeline import schema
+from pipeline.errors import DumpFormatError
+
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def tokenizer_file(dump_root: Path) -> Path | None:
+    """The dump's `tokenizer/tokenizer.json`, if it saved one."""
+    path = dump_root / TOKENIZER_DIR / TOKENIZER_FILE
+    return path if path.is_file() else None
+
+
+def file_digest(path: Path) -> str:
+    """Content hash of the tokenizer file: the vocab is rebuilt only when it changes."""
+    return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+
+
+def vocab_table(path: Path) -> pa.Table:
+    """One row per token id of the tokenizer: its id and its text decoded alone.
+
+    Examples:
+        >>> import json, tempfile
+        >>> spec = {"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1},
+        ...         "unk_token": "a"}}
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = Path(d) / "tokenizer.json"
+        ...     _ = p.write_text(json.dumps(spec))
+        ...     vocab_table(p).to_pylist()
+        [{'token_id': 0, 'token_text': 'a'}, {'token_id': 1, 'token_text': 'b'}]
+    """
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers library raises bare Exceptions on bad files
+        raise DumpFormatError(path, f"is not a readable tokenizer ({exc})") from exc
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    texts = tokenizer.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    return pa.table(
+        {schema.TOKEN_ID: pa.array(range(size), pa.int64()), "token_text": pa.array(texts)},
+        schema=schema.VOCAB_SCHEMA,
+    )

@@ -1,0 +1,54 @@
+"""Token texts from the dump's tokenizer equal the reference token view's `token_text`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from pipeline import manifest
+from pipeline.extract import extract_run
+
+REAL = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "miles-real"
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lake")
+    extract_run(REAL / "dumps" / "basic", root, "basic")
+    extract_run(REAL / "dumps" / "pp2", root, "pp2")  # pp2 saved no tokenizer/
+    return root
+
+
+@pytest.mark.slow
+def test_token_texts_equal_the_reference(lake):
+    con = duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True)
+    texts = dict(
+        con.execute("SELECT token_id, token_text FROM vocab WHERE run = 'basic'").fetchall()
+    )
+    checked = 0
+    for line in (REAL / "oracle" / "basic" / "tokens.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        assert [texts[t] for t in row["token_ids"]] == row["token_text"]
+        checked += len(row["token_ids"])
+    assert checked == 322  # every token id of every sample, prompt included
+
+
+@pytest.mark.slow
+def test_no_tokenizer_means_no_vocab_and_null_texts(lake):
+    con = duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM vocab WHERE run = 'pp2'").fetchall() == [(0,)]
+    nulls = con.execute(
+        "SELECT count(*), count(token_text) FROM drift_by_token WHERE run = 'pp2'"
+    ).fetchall()
+    assert nulls[0][0] > 0 and nulls[0][1] == 0
+
+
+@pytest.mark.slow
+def test_vocab_is_rebuilt_only_when_the_tokenizer_changes(lake):
+    before = manifest.load_manifest(lake, "basic").vocab_file
+    extract_run(REAL / "dumps" / "basic", lake, "basic")
+    assert manifest.load_manifest(lake, "basic").vocab_file == before
+    assert (lake / before).is_file()
