@@ -85,6 +85,9 @@ class DumpSpec:
     nonfinite: bool = False  # a few NaN/+inf/-inf in trainer log-probs / entropy
     rollout_only_steps: tuple[int, ...] = ()  # steps with a rollout file and no train files
     empty_response: bool = False  # one sample per step with R = 0
+    # Per-token noise on advantages (std). Plain GRPO broadcasts the normalised reward, so 0.0
+    # is the realistic value (spec 3.5); small presets keep noise so every position differs.
+    advantage_noise: float = 0.01
     seed: int = 0
 
     @property
@@ -104,6 +107,7 @@ _BENCH = DumpSpec(
     tp=2,
     multi_turn=True,
     removed_positions=(7,),
+    advantage_noise=0.0,  # GRPO: advantages = the normalised reward at every position
 )
 PRESETS: dict[str, DumpSpec] = {
     "example": DumpSpec(
@@ -260,7 +264,11 @@ def _observation_mask(rlen: np.ndarray, r_off: np.ndarray, multi: np.ndarray) ->
 
 
 def _trainer_values(
-    rng: np.random.Generator, rlp: np.ndarray, obs: np.ndarray, returns: np.ndarray
+    rng: np.random.Generator,
+    rlp: np.ndarray,
+    obs: np.ndarray,
+    returns: np.ndarray,
+    advantage_noise: float,
 ) -> dict[str, np.ndarray]:
     """Trainer outputs over the flat response: close to the rollout, real at observations."""
     total = len(rlp)
@@ -269,7 +277,7 @@ def _trainer_values(
     ref = np.minimum(lp + rng.normal(0.0, 0.1, total), 0.0).astype(np.float32)
     ent = rng.gamma(2.0, 0.6, total).astype(np.float32)
     ref_ent = (ent * rng.uniform(0.8, 1.2, total)).astype(np.float32)
-    adv = (returns + rng.normal(0.0, 0.01, total)).astype(np.float32)
+    adv = (returns + advantage_noise * rng.normal(0.0, 1.0, total)).astype(np.float32)
     values = {"log_probs": lp, "ref_log_probs": ref, "advantages": adv, "returns": returns}
     return {**values, "entropy": ent, "ref_entropy": ref_ent}
 
@@ -318,7 +326,7 @@ def _build_step(spec: DumpSpec, rid: int) -> _Step:
         rid, index, group_local, plen, rlen, t_off, r_off,
         np.concatenate(pieces).astype(np.int64), truncated, removed, agentic, multi, reward,
         norm, gen_mask, np.where(removed[row_of], 0, gen_mask).astype(np.int32), rlp,
-        _trainer_values(rng, rlp, obs, norm[row_of].astype(np.float32)),
+        _trainer_values(rng, rlp, obs, norm[row_of].astype(np.float32), spec.advantage_noise),
     )  # fmt: skip
     if spec.nonfinite:
         _inject_nonfinite(step)
