@@ -75,6 +75,7 @@ def locate_rows(
         by_index.setdefault(_as_int(sample.get("index")), []).append(position)
     located: dict[int, list[Location]] = {}
     for train_file in files:
+        claimed: set[int] = set()  # a file holds each sample once: siblings get distinct rows
         for row, raw_index in enumerate(train_file.columns["sample_indices"]):
             index = _as_int(raw_index)
             candidates = by_index.get(index)
@@ -84,20 +85,27 @@ def locate_rows(
                     f"train row {row} refers to `sample_index` {index}, which is absent from"
                     " the step's rollout dump (mixed or corrupt dumps)",
                 )
-            position = _pick_candidate(candidates, samples, Location(train_file, row))
-            located.setdefault(position, []).append(Location(train_file, row))
+            location = Location(train_file, row)
+            position = _pick_candidate(candidates, samples, location, claimed)
+            claimed.add(position)
+            located.setdefault(position, []).append(location)
     return located
 
 
-def _pick_candidate(candidates: list[int], samples: list[dict[str, Any]], loc: Location) -> int:
+def _pick_candidate(
+    candidates: list[int], samples: list[dict[str, Any]], loc: Location, claimed: set[int]
+) -> int:
+    """Among samples sharing an index (agentic siblings, 8.10), the first unclaimed one whose
+    tokens equal the train row's; else the first unclaimed one."""
     if len(candidates) == 1:
         return candidates[0]
+    free = [p for p in candidates if p not in claimed] or candidates
     train_tokens = np.asarray(loc.get("tokens"))
-    for position in candidates:
+    for position in free:
         tokens = samples[position].get("tokens") or []
         if len(tokens) == len(train_tokens) and np.array_equal(train_tokens, tokens):
             return position
-    return candidates[0]
+    return free[0]
 
 
 def _as_int(value: Any) -> int | None:
