@@ -196,6 +196,16 @@ def _fmt_run(name: str, fig: dict[str, Any], token_bytes: int | None) -> str:
     return line
 
 
+def _wait_until_settled(dump_dir: Path) -> None:
+    """Measure a finished run: files younger than `ptread.FRESH_SECONDS` are read into memory
+    (a live writer may still truncate them), older ones memory-mapped; mixing both would make
+    the first runs of a figure slower than the rest."""
+    from pipeline import ptread
+
+    newest = max(p.stat().st_mtime for p in dump_dir.rglob("*.pt"))
+    time.sleep(max(0.0, newest + ptread.FRESH_SECONDS + 1 - time.time()))
+
+
 def _best_extract(dump_dir: Path, lake: Path, workers: int, repeat: int) -> dict[str, Any]:
     """The fastest of `repeat` extractions into a fresh lake (the machine is shared and noisy)."""
     runs = []
@@ -215,6 +225,7 @@ def bench_variant(root: Path, preset: str, scale: float, baseline: bool, repeat:
     synth.write_dump(dump_dir, spec)
     generated = time.perf_counter() - started
     dump_mb = _disk_bytes([p for p in dump_dir.rglob("*.pt")]) / 1e6
+    _wait_until_settled(dump_dir)
     print(
         f"\n{preset}: {spec.steps} steps x {spec.samples_per_step} samples, R in"
         f" {spec.response_length[0]}..{spec.response_length[1]}, DP {spec.dp} x TP {spec.tp}"
