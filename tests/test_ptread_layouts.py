@@ -1,0 +1,35 @@
+"""The fast reader returns exactly what torch.load returns for every generated layout."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipeline import ptread, synth
+from tests.test_ptread import assert_same, load_torch_reference
+
+# Small copies of every preset; the bench ones shrunk to one step of two prompts.
+LAYOUTS = {
+    name: (
+        replace(spec, steps=1, prompts_per_step=2, eval_steps=(0,))
+        if name.startswith("bench")
+        else spec
+    )
+    for name, spec in synth.PRESETS.items()
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_every_file_of_every_layout_equals_torch(tmp_path: Path, name: str) -> None:
+    synth.write_dump(tmp_path, LAYOUTS[name])
+    files = sorted(tmp_path.rglob("*.pt"))
+    assert files
+    old = time.time() - 3600  # a finished run: the reader memory-maps files this old
+    for path in files:
+        os.utime(path, (old, old))
+        assert_same(ptread.load(path), load_torch_reference(path), str(path.relative_to(tmp_path)))
