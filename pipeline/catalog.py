@@ -166,7 +166,9 @@ def build_catalog(lake: Path) -> Path:
     tmp = lake / f".{schema.CATALOG_FILE}.{os.getpid()}.tmp"
     tmp.unlink(missing_ok=True)
     try:
-        con = duckdb.connect(str(tmp))
+        # Storage format 1.0: DuckDB clients from 1.0 on can open the catalog (it holds only
+        # views, so nothing newer is needed).
+        con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
         try:
             create_base_views(con, lake)
             create_sql_views(con)
