@@ -177,12 +177,14 @@ def samples_table(
     samples: list[dict[str, Any]],
     train_rows: dict[int, TrainRow],
     train_files: int,
+    messages: list[str | None],
 ) -> pa.Table:
     """One row per rollout-dump sample with the reference summary's scalar columns."""
     rows = [
         sample_summary(
             rollout_id, evaluation, position, sample, train_rows.get(position), train_files
         )
+        | {"messages_json": messages[position]}
         for position, sample in enumerate(samples)
     ]
     return pa.Table.from_pylist(rows, schema=schema.SAMPLES_SCHEMA)

@@ -157,6 +157,8 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field("response_text", pa.string()),  # decoded response
         pa.field("prompt_token_ids", pa.list_(pa.int64())),  # the P prompt token ids
         pa.field("metadata_json", pa.string()),  # Sample.metadata as JSON
+        # The conversation (chat messages, tool calls) from trajectory/{stem}.jsonl, as JSON
+        pa.field("messages_json", pa.string()),
         # --- train side (null when the sample has no train row) ---
         pa.field("has_train_row", pa.bool_(), nullable=False),  # some train file holds it
         # Train files the step had at extraction; 0 marks a rollout-only step (eval files,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline import dump, flatten, manifest, schema, write
+from pipeline import dump, flatten, manifest, schema, trajectory, write
 from pipeline.errors import DumpFormatError, DumpNotFoundError, LakeError, PipelineError
 from pipeline.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 
@@ -51,6 +51,9 @@ class StepOutcome:
 def fingerprint(files: dump.StepFiles, root: Path) -> list[manifest.SourceFile]:
     """The identity of a step's source files (name, size, modification time)."""
     paths = [files.rollout_file, *(path for _, path in files.train_files)]
+    sidecar = trajectory.trajectory_file(root, files.label)
+    if sidecar is not None:  # a rewritten conversation file re-extracts the step too
+        paths.append(sidecar)
     return [manifest.SourceFile.of(path, root) for path in paths]
 
 
@@ -148,8 +151,12 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     ]
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
     tokens = flatten.tokens_table(files.evaluation, indices, parts)
+    root = files.rollout_file.parent.parent
+    messages = trajectory.messages_by_position(
+        trajectory.trajectory_file(root, files.label), samples
+    )
     samples_table = flatten.samples_table(
-        files.rollout_id, files.evaluation, samples, train_rows, len(train_files)
+        files.rollout_id, files.evaluation, samples, train_rows, len(train_files), messages
     )
     result = StepResult(
         rollout_id=files.rollout_id,

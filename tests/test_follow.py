@@ -30,10 +30,13 @@ FIXTURES = ROOT.parent / "shared" / "fixtures" / "miles-real" / "dumps"
 SETTLE = 0.3
 # (file, pause after it). Each file is written in two parts, PART_PAUSE apart. The long pause
 # after `1.pt` lets step 1 settle as rollout-only before its train files arrive.
+# miles' order: the conversation sidecar, then the rollout file, then (later) every rank.
 WRITE_ORDER = [
+    ("trajectory/0.jsonl", 0.0),
     ("rollout_data/0.pt", 0.05),
     *((f"train_data/0_{rank}.pt", 0.05) for rank in range(4)),
     ("rollout_data/eval_0.pt", 0.05),
+    ("trajectory/1.jsonl", 0.0),
     ("rollout_data/1.pt", SETTLE + 1.5),
     *((f"train_data/1_{rank}.pt", 0.1) for rank in range(4)),
 ]
@@ -45,6 +48,7 @@ def empty_dump(path: Path) -> Path:
     """A dump directory as miles creates it at start: the folders, no files yet."""
     (path / "rollout_data").mkdir(parents=True)
     (path / "train_data").mkdir()
+    (path / "trajectory").mkdir()
     return path.resolve()
 
 
