@@ -58,3 +58,4 @@ SELECT
     truncated_frac::DOUBLE AS truncated_frac, -- fraction 0..1
     (reward_mean IS NOT NULL AND COALESCE(reward_std, 0.0) <= 1e-12)::BOOLEAN AS zero_std -- degenerate group
 FROM aggregated
+ORDER BY run, rollout_id, evaluation, group_index NULLS FIRST

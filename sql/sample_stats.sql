@@ -130,3 +130,4 @@ LEFT JOIN masked_stats AS m
     AND m.rollout_id = s.rollout_id
     AND m.evaluation = s.evaluation
     AND m.batch_position = s.batch_position
+ORDER BY s.run, s.rollout_id, s.evaluation, s.batch_position

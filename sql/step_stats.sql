@@ -62,3 +62,4 @@ FROM train_samples AS s
 INNER JOIN train_groups AS g
     ON g.run = s.run
     AND g.rollout_id = s.rollout_id
+ORDER BY s.run, s.rollout_id
