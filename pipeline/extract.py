@@ -130,8 +130,11 @@ def extract_run(
             for outcome in _run_steps(todo, lake, run, workers):
                 _commit(lake, record, outcome, summary, strict, progress)
         finally:  # also on Ctrl-C: publish the steps committed so far
-            vocab_changed = lake_files.refresh_vocab(lake, record)
-            if vocab_changed or _changed(summary) or catalog_is_stale(lake):
+            # A run that has never had a step committed is not published at all (no empty
+            # run in the catalog when its first step fails or is not complete yet).
+            known = bool(record.steps) or manifest.load_manifest(lake, run) is not None
+            vocab_changed = known and lake_files.refresh_vocab(lake, record)
+            if known and (vocab_changed or _changed(summary) or catalog_is_stale(lake)):
                 _publish(lake, record)
         _sweep(lake, run)
     summary.seconds = time.perf_counter() - started

@@ -136,7 +136,9 @@ def test_strict_makes_a_bad_step_fatal(tmp_path: Path) -> None:
         f"Error: Step 0: rank 1: Cannot read `{bad}`: the zip archive is incomplete (no central"
         f" directory at its end), so the file is truncated. {REPLACE}"
     ]
-    assert lake_steps(tmp_path / "lake", "basic") == []  # step 0 comes first: nothing kept
+    # Step 0 comes first: nothing was committed, so no run (and no catalog) is published.
+    assert not (tmp_path / "lake" / "tokenlake.duckdb").exists()
+    assert not (tmp_path / "lake" / "_manifest" / "basic.json").exists()
 
 
 @pytest.mark.slow

@@ -254,3 +254,19 @@ def test_verify_reports_what_differs(lake_with_two_runs: tuple[Path, Path, dict]
 
 def tmp_path_of(lake: Path) -> Path:
     return lake.parent
+
+
+def test_a_run_whose_only_step_fails_is_not_published(tmp_path: Path) -> None:
+    from pipeline.errors import PipelineError
+
+    dump = tmp_path / "dump"
+    (dump / "rollout_data").mkdir(parents=True)
+    (dump / "rollout_data" / "0.pt").write_bytes(b"not a torch file")
+    os.utime(dump / "rollout_data" / "0.pt", (1, 1))  # old: corruption, not a live write
+    lake = tmp_path / "lake"
+    with pytest.raises(PipelineError):
+        extract_run(dump, lake, "broken", strict=True)
+    summary = extract_run(dump, lake, "broken")
+    assert summary.counts["skipped"] == 1
+    assert sorted(p.name for p in lake.iterdir()) == ["_manifest"]
+    assert sorted(p.name for p in (lake / "_manifest").iterdir()) == [".tokenlake.lock"]
