@@ -16,14 +16,11 @@ Examples:
 from __future__ import annotations
 
 import io
-import mmap
 import os
 import pickle
-import struct
 import time
-import zipfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -31,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pipeline.errors import DumpFileError, DumpNotFoundError, PipelineError, UnsafePickleError
+from pipeline.ptzip import Archive, BigEndian, Corrupt, entry_bytes, open_archive
 
 try:  # numpy >= 2 moved the pickle helpers; 1.x pickles name `numpy.core`, 2.x `numpy._core`
     from numpy._core import multiarray as _multiarray
@@ -40,9 +38,6 @@ except ImportError:  # pragma: no cover - numpy 1.x
 # A file modified less than this long ago may still be written in place (dump-format.md 7).
 FRESH_SECONDS = 60.0
 
-_LOCAL_HEADER = b"PK\x03\x04"
-_LOCAL_HEADER_SIZE = 30
-
 
 class _Forbidden(Exception):
     """The pickle asked for a global outside the allow-list (becomes UnsafePickleError)."""
@@ -50,14 +45,6 @@ class _Forbidden(Exception):
     def __init__(self, global_name: str) -> None:
         super().__init__(global_name)
         self.global_name = global_name
-
-
-class _Corrupt(Exception):
-    """The archive or pickle is malformed (becomes DumpFileError); `reason` is user text."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 # --- stand-ins for the miles dataclasses -----------------------------------------------------
@@ -101,7 +88,7 @@ def _set_state(obj: Any, state: Any) -> None:
     elif isinstance(state, tuple):
         state = {**(state[0] or {}), **(state[1] or {})}
     if not isinstance(state, dict):
-        raise _Corrupt(f"`{type(obj).__name__}` got pickle state of type `{type(state).__name__}`")
+        raise Corrupt(f"`{type(obj).__name__}` got pickle state of type `{type(state).__name__}`")
     for key, value in state.items():
         if isinstance(key, str) and not key.startswith("_"):
             object.__setattr__(obj, key, value)
@@ -226,7 +213,7 @@ def _tensor_view(
 ) -> np.ndarray:
     """`_rebuild_tensor_v2`: a numpy view with the tensor's offset, shape and strides."""
     if not isinstance(storage, np.ndarray) or storage.ndim != 1:
-        raise _Corrupt(f"a tensor was rebuilt from a `{type(storage).__name__}`, not a storage")
+        raise Corrupt(f"a tensor was rebuilt from a `{type(storage).__name__}`, not a storage")
     if storage_offset == 0 and stride == (1,) and size == storage.shape:
         return storage[:]  # the common 1-d whole-storage tensor: skip the strided constructor
     item = storage.dtype.itemsize
@@ -239,7 +226,7 @@ def _tensor_view(
             strides=tuple(int(s) * item for s in stride),
         )
     except (TypeError, ValueError) as exc:
-        raise _Corrupt(f"a tensor does not fit its storage ({exc})") from exc
+        raise Corrupt(f"a tensor does not fit its storage ({exc})") from exc
 
 
 def _tensor_view_v3(
@@ -254,9 +241,9 @@ def _tensor_view_v3(
 ) -> np.ndarray:
     """`_rebuild_tensor_v3`: an untyped (byte) storage reinterpreted as `dtype`."""
     if not isinstance(dtype, _TorchDType) or not isinstance(storage, np.ndarray):
-        raise _Corrupt("`_rebuild_tensor_v3` got arguments that are not a storage and dtype")
+        raise Corrupt("`_rebuild_tensor_v3` got arguments that are not a storage and dtype")
     if storage.dtype != np.uint8:
-        raise _Corrupt("`_rebuild_tensor_v3` got a typed storage")
+        raise Corrupt("`_rebuild_tensor_v3` got a typed storage")
     typed = storage.view(dtype.dtype)
     return _tensor_view(_widen_bf16(typed) if dtype.bf16 else typed, storage_offset, size, stride)
 
@@ -314,144 +301,13 @@ def _allowed_globals() -> dict[str, Any]:
 _ALLOWED = _allowed_globals()
 
 
-# --- the archive -----------------------------------------------------------------------------
-
-
-class _Entry(NamedTuple):
-    """One zip member: where its local header starts, its sizes and compression."""
-
-    header_offset: int
-    file_size: int
-    compressed: bool
-
-
-class _Archive(NamedTuple):
-    """An opened dump: its bytes (a private memory map or a copy) and zip directory."""
-
-    buf: Any  # mmap.mmap or bytearray; both export a writable buffer
-    entries: dict[str, _Entry]
-    prefix: str  # "<archive>/" of the torch record names
-
-
-_EOCD = struct.Struct("<4sHHHHIIH")  # end of central directory record
-_CENTRAL = struct.Struct("<4s6H3I5H2I")  # central directory file header
-
-
-def _fast_directory(buf: Any) -> dict[str, _Entry] | None:
-    """Parse the central directory with `struct`, ~5x faster than `zipfile` on 4k entries.
-
-    Returns None for anything unusual (zip64 sizes, more than 65534 entries, damage) so that
-    `zipfile` handles it, or reports the damage.
-    """
-    end = buf.rfind(b"PK\x05\x06", max(0, len(buf) - _EOCD.size - 65535))
-    if end < 0 or end + _EOCD.size > len(buf):
-        return None
-    count, cd_size, pos = _EOCD.unpack_from(buf, end)[4:7]
-    if count == 0xFFFF or pos == 0xFFFFFFFF or pos + cd_size > end:
-        return None
-    entries: dict[str, _Entry] = {}
-    for _ in range(count):
-        row = _CENTRAL.unpack_from(buf, pos)
-        if row[0] != b"PK\x01\x02" or 0xFFFFFFFF in (row[8], row[9], row[16]):
-            return None
-        name_end = pos + _CENTRAL.size + row[10]
-        name = bytes(buf[pos + _CENTRAL.size : name_end]).decode("utf-8", "replace")
-        entries[name] = _Entry(row[16], row[9], row[4] != zipfile.ZIP_STORED)
-        pos = name_end + row[11] + row[12]
-    return entries
-
-
-def _slow_directory(buf: Any) -> dict[str, _Entry]:
-    """The directory through `zipfile` (zip64 and other rare layouts); copies the buffer."""
-    with zipfile.ZipFile(io.BytesIO(buf)) as zf:
-        return {
-            i.filename: _Entry(i.header_offset, i.file_size, i.compress_type != zipfile.ZIP_STORED)
-            for i in zf.infolist()
-        }
-
-
-def _entry_bytes(archive: _Archive, name: str, nbytes: int | None = None) -> Any:
-    """Return entry `name` as a buffer: a zero-copy memoryview if stored, else decompressed."""
-    entry = archive.entries.get(name)
-    if entry is None:
-        raise _Corrupt(f"the zip archive has no entry `{name}`")
-    size = entry.file_size if nbytes is None else nbytes
-    if entry.file_size < size:
-        raise _Corrupt(f"entry `{name}` holds {entry.file_size} bytes; its storage needs {size}")
-    if entry.compressed:  # torch.save never compresses; other zip tools may
-        with zipfile.ZipFile(io.BytesIO(archive.buf)) as zf:
-            return memoryview(bytearray(zf.read(name)))[:size]
-    buf, start = archive.buf, entry.header_offset
-    if buf[start : start + 4] != _LOCAL_HEADER:
-        raise _Corrupt(f"entry `{name}` has no valid local zip header")
-    # torch pads the local header's extra field to align data, so it differs from the central one
-    name_len, extra_len = struct.unpack_from("<HH", buf, start + 26)
-    data = start + _LOCAL_HEADER_SIZE + name_len + extra_len
-    if data + size > len(buf):
-        raise _Corrupt(f"entry `{name}` runs past the end of the file")
-    return memoryview(buf)[data : data + size]
-
-
-def _find_prefix(names: Iterable[str]) -> str:
-    """The `<archive>/` folder that holds `data.pkl` (torch names it after the file)."""
-    for name in names:
-        if name == "data.pkl" or (name.endswith("/data.pkl") and name.count("/") == 1):
-            return name[: -len("data.pkl")]
-    raise _Corrupt("the zip archive has no `data.pkl` entry, so `torch.save` did not write it")
-
-
-def _read_buffer(path: Path, size: int, fresh: bool) -> Any:
-    """Map the file, or copy it when fresh.
-
-    A memory map of a file that is truncated while mapped kills the process with SIGBUS on
-    access, and a file still being written may be rewritten; a private copy is safe then.
-    ACCESS_COPY (MAP_PRIVATE) makes arrays writable without ever writing to the file.
-    """
-    with open(path, "rb") as f:
-        if fresh:
-            buf = bytearray(size)
-            got = f.readinto(buf)
-            return buf[:got] if got < size else buf
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-
-
-def _directory(buf: Any) -> dict[str, _Entry]:
-    """The zip directory, with a message that says why when there is none."""
-    try:
-        return _fast_directory(buf) or _slow_directory(buf)
-    except (zipfile.BadZipFile, struct.error, OSError, ValueError, EOFError) as exc:
-        if buf[:4] == _LOCAL_HEADER:
-            raise _Corrupt(
-                "the zip archive is incomplete (no central directory at its end), so the"
-                " file is truncated"
-            ) from exc
-        raise _Corrupt("it is not a zip archive, so `torch.save` did not write it") from exc
-
-
-def _open_archive(path: Path, size: int, fresh: bool) -> _Archive:
-    """Open the zip directory and check that this is a little-endian torch archive."""
-    buf = _read_buffer(path, size, fresh)
-    entries = _directory(buf)
-    archive = _Archive(buf, entries, _find_prefix(entries))
-    order_name = archive.prefix + "byteorder"
-    if order_name in entries:  # absent in files from torch < 1.13: little-endian
-        order = bytes(_entry_bytes(archive, order_name)).decode("ascii", "replace")
-        if order != "little":
-            raise _BigEndian(order)
-    return archive
-
-
-class _BigEndian(Exception):
-    """The file was written on a big-endian machine; not a sign of an unfinished write."""
-
-
 # --- the unpickler ---------------------------------------------------------------------------
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
     """C unpickler that resolves only `_ALLOWED` and maps storages onto the archive."""
 
-    def __init__(self, file: io.BufferedIOBase, archive: _Archive) -> None:
+    def __init__(self, file: io.BufferedIOBase, archive: Archive) -> None:
         super().__init__(file)
         self._archive = archive
         self._storages: dict[str, np.ndarray] = {}
@@ -476,7 +332,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
             and isinstance(pid[4], int)
             and pid[4] >= 0
         ):
-            raise _Corrupt(f"its pickle holds an unknown persistent id `{str(pid)[:80]}`")
+            raise Corrupt(f"its pickle holds an unknown persistent id `{str(pid)[:80]}`")
         _, kind, key, _location, numel = pid
         if key not in self._storages:
             self._storages[key] = self._load_storage(kind, key, numel)
@@ -486,14 +342,14 @@ class _RestrictedUnpickler(pickle.Unpickler):
         """Read one storage; bf16 is widened here so every tensor of it shares the copy."""
         dtype = kind.dtype
         name = f"{self._archive.prefix}data/{key}"
-        raw = _entry_bytes(self._archive, name, numel * dtype.itemsize)
+        raw = entry_bytes(self._archive, name, numel * dtype.itemsize)
         array = np.frombuffer(raw, dtype=dtype, count=numel) if numel else np.empty(0, dtype)
         return _widen_bf16(array) if kind.bf16 else array
 
 
-def _unpickle(archive: _Archive) -> Any:
+def _unpickle(archive: Archive) -> Any:
     """Unpickle `data.pkl` of an opened archive."""
-    payload = _entry_bytes(archive, archive.prefix + "data.pkl")
+    payload = entry_bytes(archive, archive.prefix + "data.pkl")
     # BufferedReader adds `peek`, which lets the C unpickler prefetch instead of calling
     # `read` once per opcode.
     stream = io.BufferedReader(io.BytesIO(payload), buffer_size=1 << 20)
@@ -535,14 +391,14 @@ def load(path: Path) -> Any:
     fresh = time.time() - st.st_mtime < FRESH_SECONDS
     try:
         if st.st_size == 0:
-            raise _Corrupt("the file is empty (0 bytes)")
-        return _unpickle(_open_archive(path, st.st_size, fresh))
+            raise Corrupt("the file is empty (0 bytes)")
+        return _unpickle(open_archive(path, st.st_size, fresh))
     except _Forbidden as exc:
         raise UnsafePickleError(path, exc.global_name) from None
-    except _BigEndian as exc:
+    except BigEndian as exc:
         reason = f"it was written on a big-endian machine (`byteorder` is `{exc}`); tokenlake reads only little-endian dumps"
         raise DumpFileError(path, reason) from None
-    except _Corrupt as exc:
+    except Corrupt as exc:
         raise DumpFileError(path, exc.reason, still_writing=fresh) from exc
     except PipelineError:
         raise

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import ptread
+from pipeline import ptread, ptzip
 from pipeline.errors import DumpFileError, DumpNotFoundError, UnsafePickleError
 
 # The shared fixtures lie next to the project root (../shared); read-only, never written.
@@ -524,5 +524,5 @@ def test_fresh_file_is_copied_not_mapped_and_loads_the_same(tmp_path: Path) -> N
 
 def test_fast_zip_directory_agrees_with_zipfile() -> None:
     buf = REAL_FILES[0].read_bytes()
-    assert ptread._fast_directory(buf) == ptread._slow_directory(buf)
-    assert ptread._fast_directory(buf[:-10]) is None  # no end record: left to zipfile
+    assert ptzip._fast_directory(buf) == ptzip._slow_directory(buf)
+    assert ptzip._fast_directory(buf[:-10]) is None  # no end record: left to zipfile
