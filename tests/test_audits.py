@@ -216,3 +216,39 @@ def test_report_truncates_long_row_lists(tripped):
     results, _ = tripped
     report = format_audit_report([results["zero_std_groups"]], max_rows=1)
     assert report.splitlines()[-2:] == ["      ... 1 more rows", "1 of 1 audits failed."]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("preset", "audit", "rows"),
+    [
+        ("nonfinite", "nonfinite_log_probs", None),
+        ("cp-missing-rank", "alignment_failed", 4),
+        ("rollout-only", "missing_train_rows", 8),
+    ],
+)
+def test_audits_fire_on_generated_dumps_built_to_trip_them(tmp_path, preset, audit, rows):
+    """Whole pipeline: a generated dump with the defect, extracted, then audited."""
+    from pipeline import synth
+    from pipeline.extract import extract_run
+
+    synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
+    extract_run(tmp_path / "dump", tmp_path / "lake", run_name=preset)
+    results = {r.name: r for r in run_audits(tmp_path / "lake")}
+    assert not results[audit].passed
+    if rows is None:  # count the non-finite tokens independently, with numpy
+        import numpy as np
+
+        from pipeline.query import run_query
+
+        table = run_query(tmp_path / "lake", "SELECT * FROM tokens")
+        columns = ("rollout_log_prob", "train_log_prob", "lp_diff")
+        bad = np.zeros(table.num_rows, dtype=bool)
+        for name in columns:
+            values = table.column(name).to_numpy(zero_copy_only=False).astype(float)
+            bad |= np.isinf(values) | (
+                np.isnan(values) & ~table.column(name).is_null().to_numpy(zero_copy_only=False)
+            )
+        rows = int(bad.sum())
+        assert rows > 0
+    assert results[audit].rows.num_rows == rows

@@ -644,3 +644,21 @@ def test_drift_steps_on_real_basic_dump(tmp_path):
     assert [r["mean_abs_lp_diff_smtm"] for r in actual] == pytest.approx(
         [r["mean_abs_lp_diff"] for r in oracle], rel=1e-5
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["multi-turn", "nonfinite", "cp-thd", "removed"])
+def test_drift_steps_on_generated_dumps(tmp_path, preset):
+    """The generator's layouts (masked tool runs, NaN/inf, CP reassembly, removed samples)
+    through the whole pipeline, checked against numpy over the same tokens."""
+    from pipeline import synth
+    from pipeline.extract import extract_run
+
+    synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
+    extract_run(tmp_path / "dump", tmp_path / "lake", run_name=preset, strict=True)
+    lake = tmp_path / "lake"
+    tokens = run_query(lake, "SELECT * FROM tokens").to_pylist()
+    samples = run_query(lake, "SELECT * FROM samples").to_pylist()
+    actual = view(lake, "drift_steps")
+    assert [r["rollout_id"] for r in actual] == list(range(synth.PRESETS[preset].steps))
+    assert_rows(actual, expected_steps(tokens, samples), STEP_KEYS)
