@@ -15,6 +15,7 @@ import re
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -243,25 +244,51 @@ def _drop_vanished_steps(
 def _run_steps(
     todo: list[tuple[dump.StepFiles, str]], lake: Path, run: str, workers: int
 ) -> Iterator[StepOutcome]:
-    """Extract the steps, in parallel when asked; yields outcomes in step order."""
+    """Extract the steps, in parallel when asked; yields outcomes as steps finish.
+
+    With N workers, N - 1 are processes and one is a thread of this process: nothing to
+    start or import for it, and it works while the processes start. The main thread only
+    hands out steps, one at a time to whoever is free, so a slow step never holds back the
+    queue behind it.
+    """
     if workers <= 1 or len(todo) <= 1:
         for files, status in todo:
             yield extract_step(files, lake, run, status)
         return
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
     from multiprocessing import get_context
 
+    pending = deque(todo)
+    processes = min(workers, len(todo)) - 1
     # spawn, not fork: the parent may hold Arrow/DuckDB thread pools that fork would corrupt.
-    # Workers start with Ctrl-C ignored (they inherit SIG_IGN; they all start during the
+    # Workers start with Ctrl-C ignored (they inherit SIG_IGN; all start during the first
     # submits), so a Ctrl-C to the process group stops only the parent: running steps finish,
-    # queued ones are cancelled, and no worker prints a KeyboardInterrupt traceback.
-    with _sigint_ignored():
-        pool = ProcessPoolExecutor(min(workers, len(todo)), mp_context=get_context("spawn"))
-        futures = [pool.submit(extract_step, files, lake, run, status) for files, status in todo]
+    # queued ones are not started, and no worker prints a KeyboardInterrupt traceback.
+    pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
+    local = ThreadPoolExecutor(1, thread_name_prefix="tokenlake-step")
+    running: dict[Future[StepOutcome], ProcessPoolExecutor | ThreadPoolExecutor] = {}
+
+    def hand_out(executor: ProcessPoolExecutor | ThreadPoolExecutor) -> None:
+        files, status = pending.popleft()
+        running[executor.submit(extract_step, files, lake, run, status)] = executor
+
     try:
-        for future in futures:
-            yield future.result()
+        with _sigint_ignored():
+            for _ in range(min(processes, len(pending))):
+                hand_out(pool)
+        if pending:
+            hand_out(local)
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                executor = running.pop(future)
+                if pending:
+                    hand_out(executor)
+                yield future.result()
     finally:
+        pending.clear()
         pool.shutdown(wait=True, cancel_futures=True)
+        local.shutdown(wait=True, cancel_futures=True)
 
 
 @contextmanager
