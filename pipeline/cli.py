@@ -259,6 +259,23 @@ def views(lake: Path) -> None:
 
 
 @main.command()
+@click.argument("lake", type=click.Path(path_type=Path))
+@click.argument("run_name")
+def drop(lake: Path, run_name: str) -> None:
+    """Remove one run from the lake: its files, manifest and rows in every view.
+
+    Example:
+
+    \b
+        tokenlake drop lake qwen-grpo-old
+    """
+    from pipeline.extract import drop_run
+
+    drop_run(lake, run_name)
+    click.echo(f"Dropped run `{run_name}` from {lake}")
+
+
+@main.command()
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
     "--preset",

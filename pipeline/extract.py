@@ -142,6 +142,20 @@ def extract_run(
     return summary
 
 
+def drop_run(lake: Path, run: str) -> None:
+    """Remove a run from the lake: its manifest first (the commit point), then the catalog,
+    then its files. Other runs are untouched."""
+    lake = lake.resolve()
+    path = manifest.manifest_path(lake, run)
+    if not path.is_file():
+        runs = ", ".join(f"`{r.run}`" for r in manifest.load_all(lake)) or "none"
+        raise LakeError(lake, f"has no run `{run}` (runs: {runs})")
+    with lake_files.lake_lock(lake):
+        path.unlink()
+        catalog.build_catalog(lake)
+        lake_files.delete_unlisted(lake, manifest.RunManifest(run=run, source_dir=""))
+
+
 def _sweep(lake: Path, run: str) -> None:
     """Delete leftovers of an interrupted extraction (temporary or never-committed files).
 

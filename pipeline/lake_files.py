@@ -145,9 +145,3 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
-
-
-def remove_run(lake: Path, run: str) -> None:
-    """Forget a run entirely (manifest first, so the lake is never half-removed)."""
-    os.unlink(manifest.manifest_path(lake, run))
-    delete_unlisted(lake, manifest.RunManifest(run=run, source_dir=""))

@@ -98,3 +98,16 @@ def test_query_errors_are_one_line(tmp_path):
     assert code == 1
     assert err.startswith('Error: Query failed: Binder Error: Referenced column "nope" not found')
     assert err.count("\n") >= 1
+
+
+@pytest.mark.slow
+def test_drop_removes_one_run_and_nothing_else(tmp_path):
+    for case in ("basic", "pp2"):
+        run("extract", str(FIXTURES / case), "--lake", str(tmp_path), "--silent", "--workers", "1")
+    code, out, _ = run("drop", str(tmp_path), "basic")
+    assert (code, out) == (0, f"Dropped run `basic` from {tmp_path}\n")
+    assert not (tmp_path / "tokens" / "run=basic").exists()
+    code, out, _ = run("query", str(tmp_path), "SELECT DISTINCT run FROM tokens", "--format", "csv")
+    assert out == '"run"\n"pp2"\n'
+    code, _, err = run("drop", str(tmp_path), "basic")
+    assert (code, err) == (1, f"Error: Lake `{tmp_path}`: has no run `basic` (runs: `pp2`)\n")
