@@ -21,7 +21,8 @@ import pyarrow as pa
 import pytest
 
 from pipeline import schema, synth
-from pipeline.synth import PRESETS, SampleTruth, Truth
+from pipeline.synth import PRESETS
+from pipeline.synth_truth import SampleTruth, Truth
 
 LAYOUT_PRESETS = sorted(name for name in PRESETS if not name.startswith("bench"))
 KEY_COLUMNS = (schema.ROLLOUT_ID, schema.EVALUATION, schema.BATCH_POSITION)

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import cp_layout, synth
+from pipeline import cp_layout, synth, synth_truth
 from pipeline.errors import UsageError
 from pipeline.synth import PRESETS, DumpSpec, write_dump
 
@@ -320,10 +320,10 @@ def test_invalid_spec_is_refused_with_the_reason(tmp_path: Path) -> None:
 def test_legacy_layout_inference() -> None:
     full = np.arange(1, 13, dtype=np.float32)
     parts = [cp_layout.slice_for_rank(full, 20, s, 2) for s in range(2)]
-    assert synth.legacy_layout_ok(parts, 20, 12)
-    assert not synth.legacy_layout_ok(parts[:1], 20, 12)  # a missing rank
+    assert synth_truth.legacy_layout_ok(parts, 20, 12)
+    assert not synth_truth.legacy_layout_ok(parts[:1], 20, 12)  # a missing rank
     zeros = np.zeros(12, dtype=np.float32)  # two identical all-zero slices collapse into one
-    assert not synth.legacy_layout_ok([zeros[:4], zeros[:4]], 16, 8)
+    assert not synth_truth.legacy_layout_ok([zeros[:4], zeros[:4]], 16, 8)
 
 
 def test_rank_order_is_megatron() -> None:
