@@ -138,15 +138,24 @@ def extract(
         _follow(dump_dir, lake, run_name, workers, poll, settle, silent)
         return
     reporter = None if silent else _progress_reporter()
-    summary = extract_run(
-        dump_dir,
-        lake,
-        run_name,
-        steps=parse_steps(steps),
-        strict=strict,
-        workers=workers,
-        progress=reporter,
-    )
+    try:
+        summary = extract_run(
+            dump_dir,
+            lake,
+            run_name,
+            steps=parse_steps(steps),
+            strict=strict,
+            workers=workers,
+            progress=reporter,
+        )
+    except KeyboardInterrupt as exc:
+        interrupted = getattr(exc, "summary", None)
+        if interrupted is None:
+            raise
+        click.echo("", err=True)
+        click.echo(_summary_line(interrupted))
+        click.echo("Interrupted; the lake holds every step committed so far.", err=True)
+        sys.exit(130)
     if reporter is not None and summary.steps:
         click.echo("", err=True)
     for label, message in summary.failed:

@@ -130,6 +130,11 @@ def extract_run(
         try:
             for outcome in _run_steps(todo, lake, run, workers):
                 _commit(lake, record, outcome, summary, strict, progress)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C still propagates; it carries what was committed so the caller can say so.
+            summary.seconds = time.perf_counter() - started
+            exc.summary = summary  # type: ignore[attr-defined]
+            raise
         finally:  # also on Ctrl-C: publish the steps committed so far
             # A run that has never had a step committed is not published at all (no empty
             # run in the catalog when its first step fails or is not complete yet).

@@ -61,7 +61,10 @@ def follow_run(
             if should_stop():
                 break
             time.sleep(poll_seconds)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        interrupted = getattr(exc, "summary", None)  # set when a round was cut short
+        if interrupted is not None and on_round is not None:
+            on_round(interrupted)
         log.info("stopped by the user; the lake holds every step committed so far")
     return state
 

@@ -111,3 +111,26 @@ def test_drop_removes_one_run_and_nothing_else(tmp_path):
     assert out == '"run"\n"pp2"\n'
     code, _, err = run("drop", str(tmp_path), "basic")
     assert (code, err) == (1, f"Error: Lake `{tmp_path}`: has no run `basic` (runs: `pp2`)\n")
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_what_was_committed(tmp_path, monkeypatch):
+    import pipeline.cli as cli
+
+    def reporter():
+        def stop(result):
+            raise KeyboardInterrupt
+
+        return stop
+
+    monkeypatch.setattr(cli, "_progress_reporter", reporter)
+    code, out, err = run(
+        "extract", str(FIXTURES / "basic"), "--lake", str(tmp_path), "--workers", "1"
+    )
+    assert code == 130
+    assert re.fullmatch(
+        r"Run `basic`: 1 new, 0 updated, 0 unchanged, 0 removed, 0 skipped steps; wrote 8 samples"
+        rf" and \d+ tokens in \d+\.\d s -> {re.escape(str(tmp_path))}\n",
+        out,
+    )
+    assert err == "\nInterrupted; the lake holds every step committed so far.\n"

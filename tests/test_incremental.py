@@ -270,3 +270,23 @@ def test_a_run_whose_only_step_fails_is_not_published(tmp_path: Path) -> None:
     assert summary.counts["skipped"] == 1
     assert sorted(p.name for p in lake.iterdir()) == ["_manifest"]
     assert sorted(p.name for p in (lake / "_manifest").iterdir()) == [".tokenlake.lock"]
+
+
+def test_ctrl_c_mid_run_reports_what_was_committed(tmp_path: Path) -> None:
+    from pipeline.follow import follow_run
+
+    def stop_after_first(result) -> None:  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    dump = FIXTURES / "basic"
+    with pytest.raises(KeyboardInterrupt) as caught:
+        extract_run(dump, tmp_path / "a", "basic", workers=1, progress=stop_after_first)
+    summary = caught.value.summary  # type: ignore[attr-defined]
+    assert [(s.rollout_id, s.evaluation) for s in summary.steps] == [(0, False)]
+    assert summary.counts["new"] == 1
+    assert verify_lake(tmp_path / "a") == (1, [])  # the committed step is published
+
+    rounds = []
+    follow_run(dump, tmp_path / "b", "basic", settle_seconds=0, progress=stop_after_first,
+               on_round=rounds.append)  # fmt: skip
+    assert [r.counts["new"] for r in rounds] == [1]  # the cut-short round is still reported
