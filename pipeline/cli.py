@@ -186,15 +186,18 @@ def _follow(
 
     if not silent:
         click.echo(f"Following {dump_dir} every {poll:g} s; Ctrl-C stops.", err=True)
-    follow_run(
-        dump_dir,
-        lake,
-        run_name,
-        poll_seconds=poll,
-        settle_seconds=settle,
-        workers=workers,
-        on_round=on_round,
-    )
+    try:
+        follow_run(
+            dump_dir,
+            lake,
+            run_name,
+            poll_seconds=poll,
+            settle_seconds=settle,
+            workers=workers,
+            on_round=on_round,
+        )
+    except KeyboardInterrupt:  # before its first round started: nothing was written yet
+        pass
     click.echo("Stopped; the lake holds every step extracted so far.", err=True)
 
 

@@ -127,21 +127,23 @@ def extract_run(
         todo = _plan(lake, record, selected, summary)
         if wanted is None:  # `ready` only defers present steps; a vanished one is gone
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
+        interrupted: KeyboardInterrupt | None = None
         try:
-            for outcome in _run_steps(todo, lake, run, workers):
-                _commit(lake, record, outcome, summary, strict, progress)
-        except KeyboardInterrupt as exc:
+            try:
+                for outcome in _run_steps(todo, lake, run, workers):
+                    _commit(lake, record, outcome, summary, strict, progress)
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+        finally:  # also on Ctrl-C or an error: publish the steps committed so far
+            with _sigint_deferred() as deferred:  # a Ctrl-C now must not cut publishing short
+                _publish_if_needed(lake, record, summary)
+            if deferred:
+                interrupted = interrupted or KeyboardInterrupt()
+        if interrupted is not None:
             # Ctrl-C still propagates; it carries what was committed so the caller can say so.
             summary.seconds = time.perf_counter() - started
-            exc.summary = summary  # type: ignore[attr-defined]
-            raise
-        finally:  # also on Ctrl-C: publish the steps committed so far
-            # A run that has never had a step committed is not published at all (no empty
-            # run in the catalog when its first step fails or is not complete yet).
-            known = bool(record.steps) or manifest.load_manifest(lake, run) is not None
-            vocab_changed = known and lake_files.refresh_vocab(lake, record)
-            if known and (vocab_changed or _changed(summary) or catalog_is_stale(lake)):
-                _publish(lake, record)
+            interrupted.summary = summary  # type: ignore[attr-defined]
+            raise interrupted
         _sweep(lake, run)
     summary.seconds = time.perf_counter() - started
     return summary
@@ -198,6 +200,15 @@ def _lake_failure(path: str, problem: str) -> LakeError:
         f"{problem}. Steps committed before this are kept; free space or fix permissions,"
         " then extract again",
     )
+
+
+def _publish_if_needed(lake: Path, record: manifest.RunManifest, summary: ExtractSummary) -> None:
+    """Publish when something changed; a run that has never had a step committed is not
+    published at all (no empty run when its first step fails or is not complete yet)."""
+    known = bool(record.steps) or manifest.load_manifest(lake, record.run) is not None
+    vocab_changed = known and lake_files.refresh_vocab(lake, record)
+    if known and (vocab_changed or _changed(summary) or catalog_is_stale(lake)):
+        _publish(lake, record)
 
 
 def _publish(lake: Path, record: manifest.RunManifest) -> None:
@@ -280,19 +291,20 @@ def _run_steps(
     pending = deque(todo)
     processes = min(workers, len(todo)) - 1
     # spawn, not fork: the parent may hold Arrow/DuckDB thread pools that fork would corrupt.
-    # Workers start with Ctrl-C ignored (they inherit SIG_IGN; all start during the first
+    # Workers start with SIGINT blocked (see `_sigint_blocked`; all start during the first
     # submits), so a Ctrl-C to the process group stops only the parent: running steps finish,
     # queued ones are not started, and no worker prints a KeyboardInterrupt traceback.
-    pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
     local = ThreadPoolExecutor(1, thread_name_prefix="tokenlake-step")
     running: dict[Future[StepOutcome], ProcessPoolExecutor | ThreadPoolExecutor] = {}
+    with _sigint_blocked():
+        pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
 
     def hand_out(executor: ProcessPoolExecutor | ThreadPoolExecutor) -> None:
         files, status = pending.popleft()
         running[executor.submit(extract_step, files, lake, run, status)] = executor
 
     try:
-        with _sigint_ignored():
+        with _sigint_blocked():
             for _ in range(min(processes, len(pending))):
                 hand_out(pool)
         if pending:
@@ -311,15 +323,37 @@ def _run_steps(
 
 
 @contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():  # only main may set it
-        yield
+def _sigint_deferred() -> Iterator[list[bool]]:
+    """Hold a Ctrl-C until the block ends: the yielded list is non-empty if one came.
+
+    Publishing (manifest, catalog, vocab) is short and must finish: an interrupt inside it
+    would abort DuckDB's catalog build or even an extension import. Only the main thread can
+    set handlers; elsewhere Python delivers no KeyboardInterrupt anyway.
+    """
+    received: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.signal(signal.SIGINT, lambda *_: received.append(True))
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread while worker processes start.
+
+    Children inherit the signal mask through fork and exec, so they never see a Ctrl-C sent
+    to the process group; here a Ctrl-C that arrives meanwhile stays pending and is raised as
+    KeyboardInterrupt once unblocked (ignoring it instead would lose it).
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _commit(
