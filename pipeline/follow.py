@@ -96,11 +96,8 @@ def follow_round(
         state.failed[label] = attempted[label]
         # info: `on_round` shows the failure to the user (the CLI prints "Not yet: ...")
         log.info("step %s not extracted yet: %s", label, message)
-    for result in summary.steps:
-        if result.train_files and not result.evaluation:
-            ranks = _ranks_of(dump_dir, result.rollout_id)
-            if state.expected_ranks is None or len(ranks) > len(state.expected_ranks):
-                state.expected_ranks = ranks
+    if summary.steps:  # the rank set learnt from every step the manifest now records
+        state.expected_ranks = _known_ranks(lake, run) or state.expected_ranks
     return summary
 
 
@@ -129,18 +126,6 @@ def _stamp(files: dump.StepFiles) -> tuple[tuple[str, int, int], ...]:
             continue
         stamp.append((path.name, stat.st_size, stat.st_mtime_ns))
     return tuple(stamp)
-
-
-def _ranks_of(dump_dir: Path, rollout_id: int) -> frozenset[int]:
-    step = next(
-        (
-            s
-            for s in dump.discover(dump_dir).steps
-            if s.rollout_id == rollout_id and not s.evaluation
-        ),
-        None,
-    )
-    return frozenset(rank for rank, _ in step.train_files) if step else frozenset()
 
 
 def _known_ranks(lake: Path, run: str) -> frozenset[int] | None:

@@ -72,19 +72,21 @@ def refresh_vocab(lake: Path, record: manifest.RunManifest) -> bool:
     """
     from pipeline import vocab
 
-    source = vocab.tokenizer_file(Path(record.source_dir))
+    root = Path(record.source_dir)
+    source = vocab.tokenizer_file(root)
     if source is None:
         changed = record.vocab_file is not None
-        record.vocab_file = record.vocab_digest = None
+        record.vocab_file, record.vocab_source = None, None
         return changed
-    digest = vocab.file_digest(source)
-    if digest == record.vocab_digest and record.vocab_file and (lake / record.vocab_file).is_file():
+    # Identified like every other source (name, size, mtime): no re-reading on each round.
+    stamp = manifest.SourceFile.of(source, root)
+    if stamp == record.vocab_source and record.vocab_file and (lake / record.vocab_file).is_file():
         return False
     name = f"vocab-{secrets.token_hex(4)}.parquet"
     relative = f"{schema.partition_dir(schema.VOCAB, record.run)}/{name}"
     metadata = write.file_metadata(schema.VOCAB, record.run, str(source))
     write.write_parquet(lake / relative, schema.VOCAB, vocab.vocab_table(source), metadata)
-    record.vocab_file, record.vocab_digest = relative, digest
+    record.vocab_file, record.vocab_source = relative, stamp
     return True
 
 

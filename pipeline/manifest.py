@@ -63,7 +63,7 @@ class RunManifest:
     steps: dict[str, StepRecord] = field(default_factory=dict)
     runs_file: str | None = None
     vocab_file: str | None = None
-    vocab_digest: str | None = None  # content hash of the tokenizer file it was built from
+    vocab_source: SourceFile | None = None  # the tokenizer file it was built from
     version: int = MANIFEST_VERSION
 
     def files(self, table: str) -> list[str]:
@@ -130,6 +130,6 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
         steps=steps,
         runs_file=data.get("runs_file"),
         vocab_file=data.get("vocab_file"),
-        vocab_digest=data.get("vocab_digest"),
+        vocab_source=SourceFile(**data["vocab_source"]) if data.get("vocab_source") else None,
         version=data["version"],
     )

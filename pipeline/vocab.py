@@ -6,7 +6,6 @@ The `tokenizers` package reads `tokenizer.json` directly; no model hub is contac
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,11 +21,6 @@ def tokenizer_file(dump_root: Path) -> Path | None:
     """The dump's `tokenizer/tokenizer.json`, if it saved one."""
     path = dump_root / TOKENIZER_DIR / TOKENIZER_FILE
     return path if path.is_file() else None
-
-
-def file_digest(path: Path) -> str:
-    """Content hash of the tokenizer file: the vocab is rebuilt only when it changes."""
-    return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
 
 
 def vocab_table(path: Path) -> pa.Table:
