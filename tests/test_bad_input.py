@@ -25,8 +25,9 @@ from click.testing import CliRunner
 from pipeline import schema
 from pipeline.cli import main
 from pipeline.verify import verify_lake
+from tests.fixture_paths import REAL_DUMPS
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "miles-real" / "dumps"
+FIXTURES = REAL_DUMPS
 OLD = 7200.0  # seconds: older than ptread.FRESH_SECONDS, so a bad file is not "still written"
 REPLACE = "Replace or remove the file, then extract again."
 ALL_STEPS = "Run `{run}`: 3 new, 0 updated, 0 unchanged, 0 removed, 0 skipped steps"

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main, parse_steps
+from tests.fixture_paths import REAL_DUMPS
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "miles-real" / "dumps"
+FIXTURES = REAL_DUMPS
 
 
 def run(*args: str) -> tuple[int, str, str]:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from pipeline.query import run_query
+from tests.fixture_paths import MILES_REAL
 from tests.lakes import build_lake
 
 F32 = np.float32
@@ -621,7 +622,7 @@ def test_drift_outliers_worst_tokens(rich):
 # ---------------------------------------------------------------------------------------------
 # Real dump
 # ---------------------------------------------------------------------------------------------
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "miles-real"
+FIXTURES = MILES_REAL
 
 
 @pytest.mark.slow

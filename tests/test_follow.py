@@ -22,11 +22,12 @@ from pipeline import manifest, schema
 from pipeline.extract import ExtractSummary, extract_run
 from pipeline.follow import FollowState, follow_round, follow_run
 from pipeline.verify import verify_lake
+from tests.fixture_paths import REAL_DUMPS
 
 pytestmark = pytest.mark.slow  # every test extracts real dump files
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "miles-real" / "dumps"
+FIXTURES = REAL_DUMPS
 SETTLE = 0.3
 # (file, pause after it). Each file is written in two parts, PART_PAUSE apart. The long pause
 # after `1.pt` lets step 1 settle as rollout-only before its train files arrive.

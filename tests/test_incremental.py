@@ -21,10 +21,11 @@ from pipeline import schema
 from pipeline.cli import main
 from pipeline.extract import extract_run
 from pipeline.verify import verify_lake
+from tests.fixture_paths import REAL_DUMPS
 
 pytestmark = pytest.mark.slow  # every test extracts real dump files
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "miles-real" / "dumps"
+FIXTURES = REAL_DUMPS
 OLD = 7200.0
 
 

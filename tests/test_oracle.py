@@ -1,7 +1,7 @@
 """The lake against the miles reference reader, on the four real dumps.
 
 All four cases are extracted once, as four runs of one lake, and every view is compared with
-what `DumpReader` computed (`/work/shared/fixtures/miles-real/oracle/<case>/`):
+what `DumpReader` computed (`tests/fixtures/miles-real/oracle/<case>/`):
 `sample_stats` ↔ `summary_*.parquet`, `group_stats` ↔ `groups_*.parquet`, `step_stats` ↔
 `step_aggregates.parquet`, and the `tokens` view ↔ `tokens.jsonl`.
 """
@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.fixture_paths import MILES_REAL
+
 pytestmark = pytest.mark.slow
 
-# The shared fixtures lie next to the project root (../shared); read-only, never written.
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "miles-real"
+FIXTURES = MILES_REAL
 CASES = ("basic", "cp2", "pp2", "removed")
 REL_TOL = 1e-5
 # Statistics the reference reduced in float32 can miss a value near 0 by a float32 rounding.

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from pipeline import ptread, ptzip
 from pipeline.errors import DumpFileError, DumpNotFoundError, UnsafePickleError
+from tests.fixture_paths import REAL_DUMPS
 
-# The shared fixtures lie next to the project root (../shared); read-only, never written.
-DUMPS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "miles-real" / "dumps"
+DUMPS = REAL_DUMPS
 REAL_FILES = sorted(DUMPS.glob("*/*/*.pt"))
 
 FRESH_HINT = (

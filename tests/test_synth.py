@@ -15,9 +15,9 @@ import pytest
 from pipeline import cp_layout, synth, synth_truth
 from pipeline.errors import UsageError
 from pipeline.synth import PRESETS, DumpSpec, write_dump
+from tests.fixture_paths import REAL_DUMPS
 
-# The shared fixtures lie next to the project root (../shared); read-only, never written.
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "miles-real" / "dumps"
+FIXTURES = REAL_DUMPS
 
 # Specs mirroring the real fixtures (layout, not values).
 MIRRORS = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import duckdb
 import pytest
@@ -11,8 +10,9 @@ import pytest
 from pipeline.errors import DumpFormatError
 from pipeline.extract import extract_run
 from pipeline.trajectory import messages_by_position
+from tests.fixture_paths import REAL_DUMPS
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "miles-real" / "dumps"
+REAL = REAL_DUMPS
 
 
 @pytest.mark.slow

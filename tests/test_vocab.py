@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import duckdb
 import pytest
 
 from pipeline import manifest
 from pipeline.extract import extract_run
+from tests.fixture_paths import MILES_REAL
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "miles-real"
+REAL = MILES_REAL
 
 
 @pytest.fixture(scope="module")

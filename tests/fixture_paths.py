@@ -1,0 +1,14 @@
+"""Where the tests find the real miles fixtures: inside the repository, so a clone passes alone.
+
+`tests/fixtures/miles-real/` is a verbatim copy of the project's reference fixtures (real
+`--dump-details` dumps written by miles' own code, with what miles' own reader computed from
+them; see its README). Tests read them in place and never write into them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MILES_REAL = Path(__file__).resolve().parent / "fixtures" / "miles-real"
+REAL_DUMPS = MILES_REAL / "dumps"
+REAL_ORACLE = MILES_REAL / "oracle"
