@@ -127,6 +127,11 @@ def load_train(path: Path, rank: int) -> dict[str, Any]:
     for key in ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks"):
         if key not in columns:
             raise DumpFormatError(path, f"lacks the required column `{key}`")
+    for key in ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks"):
+        value = columns[key]
+        if not isinstance(value, list | tuple) and getattr(value, "ndim", 0) < 1:
+            kind = "None" if value is None else f"a {type(value).__name__}"
+            raise DumpFormatError(path, f"column `{key}` is {kind}, not a list with one entry per row")
     rows = len(columns["sample_indices"])
     for key in ("response_lengths", "total_lengths", "tokens", "loss_masks"):
         if len(columns[key]) != rows:
