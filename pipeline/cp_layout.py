@@ -131,6 +131,8 @@ def uncovered(
     """
     holes = np.ones(response_length, dtype=bool)
     for cp_rank in range(cp_size):
-        for start, stop in rank_pieces(total_length, response_length, cp_rank, cp_size, padded_length):
+        for start, stop in rank_pieces(
+            total_length, response_length, cp_rank, cp_size, padded_length
+        ):
             holes[start:stop] = False
     return holes

@@ -20,15 +20,14 @@ from typing import Any
 import numpy as np
 
 from pipeline import cp_layout, schema
+from pipeline.errors import DumpFormatError
 from pipeline.train_checks import (
-    check_columns,
     exact_int,
     flag_or_none,
     is_column,
     number_or_none,
     numbers,
 )
-from pipeline.errors import DumpFormatError
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class Location:
 
     def has(self, key: str) -> bool:
         column = self.file.columns.get(key)
-        return is_column(column) and self.row < len(column)
+        return column is not None and is_column(column) and self.row < len(column)
 
 
 @dataclass
@@ -90,8 +89,6 @@ def locate_rows(
     shard (TP/PP/CP peers) and share one assignment. Positions are claimed across the step's
     shards, so siblings sharing an index and tokens on different shards get distinct samples.
     """
-    for train_file in files:
-        check_columns(train_file)
     by_index: dict[Any, list[int]] = {}
     for position, sample in enumerate(samples):
         by_index.setdefault(_index_key(sample.get("index")), []).append(position)
@@ -137,7 +134,7 @@ def _shard_key(train_file: TrainFile) -> bytes:
     digest.update(repr([_index_key(i) for i in columns["sample_indices"]]).encode())
     for key in ("tokens", "loss_masks"):
         column = columns.get(key)
-        for value in column if is_column(column) else ():
+        for value in column if column is not None and is_column(column) else ():
             array = numbers(value, train_file.path, key)
             digest.update(f"{array.dtype}{array.shape}".encode())
             digest.update(np.ascontiguousarray(array).tobytes())

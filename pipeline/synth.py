@@ -305,7 +305,9 @@ def _validate(spec: DumpSpec) -> None:
     if any(not 0 <= p < spec.samples_per_step for p in spec.removed_positions):
         problems.append(f"`removed_positions` must lie in 0..{spec.samples_per_step - 1}")
     if spec.train_rlp_dtype not in ("float32", "bfloat16", "float16"):
-        problems.append(f"`train_rlp_dtype` is `{spec.train_rlp_dtype}`; expected float32, bfloat16 or float16")
+        problems.append(
+            f"`train_rlp_dtype` is `{spec.train_rlp_dtype}`; expected float32, bfloat16 or float16"
+        )
     if spec.missing_cp_rank and spec.cp < 2:
         problems.append("`missing_cp_rank` needs `cp` >= 2")
     if problems:

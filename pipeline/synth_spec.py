@@ -299,8 +299,10 @@ def train_rollout_log_probs(spec: DumpSpec, step: StepBatch) -> np.ndarray:
         return values.astype(np.float16).astype(np.float32)
     if spec.train_rlp_dtype == "bfloat16":
         bits = values.view(np.uint32).astype(np.uint64)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.astype(np.uint32).view(np.float32)
+        rounded = (bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) & np.uint64(
+            0xFFFF0000
+        )
+        return rounded.astype(np.uint32).view(np.float32)
     return values
 
 

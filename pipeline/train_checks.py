@@ -8,15 +8,12 @@ cast to float would all land in the lake as if they were data.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from pipeline import schema
 from pipeline.errors import DumpFormatError
-
-if TYPE_CHECKING:
-    from pipeline.resolve import TrainFile
 
 
 def exact_int(value: Any, path: Path, field: str, sample: str | None = None) -> int:
@@ -67,7 +64,8 @@ def _shown(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-_PER_ROW = ("rewards", "truncated", "max_seq_lens", "raw_reward", *schema.CP_SLICED_FIELDS)
+_REQUIRED = ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks")
+_OPTIONAL = ("rewards", "truncated", "max_seq_lens", "raw_reward", *schema.CP_SLICED_FIELDS)
 
 
 def is_column(value: Any) -> bool:
@@ -76,17 +74,17 @@ def is_column(value: Any) -> bool:
     return isinstance(value, list | tuple)
 
 
-def check_columns(train_file: TrainFile) -> None:
-    """The optional columns tokenlake reads are lists (or absent/None), and the CP header is
-    integers: `cp_size` >= 1, 0 <= `cp_rank` < `cp_size` (dump-format.md 3.1, 3.3)."""
-    path, columns = train_file.path, train_file.columns
-    for key in _PER_ROW:
+def check_columns(path: Path, data: dict[str, Any]) -> None:
+    """The columns tokenlake reads are lists (optional ones may be absent or None), and the CP
+    header is integers: `cp_size` >= 1, 0 <= `cp_rank` < `cp_size` (dump-format.md 3.1, 3.3)."""
+    columns = data["rollout_data"]
+    for key in (*_REQUIRED, *_OPTIONAL):
         value = columns.get(key)
-        if value is not None and not is_column(value):
+        if not is_column(value) and (value is not None or key in _REQUIRED):
+            kind = "None" if value is None else f"of type `{type(value).__name__}`"
             raise DumpFormatError(
-                path, f"column `{key}` is {_shown(value)}, not a list with one entry per row"
+                path, f"column `{key}` is {kind}, not a list with one entry per row"
             )
-    data = train_file.data
     cp_size = data.get("cp_size")
     size = 1 if cp_size is None else exact_int(cp_size, path, "cp_size") or 1
     if size < 1:
@@ -115,5 +113,3 @@ def flag_or_none(value: Any) -> bool | None:
     if isinstance(value, int | np.integer | np.bool_):
         return bool(value)
     return None
-
-

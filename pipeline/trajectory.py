@@ -71,7 +71,8 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         try:
             record = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
-            _bad_line(path, number, f"byte {exc.start + 1} of the line is not UTF-8")
+            why = f"byte {exc.start + 1} of the line is not UTF-8"
+            _bad_line(path, number, f"{_index_hint(raw)}{why}")
         except RecursionError:
             _bad_line(path, number, "JSON nested too deeply to read")
         except ValueError as exc:
@@ -85,8 +86,20 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _index_hint(raw: bytes) -> str:
+    """`sample_index N: ` when a line that is not UTF-8 still says which sample it is for."""
+    try:
+        record = json.loads(raw.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return ""
+    index = record.get("sample_index") if isinstance(record, dict) else None
+    return f"sample_index {index}: " if type(index) is int else ""
+
+
 def _bad_line(path: Path, number: int, why: str) -> NoReturn:
-    raise DumpFormatError(path, f"line {number} is not a trajectory record ({why}); delete or fix it")
+    raise DumpFormatError(
+        path, f"line {number} is not a trajectory record ({why}); delete or fix it"
+    )
 
 
 def _json_text(messages: list[Any]) -> str:

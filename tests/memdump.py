@@ -44,7 +44,9 @@ class MemDump:
     def train(self, rank: int, columns: dict[str, Any], **top: Any) -> Path:
         path = self.root / dump_module.TRAIN_DIR / f"{self.rid}_{rank}.pt"
         self.ranks.append((rank, path))
-        return self._put(path, {"rollout_id": self.rid, "rank": rank, "rollout_data": columns, **top})
+        return self._put(
+            path, {"rollout_id": self.rid, "rank": rank, "rollout_data": columns, **top}
+        )
 
     def trajectory(self, content: bytes) -> Path:
         label = f"eval_{self.rid}" if self.evaluation else str(self.rid)

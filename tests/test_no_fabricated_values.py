@@ -40,7 +40,8 @@ def test_cp_with_an_empty_prompt_leaves_the_unowned_position_null(tmp_path, monk
     tokens_table, samples_table = dump.tables()
     assert column(tokens_table, "rollout_log_prob") == [None, *QUARTERS[1:]]
     assert column(tokens_table, "train_log_prob") == [None, *HALVES[1:]]
-    assert column(tokens_table, "lp_diff") == [None] + [h - q for h, q in zip(HALVES, QUARTERS)][1:]
+    diffs = [h - q for h, q in zip(HALVES, QUARTERS, strict=True)]
+    assert column(tokens_table, "lp_diff") == [None, *diffs[1:]]
     assert column(tokens_table, "entropy") == [None] * 6  # not dumped: NULL as before
     assert column(tokens_table, "loss_mask") == [1] * 6  # full length on every rank: known
     assert column(samples_table, "alignment_failed") == [True]
@@ -122,7 +123,10 @@ def test_an_ambiguous_conversation_is_left_null(tmp_path):
     # One line, two samples it fits equally: which one recorded it is unknowable.
     path = tmp_path / "eval_0.jsonl"
     path.write_text(_line(0, ["a"], reward=1.0, prompt="p") + "\n")
-    samples = [{"index": 0, "reward": 1.0, "prompt": "p"}, {"index": 0, "reward": 1.0, "prompt": "p"}]
+    samples = [
+        {"index": 0, "reward": 1.0, "prompt": "p"},
+        {"index": 0, "reward": 1.0, "prompt": "p"},
+    ]
     assert messages_by_position(path, samples) == [None, None]
 
 
@@ -189,9 +193,10 @@ def test_rollout_log_prob_is_the_half_precision_train_side_copy(preset: str, tmp
     dtype = torch.load(tmp_path / "dump" / "train_data" / "0_0.pt")["rollout_data"][
         "rollout_log_probs"
     ][0].dtype
-    assert dtype == {"true-on-policy-bf16": torch.bfloat16, "true-on-policy-fp16": torch.float16}[
-        preset
-    ]
+    assert (
+        dtype
+        == {"true-on-policy-bf16": torch.bfloat16, "true-on-policy-fp16": torch.float16}[preset]
+    )
     extract_run(tmp_path / "dump", tmp_path / "lake", "r")
     con = duckdb.connect(str(tmp_path / "lake" / "tokenlake.duckdb"), read_only=True)
     rows = con.execute(
