@@ -93,10 +93,10 @@ def locate_rows(
     for position, sample in enumerate(samples):
         by_index.setdefault(_index_key(sample.get("index")), []).append(position)
     claimed: set[int] = set()
-    shards: dict[bytes, list[int]] = {}
+    shards: dict[Any, list[int]] = {}
     located: dict[int, list[Location]] = {}
     for train_file in files:
-        key = _shard_key(train_file)
+        key = _shard_key(train_file, by_index)
         if key not in shards:
             shards[key] = _assign_shard(train_file, samples, by_index, claimed)
         for row, position in enumerate(shards[key]):
@@ -113,7 +113,7 @@ def _assign_shard(
     """The batch position of each row of one shard's file, claiming positions step-wide."""
     positions = []
     for row, raw_index in enumerate(train_file.columns["sample_indices"]):
-        index = exact_int(raw_index, train_file.path, "sample_indices", f"train row {row}")
+        index = _row_index(raw_index, train_file.path, row)
         candidates = by_index.get(index)
         if not candidates:
             raise DumpFormatError(
@@ -127,18 +127,26 @@ def _assign_shard(
     return positions
 
 
-def _shard_key(train_file: TrainFile) -> bytes:
-    """Digest of the rows a file holds; equal for every rank of one DP shard."""
+def _shard_key(train_file: TrainFile, by_index: dict[Any, list[int]]) -> Any:
+    """What every rank of one DP shard shares: its `sample_indices`; and, when an index is
+    shared by several samples (siblings), a digest of its rows' tokens and masks too."""
+    path, columns = train_file.path, train_file.columns
+    indices = tuple(_row_index(i, path, row) for row, i in enumerate(columns["sample_indices"]))
+    if all(len(by_index.get(i, ())) < 2 for i in indices):
+        return indices
     digest = hashlib.blake2b(digest_size=16)
-    columns = train_file.columns
-    digest.update(repr([_index_key(i) for i in columns["sample_indices"]]).encode())
     for key in ("tokens", "loss_masks"):
         column = columns.get(key)
         for value in column if column is not None and is_column(column) else ():
-            array = numbers(value, train_file.path, key)
+            array = numbers(value, path, key)
             digest.update(f"{array.dtype}{array.shape}".encode())
             digest.update(np.ascontiguousarray(array).tobytes())
-    return digest.digest()
+    return indices, digest.digest()
+
+
+def _row_index(value: Any, path: Path, row: int) -> int | None:
+    """A `sample_indices` entry: an integer, or None for samples without an index."""
+    return None if value is None else exact_int(value, path, "sample_indices", f"train row {row}")
 
 
 def _pick_candidate(

@@ -1,7 +1,7 @@
 """Deterministic generator of miles `--dump-details` directories (dump-format.md sections 1-5).
 
 Keys, key order, Python types and tensor dtypes copy the real dumps under
-``shared/fixtures/miles-real/dumps``; only the values are synthetic. Layout choices, all within
+``tests/fixtures/miles-real/dumps``; only the values are synthetic. Layout choices, all within
 what miles writes:
 
 - DP sharding is the legacy **strided** split: shard d holds batch positions d, d+D, ... (4.2).

@@ -114,9 +114,10 @@ def _json_text(messages: list[Any]) -> str:
 
 
 def _fits(record: dict[str, Any], sample: dict[str, Any]) -> bool:
-    """Whether everything the line carries agrees with the sample (dump-format.md 2.7)."""
+    """Whether everything the line carries agrees with the sample (dump-format.md 2.7); a key
+    the sample lacks (older dumps) does not count against it."""
     for key in _MATCHED_KEYS:
-        if key in record and not _same(record[key], _line_value(key, sample)):
+        if key in record and key in sample and not _same(record[key], _line_value(key, sample)):
             return False
     return True
 
