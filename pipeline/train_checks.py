@@ -21,7 +21,11 @@ def exact_int(value: Any, path: Path, field: str, sample: str | None = None) -> 
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
     if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
-        return int(value)
+        if -(2**63) <= value < 2**63:  # a BIGINT; larger is no index or length any dump has
+            return int(value)
+        raise DumpFormatError(
+            path, f"`{field}` is {_shown(value)}; expected a 64-bit integer", sample=sample
+        )
     shown = f"{_shown(value)} (a {type(value).__name__})"
     raise DumpFormatError(path, f"`{field}` is {shown}; expected an integer", sample=sample)
 
@@ -54,8 +58,10 @@ def _shown(value: Any, limit: int = 40) -> str:
     """
     if isinstance(value, str | bytes):
         text = repr(value[: limit + 1])
-    elif isinstance(value, int | float | bool | None):
-        text = repr(value) if len(str(value)) <= limit else f"<{type(value).__name__}>"
+    elif isinstance(value, int) and abs(value) >= 10**limit:  # str() of a huge int may raise
+        text = f"<an integer of {value.bit_length()} bits>"
+    elif isinstance(value, int | float | bool | None | np.number):
+        text = repr(value)
     elif isinstance(value, np.ndarray):
         text = f"array(dtype={value.dtype}, shape={value.shape})"
     else:

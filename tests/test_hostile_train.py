@@ -121,3 +121,11 @@ def test_a_100000_deep_trajectory_line(tmp_path, monkeypatch):
         f"`{path}`: line 1 is not a trajectory record (JSON nested too deeply to read);"
         f" delete or fix it. {REPLACE}"
     )
+
+
+def test_a_5000_digit_sample_index(tmp_path, monkeypatch):
+    dump, path = _dump(tmp_path, monkeypatch, columns={"sample_indices": [10**5000]})
+    assert dump.error() == (
+        f"rank 0: `{path}` (train row 0): `sample_indices` is <an integer of 16610 bits>;"
+        f" expected a 64-bit integer. {REPLACE}"
+    )
