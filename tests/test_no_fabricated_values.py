@@ -211,3 +211,11 @@ def test_rollout_log_prob_is_the_half_precision_train_side_copy(preset: str, tmp
     assert not np.array_equal(got, t.rollout_log_probs.astype(np.float32))  # where it matters
     diff = np.array([row[2] for row in rows[:r]], dtype=np.float32)
     assert np.array_equal(diff, t.log_probs - half)
+
+
+def test_a_key_the_sample_lacks_does_not_count_against_the_line(tmp_path):
+    # Older dumps may lack `group_index`; the line's prompt still tells the two samples apart.
+    path = tmp_path / "0.jsonl"
+    path.write_text(_line(0, ["a"], group_index=4, prompt="q2") + "\n")
+    samples = [{"index": 0, "prompt": "q1"}, {"index": 0, "prompt": "q2"}]
+    assert messages_by_position(path, samples) == [None, '["a"]']
