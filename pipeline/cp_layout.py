@@ -94,7 +94,9 @@ def assemble(
     """Reassemble the full response from one slice per CP rank (index = cp_rank).
 
     Returns None when a slice does not have exactly the width its rank owns, which is how the
-    reference refuses a layout it cannot trust (the caller flags `alignment_failed`).
+    reference refuses a layout it cannot trust (the caller flags `alignment_failed`). Positions
+    no rank owns (prompt length 0, section 8.2) stay 0 here: `uncovered` says which they are,
+    and the caller must treat them as unknown, never as data.
 
     Examples:
         >>> full = np.arange(12, dtype=np.float32)
@@ -114,3 +116,23 @@ def assemble(
             out[start:stop] = stored[offset : offset + stop - start]
             offset += stop - start
     return out
+
+
+def uncovered(
+    total_length: int, response_length: int, cp_size: int, padded_length: int | None = None
+) -> np.ndarray:
+    """Response positions no CP rank stores (bool [R]); only a prompt of length 0 has one.
+
+    Examples:
+        >>> uncovered(12, 12, 2).nonzero()[0].tolist()
+        [0]
+        >>> bool(uncovered(20, 12, 2).any())
+        False
+    """
+    holes = np.ones(response_length, dtype=bool)
+    for cp_rank in range(cp_size):
+        for start, stop in rank_pieces(
+            total_length, response_length, cp_rank, cp_size, padded_length
+        ):
+            holes[start:stop] = False
+    return holes

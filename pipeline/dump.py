@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import ptread
+from pipeline import ptread, train_checks
 from pipeline.errors import DumpFileError, DumpFormatError, DumpNotFoundError
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,7 @@ def load_train(path: Path, rank: int) -> dict[str, Any]:
     for key in ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks"):
         if key not in columns:
             raise DumpFormatError(path, f"lacks the required column `{key}`")
+    train_checks.check_columns(path, data)
     rows = len(columns["sample_indices"])
     for key in ("response_lengths", "total_lengths", "tokens", "loss_masks"):
         if len(columns[key]) != rows:

@@ -6,7 +6,7 @@ Per-sample work is a handful of numpy calls; nothing loops per token.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,10 @@ class SampleTokens:
     mask: np.ndarray | None  # int8 [R]: train mask, else the rollout dump's, else None
     has_train: bool
     columns: dict[str, np.ndarray | None]  # tokens column -> float32 [R] or None
+    # tokens column -> bool [R] of positions whose value is unknown (CP holes): NULL there
+    unknown: dict[str, np.ndarray] = field(default_factory=dict)
+    # a rollout-side array did not fit the response: NULL, and the sample `alignment_failed`
+    rollout_misaligned: bool = False
 
 
 def sample_tokens(
@@ -47,16 +51,25 @@ def sample_tokens(
     if train is None:
         mask = _rollout_side(path, label, sample, "loss_mask", response_length)
         columns: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
-        columns[schema.ROLLOUT_LOG_PROB] = _f32(rollout_lp)
-        return SampleTokens(token_ids, _i8(mask), False, columns)
+        columns[schema.ROLLOUT_LOG_PROB] = _f32(rollout_lp.values)
+        misaligned = rollout_lp.misaligned or mask.misaligned
+        return SampleTokens(token_ids, _i8(mask.values), False, columns, {}, misaligned)
     if train.response_length != response_length:
-        # Media expansion (section 8.13): the train arrays do not fit the rollout token grid.
+        # Media expansion (section 8.13): the train arrays (mask included) do not fit the
+        # rollout token grid, so nothing of the train side is placed on it.
         train.fields = dict.fromkeys(train.fields)
         train.alignment_failed = True
-        mask = np.zeros(response_length, dtype=np.int8)
-    else:
-        mask = train.loss_mask
-    return SampleTokens(token_ids, _i8(mask), True, _train_columns(train, rollout_lp))
+        empty: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
+        return SampleTokens(token_ids, None, True, empty, {}, rollout_lp.misaligned)
+    columns = _train_columns(train, rollout_lp.values)
+    return SampleTokens(
+        token_ids,
+        _i8(train.loss_mask),
+        True,
+        columns,
+        _unknown(train, columns),
+        rollout_lp.misaligned,
+    )
 
 
 def _train_columns(train: TrainRow, rollout_lp: np.ndarray | None) -> dict[str, np.ndarray | None]:
@@ -72,20 +85,41 @@ def _train_columns(train: TrainRow, rollout_lp: np.ndarray | None) -> dict[str, 
     return columns
 
 
+def _unknown(train: TrainRow, columns: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+    """Positions no CP rank stored, in every column built from a CP-sliced field."""
+    if train.holes is None:
+        return {}
+    from_cp = set(schema.TRAIN_TOKEN_FIELDS.values()) | {schema.LP_DIFF}
+    if train.fields[schema.ROLLOUT_LOG_PROBS_FIELD] is not None:
+        from_cp.add(schema.ROLLOUT_LOG_PROB)
+    return {column: train.holes for column in from_cp if columns.get(column) is not None}
+
+
+@dataclass
+class _RolloutArray:
+    values: np.ndarray | None
+    misaligned: bool = False
+
+
 def _rollout_side(
     path: Path, label: str, sample: dict[str, Any], key: str, response_length: int
-) -> np.ndarray | None:
+) -> _RolloutArray:
+    """A response-aligned rollout-side list; one that does not fit the response is NULL and
+    flags the sample, as a train-side field of the wrong length does (section 4.5)."""
     values = sample.get(key)
     if values is None:
-        return None
-    array = np.asarray(values)
+        return _RolloutArray(None)
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError):  # ragged nesting: not response-aligned
+        return _RolloutArray(None, misaligned=True)
     if array.ndim != 1 or len(array) != response_length:
+        return _RolloutArray(None, misaligned=True)
+    if array.dtype.kind not in "biuf" and len(array):
         raise DumpFormatError(
-            path,
-            f"`{key}` has {len(array)} entries; `response_length` is {response_length}",
-            sample=label,
+            path, f"`{key}` holds {array.dtype} values, not numbers", sample=label
         )
-    return array
+    return _RolloutArray(array)
 
 
 def _f32(values: np.ndarray | None) -> np.ndarray | None:
@@ -166,7 +200,8 @@ def _stat_column(
         source = part.columns.get(column)
         if source is not None:
             values[offset : offset + n] = source
-            valid[offset : offset + n] = True
+            unknown = part.unknown.get(column)
+            valid[offset : offset + n] = True if unknown is None else ~unknown
         offset += n
     return _with_validity(values, valid & covered)
 
@@ -178,8 +213,12 @@ def samples_table(
     train_rows: dict[int, TrainRow],
     train_files: int,
     messages: list[str | None],
+    parts: Sequence[SampleTokens] = (),
 ) -> pa.Table:
-    """One row per rollout-dump sample with the reference summary's scalar columns."""
+    """One row per rollout-dump sample with the reference summary's scalar columns.
+
+    `parts` (the samples' `SampleTokens`) adds rollout-side misalignment to `alignment_failed`.
+    """
     rows = [
         sample_summary(
             rollout_id, evaluation, position, sample, train_rows.get(position), train_files
@@ -187,4 +226,6 @@ def samples_table(
         | {"messages_json": messages[position]}
         for position, sample in enumerate(samples)
     ]
+    for row, part in zip(rows, parts, strict=False):
+        row["alignment_failed"] = bool(row["alignment_failed"]) or part.rollout_misaligned
     return pa.Table.from_pylist(rows, schema=schema.SAMPLES_SCHEMA)

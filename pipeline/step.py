@@ -156,7 +156,7 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
         trajectory.trajectory_file(root, files.label), samples
     )
     samples_table = flatten.samples_table(
-        files.rollout_id, files.evaluation, samples, train_rows, len(train_files), messages
+        files.rollout_id, files.evaluation, samples, train_rows, len(train_files), messages, parts
     )
     result = StepResult(
         rollout_id=files.rollout_id,

@@ -1,7 +1,7 @@
 """Deterministic generator of miles `--dump-details` directories (dump-format.md sections 1-5).
 
 Keys, key order, Python types and tensor dtypes copy the real dumps under
-``shared/fixtures/miles-real/dumps``; only the values are synthetic. Layout choices, all within
+``tests/fixtures/miles-real/dumps``; only the values are synthetic. Layout choices, all within
 what miles writes:
 
 - DP sharding is the legacy **strided** split: shard d holds batch positions d, d+D, ... (4.2).
@@ -56,6 +56,7 @@ from pipeline.synth_spec import (
     global_rank,
     grpo_normalise,
     padded_length,
+    train_rollout_log_probs,
     trainer_fields,
 )
 from pipeline.synth_truth import Truth, step_truth
@@ -265,7 +266,8 @@ def _write_train(out: Path, spec: DumpSpec, step: StepBatch) -> None:
     """Every rank's file of one step (TP peers identical, trainer outputs on the last stage)."""
     import torch
 
-    rlp32 = step.rlp.astype(np.float32)
+    rlp32 = train_rollout_log_probs(spec, step)
+    rlp_dtype = getattr(torch, spec.train_rlp_dtype)
     fields = trainer_fields(spec, step.rid)
     for dp in range(spec.dp):
         rows = np.arange(dp, step.n, spec.dp)
@@ -274,7 +276,8 @@ def _write_train(out: Path, spec: DumpSpec, step: StepBatch) -> None:
         for cp in range(spec.cp):
             if dropped_cp_rank(spec, step.rid, dp, cp):
                 continue
-            data = {**common, "rollout_log_probs": _sliced(spec, step, rlp32, rows, cp, padded)}
+            rlp = [t.to(rlp_dtype) for t in _sliced(spec, step, rlp32, rows, cp, padded)]
+            data = {**common, "rollout_log_probs": rlp}
             outputs = {f: _sliced(spec, step, step.trainer[f], rows, cp, padded) for f in fields}
             for pp in range(spec.pp):
                 columns = {**data, **outputs} if pp == spec.pp - 1 else data
@@ -301,6 +304,10 @@ def _validate(spec: DumpSpec) -> None:
         problems.append(f"`qkv_format` is `{spec.qkv_format}`; expected `thd` or `bshd`")
     if any(not 0 <= p < spec.samples_per_step for p in spec.removed_positions):
         problems.append(f"`removed_positions` must lie in 0..{spec.samples_per_step - 1}")
+    if spec.train_rlp_dtype not in ("float32", "bfloat16", "float16"):
+        problems.append(
+            f"`train_rlp_dtype` is `{spec.train_rlp_dtype}`; expected float32, bfloat16 or float16"
+        )
     if spec.missing_cp_rank and spec.cp < 2:
         problems.append("`missing_cp_rank` needs `cp` >= 2")
     if problems:

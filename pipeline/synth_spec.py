@@ -53,6 +53,9 @@ class DumpSpec:
     # Per-token noise on advantages (std). Plain GRPO broadcasts the normalised reward, so 0.0
     # is the realistic value (spec 3.5); small presets keep noise so every position differs.
     advantage_noise: float = 0.01
+    # dtype of the train-side `rollout_log_probs` copy: "float32", or "bfloat16"/"float16" as
+    # under --true-on-policy-mode with bf16/fp16 (spec 3.3, 8.12); the rollout dump keeps float64
+    train_rlp_dtype: str = "float32"
     seed: int = 0
 
     @property
@@ -102,6 +105,8 @@ PRESETS: dict[str, DumpSpec] = {
     "nonfinite": replace(_SMALL, nonfinite=True),
     "rollout-only": replace(_SMALL, steps=3, rollout_only_steps=(1,)),
     "empty-response": replace(_SMALL, empty_response=True, cp=2),
+    "true-on-policy-bf16": replace(_SMALL, train_rlp_dtype="bfloat16", tp=2),
+    "true-on-policy-fp16": replace(_SMALL, train_rlp_dtype="float16", cp=2),
     "bench": _BENCH,
     "bench-cp": replace(_BENCH, cp=2),
 }
@@ -276,6 +281,29 @@ def global_rank(spec: DumpSpec, *, dp: int, cp: int, pp: int, tp: int) -> int:
 def dropped_cp_rank(spec: DumpSpec, rid: int, dp: int, cp: int) -> bool:
     """True for the files `missing_cp_rank` leaves out: CP rank CP-1 of DP shard 0, step 0."""
     return spec.missing_cp_rank and rid == 0 and dp == 0 and cp == spec.cp - 1
+
+
+def train_rollout_log_probs(spec: DumpSpec, step: StepBatch) -> np.ndarray:
+    """The train-side `rollout_log_probs` copy (float32 holding the values of its dtype):
+    float64 -> float32 -> bfloat16/float16, each rounding to nearest even, as torch does.
+
+    Examples:
+        >>> spec = DumpSpec(train_rlp_dtype="bfloat16")
+        >>> step = build_step(replace(spec, steps=1), 0)
+        >>> bits = train_rollout_log_probs(spec, step).view(np.uint32)
+        >>> bool((bits & 0xFFFF == 0).all())
+        True
+    """
+    values = step.rlp.astype(np.float32)
+    if spec.train_rlp_dtype == "float16":
+        return values.astype(np.float16).astype(np.float32)
+    if spec.train_rlp_dtype == "bfloat16":
+        bits = values.view(np.uint32).astype(np.uint64)
+        rounded = (bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) & np.uint64(
+            0xFFFF0000
+        )
+        return rounded.astype(np.uint32).view(np.float32)
+    return values
 
 
 def trainer_fields(spec: DumpSpec, rid: int) -> tuple[str, ...]:

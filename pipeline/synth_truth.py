@@ -17,6 +17,7 @@ from pipeline.synth_spec import (
     dropped_cp_rank,
     eval_count,
     padded_length,
+    train_rollout_log_probs,
     trainer_fields,
 )
 
@@ -42,7 +43,7 @@ class SampleTruth:
     loss_mask: np.ndarray | None  # train-side mask (int32), None without a train row
     rollout_loss_mask: np.ndarray | None  # rollout dump's own `loss_mask`, None when None
     rollout_log_probs: np.ndarray  # float64, as the rollout dump stores them
-    train_rollout_log_probs: np.ndarray | None  # float32 train-side copy
+    train_rollout_log_probs: np.ndarray | None  # train-side copy (its dtype's values, float32)
     log_probs: np.ndarray | None
     ref_log_probs: np.ndarray | None
     entropy: np.ndarray | None
@@ -134,7 +135,7 @@ def _sample_truth(
 def step_truth(
     spec: DumpSpec, step: StepBatch, evaluation: bool, has_train: bool
 ) -> dict[tuple[int, bool, int], SampleTruth]:
-    probe = step.rlp.astype(np.float32)
+    probe = train_rollout_log_probs(spec, step)
     count = eval_count(step) if evaluation else step.n
     return {
         (step.rid, evaluation, i): _sample_truth(spec, step, i, evaluation, has_train, probe)

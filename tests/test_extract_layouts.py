@@ -161,4 +161,5 @@ def test_every_layout_preset_is_covered() -> None:
         "cp-bshd", "cp-legacy", "cp-legacy-missing-rank", "cp-missing-rank", "cp-thd", "empty-response", "example",
         "log-probs-missing-step", "multi-turn", "no-dashboard-columns", "no-entropy",
         "no-log-probs", "nonfinite", "pp", "removed", "rollout-only", "tp",
+        "true-on-policy-bf16", "true-on-policy-fp16",
     ]  # fmt: skip
