@@ -13,9 +13,14 @@ BENCH_SCALE ?= 1
 # Relative RUN and LAKE mean the directory make was called from, also with `make -C DIR`
 # (which changes into DIR; PWD still names the caller's directory).
 CALLER_DIR := $(or $(PWD),$(CURDIR))
-# Recipes read these from the environment ("$$RUN"), never pasted into the shell text, so any
-# name or path (quotes, $, spaces) round-trips.
-export LAKE RUN RUN_NAME Q EXAMPLE_DUMP CALLER_DIR
+# Recipes read these from the environment ("$$TL_RUN"), never pasted into the shell text, and
+# `$(value ...)` keeps make from expanding a `$` in them, so any name or path round-trips.
+export TL_LAKE := $(value LAKE)
+export TL_RUN := $(value RUN)
+export TL_RUN_NAME := $(value RUN_NAME)
+export TL_Q := $(value Q)
+export TL_EXAMPLE_DUMP := $(value EXAMPLE_DUMP)
+export CALLER_DIR
 # `abs PATH`: PATH made absolute against the caller's directory.
 ABS := abs() { case "$$1" in /*) printf '%s' "$$1";; *) printf '%s/%s' "$$CALLER_DIR" "$$1";; esac; }
 # The files the example dump is generated from: `make example` rewrites it only when they change.
@@ -41,40 +46,41 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 example: setup $(EXAMPLE_DUMP)/.generated ## write the small built-in example dump to $(EXAMPLE_DUMP)/ (once)
+	@:
 
 # A stamp: regenerating an unchanged example would give its files new times, and the next
 # `make extract` would re-read every step.
 $(EXAMPLE_DUMP)/.generated: $(GENERATOR) $(VENV)/.installed
-	$(PY) -m pipeline generate "$$EXAMPLE_DUMP" --preset example --force
+	$(PY) -m pipeline generate "$$TL_EXAMPLE_DUMP" --preset example --force
 	touch "$@"
 
 # Without RUN, extract the built-in example dump so a fresh clone shows the whole job.
 extract: setup ## RUN=dump [LAKE=$(LAKE)] [RUN_NAME=name]: dump directory -> Parquet lake + DuckDB catalog
-	@$(ABS); if [ -z "$$RUN" ]; then \
+	@$(ABS); if [ -z "$$TL_RUN" ]; then \
 	  $(MAKE) --no-print-directory example && \
-	  $(PY) -m pipeline extract "$$EXAMPLE_DUMP" --lake "$$(abs "$$LAKE")" --run-name example; \
-	elif [ -z "$$RUN_NAME" ]; then \
-	  $(PY) -m pipeline extract "$$(abs "$$RUN")" --lake "$$(abs "$$LAKE")"; \
+	  $(PY) -m pipeline extract "$$TL_EXAMPLE_DUMP" --lake "$$(abs "$$TL_LAKE")" --run-name example; \
+	elif [ -z "$$TL_RUN_NAME" ]; then \
+	  $(PY) -m pipeline extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")"; \
 	else \
-	  $(PY) -m pipeline extract "$$(abs "$$RUN")" --lake "$$(abs "$$LAKE")" --run-name "$$RUN_NAME"; \
+	  $(PY) -m pipeline extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")" --run-name "$$TL_RUN_NAME"; \
 	fi
 
 follow: setup ## RUN=dump [LAKE=$(LAKE)] [RUN_NAME=name]: keep extracting a live run's complete steps (Ctrl-C ends)
-	@$(ABS); if [ -z "$$RUN" ]; then echo "make follow: give RUN=DUMP_DIR" >&2; exit 2; fi; \
-	$(PY) -m pipeline extract "$$(abs "$$RUN")" --lake "$$(abs "$$LAKE")" --follow \
-	  $${RUN_NAME:+--run-name "$$RUN_NAME"}
+	@$(ABS); if [ -z "$$TL_RUN" ]; then echo "make follow: give RUN=DUMP_DIR" >&2; exit 2; fi; \
+	$(PY) -m pipeline extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")" --follow \
+	  $${TL_RUN_NAME:+--run-name "$$TL_RUN_NAME"}
 
 verify: setup ## [LAKE=$(LAKE)]: check the lake against its manifests and sources; exit 1 on a mismatch
-	@$(ABS); $(PY) -m pipeline verify "$$(abs "$$LAKE")"
+	@$(ABS); $(PY) -m pipeline verify "$$(abs "$$TL_LAKE")"
 
 views: setup ## [LAKE=$(LAKE)]: rebuild the lake's tokenlake.duckdb from the Parquet files and sql/
-	@$(ABS); $(PY) -m pipeline views "$$(abs "$$LAKE")"
+	@$(ABS); $(PY) -m pipeline views "$$(abs "$$TL_LAKE")"
 
 audit: setup ## [LAKE=$(LAKE)]: run the sql/audits checks; exit 1 if any returns rows
-	@$(ABS); $(PY) -m pipeline audit "$$(abs "$$LAKE")"
+	@$(ABS); $(PY) -m pipeline audit "$$(abs "$$TL_LAKE")"
 
 sql: setup ## Q="SELECT ..." [LAKE=$(LAKE)]: run a query against the catalog
-	@$(ABS); $(PY) -m pipeline query "$$(abs "$$LAKE")" "$$Q"
+	@$(ABS); $(PY) -m pipeline query "$$(abs "$$TL_LAKE")" "$$TL_Q"
 
 lint: setup ## ruff check + format check + mypy (strict defs in pipeline/)
 	$(VENV)/bin/ruff check pipeline tests
@@ -95,4 +101,4 @@ bench: setup ## BENCH_SCALE=$(BENCH_SCALE): generate big dumps in a temp dir and
 	$(PY) -m pipeline.bench --scale $(BENCH_SCALE)
 
 clean: ## remove $(EXAMPLE_DUMP)/ and the default lake (never touches RUN)
-	rm -rf "$$EXAMPLE_DUMP" lake
+	rm -rf "$$TL_EXAMPLE_DUMP" lake

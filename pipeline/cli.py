@@ -160,17 +160,17 @@ def extract(
         interrupted = getattr(exc, "summary", None)
         if interrupted is None:
             raise
-        say(_summary_line(interrupted))
+        say(_summary_line(interrupted), one_line=True)
         say("Interrupted; the lake holds every step committed so far.", err=True)
         sys.exit(130)
     finally:
         if reporter is not None:
             reporter.close()
     for label, message in summary.failed:
-        say(f"Skipped step {label}: {message}", err=True)
+        say(f"Skipped step {label}: {message}", err=True, one_line=True)
     for path, why in summary.ignored_files:
-        say(f"Ignored `{path}`: {why}", err=True)
-    say(_summary_line(summary))
+        say(f"Ignored `{path}`: {why}", err=True, one_line=True)
+    say(_summary_line(summary), one_line=True)
     if summary.failed:
         sys.exit(1)
 
@@ -189,9 +189,9 @@ def _follow(
 
     def on_round(summary: Any) -> None:
         for label, message in summary.failed:
-            say(f"Not yet: step {label}: {message}", err=True)
+            say(f"Not yet: step {label}: {message}", err=True, one_line=True)
         if summary.steps or summary.counts["removed"]:
-            say(_summary_line(summary))
+            say(_summary_line(summary), one_line=True)
 
     if not silent:
         say(f"Following {dump_dir} every {poll:g} s; Ctrl-C stops.", err=True)

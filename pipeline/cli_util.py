@@ -19,33 +19,49 @@ from pipeline.errors import UsageError
 INT64_MAX = 2**63 - 1
 # One printed line is at most this long: a dump can carry megabytes in a name or a value.
 MAX_LINE = 2000
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+MAX_LINES = 40
+# Control characters, and surrogates (bytes of a non-UTF-8 file name, which no terminal
+# encoding can print): both shown as escapes.
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-def safe_text(text: str, limit: int = MAX_LINE) -> str:
+def _escape(char: str) -> str:
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's surrogateescape: the original byte
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe_text(text: str, *, one_line: bool = False, limit: int = MAX_LINE) -> str:
     """Text fit for a terminal: control characters as `\\x..`, each line cut to `limit`.
 
     The CLI's last line of defence: whatever a message quotes from a dump (names, values),
-    it can neither move the cursor nor print megabytes.
+    it can neither move the cursor nor print megabytes. With `one_line`, a newline is escaped
+    too (a value cannot forge a line of its own); otherwise at most `MAX_LINES` lines remain.
 
     Examples:
         >>> safe_text("a\\rb\\x1b[2Kc")
         'a\\\\x0db\\\\x1b[2Kc'
         >>> safe_text("x" * 30, limit=10)
         'xxxxxxxxxx... (20 more characters)'
+        >>> safe_text("a\\nb", one_line=True)
+        'a\\\\x0ab'
     """
-    lines = []
-    for line in text.split("\n"):
-        line = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+    lines = [text.replace("\n", "\\x0a")] if one_line else text.split("\n")
+    if len(lines) > MAX_LINES:
+        lines = [*lines[:MAX_LINES], f"... ({len(lines) - MAX_LINES:,} more lines)"]
+    out = []
+    for line in lines:
+        line = _CONTROL.sub(lambda m: _escape(m.group()), line)
         if len(line) > limit:
             line = f"{line[:limit]}... ({len(line) - limit:,} more characters)"
-        lines.append(line)
-    return "\n".join(lines)
+        out.append(line)
+    return "\n".join(out)
 
 
-def say(text: str, *, err: bool = False) -> None:
-    """Print a message line (summary, warning, error) through `safe_text`."""
-    click.echo(safe_text(text), err=err)
+def say(text: str, *, err: bool = False, one_line: bool = False) -> None:
+    """Print a message (summary, warning, error) through `safe_text`."""
+    click.echo(safe_text(text, one_line=one_line), err=err)
 
 
 @dataclass(frozen=True)

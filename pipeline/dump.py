@@ -65,6 +65,7 @@ def discover(dump_dir: Path) -> DumpListing:
         raise DumpNotFoundError(dump_dir, "does not exist")
     if not root.is_dir():
         raise DumpNotFoundError(dump_dir, "is not a directory")
+    _require_utf8(dump_dir, root)
     rollout_dir = root / ROLLOUT_DIR
     if not rollout_dir.is_dir():
         raise DumpNotFoundError(
@@ -88,6 +89,18 @@ def discover(dump_dir: Path) -> DumpListing:
         ignored.extend((path, why) for _, path in sorted(by_rank.items()))
     ordered = sorted(steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
     return DumpListing(root, tuple(ordered), tuple(sorted(ignored)))
+
+
+def _require_utf8(dump_dir: Path, root: Path) -> None:
+    """The dump's path is recorded in the lake (manifest, Parquet metadata) as UTF-8 text."""
+    try:
+        str(root).encode("utf-8")
+    except UnicodeEncodeError:
+        raise DumpNotFoundError(
+            dump_dir,
+            "has a path that is not valid UTF-8 (a latin-1 name?); tokenlake records the dump's"
+            " path in the lake as text: rename the directory (e.g. `convmv -f latin1 -t utf8`)",
+        ) from None
 
 
 def _not_a_dump_file(
