@@ -6,7 +6,7 @@ benchmark's baseline and some tests do, so torch is the `synth` extra, not a dep
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 
 from pipeline.errors import PipelineError
 
@@ -30,12 +30,10 @@ def require(module: str, extra: str, purpose: str) -> None:
     Examples:
         >>> require("json", "none", "Reading JSON")
     """
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # `sys.modules[module] = None` blocks it, too
-        found = False
-    if not found:
-        raise MissingDependencyError(module, extra, purpose)
+    try:  # imported, not just found: the caller imports it next anyway
+        importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(module, extra, purpose) from None
 
 
 def require_torch(purpose: str) -> None:
