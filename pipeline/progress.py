@@ -149,7 +149,7 @@ class BarReporter(_Counting):
 
     def _advance(self) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(f"{self.tokens:,} tokens, {self.rate():,.0f} tokens/s")
+            self.bar.set_postfix_str(f"{self.tokens:,} tokens, {self.rate():,.0f} tokens/s", False)
             self.bar.update(1)
 
     def close(self) -> None:

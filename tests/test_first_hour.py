@@ -459,3 +459,17 @@ def test_the_generator_without_torch_names_the_extra(tmp_path):
         "Error: Writing a synthetic dump needs `torch`, which is not installed: run"
         " `pip install 'tokenlake[synth]'` (`make setup` installs it).\n",
     )
+
+
+@pytest.mark.slow
+def test_a_stop_names_the_steps_still_in_flight(tmp_path):
+    from pipeline import dump
+    from pipeline.extract import _run_steps
+
+    todo = [(files, "new") for files in dump.discover(BASIC).steps]
+    told: list[list[str]] = []
+    outcomes = _run_steps(todo, tmp_path, "basic", 3, told.append)
+    first = next(outcomes)  # all three were handed out; one is back
+    outcomes.close()  # what Ctrl-C or --strict does to the generator
+    assert len(told) == 1
+    assert sorted([first.label, *told[0]]) == ["0", "1", "eval_0"]
