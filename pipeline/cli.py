@@ -142,6 +142,12 @@ def extract(
     from pipeline.progress import cli_reporter
 
     if follow:
+        if steps is not None or strict:  # not silently ignored
+            option = "--steps" if steps is not None else "--strict"
+            raise UsageError(
+                f"{option} cannot be combined with --follow, which extracts every"
+                " complete step and retries a bad one when it changes."
+            )
         _follow(dump_dir, lake, run_name, workers, poll, settle, silent, replace)
         return
     reporter = None if silent else cli_reporter(sys.stderr)

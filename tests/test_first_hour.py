@@ -117,6 +117,16 @@ def test_numeric_options_are_range_checked(tmp_path, args, message):
     assert not (tmp_path / "lake").exists()
 
 
+@pytest.mark.parametrize("option", [("--steps", "3"), ("--strict",)])
+def test_options_follow_would_ignore_are_refused(tmp_path, option):
+    code, _, err = run("extract", str(BASIC), "--lake", str(tmp_path), "--follow", *option)
+    assert (code, err) == (
+        1,
+        f"Error: {option[0]} cannot be combined with --follow, which extracts every complete"
+        " step and retries a bad one when it changes.\n",
+    )
+
+
 @pytest.mark.parametrize("value", ["nan", "1e999", "-inf"])
 def test_set_takes_finite_numbers_only(tmp_path, value):
     code, _, err = run("query", str(tmp_path), "SELECT 1", "--set", f"alarm_k3_kl={value}")
