@@ -7,13 +7,32 @@ PY := $(VENV)/bin/python
 LAKE ?= lake
 RUN ?=
 RUN_NAME ?=
+Q ?=
 EXAMPLE_DUMP ?= example-dump
 BENCH_SCALE ?= 1
+# Relative RUN and LAKE mean the directory make was called from, also with `make -C DIR`
+# (which changes into DIR; PWD still names the caller's directory).
+CALLER_DIR := $(or $(PWD),$(CURDIR))
+# Recipes read these from the environment ("$$TL_RUN"), never pasted into the shell text, and
+# `$(value ...)` keeps make from expanding a `$` in them, so any name or path round-trips.
+export TL_LAKE := $(value LAKE)
+export TL_RUN := $(value RUN)
+export TL_RUN_NAME := $(value RUN_NAME)
+export TL_Q := $(value Q)
+export TL_EXAMPLE_DUMP := $(value EXAMPLE_DUMP)
+export CALLER_DIR
+# `abs PATH`: PATH made absolute against the caller's directory.
+ABS := abs() { case "$$1" in /*) printf '%s' "$$1";; *) printf '%s/%s' "$$CALLER_DIR" "$$1";; esac; }
+# The files the example dump is generated from: `make example` rewrites it only when they change.
+GENERATOR := pipeline/synth.py pipeline/synth_spec.py pipeline/cp_layout.py
 
 .PHONY: help setup extract example follow verify views audit sql test test-fast lint fmt bench clean
 
-help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+help: ## list the targets (with the defaults in force)
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
+	  | sed -e 's|\$$(LAKE)|$(LAKE)|g' -e 's|\$$(EXAMPLE_DUMP)|$(EXAMPLE_DUMP)|g' \
+	        -e 's|\$$(BENCH_SCALE)|$(BENCH_SCALE)|g' \
+	  | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
 setup: $(VENV)/.installed ## create .venv and install tokenlake (torch==2.13.0, CPU build)
 
@@ -21,36 +40,47 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# Pin the CPU build that lies on these machines; a bare `torch` would pull GBs of CUDA.
+	# torch is the `synth` extra (generator, bench, tests); extraction itself needs none.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,synth]'
 	touch $@
 
-example: setup ## write the small built-in example dump to $(EXAMPLE_DUMP)/
-	$(PY) -m pipeline generate $(EXAMPLE_DUMP) --preset example --force
+example: setup $(EXAMPLE_DUMP)/.generated ## write the small built-in example dump to $(EXAMPLE_DUMP)/ (once)
+	@:
+
+# A stamp: regenerating an unchanged example would give its files new times, and the next
+# `make extract` would re-read every step.
+$(EXAMPLE_DUMP)/.generated: $(GENERATOR) $(VENV)/.installed
+	$(PY) -m pipeline generate "$$TL_EXAMPLE_DUMP" --preset example --force
+	touch "$@"
 
 # Without RUN, extract the built-in example dump so a fresh clone shows the whole job.
-extract: setup ## RUN=dump [LAKE=lake] [RUN_NAME=name]: dump directory -> Parquet lake + DuckDB catalog
-	@if [ -z "$(RUN)" ]; then \
+extract: setup ## RUN=dump [LAKE=$(LAKE)] [RUN_NAME=name]: dump directory -> Parquet lake + DuckDB catalog
+	@$(ABS); if [ -z "$$TL_RUN" ]; then \
 	  $(MAKE) --no-print-directory example && \
-	  $(PY) -m pipeline extract $(EXAMPLE_DUMP) --lake $(LAKE) --run-name example; \
+	  $(PY) -m pipeline extract "$$TL_EXAMPLE_DUMP" --lake "$$(abs "$$TL_LAKE")" --run-name example; \
+	elif [ -z "$$TL_RUN_NAME" ]; then \
+	  $(PY) -m pipeline extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")"; \
 	else \
-	  $(PY) -m pipeline extract "$(RUN)" --lake "$(LAKE)" $(if $(RUN_NAME),--run-name "$(RUN_NAME)"); \
+	  $(PY) -m pipeline extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")" --run-name "$$TL_RUN_NAME"; \
 	fi
 
-follow: setup ## RUN=dump [LAKE=lake]: keep extracting a live run's complete steps (Ctrl-C ends)
-	$(PY) -m pipeline extract "$(RUN)" --lake "$(LAKE)" $(if $(RUN_NAME),--run-name "$(RUN_NAME)") --follow
+follow: setup ## RUN=dump [LAKE=$(LAKE)] [RUN_NAME=name]: keep extracting a live run's complete steps (Ctrl-C ends)
+	@$(ABS); if [ -z "$$TL_RUN" ]; then echo "make follow: give RUN=DUMP_DIR" >&2; exit 2; fi; \
+	$(PY) -m pipeline extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")" --follow \
+	  $${TL_RUN_NAME:+--run-name "$$TL_RUN_NAME"}
 
-verify: setup ## [LAKE=lake]: check the lake against its manifests and sources; exit 1 on a mismatch
-	$(PY) -m pipeline verify "$(LAKE)"
+verify: setup ## [LAKE=$(LAKE)]: check the lake against its manifests and sources; exit 1 on a mismatch
+	@$(ABS); $(PY) -m pipeline verify "$$(abs "$$TL_LAKE")"
 
-views: setup ## rebuild $(LAKE)/tokenlake.duckdb from the Parquet files and sql/
-	$(PY) -m pipeline views "$(LAKE)"
+views: setup ## [LAKE=$(LAKE)]: rebuild the lake's tokenlake.duckdb from the Parquet files and sql/
+	@$(ABS); $(PY) -m pipeline views "$$(abs "$$TL_LAKE")"
 
-audit: setup ## run the sql/audits checks against $(LAKE); exit 1 if any returns rows
-	$(PY) -m pipeline audit "$(LAKE)"
+audit: setup ## [LAKE=$(LAKE)]: run the sql/audits checks; exit 1 if any returns rows
+	@$(ABS); $(PY) -m pipeline audit "$$(abs "$$TL_LAKE")"
 
-sql: setup ## Q="SELECT ..." [LAKE=lake]: run a query against the catalog
-	$(PY) -m pipeline query "$(LAKE)" "$(Q)"
+sql: setup ## Q="SELECT ..." [LAKE=$(LAKE)]: run a query against the catalog
+	@$(ABS); $(PY) -m pipeline query "$$(abs "$$TL_LAKE")" "$$TL_Q"
 
 lint: setup ## ruff check + format check + mypy (strict defs in pipeline/)
 	$(VENV)/bin/ruff check pipeline tests
@@ -67,8 +97,8 @@ test: lint ## lint, then the whole test suite (what CI runs)
 test-fast: setup ## tests not marked slow
 	$(PY) -m pytest -q -m "not slow" --doctest-modules pipeline tests
 
-bench: setup ## BENCH_SCALE=1: generate big dumps in a temp dir and print throughput figures
+bench: setup ## BENCH_SCALE=$(BENCH_SCALE): generate big dumps in a temp dir and print throughput figures
 	$(PY) -m pipeline.bench --scale $(BENCH_SCALE)
 
-clean: ## remove the example dump and the default lake (never touches RUN)
-	rm -rf $(EXAMPLE_DUMP) lake
+clean: ## remove $(EXAMPLE_DUMP)/ and the default lake (never touches RUN)
+	rm -rf "$$TL_EXAMPLE_DUMP" lake

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline import catalog, dump, schema, synth, write
+from pipeline import catalog, dump, extras, schema, synth, write
 
 BASE_PROMPTS_PER_STEP = 64  # x 8 samples per prompt = 512 samples per step at scale 1
 
@@ -300,6 +300,10 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(json.dumps(fig))
         return
+    try:
+        extras.require_torch("The benchmark (its dumps and baseline)")
+    except extras.MissingDependencyError as exc:
+        sys.exit(f"Error: {exc}")
     root = args.keep or Path(tempfile.mkdtemp(prefix="tokenlake-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     print(

@@ -10,35 +10,23 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from pipeline import __version__
+from pipeline.cli_util import (
+    MAX_SECONDS,
+    MAX_WORKERS,
+    bounded,
+    parse_settings,
+    parse_steps,
+    read_sql,
+    safe_text,
+    say,
+)
 from pipeline.errors import PipelineError, UsageError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def parse_steps(text: str | None) -> list[int] | None:
-    """Parse `0-9,12` into step ids.
-
-    Examples:
-        >>> parse_steps("0-2,7")
-        [0, 1, 2, 7]
-    """
-    if text is None:
-        return None
-    steps: set[int] = set()
-    for part in text.split(","):
-        low, sep, high = part.strip().partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
-            raise UsageError(f"--steps `{text}` is not a list of steps or ranges like `0-9,12`.")
-        steps.update(range(int(low), int(high) + 1) if sep else [int(low)])
-    return sorted(steps)
 
 
 class _Command(click.Group):
@@ -50,7 +38,7 @@ class _Command(click.Group):
         except PipelineError as exc:
             if ctx.params.get("debug") or os.environ.get("TOKENLAKE_DEBUG"):
                 raise
-            click.echo(f"Error: {exc}", err=True)
+            say(f"Error: {exc}", err=True)
             sys.exit(1)
 
 
@@ -66,7 +54,16 @@ def main(debug: bool) -> None:
         tokenlake extract /data/runs/qwen-grpo --lake lake
         tokenlake query lake "SELECT * FROM step_stats"
     """
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
+
+class _SafeFormatter(logging.Formatter):
+    """Warnings quote dump values too: escaped and cut like every other message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return safe_text(super().format(record))
 
 
 @main.command()
@@ -83,12 +80,18 @@ def main(debug: bool) -> None:
 @click.option("--strict", is_flag=True, help="Stop at the first bad step instead of skipping it.")
 @click.option(
     "--workers",
-    type=click.IntRange(min=1),
-    default=os.cpu_count() or 1,
+    type=int,
+    default=min(os.cpu_count() or 1, MAX_WORKERS),
     show_default="the core count",
-    help="Steps extracted in parallel processes.",
+    callback=bounded(1, MAX_WORKERS),
+    help=f"Steps extracted in parallel processes (1 to {MAX_WORKERS}).",
 )
 @click.option("--silent", is_flag=True, help="No progress display on stderr.")
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Replace a run of the same name that was extracted from another directory.",
+)
 @click.option(
     "--follow",
     is_flag=True,
@@ -99,6 +102,7 @@ def main(debug: bool) -> None:
     type=float,
     default=5.0,
     show_default=True,
+    callback=bounded(0, MAX_SECONDS, low_open=True),
     help="With --follow: seconds between looks at the dump directory.",
 )
 @click.option(
@@ -106,6 +110,7 @@ def main(debug: bool) -> None:
     type=float,
     default=30.0,
     show_default=True,
+    callback=bounded(0, MAX_SECONDS),
     help="With --follow: seconds without change after which a step whose rank set"
     " is not known yet (the first step, eval files) counts as complete.",
 )
@@ -117,6 +122,7 @@ def extract(
     strict: bool,
     workers: int,
     silent: bool,
+    replace: bool,
     follow: bool,
     poll: float,
     settle: float,
@@ -133,11 +139,18 @@ def extract(
         tokenlake extract /data/runs/live --lake lake --follow
     """
     from pipeline.extract import extract_run
+    from pipeline.progress import cli_reporter
 
     if follow:
-        _follow(dump_dir, lake, run_name, workers, poll, settle, silent)
+        if steps is not None or strict:  # not silently ignored
+            option = "--steps" if steps is not None else "--strict"
+            raise UsageError(
+                f"{option} cannot be combined with --follow, which extracts every"
+                " complete step and retries a bad one when it changes."
+            )
+        _follow(dump_dir, lake, run_name, workers, poll, settle, silent, replace)
         return
-    reporter = None if silent else _progress_reporter()
+    reporter = None if silent else cli_reporter(sys.stderr)
     try:
         summary = extract_run(
             dump_dir,
@@ -147,22 +160,23 @@ def extract(
             strict=strict,
             workers=workers,
             progress=reporter,
+            replace=replace,
         )
     except KeyboardInterrupt as exc:
         interrupted = getattr(exc, "summary", None)
         if interrupted is None:
             raise
-        click.echo("", err=True)
-        click.echo(_summary_line(interrupted))
-        click.echo("Interrupted; the lake holds every step committed so far.", err=True)
+        say(_summary_line(interrupted), one_line=True)
+        say("Interrupted; the lake holds every step committed so far.", err=True)
         sys.exit(130)
-    if reporter is not None and summary.steps:
-        click.echo("", err=True)
+    finally:
+        if reporter is not None:
+            reporter.close()
     for label, message in summary.failed:
-        click.echo(f"Skipped step {label}: {message}", err=True)
+        say(f"Skipped step {label}: {message}", err=True, one_line=True)
     for path, why in summary.ignored_files:
-        click.echo(f"Ignored `{path}`: {why}", err=True)
-    click.echo(_summary_line(summary))
+        say(f"Ignored `{path}`: {why}", err=True, one_line=True)
+    say(_summary_line(summary), one_line=True)
     if summary.failed:
         sys.exit(1)
 
@@ -175,17 +189,18 @@ def _follow(
     poll: float,
     settle: float,
     silent: bool,
+    replace: bool,
 ) -> None:
     from pipeline.follow import follow_run
 
     def on_round(summary: Any) -> None:
         for label, message in summary.failed:
-            click.echo(f"Not yet: step {label}: {message}", err=True)
+            say(f"Not yet: step {label}: {message}", err=True, one_line=True)
         if summary.steps or summary.counts["removed"]:
-            click.echo(_summary_line(summary))
+            say(_summary_line(summary), one_line=True)
 
     if not silent:
-        click.echo(f"Following {dump_dir} every {poll:g} s; Ctrl-C stops.", err=True)
+        say(f"Following {dump_dir} every {poll:g} s; Ctrl-C stops.", err=True)
     try:
         follow_run(
             dump_dir,
@@ -195,29 +210,11 @@ def _follow(
             settle_seconds=settle,
             workers=workers,
             on_round=on_round,
+            replace=replace,
         )
     except KeyboardInterrupt:  # before its first round started: nothing was written yet
         pass
-    click.echo("Stopped; the lake holds every step extracted so far.", err=True)
-
-
-def _progress_reporter() -> Callable[[Any], None]:
-    started = time.perf_counter()
-    totals = {"steps": 0, "tokens": 0}
-
-    def report(result: Any) -> None:
-        totals["steps"] += 1
-        totals["tokens"] += result.tokens
-        rate = totals["tokens"] / max(time.perf_counter() - started, 1e-9)
-        kind = "eval " if result.evaluation else ""
-        click.echo(
-            f"\r{totals['steps']} files done ({kind}step {result.rollout_id}),"
-            f" {totals['tokens']:,} tokens, {rate:,.0f} tokens/s   ",
-            err=True,
-            nl=False,
-        )
-
-    return report
+    say("Stopped; the lake holds every step extracted so far.", err=True)
 
 
 def _summary_line(summary: Any) -> str:
@@ -318,20 +315,6 @@ def generate(out: Path, preset: str, seed: int | None, force: bool) -> None:
     click.echo(f"Wrote preset `{preset}` dump to {out}")
 
 
-def _parse_settings(pairs: tuple[str, ...]) -> dict[str, float]:
-    """`--set name=value` pairs as drift_settings overrides."""
-    settings: dict[str, float] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        try:
-            settings[name.strip()] = float(value)
-        except ValueError:
-            sep = ""
-        if not sep:
-            raise UsageError(f"--set `{pair}` is not `name=number`, e.g. `--set alarm_k3_kl=0.01`.")
-    return settings
-
-
 _settings_option = click.option(
     "--set",
     "settings",
@@ -343,7 +326,13 @@ _settings_option = click.option(
 
 @main.command()
 @click.argument("lake", type=click.Path(path_type=Path))
-@click.argument("sql")
+@click.argument("sql", required=False)
+@click.option(
+    "--file",
+    "sql_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Read the SQL from this file (SQL `-` reads it from stdin).",
+)
 @click.option(
     "--format",
     "fmt",
@@ -359,7 +348,14 @@ _settings_option = click.option(
     help="Write to this file instead of stdout (required for parquet on a terminal).",
 )
 @_settings_option
-def query(lake: Path, sql: str, fmt: str, output: Path | None, settings: tuple[str, ...]) -> None:
+def query(
+    lake: Path,
+    sql: str | None,
+    sql_file: Path | None,
+    fmt: str,
+    output: Path | None,
+    settings: tuple[str, ...],
+) -> None:
     """Run SQL against the lake's catalog and print the result.
 
     Every view of the catalog is available: tokens, samples, runs, sample_stats, group_stats,
@@ -370,10 +366,13 @@ def query(lake: Path, sql: str, fmt: str, output: Path | None, settings: tuple[s
     \b
         tokenlake query lake "SELECT * FROM step_stats"
         tokenlake query lake "SELECT * FROM drift_steps" --format csv -o drift.csv
+        tokenlake query lake --file report.sql
+        echo "SELECT count(*) FROM tokens" | tokenlake query lake -
     """
     from pipeline.query import format_table, run_query
 
-    rendered = format_table(run_query(lake, sql, _parse_settings(settings)), fmt)
+    text = read_sql(sql, sql_file)
+    rendered = format_table(run_query(lake, text, parse_settings(settings)), fmt)
     if output is not None:
         mode = "wb" if isinstance(rendered, bytes) else "w"
         with open(output, mode) as handle:
@@ -402,7 +401,7 @@ def audit(lake: Path, settings: tuple[str, ...]) -> None:
     """
     from pipeline.audit import format_audit_report, run_audits
 
-    results = run_audits(lake, _parse_settings(settings))
+    results = run_audits(lake, parse_settings(settings))
     click.echo(format_audit_report(results))
     if not all(result.passed for result in results):
         sys.exit(1)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import logging
 import re
+import stat
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline import ptread, train_checks
-from pipeline.errors import DumpFileError, DumpFormatError, DumpNotFoundError
+from pipeline.errors import DumpFileError, DumpFormatError, DumpNotFoundError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +23,7 @@ TRAIN_DIR = "train_data"
 _ROLLOUT_NAME = re.compile(r"^(eval_)?(\d+)\.pt$")
 _TRAIN_NAME = re.compile(r"^(\d+)_(\d+)\.pt$")
 NOT_A_DUMP_FILE = "not a rollout or train dump file name"
+INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -52,34 +55,99 @@ class DumpListing:
 def discover(dump_dir: Path) -> DumpListing:
     """List the rollout and train files of a dump, ordered by step (train before eval).
 
-    Files in `rollout_data/` or `train_data/` whose names do not follow the format are skipped
-    and reported in `ignored` (the reference reader crashes on them).
+    Files in `rollout_data/` or `train_data/` whose names do not follow the format (or that are
+    not regular files, or whose step id exceeds int64) are skipped and reported in `ignored`
+    (the reference reader crashes on them). Two names for one step (`1.pt` and `01.pt`) are an
+    error: either could be meant.
     """
     root = dump_dir.resolve()
     if not root.exists():
         raise DumpNotFoundError(dump_dir, "does not exist")
     if not root.is_dir():
         raise DumpNotFoundError(dump_dir, "is not a directory")
+    _require_utf8(dump_dir, root)
     rollout_dir = root / ROLLOUT_DIR
     if not rollout_dir.is_dir():
         raise DumpNotFoundError(
             dump_dir, f"is not a miles dump: it has no `{ROLLOUT_DIR}/` directory"
         )
     train, ignored = _list_train_files(root / TRAIN_DIR)
-    steps: list[StepFiles] = []
+    steps: dict[tuple[int, bool], StepFiles] = {}
     for path in sorted(rollout_dir.iterdir()):
         match = _ROLLOUT_NAME.match(path.name)
-        if match is None or not path.is_file():
-            ignored.append((path, NOT_A_DUMP_FILE))
+        why = _not_a_dump_file(path, match, (2,))
+        if why is not None:
+            ignored.append((path, why))
             continue
+        assert match is not None
         rid, evaluation = int(match.group(2)), match.group(1) is not None
+        _refuse_duplicate(steps.get((rid, evaluation)), path)
         ranks = () if evaluation else tuple(sorted(train.pop(rid, {}).items()))
-        steps.append(StepFiles(rid, evaluation, path, ranks))
+        steps[rid, evaluation] = StepFiles(rid, evaluation, path, ranks)
     for rid, by_rank in train.items():  # train files without a rollout file cannot be joined
         why = f"step {rid} has no `{ROLLOUT_DIR}/{rid}.pt` to join it to"
         ignored.extend((path, why) for _, path in sorted(by_rank.items()))
-    steps.sort(key=lambda s: (s.rollout_id, s.evaluation))
-    return DumpListing(root, tuple(steps), tuple(sorted(ignored)))
+    ordered = sorted(steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
+    return DumpListing(root, tuple(ordered), tuple(sorted(ignored)))
+
+
+def _require_utf8(dump_dir: Path, root: Path) -> None:
+    """The dump's path is recorded in the lake (manifest, Parquet metadata) as UTF-8 text."""
+    try:
+        str(root).encode("utf-8")
+    except UnicodeEncodeError:
+        raise DumpNotFoundError(
+            dump_dir,
+            "has a path that is not valid UTF-8 (a latin-1 name?); tokenlake records the dump's"
+            " path in the lake as text: rename the directory (e.g. `convmv -f latin1 -t utf8`)",
+        ) from None
+
+
+def _not_a_dump_file(
+    path: Path, match: re.Match[str] | None, groups: tuple[int, ...]
+) -> str | None:
+    """Why `path` is not extracted, or None for a dump file (a regular file, ids in int64)."""
+    if match is None:
+        return NOT_A_DUMP_FILE
+    if path.is_symlink() and not path.exists():
+        return "is a broken symbolic link"
+    kind = _file_kind(path)
+    if kind is not None:
+        return f"is {kind}, not a regular file"
+    for group in groups:
+        if int(match.group(group)) > INT64_MAX:
+            return f"its id {match.group(group)[:40]} exceeds the largest step id or rank ({INT64_MAX})"
+    return None
+
+
+def _file_kind(path: Path) -> str | None:
+    """`a FIFO`, `a directory`, ... for anything but a regular file (following links)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+def _refuse_duplicate(earlier: StepFiles | Path | None, path: Path, what: str = "step") -> None:
+    """Two file names for one step or rank (`1.pt`, `01.pt`): refuse rather than pick one."""
+    if earlier is None:
+        return
+    first = earlier.rollout_file if isinstance(earlier, StepFiles) else earlier
+    raise DumpFormatError(
+        path,
+        f"names the same {what} as `{first.parent.name}/{first.name}`; which one is meant is"
+        " ambiguous: remove or rename one of them",
+    )
 
 
 def _list_train_files(
@@ -89,13 +157,59 @@ def _list_train_files(
     ignored: list[tuple[Path, str]] = []
     if not train_dir.is_dir():
         return by_step, ignored
-    for path in train_dir.iterdir():
+    for path in sorted(train_dir.iterdir()):
         match = _TRAIN_NAME.match(path.name)
-        if match is None or not path.is_file():
-            ignored.append((path, NOT_A_DUMP_FILE))
+        why = _not_a_dump_file(path, match, (1, 2))
+        if why is not None:
+            ignored.append((path, why))
             continue
-        by_step.setdefault(int(match.group(1)), {})[int(match.group(2))] = path
+        assert match is not None
+        ranks = by_step.setdefault(int(match.group(1)), {})
+        rank = int(match.group(2))
+        _refuse_duplicate(ranks.get(rank), path, "step and rank")
+        ranks[rank] = path
     return by_step, ignored
+
+
+def select_steps(listing: DumpListing, steps: Container[int] | None) -> tuple[StepFiles, ...]:
+    """The dump's steps that `steps` selects; selecting none is an error listing the steps."""
+    if steps is None:
+        return listing.steps
+    chosen = tuple(s for s in listing.steps if s.rollout_id in steps)
+    if not chosen:
+        raise UsageError(
+            f"--steps `{steps}` selects no step of `{listing.root}`;"
+            f" {describe_steps(listing.steps)}."
+        )
+    return chosen
+
+
+def describe_steps(steps: tuple[StepFiles, ...], limit: int = 12) -> str:
+    """`its steps are 0-2, 5 and eval 0` (ranges, at most `limit` of each kind).
+
+    Examples:
+        >>> from pathlib import Path
+        >>> files = [StepFiles(i, e, Path("x")) for i, e in [(0, 0), (1, 0), (2, 0), (5, 0), (0, 1)]]
+        >>> describe_steps(tuple(files))
+        'its steps are 0-2, 5 and eval 0'
+    """
+    if not steps:
+        return "it has no steps"
+    parts = []
+    for evaluation in (False, True):
+        ids = sorted(s.rollout_id for s in steps if s.evaluation == evaluation)
+        ranges: list[list[int]] = []
+        for rid in ids:
+            if ranges and rid == ranges[-1][1] + 1:
+                ranges[-1][1] = rid
+            else:
+                ranges.append([rid, rid])
+        shown = [f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in ranges[:limit]]
+        if len(ranges) > limit:
+            shown.append(f"... ({len(ranges) - limit} more ranges)")
+        if shown:
+            parts.append(("eval " if evaluation else "") + ", ".join(shown))
+    return "its steps are " + " and ".join(parts)
 
 
 def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:

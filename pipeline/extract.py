@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pipeline import catalog, dump, lake_files, manifest, schema
 from pipeline.errors import LakeError, PipelineError, UsageError
+from pipeline.progress import ProgressCallback, Reporter, as_reporter
 from pipeline.step import StepOutcome, StepResult, discard_files, extract_step, fingerprint
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,6 @@ class ExtractSummary:
         return sum(s.nonfinite_values for s in self.steps)
 
 
-ProgressCallback = Callable[[StepResult], None]
-
-
 def check_run_name(name: str) -> str:
     """A run name must be usable as a Hive partition value; quotes and unicode are fine.
 
@@ -84,11 +82,12 @@ def extract_run(
     lake: Path,
     run_name: str | None = None,
     *,
-    steps: Iterable[int] | None = None,
+    steps: Container[int] | None = None,
     strict: bool = False,
     workers: int = 1,
-    progress: ProgressCallback | None = None,
+    progress: ProgressCallback | Reporter | None = None,
     ready: Callable[[dump.StepFiles], bool] | None = None,
+    replace: bool = False,
 ) -> ExtractSummary:
     """Extract a miles dump directory into `lake` and rebuild the catalog.
 
@@ -101,12 +100,15 @@ def extract_run(
         lake: The lake root; created if missing.
         run_name: The run's name in the lake; default: the dump directory's base name.
         steps: Step ids to extract (train and eval files of those steps); default: all.
+            Tested with `in` only, so a lazy range selection costs nothing; selecting no
+            step of the dump is an error.
         strict: Raise on the first bad step instead of recording it and going on.
         workers: Processes extracting steps in parallel.
-        progress: Called after each step is written.
+        progress: Called after each step is written, or a `Reporter`.
         ready: Only steps for which it returns true are considered (live runs, see follow.py);
             the run's other steps are kept as they are, except that steps whose rollout file
             is gone are removed.
+        replace: Allow replacing a run of the same name extracted from another directory.
 
     Returns:
         What was written, what was skipped and why.
@@ -114,26 +116,25 @@ def extract_run(
     started = time.perf_counter()
     listing = dump.discover(dump_dir)
     run = check_run_name(run_name if run_name is not None else listing.root.name)
+    chosen = dump.select_steps(listing, steps)
     lake = prepare_lake(lake, listing.root)
     summary = ExtractSummary(run=run, lake=lake, ignored_files=list(listing.ignored))
+    reporter = as_reporter(progress)
     with lake_files.lake_lock(lake):
-        record = _current_manifest(lake, run, listing.root)
-        wanted = set(steps) if steps is not None else None
-        selected = [
-            s
-            for s in listing.steps
-            if (wanted is None or s.rollout_id in wanted) and (ready is None or ready(s))
-        ]
+        record = _current_manifest(lake, run, listing.root, replace)
+        selected = [s for s in chosen if ready is None or ready(s)]
         todo = _plan(lake, record, selected, summary)
-        if wanted is None:  # `ready` only defers present steps; a vanished one is gone
+        if steps is None:  # `ready` only defers present steps; a vanished one is gone
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
+        reporter.planned(len(todo))
         interrupted: KeyboardInterrupt | None = None
         try:
             try:
-                for outcome in _run_steps(todo, lake, run, workers):
-                    _commit(lake, record, outcome, summary, strict, progress)
+                for outcome in _run_steps(todo, lake, run, workers, reporter.stopping):
+                    _commit(lake, record, outcome, summary, strict, reporter)
             except KeyboardInterrupt as exc:
                 interrupted = exc
+                reporter.stopping([])
         finally:  # also on Ctrl-C or an error: publish the steps committed so far
             with _sigint_deferred() as deferred:  # a Ctrl-C now must not cut publishing short
                 _publish_if_needed(lake, record, summary)
@@ -233,8 +234,15 @@ def prepare_lake(lake: Path, dump_root: Path) -> Path:
     return lake
 
 
-def _current_manifest(lake: Path, run: str, source: Path) -> manifest.RunManifest:
+def _current_manifest(
+    lake: Path, run: str, source: Path, replace: bool = False
+) -> manifest.RunManifest:
     record = manifest.load_manifest(lake, run)
+    if record is not None and record.source_dir != str(source) and not replace:
+        raise UsageError(
+            f"Run `{run}` in the lake was extracted from `{record.source_dir}`, not from"
+            f" `{source}`; give --replace to replace it, or another --run-name."
+        )
     if record is None or record.source_dir != str(source):
         # A new run, or the name now points at another dump: nothing of the old one is reused
         # (its files are deleted at the end, once the new manifest no longer lists them).
@@ -272,7 +280,11 @@ def _drop_vanished_steps(
 
 
 def _run_steps(
-    todo: list[tuple[dump.StepFiles, str]], lake: Path, run: str, workers: int
+    todo: list[tuple[dump.StepFiles, str]],
+    lake: Path,
+    run: str,
+    workers: int,
+    stopping: Callable[[list[str]], None] = lambda labels: None,
 ) -> Iterator[StepOutcome]:
     """Extract the steps, in parallel when asked; yields outcomes as steps finish.
 
@@ -296,12 +308,14 @@ def _run_steps(
     # queued ones are not started, and no worker prints a KeyboardInterrupt traceback.
     local = ThreadPoolExecutor(1, thread_name_prefix="tokenlake-step")
     running: dict[Future[StepOutcome], ProcessPoolExecutor | ThreadPoolExecutor] = {}
+    labels: dict[Future[StepOutcome], str] = {}
     with _sigint_blocked():
         pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
 
     def hand_out(executor: ProcessPoolExecutor | ThreadPoolExecutor) -> None:
         files, status = pending.popleft()
-        running[executor.submit(extract_step, files, lake, run, status)] = executor
+        future = executor.submit(extract_step, files, lake, run, status)
+        running[future], labels[future] = executor, files.label
 
     try:
         with _sigint_blocked():
@@ -318,6 +332,8 @@ def _run_steps(
                 yield future.result()
     finally:
         pending.clear()
+        if running:  # stopped early (Ctrl-C, --strict): say what the shutdown waits for
+            stopping([labels[f] for f in running])
         pool.shutdown(wait=True, cancel_futures=True)
         local.shutdown(wait=True, cancel_futures=True)
 
@@ -362,7 +378,7 @@ def _commit(
     outcome: StepOutcome,
     summary: ExtractSummary,
     strict: bool,
-    progress: ProgressCallback | None,
+    reporter: Reporter,
 ) -> None:
     """Make one step's files part of the lake by listing them in the manifest."""
     if outcome.lake_error is not None:  # the lake, not the input, is at fault: stop here
@@ -372,6 +388,7 @@ def _commit(
             raise PipelineError(f"Step {outcome.label}: {outcome.error}")
         summary.failed.append((outcome.label, outcome.error))
         summary.counts[SKIPPED] += 1
+        reporter.skipped(outcome.label)
         # info, not error: the caller reports `summary.failed` (the CLI would print it twice)
         log.info("step %s skipped: %s", outcome.label, outcome.error)
         return
@@ -389,5 +406,4 @@ def _commit(
         raise _lake_failure(exc.path, exc.problem) from exc
     summary.steps.append(outcome.result)
     summary.counts[outcome.status] += 1
-    if progress is not None:
-        progress(outcome.result)
+    reporter.done(outcome.result)

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import dump, manifest
-from pipeline.extract import ExtractSummary, ProgressCallback, check_run_name, extract_run
+from pipeline.extract import ExtractSummary, check_run_name, extract_run
+from pipeline.progress import ProgressCallback
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,12 @@ def follow_run(
     progress: ProgressCallback | None = None,
     on_round: Callable[[ExtractSummary], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    replace: bool = False,
 ) -> FollowState:
     """Extract complete steps every `poll_seconds` until `should_stop()` or Ctrl-C.
+
+    With `replace`, a run of the same name extracted from another directory is replaced (by
+    the first round that extracts a step); without it that is an error.
 
     Returns:
         The final state (rank set learnt, failures pending a change).
@@ -55,7 +60,9 @@ def follow_run(
     state = FollowState(expected_ranks=_known_ranks(lake, run))
     try:
         while not should_stop():
-            summary = follow_round(dump_dir, lake, run, state, settle_seconds, workers, progress)
+            summary = follow_round(
+                dump_dir, lake, run, state, settle_seconds, workers, progress, replace
+            )
             if on_round is not None:
                 on_round(summary)
             if should_stop():
@@ -77,6 +84,7 @@ def follow_round(
     settle_seconds: float,
     workers: int,
     progress: ProgressCallback | None,
+    replace: bool = False,
 ) -> ExtractSummary:
     """One pass: extract what is complete now, remember what failed."""
     now = time.time()
@@ -90,7 +98,9 @@ def follow_round(
             return False  # failed before and unchanged since: wait for the file to change
         return is_complete(files, state.expected_ranks, now, settle_seconds)
 
-    summary = extract_run(dump_dir, lake, run, workers=workers, progress=progress, ready=ready)
+    summary = extract_run(
+        dump_dir, lake, run, workers=workers, progress=progress, ready=ready, replace=replace
+    )
     state.rounds += 1
     for label, message in summary.failed:
         state.failed[label] = attempted[label]

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline import extras
 from pipeline.cp_layout import slice_for_rank
 from pipeline.errors import PipelineError, UsageError
 from pipeline.synth_spec import (
@@ -343,7 +344,9 @@ def write_dump(
 
     Raises:
         UsageError: `spec` is inconsistent, or `out` is not empty and `force` is false.
+        MissingDependencyError: torch (the `synth` extra) is not installed.
     """
+    extras.require_torch("Writing a synthetic dump")
     _validate(spec)
     out = Path(out)
     _prepare(out, spec, force)

@@ -19,7 +19,8 @@ def run(*args: str) -> tuple[int, str, str]:
 
 
 def test_parse_steps_accepts_ranges_and_rejects_garbage():
-    assert parse_steps("3,0-1") == [0, 1, 3]
+    selection = parse_steps("3,0-1")
+    assert [s for s in range(5) if s in selection] == [0, 1, 3]
     code, _, err = run("extract", "x", "--steps", "1-a")
     assert (code, err) == (
         1,
@@ -71,7 +72,14 @@ def test_extract_then_query_then_reextract(tmp_path):
         rf" samples and 206 tokens in \d+\.\d s -> {re.escape(str(lake))}\n",
         out,
     )
-    assert "3 files done (step 1), 206 tokens" in err
+    # off a terminal: one plain line per step, never a carriage return
+    assert "\r" not in err
+    assert re.fullmatch(
+        r"Step 0 done \(1/3 steps\): 82 tokens, [\d,]+ tokens/s\n"
+        r"Eval step 0 done \(2/3 steps\): 42 tokens, [\d,]+ tokens/s\n"
+        r"Step 1 done \(3/3 steps\): 82 tokens, [\d,]+ tokens/s\n",
+        err,
+    )
     code, out, _ = run(
         "query", str(lake), "SELECT run, rollout_id, n_samples, reward_mean FROM step_stats"
     )
@@ -115,15 +123,15 @@ def test_drop_removes_one_run_and_nothing_else(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_prints_what_was_committed(tmp_path, monkeypatch):
-    import pipeline.cli as cli
+    from pipeline.progress import PlainReporter
 
-    def reporter():
-        def stop(result):
-            raise KeyboardInterrupt
+    done = PlainReporter.done
 
-        return stop
+    def stop(self, result):
+        done(self, result)
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_progress_reporter", reporter)
+    monkeypatch.setattr(PlainReporter, "done", stop)
     code, out, err = run(
         "extract", str(FIXTURES / "basic"), "--lake", str(tmp_path), "--workers", "1"
     )
@@ -133,4 +141,9 @@ def test_ctrl_c_prints_what_was_committed(tmp_path, monkeypatch):
         rf" and \d+ tokens in \d+\.\d s -> {re.escape(str(tmp_path))}\n",
         out,
     )
-    assert err == "\nInterrupted; the lake holds every step committed so far.\n"
+    assert re.fullmatch(
+        r"Step 0 done \(1/3 steps\): \d+ tokens, [\d,]+ tokens/s\n"
+        r"Stopping: publishing the 1 step committed so far \(manifest and catalog\)\.\n"
+        r"Interrupted; the lake holds every step committed so far\.\n",
+        err,
+    )
