@@ -347,7 +347,8 @@ def _read_file(path: Path, name: str, start: int, columns: _Columns, out: Metric
                 )
                 out.restarted.append(name)
                 start = end = 0
-            for line_start, end, line in _complete_lines(handle, start, size):
+            for line_start, line_end, line in _complete_lines(handle, start, size):
+                end = line_end
                 problem = _take_line(line, columns, out)
                 if problem:
                     bad.append(f"`{path}` at byte {line_start}: {problem}; line skipped.")
@@ -360,9 +361,7 @@ def _read_file(path: Path, name: str, start: int, columns: _Columns, out: Metric
         out.warnings.append(f"`{path}`: {len(bad) - MAX_LINE_WARNINGS} more bad lines skipped.")
 
 
-def read_metrics(
-    source: Path | str, start_offset: int | Mapping[str, int] = 0
-) -> MetricsRead:
+def read_metrics(source: Path | str, start_offset: int | Mapping[str, int] = 0) -> MetricsRead:
     """The logged metrics of a dump (or of one metrics file) in long format.
 
     Args:

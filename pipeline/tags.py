@@ -103,7 +103,7 @@ def _value_text(value: Any, key: str, where: str) -> str:
 
 def _parse_yaml(text: str, where: str) -> Any:
     try:
-        import yaml  # type: ignore[import-untyped]
+        import yaml
     except ImportError:
         raise UsageError(
             f"{where}: reading YAML needs PyYAML (`pip install pyyaml`); or give the file as JSON."

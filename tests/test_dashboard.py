@@ -65,7 +65,10 @@ def test_meta_in_miles_format(tmp_path):
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
-        ("{not json", "is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+        (
+            "{not json",
+            "is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))",
+        ),
         ("[1, 2]", "holds a JSON list, not an object"),
         (b"\xff\xfe\x00", "is not valid JSON"),
         ("[" * 100_000 + "]" * 100_000, "is not valid JSON"),

@@ -50,7 +50,10 @@ def test_tags_parse_and_override_the_file(tmp_path):
             f"--tag `{'k' * 65}=1`: key `{'k' * 64}...` must start with a letter or `_` and hold"
             " only letters, digits and `_.-/` (at most 64 characters).",
         ),
-        (["k=" + "v" * 1001], f"--tag `k={'v' * 1001}`: value of `k` is longer than 1000 characters."),
+        (
+            ["k=" + "v" * 1001],
+            f"--tag `k={'v' * 1001}`: value of `k` is longer than 1000 characters.",
+        ),
         (["k=a\nb"], "--tag `k=a\nb`: value of `k` holds a control character (newline, tab)."),
         (["a=1", "a=2"], "--tag `a` is given twice, as `1` and `2`."),
     ],
@@ -67,7 +70,10 @@ def test_same_tag_twice_with_the_same_value_is_fine():
     ("content", "problem"),
     [
         ("[1]", "holds a list; expected an object of tags."),
-        ("{", "is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))."),
+        (
+            "{",
+            "is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)).",
+        ),
         ('{"a": null}', ": value of `a` is a null; give a string, number or boolean."),
         ('{"a": [1]}', ": value of `a` is a list; give a string, number or boolean."),
         ('{"a": NaN}', ": value of `a` is a float; give a string, number or boolean."),
@@ -81,7 +87,10 @@ def test_same_tag_twice_with_the_same_value_is_fine():
 def test_bad_json_meta_files(tmp_path, content, problem):
     path = tmp_path / "m.json"
     path.write_text(content)
-    assert _error(tags.load_meta_file, path) == f"--meta `{path}`{'' if problem[0] == ':' else ' '}{problem}"
+    assert (
+        _error(tags.load_meta_file, path)
+        == f"--meta `{path}`{'' if problem[0] == ':' else ' '}{problem}"
+    )
 
 
 def test_meta_file_missing_large_or_not_utf8(tmp_path, monkeypatch):
