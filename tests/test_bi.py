@@ -112,6 +112,17 @@ def test_sqlalchemy_runs_the_readme_queries_read_only(lake):
     finally:
         engine.dispose()
     assert actual == expected
+    # The URL form of the flag (what a Superset user types); on a copy, see above.
+    url_copy = lake.parent / "url.duckdb"
+    shutil.copyfile(lake / schema.CATALOG_FILE, url_copy)
+    url_engine = sa.create_engine(f"duckdb:///{url_copy}?access_mode=read_only")
+    try:
+        with url_engine.connect() as con:
+            assert [tuple(r) for r in con.execute(sa.text(queries[0]))] == expected[0]
+            with pytest.raises(sa.exc.DBAPIError, match="read-only mode"):
+                con.exec_driver_sql("CREATE TABLE scratch (a INTEGER)")
+    finally:
+        url_engine.dispose()
     health = {row[1]: row[2] for row in actual[0]}
     assert health == {rid: step["reward_mean"] for rid, step in ORACLE_STEPS.items()}
     assert all(len(rows) > 0 for rows in actual)

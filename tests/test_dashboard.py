@@ -325,3 +325,29 @@ def test_int_offset_for_a_dump_directory_is_a_usage_error(tmp_path):
         f"`start_offset` 12 for the dump directory `{tmp_path}`: give a mapping of file names"
         " to offsets (`MetricsRead.offsets`)."
     )
+
+
+@pytest.mark.slow
+def test_generated_raw_reward_joins_step_stats(tmp_path):
+    """The worked join of docs (metrics on step = rollout_id for one step_key) on a real lake."""
+    import duckdb
+
+    from pipeline.extract import extract_run
+
+    spec = replace(synth.PRESETS["example"], miles_dashboard=True)
+    synth.write_dump(tmp_path / "dump", spec)
+    extract_run(tmp_path / "dump", tmp_path / "lake", "example")
+    metrics = dashboard.read_metrics(tmp_path / "dump").table  # noqa: F841 (read by DuckDB)
+    with duckdb.connect(str(tmp_path / "lake" / schema.CATALOG_FILE), read_only=True) as con:
+        rows = con.execute(
+            """
+            SELECT s.rollout_id, s.reward_mean, m.value
+            FROM step_stats AS s
+            JOIN metrics AS m
+              ON m.step = s.rollout_id AND m.step_key = 'rollout/step'
+             AND m.metric = 'rollout/raw_reward'
+            ORDER BY s.rollout_id
+            """
+        ).fetchall()
+    assert [r[0] for r in rows] == [0, 1, 2]
+    assert all(r[1] == pytest.approx(r[2], abs=1e-12) for r in rows)
