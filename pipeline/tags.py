@@ -29,6 +29,12 @@ _KEY = re.compile(rf"[A-Za-z_][A-Za-z0-9_.\-/]{{0,{MAX_KEY_CHARS - 1}}}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def _shown(text: str, limit: int = 80) -> str:
+    """User text fit for a one-line error: control characters escaped, at most `limit` chars."""
+    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def check_key(key: str, where: str) -> str:
     """`key` if it is a valid tag key, else a UsageError saying where it came from.
 
@@ -41,9 +47,8 @@ def check_key(key: str, where: str) -> str:
         pipeline.errors.UsageError: --tag: key `2x` must start with a letter or `_` and hold only letters, digits and `_.-/` (at most 64 characters).
     """
     if not _KEY.fullmatch(key):
-        shown = key if len(key) <= MAX_KEY_CHARS else key[:MAX_KEY_CHARS] + "..."
         raise UsageError(
-            f"{where}: key `{shown}` must start with a letter or `_` and hold only letters,"
+            f"{where}: key `{_shown(key, MAX_KEY_CHARS)}` must start with a letter or `_` and hold only letters,"
             f" digits and `_.-/` (at most {MAX_KEY_CHARS} characters)."
         )
     return key
@@ -52,9 +57,13 @@ def check_key(key: str, where: str) -> str:
 def check_value(key: str, value: str, where: str) -> str:
     """`value` if it is a valid tag value (one line, at most `MAX_VALUE_CHARS`)."""
     if len(value) > MAX_VALUE_CHARS:
-        raise UsageError(f"{where}: value of `{key}` is longer than {MAX_VALUE_CHARS} characters.")
+        raise UsageError(
+            f"{where}: value of `{_shown(key)}` is longer than {MAX_VALUE_CHARS} characters."
+        )
     if _CONTROL.search(value):
-        raise UsageError(f"{where}: value of `{key}` holds a control character (newline, tab).")
+        raise UsageError(
+            f"{where}: value of `{_shown(key)}` holds a control character (newline, tab)."
+        )
     return value
 
 
@@ -73,8 +82,8 @@ def parse_tag(text: str) -> tuple[str, str]:
     """
     key, sep, value = text.partition("=")
     if not sep:
-        raise UsageError(f"--tag `{text}` is not `key=value`, e.g. `--tag precision=fp8`.")
-    where = f"--tag `{text}`"
+        raise UsageError(f"--tag `{_shown(text)}` is not `key=value`, e.g. `--tag precision=fp8`.")
+    where = f"--tag `{_shown(text)}`"
     return check_key(key, where), check_value(key, value, where)
 
 
@@ -84,7 +93,9 @@ def parse_tags(texts: Iterable[str]) -> dict[str, str]:
     for text in texts:
         key, value = parse_tag(text)
         if key in tags and tags[key] != value:
-            raise UsageError(f"--tag `{key}` is given twice, as `{tags[key]}` and `{value}`.")
+            raise UsageError(
+                f"--tag `{key}` is given twice, as `{_shown(tags[key])}` and `{_shown(value)}`."
+            )
         tags[key] = value
     return tags
 
@@ -98,7 +109,9 @@ def _value_text(value: Any, key: str, where: str) -> str:
     if isinstance(value, float) and math.isfinite(value):
         return json.dumps(value)
     kind = "null" if value is None else type(value).__name__
-    raise UsageError(f"{where}: value of `{key}` is a {kind}; give a string, number or boolean.")
+    raise UsageError(
+        f"{where}: value of `{_shown(key)}` is a {kind}; give a string, number or boolean."
+    )
 
 
 def _parse_yaml(text: str, where: str) -> Any:
@@ -131,7 +144,7 @@ def load_meta_file(path: Path | str) -> dict[str, str]:
             object, or holds a bad key or value.
     """
     path = Path(path)
-    where = f"--meta `{path}`"
+    where = f"--meta `{_shown(str(path), 1000)}`"
     try:
         if not path.is_file():
             raise UsageError(f"{where} is not a file.")
@@ -146,7 +159,7 @@ def load_meta_file(path: Path | str) -> dict[str, str]:
     tags: dict[str, str] = {}
     for key, value in data.items():
         if not isinstance(key, str):
-            raise UsageError(f"{where}: key `{key}` is not a string.")
+            raise UsageError(f"{where}: key `{_shown(str(key))}` is not a string.")
         tags[check_key(key, where)] = _value_text(value, key, where)
     return tags
 

@@ -112,7 +112,7 @@ def test_meta_bad_fields_are_null_and_named(tmp_path):
         "args_json": '{"hf_checkpoint": null, "wandb_group": "g", "wandb_project": 7, "x": null}',
     }
     assert warnings == [
-        f"`{path}`: `schema_version` is 2, read as version 1; left NULL.",
+        f"`{path}`: `schema_version` is 2; read as version 1.",
         f"`{path}`: `start_ts` is not epoch seconds; left NULL.",
         f"`{path}`: `args.wandb_project` is not a string; left NULL.",
     ]
@@ -351,3 +351,15 @@ def test_generated_raw_reward_joins_step_stats(tmp_path):
         ).fetchall()
     assert [r[0] for r in rows] == [0, 1, 2]
     assert all(r[1] == pytest.approx(r[2], abs=1e-12) for r in rows)
+
+
+def test_control_characters_in_file_names_stay_escaped(tmp_path):
+    _write(tmp_path, "metrics/evil\nname.jsonl", "[1]\n")
+    read = dashboard.read_metrics(tmp_path)
+    assert len(read.warnings) == 1
+    assert "\n" not in read.warnings[0] and "evil\\nname.jsonl" in read.warnings[0]
+    _write(tmp_path, "meta.json", '{"schema_version": "x\\ny"}')
+    warnings = dashboard.read_run_meta(tmp_path)[1]
+    assert warnings == [
+        f"`{tmp_path}/dashboard/meta.json`: `schema_version` is 'x\\ny'; read as version 1."
+    ]

@@ -52,14 +52,20 @@ def test_tags_parse_and_override_the_file(tmp_path):
         ),
         (
             ["k=" + "v" * 1001],
-            f"--tag `k={'v' * 1001}`: value of `k` is longer than 1000 characters.",
+            f"--tag `k={'v' * 78}...`: value of `k` is longer than 1000 characters.",
         ),
-        (["k=a\nb"], "--tag `k=a\nb`: value of `k` holds a control character (newline, tab)."),
+        (["k=a\nb"], "--tag `k=a\\nb`: value of `k` holds a control character (newline, tab)."),
         (["a=1", "a=2"], "--tag `a` is given twice, as `1` and `2`."),
     ],
 )
 def test_bad_tag_arguments(args, message):
     assert _error(tags.parse_tags, args) == message
+
+
+def test_errors_stay_on_one_line():
+    for args in (["a\nb"], ["a\rb=1"], ["a=1", "a=2\n"]):
+        assert "\n" not in _error(tags.parse_tags, args)
+        assert "\r" not in _error(tags.parse_tags, args)
 
 
 def test_same_tag_twice_with_the_same_value_is_fine():
