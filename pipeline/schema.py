@@ -281,7 +281,8 @@ METRICS_SCHEMA = pa.schema(
     [
         # The step axis the payload was logged against (`rollout/step`, `train/step`, ...).
         pa.field("step_key", pa.string()),
-        # The step on that axis; for `rollout/step` and `train/step` it equals `rollout_id`.
+        # The step on that axis: `rollout_id` for `rollout/step` and `eval/step`; for
+        # `train/step` the optimizer step, rollout_id * num_steps_per_rollout + step_id.
         pa.field("step", pa.int64()),
         # Metric name as logged to W&B (`rollout/raw_reward`, `train/grad_norm`, `perf/...`).
         pa.field(METRIC, pa.string(), nullable=False),

@@ -10,7 +10,9 @@ Per step the generator logs what miles logs to W&B (values synthetic, determinis
   it equals `step_stats.reward_mean`), `rollout/response_len/mean`, `rollout/step`;
 - `perf` payload against `rollout/step`: `perf/rollout_time`, `perf/step_time`;
 - `train/step` payload (steps with train files): `train/loss`, `train/grad_norm`,
-  `train/lr-pg_0`, `train/step`;
+  `train/lr-pg_0`, `train/step`. miles counts `train/step` in optimizer steps
+  (rollout_id * num_steps_per_rollout + step_id); the generator makes one optimizer step
+  per rollout, so here it equals the rollout id;
 - `eval/step` payload at eval steps: `eval/gsm8k`, `eval/step`.
 """
 
