@@ -244,3 +244,52 @@ def partition_dir(table: str, run: str, rollout_id: int | None = None) -> str:
     if ROLLOUT_ID not in TABLE_PARTITIONS[table]:
         return f"{table}/{RUN}={run}"
     return f"{table}/{RUN}={run}/{ROLLOUT_ID}={rollout_id}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Run metadata (issue 11): `runs` columns from `DUMP/dashboard/meta.json` (pipeline/dashboard.py)
+# and the user's tags (pipeline/tags.py). Not yet part of RUNS_SCHEMA: extraction does not
+# write them yet; appending RUN_META_SCHEMA's fields to RUNS_SCHEMA is the integration step.
+# ---------------------------------------------------------------------------------------------
+START_TS = "start_ts"
+WANDB_PROJECT = "wandb_project"
+WANDB_GROUP = "wandb_group"
+WANDB_RUN_ID = "wandb_run_id"
+HF_CHECKPOINT = "hf_checkpoint"
+ARGS_JSON = "args_json"
+TAGS_JSON = "tags_json"
+
+RUN_META_SCHEMA = pa.schema(
+    [
+        pa.field(START_TS, pa.timestamp("us", tz="UTC")),  # meta.json `start_ts`: run start
+        pa.field(WANDB_PROJECT, pa.string()),  # meta.json args.wandb_project
+        pa.field(WANDB_GROUP, pa.string()),  # meta.json args.wandb_group
+        pa.field(WANDB_RUN_ID, pa.string()),  # meta.json args.wandb_run_id
+        pa.field(HF_CHECKPOINT, pa.string()),  # meta.json args.hf_checkpoint (model path)
+        pa.field(ARGS_JSON, pa.string()),  # meta.json `args`, the whole object, keys sorted
+        pa.field(TAGS_JSON, pa.string()),  # user tags {key: value} as JSON, keys sorted
+    ]
+)
+
+# ---------------------------------------------------------------------------------------------
+# `metrics`: one row per (logged payload, numeric metric) of `DUMP/dashboard/metrics.jsonl`,
+# long format, partitioned by run (see pipeline/dashboard.py for what is kept or skipped).
+# ---------------------------------------------------------------------------------------------
+METRICS = "metrics"
+METRIC = "metric"
+METRICS_SCHEMA = pa.schema(
+    [
+        # The step axis the payload was logged against (`rollout/step`, `train/step`, ...).
+        pa.field("step_key", pa.string()),
+        # The step on that axis: `rollout_id` for `rollout/step` and `eval/step`; for
+        # `train/step` the optimizer step, rollout_id * num_steps_per_rollout + step_id.
+        pa.field("step", pa.int64()),
+        # Metric name as logged to W&B (`rollout/raw_reward`, `train/grad_norm`, `perf/...`).
+        pa.field(METRIC, pa.string(), nullable=False),
+        # The value; bools as 1.0/0.0; NaN and ±inf kept as logged.
+        pa.field("value", pa.float64(), nullable=False),
+        # When the payload was logged (the collector's wall clock).
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+METRICS_PARTITIONS: tuple[str, ...] = (RUN,)

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import extras
+from pipeline import extras, synth_dashboard
 from pipeline.cp_layout import slice_for_rank
 from pipeline.errors import PipelineError, UsageError
 from pipeline.synth_spec import (
@@ -365,6 +365,8 @@ def write_dump(
             if truth is not None:
                 truth.samples.update(step_truth(spec, step, True, False))
         logger.info("step %d: %d samples, %d response tokens", rid, step.n, int(step.r_off[-1]))
+    if spec.miles_dashboard:
+        synth_dashboard.write_miles_dashboard(out, spec)
     return truth
 
 

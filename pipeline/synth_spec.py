@@ -47,6 +47,7 @@ class DumpSpec:
     log_probs: bool = True  # False = no `log_probs` in any file of the run
     log_probs_missing_steps: tuple[int, ...] = ()  # steps whose files lack `log_probs`
     dashboard_columns: bool = True
+    miles_dashboard: bool = False  # dashboard/meta.json + metrics.jsonl (synth_dashboard)
     nonfinite: bool = False  # a few NaN/+inf/-inf in trainer log-probs / entropy
     rollout_only_steps: tuple[int, ...] = ()  # steps with a rollout file and no train files
     empty_response: bool = False  # one sample per step with R = 0
