@@ -46,12 +46,15 @@ def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
         cut = len(value) > limit
         return repr(value[:limit]) + ("…" if cut else "")
     if isinstance(value, np.ndarray):
-        return f"a {value.dtype} array of shape {value.shape}"
+        return f"{_article(str(value.dtype))} {value.dtype} array of shape {value.shape}"
     name = type(value).__name__
-    article = "an" if name[:1].lower() in "aeiou" else "a"
     if isinstance(value, list | tuple | dict | set | frozenset):
-        return f"{article} {name} of {len(value)} entries"
-    return f"{article} {name}"
+        return f"{_article(name)} {name} of {len(value)} entries"
+    return f"{_article(name)} {name}"
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeio" else "a"  # "a uint8", "an int64", "an object"
 
 
 class PipelineError(Exception):

@@ -101,6 +101,15 @@ def bug_text(files: dump.StepFiles, exc: BaseException) -> str:
     )
 
 
+def worker_died_text(files: dump.StepFiles) -> str:
+    """The one-line failure of a step whose worker process died, even when run alone."""
+    return (
+        f"`{files.rollout_file}`: the worker process extracting this step died, also when"
+        " retried alone (killed, out of memory, or crashed). Unless it was killed on purpose,"
+        f" t{BUG_HINT[1:]}"
+    )
+
+
 def _text_of(exc: BaseException) -> str:
     try:
         return str(exc)

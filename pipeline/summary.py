@@ -185,10 +185,9 @@ def _ratio(info: Any, field: str, numerator: str, denominator: str) -> float | N
         info = info.to_dict()
     if not isinstance(info, dict):
         raise SampleValueError(field, f"is {shown(info)}, not a dict of counters")
+    num = _count(info.get(numerator), f"{field}.{numerator}")
     den = _count(info.get(denominator), f"{field}.{denominator}")
-    if not den:
-        return None
-    return _count(info.get(numerator), f"{field}.{numerator}") / den
+    return num / den if den else None
 
 
 def _count(value: Any, field: str) -> int:
