@@ -52,14 +52,15 @@ def located(exc: SampleValueError, path: Path, samples: list[dict[str, Any]]) ->
 
 def check_sample(sample: dict[str, Any]) -> None:
     """The checks that must pass before any other code reads the sample; `index` first, as
-    every later message names the sample by it."""
+    every later message names the sample by it. Checked `loss_mask` and `rollout_log_probs`
+    lists are replaced by their arrays."""
     optional_int64(sample.get("index"), "index")
     tokens = token_ids(sample)
     response_length(sample, len(tokens))
     for key, what in (("loss_mask", "integers"), ("rollout_log_probs", "numbers")):
         values = sample.get(key)
-        if values is not None:
-            _numeric_list(values, key, what)
+        if values is not None:  # the checked array replaces the list: it is not converted twice
+            sample[key] = _numeric_list(values, key, what)
 
 
 def is_int(value: Any) -> bool:
@@ -120,18 +121,22 @@ _HAS_NDMAX = np.lib.NumpyVersion(np.__version__) >= "2.4.0"
 
 
 def _numeric_list(values: Any, field: str, what: str) -> np.ndarray:
-    """A flat list of `what` ("integers" or "numbers") as one array."""
+    """A flat list of `what` ("integers" or "numbers") as one array. Masks and log-probs may
+    also be a 1-D array already (the flattener reads either); `tokens` must be a list."""
+    kinds = "iu" if field == "tokens" else _ENTRY_KINDS[what]
+    if isinstance(values, np.ndarray) and field != "tokens":
+        if values.ndim == 1 and values.dtype.kind in kinds:
+            return values
     if not isinstance(values, list | tuple):
         raise SampleValueError(field, f"is {shown(values)}, not a list of {what}")
     if not values:
         return np.zeros(0, dtype=np.int64)
     array = _flat_array(values)
-    kinds = "iu" if field == "tokens" else _ENTRY_KINDS[what]
     if array is None or array.dtype.kind not in kinds:
         problem = _token_problem if field == "tokens" else _ENTRY_PROBLEMS[what]
         _raise_first_bad(values, field, problem)
-        # Every entry looked right one by one, yet numpy would not make one flat array of them.
-        raise SampleValueError(field, f"is not a flat list of {what}")
+        # Each entry is right, but numpy promoted the mix (int64 with uint64 gives float64).
+        return np.array(values, dtype=np.float64 if what == "numbers" else np.int64)
     return array
 
 
@@ -159,9 +164,13 @@ def _token_problem(value: Any) -> str | None:
 
 def _integer_problem(value: Any) -> str | None:
     """Masks: integers or bools (the reference treats `value > 0` as on)."""
-    if is_int(value) or isinstance(value, bool | np.bool_):
+    if isinstance(value, bool | np.bool_):
         return None
-    return f"is {shown(value)}, not an integer"
+    if not is_int(value):
+        return f"is {shown(value)}, not an integer"
+    if not INT64_MIN <= value <= INT64_MAX:
+        return f"is {shown(value)}, outside the int64 range"
+    return None
 
 
 def _number_problem(value: Any) -> str | None:
@@ -169,6 +178,8 @@ def _number_problem(value: Any) -> str | None:
         value, int | float | np.integer | np.floating
     ):
         return f"is {shown(value)}, not a number"
+    if isinstance(value, int) and abs(value).bit_length() > 1000:  # float() would overflow
+        return f"is {shown(value)}, beyond the float64 range"
     return None
 
 

@@ -316,3 +316,51 @@ def test_worker_killed_mid_step_fails_that_step_only(
     ]
     assert (code, out) == (1, summary_line("basic", lake, SKIPPED_ONE, 12, 124))
     assert lake_steps(lake, "basic") == EVAL_AND_STEP_1
+
+
+# --- values the spec allows are read as they are (fast, no dump) ------------------------------
+
+
+def test_numpy_values_of_allowed_types_are_accepted() -> None:
+    import numpy as np
+
+    from pipeline import validate
+    from pipeline.summary import sample_summary
+
+    sample = {
+        "index": np.int64(7),
+        "group_index": np.int32(2),
+        "tokens": [np.int64(5), 6, np.uint64(2**63 - 1)],
+        "response_length": np.int64(2),
+        "loss_mask": np.array([1, 0], dtype=np.int32),
+        "rollout_log_probs": [np.float32(-0.5), -1],
+        "remove_sample": np.bool_(True),
+        "non_generation_time": np.float32(1.5),
+        "weight_versions": ["3", 4],
+        "spec_info": {"spec_accept_token_num": np.int64(1), "spec_draft_token_num": 4},
+        "metadata": {"arr": np.arange(3), (1, "k"): {np.str_("x"): None}},
+    }
+    validate.check_sample(sample)
+    row = sample_summary(9, False, 0, sample, None)
+    assert [row[k] for k in ("sample_index", "group_index", "prompt_length", "remove_sample")] == [
+        7,
+        2,
+        1,
+        True,
+    ]
+    assert (row["weight_version_min"], row["spec_accept_rate"]) == (3, 0.25)
+    assert row["non_generation_time"] == 1.5
+    assert row["metadata_json"] == '{"arr": [0, 1, 2], "[1, \\"k\\"]": {"x": null}}'
+
+
+def test_an_array_too_large_for_json_is_refused_before_it_is_built() -> None:
+    import numpy as np
+
+    from pipeline.errors import SampleValueError
+
+    huge = np.lib.stride_tricks.as_strided(np.zeros(1), shape=(100_000, 100_000), strides=(0, 0))
+    with pytest.raises(SampleValueError) as raised:
+        jsontext.to_json({"a": huge}, "metadata")
+    assert str(raised.value) == (
+        "`metadata` holds an array of 10,000,000,000 values, more than 1,000,000"
+    )
