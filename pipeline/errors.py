@@ -6,6 +6,55 @@ The CLI turns any `PipelineError` into one line, ``Error: <message>``, and exit 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+# How many characters of a dump value a message quotes: a 2 MB string must not make a 2 MB
+# "one-line" error, and control characters must not rewrite the user's terminal.
+SHOWN_CHARS = 60
+# str() refuses integers over 4 300 digits (sys.int_max_str_digits); stay well below.
+_MAX_SHOWN_INT_BITS = 13_000
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    r"""A dump value as a message quotes it: escaped, and cut after `limit` characters.
+
+    Strings and bytes appear as Python literals, so control and unprintable characters are
+    escaped (`\x1b`, `\n`, `\udc80`); numbers as they are; containers and other objects by
+    their kind only, since their repr can be huge, slow or endlessly recursive.
+
+    Examples:
+        >>> print(shown("zero"), shown(6.7), shown(None), shown(2**70))
+        'zero' 6.7 None 1180591620717411303424
+        >>> print(shown("\x1b[2J" + "x" * 70))
+        '\x1b[2Jxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'…
+        >>> import numpy as np
+        >>> print(shown([1, [2]]), "/", shown(np.zeros((2, 3))), "/", shown(10**5000))
+        a list of 2 entries / a float64 array of shape (2, 3) / an integer of 16610 bits
+    """
+    import numpy as np  # here, not at the top: the CLI imports this module and starts fast
+
+    if isinstance(value, np.generic) and not isinstance(value, np.void):
+        value = value.item()  # numpy scalars read like the Python value they hold
+    if value is None or isinstance(value, bool | float | complex):
+        return repr(value)
+    if isinstance(value, int):
+        if value.bit_length() > _MAX_SHOWN_INT_BITS:
+            return f"an integer of {value.bit_length()} bits"
+        text = str(value)
+        return text if len(text) <= limit else text[:limit] + "…"
+    if isinstance(value, str | bytes | bytearray):
+        cut = len(value) > limit
+        return repr(value[:limit]) + ("…" if cut else "")
+    if isinstance(value, np.ndarray):
+        return f"{_article(str(value.dtype))} {value.dtype} array of shape {value.shape}"
+    name = type(value).__name__
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        return f"{_article(name)} {name} of {len(value)} entries"
+    return f"{_article(name)} {name}"
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeio" else "a"  # "a uint8", "an int64", "an object"
 
 
 class PipelineError(Exception):
@@ -58,6 +107,20 @@ class DumpFormatError(PipelineError):
         self.sample = sample
         where = f" ({sample})" if sample else ""
         super().__init__(f"`{self.path}`{where}: {problem}")
+
+
+class SampleValueError(PipelineError):
+    """A value of one rollout sample is out of its type or range (dump-format.md 2.3).
+
+    Raised where the value is read, which may not know the file or the sample's position;
+    `pipeline.validate.located` turns it into a `DumpFormatError` naming both.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        self.position: int | None = None  # batch position, once known
+        super().__init__(f"`{field}` {problem}")
 
 
 class LakeError(PipelineError):

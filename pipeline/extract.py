@@ -25,7 +25,14 @@ from pathlib import Path
 from pipeline import catalog, dump, lake_files, manifest, schema
 from pipeline.errors import LakeError, PipelineError, UsageError
 from pipeline.progress import ProgressCallback, Reporter, as_reporter
-from pipeline.step import StepOutcome, StepResult, discard_files, extract_step, fingerprint
+from pipeline.step import (
+    StepOutcome,
+    StepResult,
+    discard_files,
+    extract_step,
+    fingerprint,
+    worker_died_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +305,7 @@ def _run_steps(
             yield extract_step(files, lake, run, status)
         return
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
     from multiprocessing import get_context
 
     pending = deque(todo)
@@ -308,34 +316,54 @@ def _run_steps(
     # queued ones are not started, and no worker prints a KeyboardInterrupt traceback.
     local = ThreadPoolExecutor(1, thread_name_prefix="tokenlake-step")
     running: dict[Future[StepOutcome], ProcessPoolExecutor | ThreadPoolExecutor] = {}
-    labels: dict[Future[StepOutcome], str] = {}
+    held: dict[Future[StepOutcome], tuple[dump.StepFiles, str]] = {}
+    # A worker that dies (killed, segfault) breaks its whole pool: every step running there
+    # is retried alone in a one-process pool, so only the step that kills its worker fails.
+    alone: list[ProcessPoolExecutor] = []
     with _sigint_blocked():
         pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
+    pools = [pool]  # the shared pool and those it replaced
 
-    def hand_out(executor: ProcessPoolExecutor | ThreadPoolExecutor) -> None:
-        files, status = pending.popleft()
-        future = executor.submit(extract_step, files, lake, run, status)
-        running[future], labels[future] = executor, files.label
+    def hand_out(
+        executor: ProcessPoolExecutor | ThreadPoolExecutor,
+        step: tuple[dump.StepFiles, str] | None = None,
+    ) -> None:
+        files, status = step or pending.popleft()
+        with _sigint_blocked():
+            future = executor.submit(extract_step, files, lake, run, status)
+        running[future], held[future] = executor, (files, status)
 
     try:
-        with _sigint_blocked():
-            for _ in range(min(processes, len(pending))):
-                hand_out(pool)
+        for _ in range(min(processes, len(pending))):
+            hand_out(pool)
         if pending:
             hand_out(local)
         while running:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
-                executor = running.pop(future)
+                executor, (files, status) = running.pop(future), held.pop(future)
+                broken = isinstance(future.exception(), BrokenProcessPool)
+                if executor in alone:
+                    executor.shutdown(wait=False)
+                elif broken:
+                    if executor is pool:
+                        pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
+                        pools.append(pool)
+                    alone.append(ProcessPoolExecutor(1, mp_context=get_context("spawn")))
+                    hand_out(alone[-1], (files, status))
+                    continue
                 if pending:
-                    hand_out(executor)
-                yield future.result()
+                    hand_out(local if executor is local else pool)
+                if broken:
+                    yield StepOutcome(files.label, status, error=worker_died_text(files))
+                else:
+                    yield future.result()
     finally:
         pending.clear()
         if running:  # stopped early (Ctrl-C, --strict): say what the shutdown waits for
-            stopping([labels[f] for f in running])
-        pool.shutdown(wait=True, cancel_futures=True)
-        local.shutdown(wait=True, cancel_futures=True)
+            stopping([held[f][0].label for f in running])
+        for each in (*pools, *alone, local):
+            each.shutdown(wait=True, cancel_futures=True)
 
 
 @contextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +17,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline import dump, flatten, manifest, schema, trajectory, write
-from pipeline.errors import DumpFormatError, DumpNotFoundError, LakeError, PipelineError
+from pipeline import dump, flatten, manifest, schema, trajectory, validate, write
+from pipeline.errors import (
+    DumpFormatError,
+    DumpNotFoundError,
+    LakeError,
+    PipelineError,
+    SampleValueError,
+    shown,
+)
 from pipeline.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
+
+BUG_HINT = "This is a tokenlake bug: please report it with this line and `tokenlake --version`."
 
 
 @dataclass(frozen=True)
@@ -58,7 +68,56 @@ def fingerprint(files: dump.StepFiles, root: Path) -> list[manifest.SourceFile]:
 
 
 def extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> StepOutcome:
-    """Load, resolve, flatten and write one step; never raises for bad input or a bad lake."""
+    """Load, resolve, flatten and write one step; never raises (except on Ctrl-C).
+
+    Bad input or a bad lake is reported in the outcome, and so is any other exception: that
+    is a tokenlake bug, and it must cost this step only, never the whole extraction.
+    """
+    try:
+        return _extract_step(files, lake, run, status)
+    except Exception as exc:  # noqa: BLE001 - a bug in one step must not take down the run
+        return StepOutcome(files.label, status, error=bug_text(files, exc))
+
+
+def bug_text(files: dump.StepFiles, exc: BaseException) -> str:
+    """The one-line failure of a step that raised an exception tokenlake did not expect.
+
+    Examples:
+        >>> step = dump.StepFiles(3, False, Path("d/rollout_data/3.pt"))
+        >>> try:
+        ...     1 / 0
+        ... except ZeroDivisionError as exc:
+        ...     print(bug_text(step, exc))
+        `d/rollout_data/3.pt`: unexpected ZeroDivisionError('division by zero') at <doctest pipeline.step.bug_text[1]>:2 in <module>. This is a tokenlake bug: please report it with this line and `tokenlake --version`.
+    """
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:  # the innermost frame: where it happened, for the bug report
+        frame = frames[-1]
+        where = f" at {Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+    return (
+        f"`{files.rollout_file}`: unexpected {type(exc).__name__}({shown(_text_of(exc))}){where}."
+        f" {BUG_HINT}"
+    )
+
+
+def worker_died_text(files: dump.StepFiles) -> str:
+    """The one-line failure of a step whose worker process died, even when run alone."""
+    return (
+        f"`{files.rollout_file}`: the worker process extracting this step died, also when"
+        " retried alone (killed, out of memory, or crashed). Unless it was killed on purpose,"
+        f" t{BUG_HINT[1:]}"
+    )
+
+
+def _text_of(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - e.g. its argument is an int too long to print
+        return "?"
+
+
+def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> StepOutcome:
     try:
         # Fingerprint before reading: a file that changes while it is read looks changed later.
         sources = fingerprint(files, files.rollout_file.parent.parent)
@@ -120,7 +179,7 @@ def _write_step(
             written[table] = directory / f"{stem}-{generation}.parquet"
             metadata = write.file_metadata(table, run, str(files.rollout_file))
             write.write_parquet(written[table], table, data, metadata)
-    except (LakeError, OSError):
+    except BaseException:
         discard_files(written.values())  # half a step must not linger (full or read-only lake)
         raise
     return written
@@ -141,6 +200,7 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     """The step's `tokens` and `samples` tables, in memory."""
     rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
     samples: list[dict[str, Any]] = rollout["samples"]
+    validate.check_samples(files.rollout_file, samples)  # before anything else reads them
     train_files = [
         TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
     ]
@@ -155,9 +215,18 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     messages = trajectory.messages_by_position(
         trajectory.trajectory_file(root, files.label), samples
     )
-    samples_table = flatten.samples_table(
-        files.rollout_id, files.evaluation, samples, train_rows, len(train_files), messages, parts
-    )
+    try:
+        samples_table = flatten.samples_table(
+            files.rollout_id,
+            files.evaluation,
+            samples,
+            train_rows,
+            len(train_files),
+            messages,
+            parts,
+        )
+    except SampleValueError as exc:  # raised where the value is read, which knows no file
+        raise validate.located(exc, files.rollout_file, samples) from None
     result = StepResult(
         rollout_id=files.rollout_id,
         evaluation=files.evaluation,

@@ -4,10 +4,15 @@ and its resolved train row. Pure Python over one sample; no tokens are touched h
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
+import numpy as np
+
+from pipeline import validate
+from pipeline.errors import SampleValueError, shown
+from pipeline.jsontext import clean_text, to_json
+from pipeline.ptread import SpecInfo
 from pipeline.resolve import TrainRow
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -21,26 +26,45 @@ def sample_summary(
     train: TrainRow | None,
     step_train_files: int = 0,
 ) -> dict[str, Any]:
-    """One `samples` row (column names from `pipeline.schema.SAMPLES_SCHEMA`)."""
-    tokens = list(sample.get("tokens") or [])
-    response_length = int(sample.get("response_length") or 0)
-    prompt_length = len(tokens) - response_length
-    versions = [str(v) for v in sample.get("weight_versions") or []]
-    version_min = _min_numeric_version(versions)
-    status = _status(sample.get("status"))
+    """One `samples` row (column names from `pipeline.schema.SAMPLES_SCHEMA`).
+
+    Raises:
+        SampleValueError: a value is out of its type or range; `position` is set on it.
+    """
+    try:
+        row = _rollout_side(rollout_id, sample)
+    except SampleValueError as exc:
+        exc.position = position
+        raise
+    status = row["status"]
     return {
         "evaluation": evaluation,
         "batch_position": position,
-        "sample_index": _int_or_none(sample.get("index")),
-        "group_index": _int_or_none(sample.get("group_index")),
-        "rollout_execution_id": _int_or_none(sample.get("rollout_id")),
-        "status": status,
-        "remove_sample": bool(sample.get("remove_sample", False)),
+        **row,
+        "step_train_files": step_train_files,
+        **_train_side(train, status),
+    }
+
+
+def _rollout_side(rollout_id: int, sample: dict[str, Any]) -> dict[str, Any]:
+    tokens = sample.get("tokens")
+    tokens = [] if tokens is None else tokens  # checked by `validate.check_sample` already
+    response_length = validate.response_length(sample, len(tokens))
+    prompt_length = len(tokens) - response_length
+    versions = _weight_versions(sample.get("weight_versions"))
+    version_min = _min_numeric_version(versions)
+    reward = sample.get("reward")
+    return {
+        "sample_index": validate.optional_int64(sample.get("index"), "index"),
+        "group_index": validate.optional_int64(sample.get("group_index"), "group_index"),
+        "rollout_execution_id": validate.optional_int64(sample.get("rollout_id"), "rollout_id"),
+        "status": _optional_text(sample.get("status"), "status"),
+        "remove_sample": _flag(sample.get("remove_sample"), "remove_sample"),
         "response_length": response_length,
         "total_length": len(tokens),
         "prompt_length": prompt_length,
-        "reward": reference_reward(sample.get("reward")),
-        "reward_json": _reward_json(sample.get("reward")),
+        "reward": reference_reward(reward),
+        "reward_json": None if reward is None or _is_number(reward) else to_json(reward, "reward"),
         "weight_versions": versions,
         "weight_version": versions[-1] if versions else None,
         "weight_version_min": version_min,
@@ -48,20 +72,23 @@ def sample_summary(
         "staleness": rollout_id - version_min if version_min is not None else None,
         "turns": len(versions) if versions else None,
         "tool_calls": _tool_calls(sample.get("prompt")),
-        "non_generation_time": _float_or_none(sample.get("non_generation_time", 0.0)),
+        "non_generation_time": _optional_float(
+            sample.get("non_generation_time", 0.0), "non_generation_time"
+        ),
         "spec_accept_rate": _ratio(
-            sample.get("spec_info"), "spec_accept_token_num", "spec_draft_token_num"
+            sample.get("spec_info"), "spec_info", "spec_accept_token_num", "spec_draft_token_num"
         ),
         "prefix_cache_hit_rate": _ratio(
-            sample.get("prefix_cache_info"), "cached_tokens", "total_prompt_tokens"
+            sample.get("prefix_cache_info"),
+            "prefix_cache_info",
+            "cached_tokens",
+            "total_prompt_tokens",
         ),
-        "label": _text_or_none(sample.get("label")),
-        "prompt_text": _prompt_text(sample.get("prompt")),
-        "response_text": _text_or_none(sample.get("response")),
-        "prompt_token_ids": [int(t) for t in tokens[:prompt_length]],
-        "metadata_json": to_json(sample.get("metadata") or {}),
-        "step_train_files": step_train_files,
-        **_train_side(train, status),
+        "label": _text_or_json(sample.get("label"), "label"),
+        "prompt_text": _text_or_json(sample.get("prompt"), "prompt"),
+        "response_text": _text_or_json(sample.get("response"), "response"),
+        "prompt_token_ids": list(tokens[:prompt_length]),
+        "metadata_json": to_json(_or_empty(sample.get("metadata")), "metadata"),
     }
 
 
@@ -97,15 +124,37 @@ def reference_reward(reward: Any) -> float | None:
         >>> reference_reward(True), reference_reward(2), reference_reward({"acc": 1.0})
         (1.0, 2.0, None)
     """
-    if isinstance(reward, int | float):
-        return float(reward)
-    return None
-
-
-def _reward_json(reward: Any) -> str | None:
-    if reward is None or isinstance(reward, int | float):
+    if not _is_number(reward):
         return None
-    return to_json(reward)
+    try:
+        return float(reward)
+    except OverflowError:  # an int beyond float64, such as 10**400
+        raise SampleValueError("reward", f"is {shown(reward)}, beyond the float64 range") from None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float)
+
+
+def _weight_versions(value: Any) -> list[str]:
+    """`weight_versions`: strings (engine-reported), or integers written as their digits."""
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise SampleValueError("weight_versions", f"is {shown(value)}, not a list of strings")
+    versions = []
+    for entry, version in enumerate(value):
+        if validate.is_int(version) and validate.INT64_MIN <= version <= validate.INT64_MAX:
+            version = str(int(version))
+        if not isinstance(version, str):
+            problem = f"entry {entry} is {shown(version)}, not a string"
+            raise SampleValueError("weight_versions", problem)
+        # An all-digit version is a number (`weight_version_min`), so it must fit int64.
+        if _DIGITS.fullmatch(version) and (len(version) > 19 or int(version) > validate.INT64_MAX):
+            problem = f"entry {entry} is {shown(version)}, a number outside the int64 range"
+            raise SampleValueError("weight_versions", problem)
+        versions.append(clean_text(version))
+    return versions
 
 
 def _min_numeric_version(versions: list[str]) -> int | None:
@@ -117,67 +166,74 @@ def _tool_calls(prompt: Any) -> int | None:
     if not isinstance(prompt, list):
         return None
     return sum(
-        1 for message in prompt if isinstance(message, dict) and message.get("role") == "tool"
+        1
+        for message in prompt
+        if isinstance(message, dict) and _is_text(message.get("role"), "tool")
     )
 
 
-def _ratio(info: Any, numerator: str, denominator: str) -> float | None:
+def _is_text(value: Any, text: str) -> bool:
+    """`value == text` for strings only: `==` on an array would compare element-wise."""
+    return isinstance(value, str) and value == text
+
+
+def _ratio(info: Any, field: str, numerator: str, denominator: str) -> float | None:
     """A counter ratio from a dict or an old-style object (spec_info before 2025-12)."""
     if info is None:
         return None
-    get = (
-        info.get
-        if isinstance(info, dict)
-        else lambda key, default=None: getattr(info, key, default)
-    )
-    den = get(denominator, 0) or 0
-    if not den:
+    if isinstance(info, SpecInfo):
+        info = info.to_dict()
+    if not isinstance(info, dict):
+        raise SampleValueError(field, f"is {shown(info)}, not a dict of counters")
+    num = _count(info.get(numerator), f"{field}.{numerator}")
+    den = _count(info.get(denominator), f"{field}.{denominator}")
+    return num / den if den else None
+
+
+def _count(value: Any, field: str) -> int:
+    """A counter: an integer from 0 (missing or None: 0)."""
+    number = validate.optional_int64(value, field) or 0
+    if number < 0:
+        raise SampleValueError(field, f"is {number}; a count cannot be negative")
+    return number
+
+
+def _flag(value: Any, field: str) -> bool:
+    """A bool (Python or numpy); missing or None is False."""
+    if value is None:
+        return False
+    if not isinstance(value, bool | np.bool_):
+        raise SampleValueError(field, f"is {shown(value)}, not a bool")
+    return bool(value)
+
+
+def _optional_text(value: Any, field: str) -> str | None:
+    if value is None:
         return None
-    return float(get(numerator, 0) or 0) / float(den)
+    if not isinstance(value, str):
+        raise SampleValueError(field, f"is {shown(value)}, not a string")
+    return clean_text(value)
 
 
-def _status(status: Any) -> str | None:
-    if status is None:
+def _optional_float(value: Any, field: str) -> float | None:
+    if value is None:
         return None
-    return str(getattr(status, "value", status))
-
-
-def _prompt_text(prompt: Any) -> str | None:
-    if prompt is None or isinstance(prompt, str):
-        return prompt
-    return to_json(prompt)
-
-
-def _text_or_none(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    return to_json(value)
-
-
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _float_or_none(value: Any) -> float | None:
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.number):
+        raise SampleValueError(field, f"is {shown(value)}, not a number")
     try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
+        return float(value)
+    except (OverflowError, TypeError):  # an int beyond float64; a complex number
+        raise SampleValueError(field, f"is {shown(value)}, not a float64 number") from None
+
+
+def _text_or_json(value: Any, field: str) -> str | None:
+    """Text as it is; anything else (a chat prompt, a dict label) as JSON."""
+    if value is None:
         return None
+    if isinstance(value, str):
+        return clean_text(value)
+    return to_json(value, field)
 
 
-def to_json(value: Any) -> str:
-    """JSON text of a dump value; numpy scalars and arrays and unknown objects stay readable.
-
-    Examples:
-        >>> to_json({"a": [1, 2.5], "b": "é"})
-        '{"a": [1, 2.5], "b": "é"}'
-    """
-    return json.dumps(value, ensure_ascii=False, default=_json_default, allow_nan=True)
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if hasattr(value, "__dict__"):
-        return {"__class__": type(value).__name__, **vars(value)}
-    return repr(value)
+def _or_empty(value: Any) -> Any:
+    return {} if value is None else value
