@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from pipeline import dump, flatten, manifest, schema, trajectory, write
 from pipeline.errors import DumpFormatError, DumpNotFoundError, LakeError, PipelineError
+from pipeline.lake import Lake
 from pipeline.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 
 
@@ -79,7 +80,7 @@ def extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> St
         rollout_id=files.rollout_id,
         evaluation=files.evaluation,
         sources=sources,
-        files={table: str(path.relative_to(lake)) for table, path in written.items()},
+        files={table: Lake(lake).relative(path) for table, path in written.items()},
         samples=result.samples,
         tokens=result.tokens,
         train_files=result.train_files,
@@ -116,8 +117,7 @@ def _write_step(
     written: dict[str, Path] = {}
     try:
         for table, data in ((schema.TOKENS, tokens), (schema.SAMPLES, samples_table)):
-            directory = lake / schema.partition_dir(table, run, files.rollout_id)
-            written[table] = directory / f"{stem}-{generation}.parquet"
+            written[table] = Lake(lake).new_file(table, run, stem, files.rollout_id, generation)
             metadata = write.file_metadata(table, run, str(files.rollout_file))
             write.write_parquet(written[table], table, data, metadata)
     except (LakeError, OSError):
