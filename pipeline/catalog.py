@@ -4,7 +4,7 @@ every view under `sql/`. This is the only module that imports duckdb.
 The base views list the Parquet files that the run manifests name (pipeline/manifest.py),
 with absolute paths, so the catalog works from any working directory, shows only committed
 files, and a path with quotes cannot break or inject into the SQL. The partition columns are
-literals per partition, taken from the manifests: DuckDB's own Hive parsing reads every
+parsed from the end of each path by the lake's layout: DuckDB's own Hive parsing reads every
 `key=value` of the whole path, so a lake under `/data/run=ghost/lake` would read as run
 `ghost`. The catalog is rebuilt by every extract, so the lists stay current.
 """
@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from pipeline import manifest, schema
 from pipeline.errors import LakeError
-from pipeline.lake import Lake, atomic_write
+from pipeline.lake import Lake, atomic_write, partition_patterns
 
 if TYPE_CHECKING:
     import duckdb
@@ -76,56 +76,34 @@ def duckdb_type(arrow_type: pa.DataType) -> str:
 
 def table_files(lake: Path, table: str) -> list[Path]:
     """The Parquet files of one table that the runs' manifests list, by run then step."""
-    return [path for _, files in table_partitions(lake, table) for path in files]
-
-
-Partition = tuple[tuple[object, ...], list[Path]]  # (partition values, files)
-
-
-def table_partitions(lake: Path, table: str) -> list[Partition]:
-    """The files of one table grouped by partition, from the manifests, by run then step."""
     layout = Lake(lake)
-    groups: dict[tuple[object, ...], list[Path]] = {}
-    for record in manifest.load_all(lake):
-        if table in (schema.RUNS, schema.VOCAB):
-            groups[(record.run,)] = [layout.file(n) for n in record.files(table)]
-            continue
-        for step in sorted(record.steps.values(), key=lambda s: (s.rollout_id, s.evaluation)):
-            if table in step.files:
-                key = (record.run, step.rollout_id)
-                groups.setdefault(key, []).append(layout.file(step.files[table]))
-    return [(key, files) for key, files in groups.items() if files]
+    return [layout.file(name) for run in manifest.load_all(lake) for name in run.files(table)]
 
 
-def base_view_sql(table: str, partitions: list[Partition]) -> str:
+def base_view_sql(table: str, files: list[Path]) -> str:
     """`SELECT` over a table's files with the partition columns first, typed from the schema.
 
-    One branch per partition, its partition values as typed literals: a filter on `run` or
-    `rollout_id` folds to false on the other branches, which DuckDB then never reads.
+    The partition values are parsed from the end of each file's path by the lake's layout
+    (`lake.partition_patterns`), not by DuckDB's Hive parsing of the whole path. DuckDB
+    still prunes files on them: a filter on `rollout_id` reads only that step's files.
     """
     table_schema = schema.TABLE_SCHEMAS[table]
-    columns = schema.TABLE_PARTITIONS[table]
-    types = [duckdb_type(schema.PARTITION_TYPES[col]) for col in columns]
-    if not partitions:
-        nulls = [f"NULL::{t} AS {col}" for col, t in zip(columns, types, strict=True)]
-        nulls += [f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in table_schema]
-        return "SELECT " + ", ".join(nulls) + " WHERE false"
-    selected = ", ".join(f.name for f in table_schema)
-    branches = []
-    for values, files in partitions:
-        literals = ", ".join(
-            f"{_literal(v)}::{t} AS {col}" for v, t, col in zip(values, types, columns, strict=True)
-        )
-        file_list = ", ".join(quote_literal(str(p)) for p in files)
-        branches.append(
-            f"SELECT {literals}, {selected} FROM read_parquet([{file_list}],"
-            " hive_partitioning = false)"
-        )
-    return "\nUNION ALL ".join(branches)
-
-
-def _literal(value: object) -> str:
-    return quote_literal(value) if isinstance(value, str) else str(int(value))  # type: ignore[call-overload]
+    partitions = schema.TABLE_PARTITIONS[table]
+    types = {col: duckdb_type(schema.PARTITION_TYPES[col]) for col in partitions}
+    if not files:
+        columns = [f"NULL::{types[col]} AS {col}" for col in partitions]
+        columns += [f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in table_schema]
+        return "SELECT " + ", ".join(columns) + " WHERE false"
+    file_list = ", ".join(quote_literal(str(p)) for p in files)
+    parsed = [
+        f"CAST(regexp_extract(filename, {quote_literal(pattern)}, 1) AS {types[col]}) AS {col}"
+        for col, pattern in partition_patterns(table).items()
+    ]
+    selected = ", ".join([*parsed, *(f.name for f in table_schema)])
+    return (
+        f"SELECT {selected} FROM read_parquet([{file_list}], hive_partitioning = false,"
+        " filename = true)"
+    )
 
 
 def header_comment(sql_text: str) -> str:
@@ -145,7 +123,7 @@ def create_base_views(con: duckdb.DuckDBPyConnection, lake: Path, *, temp: bool 
     """
     kind = "TEMP VIEW" if temp else "VIEW"
     for table in schema.TABLES:
-        sql = base_view_sql(table, table_partitions(lake, table))
+        sql = base_view_sql(table, table_files(lake, table))
         con.execute(f"CREATE OR REPLACE {kind} {table} AS {sql}")
 
 
@@ -226,14 +204,14 @@ def _write_catalog(tmp: Path, lake: Path) -> None:
         finally:
             con.close()
         if Path(f"{tmp}.wal").exists():  # DuckDB could not fold its log into the file
-            raise LakeError(lake / schema.CATALOG_FILE, "catalog could not be written in full")
+            raise LakeError(Lake(lake).catalog_path, "catalog could not be written in full")
         with duckdb.connect(str(tmp), read_only=True) as check:
             missing = missing_views(check)
     except duckdb.Error as exc:
         raise _catalog_error(lake, exc) from exc
     if missing:
         raise LakeError(
-            lake / schema.CATALOG_FILE,
+            Lake(lake).catalog_path,
             f"catalog lacks views {', '.join(f'`{v}`' for v in missing)} after its build",
         )
 
@@ -264,17 +242,18 @@ def connect(lake: Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
     """
     import duckdb
 
-    path = lake / schema.CATALOG_FILE
+    layout = Lake(lake)
+    path = layout.catalog_path
     if not path.is_file():
-        if not lake.is_dir() or (lake / "rollout_data").is_dir():
-            Lake(lake).require()  # says what the path is instead
+        if not layout.root.is_dir() or layout.is_dump():
+            layout.require()  # says what the path is instead
         raise LakeError(lake, f"has no `{schema.CATALOG_FILE}`; run `tokenlake extract` first")
     try:
         con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:
         raise _open_error(lake, exc) from exc
     try:
-        if read_only and not points_at(con, Lake(lake).root):
+        if read_only and not points_at(con, layout.root):
             log.warning("the lake moved; views rebuilt for this command (run `tokenlake views`)")
             create_base_views(con, lake, temp=True)
     except BaseException:
@@ -288,7 +267,7 @@ _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
 
 def _open_error(lake: Path, exc: Exception) -> LakeError:
     text = str(exc)
-    path = lake / schema.CATALOG_FILE
+    path = Lake(lake).catalog_path
     if "Could not set lock" in text:
         holder = _LOCK_HOLDER.search(text)
         who = f"{holder.group(1)} (PID {holder.group(2)})" if holder else "another program"
@@ -320,7 +299,7 @@ def catalog_problem(lake: Path) -> str | None:
     """Why the lake's catalog is unusable (cannot be opened, lacks views), or None."""
     import duckdb
 
-    path = lake / schema.CATALOG_FILE
+    path = Lake(lake).catalog_path
     rebuild = "run `tokenlake views LAKE` or extract again"
     if not path.is_file():
         return f"catalog `{schema.CATALOG_FILE}` is missing; {rebuild}"

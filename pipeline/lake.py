@@ -148,6 +148,29 @@ def partition_dir(table: str, run: str, rollout_id: int | None = None) -> str:
     return f"{table}/{schema.RUN}={run}/{schema.ROLLOUT_ID}={rollout_id}"
 
 
+def partition_patterns(table: str) -> dict[str, str]:
+    """Partition column -> regular expression whose group 1 is its value in a file's path.
+
+    Anchored at the path's end, on the lake's own layout only: the lake's location may hold
+    `key=value` folders too (`/data/run=ghost/lake`), which must not count.
+
+    Examples:
+        >>> import re
+        >>> path = "/x/run=ghost/lake/tokens/run=qwen/rollout_id=7/train-0a1b2c3d.parquet"
+        >>> [re.search(p, path).group(1) for p in partition_patterns("tokens").values()]
+        ['qwen', '7']
+    """
+    columns = schema.TABLE_PARTITIONS[table]
+    segments = [f"{col}=([^/]*)" for col in columns]
+    patterns = {}
+    for i, col in enumerate(columns):
+        parts = [
+            seg if j == i else seg.replace("([^/]*)", "[^/]*") for j, seg in enumerate(segments)
+        ]
+        patterns[col] = "/" + "/".join(parts) + "/[^/]*$"
+    return patterns
+
+
 class Lake:
     """A lake directory: where each of its files lives, and who may write them."""
 
@@ -200,11 +223,14 @@ class Lake:
     def is_lake(self) -> bool:
         return self.manifest_dir.is_dir()
 
+    def is_dump(self) -> bool:
+        return (self.root / DUMP_MARKER).is_dir()
+
     def require(self) -> Lake:
         """This lake, or a one-line error saying why the directory is not one."""
         if self.root.exists() and not self.root.is_dir():
             raise LakeError(self.root, "is a file, not a lake directory")
-        if (self.root / DUMP_MARKER).is_dir():
+        if self.is_dump():
             raise LakeError(
                 self.root,
                 f"is a miles dump (it has `{DUMP_MARKER}/`), not a lake; give the --lake"
