@@ -99,6 +99,7 @@ def extract_run(
     lake = prepare_lake(lake, listing.root)
     summary = ExtractSummary(run=run, lake=lake, ignored_files=list(listing.ignored))
     with Lake(lake).lock():
+        _check_other_manifests(lake, run)
         record = _current_manifest(lake, run, listing.root)
         wanted = set(steps) if steps is not None else None
         selected = [
@@ -188,7 +189,7 @@ def _publish_if_needed(lake: Path, record: manifest.RunManifest, summary: Extrac
         return
     vocab_changed, warning = lake_files.refresh_vocab(lake, record)
     if warning is not None:  # a broken tokenizer never blocks the run: texts stay NULL
-        summary.ignored_files.append((Path(record.source_dir) / "tokenizer", warning))
+        summary.ignored_files.append(warning)
     if vocab_changed or _changed(summary) or catalog_is_stale(lake):
         _publish(lake, record)
 
@@ -211,6 +212,13 @@ def prepare_lake(lake: Path, dump_root: Path) -> Path:
     except OSError as exc:
         raise LakeError(layout.root, f"cannot be created ({exc.strerror or exc})") from exc
     return layout.root
+
+
+def _check_other_manifests(lake: Path, run: str) -> None:
+    """Fail before any work if another run's manifest is damaged: the catalog needs them all."""
+    for path in Lake(lake).manifest_paths():
+        if path.stem != run:
+            manifest.read_manifest(path)
 
 
 def _current_manifest(lake: Path, run: str, source: Path) -> manifest.RunManifest:

@@ -37,14 +37,14 @@ def write_run_row(lake: Path, record: manifest.RunManifest) -> None:
     record.runs_file = layout.relative(path)
 
 
-def refresh_vocab(lake: Path, record: manifest.RunManifest) -> tuple[bool, str | None]:
+def refresh_vocab(lake: Path, record: manifest.RunManifest) -> tuple[bool, tuple[Path, str] | None]:
     """Write the run's `vocab` file when the dump's tokenizer is new or changed.
 
     A tokenizer that cannot be read is not an error: the run gets no vocab (token texts are
     NULL) and the warning is returned, once per version of the file.
 
     Returns:
-        Whether the record changed, and the warning if the tokenizer could not be read.
+        Whether the record changed, and (file, warning) if the tokenizer could not be read.
     """
     from pipeline import vocab
 
@@ -66,7 +66,7 @@ def refresh_vocab(lake: Path, record: manifest.RunManifest) -> tuple[bool, str |
     except DumpFormatError as exc:
         changed = record.vocab_file is not None or record.vocab_source != stamp
         record.vocab_file, record.vocab_source = None, stamp
-        return changed, f"{exc}; token texts are NULL until it is fixed"
+        return changed, (source, f"{exc.problem}; token texts are NULL until it is fixed")
     path = layout.new_file(schema.VOCAB, record.run, "vocab")
     metadata = write.file_metadata(schema.VOCAB, record.run, str(source))
     write.write_parquet(path, schema.VOCAB, table, metadata)

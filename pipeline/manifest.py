@@ -110,11 +110,11 @@ def read_manifest(path: Path) -> RunManifest:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DamagedManifestError(path, f"is not JSON ({exc})") from exc
+        raise DamagedManifestError(path, f"it is not JSON ({exc})") from exc
     except OSError as exc:
         raise LakeError(path, f"cannot be read ({exc.strerror or exc})") from exc
     if not isinstance(data, dict):
-        raise DamagedManifestError(path, "is not a JSON object")
+        raise DamagedManifestError(path, "it is not a JSON object")
     if data.get("version") != MANIFEST_VERSION:
         raise LakeError(path, f"manifest version {data.get('version')!r} is not {MANIFEST_VERSION}")
     try:
