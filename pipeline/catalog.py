@@ -219,10 +219,11 @@ def _write_catalog(tmp: Path, lake: Path) -> None:
 def _catalog_error(lake: Path, exc: Exception) -> LakeError:
     """One line for a DuckDB failure while building the catalog."""
     text = str(exc)
-    if "No space left" in text or "Could not write" in text:
+    if "No space left" in text:
         return LakeError(
-            lake / schema.CATALOG_FILE,
-            "catalog cannot be written (No space left on device); free space, then run `tokenlake views LAKE`",
+            Lake(lake).catalog_path,
+            "catalog cannot be written (No space left on device); free space, then run"
+            " `tokenlake views LAKE`",
         )
     if "No files found" in text or "No such file" in text:
         return LakeError(
@@ -231,7 +232,7 @@ def _catalog_error(lake: Path, exc: Exception) -> LakeError:
             " run `tokenlake views LAKE` once it has finished",
         )
     first = text.splitlines()[0] if text else type(exc).__name__
-    return LakeError(lake / schema.CATALOG_FILE, f"catalog cannot be built ({first[:300]})")
+    return LakeError(Lake(lake).catalog_path, f"catalog cannot be built ({first[:300]})")
 
 
 def connect(lake: Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
