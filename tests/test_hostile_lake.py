@@ -430,6 +430,13 @@ def test_a_damaged_manifest_is_named_with_the_way_out(tmp_path: Path, damage: st
         assert (code, out, len(err)) == (1, "", 1), args
         assert err[0].startswith(start) and err[0].endswith(end), (args, err[0])
     assert not (lake / "tokens" / "run=pp2").exists()  # refused before any work
+    moved = tmp_path / "moved"  # a query reads the manifests when it must rebuild the views
+    lake.rename(moved)
+    code, out, err = cli("query", str(moved), "SELECT 1")
+    assert (code, out) == (1, "")
+    assert err[-1] == start.replace(str(lake), str(moved)) + err[-1].split(problem)[1]
+    assert err[-1].endswith(end)
+    moved.rename(lake)
     code, out, _ = extract(REAL_DUMPS / "basic", lake)  # extracting it again repairs it
     assert (code, out) == (
         0,
