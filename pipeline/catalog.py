@@ -3,14 +3,15 @@ every view under `sql/`. This is the only module that imports duckdb.
 
 The base views list the Parquet files that the run manifests name (pipeline/manifest.py),
 with absolute paths, so the catalog works from any working directory, shows only committed
-files, and a path with quotes or glob characters cannot break or inject into the SQL. The
-catalog is rebuilt by every extract, so the lists stay current.
+files, and a path with quotes cannot break or inject into the SQL. The partition columns are
+parsed from the end of each path by the lake's layout: DuckDB's own Hive parsing reads every
+`key=value` of the whole path, so a lake under `/data/run=ghost/lake` would read as run
+`ghost`. The catalog is rebuilt by every extract, so the lists stay current.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import pyarrow as pa
 
 from pipeline import manifest, schema
 from pipeline.errors import LakeError
+from pipeline.lake import Lake, atomic_write, partition_patterns
 
 if TYPE_CHECKING:
     import duckdb
@@ -74,27 +76,33 @@ def duckdb_type(arrow_type: pa.DataType) -> str:
 
 def table_files(lake: Path, table: str) -> list[Path]:
     """The Parquet files of one table that the runs' manifests list, by run then step."""
-    return [lake / name for run in manifest.load_all(lake) for name in run.files(table)]
+    layout = Lake(lake)
+    return [layout.file(name) for run in manifest.load_all(lake) for name in run.files(table)]
 
 
 def base_view_sql(table: str, files: list[Path]) -> str:
-    """`SELECT` over a table's files with the partition columns first, typed from the schema."""
+    """`SELECT` over a table's files with the partition columns first, typed from the schema.
+
+    The partition values are parsed from the end of each file's path by the lake's layout
+    (`lake.partition_patterns`), not by DuckDB's Hive parsing of the whole path. DuckDB
+    still prunes files on them: a filter on `rollout_id` reads only that step's files.
+    """
     table_schema = schema.TABLE_SCHEMAS[table]
     partitions = schema.TABLE_PARTITIONS[table]
+    types = {col: duckdb_type(schema.PARTITION_TYPES[col]) for col in partitions}
     if not files:
-        columns = [
-            f"NULL::{duckdb_type(schema.PARTITION_TYPES[col])} AS {col}" for col in partitions
-        ]
+        columns = [f"NULL::{types[col]} AS {col}" for col in partitions]
         columns += [f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in table_schema]
         return "SELECT " + ", ".join(columns) + " WHERE false"
-    file_list = ", ".join(quote_literal(str(p.resolve())) for p in files)
-    partition_types = ", ".join(
-        f"'{col}': {duckdb_type(schema.PARTITION_TYPES[col])}" for col in partitions
-    )
-    selected = ", ".join([*partitions, *(f.name for f in table_schema)])
+    file_list = ", ".join(quote_literal(str(p)) for p in files)
+    parsed = [
+        f"CAST(regexp_extract(filename, {quote_literal(pattern)}, 1) AS {types[col]}) AS {col}"
+        for col, pattern in partition_patterns(table).items()
+    ]
+    selected = ", ".join([*parsed, *(f.name for f in table_schema)])
     return (
-        f"SELECT {selected} FROM read_parquet([{file_list}], hive_partitioning = true, "
-        f"hive_types = {{{partition_types}}}, hive_types_autocast = false)"
+        f"SELECT {selected} FROM read_parquet([{file_list}], hive_partitioning = false,"
+        " filename = true)"
     )
 
 
@@ -108,12 +116,15 @@ def header_comment(sql_text: str) -> str:
     return "\n".join(lines).strip()
 
 
-def create_base_views(con: duckdb.DuckDBPyConnection, lake: Path) -> None:
-    """`tokens`, `samples`, `runs` over the lake's Parquet files."""
+def create_base_views(con: duckdb.DuckDBPyConnection, lake: Path, *, temp: bool = False) -> None:
+    """`tokens`, `samples`, `runs`, `vocab` over the lake's Parquet files.
+
+    With `temp`, as TEMP views of this connection only: they shadow the catalog's own.
+    """
+    kind = "TEMP VIEW" if temp else "VIEW"
     for table in schema.TABLES:
-        con.execute(
-            f"CREATE OR REPLACE VIEW {table} AS {base_view_sql(table, table_files(lake, table))}"
-        )
+        sql = base_view_sql(table, table_files(lake, table))
+        con.execute(f"CREATE OR REPLACE {kind} {table} AS {sql}")
 
 
 def create_sql_views(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -153,18 +164,35 @@ def _check_view_file(path: Path, text: str) -> None:
         raise LakeError(path, f"must hold one `CREATE OR REPLACE VIEW {path.stem} AS ...`")
 
 
+def expected_views() -> list[str]:
+    """Every view a complete catalog holds."""
+    return [*schema.TABLES, *(path.stem for path in iter_view_files())]
+
+
+def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
+    present = {row[0] for row in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+    return [name for name in expected_views() if name not in present]
+
+
 def build_catalog(lake: Path) -> Path:
     """(Re)build `LAKE/tokenlake.duckdb`; replaced atomically so readers never see half of it.
+
+    The new file is checked before it replaces the old one: written out in full (no
+    write-ahead log left) and holding every view. A full disk or another failure is a
+    LakeError and leaves the old catalog in place.
 
     Returns:
         The path of the catalog file.
     """
+    layout = Lake(lake)
+    atomic_write(layout.catalog_path, lambda tmp: _write_catalog(tmp, layout.root))
+    log.info("catalog %s rebuilt", layout.catalog_path)
+    return layout.catalog_path
+
+
+def _write_catalog(tmp: Path, lake: Path) -> None:
     import duckdb
 
-    lake = lake.resolve()
-    target = lake / schema.CATALOG_FILE
-    tmp = lake / f".{schema.CATALOG_FILE}.{os.getpid()}.tmp"
-    tmp.unlink(missing_ok=True)
     try:
         # Storage format 1.0: DuckDB clients from 1.0 on can open the catalog (it holds only
         # views, so nothing newer is needed).
@@ -172,21 +200,119 @@ def build_catalog(lake: Path) -> Path:
         try:
             create_base_views(con, lake)
             create_sql_views(con)
+            con.execute("CHECKPOINT")  # write everything into the file now, errors included
         finally:
             con.close()
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-        Path(f"{tmp}.wal").unlink(missing_ok=True)
-    log.info("catalog %s rebuilt", target)
-    return target
+        if Path(f"{tmp}.wal").exists():  # DuckDB could not fold its log into the file
+            raise LakeError(Lake(lake).catalog_path, "catalog could not be written in full")
+        with duckdb.connect(str(tmp), read_only=True) as check:
+            missing = missing_views(check)
+    except duckdb.Error as exc:
+        raise _catalog_error(lake, exc) from exc
+    if missing:
+        raise LakeError(
+            Lake(lake).catalog_path,
+            f"catalog lacks views {', '.join(f'`{v}`' for v in missing)} after its build",
+        )
+
+
+def _catalog_error(lake: Path, exc: Exception) -> LakeError:
+    """One line for a DuckDB failure while building the catalog."""
+    text = str(exc)
+    if "No space left" in text:
+        return LakeError(
+            Lake(lake).catalog_path,
+            "catalog cannot be written (No space left on device); free space, then run"
+            " `tokenlake views LAKE`",
+        )
+    if "No files found" in text or "No such file" in text:
+        return LakeError(
+            lake,
+            "a Parquet file vanished while the catalog was built (an extraction running?);"
+            " run `tokenlake views LAKE` once it has finished",
+        )
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return LakeError(Lake(lake).catalog_path, f"catalog cannot be built ({first[:300]})")
 
 
 def connect(lake: Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
-    """Open the lake's catalog."""
+    """Open the lake's catalog; a moved lake gets its base views rebuilt for this connection.
+
+    Raises:
+        LakeError: No catalog, or another program holds it open for writing.
+    """
     import duckdb
 
-    path = lake / schema.CATALOG_FILE
+    layout = Lake(lake)
+    path = layout.catalog_path
     if not path.is_file():
+        if not layout.root.is_dir() or layout.is_dump():
+            layout.require()  # says what the path is instead
         raise LakeError(lake, f"has no `{schema.CATALOG_FILE}`; run `tokenlake extract` first")
-    return duckdb.connect(str(path), read_only=read_only)
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.Error as exc:
+        raise _open_error(lake, exc) from exc
+    try:
+        if read_only and not points_at(con, layout.root):
+            log.warning("the lake moved; views rebuilt for this command (run `tokenlake views`)")
+            create_base_views(con, lake, temp=True)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+_LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
+
+
+def _open_error(lake: Path, exc: Exception) -> LakeError:
+    text = str(exc)
+    path = Lake(lake).catalog_path
+    if "Could not set lock" in text:
+        holder = _LOCK_HOLDER.search(text)
+        who = f"{holder.group(1)} (PID {holder.group(2)})" if holder else "another program"
+        return LakeError(
+            path,
+            f"is open for writing in {who}; close it there, or open the catalog read-only"
+            f" (`duckdb -readonly {path}`)",
+        )
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return LakeError(
+        path, f"catalog cannot be opened ({first[:300]}); run `tokenlake views LAKE` to rebuild it"
+    )
+
+
+def points_at(con: duckdb.DuckDBPyConnection, root: Path) -> bool:
+    """Whether the catalog's base views read files of the lake at `root` (or no file at all).
+
+    The views hold absolute paths: after the lake is moved they point at the old place.
+    """
+    prefix = quote_literal(f"{root}/")[:-1]
+    names = ", ".join(quote_literal(t) for t in schema.TABLES)
+    rows = con.execute(
+        f"SELECT sql FROM duckdb_views() WHERE view_name IN ({names}) AND NOT temporary"
+    ).fetchall()
+    return all(prefix in sql or "read_parquet" not in sql for (sql,) in rows)
+
+
+def catalog_problem(lake: Path) -> str | None:
+    """Why the lake's catalog is unusable (cannot be opened, lacks views), or None."""
+    import duckdb
+
+    path = Lake(lake).catalog_path
+    rebuild = "run `tokenlake views LAKE` or extract again"
+    if not path.is_file():
+        return f"catalog `{schema.CATALOG_FILE}` is missing; {rebuild}"
+    try:
+        with duckdb.connect(str(path), read_only=True) as con:
+            missing = missing_views(con)
+    except duckdb.Error as exc:
+        if "Could not set lock" in str(exc):
+            return None  # a client holds it for writing: it cannot be checked, nor is broken
+        first = str(exc).splitlines()[0][:200]
+        return f"catalog `{schema.CATALOG_FILE}` cannot be opened ({first}); {rebuild}"
+    if missing:
+        names = ", ".join(f"`{v}`" for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        return f"catalog `{schema.CATALOG_FILE}` lacks views {names}; {rebuild}"
+    return None

@@ -263,8 +263,11 @@ def views(lake: Path) -> None:
         tokenlake views lake
     """
     from pipeline.catalog import build_catalog
+    from pipeline.lake import Lake
 
-    click.echo(f"Rebuilt {build_catalog(lake)}")
+    layout = Lake(lake).require()  # never a catalog in a dump or a stray folder
+    with layout.lock():  # not while an extraction writes the lake
+        click.echo(f"Rebuilt {build_catalog(layout.root)}")
 
 
 @main.command()

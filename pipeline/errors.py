@@ -132,5 +132,17 @@ class LakeError(PipelineError):
         super().__init__(f"Lake `{self.path}`: {problem}")
 
 
+class DamagedManifestError(LakeError):
+    """A run manifest (`_manifest/<run>.json`) cannot be read as one."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.run = Path(path).stem
+        super().__init__(
+            path,
+            f"manifest is damaged: {problem}. Remove the run with `tokenlake drop LAKE"
+            f" {self.run}` or extract it again",
+        )
+
+
 class UsageError(PipelineError):
     """An argument is malformed (a step range, a run name)."""

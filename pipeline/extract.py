@@ -11,7 +11,6 @@ manifests; files no manifest lists (superseded or left by a crash) are deleted l
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import threading
 import time
@@ -22,8 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import catalog, dump, lake_files, manifest, schema
-from pipeline.errors import LakeError, PipelineError, UsageError
+from pipeline import catalog, dump, lake_files, manifest
+from pipeline.errors import DamagedManifestError, LakeError, PipelineError, UsageError
+from pipeline.lake import Lake, check_run_name
 from pipeline.progress import ProgressCallback, Reporter, as_reporter
 from pipeline.step import (
     StepOutcome,
@@ -35,8 +35,6 @@ from pipeline.step import (
 )
 
 log = logging.getLogger(__name__)
-
-_FORBIDDEN_IN_RUN_NAME = re.compile(r"[/\\=%\x00-\x1f]")
 
 NEW, UPDATED, UNCHANGED, REMOVED, SKIPPED = "new", "updated", "unchanged", "removed", "skipped"
 
@@ -66,22 +64,6 @@ class ExtractSummary:
     @property
     def nonfinite_values(self) -> int:
         return sum(s.nonfinite_values for s in self.steps)
-
-
-def check_run_name(name: str) -> str:
-    """A run name must be usable as a Hive partition value; quotes and unicode are fine.
-
-    Examples:
-        >>> check_run_name("qwen 'grpo' ü")
-        "qwen 'grpo' ü"
-    """
-    if not name or name.startswith(".") or _FORBIDDEN_IN_RUN_NAME.search(name):
-        raise UsageError(
-            f"Run name `{name}` cannot be a partition directory: it must be non-empty, not start"
-            " with `.`, and contain no `/`, `\\`, `=`, `%` or control characters."
-            " Choose another with --run-name."
-        )
-    return name
 
 
 def extract_run(
@@ -127,7 +109,8 @@ def extract_run(
     lake = prepare_lake(lake, listing.root)
     summary = ExtractSummary(run=run, lake=lake, ignored_files=list(listing.ignored))
     reporter = as_reporter(progress)
-    with lake_files.lake_lock(lake):
+    with Lake(lake).lock():
+        _check_other_manifests(lake, run)
         record = _current_manifest(lake, run, listing.root, replace)
         selected = [s for s in chosen if ready is None or ready(s)]
         todo = _plan(lake, record, selected, summary)
@@ -160,15 +143,15 @@ def extract_run(
 def drop_run(lake: Path, run: str) -> None:
     """Remove a run from the lake: its manifest first (the commit point), then the catalog,
     then its files. Other runs are untouched."""
-    lake = lake.resolve()
-    path = manifest.manifest_path(lake, run)
+    layout = Lake(lake).require()
+    path = layout.manifest_path(run)
     if not path.is_file():
-        runs = ", ".join(f"`{r.run}`" for r in manifest.load_all(lake)) or "none"
-        raise LakeError(lake, f"has no run `{run}` (runs: {runs})")
-    with lake_files.lake_lock(lake):
+        runs = ", ".join(f"`{p.stem}`" for p in layout.manifest_paths()) or "none"
+        raise LakeError(layout.root, f"has no run `{run}` (runs: {runs})")
+    with layout.lock():
         path.unlink()
-        catalog.build_catalog(lake)
-        lake_files.delete_unlisted(lake, manifest.RunManifest(run=run, source_dir=""))
+        catalog.build_catalog(layout.root)
+        layout.delete_unlisted(manifest.RunManifest(run=run, source_dir=""))
 
 
 def _sweep(lake: Path, run: str) -> None:
@@ -179,8 +162,8 @@ def _sweep(lake: Path, run: str) -> None:
     """
     committed = manifest.load_manifest(lake, run)
     if committed is not None:
-        lake_files.delete_unlisted(lake, committed)
-    lake_files.delete_stale_temporaries(lake)
+        Lake(lake).delete_unlisted(committed)
+    Lake(lake).delete_stale_temporaries()
 
 
 def _changed(summary: ExtractSummary) -> bool:
@@ -188,18 +171,14 @@ def _changed(summary: ExtractSummary) -> bool:
 
 
 def catalog_is_stale(lake: Path) -> bool:
-    """Whether some manifest is newer than the catalog (or there is no catalog).
+    """Whether the catalog must be rebuilt: some manifest is newer than it, or it is broken.
 
     An extraction killed after committing steps but before rebuilding the catalog leaves the
-    catalog behind its manifests; the next extraction must rebuild it even if every step is
+    catalog behind its manifests; a catalog left without its views (a full disk) or that
+    cannot be opened is repaired too: the next extraction rebuilds it even if every step is
     unchanged by then.
     """
-    target = lake / schema.CATALOG_FILE
-    if not target.is_file():
-        return True
-    built = target.stat().st_mtime_ns
-    manifests = (lake / manifest.MANIFEST_DIR).glob("*.json")
-    return any(p.stat().st_mtime_ns >= built for p in manifests if not p.name.startswith("."))
+    return Lake(lake).catalog_is_stale() or catalog.catalog_problem(lake) is not None
 
 
 def _lake_failure(path: str, problem: str) -> LakeError:
@@ -213,9 +192,13 @@ def _lake_failure(path: str, problem: str) -> LakeError:
 def _publish_if_needed(lake: Path, record: manifest.RunManifest, summary: ExtractSummary) -> None:
     """Publish when something changed; a run that has never had a step committed is not
     published at all (no empty run when its first step fails or is not complete yet)."""
-    known = bool(record.steps) or manifest.load_manifest(lake, record.run) is not None
-    vocab_changed = known and lake_files.refresh_vocab(lake, record)
-    if known and (vocab_changed or _changed(summary) or catalog_is_stale(lake)):
+    known = bool(record.steps) or Lake(lake).manifest_path(record.run).is_file()
+    if not known:
+        return
+    vocab_changed, warning = lake_files.refresh_vocab(lake, record)
+    if warning is not None:  # a broken tokenizer never blocks the run: texts stay NULL
+        summary.ignored_files.append(warning)
+    if vocab_changed or _changed(summary) or catalog_is_stale(lake):
         _publish(lake, record)
 
 
@@ -224,27 +207,36 @@ def _publish(lake: Path, record: manifest.RunManifest) -> None:
     lake_files.write_run_row(lake, record)
     manifest.save_manifest(lake, record)
     catalog.build_catalog(lake)
-    lake_files.delete_unlisted(lake, record)
+    Lake(lake).delete_unlisted(record)
 
 
 def prepare_lake(lake: Path, dump_root: Path) -> Path:
-    """Create the lake directory; refuse a lake inside the dump (never write there)."""
-    lake = lake.resolve()
-    if lake == dump_root or dump_root in lake.parents:
-        raise LakeError(lake, "is inside the dump directory; tokenlake never writes there")
-    if lake.exists() and not lake.is_dir():
-        raise LakeError(lake, "is a file, not a directory; choose another --lake")
+    """Create the lake directory; refuse one that would write into the dump or into folders
+    that are not a lake's (never write there)."""
+    layout = Lake(lake)
+    layout.check_writable_for(dump_root)
     try:
-        lake.mkdir(parents=True, exist_ok=True)
+        layout.root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise LakeError(lake, f"cannot be created ({exc.strerror or exc})") from exc
-    return lake
+        raise LakeError(layout.root, f"cannot be created ({exc.strerror or exc})") from exc
+    return layout.root
+
+
+def _check_other_manifests(lake: Path, run: str) -> None:
+    """Fail before any work if another run's manifest is damaged: the catalog needs them all."""
+    for path in Lake(lake).manifest_paths():
+        if path.stem != run:
+            manifest.read_manifest(path)
 
 
 def _current_manifest(
     lake: Path, run: str, source: Path, replace: bool = False
 ) -> manifest.RunManifest:
-    record = manifest.load_manifest(lake, run)
+    try:
+        record = manifest.load_manifest(lake, run)
+    except DamagedManifestError as exc:  # extracting the run again is the repair
+        log.warning("%s; extracting the run anew", exc)
+        record = None
     if record is not None and record.source_dir != str(source) and not replace:
         raise UsageError(
             f"Run `{run}` in the lake was extracted from `{record.source_dir}`, not from"
@@ -270,7 +262,7 @@ def _plan(
         if previous is None:
             todo.append((files, NEW))
         elif previous.sources != fingerprint(files, Path(record.source_dir)) or not all(
-            (lake / name).is_file() for name in previous.files.values()
+            Lake(lake).file(name).is_file() for name in previous.files.values()
         ):
             todo.append((files, UPDATED))
         else:
@@ -426,7 +418,7 @@ def _commit(
     try:
         manifest.save_manifest(lake, record)
     except LakeError as exc:  # not committed: its files must not linger, the record stays
-        discard_files(lake / name for name in outcome.record.files.values())
+        discard_files(Lake(lake).file(name) for name in outcome.record.files.values())
         if previous is None:
             del record.steps[outcome.label]
         else:

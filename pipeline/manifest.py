@@ -10,15 +10,15 @@ the next extraction deletes. (The leading underscore hides the folder from Hive 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from pipeline import schema
-from pipeline.errors import LakeError
+from pipeline.errors import DamagedManifestError, LakeError
+from pipeline.lake import MANIFEST_DIR as MANIFEST_DIR
+from pipeline.lake import Lake, atomic_write
 
-MANIFEST_DIR = "_manifest"
 MANIFEST_VERSION = 1
 
 
@@ -77,7 +77,7 @@ class RunManifest:
 
 
 def manifest_path(lake: Path, run: str) -> Path:
-    return lake / MANIFEST_DIR / f"{run}.json"
+    return Lake(lake).manifest_path(run)
 
 
 def load_manifest(lake: Path, run: str) -> RunManifest | None:
@@ -85,51 +85,93 @@ def load_manifest(lake: Path, run: str) -> RunManifest | None:
     path = manifest_path(lake, run)
     if not path.is_file():
         return None
-    return _from_json(path, json.loads(path.read_text(encoding="utf-8")))
+    return read_manifest(path)
 
 
 def load_all(lake: Path) -> list[RunManifest]:
     """Every run's manifest, by run name."""
-    directory = lake / MANIFEST_DIR
-    if not directory.is_dir():
-        return []
-    return [
-        _from_json(p, json.loads(p.read_text(encoding="utf-8")))
-        for p in sorted(directory.glob("*.json"))
-        if not p.name.startswith(".")
-    ]
+    return [read_manifest(p) for p in Lake(lake).manifest_paths()]
 
 
 def save_manifest(lake: Path, manifest: RunManifest) -> None:
     """Replace the run's manifest atomically (temporary file, fsync, rename)."""
     path = manifest_path(lake, manifest.run)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(asdict(manifest), handle, ensure_ascii=False, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+
+    atomic_write(path, write, durable=True, problem="manifest cannot be written")
+
+
+def read_manifest(path: Path) -> RunManifest:
+    """One manifest file; a damaged one is a DamagedManifestError naming what is wrong."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DamagedManifestError(path, f"it is not JSON ({exc})") from exc
     except OSError as exc:
-        raise LakeError(path, f"manifest cannot be written ({exc.strerror or exc})") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
+        raise LakeError(path, f"cannot be read ({exc.strerror or exc})") from exc
+    if not isinstance(data, dict):
+        raise DamagedManifestError(path, "it is not a JSON object")
+    if data.get("version") != MANIFEST_VERSION:
+        raise LakeError(path, f"manifest version {data.get('version')!r} is not {MANIFEST_VERSION}")
+    try:
+        return _from_json(path, data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DamagedManifestError(path, _what_is_wrong(exc)) from exc
+
+
+def _what_is_wrong(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return f"key `{exc.args[0]}` is missing"
+    text = str(exc)
+    unknown = text.partition("unexpected keyword argument ")[2]
+    if unknown:
+        return f"key `{unknown.strip(chr(39))}` is unknown"
+    missing = text.partition("missing 1 required positional argument: ")[2]
+    if missing:
+        return f"key `{missing.strip(chr(39))}` is missing"
+    if isinstance(exc, ValueError):
+        return text
+    return f"a value has the wrong type ({text[:120]})"
+
+
+def _fields(cls: type, data: Any) -> dict[str, Any]:
+    """`data` as keyword arguments of a dataclass: a dict with exactly its field names."""
+    if not isinstance(data, dict):
+        raise TypeError(f"expected an object for {cls.__name__}, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument '{unknown[0]}'")
+    return data
 
 
 def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
-    if data.get("version") != MANIFEST_VERSION:
-        raise LakeError(path, f"manifest version {data.get('version')!r} is not {MANIFEST_VERSION}")
+    _fields(RunManifest, data)
     steps = {}
     for key, step in data["steps"].items():
-        sources = [SourceFile(**s) for s in step.pop("sources")]
+        step = dict(_fields(StepRecord, step))
+        sources = [SourceFile(**_fields(SourceFile, s)) for s in step.pop("sources")]
         steps[key] = StepRecord(sources=sources, **step)
-    return RunManifest(
+        if not isinstance(steps[key].files, dict):
+            raise TypeError("`files` is not an object")
+    vocab_source = data.get("vocab_source")
+    record = RunManifest(
         run=data["run"],
         source_dir=data["source_dir"],
         steps=steps,
         runs_file=data.get("runs_file"),
         vocab_file=data.get("vocab_file"),
-        vocab_source=SourceFile(**data["vocab_source"]) if data.get("vocab_source") else None,
+        vocab_source=SourceFile(**_fields(SourceFile, vocab_source)) if vocab_source else None,
         version=data["version"],
     )
+    if record.run != path.stem:
+        raise ValueError(f"its `run` is not `{path.stem}`, the name of the file")
+    for table in schema.TABLES:  # a listed file must lie inside the lake
+        for name in record.files(table):
+            if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+                raise ValueError(f"it lists `{str(name)[:80]}`, which lies outside the lake")
+    return record

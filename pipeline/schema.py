@@ -232,20 +232,6 @@ TENSOR_KIND_TO_ARROW: dict[str, pa.DataType] = {
 }
 
 
-def partition_dir(table: str, run: str, rollout_id: int | None = None) -> str:
-    """Relative directory of one partition.
-
-    Examples:
-        >>> partition_dir("tokens", "qwen", 3)
-        'tokens/run=qwen/rollout_id=3'
-        >>> partition_dir("runs", "qwen")
-        'runs/run=qwen'
-    """
-    if ROLLOUT_ID not in TABLE_PARTITIONS[table]:
-        return f"{table}/{RUN}={run}"
-    return f"{table}/{RUN}={run}/{ROLLOUT_ID}={rollout_id}"
-
-
 # ---------------------------------------------------------------------------------------------
 # Run metadata (issue 11): `runs` columns from `DUMP/dashboard/meta.json` (pipeline/dashboard.py)
 # and the user's tags (pipeline/tags.py). Not yet part of RUNS_SCHEMA: extraction does not

@@ -26,6 +26,7 @@ from pipeline.errors import (
     SampleValueError,
     shown,
 )
+from pipeline.lake import Lake
 from pipeline.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 
 BUG_HINT = "This is a tokenlake bug: please report it with this line and `tokenlake --version`."
@@ -138,7 +139,7 @@ def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> S
         rollout_id=files.rollout_id,
         evaluation=files.evaluation,
         sources=sources,
-        files={table: str(path.relative_to(lake)) for table, path in written.items()},
+        files={table: Lake(lake).relative(path) for table, path in written.items()},
         samples=result.samples,
         tokens=result.tokens,
         train_files=result.train_files,
@@ -175,8 +176,7 @@ def _write_step(
     written: dict[str, Path] = {}
     try:
         for table, data in ((schema.TOKENS, tokens), (schema.SAMPLES, samples_table)):
-            directory = lake / schema.partition_dir(table, run, files.rollout_id)
-            written[table] = directory / f"{stem}-{generation}.parquet"
+            written[table] = Lake(lake).new_file(table, run, stem, files.rollout_id, generation)
             metadata = write.file_metadata(table, run, str(files.rollout_file))
             write.write_parquet(written[table], table, data, metadata)
     except BaseException:

@@ -3,6 +3,7 @@
 Checks, per extracted step: both files exist and hold the recorded row counts; every sample of
 the step is present once; token rows = the sum of the samples' response lengths; the checksum
 of token ids and masks matches; and the dump's source files are unchanged since extraction.
+And once per lake: the catalog opens and holds every view.
 """
 
 from __future__ import annotations
@@ -14,20 +15,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import manifest, schema
+from pipeline import catalog, manifest, schema
 from pipeline.errors import LakeError
+from pipeline.lake import Lake, check_run_name
 from pipeline.step import tokens_checksum
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One mismatch between the lake and what it should be."""
+    """One mismatch between the lake and what it should be (`run` empty: the whole lake's)."""
 
     run: str
     step: str
     message: str
 
     def __str__(self) -> str:
+        if not self.run:
+            return self.message
         return f"run `{self.run}` step {self.step}: {self.message}"
 
 
@@ -37,11 +41,9 @@ def verify_lake(lake: Path, run: str | None = None) -> tuple[int, list[Problem]]
     Returns:
         The number of steps checked and the problems found (empty when consistent).
     """
-    if not (lake / manifest.MANIFEST_DIR).is_dir():  # else a mistyped path would "pass"
-        raise LakeError(
-            lake,
-            f"is not a lake: it has no `{manifest.MANIFEST_DIR}/`; run `tokenlake extract` first",
-        )
+    Lake(lake).require()  # else a mistyped path would "pass"
+    if run is not None:
+        check_run_name(run)
     runs = manifest.load_all(lake)
     if run is not None:
         runs = [r for r in runs if r.run == run]
@@ -53,19 +55,23 @@ def verify_lake(lake: Path, run: str | None = None) -> tuple[int, list[Problem]]
         for key, step in sorted(record.steps.items(), key=lambda kv: (kv[1].rollout_id, kv[0])):
             checked += 1
             problems += [Problem(record.run, key, m) for m in check_step(lake, record, step)]
+    broken = catalog.catalog_problem(lake) if runs else None
+    if broken is not None:
+        problems.append(Problem("", "", broken))
     return checked, problems
 
 
 def check_step(lake: Path, record: manifest.RunManifest, step: manifest.StepRecord) -> list[str]:
     """The problems of one step (empty list when it is consistent)."""
-    missing = [name for name in step.files.values() if not (lake / name).is_file()]
+    layout = Lake(lake)
+    missing = [name for name in step.files.values() if not layout.file(name).is_file()]
     if missing:
         return [f"file `{name}` is missing" for name in missing]
     problems = _check_sources(Path(record.source_dir), step)
     tables: dict[str, pa.Table] = {}
     for table, name in step.files.items():
         try:
-            tables[table] = pq.read_table(lake / name)
+            tables[table] = pq.read_table(layout.file(name))
         except (pa.ArrowException, OSError) as exc:  # truncated or overwritten by something else
             # extract skips a step whose files exist and sources are unchanged: delete first
             problems.append(f"file `{name}` cannot be read ({exc}); delete it and extract again")

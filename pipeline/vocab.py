@@ -40,10 +40,15 @@ def vocab_table(path: Path) -> pa.Table:
 
     try:
         tokenizer = Tokenizer.from_file(str(path))
-    except Exception as exc:  # the tokenizers library raises bare Exceptions on bad files
-        raise DumpFormatError(path, f"is not a readable tokenizer ({exc})") from exc
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
-    texts = tokenizer.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        texts = tokenizer.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    # The tokenizers library raises bare Exceptions on bad files, and its Rust panics are a
+    # pyo3 PanicException, which derives from BaseException.
+    except BaseException as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise DumpFormatError(path, f"is not a readable tokenizer ({reason})") from exc
     return pa.table(
         {schema.TOKEN_ID: pa.array(range(size), pa.int64()), "token_text": pa.array(texts)},
         schema=schema.VOCAB_SCHEMA,

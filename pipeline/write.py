@@ -1,12 +1,12 @@
 """Write lake Parquet files. The only module that uses `pyarrow.parquet`.
 
-Every file is written to a hidden temporary name in its partition directory and renamed into
-place, so a reader (or a crash) never sees half a file. Every setting is stated here.
+Every file is written through `lake.atomic_write` (a hidden temporary name in its partition
+directory, renamed into place), so a reader (or a crash) never sees half a file. Every setting
+is stated here.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from pipeline import schema
 from pipeline.errors import LakeError
+from pipeline.lake import atomic_write
 
 # 1 Mi rows per row group: a 2-core DuckDB scan gets several groups per step to split, and the
 # min/max statistics per group are fine-grained enough to prune by batch_position.
@@ -73,13 +74,10 @@ def write_parquet(path: Path, table: str, data: pa.Table, metadata: dict[bytes, 
     if data.schema.remove_metadata() != table_schema.remove_metadata():
         raise LakeError(path, f"rows do not match the `{table}` schema: {data.schema}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         with pq.ParquetWriter(tmp, table_schema, **_writer_options(table_schema)) as writer:
             writer.write_table(data.replace_schema_metadata(metadata), ROW_GROUP_SIZE)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise LakeError(path, f"cannot be written ({exc.strerror or exc})") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    atomic_write(path, write)
     return data.num_rows

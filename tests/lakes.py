@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline import catalog, manifest, schema, write
+from pipeline.lake import partition_dir
 
 
 def _defaults(table: str) -> dict[str, Any]:
@@ -54,7 +55,7 @@ def write_rows(lake: Path, table: str, rows: list[dict[str, Any]]) -> None:
         data = pa.Table.from_pylist(
             [{f.name: r.get(f.name) for f in table_schema} for r in full], schema=table_schema
         )
-        directory = lake / schema.partition_dir(table, *key[: len(partitions)])
+        directory = lake / partition_dir(table, *key[: len(partitions)])
         stem = schema.EVAL_STEM if key[-1] else schema.TRAIN_STEM
         write.write_parquet(directory / f"{stem}.parquet", table, data, {})
         _record(lake, table, key, directory / f"{stem}.parquet")

@@ -1,0 +1,460 @@
+"""The lake stays whole, and every mistake with a lake is one line (issues 8.3 and 9).
+
+A full disk (a tiny tmpfs where mounting is allowed), a broken catalog, lakes under paths
+that look like partitions, hostile run names, a broken tokenizer, foreign files beside and
+inside the lake, a read-only or busy lake, a catalog locked by a DuckDB client, damaged
+manifests and a moved lake.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.errors import UsageError
+from pipeline.follow import follow_run
+from pipeline.lake import Lake
+from tests.fixture_paths import REAL_DUMPS
+
+pytestmark = pytest.mark.slow  # each test extracts a real fixture dump
+
+BASIC_STEPS = [("basic", 0, False, 82), ("basic", 0, True, 42), ("basic", 1, False, 82)]
+STEPS_SQL = "SELECT run, rollout_id, evaluation, count(*) FROM tokens GROUP BY ALL ORDER BY ALL"
+NAME_RULES = (
+    "cannot be a partition directory: it must be non-empty, not start with `.`, and contain"
+    " no `/`, `\\`, `=`, `%` or control characters. Choose another with --run-name."
+)
+
+
+def cli(*args: str) -> tuple[int, str, list[str]]:
+    result = CliRunner().invoke(main, list(args))
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    out = re.sub(r" in \d+\.\d s ", " in T s ", result.stdout)
+    return result.exit_code, out, result.stderr.splitlines()
+
+
+def extract(dump: Path, lake: Path, *extra: str) -> tuple[int, str, list[str]]:
+    return cli("extract", str(dump), "--lake", str(lake), "--workers", "1", "--silent", *extra)
+
+
+def counts_line(lake: Path, counts: str, samples: int = 0, tokens: int = 0) -> str:
+    return (
+        f"Run `basic`: {counts} steps; wrote {samples:,} samples and {tokens:,} tokens"
+        f" in T s -> {lake.resolve()}\n"
+    )
+
+
+def rows(lake: Path, sql: str = STEPS_SQL) -> list[tuple[Any, ...]]:
+    import duckdb
+
+    with duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+def copy_dump(tmp_path: Path, name: str = "basic") -> Path:
+    target = tmp_path / name
+    shutil.copytree(REAL_DUMPS / "basic", target)
+    return target.resolve()
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 440 KB tmpfs: room for the Parquet files and manifests, not for the catalog."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=440k", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+# --- 8.3: disk full, broken catalog ------------------------------------------------------
+
+
+def test_full_disk_at_the_catalog_is_one_line_and_a_rerun_repairs(tiny_disk: Path) -> None:
+    lake = tiny_disk / "lake"
+    code, out, err = extract(REAL_DUMPS / "basic", lake)
+    assert (code, out) == (1, "")
+    assert err == [
+        f"Error: Lake `{lake}/tokenlake.duckdb`: catalog cannot be written (No space left on"
+        " device); free space, then run `tokenlake views LAKE`"
+    ]
+    assert sorted(p.name for p in lake.iterdir()) == [
+        "_manifest",
+        "runs",
+        "samples",
+        "tokens",
+        "vocab",
+    ]
+    code, out, err = cli("verify", str(lake))
+    assert (code, err) == (1, [])
+    assert out.splitlines() == [
+        "catalog `tokenlake.duckdb` is missing; run `tokenlake views LAKE` or extract again",
+        "3 steps checked, 1 problems",
+    ]
+    subprocess.run(["mount", "-o", "remount,size=4m", str(tiny_disk)], check=True)
+    code, out, err = extract(REAL_DUMPS / "basic", lake)  # space is back
+    assert (code, out, err) == (
+        0,
+        counts_line(lake, "0 new, 0 updated, 3 unchanged, 0 removed, 0 skipped"),
+        [],
+    )
+    assert rows(lake) == BASIC_STEPS
+    assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
+
+
+def test_a_catalog_without_its_views_never_replaces_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    before = (lake / "tokenlake.duckdb").read_bytes()
+    monkeypatch.setattr("pipeline.catalog.create_sql_views", lambda con: [])  # views "lost"
+    code, out, err = cli("views", str(lake))
+    assert (code, out) == (1, "")
+    assert len(err) == 1
+    assert err[0].startswith(
+        f"Error: Lake `{lake}/tokenlake.duckdb`: catalog lacks views `drift_by_length`,"
+    )
+    assert err[0].endswith("`step_stats` after its build")
+    assert (lake / "tokenlake.duckdb").read_bytes() == before
+    assert sorted(p.name for p in lake.iterdir() if p.name.startswith(".")) == []
+
+
+def test_duckdb_failing_on_a_full_disk_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import duckdb
+
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+
+    def full(con: Any) -> list[str]:
+        raise duckdb.IOException('IO Error: Could not write file "x": No space left on device')
+
+    monkeypatch.setattr("pipeline.catalog.create_sql_views", full)
+    assert cli("views", str(lake)) == (
+        1,
+        "",
+        [
+            f"Error: Lake `{lake}/tokenlake.duckdb`: catalog cannot be written (No space left"
+            " on device); free space, then run `tokenlake views LAKE`"
+        ],
+    )
+
+
+def test_verify_checks_the_catalog_and_a_reextract_repairs_it(tmp_path: Path) -> None:
+    import duckdb
+
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    (lake / "tokenlake.duckdb").unlink()
+    duckdb.connect(str(lake / "tokenlake.duckdb")).close()  # a catalog with no view at all
+    code, out, _ = cli("verify", str(lake))
+    assert (code, out.splitlines()) == (
+        1,
+        [
+            "catalog `tokenlake.duckdb` lacks views `tokens`, `samples`, `runs`, `vocab`,"
+            " `drift_by_length` ...; run `tokenlake views LAKE` or extract again",
+            "3 steps checked, 1 problems",
+        ],
+    )
+    code, out, err = extract(REAL_DUMPS / "basic", lake)
+    assert (code, out, err) == (
+        0,
+        counts_line(lake, "0 new, 0 updated, 3 unchanged, 0 removed, 0 skipped"),
+        [],
+    )
+    assert rows(lake) == BASIC_STEPS
+    assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
+
+
+# --- 8.3: partition values, run names --------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["run=ghost/lake", "rollout_id=7/lake"])
+def test_partition_values_come_from_the_lake_only(tmp_path: Path, where: str) -> None:
+    lake = tmp_path / where
+    assert extract(REAL_DUMPS / "basic", lake)[0] == 0
+    assert rows(lake) == BASIC_STEPS
+    assert rows(lake, "SELECT run, rollout_id FROM samples WHERE rollout_id = 1 LIMIT 1") == [
+        ("basic", 1)
+    ]
+
+
+def test_drop_cannot_reach_outside_the_lake(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    important = tmp_path / "x" / "important.json"  # = lake/_manifest/../../x/important.json
+    important.parent.mkdir()
+    important.write_text("keep me")
+    code, out, err = cli("drop", str(lake), "../../x/important")
+    assert (code, out, err) == (1, "", [f"Error: Run name `../../x/important` {NAME_RULES}"])
+    assert important.read_text() == "keep me"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("extract", str(REAL_DUMPS / "basic"), "--run-name"), ("verify", "--run"), ("drop",)],
+)
+def test_every_command_validates_run_names_alike(tmp_path: Path, command: tuple[str, ...]) -> None:
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    name = "a?b"
+    if command[0] == "extract":
+        args = [*command, name, "--lake", str(lake)]
+    elif command[0] == "verify":
+        args = ["verify", str(lake), "--run", name]
+    else:
+        args = ["drop", str(lake), name]
+    assert cli(*args) == (
+        1,
+        "",
+        [
+            "Error: Run name `a?b` holds `?`, which DuckDB reads as a file pattern"
+            " (`? * [ ] { }` are not allowed). Choose another with --run-name."
+        ],
+    )
+
+
+def test_follow_validates_run_names_alike(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"^Run name `r\*` holds `\*`"):
+        follow_run(REAL_DUMPS / "basic", tmp_path / "lake", "r*", should_stop=lambda: True)
+
+
+def test_a_260_character_run_name_states_the_limit(tmp_path: Path) -> None:
+    code, out, err = extract(REAL_DUMPS / "basic", tmp_path / "lake", "--run-name", "r" * 260)
+    assert (code, out) == (1, "")
+    assert err == [
+        f"Error: Run name `{'r' * 60}...` is 260 bytes long; the limit is 250 bytes (UTF-8),"
+        " as it becomes a file name. Choose another with --run-name."
+    ]
+    assert not (tmp_path / "lake").exists()
+
+
+# --- 8.3: tokenizer, foreign files ----------------------------------------------------
+
+
+def test_a_broken_tokenizer_is_a_warning_and_texts_are_null(tmp_path: Path) -> None:
+    dump, lake = copy_dump(tmp_path), tmp_path / "lake"
+    tokenizer = dump / "tokenizer" / "tokenizer.json"
+    good = tokenizer.read_bytes()
+    tokenizer.write_text("{ not a tokenizer")
+    code, out, err = extract(dump, lake)
+    assert (code, out) == (
+        0,
+        counts_line(lake, "3 new, 0 updated, 0 unchanged, 0 removed, 0 skipped", 20, 206),
+    )
+    assert len(err) == 1
+    assert err[0].startswith(f"Ignored `{tokenizer}`: is not a readable tokenizer (")
+    assert err[0].endswith("); token texts are NULL until it is fixed")
+    assert rows(lake) == BASIC_STEPS
+    assert rows(lake, "SELECT count(*), count(token_text) FROM drift_by_token")[0][1] == 0
+    assert extract(dump, lake)[2] == []  # said once per version of the file
+    tokenizer.write_bytes(good)
+    assert extract(dump, lake)[0] == 0
+    assert rows(lake, "SELECT count(*) > 0 FROM vocab WHERE run = 'basic'") == [(True,)]
+
+
+def test_a_dump_folder_named_like_a_table_never_receives_files(tmp_path: Path) -> None:
+    shutil.copytree(REAL_DUMPS / "basic", tmp_path / "tokens")
+    before = snapshot(tmp_path)
+    code, out, err = extract(tmp_path / "tokens", tmp_path)
+    assert (code, out) == (1, "")
+    assert err == [
+        f"Error: Lake `{tmp_path}`: would write into the dump `{tmp_path / 'tokens'}`;"
+        " choose another --lake"
+    ]
+    elsewhere = tmp_path / "other"
+    (elsewhere / "samples").mkdir(parents=True)  # somebody's folder, not a lake's
+    code, out, err = extract(REAL_DUMPS / "basic", elsewhere)
+    assert err == [
+        f"Error: Lake `{elsewhere}`: is not a lake but holds `samples`, where the lake would"
+        " write; choose another --lake"
+    ]
+    assert snapshot(tmp_path) == before
+
+
+def test_other_programs_temporary_files_are_never_deleted(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    theirs = [
+        lake / ".notes.123.tmp",
+        lake / "_manifest" / ".basic.json.1.tmp",
+        lake / "tokens" / "run=basic" / "rollout_id=0" / ".name.42.tmp",
+        lake / "tokens" / "run=basic" / "README.txt",
+    ]
+    for path in theirs:
+        path.write_text("theirs")
+    extract(REAL_DUMPS / "basic", lake, "--run-name", "other")
+    os.utime(REAL_DUMPS / "basic" / "rollout_data" / "1.pt")  # step 1 is rewritten
+    try:
+        assert extract(REAL_DUMPS / "basic", lake)[0] == 0
+    finally:
+        os.utime(REAL_DUMPS / "basic" / "rollout_data" / "1.pt")
+    assert cli("drop", str(lake), "basic")[0] == 0
+    assert [p.read_text() for p in theirs] == ["theirs"] * 4
+
+
+# --- 8.3 and 9: one line for every mistake with a lake ---------------------------------
+
+
+def test_views_on_a_read_only_lake_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    real_open = builtins.open
+
+    def read_only(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if str(file).startswith(str(lake)) and set(mode) & set("wax+"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", read_only)
+    assert cli("views", str(lake)) == (
+        1,
+        "",
+        [
+            f"Error: Lake `{lake}`: cannot be written (`{lake}/_manifest/.tokenlake.lock`:"
+            " Read-only file system)"
+        ],
+    )
+
+
+def test_views_while_an_extraction_writes_is_one_line(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    with Lake(lake).lock():  # what a running extraction holds
+        assert cli("views", str(lake)) == (
+            1,
+            "",
+            [
+                f"Error: Lake `{lake}`: another tokenlake extraction is writing to it; wait"
+                " for it to finish"
+            ],
+        )
+
+
+def test_views_requires_a_lake(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    not_a_lake = "is not a lake: it has no `_manifest/`; run `tokenlake extract` first"
+    for path, message in [
+        (tmp_path / "missing", not_a_lake),
+        (tmp_path / "empty", not_a_lake),
+        (tmp_path / "file", "is a file, not a lake directory"),
+        (
+            REAL_DUMPS / "basic",
+            "is a miles dump (it has `rollout_data/`), not a lake; give the --lake directory"
+            " of `tokenlake extract`",
+        ),
+    ]:
+        assert cli("views", str(path)) == (1, "", [f"Error: Lake `{path}`: {message}"])
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["query", "audit"])
+def test_a_catalog_held_read_write_names_the_holder(tmp_path: Path, command: str) -> None:
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    catalog = lake / "tokenlake.duckdb"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]);"
+         " print('ready', flush=True); time.sleep(60)", str(catalog)],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+        args = [command, str(lake), *(["SELECT 1"] if command == "query" else [])]
+        code, out, err = cli(*args)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (code, out, len(err)) == (1, "", 1)
+    assert re.fullmatch(
+        rf"Error: Lake `{re.escape(str(catalog))}`: is open for writing in \S+ \(PID"
+        rf" {holder.pid}\); close it there, or open the catalog read-only"
+        rf" \(`duckdb -readonly {re.escape(str(catalog))}`\)",
+        err[0],
+    )
+
+
+DAMAGE = {
+    "bad-json": (lambda text: text[:-3], "it is not JSON (Expecting value: line"),
+    "missing-key": (lambda text: text.replace('"source_dir"', '"source"'), "key `source"),
+    "unknown-key": (
+        lambda text: text.replace('"runs_file"', '"rows_file"'),
+        "key `rows_file` is unknown",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_manifest_is_named_with_the_way_out(tmp_path: Path, damage: str) -> None:
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    path = lake / "_manifest" / "basic.json"
+    change, problem = DAMAGE[damage]
+    path.write_text(change(path.read_text()))
+    start = f"Error: Lake `{path}`: manifest is damaged: {problem}"
+    end = ". Remove the run with `tokenlake drop LAKE basic` or extract it again"
+    for args in (
+        ["verify", str(lake)],
+        ["views", str(lake)],
+        ["extract", str(REAL_DUMPS / "pp2"), "--lake", str(lake), "--silent"],
+    ):
+        code, out, err = cli(*args)
+        assert (code, out, len(err)) == (1, "", 1), args
+        assert err[0].startswith(start) and err[0].endswith(end), (args, err[0])
+    assert not (lake / "tokens" / "run=pp2").exists()  # refused before any work
+    moved = tmp_path / "moved"  # a query reads the manifests when it must rebuild the views
+    lake.rename(moved)
+    code, out, err = cli("query", str(moved), "SELECT 1")
+    assert (code, out) == (1, "")
+    assert err[-1] == start.replace(str(lake), str(moved)) + err[-1].split(problem)[1]
+    assert err[-1].endswith(end)
+    moved.rename(lake)
+    code, out, _ = extract(REAL_DUMPS / "basic", lake)  # extracting it again repairs it
+    assert (code, out) == (
+        0,
+        counts_line(lake, "3 new, 0 updated, 0 unchanged, 0 removed, 0 skipped", 20, 206),
+    )
+    assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
+
+
+def test_a_moved_lake_is_read_where_it_is_now(tmp_path: Path) -> None:
+    old, new = tmp_path / "old", tmp_path / "new"
+    extract(REAL_DUMPS / "basic", old)
+    old.rename(new)
+    code, out, _ = cli("query", str(new), STEPS_SQL, "--format", "csv")
+    assert (code, out) == (
+        0,
+        '"run","rollout_id","evaluation","count_star()"\n'
+        '"basic",0,false,82\n"basic",0,true,42\n"basic",1,false,82\n',
+    )
+    assert cli("audit", str(new))[0] in (0, 1)  # runs its queries, no traceback
+    assert cli("views", str(new))[:2] == (0, f"Rebuilt {new / 'tokenlake.duckdb'}\n")
+    assert rows(new) == BASIC_STEPS
