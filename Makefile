@@ -46,7 +46,7 @@ verify: setup ## [LAKE=lake]: check the lake against its manifests and sources; 
 views: setup ## rebuild $(LAKE)/tokenlake.duckdb from the Parquet files and sql/
 	$(PY) -m pipeline views "$(LAKE)"
 
-audit: setup ## run the sql/audits checks against $(LAKE); exit 1 if any returns rows
+audit: setup ## run the sql/audits checks against $(LAKE); exit 1 on an error-severity audit
 	$(PY) -m pipeline audit "$(LAKE)"
 
 sql: setup ## Q="SELECT ..." [LAKE=lake]: run a query against the catalog

@@ -1,5 +1,6 @@
 -- Loss-covered training tokens whose |lp_diff| is at least abs_lp_diff_limit nats. Usual
 -- causes: a misaligned token, a wrong mask, or a broken weight sync.
+-- Severity: error
 -- Grain: one row per offending token (run, rollout_id, batch_position, position).
 -- Rule: not evaluation, loss_mask > 0, lp_diff finite, |lp_diff| >= abs_lp_diff_limit.
 -- Parameters (drift_settings): abs_lp_diff_limit (20 nats).
