@@ -45,7 +45,7 @@ WITH edges (dimension, bucket, bucket_low, bucket_high) AS (
 bounds AS (
     -- Each dimension's lower edges as one list, so a token finds its bucket with one pass over
     -- a short list instead of a range join against every bucket.
-    SELECT dimension, list(bucket_low ORDER BY bucket) AS lows
+    SELECT dimension, LIST(bucket_low ORDER BY bucket) AS lows
     FROM edges
     GROUP BY dimension
 ),
@@ -71,7 +71,7 @@ keyed AS (
         m.batch_position,
         m.dimension AS share_scope,
         m.dimension,
-        len([low FOR low IN b.lows IF low <= m.x]) - 1 AS bucket,
+        LEN([low FOR low IN b.lows IF low <= m.x]) - 1 AS bucket,
         m.lp_diff,
         m.abs_lp_diff,
         m.k3

@@ -26,7 +26,7 @@ WITH masked AS (
     SELECT run, rollout_id, batch_position, position
     FROM tokens
     WHERE NOT evaluation
-        AND NOT COALESCE(loss_mask > 0, false)
+        AND NOT COALESCE(loss_mask > 0, FALSE)
 ),
 run_ends AS (
     -- Per sample: where each masked run ends, and whether the response starts trained.
@@ -50,7 +50,7 @@ keyed AS (
         t.rollout_id,
         t.batch_position,
         '' AS share_scope,
-        COALESCE(e.starts_trained, true)::INTEGER
+        COALESCE(e.starts_trained, TRUE)::INTEGER
             + LEN([q FOR q IN COALESCE(e.ends, []) IF q < t.position]) - 1 AS turn_index,
         t.lp_diff,
         t.abs_lp_diff,

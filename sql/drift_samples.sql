@@ -33,23 +33,23 @@ WITH per_sample AS (
         t.run,
         t.rollout_id,
         t.batch_position,
-        any_value(t.sample_index) AS sample_index,
-        count(*) AS tokens,
-        sum(t.lp_diff) AS sum_lp_diff,
-        avg(t.lp_diff) AS mean_lp_diff,
-        avg(t.abs_lp_diff) AS mean_abs_lp_diff,
-        max(t.abs_lp_diff) AS max_abs_lp_diff,
-        avg(clamp_abs(k3_term(clamp_abs(t.lp_diff, s.log_ratio_clamp)), s.k3_clamp))
+        ANY_VALUE(t.sample_index) AS sample_index,
+        COUNT(*) AS tokens,
+        SUM(t.lp_diff) AS sum_lp_diff,
+        AVG(t.lp_diff) AS mean_lp_diff,
+        AVG(t.abs_lp_diff) AS mean_abs_lp_diff,
+        MAX(t.abs_lp_diff) AS max_abs_lp_diff,
+        AVG(clamp_abs(k3_term(clamp_abs(t.lp_diff, s.log_ratio_clamp)), s.k3_clamp))
             AS k3_kl_clamped,
-        avg(t.train_log_prob) AS mean_train_log_prob,
-        avg(t.rollout_log_prob) AS mean_rollout_log_prob,
-        min(t.ratio) AS min_ratio,
-        max(t.ratio) AS max_ratio,
-        count(*) FILTER (WHERE t.ratio < s.veto_min_ratio) AS veto_tokens,
-        count(*) FILTER (
+        AVG(t.train_log_prob) AS mean_train_log_prob,
+        AVG(t.rollout_log_prob) AS mean_rollout_log_prob,
+        MIN(t.ratio) AS min_ratio,
+        MAX(t.ratio) AS max_ratio,
+        COUNT(*) FILTER (WHERE t.ratio < s.veto_min_ratio) AS veto_tokens,
+        COUNT(*) FILTER (
             WHERE t.ratio < s.outlier_min_ratio OR t.ratio > s.outlier_max_ratio
         ) AS outlier_tokens,
-        count(*) FILTER (WHERE t.ratio < s.icepop_low OR t.ratio > s.icepop_high) AS icepop_tokens
+        COUNT(*) FILTER (WHERE t.ratio < s.icepop_low OR t.ratio > s.icepop_high) AS icepop_tokens
     FROM drift_tokens AS t
     CROSS JOIN drift_settings AS s
     GROUP BY t.run, t.rollout_id, t.batch_position
@@ -57,8 +57,8 @@ WITH per_sample AS (
 ratios AS (
     SELECT
         p.*,
-        exp(p.mean_lp_diff) AS geo_mean_ratio,
-        exp(p.sum_lp_diff) AS seq_ratio
+        EXP(p.mean_lp_diff) AS geo_mean_ratio,
+        EXP(p.sum_lp_diff) AS seq_ratio
     FROM per_sample AS p
 )
 SELECT
@@ -75,7 +75,7 @@ SELECT
     p.mean_train_log_prob::DOUBLE AS mean_train_log_prob,  -- nats
     p.mean_rollout_log_prob::DOUBLE AS mean_rollout_log_prob,  -- nats
     (p.mean_rollout_log_prob - p.mean_train_log_prob)::DOUBLE AS log_ppl_diff,  -- nats
-    (exp(2.0 * clamp_abs(p.sum_lp_diff, s.log_ratio_clamp)) - 1.0)::DOUBLE AS chi2_seq_term,  -- ratio
+    (EXP(2.0 * clamp_abs(p.sum_lp_diff, s.log_ratio_clamp)) - 1.0)::DOUBLE AS chi2_seq_term,  -- ratio
     p.min_ratio::DOUBLE AS min_ratio,  -- ratio
     p.max_ratio::DOUBLE AS max_ratio,  -- ratio
     p.geo_mean_ratio::DOUBLE AS geo_mean_ratio,  -- ratio

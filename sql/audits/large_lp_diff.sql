@@ -20,6 +20,6 @@ FROM tokens AS t
 CROSS JOIN drift_settings AS s
 WHERE NOT t.evaluation
     AND t.loss_mask > 0
-    AND isfinite(t.lp_diff)
-    AND abs(t.lp_diff) >= s.abs_lp_diff_limit
+    AND ISFINITE(t.lp_diff)
+    AND ABS(t.lp_diff) >= s.abs_lp_diff_limit
 ORDER BY t.run, t.rollout_id, t.batch_position, t.position

@@ -19,7 +19,7 @@ SELECT
     rollout_log_prob,
     lp_diff
 FROM tokens
-WHERE NOT isfinite(train_log_prob)
-    OR NOT isfinite(rollout_log_prob)
-    OR NOT isfinite(lp_diff)
+WHERE NOT ISFINITE(train_log_prob)
+    OR NOT ISFINITE(rollout_log_prob)
+    OR NOT ISFINITE(lp_diff)
 ORDER BY run, rollout_id, evaluation, batch_position, position

@@ -26,7 +26,7 @@ WITH per_sample AS (
         MAX(abs_lp_diff) AS max_abs,
         SUM(k3) AS sum_k3,
         SUM(EXP(abs_lp_diff)) AS sum_mult_prob_error
-    FROM query_table(keyed)
+    FROM QUERY_TABLE(keyed)
     GROUP BY ALL
 ),
 grouped AS (

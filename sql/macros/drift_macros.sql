@@ -8,8 +8,8 @@
 --   ess_fraction(m1, m2)    m1^2 / m2 for m1 = mean(w), m2 = mean(w^2): the effective sample
 --                           size as a fraction in (0, 1] (= 1 / mean((w / mean(w))^2))
 --   log2_bucket(x)          floor(log2(x)) as INTEGER: bucket b holds x in [2^b, 2^(b+1))
-CREATE OR REPLACE MACRO clamp_to(x, low, high) AS greatest(least(x, high), low);
-CREATE OR REPLACE MACRO clamp_abs(x, c) AS greatest(least(x, c), -c);
-CREATE OR REPLACE MACRO k3_term(d) AS exp(d) - 1.0 - d;
+CREATE OR REPLACE MACRO clamp_to(x, low, high) AS GREATEST(LEAST(x, high), low);
+CREATE OR REPLACE MACRO clamp_abs(x, c) AS GREATEST(LEAST(x, c), -c);
+CREATE OR REPLACE MACRO k3_term(d) AS EXP(d) - 1.0 - d;
 CREATE OR REPLACE MACRO ess_fraction(m1, m2) AS m1 * m1 / m2;
-CREATE OR REPLACE MACRO log2_bucket(x) AS floor(log2(x))::INTEGER;
+CREATE OR REPLACE MACRO log2_bucket(x) AS FLOOR(LOG2(x))::INTEGER;
