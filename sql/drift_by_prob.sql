@@ -49,35 +49,35 @@ bounds AS (
     FROM edges
     GROUP BY dimension
 ),
-measured AS (
-    -- One pass over drift_tokens: each token once per dimension it has a value in.
-    SELECT
-        t.run,
-        t.rollout_id,
-        t.batch_position,
-        t.lp_diff,
-        t.abs_lp_diff,
-        t.k3,
-        UNNEST([
-            {'dimension': 'rollout_prob', 'x': t.rollout_prob},
-            {'dimension': 'entropy', 'x': t.entropy}
-        ], max_depth := 2)
-    FROM drift_tokens AS t
-),
 keyed AS (
+    -- Two reads of drift_tokens, one per dimension: measured faster than unnesting each token
+    -- into two rows. The bucket is the number of lower edges at or below the value, minus one.
     SELECT
-        m.run,
-        m.rollout_id,
-        m.batch_position,
-        m.dimension AS share_scope,
-        m.dimension,
-        LEN([low FOR low IN b.lows IF low <= m.x]) - 1 AS bucket,
-        m.lp_diff,
-        m.abs_lp_diff,
-        m.k3
-    FROM measured AS m
-    JOIN bounds AS b USING (dimension)
-    WHERE m.x IS NOT NULL
+        run,
+        rollout_id,
+        batch_position,
+        'rollout_prob' AS share_scope,
+        'rollout_prob' AS dimension,
+        LEN([low FOR low IN (SELECT lows FROM bounds WHERE dimension = 'rollout_prob')
+            IF low <= rollout_prob]) - 1 AS bucket,
+        lp_diff,
+        abs_lp_diff,
+        k3
+    FROM drift_tokens
+    UNION ALL
+    SELECT
+        run,
+        rollout_id,
+        batch_position,
+        'entropy' AS share_scope,
+        'entropy' AS dimension,
+        LEN([low FOR low IN (SELECT lows FROM bounds WHERE dimension = 'entropy')
+            IF low <= entropy]) - 1 AS bucket,
+        lp_diff,
+        abs_lp_diff,
+        k3
+    FROM drift_tokens
+    WHERE entropy IS NOT NULL
 ),
 grouped AS (
     SELECT

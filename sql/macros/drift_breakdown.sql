@@ -3,8 +3,9 @@
 -- covered finite token and the columns run, rollout_id, batch_position, share_scope, the
 -- view's key columns, lp_diff, abs_lp_diff and k3 (from drift_tokens). Every other column is
 -- a key. Returns one row per (run, rollout_id, share_scope, keys) with the statistics below.
--- Two levels: tokens are first summed per sample and key, then the sample rows per key, so
--- `samples` is a row count instead of a COUNT(DISTINCT) over tokens.
+-- One level: measured against summing per sample first and then per key, a single GROUP BY
+-- with COUNT(DISTINCT batch_position) was as fast or faster (much faster for token_id, where
+-- the per-sample level has nearly one row per token).
 -- Columns added:
 --   tokens           BIGINT  covered finite tokens
 --   samples          BIGINT  samples with such a token
@@ -17,31 +18,18 @@
 --                            share_scope (fraction; null when that sum is 0)
 --   mult_prob_error  DOUBLE  mean exp(|delta|) (ratio)
 CREATE OR REPLACE MACRO drift_breakdown(keyed) AS TABLE
-WITH per_sample AS (
+WITH grouped AS (
     SELECT
-        * EXCLUDE (lp_diff, abs_lp_diff, k3),
-        COUNT(*) AS n,
-        SUM(lp_diff) AS sum_lp_diff,
-        SUM(abs_lp_diff) AS sum_abs_lp_diff,
-        MAX(abs_lp_diff) AS max_abs,
-        SUM(k3) AS sum_k3,
-        SUM(EXP(abs_lp_diff)) AS sum_mult_prob_error
-    FROM QUERY_TABLE(keyed)
-    GROUP BY ALL
-),
-grouped AS (
-    SELECT
-        * EXCLUDE (batch_position, n, sum_lp_diff, sum_abs_lp_diff, max_abs, sum_k3,
-            sum_mult_prob_error),
-        SUM(n) AS tokens,
-        COUNT(*) AS samples,
-        SUM(sum_lp_diff) / SUM(n) AS mean_lp_diff,
-        SUM(sum_abs_lp_diff) / SUM(n) AS mean_abs_lp_diff,
-        MAX(max_abs) AS max_abs_lp_diff,
-        SUM(sum_k3) / SUM(n) AS k3_kl,
-        SUM(sum_k3) AS k3_sum,
-        SUM(sum_mult_prob_error) / SUM(n) AS mult_prob_error
-    FROM per_sample
+        * EXCLUDE (batch_position, lp_diff, abs_lp_diff, k3),
+        COUNT(*) AS tokens,
+        COUNT(DISTINCT batch_position) AS samples,
+        AVG(lp_diff) AS mean_lp_diff,
+        AVG(abs_lp_diff) AS mean_abs_lp_diff,
+        MAX(abs_lp_diff) AS max_abs_lp_diff,
+        AVG(k3) AS k3_kl,
+        SUM(k3) AS k3_sum,
+        AVG(EXP(abs_lp_diff)) AS mult_prob_error
+    FROM query_table(keyed)
     GROUP BY ALL
 )
 SELECT
