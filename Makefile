@@ -76,7 +76,7 @@ verify: setup ## [LAKE=$(LAKE)]: check the lake against its manifests and source
 views: setup ## [LAKE=$(LAKE)]: rebuild the lake's tokenlake.duckdb from the Parquet files and sql/
 	@$(ABS); $(PY) -m pipeline views "$$(abs "$$TL_LAKE")"
 
-audit: setup ## [LAKE=$(LAKE)]: run the sql/audits checks; exit 1 if any returns rows
+audit: setup ## [LAKE=$(LAKE)]: run the sql/audits checks; exit 1 on an error-severity audit
 	@$(ABS); $(PY) -m pipeline audit "$$(abs "$$TL_LAKE")"
 
 sql: setup ## Q="SELECT ..." [LAKE=$(LAKE)]: run a query against the catalog

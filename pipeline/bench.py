@@ -7,9 +7,9 @@ Each measured pipeline runs in a fresh subprocess so that its wall time, CPU tim
   and of the largest worker, bytes per token on disk — for tokenlake with 1 and 2 workers, and
   for a baseline pipeline (torch.load each file + concatenate + write with the same Parquet
   settings), with the ratios;
-- query time over the lake for `step_stats`, `sample_stats` and `drift_steps`, in token rows/s.
+- every aggregate view's time as a ratio to a plain aggregate scan of `tokens` in the same\n  DuckDB process (interleaved, best of 5), so a busy machine slows both sides alike.
 
-Usage: python -m pipeline.bench [--scale 1.0] [--keep DIR]
+Usage: python -m pipeline.bench [--scale 1.0] [--keep DIR]\n       python -m pipeline.bench --views LAKE   (only the view ratios of an existing lake)
 """
 
 from __future__ import annotations
@@ -193,22 +193,45 @@ def _disk_bytes(paths: list[Path]) -> int:
     return sum(p.stat().st_size for p in paths)
 
 
-def query_figures(lake: Path, token_rows: int) -> list[tuple[str, float]]:
-    """Seconds for each query over the lake's catalog (2 DuckDB threads)."""
+# The yardstick every view is compared with: one plain aggregate pass over `tokens`.
+SCAN_SQL = (
+    "SELECT run, rollout_id, count(*), avg(lp_diff), max(abs(lp_diff)) FROM tokens"
+    " WHERE NOT evaluation GROUP BY ALL"
+)
+# Views that return one row per token or a constant row are not aggregates; they are not timed.
+_NOT_AGGREGATES = ("drift_settings", "drift_tokens")
+
+
+def view_ratios(lake: Path, repeat: int = 5) -> list[tuple[str, float, float]]:
+    """Each aggregate view's time over the time of `SCAN_SQL`, in one DuckDB process.
+
+    Runs are interleaved (scan, every view, scan, every view, ...) and the best of `repeat`
+    is kept for each, so a busy shared machine slows both sides of a ratio alike.
+
+    Returns:
+        (view, best seconds, best seconds / best scan seconds), in view-file order.
+    """
+    names = [p.stem for p in catalog.iter_view_files() if p.stem not in _NOT_AGGREGATES]
+    queries = {"scan": SCAN_SQL, **{n: f"SELECT * FROM {n}" for n in names}}
     con = catalog.connect(lake)
-    queries = {
-        "step_stats": "SELECT * FROM step_stats",
-        "sample_stats": "SELECT * FROM sample_stats",
-        "drift_steps": "SELECT * FROM drift_steps",
-    }
-    results = []
-    for name, sql in queries.items():
-        con.execute(sql).fetchall()  # warm the file cache and DuckDB's metadata
-        started = time.perf_counter()
-        con.execute(sql).fetchall()
-        results.append((name, time.perf_counter() - started))
-    con.close()
-    return results
+    best = dict.fromkeys(queries, float("inf"))
+    try:
+        for sql in queries.values():
+            con.execute(sql).fetchall()  # warm the file cache and DuckDB's metadata
+        for _ in range(repeat):
+            for name, sql in queries.items():
+                started = time.perf_counter()
+                con.execute(sql).fetchall()
+                best[name] = min(best[name], time.perf_counter() - started)
+    finally:
+        con.close()
+    return [(n, best[n], best[n] / best["scan"]) for n in ["scan", *names]]
+
+
+def print_view_ratios(lake: Path, repeat: int = 5) -> None:
+    """One line per aggregate view: best time and its ratio to the plain scan of `tokens`."""
+    for name, seconds, ratio in view_ratios(lake, repeat):
+        print(f"  view {name:<20} {seconds:7.3f} s  {ratio:6.1f}x the plain scan")
 
 
 def _fmt_run(name: str, fig: dict[str, Any], token_bytes: int | None) -> str:
@@ -276,11 +299,8 @@ def bench_variant(root: Path, preset: str, scale: float, baseline: bool, repeat:
             print(f"  {name} vs baseline: {ours / base:.2f}x")
     one, two = figures["tokenlake --workers 1"], figures["tokenlake --workers 2"]
     print(f"  2 workers vs 1: {one['wall'] / two['wall']:.2f}x")
-    lake = root / f"lake-{preset}-2"
-    for name, seconds in query_figures(lake, one["tokens"]):
-        print(
-            f"  query {name:<13} {seconds:6.3f} s  {one['tokens'] / seconds / 1e6:7.1f} M token rows/s"
-        )
+    print(f"  views vs a plain aggregate scan of tokens ({one['tokens']:,} token rows), best of 5:")
+    print_view_ratios(root / f"lake-{preset}-2")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -290,7 +310,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--repeat", type=int, default=2, help="tokenlake runs per figure; the best is shown"
     )
+    parser.add_argument("--views", type=Path, help="only print the view ratios of this lake")
     args, rest = parser.parse_known_args(argv)
+    if args.views is not None:
+        print_view_ratios(args.views)
+        return
     if rest and rest[0] in ("_extract", "_baseline"):
         mode, dump_dir, out = rest[0], Path(rest[1]), Path(rest[2])
         fig = (

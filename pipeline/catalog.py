@@ -54,6 +54,11 @@ def iter_view_files() -> Iterator[Path]:
     yield from sorted(sql_dir().glob("*.sql"))
 
 
+def iter_macro_files() -> Iterator[Path]:
+    """Scalar macros the views use; created before every view."""
+    yield from sorted((sql_dir() / "macros").glob("*.sql"))
+
+
 def iter_audit_files() -> Iterator[Path]:
     """Every audit query (returns the offending rows; zero rows means healthy)."""
     yield from sorted((sql_dir() / "audits").glob("*.sql"))
@@ -199,6 +204,8 @@ def _write_catalog(tmp: Path, lake: Path) -> None:
         con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
         try:
             create_base_views(con, lake)
+            for path in iter_macro_files():
+                con.execute(path.read_text(encoding="utf-8"))
             create_sql_views(con)
             con.execute("CHECKPOINT")  # write everything into the file now, errors included
         finally:

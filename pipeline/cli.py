@@ -392,19 +392,20 @@ def query(
 @click.argument("lake", type=click.Path(path_type=Path), default=Path("lake"))
 @_settings_option
 def audit(lake: Path, settings: tuple[str, ...]) -> None:
-    """Run the health checks in sql/audits/; print failures and exit 1 if any returns rows.
+    """Run the health checks in sql/audits/; print them and exit 1 if an error audit fails.
 
-    Each audit is a query returning the offending rows (zero rows = healthy). Thresholds come
-    from the drift_settings view; override them with --set.
+    Each audit is a query returning the offending rows (zero rows = healthy) with a severity:
+    error (exit 1), warning or info (printed, exit 0). Thresholds come from the drift_settings
+    view; override them with --set.
 
     Example:
 
     \b
         tokenlake audit lake --set alarm_mean_abs_lp_diff_smtm=0.2
     """
-    from pipeline.audit import format_audit_report, run_audits
+    from pipeline.audit import format_audit_report, has_errors, run_audits
 
     results = run_audits(lake, parse_settings(settings))
     click.echo(format_audit_report(results))
-    if not all(result.passed for result in results):
+    if has_errors(results):
         sys.exit(1)

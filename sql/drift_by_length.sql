@@ -2,7 +2,7 @@
 -- Grain: one row per (run, rollout_id, length_bucket) with at least one covered finite token.
 -- Buckets are log2-spaced on samples.response_length R: bucket b holds R in
 --   [2^b, 2^(b+1) - 1], i.e. 0: {1}, 1: {2, 3}, 2: {4..7}, ...; null when R is unknown.
--- Inputs: drift_tokens, samples.
+-- Inputs: drift_tokens, samples; macros drift_breakdown, log2_bucket (sql/macros).
 -- Columns:
 --   run, rollout_id          keys
 --   length_bucket   INTEGER  floor(log2(response_length))
@@ -17,32 +17,22 @@
 --   k3_share        DOUBLE   the group's k3 sum / the step's k3 sum (fraction)
 --   mult_prob_error DOUBLE   mean exp(|delta|) (ratio)
 CREATE OR REPLACE VIEW drift_by_length AS
-WITH joined AS (
+WITH keyed AS (
     SELECT
-        t.*,
-        floor(log2(s.response_length))::INTEGER AS length_bucket
+        t.run,
+        t.rollout_id,
+        t.batch_position,
+        '' AS share_scope,
+        log2_bucket(s.response_length) AS length_bucket,
+        t.lp_diff,
+        t.abs_lp_diff,
+        t.k3
     FROM drift_tokens AS t
     LEFT JOIN samples AS s
         ON s.run = t.run
         AND s.rollout_id = t.rollout_id
         AND NOT s.evaluation
         AND s.batch_position = t.batch_position
-),
-grouped AS (
-    SELECT
-        t.run,
-        t.rollout_id,
-        t.length_bucket,
-        count(*) AS tokens,
-        count(DISTINCT t.batch_position) AS samples,
-        avg(t.lp_diff) AS mean_lp_diff,
-        avg(t.abs_lp_diff) AS mean_abs_lp_diff,
-        max(t.abs_lp_diff) AS max_abs_lp_diff,
-        avg(t.k3) AS k3_kl,
-        sum(t.k3) / nullif(sum(sum(t.k3)) OVER (PARTITION BY t.run, t.rollout_id), 0) AS k3_share,
-        avg(exp(t.abs_lp_diff)) AS mult_prob_error
-    FROM joined AS t
-    GROUP BY t.run, t.rollout_id, t.length_bucket
 )
 SELECT
     run::VARCHAR AS run,  -- run name
@@ -58,5 +48,5 @@ SELECT
     k3_kl::DOUBLE AS k3_kl,  -- nats
     k3_share::DOUBLE AS k3_share,  -- fraction of the step's k3 sum
     mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
-FROM grouped
+FROM drift_breakdown(keyed)
 ORDER BY run, rollout_id, length_bucket

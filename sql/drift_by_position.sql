@@ -2,7 +2,7 @@
 -- Grain: one row per (run, rollout_id, position_bucket) with at least one covered finite token.
 -- Buckets are log2-spaced: bucket b holds response positions [2^b - 1, 2^(b+1) - 2], i.e.
 --   0: {0}, 1: {1, 2}, 2: {3..6}, 3: {7..14}, ...
--- Inputs: drift_tokens.
+-- Inputs: drift_tokens; macros drift_breakdown, log2_bucket (sql/macros).
 -- Columns:
 --   run, rollout_id          keys
 --   position_bucket INTEGER  b = floor(log2(position + 1))
@@ -17,27 +17,17 @@
 --   k3_share        DOUBLE   the bucket's sum of k3 / the step's sum of k3 (fraction)
 --   mult_prob_error DOUBLE   mean exp(|delta|) (ratio)
 CREATE OR REPLACE VIEW drift_by_position AS
-WITH bucketed AS (
-    SELECT
-        *,
-        floor(log2(position + 1))::INTEGER AS position_bucket
-    FROM drift_tokens
-),
-grouped AS (
+WITH keyed AS (
     SELECT
         run,
         rollout_id,
-        position_bucket,
-        count(*) AS tokens,
-        count(DISTINCT batch_position) AS samples,
-        avg(lp_diff) AS mean_lp_diff,
-        avg(abs_lp_diff) AS mean_abs_lp_diff,
-        max(abs_lp_diff) AS max_abs_lp_diff,
-        avg(k3) AS k3_kl,
-        sum(k3) / nullif(sum(sum(k3)) OVER (PARTITION BY run, rollout_id), 0) AS k3_share,
-        avg(exp(abs_lp_diff)) AS mult_prob_error
-    FROM bucketed
-    GROUP BY run, rollout_id, position_bucket
+        batch_position,
+        '' AS share_scope,
+        log2_bucket(position + 1) AS position_bucket,
+        lp_diff,
+        abs_lp_diff,
+        k3
+    FROM drift_tokens
 )
 SELECT
     run::VARCHAR AS run,  -- run name
@@ -53,5 +43,5 @@ SELECT
     k3_kl::DOUBLE AS k3_kl,  -- nats
     k3_share::DOUBLE AS k3_share,  -- fraction of the step's k3 sum
     mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
-FROM grouped
+FROM drift_breakdown(keyed)
 ORDER BY run, rollout_id, position_bucket

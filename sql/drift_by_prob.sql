@@ -6,7 +6,7 @@
 --                  0.9 | 0.99 | inf   (buckets 0..9; bucket 9 includes probability 1)
 --   entropy (nats): -inf | 0.01 | 0.1 | 0.5 | 1 | 2 | 4 | inf   (buckets 0..6; tokens without
 --                  a dumped entropy are not in this dimension)
--- Inputs: drift_tokens.
+-- Inputs: drift_tokens; macro drift_breakdown (sql/macros).
 -- Columns:
 --   run, rollout_id          keys
 --   dimension       VARCHAR  'rollout_prob' or 'entropy'
@@ -42,33 +42,50 @@ WITH edges (dimension, bucket, bucket_low, bucket_high) AS (
         ('entropy', 5, 2.0, 4.0),
         ('entropy', 6, 4.0, 'inf'::DOUBLE)
 ),
-measured AS (
-    SELECT t.*, 'rollout_prob' AS dimension, t.rollout_prob AS x FROM drift_tokens AS t
+bounds AS (
+    -- Each dimension's lower edges as one list, so a token finds its bucket with one pass over
+    -- a short list instead of a range join against every bucket.
+    SELECT dimension, LIST(bucket_low ORDER BY bucket) AS lows
+    FROM edges
+    GROUP BY dimension
+),
+keyed AS (
+    -- Two reads of drift_tokens, one per dimension: measured faster than unnesting each token
+    -- into two rows. The bucket is the number of lower edges at or below the value, minus one.
+    SELECT
+        run,
+        rollout_id,
+        batch_position,
+        'rollout_prob' AS share_scope,
+        'rollout_prob' AS dimension,
+        LEN([low FOR low IN (SELECT lows FROM bounds WHERE dimension = 'rollout_prob')
+            IF low <= rollout_prob]) - 1 AS bucket,
+        lp_diff,
+        abs_lp_diff,
+        k3
+    FROM drift_tokens
     UNION ALL
-    SELECT t.*, 'entropy' AS dimension, t.entropy AS x FROM drift_tokens AS t
-    WHERE t.entropy IS NOT NULL
+    SELECT
+        run,
+        rollout_id,
+        batch_position,
+        'entropy' AS share_scope,
+        'entropy' AS dimension,
+        LEN([low FOR low IN (SELECT lows FROM bounds WHERE dimension = 'entropy')
+            IF low <= entropy]) - 1 AS bucket,
+        lp_diff,
+        abs_lp_diff,
+        k3
+    FROM drift_tokens
+    WHERE entropy IS NOT NULL
 ),
 grouped AS (
     SELECT
-        m.run,
-        m.rollout_id,
-        e.dimension,
-        e.bucket,
-        any_value(e.bucket_low) AS bucket_low,
-        any_value(e.bucket_high) AS bucket_high,
-        count(*) AS tokens,
-        count(DISTINCT m.batch_position) AS samples,
-        avg(m.lp_diff) AS mean_lp_diff,
-        avg(m.abs_lp_diff) AS mean_abs_lp_diff,
-        max(m.abs_lp_diff) AS max_abs_lp_diff,
-        avg(m.k3) AS k3_kl,
-        sum(m.k3) / nullif(sum(sum(m.k3)) OVER (PARTITION BY m.run, m.rollout_id, e.dimension), 0)
-            AS k3_share,
-        avg(exp(m.abs_lp_diff)) AS mult_prob_error
-    FROM measured AS m
-    JOIN edges AS e
-        ON m.dimension = e.dimension AND m.x >= e.bucket_low AND m.x < e.bucket_high
-    GROUP BY m.run, m.rollout_id, e.dimension, e.bucket
+        g.*,
+        e.bucket_low,
+        e.bucket_high
+    FROM drift_breakdown(keyed) AS g
+    JOIN edges AS e USING (dimension, bucket)
 )
 SELECT
     run::VARCHAR AS run,  -- run name

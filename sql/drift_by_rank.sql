@@ -1,6 +1,6 @@
 -- Drift by dumped rank (DP shard): is one trainer shard or node off?
 -- Grain: one row per (run, rollout_id, dumped_rank) with at least one covered finite token.
--- Inputs: drift_tokens, samples.
+-- Inputs: drift_tokens, samples; macro drift_breakdown (sql/macros).
 -- Columns:
 --   run, rollout_id          keys
 --   dumped_rank     BIGINT   samples.dumped_rank: lowest global rank whose train file holds
@@ -14,32 +14,22 @@
 --   k3_share        DOUBLE   the group's k3 sum / the step's k3 sum (fraction)
 --   mult_prob_error DOUBLE   mean exp(|delta|) (ratio)
 CREATE OR REPLACE VIEW drift_by_rank AS
-WITH joined AS (
+WITH keyed AS (
     SELECT
-        t.*,
-        s.dumped_rank AS dumped_rank
+        t.run,
+        t.rollout_id,
+        t.batch_position,
+        '' AS share_scope,
+        s.dumped_rank,
+        t.lp_diff,
+        t.abs_lp_diff,
+        t.k3
     FROM drift_tokens AS t
     LEFT JOIN samples AS s
         ON s.run = t.run
         AND s.rollout_id = t.rollout_id
         AND NOT s.evaluation
         AND s.batch_position = t.batch_position
-),
-grouped AS (
-    SELECT
-        t.run,
-        t.rollout_id,
-        t.dumped_rank,
-        count(*) AS tokens,
-        count(DISTINCT t.batch_position) AS samples,
-        avg(t.lp_diff) AS mean_lp_diff,
-        avg(t.abs_lp_diff) AS mean_abs_lp_diff,
-        max(t.abs_lp_diff) AS max_abs_lp_diff,
-        avg(t.k3) AS k3_kl,
-        sum(t.k3) / nullif(sum(sum(t.k3)) OVER (PARTITION BY t.run, t.rollout_id), 0) AS k3_share,
-        avg(exp(t.abs_lp_diff)) AS mult_prob_error
-    FROM joined AS t
-    GROUP BY t.run, t.rollout_id, t.dumped_rank
 )
 SELECT
     run::VARCHAR AS run,  -- run name
@@ -53,5 +43,5 @@ SELECT
     k3_kl::DOUBLE AS k3_kl,  -- nats
     k3_share::DOUBLE AS k3_share,  -- fraction of the step's k3 sum
     mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
-FROM grouped
+FROM drift_breakdown(keyed)
 ORDER BY run, rollout_id, dumped_rank

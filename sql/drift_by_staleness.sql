@@ -1,7 +1,7 @@
 -- Drift by weight-version lag: do stale or mixed-version samples drift more?
 -- Grain: one row per (run, rollout_id, staleness, mixed_version) with at least one covered
 --        finite token; null keys group samples whose versions are unknown.
--- Inputs: drift_tokens, samples.
+-- Inputs: drift_tokens, samples; macro drift_breakdown (sql/macros).
 -- Columns:
 --   run, rollout_id          keys
 --   staleness       BIGINT   samples.staleness = rollout_id - weight_version_min (steps; the
@@ -16,34 +16,23 @@
 --   k3_share        DOUBLE   the group's k3 sum / the step's k3 sum (fraction)
 --   mult_prob_error DOUBLE   mean exp(|delta|) (ratio)
 CREATE OR REPLACE VIEW drift_by_staleness AS
-WITH joined AS (
+WITH keyed AS (
     SELECT
-        t.*,
-        s.staleness AS staleness,
-        s.mixed_version AS mixed_version
+        t.run,
+        t.rollout_id,
+        t.batch_position,
+        '' AS share_scope,
+        s.staleness,
+        s.mixed_version,
+        t.lp_diff,
+        t.abs_lp_diff,
+        t.k3
     FROM drift_tokens AS t
     LEFT JOIN samples AS s
         ON s.run = t.run
         AND s.rollout_id = t.rollout_id
         AND NOT s.evaluation
         AND s.batch_position = t.batch_position
-),
-grouped AS (
-    SELECT
-        t.run,
-        t.rollout_id,
-        t.staleness,
-        t.mixed_version,
-        count(*) AS tokens,
-        count(DISTINCT t.batch_position) AS samples,
-        avg(t.lp_diff) AS mean_lp_diff,
-        avg(t.abs_lp_diff) AS mean_abs_lp_diff,
-        max(t.abs_lp_diff) AS max_abs_lp_diff,
-        avg(t.k3) AS k3_kl,
-        sum(t.k3) / nullif(sum(sum(t.k3)) OVER (PARTITION BY t.run, t.rollout_id), 0) AS k3_share,
-        avg(exp(t.abs_lp_diff)) AS mult_prob_error
-    FROM joined AS t
-    GROUP BY t.run, t.rollout_id, t.staleness, t.mixed_version
 )
 SELECT
     run::VARCHAR AS run,  -- run name
@@ -58,5 +47,5 @@ SELECT
     k3_kl::DOUBLE AS k3_kl,  -- nats
     k3_share::DOUBLE AS k3_share,  -- fraction of the step's k3 sum
     mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
-FROM grouped
+FROM drift_breakdown(keyed)
 ORDER BY run, rollout_id, staleness, mixed_version

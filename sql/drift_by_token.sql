@@ -1,7 +1,7 @@
 -- Drift by token id: which vocabulary entries carry the mismatch (the top offenders).
 -- Grain: one row per (run, rollout_id, token_id) with at least one covered finite token.
 -- Token texts come from the run's `vocab` table (NULL when the dump saved no tokenizer/).
--- Inputs: drift_tokens, vocab.
+-- Inputs: drift_tokens, vocab; macro drift_breakdown (sql/macros).
 -- Columns:
 --   run, rollout_id          keys
 --   token_id        BIGINT   token id
@@ -16,37 +16,38 @@
 --   k3_rank         BIGINT   1 = the token with the largest k3_share in the step (ties by id)
 --   mult_prob_error DOUBLE   mean exp(|delta|) (ratio)
 CREATE OR REPLACE VIEW drift_by_token AS
-WITH grouped AS (
+WITH keyed AS (
     SELECT
         run,
         rollout_id,
+        batch_position,
+        '' AS share_scope,
         token_id,
-        count(*) AS tokens,
-        count(DISTINCT batch_position) AS samples,
-        avg(lp_diff) AS mean_lp_diff,
-        avg(abs_lp_diff) AS mean_abs_lp_diff,
-        max(abs_lp_diff) AS max_abs_lp_diff,
-        avg(k3) AS k3_kl,
-        sum(k3) / nullif(sum(sum(k3)) OVER (PARTITION BY run, rollout_id), 0) AS k3_share,
-        row_number() OVER (PARTITION BY run, rollout_id ORDER BY sum(k3) DESC, token_id) AS k3_rank,
-        avg(exp(abs_lp_diff)) AS mult_prob_error
+        lp_diff,
+        abs_lp_diff,
+        k3
     FROM drift_tokens
-    GROUP BY run, rollout_id, token_id
+),
+ranked AS (
+    SELECT
+        *,
+        ROW_NUMBER() OVER (PARTITION BY run, rollout_id ORDER BY k3_sum DESC, token_id) AS k3_rank
+    FROM drift_breakdown(keyed)
 )
 SELECT
-    run::VARCHAR AS run,  -- run name
-    rollout_id::BIGINT AS rollout_id,  -- training step
-    token_id::BIGINT AS token_id,  -- token id
+    r.run::VARCHAR AS run,  -- run name
+    r.rollout_id::BIGINT AS rollout_id,  -- training step
+    r.token_id::BIGINT AS token_id,  -- token id
     v.token_text::VARCHAR AS token_text,  -- decoded token, NULL without a tokenizer
-    tokens::BIGINT AS tokens,  -- covered finite occurrences
-    samples::BIGINT AS samples,  -- samples containing the token
-    mean_lp_diff::DOUBLE AS mean_lp_diff,  -- nats
-    mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,  -- nats
-    max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,  -- nats
-    k3_kl::DOUBLE AS k3_kl,  -- nats
-    k3_share::DOUBLE AS k3_share,  -- fraction of the step's k3 sum
-    k3_rank::BIGINT AS k3_rank,  -- 1 = worst
-    mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
-FROM grouped
-LEFT JOIN vocab AS v USING (run, token_id)
-ORDER BY run, rollout_id, k3_rank
+    r.tokens::BIGINT AS tokens,  -- covered finite occurrences
+    r.samples::BIGINT AS samples,  -- samples containing the token
+    r.mean_lp_diff::DOUBLE AS mean_lp_diff,  -- nats
+    r.mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,  -- nats
+    r.max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,  -- nats
+    r.k3_kl::DOUBLE AS k3_kl,  -- nats
+    r.k3_share::DOUBLE AS k3_share,  -- fraction of the step's k3 sum
+    r.k3_rank::BIGINT AS k3_rank,  -- 1 = worst
+    r.mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
+FROM ranked AS r
+LEFT JOIN vocab AS v ON v.run = r.run AND v.token_id = r.token_id
+ORDER BY r.run, r.rollout_id, r.k3_rank

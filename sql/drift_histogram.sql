@@ -4,7 +4,7 @@
 -- Bins: width 0.002 nats over [-0.1, 0.1), plus two open tails. A token goes to bin
 --   k = floor(delta * 500) computed in DOUBLE, clamped to [-51, 50]:
 --   k = -51: (-inf, -0.1); -50 <= k <= 49: [k / 500, (k + 1) / 500); k = 50: [0.1, +inf).
--- Inputs: drift_tokens.
+-- Inputs: drift_tokens; macro clamp_to (sql/macros).
 -- Columns:
 --   run, rollout_id              keys
 --   bin                 INTEGER  k, -51..50
@@ -15,28 +15,29 @@
 --   cumulative_fraction DOUBLE   fraction of the step's tokens in this bin or below
 CREATE OR REPLACE VIEW drift_histogram AS
 WITH bins AS (
-    SELECT range::INTEGER AS bin FROM range(-51, 51)
+    SELECT range::INTEGER AS bin FROM RANGE(-51, 51)
 ),
-steps AS (
-    SELECT run, rollout_id, count(*) AS step_tokens
-    FROM drift_tokens
-    GROUP BY run, rollout_id
-),
-counted AS (
+counted AS MATERIALIZED (
     SELECT
         run,
         rollout_id,
-        greatest(least(floor(lp_diff * 500.0), 50), -51)::INTEGER AS bin,
-        count(*) AS tokens
+        clamp_to(FLOOR(lp_diff * 500.0), -51, 50)::INTEGER AS bin,
+        COUNT(*) AS tokens
     FROM drift_tokens
     GROUP BY ALL
+),
+steps AS (
+    -- The step totals from the bin counts: drift_tokens is read once.
+    SELECT run, rollout_id, SUM(tokens) AS step_tokens
+    FROM counted
+    GROUP BY run, rollout_id
 ),
 filled AS (
     SELECT
         st.run,
         st.rollout_id,
         b.bin,
-        coalesce(c.tokens, 0) AS tokens,
+        COALESCE(c.tokens, 0) AS tokens,
         st.step_tokens
     FROM steps AS st
     CROSS JOIN bins AS b
@@ -51,7 +52,7 @@ SELECT
     (CASE WHEN bin = 50 THEN 'inf'::DOUBLE ELSE (bin + 1) / 500.0 END)::DOUBLE AS bin_high,  -- nats
     tokens::BIGINT AS tokens,  -- covered finite tokens
     (tokens / step_tokens)::DOUBLE AS fraction,  -- of the step's tokens
-    (sum(tokens) OVER (PARTITION BY run, rollout_id ORDER BY bin) / step_tokens)::DOUBLE
+    (SUM(tokens) OVER (PARTITION BY run, rollout_id ORDER BY bin) / step_tokens)::DOUBLE
         AS cumulative_fraction  -- of the step's tokens
 FROM filled
 ORDER BY run, rollout_id, bin

@@ -3,6 +3,8 @@
 --        (fewer when the step has fewer covered finite tokens). Non-finite tokens are not here;
 --        the audit `nonfinite_log_probs` lists them.
 -- Inputs: drift_tokens, drift_settings (outliers_per_step).
+-- One pass: max_by keeps each step's worst tokens, ordered by (|delta| desc, batch_position,
+-- position) through a struct key, instead of numbering every covered token.
 -- Columns:
 --   run, rollout_id            keys
 --   outlier_rank      BIGINT   1 = largest |delta| in the step (ties: batch_position, position)
@@ -17,31 +19,52 @@
 --   ratio             DOUBLE   r = exp(delta)
 --   entropy           DOUBLE   actor entropy (nats), null if not dumped
 CREATE OR REPLACE VIEW drift_outliers AS
-WITH ranked AS (
+WITH worst AS (
     SELECT
-        t.*,
-        row_number() OVER (
-            PARTITION BY t.run, t.rollout_id
-            ORDER BY t.abs_lp_diff DESC, t.batch_position, t.position
-        ) AS outlier_rank,
-        s.outliers_per_step
+        t.run,
+        t.rollout_id,
+        MAX_BY(
+            {
+                'batch_position': t.batch_position,
+                'sample_index': t.sample_index,
+                'position': t.position,
+                'token_id': t.token_id,
+                'train_log_prob': t.train_log_prob,
+                'rollout_log_prob': t.rollout_log_prob,
+                'lp_diff': t.lp_diff,
+                'abs_lp_diff': t.abs_lp_diff,
+                'ratio': t.ratio,
+                'entropy': t.entropy
+            },
+            -- Largest |delta| first; ties go to the lower batch_position, then position.
+            {'abs_lp_diff': t.abs_lp_diff, 'batch_position': -t.batch_position, 'position': -t.position},
+            s.outliers_per_step
+        ) AS tops
     FROM drift_tokens AS t
     CROSS JOIN drift_settings AS s
+    GROUP BY t.run, t.rollout_id, s.outliers_per_step
+),
+ranked AS (
+    SELECT
+        run,
+        rollout_id,
+        GENERATE_SUBSCRIPTS(tops, 1) AS outlier_rank,
+        UNNEST(tops) AS o
+    FROM worst
 )
 SELECT
     run::VARCHAR AS run,  -- run name
     rollout_id::BIGINT AS rollout_id,  -- training step
     outlier_rank::BIGINT AS outlier_rank,  -- 1 = worst
-    batch_position::INTEGER AS batch_position,  -- sample's position in the rollout dump
-    sample_index::BIGINT AS sample_index,  -- Sample.index
-    position::INTEGER AS position,  -- response position
-    token_id::BIGINT AS token_id,  -- token id
-    train_log_prob::DOUBLE AS train_log_prob,  -- nats
-    rollout_log_prob::DOUBLE AS rollout_log_prob,  -- nats
-    lp_diff::DOUBLE AS lp_diff,  -- nats
-    abs_lp_diff::DOUBLE AS abs_lp_diff,  -- nats
-    ratio::DOUBLE AS ratio,  -- exp(delta)
-    entropy::DOUBLE AS entropy  -- nats
+    o.batch_position::INTEGER AS batch_position,  -- sample's position in the rollout dump
+    o.sample_index::BIGINT AS sample_index,  -- Sample.index
+    o.position::INTEGER AS position,  -- response position
+    o.token_id::BIGINT AS token_id,  -- token id
+    o.train_log_prob::DOUBLE AS train_log_prob,  -- nats
+    o.rollout_log_prob::DOUBLE AS rollout_log_prob,  -- nats
+    o.lp_diff::DOUBLE AS lp_diff,  -- nats
+    o.abs_lp_diff::DOUBLE AS abs_lp_diff,  -- nats
+    o.ratio::DOUBLE AS ratio,  -- exp(delta)
+    o.entropy::DOUBLE AS entropy  -- nats
 FROM ranked
-WHERE outlier_rank <= outliers_per_step
 ORDER BY run, rollout_id, outlier_rank

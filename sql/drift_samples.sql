@@ -3,7 +3,7 @@
 --        (run, rollout_id, batch_position). Samples with no covered finite token are absent.
 -- Inputs: drift_tokens, drift_settings (log_ratio_clamp, k3_clamp, veto_min_ratio,
 --         outlier_min_ratio, outlier_max_ratio, geo_band_low, geo_band_high, seq_ratio_low,
---         seq_ratio_high, icepop_low, icepop_high).
+--         seq_ratio_high, icepop_low, icepop_high); macros clamp_abs, k3_term (sql/macros).
 -- Columns:
 --   run, rollout_id, batch_position, sample_index   keys
 --   tokens                 BIGINT   covered finite tokens of the sample
@@ -33,29 +33,33 @@ WITH per_sample AS (
         t.run,
         t.rollout_id,
         t.batch_position,
-        any_value(t.sample_index) AS sample_index,
-        count(*) AS tokens,
-        sum(t.lp_diff) AS sum_lp_diff,
-        avg(t.lp_diff) AS mean_lp_diff,
-        avg(t.abs_lp_diff) AS mean_abs_lp_diff,
-        max(t.abs_lp_diff) AS max_abs_lp_diff,
-        avg(greatest(least(
-            exp(greatest(least(t.lp_diff, s.log_ratio_clamp), -s.log_ratio_clamp))
-            - 1.0 - greatest(least(t.lp_diff, s.log_ratio_clamp), -s.log_ratio_clamp),
-            s.k3_clamp
-        ), -s.k3_clamp)) AS k3_kl_clamped,
-        avg(t.train_log_prob) AS mean_train_log_prob,
-        avg(t.rollout_log_prob) AS mean_rollout_log_prob,
-        min(t.ratio) AS min_ratio,
-        max(t.ratio) AS max_ratio,
-        count(*) FILTER (WHERE t.ratio < s.veto_min_ratio) AS veto_tokens,
-        count(*) FILTER (
+        ANY_VALUE(t.sample_index) AS sample_index,
+        COUNT(*) AS tokens,
+        SUM(t.lp_diff) AS sum_lp_diff,
+        AVG(t.lp_diff) AS mean_lp_diff,
+        AVG(t.abs_lp_diff) AS mean_abs_lp_diff,
+        MAX(t.abs_lp_diff) AS max_abs_lp_diff,
+        AVG(clamp_abs(k3_term(clamp_abs(t.lp_diff, s.log_ratio_clamp)), s.k3_clamp))
+            AS k3_kl_clamped,
+        AVG(t.train_log_prob) AS mean_train_log_prob,
+        AVG(t.rollout_log_prob) AS mean_rollout_log_prob,
+        MIN(t.ratio) AS min_ratio,
+        MAX(t.ratio) AS max_ratio,
+        COUNT(*) FILTER (WHERE t.ratio < s.veto_min_ratio) AS veto_tokens,
+        COUNT(*) FILTER (
             WHERE t.ratio < s.outlier_min_ratio OR t.ratio > s.outlier_max_ratio
         ) AS outlier_tokens,
-        count(*) FILTER (WHERE t.ratio < s.icepop_low OR t.ratio > s.icepop_high) AS icepop_tokens
+        COUNT(*) FILTER (WHERE t.ratio < s.icepop_low OR t.ratio > s.icepop_high) AS icepop_tokens
     FROM drift_tokens AS t
     CROSS JOIN drift_settings AS s
     GROUP BY t.run, t.rollout_id, t.batch_position
+),
+ratios AS (
+    SELECT
+        p.*,
+        EXP(p.mean_lp_diff) AS geo_mean_ratio,
+        EXP(p.sum_lp_diff) AS seq_ratio
+    FROM per_sample AS p
 )
 SELECT
     p.run::VARCHAR AS run,  -- run name
@@ -71,19 +75,18 @@ SELECT
     p.mean_train_log_prob::DOUBLE AS mean_train_log_prob,  -- nats
     p.mean_rollout_log_prob::DOUBLE AS mean_rollout_log_prob,  -- nats
     (p.mean_rollout_log_prob - p.mean_train_log_prob)::DOUBLE AS log_ppl_diff,  -- nats
-    (exp(2.0 * greatest(least(p.sum_lp_diff, s.log_ratio_clamp), -s.log_ratio_clamp)) - 1.0)::DOUBLE
-        AS chi2_seq_term,  -- ratio
+    (EXP(2.0 * clamp_abs(p.sum_lp_diff, s.log_ratio_clamp)) - 1.0)::DOUBLE AS chi2_seq_term,  -- ratio
     p.min_ratio::DOUBLE AS min_ratio,  -- ratio
     p.max_ratio::DOUBLE AS max_ratio,  -- ratio
-    exp(p.mean_lp_diff)::DOUBLE AS geo_mean_ratio,  -- ratio
-    exp(p.sum_lp_diff)::DOUBLE AS seq_ratio,  -- ratio
+    p.geo_mean_ratio::DOUBLE AS geo_mean_ratio,  -- ratio
+    p.seq_ratio::DOUBLE AS seq_ratio,  -- ratio
     p.veto_tokens::BIGINT AS veto_tokens,  -- count
     p.outlier_tokens::BIGINT AS outlier_tokens,  -- count
     p.icepop_tokens::BIGINT AS icepop_tokens,  -- count
     (p.veto_tokens > 0)::BOOLEAN AS vetoed,  -- whole sample rejected
-    (exp(p.mean_lp_diff) < s.geo_band_low OR exp(p.mean_lp_diff) > s.geo_band_high)::BOOLEAN
+    (p.geo_mean_ratio NOT BETWEEN s.geo_band_low AND s.geo_band_high)::BOOLEAN
         AS geo_rejected,  -- whole sample rejected
-    (exp(p.sum_lp_diff) < s.seq_ratio_low OR exp(p.sum_lp_diff) > s.seq_ratio_high)::BOOLEAN
+    (p.seq_ratio NOT BETWEEN s.seq_ratio_low AND s.seq_ratio_high)::BOOLEAN
         AS seq_ratio_rejected  -- whole sample rejected
-FROM per_sample AS p
+FROM ratios AS p
 CROSS JOIN drift_settings AS s

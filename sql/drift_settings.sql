@@ -20,12 +20,16 @@
 --   k3_clamp                      DOUBLE  |k3| clamp of the SMTM k3, as miles logs it (10)
 --   outliers_per_step             BIGINT  tokens kept per step by drift_outliers (20)
 --   abs_lp_diff_limit             DOUBLE  audit large_lp_diff: |delta| at or above this (20, nats)
---   alarm_mean_abs_lp_diff_smtm   DOUBLE  audit alarm: mean |delta| SMTM above this (0.1, nats)
---   alarm_k3_kl                   DOUBLE  audit alarm: k3 TM above this (1e-3, nats)
---   alarm_mult_prob_error         DOUBLE  audit alarm: mean exp(|delta|) above this (1.05)
---   alarm_ess_min                 DOUBLE  audit alarm: ESS below this (0.3, fraction)
---   alarm_zero_std_group_frac     DOUBLE  audit alarm: zero-std group fraction at or above (0.5)
---   alarm_truncated_frac          DOUBLE  audit alarm: truncated sample fraction at or above (0.25)
+--   alarm_mean_abs_lp_diff_smtm   DOUBLE  drift_alarms: mean |delta| SMTM above this (0.94, nats)
+--   alarm_k3_kl                   DOUBLE  drift_alarms: k3 TM above this (1.0, nats; a decade above
+--                                         the published healthy range of MoE models, 1e-3..1e-1;
+--                                         dense models: 1e-5..1e-3, so 1e-2; docs/drift.md)
+--   alarm_mult_prob_error         DOUBLE  drift_alarms: mean exp(|delta|) above this (3.5, ratio)
+--   alarm_ess_min                 DOUBLE  drift_alarms: ess_raw below this (0.3, fraction)
+--   alarm_zero_std_group_frac     DOUBLE  zero_std_groups: zero-std share of the groups with
+--                                         reward data at or above this (0.5, the dashboard's)
+--   alarm_truncated_frac          DOUBLE  truncated_steps: truncated sample fraction at or above
+--                                         this (0.25, the dashboard's)
 CREATE OR REPLACE VIEW drift_settings AS
 SELECT
     2.0::DOUBLE AS is_cap,  -- C
@@ -42,9 +46,9 @@ SELECT
     10.0::DOUBLE AS k3_clamp,  -- nats
     20::BIGINT AS outliers_per_step,  -- rows per step in drift_outliers
     20.0::DOUBLE AS abs_lp_diff_limit,  -- nats
-    0.1::DOUBLE AS alarm_mean_abs_lp_diff_smtm,  -- nats
-    1e-3::DOUBLE AS alarm_k3_kl,  -- nats
-    1.05::DOUBLE AS alarm_mult_prob_error,  -- ratio
+    0.94::DOUBLE AS alarm_mean_abs_lp_diff_smtm,  -- nats
+    1.0::DOUBLE AS alarm_k3_kl,  -- nats
+    3.5::DOUBLE AS alarm_mult_prob_error,  -- ratio
     0.3::DOUBLE AS alarm_ess_min,  -- fraction
     0.5::DOUBLE AS alarm_zero_std_group_frac,  -- fraction
     0.25::DOUBLE AS alarm_truncated_frac  -- fraction

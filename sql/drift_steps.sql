@@ -6,7 +6,8 @@
 --   r = exp(delta); TM = mean over all the step's tokens; SMTM = mean over samples of each
 --   sample's token mean (drift_samples); w = clamp(r, 1/C, C) with C = is_cap.
 -- Inputs: tokens, samples, drift_tokens, drift_samples, drift_settings (is_cap, veto_min_ratio,
---         outlier_min_ratio, outlier_max_ratio, icepop_low, icepop_high).
+--         outlier_min_ratio, outlier_max_ratio, icepop_low, icepop_high); macros clamp_to,
+--         ess_fraction (sql/macros).
 -- Columns (nats unless said otherwise; docs/drift.md gives every formula and framework name):
 --   run, rollout_id                  keys
 --   tokens                BIGINT     covered finite tokens
@@ -33,7 +34,10 @@
 --   is_ratio_mean, is_ratio_std, is_ratio_min, is_ratio_max DOUBLE  TM / population std /
 --                                    min / max of the raw r
 --   is_frac_above_cap, is_frac_below_inv_cap DOUBLE  token fraction r > C, r < 1/C
---   ess                   DOUBLE     1 / TM((w / TM(w))^2) = TM(w)^2 / TM(w^2) (fraction)
+--   ess                   DOUBLE     1 / TM((w / TM(w))^2) = TM(w)^2 / TM(w^2) (fraction); with
+--                                    C = 2 never below 4C^2 / (1 + C^2)^2 = 0.64
+--   ess_raw               DOUBLE     the same for the raw ratio r: TM(r)^2 / TM(r^2) (fraction);
+--                                    the one the audit drift_alarms watches
 --   <rule>_token_frac, <rule>_seq_frac DOUBLE  fraction of tokens the rule removes from the
 --       loss, and of samples it touches, for rule in veto (sample rejected if any r <
 --       veto_min_ratio), outlier (token r outside [outlier_min, outlier_max]), geo_reject
@@ -43,48 +47,62 @@
 --   <metric>_change       DOUBLE     value minus the previous step's, for mean_abs_lp_diff_tm,
 --                                    mean_abs_lp_diff_smtm, k3_kl, mult_prob_error, ess
 CREATE OR REPLACE VIEW drift_steps AS
-WITH steps AS (
-    SELECT DISTINCT run, rollout_id FROM samples WHERE NOT evaluation
-    UNION
-    SELECT DISTINCT run, rollout_id FROM tokens WHERE NOT evaluation
-),
-nonfinite AS (
-    SELECT run, rollout_id, count(*) AS nonfinite_tokens
+WITH step_tokens AS (
+    -- One pass over the training tokens lists the steps that have tokens and counts the covered
+    -- non-finite ones (drift_tokens leaves those out).
+    SELECT
+        run,
+        rollout_id,
+        COUNT(*) FILTER (
+            WHERE loss_mask > 0
+                AND lp_diff IS NOT NULL
+                AND NOT (ISFINITE(lp_diff) AND ISFINITE(train_log_prob) AND ISFINITE(rollout_log_prob))
+        ) AS nonfinite_tokens
     FROM tokens
     WHERE NOT evaluation
-        AND loss_mask > 0
-        AND lp_diff IS NOT NULL
-        AND NOT (isfinite(lp_diff) AND isfinite(train_log_prob) AND isfinite(rollout_log_prob))
+    GROUP BY run, rollout_id
+),
+steps AS (
+    -- Steps without any token row still get a row (samples lists every step's samples).
+    SELECT run, rollout_id, MAX(nonfinite_tokens) AS nonfinite_tokens
+    FROM (
+        SELECT run, rollout_id, nonfinite_tokens FROM step_tokens
+        UNION ALL
+        SELECT run, rollout_id, 0 FROM samples WHERE NOT evaluation
+    )
     GROUP BY run, rollout_id
 ),
 token_level AS (
     SELECT
         t.run,
         t.rollout_id,
-        count(*) AS tokens,
-        avg(t.lp_diff) AS mean_lp_diff,
-        avg(t.abs_lp_diff) AS mean_abs_lp_diff_tm,
-        max(t.abs_lp_diff) AS max_abs_lp_diff,
-        quantile_cont(t.abs_lp_diff, [0.5, 0.9, 0.99, 0.999]) AS abs_quantiles,
-        avg(-t.lp_diff) AS k1_kl,
-        avg(t.lp_diff * t.lp_diff * 0.5) AS k2_kl,
-        avg(t.k3) AS k3_kl,
-        avg(exp(t.abs_lp_diff)) AS mult_prob_error,
-        avg(t.ratio * t.ratio) - 1.0 AS chi2_token,
-        avg(t.abs_prob_diff) AS mean_abs_prob_diff,
-        max(t.abs_prob_diff) AS max_abs_prob_diff,
-        corr(t.train_prob, t.rollout_prob) AS prob_corr,
-        avg(t.ratio) AS is_ratio_mean,
-        stddev_pop(t.ratio) AS is_ratio_std,
-        min(t.ratio) AS is_ratio_min,
-        max(t.ratio) AS is_ratio_max,
-        avg((t.ratio > s.is_cap)::INTEGER) AS is_frac_above_cap,
-        avg((t.ratio < 1.0 / s.is_cap)::INTEGER) AS is_frac_below_inv_cap,
-        avg(greatest(least(t.ratio, s.is_cap), 1.0 / s.is_cap)) AS w_mean,
-        avg(power(greatest(least(t.ratio, s.is_cap), 1.0 / s.is_cap), 2)) AS w_sq_mean,
-        avg((t.ratio < s.outlier_min_ratio OR t.ratio > s.outlier_max_ratio)::INTEGER)
+        COUNT(*) AS tokens,
+        AVG(t.lp_diff) AS mean_lp_diff,
+        AVG(t.abs_lp_diff) AS mean_abs_lp_diff_tm,
+        MAX(t.abs_lp_diff) AS max_abs_lp_diff,
+        QUANTILE_CONT(t.abs_lp_diff, [0.5, 0.9, 0.99, 0.999]) AS abs_quantiles,
+        AVG(-t.lp_diff) AS k1_kl,
+        AVG(t.lp_diff * t.lp_diff * 0.5) AS k2_kl,
+        AVG(t.k3) AS k3_kl,
+        AVG(EXP(t.abs_lp_diff)) AS mult_prob_error,
+        AVG(t.ratio * t.ratio) - 1.0 AS chi2_token,
+        AVG(t.abs_prob_diff) AS mean_abs_prob_diff,
+        MAX(t.abs_prob_diff) AS max_abs_prob_diff,
+        CORR(t.train_prob, t.rollout_prob) AS prob_corr,
+        AVG(t.ratio) AS is_ratio_mean,
+        STDDEV_POP(t.ratio) AS is_ratio_std,
+        MIN(t.ratio) AS is_ratio_min,
+        MAX(t.ratio) AS is_ratio_max,
+        AVG((t.ratio > s.is_cap)::INTEGER) AS is_frac_above_cap,
+        AVG((t.ratio < 1.0 / s.is_cap)::INTEGER) AS is_frac_below_inv_cap,
+        ess_fraction(
+            AVG(clamp_to(t.ratio, 1.0 / s.is_cap, s.is_cap)),
+            AVG(POWER(clamp_to(t.ratio, 1.0 / s.is_cap, s.is_cap), 2))
+        ) AS ess,
+        ess_fraction(AVG(t.ratio), AVG(t.ratio * t.ratio)) AS ess_raw,
+        AVG((t.ratio < s.outlier_min_ratio OR t.ratio > s.outlier_max_ratio)::INTEGER)
             AS outlier_token_frac,
-        avg((t.ratio < s.icepop_low OR t.ratio > s.icepop_high)::INTEGER) AS icepop_token_frac
+        AVG((t.ratio < s.icepop_low OR t.ratio > s.icepop_high)::INTEGER) AS icepop_token_frac
     FROM drift_tokens AS t
     CROSS JOIN drift_settings AS s
     GROUP BY t.run, t.rollout_id
@@ -93,27 +111,29 @@ sample_level AS (
     SELECT
         run,
         rollout_id,
-        count(*) AS samples,
-        avg(mean_abs_lp_diff) AS mean_abs_lp_diff_smtm,
-        avg(k3_kl_clamped) AS k3_kl_smtm,
-        avg(chi2_seq_term) AS chi2_seq,
-        avg(mean_train_log_prob) AS train_mean_log_prob,
-        avg(mean_rollout_log_prob) AS rollout_mean_log_prob,
-        avg(exp(-mean_train_log_prob)) AS train_ppl,
-        avg(exp(-mean_rollout_log_prob)) AS rollout_ppl,
-        avg(log_ppl_diff) AS log_ppl_diff,
-        avg(abs(log_ppl_diff)) AS log_ppl_abs_diff,
-        max(log_ppl_diff) AS log_ppl_diff_max,
-        min(log_ppl_diff) AS log_ppl_diff_min,
-        avg(exp(log_ppl_diff)) AS ppl_ratio,
-        coalesce(sum(tokens) FILTER (WHERE vetoed), 0)::DOUBLE / sum(tokens) AS veto_token_frac,
-        avg(vetoed::INTEGER) AS veto_seq_frac,
-        avg((outlier_tokens > 0)::INTEGER) AS outlier_seq_frac,
-        coalesce(sum(tokens) FILTER (WHERE geo_rejected), 0)::DOUBLE / sum(tokens) AS geo_reject_token_frac,
-        avg(geo_rejected::INTEGER) AS geo_reject_seq_frac,
-        coalesce(sum(tokens) FILTER (WHERE seq_ratio_rejected), 0)::DOUBLE / sum(tokens) AS seq_ratio_reject_token_frac,
-        avg(seq_ratio_rejected::INTEGER) AS seq_ratio_reject_seq_frac,
-        avg((icepop_tokens > 0)::INTEGER) AS icepop_seq_frac
+        COUNT(*) AS samples,
+        AVG(mean_abs_lp_diff) AS mean_abs_lp_diff_smtm,
+        AVG(k3_kl_clamped) AS k3_kl_smtm,
+        AVG(chi2_seq_term) AS chi2_seq,
+        AVG(mean_train_log_prob) AS train_mean_log_prob,
+        AVG(mean_rollout_log_prob) AS rollout_mean_log_prob,
+        AVG(EXP(-mean_train_log_prob)) AS train_ppl,
+        AVG(EXP(-mean_rollout_log_prob)) AS rollout_ppl,
+        AVG(log_ppl_diff) AS log_ppl_diff,
+        AVG(ABS(log_ppl_diff)) AS log_ppl_abs_diff,
+        MAX(log_ppl_diff) AS log_ppl_diff_max,
+        MIN(log_ppl_diff) AS log_ppl_diff_min,
+        AVG(EXP(log_ppl_diff)) AS ppl_ratio,
+        COALESCE(SUM(tokens) FILTER (WHERE vetoed), 0)::DOUBLE / SUM(tokens) AS veto_token_frac,
+        AVG(vetoed::INTEGER) AS veto_seq_frac,
+        AVG((outlier_tokens > 0)::INTEGER) AS outlier_seq_frac,
+        COALESCE(SUM(tokens) FILTER (WHERE geo_rejected), 0)::DOUBLE / SUM(tokens)
+            AS geo_reject_token_frac,
+        AVG(geo_rejected::INTEGER) AS geo_reject_seq_frac,
+        COALESCE(SUM(tokens) FILTER (WHERE seq_ratio_rejected), 0)::DOUBLE / SUM(tokens)
+            AS seq_ratio_reject_token_frac,
+        AVG(seq_ratio_rejected::INTEGER) AS seq_ratio_reject_seq_frac,
+        AVG((icepop_tokens > 0)::INTEGER) AS icepop_seq_frac
     FROM drift_samples
     GROUP BY run, rollout_id
 ),
@@ -121,26 +141,24 @@ joined AS (
     SELECT
         st.run,
         st.rollout_id,
-        coalesce(tl.tokens, 0) AS tokens,
-        coalesce(nf.nonfinite_tokens, 0) AS nonfinite_tokens,
-        coalesce(sl.samples, 0) AS samples,
-        tl.* EXCLUDE (run, rollout_id, tokens, abs_quantiles, w_mean, w_sq_mean, prob_corr),
+        COALESCE(tl.tokens, 0) AS tokens,
+        st.nonfinite_tokens,
+        COALESCE(sl.samples, 0) AS samples,
+        tl.* EXCLUDE (run, rollout_id, tokens, abs_quantiles, prob_corr),
         tl.abs_quantiles,
-        CASE WHEN isnan(tl.prob_corr) THEN NULL ELSE tl.prob_corr END AS prob_corr,
-        tl.w_mean * tl.w_mean / tl.w_sq_mean AS ess,
+        CASE WHEN ISNAN(tl.prob_corr) THEN NULL ELSE tl.prob_corr END AS prob_corr,
         sl.* EXCLUDE (run, rollout_id, samples),
-        lag(st.rollout_id) OVER run_steps AS prev_rollout_id,
-        tl.mean_abs_lp_diff_tm - lag(tl.mean_abs_lp_diff_tm) OVER run_steps AS mean_abs_lp_diff_tm_change,
-        sl.mean_abs_lp_diff_smtm - lag(sl.mean_abs_lp_diff_smtm) OVER run_steps
+        LAG(st.rollout_id) OVER run_steps AS prev_rollout_id,
+        tl.mean_abs_lp_diff_tm - LAG(tl.mean_abs_lp_diff_tm) OVER run_steps
+            AS mean_abs_lp_diff_tm_change,
+        sl.mean_abs_lp_diff_smtm - LAG(sl.mean_abs_lp_diff_smtm) OVER run_steps
             AS mean_abs_lp_diff_smtm_change,
-        tl.k3_kl - lag(tl.k3_kl) OVER run_steps AS k3_kl_change,
-        tl.mult_prob_error - lag(tl.mult_prob_error) OVER run_steps AS mult_prob_error_change,
-        tl.w_mean * tl.w_mean / tl.w_sq_mean
-            - lag(tl.w_mean * tl.w_mean / tl.w_sq_mean) OVER run_steps AS ess_change
+        tl.k3_kl - LAG(tl.k3_kl) OVER run_steps AS k3_kl_change,
+        tl.mult_prob_error - LAG(tl.mult_prob_error) OVER run_steps AS mult_prob_error_change,
+        tl.ess - LAG(tl.ess) OVER run_steps AS ess_change
     FROM steps AS st
     LEFT JOIN token_level AS tl USING (run, rollout_id)
     LEFT JOIN sample_level AS sl USING (run, rollout_id)
-    LEFT JOIN nonfinite AS nf USING (run, rollout_id)
     WINDOW run_steps AS (PARTITION BY st.run ORDER BY st.rollout_id)
 )
 SELECT
@@ -182,7 +200,8 @@ SELECT
     is_ratio_max::DOUBLE AS is_ratio_max,  -- ratio
     is_frac_above_cap::DOUBLE AS is_frac_above_cap,  -- token fraction
     is_frac_below_inv_cap::DOUBLE AS is_frac_below_inv_cap,  -- token fraction
-    ess::DOUBLE AS ess,  -- fraction in (0, 1]
+    ess::DOUBLE AS ess,  -- fraction in (0, 1], clamped weights
+    ess_raw::DOUBLE AS ess_raw,  -- fraction in (0, 1], raw ratios
     veto_token_frac::DOUBLE AS veto_token_frac,  -- token fraction
     veto_seq_frac::DOUBLE AS veto_seq_frac,  -- sample fraction
     outlier_token_frac::DOUBLE AS outlier_token_frac,  -- token fraction

@@ -5,7 +5,7 @@
 -- Finite: lp_diff, train_log_prob and rollout_log_prob all finite. Covered tokens with a NaN or
 -- infinite value are left out of every drift statistic; drift_steps counts them
 -- (`nonfinite_tokens`) and the audit `nonfinite_log_probs` lists them.
--- Inputs: tokens.
+-- Inputs: tokens; macro k3_term (sql/macros).
 -- Columns:
 --   run, rollout_id, batch_position, sample_index, position, token_id   keys, as in `tokens`
 --   train_log_prob    DOUBLE  trainer log-prob (nats)
@@ -35,9 +35,9 @@ WITH covered AS (
     WHERE NOT evaluation
         AND loss_mask > 0
         AND lp_diff IS NOT NULL
-        AND isfinite(lp_diff)
-        AND isfinite(train_log_prob)
-        AND isfinite(rollout_log_prob)
+        AND ISFINITE(lp_diff)
+        AND ISFINITE(train_log_prob)
+        AND ISFINITE(rollout_log_prob)
 )
 SELECT
     run::VARCHAR AS run,  -- run name
@@ -50,10 +50,10 @@ SELECT
     rollout_lp::DOUBLE AS rollout_log_prob,  -- nats
     entropy::DOUBLE AS entropy,  -- nats
     delta::DOUBLE AS lp_diff,  -- nats
-    abs(delta)::DOUBLE AS abs_lp_diff,  -- nats
-    exp(delta)::DOUBLE AS ratio,  -- importance ratio r
-    (exp(delta) - 1.0 - delta)::DOUBLE AS k3,  -- nats
-    exp(train_lp)::DOUBLE AS train_prob,  -- probability
-    exp(rollout_lp)::DOUBLE AS rollout_prob,  -- probability
-    abs(exp(train_lp) - exp(rollout_lp))::DOUBLE AS abs_prob_diff  -- probability
+    ABS(delta)::DOUBLE AS abs_lp_diff,  -- nats
+    EXP(delta)::DOUBLE AS ratio,  -- importance ratio r
+    k3_term(delta)::DOUBLE AS k3,  -- nats
+    EXP(train_lp)::DOUBLE AS train_prob,  -- probability
+    EXP(rollout_lp)::DOUBLE AS rollout_prob,  -- probability
+    ABS(EXP(train_lp) - EXP(rollout_lp))::DOUBLE AS abs_prob_diff  -- probability
 FROM covered

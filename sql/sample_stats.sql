@@ -42,29 +42,7 @@
 --   alignment_failed       CP reassembly refused for this sample
 --   has_train_row          some train file holds the sample
 CREATE OR REPLACE VIEW sample_stats AS
-WITH covered_tokens AS (
-    -- Only train-side samples count: their stat columns are NULL where loss_mask = 0, but a
-    -- sample without a train side may carry a rollout mask and rollout log-probs.
-    SELECT
-        t.run,
-        t.rollout_id,
-        t.evaluation,
-        t.batch_position,
-        t.entropy,
-        t.ref_entropy,
-        t.lp_diff,
-        t.advantage,
-        t.returns
-    FROM tokens AS t
-    INNER JOIN samples AS s
-        ON s.run = t.run
-        AND s.rollout_id = t.rollout_id
-        AND s.evaluation = t.evaluation
-        AND s.batch_position = t.batch_position
-    WHERE s.has_train_row
-        AND t.loss_mask > 0
-),
-masked_stats AS (
+WITH masked_stats AS (
     SELECT
         run,
         rollout_id,
@@ -81,7 +59,10 @@ masked_stats AS (
         AVG(advantage) AS adv_mean,
         STDDEV_SAMP(advantage) AS adv_std,
         AVG(returns) AS return_mean
-    FROM covered_tokens
+    -- Aggregated per sample before the join with samples (which keeps only train-side samples),
+    -- so the join sees one row per sample instead of one per token.
+    FROM tokens
+    WHERE loss_mask > 0
     GROUP BY
         run,
         rollout_id,
@@ -126,7 +107,10 @@ SELECT
     s.has_train_row::BOOLEAN AS has_train_row -- train side present
 FROM samples AS s
 LEFT JOIN masked_stats AS m
-    ON m.run = s.run
+    -- Only train-side samples count: their stat columns are NULL where loss_mask = 0, but a
+    -- sample without a train side may carry a rollout mask and rollout log-probs.
+    ON s.has_train_row
+    AND m.run = s.run
     AND m.rollout_id = s.rollout_id
     AND m.evaluation = s.evaluation
     AND m.batch_position = s.batch_position

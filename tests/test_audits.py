@@ -7,6 +7,7 @@ Trip lake, run `r`:
           both groups, nothing truncated, drift tiny.
   step 1: bp0 has a delta of +25 nats; every reward is 1 (both groups zero-std); bp0 and bp1
           are truncated. So the drift, zero-std and truncation alarms fire for step 1.
+Healthy data (the built-in example and every real miles fixture) passes: exit 0, no error.
 """
 
 from __future__ import annotations
@@ -14,8 +15,13 @@ from __future__ import annotations
 import math
 
 import pytest
+from click.testing import CliRunner
 
-from pipeline.audit import AuditResult, format_audit_report, run_audits
+from pipeline import catalog
+from pipeline.audit import AuditResult, format_audit_report, has_errors, run_audits, severity
+from pipeline.cli import main
+from pipeline.errors import LakeError
+from tests.fixture_paths import REAL_DUMPS
 from tests.lakes import build_lake
 
 AUDITS = [
@@ -25,8 +31,21 @@ AUDITS = [
     "missing_train_rows",
     "nonfinite_log_probs",
     "placeholder_rollout_log_prob",
+    "truncated_steps",
+    "zero_std_group_list",
     "zero_std_groups",
 ]
+SEVERITY = {
+    "alignment_failed": "warning",
+    "drift_alarms": "error",
+    "large_lp_diff": "error",
+    "missing_train_rows": "warning",
+    "nonfinite_log_probs": "error",
+    "placeholder_rollout_log_prob": "warning",
+    "truncated_steps": "warning",
+    "zero_std_group_list": "info",
+    "zero_std_groups": "warning",
+}
 
 
 def _tokens(rid, bp, n=4, delta=1e-4, overrides=None, train_side=True):
@@ -110,7 +129,7 @@ def test_healthy_lake_passes_every_audit(healthy):
     results = run_audits(healthy)
     assert [r.name for r in results] == AUDITS
     assert all(r.passed for r in results)
-    assert format_audit_report(results).splitlines()[-1] == "All 7 audits passed."
+    assert format_audit_report(results).splitlines()[-1] == "All 9 audits passed."
 
 
 def test_every_audit_fires_on_the_tripped_lake(tripped):
@@ -151,45 +170,89 @@ def test_sample_level_audit_rows(tripped):
     assert _rows(results["missing_train_rows"], "rollout_id", "batch_position", "sample_index") == [
         (0, 3, 3)
     ]
-    assert _rows(results["zero_std_groups"], "rollout_id", "group_index", "n", "reward_mean") == [
-        (1, 2, 2, 1.0),
-        (1, 3, 2, 1.0),
+    assert _rows(
+        results["zero_std_group_list"], "rollout_id", "group_index", "n", "reward_mean"
+    ) == [(1, 2, 2, 1.0), (1, 3, 2, 1.0)]
+
+
+def test_zero_std_groups_fires_on_the_dashboard_rule_only(tripped):
+    # Step 0: rewards 0/1 in both groups (no zero-std group); step 1: both groups zero-std.
+    result = tripped[0]["zero_std_groups"]
+    assert result.rows.to_pylist() == [
+        {
+            "run": "r",
+            "rollout_id": 1,
+            "groups_with_reward": 2,
+            "zero_std_groups": 2,
+            "zero_std_frac": 1.0,
+            "threshold": 0.5,
+        }
+    ]
+    _, lake = tripped
+    # At a threshold above the step's share the audit is quiet; the group list is not.
+    quiet = {r.name: r for r in run_audits(lake, {"alarm_zero_std_group_frac": 1.01})}
+    assert quiet["zero_std_groups"].passed and not quiet["zero_std_group_list"].passed
+
+
+def test_half_the_groups_with_rewards_is_enough_and_groups_without_rewards_do_not_count(tmp_path):
+    samples = [
+        _sample(0, 0, 1.0),
+        _sample(0, 1, 1.0),  # group 0: zero-std
+        _sample(0, 2, 0.0),
+        _sample(0, 3, 1.0),  # group 1: spread
+        _sample(0, 4, None),
+        _sample(0, 5, None),  # group 2: no reward data
+    ]
+    build_lake(tmp_path, tokens=[], samples=samples)
+    result = next(r for r in run_audits(tmp_path) if r.name == "zero_std_groups")
+    assert _rows(result, "groups_with_reward", "zero_std_groups", "zero_std_frac") == [(2, 1, 0.5)]
+
+
+def test_truncated_steps_rows(tripped):
+    assert _rows(tripped[0]["truncated_steps"], "rollout_id", "truncated_frac", "threshold") == [
+        (1, 0.5, 0.25)
     ]
 
 
 def test_drift_alarms_rows(tripped):
     rows = tripped[0]["drift_alarms"].rows.to_pylist()
     assert [(r["rollout_id"], r["metric"], r["rule"], r["threshold"]) for r in rows] == [
-        (1, "k3_kl", ">", 1e-3),
-        (1, "mean_abs_lp_diff_smtm", ">", 0.1),
-        (1, "mult_prob_error", ">", 1.05),
-        (1, "truncated_frac", ">=", 0.25),
-        (1, "zero_std_group_frac", ">=", 0.5),
+        (1, "ess_raw", "<", 0.3),
+        (1, "k3_kl", ">", 1.0),
+        (1, "mean_abs_lp_diff_smtm", ">", 0.94),
+        (1, "mult_prob_error", ">", 3.5),
     ]
     values = {r["metric"]: r["value"] for r in rows}
     # Step 1: 16 covered tokens, one with delta 25, the rest 1e-4 (as float32 differences).
-    assert values["truncated_frac"] == 0.5
-    assert values["zero_std_group_frac"] == 1.0
     assert values["mean_abs_lp_diff_smtm"] == pytest.approx((25.0 / 4 + 3 * 1e-4) / 4, rel=1e-3)
+    r = math.exp(25.0)
+    mean_r, mean_r2 = (15 + r) / 16, (15 + r * r) / 16
+    assert values["ess_raw"] == pytest.approx(mean_r**2 / mean_r2, rel=1e-3)
+    assert values["ess_raw"] == pytest.approx(1 / 16, rel=1e-6)
 
 
 def test_thresholds_come_from_settings(tripped):
     _, lake = tripped
-    # With C = 2 the ESS cannot fall below 16/25; a cap of 100 lets the +25 token dominate.
-    alarms = {r.name: r for r in run_audits(lake, {"is_cap": 100.0, "alarm_truncated_frac": 0.9})}
+    # Only the ESS alarm stays once the other thresholds are raised past step 1's values.
+    raised = {"alarm_k3_kl": 1e12, "alarm_mult_prob_error": 1e12, "alarm_truncated_frac": 0.9}
+    alarms = {r.name: r for r in run_audits(lake, {**raised, "alarm_mean_abs_lp_diff_smtm": 2.0})}
     rows = alarms["drift_alarms"].rows.to_pylist()
-    assert [(r["rollout_id"], r["metric"]) for r in rows] == [
-        (1, "ess"),
-        (1, "k3_kl"),
-        (1, "mean_abs_lp_diff_smtm"),
-        (1, "mult_prob_error"),
-        (1, "zero_std_group_frac"),
-    ]
-    ess = next(r["value"] for r in rows if r["metric"] == "ess")
-    mean_w, mean_w2 = (15 + 100) / 16, (15 + 100**2) / 16
-    assert ess == pytest.approx(mean_w**2 / mean_w2, rel=1e-3)
+    assert [(r["rollout_id"], r["metric"]) for r in rows] == [(1, "ess_raw")]
+    assert alarms["truncated_steps"].passed
     quiet = run_audits(lake, {"abs_lp_diff_limit": 30.0})
     assert next(r for r in quiet if r.name == "large_lp_diff").passed
+
+
+def test_ess_raw_alarms_where_clamped_ess_cannot(tripped):
+    """With C = 2 the clamped ESS cannot fall below 4C^2 / (1 + C^2)^2 = 0.64; ess_raw can."""
+    _, lake = tripped
+    from pipeline.query import run_query
+
+    row = run_query(lake, "SELECT ess, ess_raw FROM drift_steps WHERE rollout_id = 1").to_pylist()
+    mean_w, mean_w2 = (15 * 1.0001 + 2) / 16, (15 * 1.0001**2 + 4) / 16
+    assert row[0]["ess"] == pytest.approx(mean_w**2 / mean_w2, rel=1e-3)
+    assert row[0]["ess"] > 0.64
+    assert row[0]["ess_raw"] == pytest.approx(1 / 16, rel=1e-6)
 
 
 def test_report_text(tripped):
@@ -197,25 +260,28 @@ def test_report_text(tripped):
     report = format_audit_report([results["missing_train_rows"], results["alignment_failed"]])
     assert report == "\n".join(
         [
-            "FAIL  missing_train_rows: Training-step samples of the rollout dump that no train"
-            " file holds. (1 row)",
+            "WARN  missing_train_rows [warning]: Training-step samples of the rollout dump that"
+            " no train file holds. (1 row)",
             "      run  rollout_id  batch_position  sample_index  group_index  status     remove_sample  response_length",
             "      ---  ----------  --------------  ------------  -----------  ---------  -------------  ---------------",
             "      r             0               3             3            1  completed  NULL                         4",
-            "FAIL  alignment_failed: Samples whose train-side per-token fields could not be"
-            " reassembled. (1 row)",
+            "WARN  alignment_failed [warning]: Samples whose train-side per-token fields could"
+            " not be reassembled. (1 row)",
             "      run  rollout_id  evaluation  batch_position  sample_index  dumped_rank  response_length  train_response_length",
             "      ---  ----------  ----------  --------------  ------------  -----------  ---------------  ---------------------",
             "      r             0  false                    2             2         NULL                4                   NULL",
-            "2 of 2 audits failed.",
+            "0 of 2 audits failed; 2 warnings, 0 info.",
         ]
     )
 
 
 def test_report_truncates_long_row_lists(tripped):
     results, _ = tripped
-    report = format_audit_report([results["zero_std_groups"]], max_rows=1)
-    assert report.splitlines()[-2:] == ["      ... 1 more rows", "1 of 1 audits failed."]
+    report = format_audit_report([results["zero_std_group_list"]], max_rows=1)
+    assert report.splitlines()[-2:] == [
+        "      ... 1 more rows",
+        "0 of 1 audits failed; 0 warnings, 1 info.",
+    ]
 
 
 @pytest.mark.slow
@@ -252,3 +318,76 @@ def test_audits_fire_on_generated_dumps_built_to_trip_them(tmp_path, preset, aud
         rows = int(bad.sum())
         assert rows > 0
     assert results[audit].rows.num_rows == rows
+
+
+def test_every_audit_file_declares_its_severity():
+    declared = {
+        path.stem: severity(path, path.read_text(encoding="utf-8"))
+        for path in catalog.iter_audit_files()
+    }
+    assert declared == SEVERITY
+
+
+def test_a_file_without_a_severity_line_is_refused(tmp_path):
+    path = tmp_path / "x.sql"
+    with pytest.raises(LakeError) as info:
+        severity(path, "-- Rows.\n-- Severity: fatal\nSELECT 1")
+    assert (
+        str(info.value) == f"Lake `{path}`: needs a header line `-- Severity: error|warning|info`"
+    )
+
+
+def test_results_carry_the_severity(tripped):
+    results, _ = tripped
+    assert {name: r.severity for name, r in results.items()} == SEVERITY
+    assert has_errors(list(results.values()))
+    warnings_only = [r for r in results.values() if r.severity != "error"]
+    assert not warnings_only[0].passed and not has_errors(warnings_only)
+
+
+def test_cli_exits_1_on_errors_and_prints_severities(tripped):
+    _, lake = tripped
+    result = CliRunner().invoke(main, ["audit", str(lake)])
+    assert result.exit_code == 1
+    heads = [line.split(":")[0] for line in result.output.splitlines() if line[:1] != " "]
+    assert heads == [
+        "WARN  alignment_failed [warning]",
+        "FAIL  drift_alarms [error]",
+        "FAIL  large_lp_diff [error]",
+        "WARN  missing_train_rows [warning]",
+        "FAIL  nonfinite_log_probs [error]",
+        "WARN  placeholder_rollout_log_prob [warning]",
+        "WARN  truncated_steps [warning]",
+        "INFO  zero_std_group_list [info]",
+        "WARN  zero_std_groups [warning]",
+        "3 of 9 audits failed; 5 warnings, 1 info.",
+    ]
+
+
+def test_cli_exits_0_when_only_warnings_and_info_fire(tmp_path):
+    # Every reward is 1: both groups are zero-std (warning and info), nothing else fires.
+    tokens = [t for bp in range(4) for t in _tokens(0, bp)]
+    build_lake(tmp_path, tokens, [_sample(0, bp, 1.0) for bp in range(4)])
+    result = CliRunner().invoke(main, ["audit", str(tmp_path)])
+    assert result.exit_code == 0
+    assert result.output.splitlines()[-1] == "0 of 9 audits failed; 1 warning, 1 info."
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["basic", "cp2", "pp2", "removed", "example"])
+def test_healthy_runs_pass_the_audit(tmp_path, case):
+    """The built-in example and every real miles fixture: exit 0, no error audit fires."""
+    from pipeline.extract import extract_run
+
+    dump = REAL_DUMPS / case
+    if case == "example":
+        from pipeline import synth
+
+        dump = tmp_path / "dump"
+        synth.write_dump(dump, synth.PRESETS["example"])
+    extract_run(dump, tmp_path / "lake", run_name=case)
+    result = CliRunner().invoke(main, ["audit", str(tmp_path / "lake")])
+    assert result.exit_code == 0, result.output
+    assert [
+        r.name for r in run_audits(tmp_path / "lake") if not r.passed and r.severity == "error"
+    ] == []

@@ -260,6 +260,7 @@ def step_metrics(recs, s):
         "is_frac_above_cap": np.mean(ratio > c),
         "is_frac_below_inv_cap": np.mean(ratio < 1 / c),
         "ess": 1 / np.mean((w / w.mean()) ** 2),
+        "ess_raw": 1 / np.mean((ratio / ratio.mean()) ** 2),
         "veto_token_frac": n_s[vetoed].sum() / len(d),
         "veto_seq_frac": vetoed.mean(),
         "outlier_token_frac": outlier.mean(),

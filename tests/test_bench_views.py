@@ -1,0 +1,34 @@
+"""`pipeline.bench` times every aggregate view against a plain scan of `tokens`."""
+
+from __future__ import annotations
+
+from pipeline import bench, catalog
+from tests.lakes import build_lake
+
+
+def test_view_ratios_cover_every_aggregate_view(tmp_path, capsys):
+    tokens = [
+        {
+            "run": "r",
+            "rollout_id": 0,
+            "batch_position": 0,
+            "position": p,
+            "token_id": 3,
+            "loss_mask": 1,
+            "train_log_prob": -1.0,
+            "rollout_log_prob": -1.1,
+            "lp_diff": 0.1,
+        }
+        for p in range(4)
+    ]
+    build_lake(tmp_path, tokens=tokens)
+    ratios = bench.view_ratios(tmp_path, repeat=1)
+    views = [p.stem for p in catalog.iter_view_files()]
+    expected = [v for v in views if v not in ("drift_settings", "drift_tokens")]
+    assert [name for name, _, _ in ratios] == ["scan", *expected]
+    assert ratios[0][2] == 1.0
+    assert all(seconds > 0 and ratio > 0 for _, seconds, ratio in ratios)
+    bench.print_view_ratios(tmp_path, repeat=1)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == ["scan", *expected]
+    assert all(line.endswith("x the plain scan") for line in lines)
