@@ -10,7 +10,7 @@ RUN_NAME ?=
 EXAMPLE_DUMP ?= example-dump
 BENCH_SCALE ?= 1
 
-.PHONY: help setup extract example follow verify views audit sql test test-fast lint fmt bench clean
+.PHONY: help setup extract example follow verify views audit sql report test test-fast lint fmt bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ audit: setup ## run the sql/audits checks against $(LAKE); exit 1 if any returns
 
 sql: setup ## Q="SELECT ..." [LAKE=lake]: run a query against the catalog
 	$(PY) -m pipeline query "$(LAKE)" "$(Q)"
+
+report: setup ## [LAKE=lake] [RUN_NAME=name] [OUT=report.html]: one self-contained HTML report
+	$(PY) -m pipeline report "$(LAKE)" $(if $(RUN_NAME),--run "$(RUN_NAME)") -o "$(or $(OUT),report.html)"
 
 lint: setup ## ruff check + format check + mypy (strict defs in pipeline/)
 	$(VENV)/bin/ruff check pipeline tests
