@@ -433,9 +433,7 @@ def audit(lake: Path, settings: tuple[str, ...]) -> None:
     show_default=True,
     help="Worst samples (by mean |lp_diff|) per run shown with a per-token strip.",
 )
-def report(
-    lake: Path, runs: tuple[str, ...], steps: str | None, output: Path, worst: int
-) -> None:
+def report(lake: Path, runs: tuple[str, ...], steps: str | None, output: Path, worst: int) -> None:
     """Write one self-contained HTML report of the lake's health and drift, with charts.
 
     Sections: runs, audits, reward health per step, drift per step, where the drift is,

@@ -144,7 +144,7 @@ def _ranges(steps: Sequence[int]) -> str:
     parts: list[str] = []
     ordered = sorted(set(steps))
     start = prev = ordered[0] if ordered else 0
-    for step in ordered[1:] + [None]:  # type: ignore[list-item]
+    for step in ordered[1:] + [None]:
         if step is not None and step == prev + 1:
             prev = step
             continue
@@ -179,8 +179,10 @@ def _audits_section(results: list[rd.AuditSection]) -> str:
         "fail in the selected runs and steps.</p>"
     ]
     for result in sorted(results, key=lambda r: (r.count == 0, r.name)):
-        status = f'<span class="fail">FAIL ({result.count:,} rows)</span>' if result.count else (
-            '<span class="pass">PASS</span>'
+        status = (
+            f'<span class="fail">FAIL ({result.count:,} rows)</span>'
+            if result.count
+            else ('<span class="pass">PASS</span>')
         )
         body.append(
             f'<div class="audit">{status} <code>{rh.cell(result.name)}</code>: '
@@ -229,8 +231,14 @@ def _reward_section(page: _Page, limits: dict[str, Any]) -> str:
     ]  # fmt: skip
     if page.datasets["eval_reward"]:
         charts.append(
-            _per_step(page, "eval-reward", "eval_reward", {"eval_reward_mean": "eval"},
-                      "Eval reward mean", "reward")  # fmt: skip
+            _per_step(
+                page,
+                "eval-reward",
+                "eval_reward",
+                {"eval_reward_mean": "eval"},
+                "Eval reward mean",
+                "reward",
+            )  # fmt: skip
         )
     else:
         charts.append(rh.note("Eval reward: no eval files in the selected runs and steps."))
@@ -278,29 +286,24 @@ def _where_section(page: _Page) -> str:
         '<div class="wide">', page.chart(rc.position_heatmap("heatmap", runs)), "</div>",
         '<div class="grid">',
         page.chart(rc.by_step_selected(
-            "by-prob", "by_prob", steps, _x("label", "rollout probability", "bucket"),
+            "by-prob", "by_prob", steps, ("label", "rollout probability", "bucket"),
             "Mean |δ| by rollout probability", "datum.dimension === 'rollout_prob'")),
     ]  # fmt: skip
     if any(row["dimension"] == "entropy" for row in data["by_prob"]):
         body.append(page.chart(rc.by_step_selected(
-            "by-entropy", "by_prob", steps, _x("label", "actor entropy (nats)", "bucket"),
+            "by-entropy", "by_prob", steps, ("label", "actor entropy (nats)", "bucket"),
             "Mean |δ| by actor entropy", "datum.dimension === 'entropy'")))  # fmt: skip
     else:
         body.append(rh.note("By entropy: the dump has no entropy."))
     body.append(page.chart(rc.by_step_selected(
-        "by-turn", "by_turn", steps, _x("turn_index", "turn (segment of the response)"),
+        "by-turn", "by_turn", steps, ("turn_index", "turn (segment of the response)", None),
         "Mean |δ| by turn")))  # fmt: skip
     body.append(page.chart(rc.by_step_selected(
-        "by-staleness", "by_staleness", steps, _x("staleness", "staleness (steps)"),
+        "by-staleness", "by_staleness", steps, ("staleness", "staleness (steps)", None),
         "Mean |δ| by staleness", extra={"strokeDash": rc.alt.StrokeDash(
             "mixed_version:N", title="mixed version")})))  # fmt: skip
     body += [page.chart(rc.histogram("histogram", steps)), "</div>"]
     return rh.section("where", title, body)
-
-
-def _x(field_name: str, title: str, sort_by: str | None = None) -> Any:
-    sort = rc.alt.EncodingSortField(sort_by, order="ascending") if sort_by else "ascending"
-    return rc.alt.X(f"{field_name}:O", title=title, sort=sort)
 
 
 def _worst_section(page: _Page, strips: list[dict[str, Any]]) -> str:
@@ -309,34 +312,32 @@ def _worst_section(page: _Page, strips: list[dict[str, Any]]) -> str:
     if not data["top_tokens"]:
         return rh.section("worst", title, [rh.note("No loss-covered token with both log-probs.")])
     steps = [row["rollout_id"] for row in data["top_tokens"]]
-    columns = ["run", "rollout_id", "sample_index", "batch_position", "position", "token_id",
-               "token_text", "train_log_prob", "rollout_log_prob", "lp_diff"]  # fmt: skip
     body = [
-        '<div class="wide">', page.chart(rc.top_tokens("top-tokens", steps)), "</div>",
-        "<h3>Largest |δ| (drift_outliers)</h3>",
-        rh.table(columns, [[row[c] for c in columns] for row in data["outliers"]]),
+        '<div class="wide">',
+        page.chart(rc.top_tokens("top-tokens", steps)),
+        "</div>",
         "<h3>Worst samples by mean |δ|</h3>",
-        '<p>One cell per response token, coloured by δ (blue below 0, red above);'
+        "<p>One cell per response token, coloured by δ (blue below 0, red above);"
         ' <span class="legend-grey"></span> grey cells are masked (loss mask 0) or have no'
         " finite log-prob pair. Rows of 100 tokens.</p>",
     ]
+    # One colour scale for every strip: ± the largest |δ| among the samples shown.
+    limit = max((s["max_abs_lp_diff"] or 0.0 for s in strips), default=0.0) or 1.0
     for index, sample in enumerate(strips):
-        body.append(_strip(page, index, sample))
+        body.append(_strip(page, index, sample, limit))
     return rh.section("worst", title, body)
 
 
-def _strip(page: _Page, index: int, sample: dict[str, Any]) -> str:
+def _strip(page: _Page, index: int, sample: dict[str, Any], limit: float) -> str:
     cells = sample["cells"]
     label = (
         f"{sample['run']} · step {sample['rollout_id']} · sample {sample['sample_index']}"
         f" · mean |δ| {sample['mean_abs_lp_diff']:.4g} nats · {len(cells['position'])} tokens"
     )
-    chart = rc.strip(f"strip-{index}", f"strip_{index}", len(cells["position"]), label)
+    chart = rc.strip(f"strip-{index}", f"strip_{index}", len(cells["position"]), label, limit)
     page.strips.append({**vars(chart), "cells": cells})
     keys = " ".join(
         f'data-{name}="{int(sample[key])}"'
         for name, key in (("rollout-id", "rollout_id"), ("batch-position", "batch_position"))
     )
-    return (
-        f'<div class="strip" id="{chart.id}" data-run="{rh.cell(sample["run"])}" {keys}></div>'
-    )
+    return f'<div class="strip" id="{chart.id}" data-run="{rh.cell(sample["run"])}" {keys}></div>'

@@ -42,7 +42,11 @@ def _faded(toggle: Any) -> Any:
 
 
 def _step_axis() -> alt.X:
-    return alt.X("rollout_id:Q", title="step", axis=alt.Axis(tickMinStep=1, format="d"))
+    # Steps are integers: label only whole ticks (a short axis would show 0.5 as "1").
+    whole = "floor(datum.value) === datum.value ? datum.label : ''"
+    return alt.X(
+        "rollout_id:Q", title="step", axis=alt.Axis(tickMinStep=1, format="d", labelExpr=whole)
+    )
 
 
 def _finish(chart: Any, chart_id: str, datasets: Sequence[str], renderer: str = "svg") -> Chart:
@@ -88,7 +92,11 @@ def per_step(
     )
     encoding: dict[str, Any] = {
         "x": _step_axis(),
-        "y": alt.Y("value:Q", title=f"{title} ({unit})", scale=alt.Scale(type="log" if log else "linear", zero=False)),
+        "y": alt.Y(
+            "value:Q",
+            title=f"{title} ({unit})",
+            scale=alt.Scale(type="log" if log else "linear", zero=False),
+        ),
         "color": _run_color(),
         "opacity": _faded(toggle),
         "tooltip": [
@@ -161,28 +169,32 @@ def by_step_selected(
     chart_id: str,
     dataset: str,
     steps: Sequence[int],
-    x: alt.X,
+    x: tuple[str, str, str | None],
     title: str,
     filter_expr: str = "true",
     y: str = "mean_abs_lp_diff",
     y_title: str = "mean |δ| (nats)",
     extra: dict[str, Any] | None = None,
 ) -> Chart:
-    """Line chart over a breakdown's buckets for the step picked in a selector, runs overlaid."""
+    """Line chart over a breakdown's buckets for the step picked in a selector, runs overlaid.
+
+    `x` is (column, axis title, column to sort by or None); the column is drawn as ordinal.
+    """
     toggle = _run_toggle()
     step = _step_selector(steps)
-    field = x.to_dict()["field"]
+    field, x_title, sort_by = x
+    sort = alt.EncodingSortField(sort_by, order="ascending") if sort_by else "ascending"
     chart = (
         alt.Chart(alt.NamedData(dataset))
         .transform_filter(filter_expr)
         .transform_filter(alt.datum.rollout_id == step)
         .mark_line(point=True)
         .encode(
-            x=x,
+            x=alt.X(f"{field}:O", title=x_title, sort=sort),
             y=alt.Y(f"{y}:Q", title=y_title),
             color=_run_color(),
             opacity=_faded(toggle),
-            tooltip=_breakdown_tooltip(field, x.to_dict().get("title", field)),
+            tooltip=_breakdown_tooltip(field, x_title),
             **(extra or {}),
         )
         .add_params(toggle, step)
@@ -201,7 +213,9 @@ def histogram(chart_id: str, steps: Sequence[int]) -> Chart:
         .mark_line(interpolate="step-after", point=alt.OverlayMarkDef(size=12))
         .encode(
             x=alt.X("x_low:Q", title="δ = train − rollout log-prob (nats, bins of 0.002)"),
-            y=alt.Y("fraction:Q", title="fraction of the step's tokens", scale=alt.Scale(type="log")),
+            y=alt.Y(
+                "fraction:Q", title="fraction of the step's tokens", scale=alt.Scale(type="log")
+            ),
             color=_run_color(),
             opacity=_faded(toggle),
             tooltip=[
@@ -248,8 +262,11 @@ def top_tokens(chart_id: str, steps: Sequence[int]) -> Chart:
     return _finish(chart, chart_id, ["top_tokens"])
 
 
-def strip(chart_id: str, dataset: str, tokens: int, title: str) -> Chart:
-    """One sample's per-token strip: a cell per response token coloured by δ, masked grey."""
+def strip(chart_id: str, dataset: str, tokens: int, title: str, limit: float) -> Chart:
+    """One sample's per-token strip: a cell per response token coloured by δ, masked grey.
+
+    `limit` (nats) bounds the colour scale to [-limit, limit], the same for every strip.
+    """
     rows = max(1, -(-tokens // STRIP_WIDTH))
     width = min(tokens, STRIP_WIDTH) or 1
     colour = alt.condition(
@@ -258,7 +275,7 @@ def strip(chart_id: str, dataset: str, tokens: int, title: str) -> Chart:
         alt.Color(
             "delta:Q",
             title="δ (nats)",
-            scale=alt.Scale(scheme="redblue", reverse=True, domainMid=0),
+            scale=alt.Scale(scheme="redblue", reverse=True, domain=[-limit, limit]),
         ),
     )
     chart = (
@@ -272,7 +289,9 @@ def strip(chart_id: str, dataset: str, tokens: int, title: str) -> Chart:
         .encode(
             x=alt.X("col:Q", axis=None, scale=alt.Scale(domain=[0, width], nice=False)),
             x2="col_end:Q",
-            y=alt.Y("row:Q", axis=None, scale=alt.Scale(domain=[0, rows], reverse=True, nice=False)),
+            y=alt.Y(
+                "row:Q", axis=None, scale=alt.Scale(domain=[0, rows], reverse=True, nice=False)
+            ),
             y2="row_end:Q",
             color=colour,
             tooltip=[

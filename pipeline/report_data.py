@@ -231,7 +231,7 @@ def breakdown_datasets(con: duckdb.DuckDBPyConnection, sel: Selection) -> dict[s
 
 
 def worst_tokens(con: duckdb.DuckDBPyConnection, sel: Selection, top: int) -> dict[str, Rows]:
-    """The top drifting token texts per step (`drift_by_token`) and the worst single tokens."""
+    """The top drifting token texts of each step (`drift_by_token`, by share of k3)."""
     where = sel.where()
     return {
         "top_tokens": fetch(
@@ -239,13 +239,6 @@ def worst_tokens(con: duckdb.DuckDBPyConnection, sel: Selection, top: int) -> di
             "SELECT run, rollout_id, token_id, coalesce(to_json(token_text)::VARCHAR, "
             "'#' || token_id) AS label, tokens, mean_abs_lp_diff, k3_kl, k3_share, k3_rank "
             f"FROM drift_by_token WHERE {where} AND k3_rank <= {top}",
-        ),
-        "outliers": fetch(
-            con,
-            "SELECT o.run, o.rollout_id, o.sample_index, o.batch_position, o.position, "
-            "o.token_id, v.token_text, o.train_log_prob, o.rollout_log_prob, o.lp_diff "
-            "FROM drift_outliers AS o LEFT JOIN vocab AS v USING (run, token_id) "
-            f"WHERE {sel.where(alias='o')} ORDER BY o.abs_lp_diff DESC, o.run, o.rollout_id, o.outlier_rank LIMIT {top * 2}",
         ),
     }
 
@@ -317,7 +310,9 @@ def strip_tokens(con: duckdb.DuckDBPyConnection, samples: Rows) -> list[dict[str
             f"AND t.rollout_id = {int(sample['rollout_id'])} AND NOT t.evaluation "
             f"AND t.batch_position = {int(sample['batch_position'])}"
         ).fetchall()
-        row = rows[0] if rows else ()
-        values = {name: json.loads(text or "[]") for name, text in zip(STRIP_ARRAYS, row)}
+        row = rows[0] if rows else (None,) * len(STRIP_ARRAYS)
+        values = {
+            name: json.loads(text or "[]") for name, text in zip(STRIP_ARRAYS, row, strict=True)
+        }
         strips.append({**sample, "cells": values})
     return strips

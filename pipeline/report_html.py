@@ -17,6 +17,9 @@ from pipeline.report_charts import Chart
 
 ASSETS = Path(__file__).resolve().parent / "report_assets"
 
+# The bundle's entry snippet: put the three libraries on `window` for the page's script.
+_GLOBALS = "window.vegaEmbed = vegaEmbed; window.vega = vega; window.vegaLite = vegaLite;"
+
 
 def vega_bundle() -> str:
     """Vega, Vega-Lite and Vega-Embed as one script that sets them on `window` (offline).
@@ -27,7 +30,7 @@ def vega_bundle() -> str:
     import vl_convert
 
     major_minor = ".".join(altair.SCHEMA_VERSION.lstrip("v").split(".")[:2])
-    return str(vl_convert.javascript_bundle(vl_version=major_minor))
+    return str(vl_convert.javascript_bundle(_GLOBALS, vl_version=major_minor))
 
 
 def cell(value: Any) -> str:
@@ -54,8 +57,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     body = "".join(
         "<tr>"
         + "".join(
-            f'<td class="{"num" if isinstance(v, int | float) else ""}">{cell(v)}</td>'
-            for v in row
+            f'<td class="{"num" if isinstance(v, int | float) else ""}">{cell(v)}</td>' for v in row
         )
         + "</tr>"
         for row in rows
@@ -75,11 +77,7 @@ def chart_div(chart: Chart, kind: str = "chart") -> str:
 
 def section(anchor: str, title: str, body: Sequence[str]) -> str:
     """One numbered section of the page."""
-    return (
-        f'<section id="{anchor}"><h2>{html.escape(title)}</h2>'
-        + "\n".join(body)
-        + "</section>"
-    )
+    return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>' + "\n".join(body) + "</section>"
 
 
 def script_json(payload: Any) -> str:

@@ -53,7 +53,9 @@ def report_file(two_runs: Path) -> Path:
     out = two_runs.parent / "report.html"
     result = _invoke("report", str(two_runs), "-o", str(out), "--worst", "3")
     assert result.exit_code == 0, result.output
-    assert re.fullmatch(r"Wrote .*report\.html \(\d+\.\d MB, 2 runs\) in \d+\.\d s\n", result.output)
+    assert re.fullmatch(
+        r"Wrote .*report\.html \(\d+\.\d MB, 2 runs\) in \d+\.\d s\n", result.output
+    )
     return out
 
 
@@ -114,7 +116,9 @@ def test_missing_data_says_so_in_its_section(tmp_path):
 
 
 def _payload(text: str) -> dict:
-    match = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S)
+    match = re.search(
+        r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S
+    )
     assert match
     return json.loads(match.group(1).replace("<\\/", "</"))
 
@@ -264,10 +268,14 @@ def test_report_draws_in_headless_chromium_offline(two_runs, report_file, tmp_pa
     strips = [d for d in drawn if d["cells"] is not None]
     assert len(strips) == 6
     for strip in strips:
-        expected = run_query(
-            two_runs,
-            "SELECT response_length FROM samples WHERE NOT evaluation AND "
-            f"run = '{strip['run']}' AND rollout_id = {strip['step']} "
-            f"AND batch_position = {strip['position']}",
-        ).column(0)[0].as_py()
+        expected = (
+            run_query(
+                two_runs,
+                "SELECT response_length FROM samples WHERE NOT evaluation AND "
+                f"run = '{strip['run']}' AND rollout_id = {strip['step']} "
+                f"AND batch_position = {strip['position']}",
+            )
+            .column(0)[0]
+            .as_py()
+        )
         assert strip["cells"] == expected and strip["canvas"] > 0, strip
