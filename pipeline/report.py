@@ -106,6 +106,7 @@ def _collect(lake: Path, runs: Sequence[str], steps: Sequence[int] | None, worst
     con = open_lake(lake)
     try:
         sel = rd.Selection(rd.resolve_runs(con, runs), tuple(steps) if steps is not None else None)
+        rd.restrict(con, sel)
         page = _Page(sel)
         page.sections.append(_runs_section(rd.runs_overview(con, sel)))
         page.sections.append(_audits_section(rd.audits(con, sel)))
@@ -281,9 +282,8 @@ def _where_section(page: _Page) -> str:
     if not data["by_position"]:
         return rh.section("where", title, [rh.note("No loss-covered token with both log-probs.")])
     steps = [row["rollout_id"] for row in data["by_position"]]
-    runs = len({row["run"] for row in data["by_position"]})
     body = [
-        '<div class="wide">', page.chart(rc.position_heatmap("heatmap", runs)), "</div>",
+        '<div class="wide">', page.chart(rc.position_heatmap("heatmap")), "</div>",
         '<div class="grid">',
         page.chart(rc.by_step_selected(
             "by-prob", "by_prob", steps, ("label", "rollout probability", "bucket"),

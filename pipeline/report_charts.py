@@ -120,7 +120,7 @@ def _label_expression(fields: dict[str, str]) -> str:
     return cases + "datum.column"
 
 
-def position_heatmap(chart_id: str, runs: int) -> Chart:
+def position_heatmap(chart_id: str) -> Chart:
     """Step × response-position heatmap of mean |δ|, one panel per run (covered tokens only)."""
     chart = (
         alt.Chart(alt.NamedData("by_position"))

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline import audit, catalog
+from pipeline import audit, catalog, schema
 from pipeline.errors import UsageError
 
 if TYPE_CHECKING:
@@ -117,6 +117,22 @@ def resolve_runs(con: duckdb.DuckDBPyConnection, requested: Sequence[str]) -> tu
             listed = ", ".join(f"`{run}`" for run in known) or "none"
             raise UsageError(f"Unknown run `{name}`; the lake has runs: {listed}")
     return tuple(sorted(set(requested))) if requested else tuple(known)
+
+
+def restrict(con: duckdb.DuckDBPyConnection, sel: Selection) -> None:
+    """Shadow the base views `tokens` and `samples` with TEMP views of the selection only.
+
+    Every view of the catalog then reads only the selected runs' and steps' partitions, even
+    where a window over steps (`drift_steps`' changes, `drift_by_turn`) would stop DuckDB from
+    pushing a filter on `rollout_id` down to the files. This is the mechanism `drift_settings`
+    overrides use (docs/drift.md): the temp schema is searched first.
+    """
+    database = con.sql("SELECT current_database()").fetchall()[0][0]
+    for table in (schema.TOKENS, schema.SAMPLES):
+        source = f'"{database.replace(chr(34), chr(34) * 2)}".main.{table}'
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM {source} WHERE {sel.where()}"
+        )
 
 
 def runs_overview(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:

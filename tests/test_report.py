@@ -279,3 +279,21 @@ def test_report_draws_in_headless_chromium_offline(two_runs, report_file, tmp_pa
             .as_py()
         )
         assert strip["cells"] == expected and strip["canvas"] > 0, strip
+
+
+@pytest.mark.slow
+def test_run_and_steps_select_what_every_section_reads(two_runs, tmp_path):
+    summary = build_report(two_runs, tmp_path / "r.html", runs=["example"], steps=[1], worst=2)
+    assert summary.runs == ("example",)
+    payload = _payload((tmp_path / "r.html").read_text())
+    keys = {
+        (row["run"], row["rollout_id"]) for rows in payload["datasets"].values() for row in rows
+    }
+    assert keys == {("example", 1)}
+    text = (tmp_path / "r.html").read_text()
+    strips = re.findall(
+        r'class="strip" id="[^"]+" data-run="([^"]+)" data-rollout-id="(\d+)"', text
+    )
+    assert strips == [("example", "1")] * 2
+    # drift_alarms fires for k3_kl on every step of the example run; only step 1 is shown.
+    assert "FAIL (1 rows)</span> <code>drift_alarms</code>" in text
