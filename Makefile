@@ -26,7 +26,7 @@ ABS := abs() { case "$$1" in /*) printf '%s' "$$1";; *) printf '%s/%s' "$$CALLER
 # The files the example dump is generated from: `make example` rewrites it only when they change.
 GENERATOR := pipeline/synth.py pipeline/synth_spec.py pipeline/cp_layout.py
 
-.PHONY: help setup extract example follow verify views audit sql test test-fast lint fmt bench clean
+.PHONY: help setup extract example follow verify views audit sql report test test-fast lint fmt bench clean
 
 help: ## list the targets (with the defaults in force)
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
@@ -81,6 +81,9 @@ audit: setup ## [LAKE=$(LAKE)]: run the sql/audits checks; exit 1 on an error-se
 
 sql: setup ## Q="SELECT ..." [LAKE=$(LAKE)]: run a query against the catalog
 	@$(ABS); $(PY) -m pipeline query "$$(abs "$$TL_LAKE")" "$$TL_Q"
+
+report: setup ## [LAKE=lake] [RUN_NAME=name] [OUT=report.html]: one self-contained HTML report
+	$(PY) -m pipeline report "$(LAKE)" $(if $(RUN_NAME),--run "$(RUN_NAME)") -o "$(or $(OUT),report.html)"
 
 lint: setup ## ruff check + format check + mypy (strict defs in pipeline/)
 	$(VENV)/bin/ruff check pipeline tests

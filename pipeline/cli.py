@@ -409,3 +409,49 @@ def audit(lake: Path, settings: tuple[str, ...]) -> None:
     click.echo(format_audit_report(results))
     if has_errors(results):
         sys.exit(1)
+
+
+@main.command()
+@click.argument("lake", type=click.Path(path_type=Path), default=Path("lake"))
+@click.option(
+    "--run",
+    "runs",
+    multiple=True,
+    metavar="NAME",
+    help="Report this run (repeatable; runs overlay in every chart). Default: every run.",
+)
+@click.option("--steps", help="Only these training steps, e.g. `0-9,12`. Default: all.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=Path("report.html"),
+    show_default=True,
+    help="The HTML file to write (self-contained: open it anywhere, offline).",
+)
+@click.option(
+    "--worst",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Worst samples (by mean |lp_diff|) per run shown with a per-token strip.",
+)
+def report(lake: Path, runs: tuple[str, ...], steps: str | None, output: Path, worst: int) -> None:
+    """Write one self-contained HTML report of the lake's health and drift, with charts.
+
+    Sections: runs, audits, reward health per step, drift per step, where the drift is,
+    worst tokens and samples. Every script and style is inline; no network is needed.
+
+    Example:
+
+    \b
+        tokenlake report lake -o report.html
+        tokenlake report lake --run qwen-fp16 --run qwen-bf16 --steps 0-99
+    """
+    from pipeline.report import build_report
+
+    summary = build_report(lake, output, runs, parse_steps(steps), worst)
+    click.echo(
+        f"Wrote {summary.path} ({summary.size / 1e6:.1f} MB, {len(summary.runs)} runs)"
+        f" in {summary.seconds:.1f} s"
+    )

@@ -146,3 +146,12 @@ class DamagedManifestError(LakeError):
 
 class UsageError(PipelineError):
     """An argument is malformed (a step range, a run name)."""
+
+
+class OutputError(PipelineError):
+    """An output file (e.g. the report) cannot be written."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"Cannot write `{self.path}`: {reason}")

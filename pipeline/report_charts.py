@@ -1,0 +1,308 @@
+"""Vega-Lite specs of the report's charts, built with altair.
+
+Charts name their data (`alt.NamedData`); the page holds each dataset once and hands it to
+every chart that uses it. Every chart colours by run and lets a click on the legend toggle a
+run; breakdowns by step carry a step selector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import altair as alt
+
+GREY = "#9a9a9a"
+ALARM = "#d62728"
+STRIP_WIDTH = 100  # response tokens per row of a strip
+CELL = 7  # pixels per strip cell
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart of the page: a Vega-Lite spec and the datasets it reads."""
+
+    id: str
+    spec: dict[str, Any]
+    datasets: tuple[str, ...]
+    renderer: str = "svg"
+
+
+def _run_toggle() -> Any:
+    return alt.selection_point(fields=["run"], bind="legend", name="pick_run")
+
+
+def _run_color() -> alt.Color:
+    return alt.Color("run:N", title="run", scale=alt.Scale(scheme="tableau10"))
+
+
+def _faded(toggle: Any) -> Any:
+    return alt.condition(toggle, alt.value(1.0), alt.value(0.12))
+
+
+def _step_axis() -> alt.X:
+    # Steps are integers: label only whole ticks (a short axis would show 0.5 as "1").
+    whole = "floor(datum.value) === datum.value ? datum.label : ''"
+    return alt.X(
+        "rollout_id:Q", title="step", axis=alt.Axis(tickMinStep=1, format="d", labelExpr=whole)
+    )
+
+
+def _finish(chart: Any, chart_id: str, datasets: Sequence[str], renderer: str = "svg") -> Chart:
+    return Chart(chart_id, chart.to_dict(), tuple(datasets), renderer)
+
+
+def threshold_rule(value: float, label: str) -> Any:
+    """A dashed horizontal rule with its label: an alarm threshold of `drift_settings`."""
+    data = alt.Data(values=[{"threshold": value, "label": label}])
+    rule = alt.Chart(data).mark_rule(color=ALARM, strokeDash=[5, 4]).encode(y="threshold:Q")
+    text = (
+        alt.Chart(data)
+        .mark_text(color=ALARM, align="left", baseline="bottom", dx=4, dy=-2)
+        .encode(y="threshold:Q", x=alt.value(0), text="label:N")
+    )
+    return rule + text
+
+
+def per_step(
+    chart_id: str,
+    dataset: str,
+    fields: dict[str, str],
+    title: str,
+    unit: str,
+    threshold: tuple[float, str] | None = None,
+    log: bool = False,
+) -> Chart:
+    """Line chart of one or more columns per step; several columns differ by dash.
+
+    Args:
+        chart_id: Element id on the page.
+        dataset: Named dataset with `run`, `rollout_id` and the columns.
+        fields: Column -> legend label.
+        title: Chart title.
+        unit: Unit shown on the y axis, e.g. "nats".
+        threshold: (value, label) of an alarm rule, or None.
+        log: Log-scale y axis.
+    """
+    toggle = _run_toggle()
+    base = alt.Chart(alt.NamedData(dataset)).transform_fold(list(fields), as_=["column", "value"])
+    base = base.transform_calculate(measure=_label_expression(fields)).transform_filter(
+        "isValid(datum.value) && (!" + str(log).lower() + " || datum.value > 0)"
+    )
+    encoding: dict[str, Any] = {
+        "x": _step_axis(),
+        "y": alt.Y(
+            "value:Q",
+            title=f"{title} ({unit})",
+            scale=alt.Scale(type="log" if log else "linear", zero=False),
+        ),
+        "color": _run_color(),
+        "opacity": _faded(toggle),
+        "tooltip": [
+            alt.Tooltip("run:N"),
+            alt.Tooltip("rollout_id:Q", title="step"),
+            alt.Tooltip("measure:N", title="metric"),
+            alt.Tooltip("value:Q", title=unit, format=".4~g"),
+        ],
+    }
+    if len(fields) > 1:
+        encoding["strokeDash"] = alt.StrokeDash("measure:N", title="metric")
+    line = base.mark_line(point=True).encode(**encoding).add_params(toggle)
+    layers = [line, threshold_rule(*threshold)] if threshold else [line]
+    chart = alt.layer(*layers).properties(title=title, width="container", height=200)
+    return _finish(chart, chart_id, [dataset])
+
+
+def _label_expression(fields: dict[str, str]) -> str:
+    """Vega expression mapping a folded column name to its label."""
+    cases = "".join(f"datum.column === '{name}' ? '{label}' : " for name, label in fields.items())
+    return cases + "datum.column"
+
+
+def position_heatmap(chart_id: str) -> Chart:
+    """Step × response-position heatmap of mean |δ|, one panel per run (covered tokens only)."""
+    chart = (
+        alt.Chart(alt.NamedData("by_position"))
+        .transform_calculate(positions="datum.position_low + '–' + datum.position_high")
+        .mark_rect()
+        .encode(
+            x=alt.X("rollout_id:O", title="step"),
+            y=alt.Y(
+                "positions:O",
+                title="response position (tokens, log2 buckets)",
+                sort=alt.EncodingSortField("position_bucket", order="ascending"),
+            ),
+            color=alt.Color(
+                "mean_abs_lp_diff:Q", title="mean |δ| (nats)", scale=alt.Scale(scheme="viridis")
+            ),
+            row=alt.Row("run:N", title="run"),
+            tooltip=_breakdown_tooltip("positions", "positions"),
+        )
+        .properties(title="Mean |δ| by step and response position", width=640, height=160)
+    )
+    return _finish(chart, chart_id, ["by_position"])
+
+
+def _breakdown_tooltip(field: str, title: str) -> list[alt.Tooltip]:
+    return [
+        alt.Tooltip("run:N"),
+        alt.Tooltip("rollout_id:Q", title="step"),
+        alt.Tooltip(f"{field}:N", title=title),
+        alt.Tooltip("tokens:Q", title="tokens", format=","),
+        alt.Tooltip("mean_abs_lp_diff:Q", title="mean |δ| (nats)", format=".4~g"),
+        alt.Tooltip("k3_kl:Q", title="k3 KL (nats)", format=".4~g"),
+        alt.Tooltip("k3_share:Q", title="share of the step's k3", format=".1%"),
+    ]
+
+
+def _step_selector(steps: Sequence[int]) -> Any:
+    options = sorted(set(steps))
+    return alt.param(
+        name="step",
+        value=options[-1],
+        bind=alt.binding_select(options=options, name="step "),
+    )
+
+
+def by_step_selected(
+    chart_id: str,
+    dataset: str,
+    steps: Sequence[int],
+    x: tuple[str, str, str | None],
+    title: str,
+    filter_expr: str = "true",
+    y: str = "mean_abs_lp_diff",
+    y_title: str = "mean |δ| (nats)",
+    extra: dict[str, Any] | None = None,
+) -> Chart:
+    """Line chart over a breakdown's buckets for the step picked in a selector, runs overlaid.
+
+    `x` is (column, axis title, column to sort by or None); the column is drawn as ordinal.
+    """
+    toggle = _run_toggle()
+    step = _step_selector(steps)
+    field, x_title, sort_by = x
+    sort = alt.EncodingSortField(sort_by, order="ascending") if sort_by else "ascending"
+    chart = (
+        alt.Chart(alt.NamedData(dataset))
+        .transform_filter(filter_expr)
+        .transform_filter(alt.datum.rollout_id == step)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X(f"{field}:O", title=x_title, sort=sort),
+            y=alt.Y(f"{y}:Q", title=y_title),
+            color=_run_color(),
+            opacity=_faded(toggle),
+            tooltip=_breakdown_tooltip(field, x_title),
+            **(extra or {}),
+        )
+        .add_params(toggle, step)
+        .properties(title=title, width="container", height=220)
+    )
+    return _finish(chart, chart_id, [dataset])
+
+
+def histogram(chart_id: str, steps: Sequence[int]) -> Chart:
+    """|δ| distribution of the picked step, a step line per run, log-scale fraction."""
+    toggle = _run_toggle()
+    step = _step_selector(steps)
+    chart = (
+        alt.Chart(alt.NamedData("histogram"))
+        .transform_filter(alt.datum.rollout_id == step)
+        .mark_line(interpolate="step-after", point=alt.OverlayMarkDef(size=12))
+        .encode(
+            x=alt.X("x_low:Q", title="δ = train − rollout log-prob (nats, bins of 0.002)"),
+            y=alt.Y(
+                "fraction:Q", title="fraction of the step's tokens", scale=alt.Scale(type="log")
+            ),
+            color=_run_color(),
+            opacity=_faded(toggle),
+            tooltip=[
+                alt.Tooltip("run:N"),
+                alt.Tooltip("rollout_id:Q", title="step"),
+                alt.Tooltip("label:N", title="δ bin (nats)"),
+                alt.Tooltip("tokens:Q", format=","),
+                alt.Tooltip("fraction:Q", format=".3~%"),
+            ],
+        )
+        .add_params(toggle, step)
+        .properties(title="Histogram of δ (log scale)", width="container", height=240)
+    )
+    return _finish(chart, chart_id, ["histogram"])
+
+
+def top_tokens(chart_id: str, steps: Sequence[int]) -> Chart:
+    """The tokens carrying most of the picked step's k3, one bar per run."""
+    toggle = _run_toggle()
+    step = _step_selector(steps)
+    chart = (
+        alt.Chart(alt.NamedData("top_tokens"))
+        .transform_filter(alt.datum.rollout_id == step)
+        .mark_bar()
+        .encode(
+            y=alt.Y("label:N", title="token", sort="-x"),
+            yOffset=alt.YOffset("run:N"),
+            x=alt.X("k3_share:Q", title="share of the step's k3 KL (fraction)"),
+            color=_run_color(),
+            opacity=_faded(toggle),
+            tooltip=[
+                alt.Tooltip("run:N"),
+                alt.Tooltip("rollout_id:Q", title="step"),
+                alt.Tooltip("label:N", title="token"),
+                alt.Tooltip("token_id:Q", title="token id"),
+                alt.Tooltip("tokens:Q", title="occurrences", format=","),
+                alt.Tooltip("mean_abs_lp_diff:Q", title="mean |δ| (nats)", format=".4~g"),
+                alt.Tooltip("k3_share:Q", title="k3 share", format=".1%"),
+            ],
+        )
+        .add_params(toggle, step)
+        .properties(title="Top drifting tokens (by share of k3 KL)", width="container")
+    )
+    return _finish(chart, chart_id, ["top_tokens"])
+
+
+def strip(chart_id: str, dataset: str, tokens: int, title: str, limit: float) -> Chart:
+    """One sample's per-token strip: a cell per response token coloured by δ, masked grey.
+
+    `limit` (nats) bounds the colour scale to [-limit, limit], the same for every strip.
+    """
+    rows = max(1, -(-tokens // STRIP_WIDTH))
+    width = min(tokens, STRIP_WIDTH) or 1
+    colour = alt.condition(
+        "datum.status !== 3",
+        alt.value(GREY),
+        alt.Color(
+            "delta:Q",
+            title="δ (nats)",
+            scale=alt.Scale(scheme="redblue", reverse=True, domain=[-limit, limit]),
+        ),
+    )
+    chart = (
+        alt.Chart(alt.NamedData(dataset))
+        .transform_calculate(
+            col=f"datum.position % {STRIP_WIDTH}", row=f"floor(datum.position / {STRIP_WIDTH})"
+        )
+        .transform_calculate(col_end="datum.col + 0.92", row_end="datum.row + 0.92")
+        # "show": a masked token (δ null) keeps its cell; the default would drop it.
+        .mark_rect(invalid="show")
+        .encode(
+            x=alt.X("col:Q", axis=None, scale=alt.Scale(domain=[0, width], nice=False)),
+            x2="col_end:Q",
+            y=alt.Y(
+                "row:Q", axis=None, scale=alt.Scale(domain=[0, rows], reverse=True, nice=False)
+            ),
+            y2="row_end:Q",
+            color=colour,
+            tooltip=[
+                alt.Tooltip("position:Q", title="position"),
+                alt.Tooltip("token:N", title="token"),
+                alt.Tooltip("train:Q", title="train log-prob (nats)", format=".5~g"),
+                alt.Tooltip("rollout:Q", title="rollout log-prob (nats)", format=".5~g"),
+                alt.Tooltip("delta:Q", title="δ (nats)", format=".5~g"),
+                alt.Tooltip("state:N", title="loss"),
+            ],
+        )
+        .properties(title=title, width=width * CELL, height=rows * CELL)
+    )
+    return _finish(chart, chart_id, [dataset], renderer="canvas")
