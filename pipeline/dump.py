@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline import ptread
 from pipeline.errors import DumpFileError, DumpFormatError, DumpNotFoundError
+from pipeline.ptzip import short
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +106,10 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
     data = ptread.load(path)
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise DumpFormatError(path, "is not a rollout dump: it has no `samples` list")
-    if data.get("rollout_id") != rollout_id:
+    found = data.get("rollout_id")
+    if type(found) is not int or found != rollout_id:  # exact type: a hostile `==` never runs
         raise DumpFormatError(
-            path, f"holds `rollout_id` {data.get('rollout_id')!r}, but its name says {rollout_id}"
+            path, f"holds `rollout_id` {short(found)}, but its name says {rollout_id}"
         )
     for position, sample in enumerate(data["samples"]):
         if not isinstance(sample, dict):
@@ -127,6 +131,11 @@ def load_train(path: Path, rank: int) -> dict[str, Any]:
     for key in ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks"):
         if key not in columns:
             raise DumpFormatError(path, f"lacks the required column `{key}`")
+        column = columns[key]
+        scalar = isinstance(column, np.ndarray) and column.ndim == 0
+        if type(column) not in (list, tuple, np.ndarray) or scalar:
+            kind = "0-d tensor" if scalar else type(column).__name__
+            raise DumpFormatError(path, f"column `{key}` is a {kind}, not a list or tensor")
     rows = len(columns["sample_indices"])
     for key in ("response_lengths", "total_lengths", "tokens", "loss_masks"):
         if len(columns[key]) != rows:

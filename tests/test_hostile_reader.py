@@ -358,3 +358,37 @@ def test_truncating_a_file_in_a_reading_loop_never_kills_the_process(tmp_path: P
         path.write_bytes(whole)
     assert child.returncode == 0 and child.stdout is not None
     assert child.stdout.read() == "survived\n"
+
+
+# --- end to end: the CLI prints one line, the other steps land -------------------------------
+
+
+@pytest.mark.slow
+def test_extract_skips_a_hostile_rollout_file_and_lands_the_rest(tmp_path: Path) -> None:
+    from tests.test_bad_input import REPLACE, STEP_0_AND_EVAL, copy_dump, extract
+    from tests.test_bad_input import lake_steps, summary_line
+
+    dump = copy_dump(tmp_path)
+    hostile = laughs(Pickle().dict().text("metadata")).setitem().stop()
+    bad = write_pt(dump / "rollout_data" / "1.pt", hostile)
+    code, out, err = extract(dump, tmp_path / "lake")
+    budget = 4 * bad.stat().st_size + (1 << 20)
+    assert err == [
+        f"Skipped step 1: Cannot read `{bad}`: {EXPANDS.format(budget)} (at most 4 per byte of"
+        f" the file), so it is refused as an amplification attack. {REPLACE}"
+    ]
+    counts = "2 new, 0 updated, 0 unchanged, 0 removed, 1 skipped"
+    assert (code, out) == (1, summary_line("basic", tmp_path / "lake", counts, 12, 124))
+    assert lake_steps(tmp_path / "lake", "basic") == STEP_0_AND_EVAL
+
+
+@pytest.mark.slow
+def test_extract_skips_a_forged_dtype_in_a_train_file(tmp_path: Path) -> None:
+    from tests.test_bad_input import REPLACE, EVAL_AND_STEP_1, copy_dump, extract, lake_steps
+
+    dump = copy_dump(tmp_path)
+    pickle, message = FORGED["dtype_with_object_field"]
+    bad = write_pt(dump / "train_data" / "0_1.pt", Pickle().raw(bytes(pickle)[2:]).stop())
+    code, _, err = extract(dump, tmp_path / "lake")
+    assert err == [f"Skipped step 0: rank 1: Cannot read `{bad}`: {message} {REPLACE}"]
+    assert code == 1 and lake_steps(tmp_path / "lake", "basic") == EVAL_AND_STEP_1
