@@ -25,6 +25,7 @@ from pipeline.ptzip import Corrupt
 
 ITEMS_PER_BYTE = 4  # expanded items (container slots, array elements, 8 characters) per byte
 ITEMS_SLACK = 1 << 20  # so that tiny files may still hold ordinary small values
+NODE_ITEMS = 16  # a container weighs as much as 16 items: its Python object costs ~128 bytes
 MAX_DEPTH = 100  # nesting deeper than this breaks json/repr in later stages; dumps use < 10
 
 _SINGLE = b"()]}NR0125abdelostu\x81\x85\x86\x87\x88\x89\x8f\x90\x91\x92\x93\x94\x97\x98Q"
@@ -93,9 +94,7 @@ def _counted(start: int, size: int, end: int) -> int:
 
 def _check_memo(index: int, end: int) -> None:
     if not 0 <= index <= end:
-        raise Corrupt(
-            f"its pickle is corrupt (memo index {index} is larger than the whole pickle)"
-        )
+        raise Corrupt(f"its pickle is corrupt (memo index {index} is larger than the whole pickle)")
 
 
 # --- the value graph -------------------------------------------------------------------------
@@ -150,14 +149,14 @@ class _Walk:
         )
 
     def _visit(self, root: Any) -> None:
-        stack: list[tuple[Any, list[Any] | None]] = [(root, None)]
+        stack: list[tuple[Any, list[Any] | None, int]] = [(root, None, 0)]
         on_path: set[int] = set()
         while stack:
-            node, kids = stack.pop()
+            node, kids, own = stack.pop()
             key = id(node)
             if kids is not None:  # second time: every child is weighed
                 on_path.discard(key)
-                self.weight[key] = self._finish(node, kids)
+                self.weight[key] = self._finish(node, kids, own)
                 continue
             if key in self.weight:
                 continue
@@ -167,17 +166,19 @@ class _Walk:
                 raise Corrupt(f"its values are nested more than {MAX_DEPTH} levels deep")
             on_path.add(key)
             self.keep.append(node)
-            kids = _kids(_children(node))
-            stack.append((node, kids))
-            stack.extend((child, None) for child in kids)
+            if len(self.keep) * NODE_ITEMS > self.budget:  # stop before the walk itself grows
+                raise self._too_big()
+            kids, own = _kids_and_weight(node)
+            stack.append((node, kids, own))
+            stack.extend((child, None, 0) for child in kids)
 
-    def _finish(self, node: Any, kids: list[Any]) -> int:
+    def _finish(self, node: Any, kids: list[Any], own: int) -> int:
         """Weigh a node whose children are done, and apply replacements."""
         if isinstance(node, Placeholder):
             value = node.final()
             self.swap[id(node)] = value
             return int(value.size) if isinstance(value, np.ndarray) else 1
-        total = _own_weight(node)
+        total = own
         for child in kids:
             total += self.weight[id(child)]
         if total > self.budget:
@@ -204,11 +205,21 @@ class _Walk:
                 object.__setattr__(node, k, new(id(v), v))
 
 
-def _kids(items: Any) -> list[Any]:
-    """The children that need a visit (containers, arrays, placeholders), fast for leaves."""
-    if set(map(type, items)) <= _FLAT:  # C speed for lists of numbers and strings
-        return []
-    return [c for c in items if type(c) not in _FLAT]
+def _kids_and_weight(node: Any) -> tuple[list[Any], int]:
+    """The children that need a visit (containers, arrays, placeholders) and the items the
+    node weighs itself (its slots, leaf strings by length); one C-speed type scan for lists
+    of numbers and strings."""
+    if isinstance(node, np.ndarray):
+        return [], int(node.size)
+    items = _children(node)
+    weight = len(items) + NODE_ITEMS
+    types = set(map(type, items))
+    if types <= _LEAVES:
+        return [], weight
+    weight += sum(len(x) >> 3 for x in items if type(x) in _STRING_TYPES)
+    if types <= _FLAT:
+        return [], weight
+    return [c for c in items if type(c) not in _FLAT], weight
 
 
 def _children(node: Any) -> Any:
@@ -219,14 +230,3 @@ def _children(node: Any) -> Any:
     if is_dataclass(node) and not isinstance(node, type):
         return list(vars(node).values())
     return ()
-
-
-def _own_weight(node: Any) -> int:
-    """Items a node contributes itself: its slots and its leaf strings and arrays."""
-    if isinstance(node, np.ndarray):
-        return int(node.size)
-    items = _children(node)
-    weight = len(items) + 1
-    if not set(map(type, items)) <= _LEAVES:
-        weight += sum(len(x) >> 3 for x in items if type(x) in _STRING_TYPES)
-    return weight

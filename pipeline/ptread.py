@@ -366,8 +366,10 @@ def _collection(kind: type) -> Callable[..., Any]:
     def build(*args: Any) -> Any:
         if len(args) > 1 or (args and type(args[0]) not in (list, tuple)):
             raise Corrupt(f"its pickle calls `{kind.__name__}` with an unexpected argument")
-        if kind is OrderedDict and args and not all(
-            type(p) in (list, tuple) and len(p) == 2 for p in args[0]
+        if (
+            kind is OrderedDict
+            and args
+            and not all(type(p) in (list, tuple) and len(p) == 2 for p in args[0])
         ):
             raise Corrupt("its pickle calls `OrderedDict` with items that are not pairs")
         return kind(*args)
@@ -432,9 +434,7 @@ def _tensor_view(
 def _ints(value: Any) -> bool:
     """A tuple of at most 64 non-negative ints (torch.Size, strides)."""
     return (
-        type(value) is tuple
-        and len(value) <= 64
-        and all(type(n) is int and n >= 0 for n in value)
+        type(value) is tuple and len(value) <= 64 and all(type(n) is int and n >= 0 for n in value)
     )
 
 

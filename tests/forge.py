@@ -18,7 +18,6 @@ import time
 import zlib
 from pathlib import Path
 
-
 # The BUILD state numpy writes for these dtypes.
 NATIVE: dict[str, tuple[object, ...]] = {
     "f8": (3, "<", None, None, None, -1, -1, 0),
@@ -161,7 +160,13 @@ class Pickle:
         return self.tuple().persid()
 
     def tensor(
-        self, kind: str, key: str, numel: int, offset: int, size: tuple[int, ...], stride: tuple[int, ...]
+        self,
+        kind: str,
+        key: str,
+        numel: int,
+        offset: int,
+        size: tuple[int, ...],
+        stride: tuple[int, ...],
     ) -> Pickle:
         """`torch._utils._rebuild_tensor_v2(storage, offset, size, stride, False, OrderedDict())`."""
         self.glob("torch._utils", "_rebuild_tensor_v2").mark().storage(kind, key, numel)
@@ -217,13 +222,39 @@ def write_zip(path: Path, members: list[Member]) -> Path:
         crc = zlib.crc32(m.data)
         offset = len(out)
         out += struct.pack(
-            "<4s5H3I2H", b"PK\x03\x04", 20, 0, m.method, 0, 0, crc, len(m.packed), m.declared,
-            len(name), 0,
+            "<4s5H3I2H",
+            b"PK\x03\x04",
+            20,
+            0,
+            m.method,
+            0,
+            0,
+            crc,
+            len(m.packed),
+            m.declared,
+            len(name),
+            0,
         )
         out += name + m.packed
         central += struct.pack(
-            "<4s6H3I5H2I", b"PK\x01\x02", 20, 20, 0, m.method, 0, 0, crc, len(m.packed),
-            m.declared, len(name), 0, 0, 0, 0, 0, offset,
+            "<4s6H3I5H2I",
+            b"PK\x01\x02",
+            20,
+            20,
+            0,
+            m.method,
+            0,
+            0,
+            crc,
+            len(m.packed),
+            m.declared,
+            len(name),
+            0,
+            0,
+            0,
+            0,
+            0,
+            offset,
         )
         central += name
     start = len(out)

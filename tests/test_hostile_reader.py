@@ -98,8 +98,7 @@ FORGED = {
     ),
     "newobj_ndarray": (  # ndarray.__new__ over uninitialised heap
         Pickle().glob("numpy", "ndarray").mark().value((64,)).text("u1").tuple().newobj(),
-        "its pickle is corrupt (UnpicklingError: NEWOBJ class argument must be a type,"
-        " not tuple).",
+        "its pickle is corrupt (UnpicklingError: NEWOBJ class argument must be a type, not tuple).",
     ),
     "reduce_ndarray": (
         Pickle().glob("numpy", "ndarray").mark().value((64,)).text("u1").tuple().reduce(),
@@ -194,9 +193,7 @@ AMPLIFIED = {
         "its pickle holds an unknown persistent id (a `list`).",
     ),
     "stride_0_tensor": (
-        lambda: Pickle()
-        .tensor("FloatStorage", "0", 1, 0, (100_000, 100_000), (0, 0))
-        .stop(),
+        lambda: Pickle().tensor("FloatStorage", "0", 1, 0, (100_000, 100_000), (0, 0)).stop(),
         {"0": b"\0" * 4},
         EXPANDS,
     ),
@@ -365,8 +362,14 @@ def test_truncating_a_file_in_a_reading_loop_never_kills_the_process(tmp_path: P
 
 @pytest.mark.slow
 def test_extract_skips_a_hostile_rollout_file_and_lands_the_rest(tmp_path: Path) -> None:
-    from tests.test_bad_input import REPLACE, STEP_0_AND_EVAL, copy_dump, extract
-    from tests.test_bad_input import lake_steps, summary_line
+    from tests.test_bad_input import (
+        REPLACE,
+        STEP_0_AND_EVAL,
+        copy_dump,
+        extract,
+        lake_steps,
+        summary_line,
+    )
 
     dump = copy_dump(tmp_path)
     hostile = laughs(Pickle().dict().text("metadata")).setitem().stop()
@@ -384,7 +387,7 @@ def test_extract_skips_a_hostile_rollout_file_and_lands_the_rest(tmp_path: Path)
 
 @pytest.mark.slow
 def test_extract_skips_a_forged_dtype_in_a_train_file(tmp_path: Path) -> None:
-    from tests.test_bad_input import REPLACE, EVAL_AND_STEP_1, copy_dump, extract, lake_steps
+    from tests.test_bad_input import EVAL_AND_STEP_1, REPLACE, copy_dump, extract, lake_steps
 
     dump = copy_dump(tmp_path)
     pickle, message = FORGED["dtype_with_object_field"]
