@@ -28,62 +28,121 @@ ITEMS_SLACK = 1 << 20  # so that tiny files may still hold ordinary small values
 NODE_ITEMS = 16  # a container weighs as much as 16 items: its Python object costs ~128 bytes
 MAX_DEPTH = 100  # nesting deeper than this breaks json/repr in later stages; dumps use < 10
 
-_SINGLE = b"()]}NR0125abdelostu\x81\x85\x86\x87\x88\x89\x8f\x90\x91\x92\x93\x94\x97\x98Q"
+_SINGLE = b"()]}NR0125abdelostu\x81\x85\x86\x87\x88\x89\x8f\x90\x91\x92\x93\x97\x98Q"
+_SINGLE = _SINGLE.replace(b"2", b"")  # DUP shares the top object: handled one by one
 # Runs of fixed-size opcodes, most frequent first (floats, token ids); `*+` never backtracks.
+# Memo opcodes are left out: each is checked. (A capture group to learn the run's last opcode
+# would slow every iteration; what a run pushed last counts as not shareable.)
 _RUN = re.compile(
-    rb"(?:G.{8}|M..|J....|K.|[" + re.escape(_SINGLE) + rb"]|[hq\x82].|[j\x84]....|\x83..)*+",
+    rb"(?:G.{8}|M..|J....|K.|[" + re.escape(_SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
     re.DOTALL,
 )
 _COUNTED = {0x55: 1, 0x43: 1, 0x8C: 1, 0x8A: 1, 0x54: 4, 0x42: 4, 0x58: 4, 0x8B: 4}
 _COUNTED8 = {0x8D, 0x8E, 0x96, 0x95}  # BINUNICODE8, BINBYTES8, BYTEARRAY8, FRAME
 _LINE = {ord(c) for c in "ILFSVPg"}  # one newline-terminated argument
 _TWO_LINES = {ord("c"), ord("i")}  # GLOBAL, INST
+# Objects a pickle may reference many times without any risk of amplification: numbers,
+# globals and strings of at most SHARED_TEXT bytes (those pushed by the opcodes handled one by
+# one; the rest count as not shareable).
+_ATOMS = set(b"KMJG\x8a\x8bILFN\x88\x89c\x93)")
+_TEXTS = set(b"XU\x8cTBC\x8d\x8eSV")
+SHARED_TEXT = 64
 
 
-def check_opcodes(payload: Any) -> None:
+def check_opcodes(payload: Any) -> bool:
     """Refuse a pickle whose opcodes would allocate beyond the pickle's own size.
+
+    Returns:
+        Whether the pickle references a container, array or long string more than once
+        (memo GET, DUP). Without that, its values are a tree no larger than the pickle, and
+        `settle` need not walk them.
 
     Raises:
         Corrupt: an unknown opcode, a memo index larger than the pickle, or a length field
             running past its end.
     """
     data = bytes(payload) if not isinstance(payload, bytes) else payload
-    end, pos, match = len(data), 0, _RUN.match
-    while True:
-        pos = match(data, pos).end()  # type: ignore[union-attr]
-        if pos >= end:  # truncated: the unpickler reports it (EOFError), allocating nothing
-            return
-        op = data[pos]
-        if op == 0x2E:  # STOP: anything after it is never read
-            return
-        pos = _skip(data, pos, op, end)
+    return _Scan(data).run()
 
 
-def _skip(data: bytes, pos: int, op: int, end: int) -> int:
-    """The position after the variable-size or checked opcode at `pos`."""
-    if op == 0x72:  # LONG_BINPUT: the C unpickler grows its memo table to 2 × the index
-        _check_memo(int.from_bytes(data[pos + 1 : pos + 5], "little"), end)
-        return pos + 5
-    if op == 0x80:  # PROTO
-        return pos + 2
-    if op in _COUNTED:
-        width = _COUNTED[op]
-        size = int.from_bytes(data[pos + 1 : pos + 1 + width], "little", signed=width == 4)
-        return _counted(pos + 1 + width, size, end)
-    if op in _COUNTED8:
-        size = int.from_bytes(data[pos + 1 : pos + 9], "little")
-        return pos + 9 if op == 0x95 else _counted(pos + 9, size, end)
-    if op in _LINE or op in _TWO_LINES or op == 0x70:  # PUT has its index as text
-        stop = data.find(b"\n", pos + 1)
-        if op in _TWO_LINES and stop >= 0:
-            stop = data.find(b"\n", stop + 1)
-        if stop < 0:
-            raise Corrupt("its pickle is corrupt (an opcode's text argument has no end)")
-        if op == 0x70:
-            text = data[pos + 1 : stop]
-            _check_memo(int(text) if text.isdigit() and len(text) < 20 else -1, end)
-        return stop + 1
-    raise Corrupt(f"its pickle is corrupt (unknown opcode 0x{op:02x} at byte {pos})")
+class _Scan:
+    """One pass over the opcodes; remembers which memo entries are safe to share."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.end = data, len(data)
+        self.atom: dict[int, bool] = {}  # memo index -> shareable
+        self.top = False  # whether the object the last opcode pushed is shareable
+        self.shares = False
+
+    def run(self) -> bool:
+        data, end, pos, match = self.data, self.end, 0, _RUN.match
+        while True:
+            after = match(data, pos).end()  # type: ignore[union-attr]
+            if after > pos:
+                self.top, pos = False, after
+            if pos >= end:  # truncated: the unpickler reports it (EOFError), allocating nothing
+                return self.shares
+            op = data[pos]
+            if op == 0x2E:  # STOP: anything after it is never read
+                return self.shares
+            pos = self._memo(pos, op) if op in _MEMO else self._skip(pos, op)
+
+    def _memo(self, pos: int, op: int) -> int:
+        """PUT/GET/MEMOIZE/DUP: bound the index (the C unpickler grows its table to 2 × it)
+        and note when a non-shareable object is referenced again."""
+        data = self.data
+        width = _MEMO[op]
+        if op == 0x32:  # DUP
+            self.shares |= not self.top
+            return pos + 1
+        if op == 0x94:  # MEMOIZE: the next free index
+            index, after = len(self.atom), pos + 1
+        elif width:
+            index, after = (
+                int.from_bytes(data[pos + 1 : pos + 1 + width], "little"),
+                pos + 1 + width,
+            )
+        else:  # PUT / GET with a decimal index
+            stop = data.find(b"\n", pos + 1)
+            text = data[pos + 1 : stop] if stop > 0 else b""
+            index, after = (int(text) if text.isdigit() and len(text) < 20 else -1), stop + 1
+        if not 0 <= index <= max(self.end, 1 << 16):
+            raise Corrupt(
+                f"its pickle is corrupt (memo index {index} is larger than the whole pickle)"
+            )
+        if op in _GETS:
+            self.top = self.atom.get(index, False)
+            self.shares |= not self.top
+        else:
+            self.atom[index] = self.top
+        return after
+
+    def _skip(self, pos: int, op: int) -> int:
+        """The position after the variable-size opcode at `pos`."""
+        data, end = self.data, self.end
+        if op == 0x80:  # PROTO
+            return pos + 2
+        if op in _COUNTED or op in _COUNTED8:
+            width = _COUNTED.get(op, 8)
+            size = int.from_bytes(data[pos + 1 : pos + 1 + width], "little", signed=width == 4)
+            if op == 0x95:  # FRAME: a hint, no object
+                return pos + 9
+            self.top = op in _ATOMS or size <= SHARED_TEXT
+            return _counted(pos + 1 + width, size, end)
+        if op in _LINE or op in _TWO_LINES:
+            stop = data.find(b"\n", pos + 1)
+            if op in _TWO_LINES and stop >= 0:
+                stop = data.find(b"\n", stop + 1)
+            if stop < 0:
+                raise Corrupt("its pickle is corrupt (an opcode's text argument has no end)")
+            self.top = op in _ATOMS or (op in _TEXTS and stop - pos <= SHARED_TEXT)
+            return stop + 1
+        raise Corrupt(f"its pickle is corrupt (unknown opcode 0x{op:02x} at byte {pos})")
+
+
+_MEMO = {0x71: 1, 0x72: 4, 0x70: 0, 0x68: 1, 0x6A: 4, 0x67: 0, 0x94: 0, 0x32: 0}
+_GETS = {0x68, 0x6A, 0x67}
+_LINE.discard(ord("g"))
 
 
 def _counted(start: int, size: int, end: int) -> int:
@@ -92,9 +151,17 @@ def _counted(start: int, size: int, end: int) -> int:
     return start + size
 
 
-def _check_memo(index: int, end: int) -> None:
-    if not 0 <= index <= end:
-        raise Corrupt(f"its pickle is corrupt (memo index {index} is larger than the whole pickle)")
+def too_big(budget: int) -> Corrupt:
+    """The refusal of a value graph (or the tensors of a file) beyond `budget` items."""
+    return Corrupt(
+        f"its values expand to more than {budget:,} items when shared references are"
+        f" followed (at most {ITEMS_PER_BYTE} per byte of the file), so it is refused as"
+        " an amplification attack"
+    )
+
+
+def budget_of(file_size: int) -> int:
+    return ITEMS_PER_BYTE * file_size + ITEMS_SLACK
 
 
 # --- the value graph -------------------------------------------------------------------------
@@ -119,12 +186,13 @@ _MAPPINGS = (dict, OrderedDict)
 def settle(root: Any, file_size: int) -> Any:
     """Check the expanded size of the value graph and return it with placeholders replaced.
 
+    Needed only when the pickle shares references (`check_opcodes`) or builds numpy objects.
+
     Raises:
         Corrupt: The graph expands beyond its budget, is cyclic, is nested too deeply, or
             holds an unfinished placeholder.
     """
-    budget = ITEMS_PER_BYTE * file_size + ITEMS_SLACK
-    return _Walk(budget).run(root)
+    return _Walk(budget_of(file_size)).run(root)
 
 
 class _Walk:
@@ -142,11 +210,7 @@ class _Walk:
         return holder[0]
 
     def _too_big(self) -> Corrupt:
-        return Corrupt(
-            f"its values expand to more than {self.budget:,} items when shared references are"
-            f" followed (at most {ITEMS_PER_BYTE} per byte of the file), so it is refused as"
-            " an amplification attack"
-        )
+        return too_big(self.budget)
 
     def _visit(self, root: Any) -> None:
         stack: list[tuple[Any, list[Any] | None, int]] = [(root, None, 0)]

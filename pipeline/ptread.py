@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pipeline.errors import DumpFileError, DumpNotFoundError, PipelineError, UnsafePickleError
-from pipeline.ptcheck import Placeholder, check_opcodes, settle
+from pipeline.ptcheck import Placeholder, budget_of, check_opcodes, settle, too_big
 from pipeline.ptzip import Archive, BigEndian, Changed, Corrupt, entry_bytes, open_archive, short
 
 try:  # numpy >= 2 moved the pickle helpers; 1.x pickles name `numpy.core`, 2.x `numpy._core`
@@ -492,7 +492,6 @@ def _allowed_globals() -> dict[str, Any]:
         "builtins.bytearray": _Call(_bytearray),
         "builtins.getattr": _Call(_restricted_getattr),
         "_codecs.encode": _Call(_encode),
-        "torch._utils._rebuild_tensor_v2": _Call(_tensor_view),
         "torch.storage.UntypedStorage": _TorchDType(np.dtype(np.uint8)),
         "torch.UntypedStorage": _TorchDType(np.dtype(np.uint8)),
         "numpy.ndarray": _NDARRAY,
@@ -537,7 +536,20 @@ class _RestrictedUnpickler(pickle.Unpickler):
         super().__init__(file)
         self._archive = archive
         self._storages: dict[str, np.ndarray] = {}
-        self._v3 = _Call(partial(_tensor_view_v3, {}))  # its bf16 cache lives for this load
+        # per load: the bf16 cache of v3, and how many tensor elements may still be claimed
+        self._elements = [budget_of(len(archive.buf))]
+        self._v2 = _Call(partial(self._counted, _tensor_view))
+        self._v3 = _Call(partial(self._counted, partial(_tensor_view_v3, {})))
+        self.numpy = False  # whether the pickle names numpy (its objects need `settle`)
+
+    def _counted(self, rebuild: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
+        """Rebuild a tensor; all tensors of a file may claim at most `budget_of` elements in
+        total (a stride-0 view repeats one element as often as it likes)."""
+        view = rebuild(*args)
+        self._elements[0] -= view.size
+        if self._elements[0] < 0:
+            raise too_big(budget_of(len(self._archive.buf)))
+        return view
 
     def find_class(self, module: str, name: str) -> Any:
         """Resolve an allow-listed global; anything else stops the load before it runs."""
@@ -546,6 +558,9 @@ class _RestrictedUnpickler(pickle.Unpickler):
         key = f"{module}.{name}"
         if key == "torch._utils._rebuild_tensor_v3":
             return self._v3
+        if key == "torch._utils._rebuild_tensor_v2":
+            return self._v2
+        self.numpy |= module.startswith("numpy")
         if key not in _ALLOWED:
             raise _Forbidden(short(key, 120))
         return _ALLOWED[key]
@@ -581,12 +596,15 @@ class _RestrictedUnpickler(pickle.Unpickler):
 def _unpickle(archive: Archive) -> Any:
     """Unpickle `data.pkl` of an opened archive, within the bounds of `pipeline.ptcheck`."""
     payload = bytes(entry_bytes(archive, archive.prefix + "data.pkl"))
-    check_opcodes(payload)
+    shares = check_opcodes(payload)
     # BufferedReader adds `peek`, which lets the C unpickler prefetch instead of calling
     # `read` once per opcode.
     stream = io.BufferedReader(io.BytesIO(payload), buffer_size=1 << 20)
-    value = _RestrictedUnpickler(stream, archive).load()
-    return settle(value, len(archive.buf))
+    unpickler = _RestrictedUnpickler(stream, archive)
+    value = unpickler.load()
+    if shares or unpickler.numpy:  # else a tree no larger than the pickle: nothing to walk
+        value = settle(value, len(archive.buf))
+    return value
 
 
 def _stat(path: Path) -> os.stat_result:

@@ -172,7 +172,7 @@ def _read_buffer(path: Path, size: int, fresh: bool) -> Any:
     the read is being written or truncated right now: `Changed`.
     """
     with open(path, "rb") as f:
-        buf: Any = bytearray(size) if fresh else mmap.mmap(-1, size)
+        buf: Any = bytearray(size) if fresh else _anonymous(size)
         view, got = memoryview(buf), 0
         while got < size:
             n = f.readinto(view[got : got + _READ_CHUNK])
@@ -185,6 +185,17 @@ def _read_buffer(path: Path, size: int, fresh: bool) -> Any:
         raise Changed(
             f"the file changed size while it was read ({size} bytes when opened, {now} after)"
         )
+    return buf
+
+
+def _anonymous(size: int) -> mmap.mmap:
+    """Private anonymous memory; huge pages (where the kernel has them) fault 512× less."""
+    buf = mmap.mmap(-1, size)
+    if size >= 1 << 21 and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # not supported here: ordinary pages
+            pass
     return buf
 
 

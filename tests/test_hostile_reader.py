@@ -287,15 +287,18 @@ def test_bf16_untyped_storage_is_widened_once(tmp_path: Path) -> None:
     assert tensors[2].dtype == np.float32 and tensors[2].tolist() == [1.0] * 256
 
 
-def test_cyclic_and_deep_values_are_refused(tmp_path: Path) -> None:
+def test_cyclic_and_deep_shared_values_are_refused(tmp_path: Path) -> None:
     cyclic = Pickle().list().put(0).get(0).append().stop()
     assert refused(write_pt(tmp_path / "c.pt", cyclic)) == (
         "its pickle holds a cyclic reference (a container inside itself)."
     )
-    deep = Pickle().raw(b"]" * 101 + b"a" * 100).stop()
+    # nesting is checked when the values are walked (shared references or numpy objects)
+    deep = Pickle().list().put(0).get(0).raw(b"0" + b"]" * 101 + b"a" * 100).stop()
     assert refused(write_pt(tmp_path / "d.pt", deep)) == (
         "its values are nested more than 100 levels deep."
     )
+    tree = Pickle().raw(b"]" * 101 + b"a" * 100).stop()  # a tree is no bigger than its pickle
+    assert len(str(ptread.load(write_pt(tmp_path / "t.pt", tree)))) == 202
 
 
 def test_error_messages_quote_a_short_prefix(tmp_path: Path) -> None:
