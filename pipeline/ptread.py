@@ -526,6 +526,16 @@ def _is_plain_class(cls: type) -> bool:
 _ALLOWED = _allowed_globals()
 
 
+def _counted(budget: list[int], rebuild: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
+    """Rebuild a tensor; all tensors of a file may claim at most `budget_of` elements in total
+    (a stride-0 view repeats one element as often as it likes). `budget`: [left, whole]."""
+    view = rebuild(*args)
+    budget[0] -= view.size
+    if budget[0] < 0:
+        raise too_big(budget[1])
+    return view
+
+
 # --- the unpickler ---------------------------------------------------------------------------
 
 
@@ -537,19 +547,12 @@ class _RestrictedUnpickler(pickle.Unpickler):
         self._archive = archive
         self._storages: dict[str, np.ndarray] = {}
         # per load: the bf16 cache of v3, and how many tensor elements may still be claimed
-        self._elements = [budget_of(len(archive.buf))]
-        self._v2 = _Call(partial(self._counted, _tensor_view))
-        self._v3 = _Call(partial(self._counted, partial(_tensor_view_v3, {})))
+        # (no bound methods here: a reference cycle would keep the file's copy alive until
+        # the garbage collector runs)
+        budget = [budget_of(len(archive.buf)), budget_of(len(archive.buf))]
+        self._v2 = _Call(partial(_counted, budget, _tensor_view))
+        self._v3 = _Call(partial(_counted, budget, partial(_tensor_view_v3, {})))
         self.numpy = False  # whether the pickle names numpy (its objects need `settle`)
-
-    def _counted(self, rebuild: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
-        """Rebuild a tensor; all tensors of a file may claim at most `budget_of` elements in
-        total (a stride-0 view repeats one element as often as it likes)."""
-        view = rebuild(*args)
-        self._elements[0] -= view.size
-        if self._elements[0] < 0:
-            raise too_big(budget_of(len(self._archive.buf)))
-        return view
 
     def find_class(self, module: str, name: str) -> Any:
         """Resolve an allow-listed global; anything else stops the load before it runs."""
