@@ -339,13 +339,14 @@ def test_file_truncated_while_read_is_an_error_not_sigbus(
 
 @pytest.mark.slow
 def test_truncating_a_file_in_a_reading_loop_never_kills_the_process(tmp_path: Path) -> None:
-    """A child reads a 64 MB file in a loop while this process truncates and restores it."""
+    """A child reads (and sums) an old 64 MB file in a loop while this process cuts it to 1 MB
+    and writes it back in place; the memory-mapping reader died of SIGBUS here (exit -7)."""
     p = Pickle().tensor("ByteStorage", "0", 64 << 20, 0, (64 << 20,), (1,)).stop()
     path = write_pt(tmp_path / "big.pt", p, {"0": b"\1" * (64 << 20)})
     whole = path.read_bytes()
     code = (
-        "import sys\nfrom pipeline import ptread\nfrom pipeline.errors import PipelineError\n"
-        f"for _ in range(40):\n    try:\n        ptread.load({str(path)!r})\n"
+        "from pipeline import ptread\nfrom pipeline.errors import PipelineError\n"
+        f"for _ in range(40):\n    try:\n        ptread.load({str(path)!r}).sum()\n"
         "    except PipelineError as exc:\n        assert '\\n' not in str(exc)\n"
         "print('survived')\n"
     )
@@ -354,8 +355,12 @@ def test_truncating_a_file_in_a_reading_loop_never_kills_the_process(tmp_path: P
     )
     while child.poll() is None:
         os.truncate(path, 1 << 20)
-        time.sleep(0.01)
-        path.write_bytes(whole)
+        time.sleep(0.005)
+        with path.open("r+b") as f:
+            f.write(whole)
+        past = time.time() - 7200  # old again: the reader must not treat it as being written
+        os.utime(path, (past, past))
+        time.sleep(0.02)
     assert child.returncode == 0 and child.stdout is not None
     assert child.stdout.read() == "survived\n"
 
