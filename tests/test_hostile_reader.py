@@ -403,3 +403,19 @@ def test_extract_skips_a_forged_dtype_in_a_train_file(tmp_path: Path) -> None:
     code, _, err = extract(dump, tmp_path / "lake")
     assert err == [f"Skipped step 0: rank 1: Cannot read `{bad}`: {message} {REPLACE}"]
     assert code == 1 and lake_steps(tmp_path / "lake", "basic") == EVAL_AND_STEP_1
+
+
+def test_integers_chosen_to_collide_in_a_dict_are_refused(tmp_path: Path) -> None:
+    modulus = sys.hash_info.modulus  # every multiple hashes to 0: n keys cost n**2 / 2
+    p = Pickle().dict().mark()
+    for k in range(1, 20_001):
+        p.int(k * modulus).none()
+    message = refused(write_pt(tmp_path / "h.pt", p.raw(b"u").stop()))
+    assert message == (
+        "its pickle holds more than 4096 integers of 2**61 or more; tokenlake refuses them"
+        " (such integers can be chosen to share a hash and stall any dict or set holding them)."
+    )
+    ok = Pickle().list().mark()
+    for k in range(1, 4097):
+        ok.int(k * modulus)
+    assert len(ptread.load(write_pt(tmp_path / "ok.pt", ok.appends().stop()))) == 4096
