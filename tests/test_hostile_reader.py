@@ -419,3 +419,20 @@ def test_integers_chosen_to_collide_in_a_dict_are_refused(tmp_path: Path) -> Non
     for k in range(1, 4097):
         ok.int(k * modulus)
     assert len(ptread.load(write_pt(tmp_path / "ok.pt", ok.appends().stop()))) == 4096
+
+
+def test_train_columns_of_stride_0_tensors_are_refused(tmp_path: Path) -> None:
+    from pipeline import dump
+
+    p = Pickle().dict().text("rollout_data").dict().mark()
+    for column in ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks"):
+        p.text(column).tensor("LongStorage", "0", 1, 0, (10**8,), (0,))
+    p.raw(b"u").setitem().stop()
+    path = write_pt(tmp_path / "0_0.pt", p, {"0": b"\0" * 8})
+    with pytest.raises(DumpFileError) as err:
+        dump.load_train(path, 0)
+    budget = 4 * path.stat().st_size + (1 << 20)
+    assert str(err.value) == (
+        f"Cannot read `{path}`: {EXPANDS.format(budget)} (at most 4 per byte of the file),"
+        " so it is refused as an amplification attack."
+    )
