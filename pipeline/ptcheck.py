@@ -37,6 +37,7 @@ _RUN = re.compile(
     rb"(?:G.{8}|M..|J....|K.|[" + re.escape(_SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
     re.DOTALL,
 )
+_RUN_OPS = frozenset(b"GMJK\x82\x83\x84" + _SINGLE)  # the opcodes a run may start with
 _COUNTED = {0x55: 1, 0x43: 1, 0x8C: 1, 0x8A: 1, 0x54: 4, 0x42: 4, 0x58: 4, 0x8B: 4}
 _COUNTED8 = {0x8D, 0x8E, 0x96, 0x95}  # BINUNICODE8, BINBYTES8, BYTEARRAY8, FRAME
 _LINE = {ord(c) for c in "ILFSVPg"}  # one newline-terminated argument
@@ -80,17 +81,26 @@ class _Scan:
         self.huge_ints = 0
 
     def run(self) -> bool:
-        data, end, pos, match = self.data, self.end, 0, _RUN.match
-        while True:
-            after = match(data, pos).end()  # type: ignore[union-attr]
-            if after > pos:
-                self.top, pos = False, after
-            if pos >= end:  # truncated: the unpickler reports it (EOFError), allocating nothing
-                return self.shares
+        data, end, pos, match, atom = self.data, self.end, 0, _RUN.match, self.atom
+        while pos < end:
             op = data[pos]
-            if op == 0x2E:  # STOP: anything after it is never read
-                return self.shares
-            pos = self._memo(pos, op) if op in _MEMO else self._skip(pos, op)
+            if op in _RUN_OPS:
+                after = match(data, pos).end()  # type: ignore[union-attr]
+                if after == pos:  # an opcode cut off by the end: the unpickler reports it
+                    break
+                self.top, pos = False, after
+            elif op == 0x68:  # BINGET, inline: the most frequent opcode left to Python
+                self.top = atom.get(data[pos + 1], False)
+                self.shares |= not self.top
+                pos += 2
+            elif op == 0x71:  # BINPUT (index < 256)
+                atom[data[pos + 1]] = self.top
+                pos += 2
+            elif op == 0x2E:  # STOP: anything after it is never read
+                break
+            else:
+                pos = self._memo(pos, op) if op in _MEMO else self._skip(pos, op)
+        return self.shares  # at the end of a truncated pickle the unpickler reports EOFError
 
     def _memo(self, pos: int, op: int) -> int:
         """PUT/GET/MEMOIZE/DUP: bound the index (the C unpickler grows its table to 2 × it)
