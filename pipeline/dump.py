@@ -15,6 +15,7 @@ from typing import Any
 
 from pipeline import ptread, train_checks
 from pipeline.errors import DumpFileError, DumpFormatError, DumpNotFoundError, UsageError
+from pipeline.ptzip import short
 
 log = logging.getLogger(__name__)
 
@@ -217,9 +218,10 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
     data = ptread.load(path)
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise DumpFormatError(path, "is not a rollout dump: it has no `samples` list")
-    if data.get("rollout_id") != rollout_id:
+    found = data.get("rollout_id")
+    if type(found) is not int or found != rollout_id:  # exact type: a hostile `==` never runs
         raise DumpFormatError(
-            path, f"holds `rollout_id` {data.get('rollout_id')!r}, but its name says {rollout_id}"
+            path, f"holds `rollout_id` {short(found)}, but its name says {rollout_id}"
         )
     for position, sample in enumerate(data["samples"]):
         if not isinstance(sample, dict):

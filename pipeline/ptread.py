@@ -3,7 +3,11 @@
 `torch.load(weights_only=True)` is safe but unpickles in pure Python, which is ~10x slower on
 rollout files holding millions of Python floats. `load` runs the C unpickler instead, with a
 `find_class` that resolves only an explicit allow-list (dump-format.md 2.4 and 3.6), and turns
-every tensor into a numpy array that is a zero-copy view on a memory map of the file.
+every tensor into a numpy array that is a zero-copy view on a private copy of the file.
+
+Every byte is hostile (docs/live-runs.md, "Hostile files"): every allowed callable checks the
+exact types of its arguments, numpy objects are built only from plain dtypes and exactly the
+bytes they need, and `pipeline.ptcheck` bounds what the pickle costs before and after it runs.
 
 Examples:
     >>> from pathlib import Path
@@ -22,13 +26,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from pipeline.errors import DumpFileError, DumpNotFoundError, PipelineError, UnsafePickleError
-from pipeline.ptzip import Archive, BigEndian, Corrupt, entry_bytes, open_archive
+from pipeline.ptcheck import Placeholder, budget_of, check_opcodes, settle, too_big
+from pipeline.ptzip import Archive, BigEndian, Changed, Corrupt, entry_bytes, open_archive, short
 
 try:  # numpy >= 2 moved the pickle helpers; 1.x pickles name `numpy.core`, 2.x `numpy._core`
     from numpy._core import multiarray as _multiarray
@@ -160,37 +166,221 @@ class _Call(NamedTuple):
 
 def _restricted_getattr(obj: Any, name: Any) -> Any:
     """`builtins.getattr` as old pickles use it, limited to `Sample.SpecInfo`."""
+    if type(name) is not str:
+        raise _Forbidden(f"getattr(..., <{type(name).__name__}>)")
     if obj is _SAMPLE and name == "SpecInfo":
         return SpecInfo
     if obj is _SAMPLE:
-        raise _Forbidden(f"miles.utils.types.Sample.{name}")
+        raise _Forbidden(f"miles.utils.types.Sample.{short(name)}")
+    raise _Forbidden(f"getattr({_global_name(obj)}, {short(name)!r})")
+
+
+def _global_name(obj: Any) -> str:
+    """The allow-list name of a global the pickle holds (wrappers included), else its type's."""
+    for key, value in _ALLOWED.items():
+        if value is obj:
+            return key
     owner = obj if isinstance(obj, type) else type(obj)
-    raise _Forbidden(f"getattr({owner.__module__}.{owner.__qualname__}, {name!r})")
+    return f"{owner.__module__}.{owner.__qualname__}"
 
 
 def _encode(text: Any, encoding: Any = "utf-8") -> bytes:
     """`_codecs.encode` as protocol-2 pickles use it for `bytes` values (str -> bytes)."""
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8"):
-        raise _Forbidden(f"_codecs.encode({type(text).__name__}, {encoding!r})")
+    if type(text) is not str or type(encoding) is not str or encoding not in _TEXT_CODECS:
+        raise _Forbidden(f"_codecs.encode({type(text).__name__}, {short(encoding)!r})")
     return text.encode(encoding)
 
 
-def _make_dtype(spec: Any, align: Any = False, copy: Any = True) -> np.dtype:
-    """`numpy.dtype` for pickles, always copying.
+_TEXT_CODECS = ("latin1", "latin-1", "utf-8", "utf8")
 
-    With ``copy=False`` numpy returns its shared singleton, and a BUILD on that would change
-    the descriptor for the whole process.
+
+# --- numpy objects: plain dtypes only, arrays only from exactly their bytes --------------------
+
+
+def _plain(dtype: np.dtype) -> np.dtype:
+    """Refuse every dtype but plain numbers, bool and fixed-width strings (no objects, no
+    structs, no void), whose bytes cannot hide pointers."""
+    if (
+        dtype.kind not in "biufcSU"
+        or dtype.fields is not None
+        or dtype.subdtype is not None
+        or dtype.hasobject
+        or dtype.itemsize == 0
+    ):
+        raise Corrupt(
+            f"its pickle builds a numpy `{short(dtype.str)}` dtype; tokenlake reads only plain"
+            " numeric, bool and fixed-width string dtypes"
+        )
+    return dtype
+
+
+class _DTypeProxy(Placeholder):
+    """`numpy.dtype(...)` as a pickle builds it; BUILD may only set what numpy itself writes.
+
+    A real dtype's `__setstate__` lets a pickle forge object fields without the object flag
+    (raw bytes read as pointers), so the pickle gets this proxy; `.dtype` is always plain.
     """
-    return np.dtype(spec, align=bool(align), copy=True)
+
+    __slots__ = ("dtype",)
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = _plain(dtype)
+
+    def __setstate__(self, state: Any) -> None:
+        self.dtype = _dtype_from_state(self.dtype, state)
+
+    def final(self) -> np.dtype:
+        return self.dtype
+
+
+def _dtype_from_state(base: np.dtype, state: Any) -> np.dtype:
+    """The dtype a numpy BUILD state describes, if it is exactly what numpy writes for it."""
+    ok = (
+        type(state) is tuple
+        and len(state) == 8
+        and all(type(v) in (int, str, type(None)) for v in state)
+        and state[1] in ("<", ">", "|", "=")
+    )
+    dtype = base
+    if ok and base.kind in "SU" and type(state[5]) is int and state[5] > 0:
+        dtype = np.dtype(f"{base.kind}{state[5] // (4 if base.kind == 'U' else 1)}")
+    if ok and state[1] in "<>":
+        dtype = dtype.newbyteorder(state[1])
+    if not ok or dtype.__reduce__()[2] != state:
+        raise Corrupt(
+            f"its pickle sets the state of a numpy `{base.str}` dtype to something numpy never"
+            " writes (a forged dtype)"
+        )
+    return _plain(dtype)
+
+
+def _make_dtype(spec: Any, align: Any = False, copy: Any = True) -> _DTypeProxy:
+    """`numpy.dtype` for pickles: a string spec of a plain dtype."""
+    if type(spec) is not str or type(align) is not bool or type(copy) is not bool:
+        raise Corrupt("its pickle calls `numpy.dtype` with arguments numpy never writes")
+    try:
+        dtype = np.dtype(spec)
+    except (TypeError, ValueError) as exc:
+        raise Corrupt(f"its pickle names an invalid numpy dtype `{short(spec)}`") from exc
+    return _DTypeProxy(dtype)
 
 
 class _DTypeClass(NamedTuple):
-    """A `numpy.dtypes.*DType` class as pickles call it, returning a private dtype copy."""
+    """A `numpy.dtypes.*DType` class as pickles call it (no arguments): a plain dtype."""
 
     cls: type
 
-    def __call__(self, *args: Any) -> np.dtype:
-        return np.dtype(self.cls(*args), copy=True)
+    def __call__(self, *args: Any) -> _DTypeProxy:
+        if args:
+            raise Corrupt(f"its pickle calls `numpy.dtypes.{self.cls.__name__}` with arguments")
+        return _DTypeProxy(np.dtype(self.cls()))
+
+
+class _ArrayProxy(Placeholder):
+    """`numpy.ndarray` as `_reconstruct` + BUILD make it: the array exists only once BUILD
+    gave a plain dtype and exactly the bytes its shape needs (never uninitialised memory)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self) -> None:
+        self.array: np.ndarray | None = None
+
+    def __setstate__(self, state: Any) -> None:
+        self.array = _array_from_state(state)
+
+    def final(self) -> np.ndarray:
+        if self.array is None:
+            raise Corrupt("its pickle creates a numpy array but never gives it data")
+        return self.array
+
+
+def _array_from_state(state: Any) -> np.ndarray:
+    """(version, shape, dtype, fortran, bytes) -> a writable array holding a copy of bytes."""
+    if type(state) is tuple and len(state) == 5 and state[0] == 1:
+        state = state[1:]
+    if not (
+        type(state) is tuple
+        and len(state) == 4
+        and type(state[0]) is tuple
+        and all(type(n) is int and n >= 0 for n in state[0])
+        and type(state[1]) is _DTypeProxy
+        and type(state[2]) is bool
+        and type(state[3]) is bytes
+    ):
+        raise Corrupt("its pickle gives a numpy array a state numpy never writes")
+    shape, proxy, fortran, raw = state
+    dtype = proxy.dtype
+    count = 1
+    for n in shape:
+        count *= n
+    if count * dtype.itemsize != len(raw):
+        raise Corrupt(
+            f"its pickle gives a numpy `{dtype.str}` array of shape {short(str(shape))}"
+            f" {len(raw)} bytes; it needs {count * dtype.itemsize}"
+        )
+    flat = np.frombuffer(raw, dtype, count).copy() if count else np.zeros(0, dtype)
+    return flat.reshape(shape, order="F" if fortran else "C")
+
+
+_NDARRAY = ("numpy.ndarray",)  # not a type: NEWOBJ/REDUCE cannot make arrays from it
+
+
+def _reconstruct(cls: Any, shape: Any, typecode: Any) -> _ArrayProxy:
+    """`numpy.core.multiarray._reconstruct(ndarray, (0,), b'b')`, the only call numpy writes."""
+    if cls is not _NDARRAY or shape != (0,) or typecode not in (b"b", "b"):
+        raise Corrupt("its pickle calls numpy's `_reconstruct` with arguments numpy never writes")
+    return _ArrayProxy()
+
+
+def _scalar(proxy: Any, data: Any = None) -> Any:
+    """`numpy.core.multiarray.scalar(dtype, bytes)`: a plain dtype and exactly its bytes."""
+    if type(proxy) is not _DTypeProxy or type(data) is not bytes:
+        raise Corrupt("its pickle calls numpy's `scalar` with arguments numpy never writes")
+    if len(data) != proxy.dtype.itemsize:
+        raise Corrupt(
+            f"its pickle gives a numpy `{proxy.dtype.str}` scalar {len(data)} bytes;"
+            f" it needs {proxy.dtype.itemsize}"
+        )
+    return _multiarray.scalar(proxy.dtype, data)
+
+
+# --- builtins, restricted to the arguments pickles of plain values use -----------------------
+
+
+def _bytes(*args: Any) -> bytes:
+    """`bytes()` / `bytes(b"...")` / `bytes(str, encoding)`; never `bytes(4_000_000_000)`."""
+    if args and type(args[0]) is str:
+        return _encode(*args)
+    if len(args) > 1 or (args and type(args[0]) not in (bytes, bytearray, list)):
+        raise Corrupt("its pickle calls `bytes` with arguments other than bytes or text")
+    return bytes(*args)
+
+
+def _bytearray(*args: Any) -> bytearray:
+    return bytearray(_bytes(*args))
+
+
+def _collection(kind: type) -> Callable[..., Any]:
+    """`set`/`frozenset`/`OrderedDict` from nothing or one list or tuple (of pairs)."""
+
+    def build(*args: Any) -> Any:
+        if len(args) > 1 or (args and type(args[0]) not in (list, tuple)):
+            raise Corrupt(f"its pickle calls `{kind.__name__}` with an unexpected argument")
+        if (
+            kind is OrderedDict
+            and args
+            and not all(type(p) in (list, tuple) and len(p) == 2 for p in args[0])
+        ):
+            raise Corrupt("its pickle calls `OrderedDict` with items that are not pairs")
+        return kind(*args)
+
+    return build
+
+
+def _complex(*args: Any) -> complex:
+    if len(args) > 2 or not all(type(a) in (int, float) for a in args):
+        raise Corrupt("its pickle calls `complex` with arguments that are not numbers")
+    return complex(*args)
 
 
 class _TorchDType(NamedTuple):
@@ -211,9 +401,21 @@ def _widen_bf16(bits: np.ndarray) -> np.ndarray:
 def _tensor_view(
     storage: Any, storage_offset: Any, size: Any, stride: Any, *_rest: Any
 ) -> np.ndarray:
-    """`_rebuild_tensor_v2`: a numpy view with the tensor's offset, shape and strides."""
-    if not isinstance(storage, np.ndarray) or storage.ndim != 1:
+    """`_rebuild_tensor_v2`: a numpy view with the tensor's offset, shape and strides.
+
+    How many elements a view may claim (stride 0 repeats one) is bounded later, with the whole
+    value graph (`pipeline.ptcheck.settle`).
+    """
+    if type(storage) is not np.ndarray or storage.ndim != 1:
         raise Corrupt(f"a tensor was rebuilt from a `{type(storage).__name__}`, not a storage")
+    if not (
+        type(storage_offset) is int
+        and storage_offset >= 0
+        and _ints(size)
+        and _ints(stride)
+        and len(size) == len(stride)
+    ):
+        raise Corrupt("a tensor has an offset, shape or strides that are not whole numbers")
     if storage_offset == 0 and stride == (1,) and size == storage.shape:
         return storage[:]  # the common 1-d whole-storage tensor: skip the strided constructor
     item = storage.dtype.itemsize
@@ -229,7 +431,15 @@ def _tensor_view(
         raise Corrupt(f"a tensor does not fit its storage ({exc})") from exc
 
 
+def _ints(value: Any) -> bool:
+    """A tuple of at most 64 non-negative ints (torch.Size, strides)."""
+    return (
+        type(value) is tuple and len(value) <= 64 and all(type(n) is int and n >= 0 for n in value)
+    )
+
+
 def _tensor_view_v3(
+    widened: dict[int, tuple[np.ndarray, np.ndarray]],
     storage: Any,
     storage_offset: Any,
     size: Any,
@@ -239,13 +449,22 @@ def _tensor_view_v3(
     dtype: Any,
     *_rest: Any,
 ) -> np.ndarray:
-    """`_rebuild_tensor_v3`: an untyped (byte) storage reinterpreted as `dtype`."""
-    if not isinstance(dtype, _TorchDType) or not isinstance(storage, np.ndarray):
+    """`_rebuild_tensor_v3`: an untyped (byte) storage reinterpreted as `dtype`.
+
+    bfloat16 is widened once per storage (`widened`, by id, holding the storage alive), not
+    once per tensor: 1 000 tensors of one storage must not copy it 1 000 times.
+    """
+    if type(dtype) is not _TorchDType or type(storage) is not np.ndarray:
         raise Corrupt("`_rebuild_tensor_v3` got arguments that are not a storage and dtype")
-    if storage.dtype != np.uint8:
+    if storage.dtype != np.uint8 or storage.ndim != 1:
         raise Corrupt("`_rebuild_tensor_v3` got a typed storage")
-    typed = storage.view(dtype.dtype)
-    return _tensor_view(_widen_bf16(typed) if dtype.bf16 else typed, storage_offset, size, stride)
+    usable = storage.size - storage.size % dtype.dtype.itemsize
+    typed = storage[:usable].view(dtype.dtype)
+    if dtype.bf16:
+        if id(storage) not in widened:
+            widened[id(storage)] = (storage, _widen_bf16(typed))
+        typed = widened[id(storage)][1]
+    return _tensor_view(typed, storage_offset, size, stride)
 
 
 # Legacy storage classes (what `torch.save` names for tensors), as `torch.<Name>Storage`.
@@ -265,19 +484,17 @@ _TORCH_DTYPES = {
 def _allowed_globals() -> dict[str, Any]:
     """Every global a dump may name (`module.name` -> the object handed to the pickle)."""
     allowed: dict[str, Any] = {
-        "collections.OrderedDict": OrderedDict,
-        "builtins.set": set,
-        "builtins.frozenset": frozenset,
-        "builtins.complex": complex,
-        "builtins.bytes": bytes,
-        "builtins.bytearray": bytearray,
+        "collections.OrderedDict": _Call(_collection(OrderedDict)),
+        "builtins.set": _Call(_collection(set)),
+        "builtins.frozenset": _Call(_collection(frozenset)),
+        "builtins.complex": _Call(_complex),
+        "builtins.bytes": _Call(_bytes),
+        "builtins.bytearray": _Call(_bytearray),
         "builtins.getattr": _Call(_restricted_getattr),
         "_codecs.encode": _Call(_encode),
-        "torch._utils._rebuild_tensor_v2": _Call(_tensor_view),
-        "torch._utils._rebuild_tensor_v3": _Call(_tensor_view_v3),
         "torch.storage.UntypedStorage": _TorchDType(np.dtype(np.uint8)),
         "torch.UntypedStorage": _TorchDType(np.dtype(np.uint8)),
-        "numpy.ndarray": np.ndarray,
+        "numpy.ndarray": _NDARRAY,
         "numpy.dtype": _Call(_make_dtype),
         "miles.utils.types.AdapterRef": AdapterRef,
         "miles.utils.types.RewardSpec": RewardSpec,
@@ -285,11 +502,12 @@ def _allowed_globals() -> dict[str, Any]:
         "miles.utils.types.Sample.SpecInfo": SpecInfo,  # protocol >= 4 names it directly
     }
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        allowed[f"{module}._reconstruct"] = _multiarray._reconstruct
-        allowed[f"{module}.scalar"] = _multiarray.scalar
+        allowed[f"{module}._reconstruct"] = _Call(_reconstruct)
+        allowed[f"{module}.scalar"] = _Call(_scalar)
     for name in dir(np.dtypes):
-        if name.endswith("DType") and isinstance(getattr(np.dtypes, name), type):
-            allowed[f"numpy.dtypes.{name}"] = _DTypeClass(getattr(np.dtypes, name))
+        cls = getattr(np.dtypes, name)
+        if name.endswith("DType") and isinstance(cls, type) and _is_plain_class(cls):
+            allowed[f"numpy.dtypes.{name}"] = _DTypeClass(cls)
     for name, marker in _STORAGE_DTYPES.items():
         allowed[f"torch.{name}"] = marker
         allowed[f"torch.cuda.{name}"] = marker  # writers before torch 1.x's storage unification
@@ -298,7 +516,24 @@ def _allowed_globals() -> dict[str, Any]:
     return allowed
 
 
+def _is_plain_class(cls: type) -> bool:
+    try:
+        return _plain(np.dtype(cls())) is not None
+    except (TypeError, ValueError, Corrupt):  # needs arguments (strings), or not plain
+        return False
+
+
 _ALLOWED = _allowed_globals()
+
+
+def _counted(budget: list[int], rebuild: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
+    """Rebuild a tensor; all tensors of a file may claim at most `budget_of` elements in total
+    (a stride-0 view repeats one element as often as it likes). `budget`: [left, whole]."""
+    view = rebuild(*args)
+    budget[0] -= view.size
+    if budget[0] < 0:
+        raise too_big(budget[1])
+    return view
 
 
 # --- the unpickler ---------------------------------------------------------------------------
@@ -311,28 +546,42 @@ class _RestrictedUnpickler(pickle.Unpickler):
         super().__init__(file)
         self._archive = archive
         self._storages: dict[str, np.ndarray] = {}
+        # per load: the bf16 cache of v3, and how many tensor elements may still be claimed
+        # (no bound methods here: a reference cycle would keep the file's copy alive until
+        # the garbage collector runs)
+        budget = [budget_of(len(archive.buf)), budget_of(len(archive.buf))]
+        self._v2 = _Call(partial(_counted, budget, _tensor_view))
+        self._v3 = _Call(partial(_counted, budget, partial(_tensor_view_v3, {})))
+        self.numpy = False  # whether the pickle names numpy (its objects need `settle`)
 
     def find_class(self, module: str, name: str) -> Any:
         """Resolve an allow-listed global; anything else stops the load before it runs."""
         if module == "__builtin__":  # protocol-2 pickles spell `builtins` the Python 2 way
             module = "builtins"
         key = f"{module}.{name}"
+        if key == "torch._utils._rebuild_tensor_v3":
+            return self._v3
+        if key == "torch._utils._rebuild_tensor_v2":
+            return self._v2
+        self.numpy |= module.startswith("numpy")
         if key not in _ALLOWED:
-            raise _Forbidden(key)
+            raise _Forbidden(short(key, 120))
         return _ALLOWED[key]
 
     def persistent_load(self, pid: Any) -> np.ndarray:
         """('storage', class, key, location, numel) -> 1-d numpy array on the file's bytes."""
+        # exact types first: `==` on a hostile object could run anything it overloads
         if not (
-            isinstance(pid, tuple)
+            type(pid) is tuple
             and len(pid) == 5
+            and type(pid[0]) is str
             and pid[0] == "storage"
-            and isinstance(pid[1], _TorchDType)
-            and isinstance(pid[2], str)
-            and isinstance(pid[4], int)
+            and type(pid[1]) is _TorchDType
+            and type(pid[2]) is str
+            and type(pid[4]) is int
             and pid[4] >= 0
         ):
-            raise Corrupt(f"its pickle holds an unknown persistent id `{str(pid)[:80]}`")
+            raise Corrupt(f"its pickle holds an unknown persistent id (a `{type(pid).__name__}`)")
         _, kind, key, _location, numel = pid
         if key not in self._storages:
             self._storages[key] = self._load_storage(kind, key, numel)
@@ -348,12 +597,17 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 
 def _unpickle(archive: Archive) -> Any:
-    """Unpickle `data.pkl` of an opened archive."""
-    payload = entry_bytes(archive, archive.prefix + "data.pkl")
+    """Unpickle `data.pkl` of an opened archive, within the bounds of `pipeline.ptcheck`."""
+    payload = bytes(entry_bytes(archive, archive.prefix + "data.pkl"))
+    shares = check_opcodes(payload)
     # BufferedReader adds `peek`, which lets the C unpickler prefetch instead of calling
     # `read` once per opcode.
     stream = io.BufferedReader(io.BytesIO(payload), buffer_size=1 << 20)
-    return _RestrictedUnpickler(stream, archive).load()
+    unpickler = _RestrictedUnpickler(stream, archive)
+    value = unpickler.load()
+    if shares or unpickler.numpy:  # else a tree no larger than the pickle: nothing to walk
+        value = settle(value, len(archive.buf))
+    return value
 
 
 def _stat(path: Path) -> os.stat_result:
@@ -368,10 +622,10 @@ def load(path: Path) -> Any:
     """Load a `torch.save` file as plain Python objects with numpy arrays for tensors.
 
     Tensors become numpy arrays with their dtype, shape and strides; they are zero-copy views
-    on a private memory map (writable, never written back). bfloat16 tensors become float32
-    (exact); float16 stays float16. Miles dataclasses become `AdapterRef`, `RewardSpec` and
-    `SpecInfo` from this module. Files younger than `FRESH_SECONDS` are copied into memory
-    instead of mapped, because they may still be written.
+    on a private, writable copy of the file (an anonymous memory map; a bytearray for files
+    younger than `FRESH_SECONDS`). bfloat16 tensors become float32 (exact); float16 stays
+    float16. Miles dataclasses become `AdapterRef`, `RewardSpec` and `SpecInfo` from this
+    module.
 
     Args:
         path: A `.pt` file written by `torch.save` (zip format).
@@ -383,8 +637,9 @@ def load(path: Path) -> Any:
         DumpNotFoundError: The file does not exist.
         UnsafePickleError: The pickle names a global outside the allow-list; nothing ran.
         DumpFileError: The file is empty, truncated, not a torch zip archive, big-endian, or
-            its pickle or storages are corrupt. `still_writing` is set for files modified
-            less than `FRESH_SECONDS` ago.
+            its pickle or storages are corrupt or hostile (docs/live-runs.md). `still_writing`
+            is set for files modified less than `FRESH_SECONDS` ago, and for files that changed
+            size while they were read.
     """
     path = Path(path)
     st = _stat(path)
@@ -399,9 +654,10 @@ def load(path: Path) -> Any:
         reason = f"it was written on a big-endian machine (`byteorder` is `{exc}`); tokenlake reads only little-endian dumps"
         raise DumpFileError(path, reason) from None
     except Corrupt as exc:
-        raise DumpFileError(path, exc.reason, still_writing=fresh) from exc
+        changed = isinstance(exc, Changed)
+        raise DumpFileError(path, exc.reason, still_writing=fresh or changed) from None
     except PipelineError:
         raise
     except Exception as exc:  # any other failure inside the pickle is a corrupt file
-        reason = f"its pickle is corrupt ({type(exc).__name__}: {exc})"
-        raise DumpFileError(path, reason, still_writing=fresh) from exc
+        reason = f"its pickle is corrupt ({type(exc).__name__}: {short(str(exc), 200)})"
+        raise DumpFileError(path, reason, still_writing=fresh) from None

@@ -20,6 +20,7 @@ from typing import IO, Any
 from pipeline import report_charts as rc
 from pipeline import report_data as rd
 from pipeline import report_html as rh
+from pipeline.cli_util import StepSelection as StepRanges
 from pipeline.errors import OutputError
 from pipeline.query import open_lake
 
@@ -56,7 +57,7 @@ def build_report(
     lake: Path,
     out: Path,
     runs: Sequence[str] = (),
-    steps: Sequence[int] | None = None,
+    steps: Sequence[int] | StepRanges | None = None,
     worst: int = WORST_SAMPLES,
 ) -> ReportSummary:
     """Write the report of `runs` (default: all) and `steps` (default: all) to `out`.
@@ -102,10 +103,27 @@ def _open_output(out: Path) -> tuple[IO[str], Path]:
         raise OutputError(out, exc.strerror or str(exc)) from exc
 
 
-def _collect(lake: Path, runs: Sequence[str], steps: Sequence[int] | None, worst: int) -> _Page:
+def _step_ranges(steps: Sequence[int] | StepRanges | None) -> tuple[tuple[int, int], ...] | None:
+    """Inclusive ranges from step ids or a `--steps` selection (never expanded: `0-10**10`).
+
+    Examples:
+        >>> _step_ranges([3, 1])
+        ((1, 1), (3, 3))
+    """
+    if steps is None:
+        return None
+    ranges = getattr(steps, "ranges", None)
+    if ranges is not None:
+        return tuple(ranges)
+    return tuple((step, step) for step in sorted(set(steps)))  # type: ignore[arg-type]
+
+
+def _collect(
+    lake: Path, runs: Sequence[str], steps: Sequence[int] | StepRanges | None, worst: int
+) -> _Page:
     con = open_lake(lake)
     try:
-        sel = rd.Selection(rd.resolve_runs(con, runs), tuple(steps) if steps is not None else None)
+        sel = rd.Selection(rd.resolve_runs(con, runs), _step_ranges(steps))
         rd.restrict(con, sel)
         page = _Page(sel)
         page.sections.append(_runs_section(rd.runs_overview(con, sel)))
@@ -135,24 +153,15 @@ def _header(lake: Path, sel: rd.Selection) -> str:
     )
 
 
-def _ranges(steps: Sequence[int]) -> str:
-    """`0-3,7` from step ids.
+def _ranges(ranges: Sequence[tuple[int, int]]) -> str:
+    """`0-3,7` from inclusive step ranges.
 
     Examples:
-        >>> _ranges([0, 1, 2, 3, 7])
+        >>> _ranges([(0, 3), (7, 7)])
         '0-3,7'
     """
-    parts: list[str] = []
-    ordered = sorted(set(steps))
-    start = prev = ordered[0] if ordered else 0
-    for step in ordered[1:] + [None]:
-        if step is not None and step == prev + 1:
-            prev = step
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if step is not None:
-            start = prev = step
-    return ",".join(parts) if ordered else "none"
+    parts = [str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges]
+    return ",".join(parts) or "none"
 
 
 def _payload(page: _Page) -> dict[str, Any]:
@@ -173,21 +182,28 @@ def _runs_section(rows: rd.Rows) -> str:
     return rh.section("runs", "1. Runs", body)
 
 
+# How an audit that returned rows is shown, by its severity (as `tokenlake audit` labels it).
+_AUDIT_LABELS = {"error": ("fail", "FAIL"), "warning": ("warn", "WARN"), "info": ("info", "INFO")}
+
+
 def _audits_section(results: list[rd.AuditSection]) -> str:
-    failed = [r for r in results if r.count]
+    failed = [r for r in results if r.count and r.severity == "error"]
+    warned = [r for r in results if r.count and r.severity == "warning"]
     body = [
         f'<p class="{"fail" if failed else "pass"}">{len(failed)} of {len(results)} audits '
-        "fail in the selected runs and steps.</p>"
+        f"fail and {len(warned)} warn in the selected runs and steps.</p>"
     ]
-    for result in sorted(results, key=lambda r: (r.count == 0, r.name)):
+    order = {"error": 0, "warning": 1, "info": 2}
+    for result in sorted(results, key=lambda r: (r.count == 0, order[r.severity], r.name)):
+        css, label = _AUDIT_LABELS[result.severity]
         status = (
-            f'<span class="fail">FAIL ({result.count:,} rows)</span>'
+            f'<span class="{css}">{label} ({result.count:,} rows)</span>'
             if result.count
             else ('<span class="pass">PASS</span>')
         )
         body.append(
-            f'<div class="audit">{status} <code>{rh.cell(result.name)}</code>: '
-            f"{rh.cell(result.description)}</div>"
+            f'<div class="audit">{status} <code>{rh.cell(result.name)}</code> '
+            f"[{result.severity}]: {rh.cell(result.description)}</div>"
         )
         if result.count:
             body.append(rh.table(result.columns, result.rows))

@@ -52,25 +52,25 @@ class Selection:
 
     Attributes:
         runs: Run names, sorted.
-        steps: Step ids to keep, or None for every step.
+        steps: Inclusive (low, high) step ranges to keep, or None for every step.
     """
 
     runs: tuple[str, ...]
-    steps: tuple[int, ...] | None = None
+    steps: tuple[tuple[int, int], ...] | None = None
 
     def where(self, *, steps: bool = True, alias: str = "") -> str:
         """SQL condition keeping the selection; literals inline so DuckDB prunes partitions.
 
         Examples:
-            >>> Selection(("a", "b'c"), (1, 2)).where()
-            "run IN ('a', 'b''c') AND rollout_id IN (1, 2)"
+            >>> Selection(("a", "b'c"), ((1, 2), (7, 7))).where()
+            "run IN ('a', 'b''c') AND (rollout_id BETWEEN 1 AND 2 OR rollout_id BETWEEN 7 AND 7)"
         """
         prefix = f"{alias}." if alias else ""
         names = ", ".join(catalog.quote_literal(run) for run in self.runs) or "NULL"
         condition = f"{prefix}run IN ({names})"
         if steps and self.steps is not None:
-            ids = ", ".join(str(step) for step in self.steps) or "NULL"
-            condition += f" AND {prefix}rollout_id IN ({ids})"
+            ranges = [f"{prefix}rollout_id BETWEEN {lo} AND {hi}" for lo, hi in self.steps]
+            condition += f" AND ({' OR '.join(ranges) or 'FALSE'})"
         return condition
 
 
@@ -81,6 +81,7 @@ class AuditSection:
     name: str
     description: str
     count: int
+    severity: str = "error"  # from the audit file's `Severity:` header line
     columns: list[str] = field(default_factory=list)
     rows: list[list[Any]] = field(default_factory=list)
 
@@ -168,7 +169,8 @@ def audits(con: duckdb.DuckDBPyConnection, sel: Selection) -> list[AuditSection]
             f"SELECT *, count(*) OVER () AS __rows FROM ({text}) WHERE {keep} LIMIT {AUDIT_ROWS}"
         )
         rows = relation.fetchall()
-        section = AuditSection(path.stem, audit.describe(text), rows[0][-1] if rows else 0)
+        count = rows[0][-1] if rows else 0
+        section = AuditSection(path.stem, audit.describe(text), count, audit.severity(path, text))
         section.columns = columns
         section.rows = [[clean(v) for v in row[:-1]] for row in rows]
         results.append(section)

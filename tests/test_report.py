@@ -137,7 +137,9 @@ def test_report_is_one_offline_file_of_aggregates(two_runs, report_file):
     strip_cells = sum(len(s["cells"]["position"]) for s in payload["strips"])
     assert len(payload["strips"]) == 6 and strip_cells < tokens / 4
     # The failing audits come first, with their offending rows.
-    assert text.index("FAIL (") < text.index("PASS</span>")
+    audits = re.findall(r'<div class="audit"><span class="(\w+)">', text)
+    assert audits[0] in {"fail", "warn", "info"} and audits[-1] == "pass"
+    assert audits == sorted(audits, key=["fail", "warn", "info", "pass"].index)
 
 
 def _chromium() -> str:
@@ -295,5 +297,12 @@ def test_run_and_steps_select_what_every_section_reads(two_runs, tmp_path):
         r'class="strip" id="[^"]+" data-run="([^"]+)" data-rollout-id="(\d+)"', text
     )
     assert strips == [("example", "1")] * 2
-    # drift_alarms fires for k3_kl on every step of the example run; only step 1 is shown.
-    assert "FAIL (1 rows)</span> <code>drift_alarms</code>" in text
+    # The example's only zero-spread group is at step 0: the info audit lists it for all
+    # steps, and nothing for step 1 alone.
+    assert '<span class="pass">PASS</span> <code>zero_std_group_list</code> [info]' in text
+    whole = build_report(two_runs, tmp_path / "all.html", runs=["example"], worst=1)
+    assert whole.runs == ("example",)
+    assert (
+        '<span class="info">INFO (1 rows)</span> <code>zero_std_group_list</code> [info]'
+        in (tmp_path / "all.html").read_text()
+    )
