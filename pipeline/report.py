@@ -8,20 +8,20 @@ step, where the drift is, worst tokens and samples.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from pipeline import report_charts as rc
 from pipeline import report_data as rd
 from pipeline import report_html as rh
 from pipeline.cli_util import StepSelection as StepRanges
-from pipeline.errors import OutputError
+from pipeline.errors import LakeError, OutputError
+from pipeline.lake import atomic_write, temporary_path
 from pipeline.query import open_lake
 
 WORST_SAMPLES = 10  # samples with a per-token strip, per run
@@ -68,39 +68,41 @@ def build_report(
         OutputError: `out` cannot be written.
     """
     started = time.perf_counter()
-    handle, temporary = _open_output(Path(out))
-    try:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            bundle = pool.submit(rh.vega_bundle)  # ~2 s in vl-convert, beside the queries
-            page = _collect(lake, runs, steps, worst)
-            text = rh.page(
-                f"tokenlake report: {', '.join(page.sel.runs) or 'no runs'}",
-                _header(lake, page.sel),
-                page.sections,
-                _payload(page),
-                bundle.result(),
-            )
-        handle.write(text)
-        handle.close()
-        os.replace(temporary, out)
-    except BaseException:
-        handle.close()
-        temporary.unlink(missing_ok=True)
-        raise
-    return ReportSummary(
-        Path(out), page.sel.runs, Path(out).stat().st_size, time.perf_counter() - started
-    )
+    out = Path(out)
+    _check_output(out)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        bundle = pool.submit(rh.vega_bundle)  # ~2 s in vl-convert, beside the queries
+        page = _collect(lake, runs, steps, worst)
+        text = rh.page(
+            f"tokenlake report: {', '.join(page.sel.runs) or 'no runs'}",
+            _header(lake, page.sel),
+            page.sections,
+            _payload(page),
+            bundle.result(),
+        )
+
+    def write(temporary: Path) -> None:
+        temporary.write_text(text, encoding="utf-8")
+
+    try:  # never half a report: written beside `out`, then renamed into place
+        atomic_write(out, write)
+    except LakeError as exc:
+        reason = getattr(exc.__cause__, "strerror", None) or exc.problem
+        raise OutputError(out, reason) from exc
+    return ReportSummary(out, page.sel.runs, out.stat().st_size, time.perf_counter() - started)
 
 
-def _open_output(out: Path) -> tuple[IO[str], Path]:
-    """Open a temporary file beside `out` first, so an unwritable path fails before any work."""
+def _check_output(out: Path) -> None:
+    """Fail before any work when `out` cannot be written (a directory, a missing or read-only
+    folder): a probe file beside it is created and removed."""
     if out.is_dir():
         raise OutputError(out, "it is a directory")
-    temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    probe = temporary_path(out.parent)
     try:
-        return open(temporary, "w", encoding="utf-8"), temporary
+        probe.open("w").close()
     except OSError as exc:
         raise OutputError(out, exc.strerror or str(exc)) from exc
+    probe.unlink(missing_ok=True)
 
 
 def _step_ranges(steps: Sequence[int] | StepRanges | None) -> tuple[tuple[int, int], ...] | None:
