@@ -22,17 +22,16 @@ from pipeline import catalog, dump, lake_files, manifest
 from pipeline.errors import DamagedManifestError, LakeError, PipelineError, UsageError
 from pipeline.lake import Lake, check_run_name
 from pipeline.progress import ProgressCallback, Reporter, as_reporter
-from pipeline.scheduler import run_steps, sigint_deferred
+from pipeline.scheduler import Todo, run_steps, sigint_deferred
 from pipeline.step import (
     StepOutcome,
     StepResult,
+    StepStatus,
     discard_files,
     fingerprint,
 )
 
 log = logging.getLogger(__name__)
-
-NEW, UPDATED, UNCHANGED, REMOVED, SKIPPED = "new", "updated", "unchanged", "removed", "skipped"
 
 
 @dataclass
@@ -42,9 +41,7 @@ class ExtractSummary:
     run: str
     lake: Path
     steps: list[StepResult] = field(default_factory=list)  # written by this extraction
-    counts: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys((NEW, UPDATED, UNCHANGED, REMOVED, SKIPPED), 0)
-    )
+    counts: dict[StepStatus, int] = field(default_factory=lambda: dict.fromkeys(StepStatus, 0))
     failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
     ignored_files: list[tuple[Path, str]] = field(default_factory=list)  # (path, why)
     seconds: float = 0.0
@@ -60,6 +57,14 @@ class ExtractSummary:
     @property
     def nonfinite_values(self) -> int:
         return sum(s.nonfinite_values for s in self.steps)
+
+
+class ExtractInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped an extraction; `summary` holds the steps committed before it."""
+
+    def __init__(self, summary: ExtractSummary) -> None:
+        super().__init__(f"extraction of run `{summary.run}` interrupted")
+        self.summary = summary
 
 
 def extract_run(
@@ -113,24 +118,21 @@ def extract_run(
         if steps is None:  # `ready` only defers present steps; a vanished one is gone
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
         reporter.planned(len(todo))
-        interrupted: KeyboardInterrupt | None = None
+        interrupted = False
         try:
             try:
                 for outcome in run_steps(todo, lake, run, workers, reporter.stopping):
                     _commit(lake, record, outcome, summary, strict, reporter)
-            except KeyboardInterrupt as exc:
-                interrupted = exc
+            except KeyboardInterrupt:
+                interrupted = True
                 reporter.stopping([])
         finally:  # also on Ctrl-C or an error: publish the steps committed so far
             with sigint_deferred() as deferred:  # a Ctrl-C now must not cut publishing short
                 _publish_if_needed(lake, record, summary)
-            if deferred:
-                interrupted = interrupted or KeyboardInterrupt()
-        if interrupted is not None:
-            # Ctrl-C still propagates; it carries what was committed so the caller can say so.
+            interrupted = interrupted or bool(deferred)
+        if interrupted:  # Ctrl-C still propagates, with what was committed so far
             summary.seconds = time.perf_counter() - started
-            interrupted.summary = summary  # type: ignore[attr-defined]
-            raise interrupted
+            raise ExtractInterrupted(summary)
         _sweep(lake, run)
     summary.seconds = time.perf_counter() - started
     return summary
@@ -163,7 +165,7 @@ def _sweep(lake: Path, run: str) -> None:
 
 
 def _changed(summary: ExtractSummary) -> bool:
-    return any(summary.counts[k] for k in (NEW, UPDATED, REMOVED))
+    return any(summary.counts[k] for k in (StepStatus.NEW, StepStatus.UPDATED, StepStatus.REMOVED))
 
 
 def catalog_is_stale(lake: Path) -> bool:
@@ -250,19 +252,19 @@ def _plan(
     record: manifest.RunManifest,
     selected: list[dump.StepFiles],
     summary: ExtractSummary,
-) -> list[tuple[dump.StepFiles, str]]:
+) -> list[Todo]:
     """The steps to (re)extract, each with whether it is new or updated."""
-    todo = []
+    todo: list[Todo] = []
     for files in selected:
         previous = record.steps.get(files.label)
         if previous is None:
-            todo.append((files, NEW))
+            todo.append((files, StepStatus.NEW))
         elif previous.sources != fingerprint(files, Path(record.source_dir)) or not all(
             Lake(lake).file(name).is_file() for name in previous.files.values()
         ):
-            todo.append((files, UPDATED))
+            todo.append((files, StepStatus.UPDATED))
         else:
-            summary.counts[UNCHANGED] += 1
+            summary.counts[StepStatus.UNCHANGED] += 1
     return todo
 
 
@@ -271,7 +273,7 @@ def _drop_vanished_steps(
 ) -> None:
     for key in [k for k in record.steps if k not in present]:
         del record.steps[key]
-        summary.counts[REMOVED] += 1
+        summary.counts[StepStatus.REMOVED] += 1
 
 
 def _commit(
@@ -289,7 +291,7 @@ def _commit(
         if strict:
             raise PipelineError(f"Step {outcome.label}: {outcome.error}")
         summary.failed.append((outcome.label, outcome.error))
-        summary.counts[SKIPPED] += 1
+        summary.counts[StepStatus.SKIPPED] += 1
         reporter.skipped(outcome.label)
         # info, not error: the caller reports `summary.failed` (the CLI would print it twice)
         log.info("step %s skipped: %s", outcome.label, outcome.error)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import dump, manifest
-from pipeline.extract import ExtractSummary, check_run_name, extract_run
+from pipeline.extract import ExtractInterrupted, ExtractSummary, check_run_name, extract_run
 from pipeline.progress import ProgressCallback
 
 log = logging.getLogger(__name__)
@@ -69,9 +69,8 @@ def follow_run(
                 break
             time.sleep(poll_seconds)
     except KeyboardInterrupt as exc:
-        interrupted = getattr(exc, "summary", None)  # set when a round was cut short
-        if interrupted is not None and on_round is not None:
-            on_round(interrupted)
+        if isinstance(exc, ExtractInterrupted) and on_round is not None:  # a round cut short
+            on_round(exc.summary)
         log.info("stopped by the user; the lake holds every step committed so far")
     return state
 

@@ -58,9 +58,9 @@ class Location:
         return column is not None and is_column(column) and self.row < len(column)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainRow:
-    """The resolved train side of one sample."""
+    """The resolved train side of one sample (a value: later stages read it, never change it)."""
 
     dumped_rank: int
     response_length: int

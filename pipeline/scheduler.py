@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline import dump
-from pipeline.step import StepOutcome, extract_step, worker_died_text
+from pipeline.step import StepOutcome, StepStatus, extract_step, worker_died_text
 
 # A step to extract and its status (new or updated) as planned by extract.py.
-Todo = tuple[dump.StepFiles, str]
+Todo = tuple[dump.StepFiles, StepStatus]
 
 
 def run_steps(

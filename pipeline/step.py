@@ -11,6 +11,7 @@ import secrets
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,22 @@ from pipeline.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 BUG_HINT = "This is a tokenlake bug: please report it with this line and `tokenlake --version`."
 
 
+class StepStatus(str, Enum):
+    """What an extraction did with a step; the CLI's summary counts them in this order."""
+
+    NEW = "new"
+    UPDATED = "updated"
+    UNCHANGED = "unchanged"
+    REMOVED = "removed"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:  # "new", also in f-strings on every Python version
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one rollout file became."""
@@ -50,7 +67,7 @@ class StepOutcome:
     """A written step (result and manifest record) or the reason it could not be."""
 
     label: str
-    status: str
+    status: StepStatus  # NEW or UPDATED: as planned
     result: StepResult | None = None
     record: manifest.StepRecord | None = None
     error: str | None = None
@@ -68,7 +85,7 @@ def fingerprint(files: dump.StepFiles, root: Path) -> list[manifest.SourceFile]:
     return [manifest.SourceFile.of(path, root) for path in paths]
 
 
-def extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> StepOutcome:
+def extract_step(files: dump.StepFiles, lake: Path, run: str, status: StepStatus) -> StepOutcome:
     """Load, resolve, flatten and write one step; never raises (except on Ctrl-C).
 
     Bad input or a bad lake is reported in the outcome, and so is any other exception: that
@@ -118,7 +135,7 @@ def _text_of(exc: BaseException) -> str:
         return "?"
 
 
-def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> StepOutcome:
+def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: StepStatus) -> StepOutcome:
     try:
         # Fingerprint before reading: a file that changes while it is read looks changed later.
         sources = fingerprint(files, files.rollout_file.parent.parent)
@@ -200,14 +217,14 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     """The step's `tokens` and `samples` tables, in memory."""
     rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
     samples: list[dict[str, Any]] = rollout["samples"]
-    validate.check_samples(files.rollout_file, samples)  # before anything else reads them
+    checked = validate.check_samples(files.rollout_file, samples)  # before anything reads them
     train_files = [
         TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
     ]
     train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
     parts = [
-        flatten.sample_tokens(files.rollout_file, position, sample, train_rows.get(position))
-        for position, sample in enumerate(samples)
+        flatten.sample_tokens(arrays, train_rows.get(position))
+        for position, arrays in enumerate(checked)
     ]
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
     tokens = flatten.tokens_table(files.evaluation, indices, parts)
