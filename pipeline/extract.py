@@ -28,7 +28,6 @@ from pipeline.step import (
     StepResult,
     StepStatus,
     discard_files,
-    fingerprint,
 )
 
 log = logging.getLogger(__name__)
@@ -259,7 +258,7 @@ def _plan(
         previous = record.steps.get(files.label)
         if previous is None:
             todo.append((files, StepStatus.NEW))
-        elif previous.sources != fingerprint(files, Path(record.source_dir)) or not all(
+        elif previous.sources != manifest.fingerprint(files) or not all(
             Lake(lake).file(name).is_file() for name in previous.files.values()
         ):
             todo.append((files, StepStatus.UPDATED))

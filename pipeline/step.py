@@ -6,7 +6,6 @@ picklable data; errors come back as text instead of exceptions.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import traceback
 from collections.abc import Iterable
@@ -58,7 +57,6 @@ class StepResult:
     samples: int
     tokens: int
     train_files: int
-    samples_with_train_row: int
     nonfinite_values: int
 
 
@@ -74,15 +72,6 @@ class StepOutcome:
     # (path, problem) when the lake could not be written: fatal for the whole extraction,
     # unlike `error` (bad input: only this step is skipped). Plain data: it crosses processes.
     lake_error: tuple[str, str] | None = None
-
-
-def fingerprint(files: dump.StepFiles, root: Path) -> list[manifest.SourceFile]:
-    """The identity of a step's source files (name, size, modification time)."""
-    paths = [files.rollout_file, *(path for _, path in files.train_files)]
-    sidecar = trajectory.trajectory_file(root, files.label)
-    if sidecar is not None:  # a rewritten conversation file re-extracts the step too
-        paths.append(sidecar)
-    return [manifest.SourceFile.of(path, root) for path in paths]
 
 
 def extract_step(files: dump.StepFiles, lake: Path, run: str, status: StepStatus) -> StepOutcome:
@@ -138,7 +127,7 @@ def _text_of(exc: BaseException) -> str:
 def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: StepStatus) -> StepOutcome:
     try:
         # Fingerprint before reading: a file that changes while it is read looks changed later.
-        sources = fingerprint(files, files.rollout_file.parent.parent)
+        sources = manifest.fingerprint(files)
         tokens, samples_table, result = build_step_tables(files)
     except PipelineError as exc:
         return StepOutcome(files.label, status, error=input_error_text(files, exc))
@@ -160,7 +149,7 @@ def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: StepStatu
         samples=result.samples,
         tokens=result.tokens,
         train_files=result.train_files,
-        checksum=tokens_checksum(tokens),
+        checksum=manifest.tokens_checksum(tokens),
     )
     return StepOutcome(files.label, status, result=result, record=record)
 
@@ -228,10 +217,7 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     ]
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
     tokens = flatten.tokens_table(files.evaluation, indices, parts)
-    root = files.rollout_file.parent.parent
-    messages = trajectory.messages_by_position(
-        trajectory.trajectory_file(root, files.label), samples
-    )
+    messages = trajectory.messages_by_position(files.trajectory_file, samples)
     try:
         samples_table = flatten.samples_table(
             files.rollout_id,
@@ -250,7 +236,6 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
         samples=len(samples),
         tokens=tokens.num_rows,
         train_files=len(train_files),
-        samples_with_train_row=len(train_rows),
         nonfinite_values=count_nonfinite(tokens),
     )
     return tokens, samples_table, result
@@ -294,12 +279,3 @@ def count_nonfinite(tokens: pa.Table) -> int:
         values = tokens.column(column).fill_null(0.0).to_numpy()
         total += int(np.count_nonzero(~np.isfinite(values)))
     return total
-
-
-def tokens_checksum(tokens: pa.Table) -> str:
-    """blake2b of token ids and loss masks in row order (nulls as -1); `verify` recomputes it."""
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(np.ascontiguousarray(tokens.column(schema.TOKEN_ID).to_numpy()).tobytes())
-    mask = tokens.column(schema.LOSS_MASK).fill_null(-1).to_numpy()
-    digest.update(np.ascontiguousarray(mask).astype(np.int8).tobytes())
-    return digest.hexdigest()
