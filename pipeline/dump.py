@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline import ptread, train_checks
 from pipeline.errors import DumpFileError, DumpFormatError, DumpNotFoundError, UsageError
+from pipeline.values import INT64_MAX
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,6 @@ DASHBOARD_DIR = "dashboard"  # miles' dashboard telemetry (see pipeline/dashboar
 _ROLLOUT_NAME = re.compile(r"^(eval_)?(\d+)\.pt$")
 _TRAIN_NAME = re.compile(r"^(\d+)_(\d+)\.pt$")
 NOT_A_DUMP_FILE = "not a rollout or train dump file name"
-INT64_MAX = 2**63 - 1
 
 
 def step_label(rollout_id: int, evaluation: bool) -> str:

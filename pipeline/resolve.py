@@ -28,6 +28,7 @@ from pipeline.train_checks import (
     number_or_none,
     numbers,
 )
+from pipeline.values import is_int
 
 
 @dataclass(frozen=True)
@@ -169,9 +170,7 @@ def _pick_candidate(
 
 def _index_key(value: Any) -> Any:
     """A rollout sample's `index` as a join key (validated on the rollout side)."""
-    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
-        return int(value)
-    return value
+    return int(value) if is_int(value) else value
 
 
 def resolve_sample(

@@ -22,9 +22,7 @@ import numpy as np
 
 from pipeline.errors import DumpFormatError, SampleValueError, shown
 from pipeline.resolve import sample_label
-
-INT64_MAX = 2**63 - 1
-INT64_MIN = -(2**63)
+from pipeline.values import INT64_MAX, INT64_MIN, is_int
 
 
 @dataclass(frozen=True)
@@ -81,11 +79,6 @@ def check_sample(sample: dict[str, Any]) -> CheckedSample:
         for key, what in (("loss_mask", "integers"), ("rollout_log_probs", "numbers"))
     )
     return CheckedSample(tokens, length, mask, log_probs)
-
-
-def is_int(value: Any) -> bool:
-    """A Python or numpy integer, not a bool (which Python counts as one)."""
-    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
 def optional_int64(value: Any, field: str) -> int | None:
