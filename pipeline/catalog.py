@@ -1,5 +1,7 @@
 """Build the DuckDB catalog `LAKE/tokenlake.duckdb`: base views over the Parquet files, then
-every view under `sql/`. This is the only module that imports duckdb.
+every view under `sql/`, each after the inputs its header declares. This is the only module
+that creates or opens the catalog file; the readers (query.py, audit.py, report_data.py) import
+duckdb only to query the connection `connect` gives them (through `query.open_lake`).
 
 The base views list the Parquet files that the run manifests name (pipeline/manifest.py),
 with absolute paths, so the catalog works from any working directory, shows only committed
@@ -113,12 +115,7 @@ def base_view_sql(table: str, files: list[Path]) -> str:
 
 def header_comment(sql_text: str) -> str:
     """The leading `--` comment block of a view file, used as the view's COMMENT."""
-    lines = []
-    for line in sql_text.splitlines():
-        if not line.startswith("--"):
-            break
-        lines.append(line[2:].strip())
-    return "\n".join(lines).strip()
+    return "\n".join(line[2:].strip() for line in header_comment_lines(sql_text)).strip()
 
 
 def create_base_views(con: duckdb.DuckDBPyConnection, lake: Path, *, temp: bool = False) -> None:
@@ -133,34 +130,100 @@ def create_base_views(con: duckdb.DuckDBPyConnection, lake: Path, *, temp: bool 
 
 
 def create_sql_views(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Create every `sql/*.sql` view, retrying in rounds so a view may build on another.
+    """Create every `sql/*.sql` view, each after the views its `Inputs:` header names.
 
     Returns:
         The view names in the order they were created.
     """
     import duckdb
 
-    pending = {path: path.read_text(encoding="utf-8") for path in iter_view_files()}
-    for path, text in pending.items():
-        _check_view_file(path, text)
-    created: list[str] = []
-    while pending:
-        created_before = len(created)
-        errors: dict[Path, Exception] = {}
-        for path, text in list(pending.items()):
-            try:
-                con.execute(text)
-            except duckdb.CatalogException as exc:  # may depend on a view not created yet
-                errors[path] = exc
-                continue
-            comment = header_comment(text)
-            con.execute(f"COMMENT ON VIEW {path.stem} IS {quote_literal(comment)}")
-            created.append(path.stem)
-            del pending[path]
-        if errors and len(created) == created_before:  # a round without progress: give up
-            problems = "; ".join(f"`{p.stem}`: {str(e).splitlines()[0]}" for p, e in errors.items())
-            raise LakeError(sql_dir(), f"views cannot be created: {problems}")
+    texts = {path.stem: path.read_text(encoding="utf-8") for path in iter_view_files()}
+    for name, text in texts.items():
+        _check_view_file(sql_dir() / f"{name}.sql", text)
+    created = view_order({name: view_inputs(text) for name, text in texts.items()})
+    for name in created:
+        try:
+            con.execute(texts[name])
+        except duckdb.CatalogException as exc:  # it reads something its header does not name
+            first = str(exc).splitlines()[0]
+            raise LakeError(sql_dir() / f"{name}.sql", f"view cannot be created: {first}") from exc
+        con.execute(f"COMMENT ON VIEW {name} IS {quote_literal(header_comment(texts[name]))}")
     return created
+
+
+_INPUTS_LINE = re.compile(r"^--\s*Inputs:(.*)$", re.IGNORECASE)
+_HEADER_CONTINUATION = re.compile(r"^--\s{2,}(\S.*)$")
+
+
+def view_inputs(sql_text: str) -> tuple[str, ...] | None:
+    """The tables and views a view file's header declares under `Inputs:` (None: no such line).
+
+    Parenthesised notes and what follows a `;` (the macros) are not inputs.
+
+    Examples:
+        >>> view_inputs("-- Inputs: tokens (for the masks), drift_tokens; macro k3_term.")
+        ('tokens', 'drift_tokens')
+        >>> view_inputs("-- Inputs: none.")
+        ()
+    """
+    lines = header_comment_lines(sql_text)
+    start = next((i for i, line in enumerate(lines) if _INPUTS_LINE.match(line)), None)
+    if start is None:
+        return None
+    match = _INPUTS_LINE.match(lines[start])
+    assert match is not None
+    text = match.group(1)
+    for line in lines[start + 1 :]:  # continuation lines are indented further
+        more = _HEADER_CONTINUATION.match(line)
+        if more is None:
+            break
+        text += " " + more.group(1)
+    text = re.sub(r"\([^)]*\)", "", text).split(";")[0].strip().rstrip(".")
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    return () if names == ("none",) else names
+
+
+def header_comment_lines(sql_text: str) -> list[str]:
+    """The leading `--` lines of a view file, as written."""
+    lines = []
+    for line in sql_text.splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line)
+    return lines
+
+
+def view_order(inputs: dict[str, tuple[str, ...] | None]) -> list[str]:
+    """The views in an order that creates each after its inputs (by name among equals).
+
+    Raises:
+        LakeError: A view declares no inputs, an input that is neither a table nor a view,
+            or views that read each other in a cycle.
+    """
+    known = set(schema.TABLES) | set(inputs)
+    for name, needs in sorted(inputs.items()):
+        if needs is None:
+            raise LakeError(sql_dir() / f"{name}.sql", "has no `-- Inputs:` line in its header")
+        unknown = [n for n in needs if n not in known]
+        if unknown:
+            raise LakeError(
+                sql_dir() / f"{name}.sql",
+                f"names unknown input `{unknown[0]}` in its `Inputs:` header (tables:"
+                f" {', '.join(schema.TABLES)}; or a view under sql/)",
+            )
+    waiting = {name: {n for n in needs or () if n in inputs} for name, needs in inputs.items()}
+    order: list[str] = []
+    while waiting:
+        ready = sorted(name for name, needs in waiting.items() if not needs)
+        if not ready:
+            cycle = ", ".join(f"`{n}`" for n in sorted(waiting))
+            raise LakeError(sql_dir(), f"views {cycle} name each other as inputs in a cycle")
+        for name in ready:
+            del waiting[name]
+            for rest in waiting.values():
+                rest.discard(name)
+        order.extend(ready)
+    return order
 
 
 def _check_view_file(path: Path, text: str) -> None:

@@ -138,7 +138,7 @@ def extract(
         tokenlake extract /data/runs/qwen-grpo --lake lake --run-name qwen --steps 0-9
         tokenlake extract /data/runs/live --lake lake --follow
     """
-    from pipeline.extract import extract_run
+    from pipeline.extract import ExtractInterrupted, extract_run
     from pipeline.progress import cli_reporter
 
     if follow:
@@ -162,11 +162,8 @@ def extract(
             progress=reporter,
             replace=replace,
         )
-    except KeyboardInterrupt as exc:
-        interrupted = getattr(exc, "summary", None)
-        if interrupted is None:
-            raise
-        say(_summary_line(interrupted), one_line=True)
+    except ExtractInterrupted as exc:
+        say(_summary_line(exc.summary), one_line=True)
         say("Interrupted; the lake holds every step committed so far.", err=True)
         sys.exit(130)
     finally:

@@ -43,9 +43,9 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import schema
+from pipeline.dump import Dump
 from pipeline.errors import UsageError
 
-DASHBOARD_DIR = "dashboard"
 META_FILE = "meta.json"
 METRICS_FILE = "metrics.jsonl"
 METRICS_PARTITION_DIR = "metrics"
@@ -134,7 +134,7 @@ def read_run_meta(dump_root: Path | str) -> tuple[dict[str, Any], list[str]]:
         >>> read_run_meta("/nonexistent")
         ({'start_ts': None, 'wandb_project': None, 'wandb_group': None, 'wandb_run_id': None, 'hf_checkpoint': None, 'args_json': None}, [])
     """
-    path = Path(dump_root) / DASHBOARD_DIR / META_FILE
+    path = Dump(Path(dump_root)).dashboard_dir / META_FILE
     meta = _empty_meta()
     del meta[schema.TAGS_JSON]
     if not path.exists() and not path.is_symlink():
@@ -213,7 +213,7 @@ def metrics_files(dump_root: Path | str) -> dict[str, Path]:
     partitions `YYYYMMDD_HH.jsonl` sort by time). Only regular files: a device or a FIFO in
     an attacker's dump would never end.
     """
-    root = Path(dump_root) / DASHBOARD_DIR
+    root = Dump(Path(dump_root)).dashboard_dir
     found: dict[str, Path] = {}
     if (root / METRICS_FILE).is_file():
         found[METRICS_FILE] = root / METRICS_FILE

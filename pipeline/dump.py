@@ -1,5 +1,9 @@
 """Discover and load a miles `--dump-details` directory (dump-format.md section 1).
 
+The dump's layout has one owner: `Dump` (built once by `discover`, then passed down) and the
+`StepFiles` it lists know where rollout, train, trajectory, tokenizer and dashboard files live
+and how steps and ranks are named; other modules ask them for paths.
+
 Reading only: nothing here ever writes into the dump directory.
 """
 
@@ -16,15 +20,69 @@ from typing import Any
 from pipeline import ptread, train_checks
 from pipeline.errors import DumpFileError, DumpFormatError, DumpNotFoundError, UsageError
 from pipeline.ptzip import short
+from pipeline.values import INT64_MAX
 
 log = logging.getLogger(__name__)
 
 ROLLOUT_DIR = "rollout_data"
 TRAIN_DIR = "train_data"
+TRAJECTORY_DIR = "trajectory"  # {label}.jsonl: the conversation of each sample (optional)
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_FILE = "tokenizer.json"
+DASHBOARD_DIR = "dashboard"  # miles' dashboard telemetry (see pipeline/dashboard.py)
 _ROLLOUT_NAME = re.compile(r"^(eval_)?(\d+)\.pt$")
 _TRAIN_NAME = re.compile(r"^(\d+)_(\d+)\.pt$")
 NOT_A_DUMP_FILE = "not a rollout or train dump file name"
-INT64_MAX = 2**63 - 1
+
+
+def step_label(rollout_id: int, evaluation: bool) -> str:
+    """`eval_3` or `3`: how a step is named in file names, the manifest and messages."""
+    return f"eval_{rollout_id}" if evaluation else str(rollout_id)
+
+
+def rank_of(name: str) -> int | None:
+    """The rank in a train file's name (`train_data/3_1.pt` → 1); None for any other file.
+
+    Examples:
+        >>> rank_of("train_data/3_1.pt"), rank_of("rollout_data/3.pt")
+        (1, None)
+    """
+    path = Path(name)
+    match = _TRAIN_NAME.match(path.name)
+    return int(match.group(2)) if match and path.parent.name == TRAIN_DIR else None
+
+
+@dataclass(frozen=True)
+class Dump:
+    """A dump directory: where each kind of file lives, and (from `discover`) its steps."""
+
+    root: Path
+    steps: tuple[StepFiles, ...] = ()
+    # (path, why) of files that are not extracted
+    ignored: tuple[tuple[Path, str], ...] = field(default=())
+
+    @property
+    def rollout_dir(self) -> Path:
+        return self.root / ROLLOUT_DIR
+
+    @property
+    def train_dir(self) -> Path:
+        return self.root / TRAIN_DIR
+
+    @property
+    def dashboard_dir(self) -> Path:
+        return self.root / DASHBOARD_DIR
+
+    @property
+    def tokenizer_file(self) -> Path | None:
+        """`tokenizer/tokenizer.json`, if the dump saved one."""
+        path = self.root / TOKENIZER_DIR / TOKENIZER_FILE
+        return path if path.is_file() else None
+
+    def trajectory_file(self, label: str) -> Path | None:
+        """The step's `trajectory/{label}.jsonl`, if the dump has one."""
+        path = self.root / TRAJECTORY_DIR / f"{label}.jsonl"
+        return path if path.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -36,24 +94,38 @@ class StepFiles:
     rollout_file: Path
     # (global rank, path), ascending rank. Always empty for evaluation files.
     train_files: tuple[tuple[int, Path], ...] = ()
+    # The dump the files belong to; `discover` sets it (default: the rollout file's dump).
+    root: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.root is None:  # rollout files live in ROOT/rollout_data/
+            object.__setattr__(self, "root", self.rollout_file.parent.parent)
 
     @property
     def label(self) -> str:
         """`eval_3` or `3`, as in the file name."""
-        return f"eval_{self.rollout_id}" if self.evaluation else str(self.rollout_id)
+        return step_label(self.rollout_id, self.evaluation)
+
+    @property
+    def dump(self) -> Dump:
+        assert self.root is not None  # set in __post_init__
+        return Dump(self.root)
+
+    @property
+    def ranks(self) -> frozenset[int]:
+        return frozenset(rank for rank, _ in self.train_files)
+
+    @property
+    def paths(self) -> list[Path]:
+        """The rollout file, then the train files."""
+        return [self.rollout_file, *(path for _, path in self.train_files)]
+
+    @property
+    def trajectory_file(self) -> Path | None:
+        return self.dump.trajectory_file(self.label)
 
 
-@dataclass(frozen=True)
-class DumpListing:
-    """Everything extractable in a dump directory, plus files that were not understood."""
-
-    root: Path
-    steps: tuple[StepFiles, ...]
-    # (path, why) of files that are not extracted
-    ignored: tuple[tuple[Path, str], ...] = field(default=())
-
-
-def discover(dump_dir: Path) -> DumpListing:
+def discover(dump_dir: Path) -> Dump:
     """List the rollout and train files of a dump, ordered by step (train before eval).
 
     Files in `rollout_data/` or `train_data/` whose names do not follow the format (or that are
@@ -67,12 +139,12 @@ def discover(dump_dir: Path) -> DumpListing:
     if not root.is_dir():
         raise DumpNotFoundError(dump_dir, "is not a directory")
     _require_utf8(dump_dir, root)
-    rollout_dir = root / ROLLOUT_DIR
+    rollout_dir = Dump(root).rollout_dir
     if not rollout_dir.is_dir():
         raise DumpNotFoundError(
             dump_dir, f"is not a miles dump: it has no `{ROLLOUT_DIR}/` directory"
         )
-    train, ignored = _list_train_files(root / TRAIN_DIR)
+    train, ignored = _list_train_files(Dump(root).train_dir)
     steps: dict[tuple[int, bool], StepFiles] = {}
     for path in sorted(rollout_dir.iterdir()):
         match = _ROLLOUT_NAME.match(path.name)
@@ -84,12 +156,12 @@ def discover(dump_dir: Path) -> DumpListing:
         rid, evaluation = int(match.group(2)), match.group(1) is not None
         _refuse_duplicate(steps.get((rid, evaluation)), path)
         ranks = () if evaluation else tuple(sorted(train.pop(rid, {}).items()))
-        steps[rid, evaluation] = StepFiles(rid, evaluation, path, ranks)
+        steps[rid, evaluation] = StepFiles(rid, evaluation, path, ranks, root)
     for rid, by_rank in train.items():  # train files without a rollout file cannot be joined
         why = f"step {rid} has no `{ROLLOUT_DIR}/{rid}.pt` to join it to"
         ignored.extend((path, why) for _, path in sorted(by_rank.items()))
     ordered = sorted(steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
-    return DumpListing(root, tuple(ordered), tuple(sorted(ignored)))
+    return Dump(root, tuple(ordered), tuple(sorted(ignored)))
 
 
 def _require_utf8(dump_dir: Path, root: Path) -> None:
@@ -172,15 +244,14 @@ def _list_train_files(
     return by_step, ignored
 
 
-def select_steps(listing: DumpListing, steps: Container[int] | None) -> tuple[StepFiles, ...]:
+def select_steps(dump: Dump, steps: Container[int] | None) -> tuple[StepFiles, ...]:
     """The dump's steps that `steps` selects; selecting none is an error listing the steps."""
     if steps is None:
-        return listing.steps
-    chosen = tuple(s for s in listing.steps if s.rollout_id in steps)
+        return dump.steps
+    chosen = tuple(s for s in dump.steps if s.rollout_id in steps)
     if not chosen:
         raise UsageError(
-            f"--steps `{steps}` selects no step of `{listing.root}`;"
-            f" {describe_steps(listing.steps)}."
+            f"--steps `{steps}` selects no step of `{dump.root}`; {describe_steps(dump.steps)}."
         )
     return chosen
 
@@ -254,8 +325,8 @@ def load_train(path: Path, rank: int) -> dict[str, Any]:
 
 
 __all__ = [
+    "Dump",
     "DumpFileError",
-    "DumpListing",
     "StepFiles",
     "discover",
     "load_rollout",

@@ -1,7 +1,9 @@
-"""Extract a dump directory into the lake: discover → load → resolve → flatten → write → catalog.
+"""Extract a dump directory into the lake: plan the steps, commit each outcome, publish.
 
 Memory is bounded by one step per worker: a step's files are loaded, turned into two tables,
-written, and dropped before the next step is read.
+written, and dropped before the next step is read. Running the steps (workers, signals,
+dead-worker retry) is pipeline/scheduler.py's; this module decides what to run and commits
+what comes back.
 
 Commit protocol (see pipeline/manifest.py): a step's two Parquet files are written under fresh
 names, then the run manifest is replaced to list them; the catalog is rebuilt from the
@@ -11,13 +13,8 @@ manifests; files no manifest lists (superseded or left by a crash) are deleted l
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Container, Iterator
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,18 +22,15 @@ from pipeline import catalog, dump, lake_files, manifest
 from pipeline.errors import DamagedManifestError, LakeError, PipelineError, UsageError
 from pipeline.lake import Lake, check_run_name
 from pipeline.progress import ProgressCallback, Reporter, as_reporter
+from pipeline.scheduler import Todo, run_steps, sigint_deferred
 from pipeline.step import (
     StepOutcome,
     StepResult,
+    StepStatus,
     discard_files,
-    extract_step,
-    fingerprint,
-    worker_died_text,
 )
 
 log = logging.getLogger(__name__)
-
-NEW, UPDATED, UNCHANGED, REMOVED, SKIPPED = "new", "updated", "unchanged", "removed", "skipped"
 
 
 @dataclass
@@ -46,9 +40,7 @@ class ExtractSummary:
     run: str
     lake: Path
     steps: list[StepResult] = field(default_factory=list)  # written by this extraction
-    counts: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys((NEW, UPDATED, UNCHANGED, REMOVED, SKIPPED), 0)
-    )
+    counts: dict[StepStatus, int] = field(default_factory=lambda: dict.fromkeys(StepStatus, 0))
     failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
     ignored_files: list[tuple[Path, str]] = field(default_factory=list)  # (path, why)
     seconds: float = 0.0
@@ -64,6 +56,14 @@ class ExtractSummary:
     @property
     def nonfinite_values(self) -> int:
         return sum(s.nonfinite_values for s in self.steps)
+
+
+class ExtractInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped an extraction; `summary` holds the steps committed before it."""
+
+    def __init__(self, summary: ExtractSummary) -> None:
+        super().__init__(f"extraction of run `{summary.run}` interrupted")
+        self.summary = summary
 
 
 def extract_run(
@@ -117,24 +117,21 @@ def extract_run(
         if steps is None:  # `ready` only defers present steps; a vanished one is gone
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
         reporter.planned(len(todo))
-        interrupted: KeyboardInterrupt | None = None
+        interrupted = False
         try:
             try:
-                for outcome in _run_steps(todo, lake, run, workers, reporter.stopping):
+                for outcome in run_steps(todo, lake, run, workers, reporter.stopping):
                     _commit(lake, record, outcome, summary, strict, reporter)
-            except KeyboardInterrupt as exc:
-                interrupted = exc
+            except KeyboardInterrupt:
+                interrupted = True
                 reporter.stopping([])
         finally:  # also on Ctrl-C or an error: publish the steps committed so far
-            with _sigint_deferred() as deferred:  # a Ctrl-C now must not cut publishing short
+            with sigint_deferred() as deferred:  # a Ctrl-C now must not cut publishing short
                 _publish_if_needed(lake, record, summary)
-            if deferred:
-                interrupted = interrupted or KeyboardInterrupt()
-        if interrupted is not None:
-            # Ctrl-C still propagates; it carries what was committed so the caller can say so.
+            interrupted = interrupted or bool(deferred)
+        if interrupted:  # Ctrl-C still propagates, with what was committed so far
             summary.seconds = time.perf_counter() - started
-            interrupted.summary = summary  # type: ignore[attr-defined]
-            raise interrupted
+            raise ExtractInterrupted(summary)
         _sweep(lake, run)
     summary.seconds = time.perf_counter() - started
     return summary
@@ -167,7 +164,7 @@ def _sweep(lake: Path, run: str) -> None:
 
 
 def _changed(summary: ExtractSummary) -> bool:
-    return any(summary.counts[k] for k in (NEW, UPDATED, REMOVED))
+    return any(summary.counts[k] for k in (StepStatus.NEW, StepStatus.UPDATED, StepStatus.REMOVED))
 
 
 def catalog_is_stale(lake: Path) -> bool:
@@ -254,19 +251,19 @@ def _plan(
     record: manifest.RunManifest,
     selected: list[dump.StepFiles],
     summary: ExtractSummary,
-) -> list[tuple[dump.StepFiles, str]]:
+) -> list[Todo]:
     """The steps to (re)extract, each with whether it is new or updated."""
-    todo = []
+    todo: list[Todo] = []
     for files in selected:
         previous = record.steps.get(files.label)
         if previous is None:
-            todo.append((files, NEW))
-        elif previous.sources != fingerprint(files, Path(record.source_dir)) or not all(
+            todo.append((files, StepStatus.NEW))
+        elif previous.sources != manifest.fingerprint(files) or not all(
             Lake(lake).file(name).is_file() for name in previous.files.values()
         ):
-            todo.append((files, UPDATED))
+            todo.append((files, StepStatus.UPDATED))
         else:
-            summary.counts[UNCHANGED] += 1
+            summary.counts[StepStatus.UNCHANGED] += 1
     return todo
 
 
@@ -275,121 +272,7 @@ def _drop_vanished_steps(
 ) -> None:
     for key in [k for k in record.steps if k not in present]:
         del record.steps[key]
-        summary.counts[REMOVED] += 1
-
-
-def _run_steps(
-    todo: list[tuple[dump.StepFiles, str]],
-    lake: Path,
-    run: str,
-    workers: int,
-    stopping: Callable[[list[str]], None] = lambda labels: None,
-) -> Iterator[StepOutcome]:
-    """Extract the steps, in parallel when asked; yields outcomes as steps finish.
-
-    With N workers, N - 1 are processes and one is a thread of this process: nothing to
-    start or import for it, and it works while the processes start. The main thread only
-    hands out steps, one at a time to whoever is free, so a slow step never holds back the
-    queue behind it.
-    """
-    if workers <= 1 or len(todo) <= 1:
-        for files, status in todo:
-            yield extract_step(files, lake, run, status)
-        return
-    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-    from concurrent.futures.process import BrokenProcessPool
-    from multiprocessing import get_context
-
-    pending = deque(todo)
-    processes = min(workers, len(todo)) - 1
-    # spawn, not fork: the parent may hold Arrow/DuckDB thread pools that fork would corrupt.
-    # Workers start with SIGINT blocked (see `_sigint_blocked`; all start during the first
-    # submits), so a Ctrl-C to the process group stops only the parent: running steps finish,
-    # queued ones are not started, and no worker prints a KeyboardInterrupt traceback.
-    local = ThreadPoolExecutor(1, thread_name_prefix="tokenlake-step")
-    running: dict[Future[StepOutcome], ProcessPoolExecutor | ThreadPoolExecutor] = {}
-    held: dict[Future[StepOutcome], tuple[dump.StepFiles, str]] = {}
-    # A worker that dies (killed, segfault) breaks its whole pool: every step running there
-    # is retried alone in a one-process pool, so only the step that kills its worker fails.
-    alone: list[ProcessPoolExecutor] = []
-    with _sigint_blocked():
-        pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
-    pools = [pool]  # the shared pool and those it replaced
-
-    def hand_out(
-        executor: ProcessPoolExecutor | ThreadPoolExecutor,
-        step: tuple[dump.StepFiles, str] | None = None,
-    ) -> None:
-        files, status = step or pending.popleft()
-        with _sigint_blocked():
-            future = executor.submit(extract_step, files, lake, run, status)
-        running[future], held[future] = executor, (files, status)
-
-    try:
-        for _ in range(min(processes, len(pending))):
-            hand_out(pool)
-        if pending:
-            hand_out(local)
-        while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                executor, (files, status) = running.pop(future), held.pop(future)
-                broken = isinstance(future.exception(), BrokenProcessPool)
-                if executor in alone:
-                    executor.shutdown(wait=False)
-                elif broken:
-                    if executor is pool:
-                        pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
-                        pools.append(pool)
-                    alone.append(ProcessPoolExecutor(1, mp_context=get_context("spawn")))
-                    hand_out(alone[-1], (files, status))
-                    continue
-                if pending:
-                    hand_out(local if executor is local else pool)
-                if broken:
-                    yield StepOutcome(files.label, status, error=worker_died_text(files))
-                else:
-                    yield future.result()
-    finally:
-        pending.clear()
-        if running:  # stopped early (Ctrl-C, --strict): say what the shutdown waits for
-            stopping([held[f][0].label for f in running])
-        for each in (*pools, *alone, local):
-            each.shutdown(wait=True, cancel_futures=True)
-
-
-@contextmanager
-def _sigint_deferred() -> Iterator[list[bool]]:
-    """Hold a Ctrl-C until the block ends: the yielded list is non-empty if one came.
-
-    Publishing (manifest, catalog, vocab) is short and must finish: an interrupt inside it
-    would abort DuckDB's catalog build or even an extension import. Only the main thread can
-    set handlers; elsewhere Python delivers no KeyboardInterrupt anyway.
-    """
-    received: list[bool] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
-    previous = signal.signal(signal.SIGINT, lambda *_: received.append(True))
-    try:
-        yield received
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-@contextmanager
-def _sigint_blocked() -> Iterator[None]:
-    """Block SIGINT in this thread while worker processes start.
-
-    Children inherit the signal mask through fork and exec, so they never see a Ctrl-C sent
-    to the process group; here a Ctrl-C that arrives meanwhile stays pending and is raised as
-    KeyboardInterrupt once unblocked (ignoring it instead would lose it).
-    """
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        summary.counts[StepStatus.REMOVED] += 1
 
 
 def _commit(
@@ -407,7 +290,7 @@ def _commit(
         if strict:
             raise PipelineError(f"Step {outcome.label}: {outcome.error}")
         summary.failed.append((outcome.label, outcome.error))
-        summary.counts[SKIPPED] += 1
+        summary.counts[StepStatus.SKIPPED] += 1
         reporter.skipped(outcome.label)
         # info, not error: the caller reports `summary.failed` (the CLI would print it twice)
         log.info("step %s skipped: %s", outcome.label, outcome.error)

@@ -7,19 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from pipeline import schema
-from pipeline.errors import DumpFormatError
-from pipeline.resolve import TrainRow, sample_label
+from pipeline.resolve import TrainRow
 from pipeline.summary import sample_summary
+from pipeline.validate import CheckedSample
 
 
-@dataclass
+@dataclass(frozen=True)
 class SampleTokens:
     """The response-aligned arrays of one sample, before masking."""
 
@@ -29,27 +28,22 @@ class SampleTokens:
     columns: dict[str, np.ndarray | None]  # tokens column -> float32 [R] or None
     # tokens column -> bool [R] of positions whose value is unknown (CP holes): NULL there
     unknown: dict[str, np.ndarray] = field(default_factory=dict)
-    # a rollout-side array did not fit the response: NULL, and the sample `alignment_failed`
-    rollout_misaligned: bool = False
+    # an array (rollout or train side) did not fit the response: NULL there, and the sample
+    # is `alignment_failed` in `samples` (besides what resolve found for its train row)
+    misaligned: bool = False
 
 
-def sample_tokens(
-    path: Path, position: int, sample: dict[str, Any], train: TrainRow | None
-) -> SampleTokens:
-    """Collect one sample's per-token values under the masking rules of section 5.3."""
-    tokens = np.asarray(sample.get("tokens") or [], dtype=np.int64)
-    response_length = int(sample.get("response_length") or 0)
-    label = sample_label(position, sample)
-    if response_length > len(tokens) or response_length < 0:
-        raise DumpFormatError(
-            path,
-            f"`response_length` {response_length} exceeds the {len(tokens)} `tokens`",
-            sample=label,
-        )
-    token_ids = tokens[len(tokens) - response_length :]
-    rollout_lp = _rollout_side(path, label, sample, "rollout_log_probs", response_length)
+def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleTokens:
+    """Collect one sample's per-token values under the masking rules of section 5.3.
+
+    Reads the arrays validation checked (`validate.check_sample`), never the sample dict, and
+    changes neither `checked` nor `train`.
+    """
+    token_ids = checked.response_tokens
+    response_length = checked.response_length
+    rollout_lp = _rollout_side(checked.rollout_log_probs, response_length)
     if train is None:
-        mask = _rollout_side(path, label, sample, "loss_mask", response_length)
+        mask = _rollout_side(checked.loss_mask, response_length)
         columns: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
         columns[schema.ROLLOUT_LOG_PROB] = _f32(rollout_lp.values)
         misaligned = rollout_lp.misaligned or mask.misaligned
@@ -57,10 +51,8 @@ def sample_tokens(
     if train.response_length != response_length:
         # Media expansion (section 8.13): the train arrays (mask included) do not fit the
         # rollout token grid, so nothing of the train side is placed on it.
-        train.fields = dict.fromkeys(train.fields)
-        train.alignment_failed = True
         empty: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
-        return SampleTokens(token_ids, None, True, empty, {}, rollout_lp.misaligned)
+        return SampleTokens(token_ids, None, True, empty, {}, misaligned=True)
     columns = _train_columns(train, rollout_lp.values)
     return SampleTokens(
         token_ids,
@@ -101,25 +93,14 @@ class _RolloutArray:
     misaligned: bool = False
 
 
-def _rollout_side(
-    path: Path, label: str, sample: dict[str, Any], key: str, response_length: int
-) -> _RolloutArray:
-    """A response-aligned rollout-side list; one that does not fit the response is NULL and
+def _rollout_side(values: np.ndarray | None, response_length: int) -> _RolloutArray:
+    """A response-aligned rollout-side array; one that does not fit the response is NULL and
     flags the sample, as a train-side field of the wrong length does (section 4.5)."""
-    values = sample.get(key)
     if values is None:
         return _RolloutArray(None)
-    try:
-        array = np.asarray(values)
-    except (ValueError, TypeError):  # ragged nesting: not response-aligned
+    if values.ndim != 1 or len(values) != response_length:
         return _RolloutArray(None, misaligned=True)
-    if array.ndim != 1 or len(array) != response_length:
-        return _RolloutArray(None, misaligned=True)
-    if array.dtype.kind not in "biuf" and len(array):
-        raise DumpFormatError(
-            path, f"`{key}` holds {array.dtype} values, not numbers", sample=label
-        )
-    return _RolloutArray(array)
+    return _RolloutArray(values)
 
 
 def _f32(values: np.ndarray | None) -> np.ndarray | None:
@@ -213,11 +194,12 @@ def samples_table(
     train_rows: dict[int, TrainRow],
     train_files: int,
     messages: list[str | None],
-    parts: Sequence[SampleTokens] = (),
+    parts: Sequence[SampleTokens],
 ) -> pa.Table:
     """One row per rollout-dump sample with the reference summary's scalar columns.
 
-    `parts` (the samples' `SampleTokens`) adds rollout-side misalignment to `alignment_failed`.
+    `parts` (the samples' `SampleTokens`, one per sample) adds what did not fit the response
+    when flattening to `alignment_failed`.
     """
     rows = [
         sample_summary(
@@ -226,6 +208,6 @@ def samples_table(
         | {"messages_json": messages[position]}
         for position, sample in enumerate(samples)
     ]
-    for row, part in zip(rows, parts, strict=False):
-        row["alignment_failed"] = bool(row["alignment_failed"]) or part.rollout_misaligned
+    for row, part in zip(rows, parts, strict=True):
+        row["alignment_failed"] = bool(row["alignment_failed"]) or part.misaligned
     return pa.Table.from_pylist(rows, schema=schema.SAMPLES_SCHEMA)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import dump, manifest
-from pipeline.extract import ExtractSummary, check_run_name, extract_run
+from pipeline.extract import ExtractInterrupted, ExtractSummary, check_run_name, extract_run
 from pipeline.progress import ProgressCallback
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,6 @@ class FollowState:
 
     expected_ranks: frozenset[int] | None = None
     failed: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
-    rounds: int = 0
 
 
 def follow_run(
@@ -69,9 +68,8 @@ def follow_run(
                 break
             time.sleep(poll_seconds)
     except KeyboardInterrupt as exc:
-        interrupted = getattr(exc, "summary", None)  # set when a round was cut short
-        if interrupted is not None and on_round is not None:
-            on_round(interrupted)
+        if isinstance(exc, ExtractInterrupted) and on_round is not None:  # a round cut short
+            on_round(exc.summary)
         log.info("stopped by the user; the lake holds every step committed so far")
     return state
 
@@ -101,7 +99,6 @@ def follow_round(
     summary = extract_run(
         dump_dir, lake, run, workers=workers, progress=progress, ready=ready, replace=replace
     )
-    state.rounds += 1
     for label, message in summary.failed:
         state.failed[label] = attempted[label]
         # info: `on_round` shows the failure to the user (the CLI prints "Not yet: ...")
@@ -115,21 +112,19 @@ def is_complete(
     files: dump.StepFiles, expected_ranks: frozenset[int] | None, now: float, settle: float
 ) -> bool:
     """Whether a step's files are all there and (where that is all we can tell) settled."""
-    ranks = frozenset(rank for rank, _ in files.train_files)
+    ranks = files.ranks
     if not files.evaluation and ranks and expected_ranks is not None:
         return expected_ranks <= ranks
-    paths = [files.rollout_file, *(p for _, p in files.train_files)]
     try:
-        newest = max(p.stat().st_mtime for p in paths)
+        newest = max(p.stat().st_mtime for p in files.paths)
     except FileNotFoundError:
         return False
     return now - newest >= settle
 
 
 def _stamp(files: dump.StepFiles) -> tuple[tuple[str, int, int], ...]:
-    paths = [files.rollout_file, *(p for _, p in files.train_files)]
     stamp = []
-    for path in paths:
+    for path in files.paths:
         try:
             stat = path.stat()
         except FileNotFoundError:
@@ -146,9 +141,7 @@ def _known_ranks(lake: Path, run: str) -> frozenset[int] | None:
     best: frozenset[int] | None = None
     for step in record.steps.values():
         ranks = frozenset(
-            int(Path(s.name).stem.rpartition("_")[2])
-            for s in step.sources
-            if s.name.startswith(dump.TRAIN_DIR)
+            rank for rank in (dump.rank_of(s.name) for s in step.sources) if rank is not None
         )
         if ranks and (best is None or len(ranks) > len(best)):
             best = ranks

@@ -46,10 +46,10 @@ def refresh_vocab(lake: Path, record: manifest.RunManifest) -> tuple[bool, tuple
     Returns:
         Whether the record changed, and (file, warning) if the tokenizer could not be read.
     """
-    from pipeline import vocab
+    from pipeline import dump, vocab
 
     root = Path(record.source_dir)
-    source = vocab.tokenizer_file(root)
+    source = dump.Dump(root).tokenizer_file
     if source is None:
         changed = record.vocab_file is not None
         record.vocab_file, record.vocab_source = None, None

@@ -9,15 +9,21 @@ the next extraction deletes. (The leading underscore hides the folder from Hive 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline import schema
 from pipeline.errors import DamagedManifestError, LakeError
 from pipeline.lake import MANIFEST_DIR as MANIFEST_DIR
 from pipeline.lake import Lake, atomic_write
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from pipeline.dump import StepFiles
 
 MANIFEST_VERSION = 1
 
@@ -51,7 +57,9 @@ class StepRecord:
 
     @property
     def key(self) -> str:
-        return f"eval_{self.rollout_id}" if self.evaluation else str(self.rollout_id)
+        from pipeline.dump import step_label
+
+        return step_label(self.rollout_id, self.evaluation)
 
 
 @dataclass
@@ -175,3 +183,23 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
             if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
                 raise ValueError(f"it lists `{str(name)[:80]}`, which lies outside the lake")
     return record
+
+
+def fingerprint(files: StepFiles) -> list[SourceFile]:
+    """The identity of a step's source files (name, size, modification time)."""
+    paths = files.paths
+    sidecar = files.trajectory_file
+    if sidecar is not None:  # a rewritten conversation file re-extracts the step too
+        paths.append(sidecar)
+    return [SourceFile.of(path, files.dump.root) for path in paths]
+
+
+def tokens_checksum(tokens: pa.Table) -> str:
+    """blake2b of token ids and loss masks in row order (nulls as -1); `verify` recomputes it."""
+    import numpy as np
+
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(np.ascontiguousarray(tokens.column(schema.TOKEN_ID).to_numpy()).tobytes())
+    mask = tokens.column(schema.LOSS_MASK).fill_null(-1).to_numpy()
+    digest.update(np.ascontiguousarray(mask).astype(np.int8).tobytes())
+    return digest.hexdigest()

@@ -28,6 +28,7 @@ from pipeline.train_checks import (
     number_or_none,
     numbers,
 )
+from pipeline.values import is_int
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,9 @@ class Location:
         return column is not None and is_column(column) and self.row < len(column)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainRow:
-    """The resolved train side of one sample."""
+    """The resolved train side of one sample (a value: later stages read it, never change it)."""
 
     dumped_rank: int
     response_length: int
@@ -169,9 +170,7 @@ def _pick_candidate(
 
 def _index_key(value: Any) -> Any:
     """A rollout sample's `index` as a join key (validated on the rollout side)."""
-    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
-        return int(value)
-    return value
+    return int(value) if is_int(value) else value
 
 
 def resolve_sample(

@@ -12,8 +12,6 @@ step, so both live in one partition and are told apart by the ``evaluation`` col
 
 from __future__ import annotations
 
-from typing import Literal
-
 import pyarrow as pa
 
 # Bumped whenever a table's columns or their meaning change; stamped into every Parquet file's
@@ -31,7 +29,6 @@ VOCAB = "vocab"
 TABLES = (TOKENS, SAMPLES, RUNS, VOCAB)
 
 CATALOG_FILE = "tokenlake.duckdb"
-MANIFEST_FILE = "manifest.json"
 
 # Partition columns: part of the directory path, typed explicitly for readers.
 RUN = "run"
@@ -212,25 +209,6 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     RUNS: RUNS_SCHEMA,
     VOCAB: VOCAB_SCHEMA,
 }
-
-# ---------------------------------------------------------------------------------------------
-# Dump-side dtypes we accept for per-token tensors, and the arrow type each becomes.
-# ---------------------------------------------------------------------------------------------
-TensorKind = Literal["float32", "bfloat16", "float16", "float64", "int64", "int32", "int8", "bool"]
-TENSOR_KINDS: frozenset[str] = frozenset(TensorKind.__args__)  # type: ignore[attr-defined]
-
-# Floats are widened or kept as float32 (bf16/fp16 are exact in float32); ints keep width.
-TENSOR_KIND_TO_ARROW: dict[str, pa.DataType] = {
-    "float32": pa.float32(),
-    "bfloat16": pa.float32(),
-    "float16": pa.float32(),
-    "float64": pa.float32(),
-    "int64": pa.int64(),
-    "int32": pa.int32(),
-    "int8": pa.int8(),
-    "bool": pa.bool_(),
-}
-
 
 # ---------------------------------------------------------------------------------------------
 # Run metadata (issue 11): `runs` columns from `DUMP/dashboard/meta.json` (pipeline/dashboard.py)

@@ -6,11 +6,11 @@ picklable data; errors come back as text instead of exceptions.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,22 @@ from pipeline.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 BUG_HINT = "This is a tokenlake bug: please report it with this line and `tokenlake --version`."
 
 
+class StepStatus(str, Enum):
+    """What an extraction did with a step; the CLI's summary counts them in this order."""
+
+    NEW = "new"
+    UPDATED = "updated"
+    UNCHANGED = "unchanged"
+    REMOVED = "removed"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:  # "new", also in f-strings on every Python version
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one rollout file became."""
@@ -41,7 +57,7 @@ class StepResult:
     samples: int
     tokens: int
     train_files: int
-    samples_with_train_row: int
+    samples_with_train_row: int  # kept: tests build results positionally (unused otherwise)
     nonfinite_values: int
 
 
@@ -50,7 +66,7 @@ class StepOutcome:
     """A written step (result and manifest record) or the reason it could not be."""
 
     label: str
-    status: str
+    status: StepStatus  # NEW or UPDATED: as planned
     result: StepResult | None = None
     record: manifest.StepRecord | None = None
     error: str | None = None
@@ -59,16 +75,7 @@ class StepOutcome:
     lake_error: tuple[str, str] | None = None
 
 
-def fingerprint(files: dump.StepFiles, root: Path) -> list[manifest.SourceFile]:
-    """The identity of a step's source files (name, size, modification time)."""
-    paths = [files.rollout_file, *(path for _, path in files.train_files)]
-    sidecar = trajectory.trajectory_file(root, files.label)
-    if sidecar is not None:  # a rewritten conversation file re-extracts the step too
-        paths.append(sidecar)
-    return [manifest.SourceFile.of(path, root) for path in paths]
-
-
-def extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> StepOutcome:
+def extract_step(files: dump.StepFiles, lake: Path, run: str, status: StepStatus) -> StepOutcome:
     """Load, resolve, flatten and write one step; never raises (except on Ctrl-C).
 
     Bad input or a bad lake is reported in the outcome, and so is any other exception: that
@@ -118,10 +125,10 @@ def _text_of(exc: BaseException) -> str:
         return "?"
 
 
-def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> StepOutcome:
+def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: StepStatus) -> StepOutcome:
     try:
         # Fingerprint before reading: a file that changes while it is read looks changed later.
-        sources = fingerprint(files, files.rollout_file.parent.parent)
+        sources = manifest.fingerprint(files)
         tokens, samples_table, result = build_step_tables(files)
     except PipelineError as exc:
         return StepOutcome(files.label, status, error=input_error_text(files, exc))
@@ -143,7 +150,7 @@ def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: str) -> S
         samples=result.samples,
         tokens=result.tokens,
         train_files=result.train_files,
-        checksum=tokens_checksum(tokens),
+        checksum=manifest.tokens_checksum(tokens),
     )
     return StepOutcome(files.label, status, result=result, record=record)
 
@@ -200,21 +207,18 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     """The step's `tokens` and `samples` tables, in memory."""
     rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
     samples: list[dict[str, Any]] = rollout["samples"]
-    validate.check_samples(files.rollout_file, samples)  # before anything else reads them
+    checked = validate.check_samples(files.rollout_file, samples)  # before anything reads them
     train_files = [
         TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
     ]
     train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
     parts = [
-        flatten.sample_tokens(files.rollout_file, position, sample, train_rows.get(position))
-        for position, sample in enumerate(samples)
+        flatten.sample_tokens(arrays, train_rows.get(position))
+        for position, arrays in enumerate(checked)
     ]
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
     tokens = flatten.tokens_table(files.evaluation, indices, parts)
-    root = files.rollout_file.parent.parent
-    messages = trajectory.messages_by_position(
-        trajectory.trajectory_file(root, files.label), samples
-    )
+    messages = trajectory.messages_by_position(files.trajectory_file, samples)
     try:
         samples_table = flatten.samples_table(
             files.rollout_id,
@@ -277,12 +281,3 @@ def count_nonfinite(tokens: pa.Table) -> int:
         values = tokens.column(column).fill_null(0.0).to_numpy()
         total += int(np.count_nonzero(~np.isfinite(values)))
     return total
-
-
-def tokens_checksum(tokens: pa.Table) -> str:
-    """blake2b of token ids and loss masks in row order (nulls as -1); `verify` recomputes it."""
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(np.ascontiguousarray(tokens.column(schema.TOKEN_ID).to_numpy()).tobytes())
-    mask = tokens.column(schema.LOSS_MASK).fill_null(-1).to_numpy()
-    digest.update(np.ascontiguousarray(mask).astype(np.int8).tobytes())
-    return digest.hexdigest()

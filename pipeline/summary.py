@@ -14,6 +14,7 @@ from pipeline.errors import SampleValueError, shown
 from pipeline.jsontext import clean_text, to_json
 from pipeline.ptread import SpecInfo
 from pipeline.resolve import TrainRow
+from pipeline.values import INT64_MAX, INT64_MIN, is_int
 
 _DIGITS = re.compile(r"[0-9]+")
 
@@ -144,13 +145,13 @@ def _weight_versions(value: Any) -> list[str]:
         raise SampleValueError("weight_versions", f"is {shown(value)}, not a list of strings")
     versions = []
     for entry, version in enumerate(value):
-        if validate.is_int(version) and validate.INT64_MIN <= version <= validate.INT64_MAX:
+        if is_int(version) and INT64_MIN <= version <= INT64_MAX:
             version = str(int(version))
         if not isinstance(version, str):
             problem = f"entry {entry} is {shown(version)}, not a string"
             raise SampleValueError("weight_versions", problem)
         # An all-digit version is a number (`weight_version_min`), so it must fit int64.
-        if _DIGITS.fullmatch(version) and (len(version) > 19 or int(version) > validate.INT64_MAX):
+        if _DIGITS.fullmatch(version) and (len(version) > 19 or int(version) > INT64_MAX):
             problem = f"entry {entry} is {shown(version)}, a number outside the int64 range"
             raise SampleValueError("weight_versions", problem)
         versions.append(clean_text(version))

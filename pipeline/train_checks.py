@@ -14,14 +14,14 @@ import numpy as np
 
 from pipeline import schema
 from pipeline.errors import DumpFormatError
+from pipeline.values import INT64_MAX, INT64_MIN, is_int, scalar
 
 
 def exact_int(value: Any, path: Path, field: str, sample: str | None = None) -> int:
     """An integer entry of a train column; anything else (str, float, bool) is an error."""
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value[()]
-    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
-        if -(2**63) <= value < 2**63:  # a BIGINT; larger is no index or length any dump has
+    value = scalar(value)
+    if is_int(value):
+        if INT64_MIN <= value <= INT64_MAX:  # a BIGINT; larger is no index or length any dump has
             return int(value)
         raise DumpFormatError(
             path, f"`{field}` is {_shown(value)}; expected a 64-bit integer", sample=sample
@@ -105,8 +105,7 @@ def check_columns(path: Path, data: dict[str, Any]) -> None:
 
 def number_or_none(value: Any) -> float | None:
     """float() of a number; None for dicts, strings and other non-numbers (section 8.11)."""
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value[()]
+    value = scalar(value)
     if isinstance(value, int | float | np.number | np.bool_):
         return float(value)
     return None
@@ -114,8 +113,7 @@ def number_or_none(value: Any) -> float | None:
 
 def flag_or_none(value: Any) -> bool | None:
     """A 0/1 flag (`truncated`); None when it is not an integer or bool (then status decides)."""
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value[()]
+    value = scalar(value)
     if isinstance(value, int | np.integer | np.bool_):
         return bool(value)
     return None

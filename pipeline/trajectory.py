@@ -19,15 +19,8 @@ import numpy as np
 
 from pipeline.errors import DumpFormatError
 
-TRAJECTORY_DIR = "trajectory"
 # Keys a line shares with its sample; a key the line lacks does not constrain the match.
 _MATCHED_KEYS = ("group_index", "status", "reward", "prompt")
-
-
-def trajectory_file(dump_root: Path, label: str) -> Path | None:
-    """`trajectory/{label}.jsonl` if the step has one (`label` is `3` or `eval_3`)."""
-    path = dump_root / TRAJECTORY_DIR / f"{label}.jsonl"
-    return path if path.is_file() else None
 
 
 def messages_by_position(path: Path | None, samples: list[dict[str, Any]]) -> list[str | None]:

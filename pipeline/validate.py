@@ -6,12 +6,15 @@ read as it is; one out of its type or range is a `SampleValueError` naming the f
 token 6.7 is not read as 6, the string "6" is not parsed, `response_length` 10.9 is not 10.
 
 Per-token lists are checked as whole arrays (dtype, then min and max); only when that fails is
-the list walked to name the first bad entry.
+the list walked to name the first bad entry. The checked arrays are returned (`CheckedSample`)
+and the flattener reads those: each list is converted to numpy once. The sample dicts are never
+changed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +22,34 @@ import numpy as np
 
 from pipeline.errors import DumpFormatError, SampleValueError, shown
 from pipeline.resolve import sample_label
-
-INT64_MAX = 2**63 - 1
-INT64_MIN = -(2**63)
+from pipeline.values import INT64_MAX, INT64_MIN, is_int
 
 
-def check_samples(path: Path, samples: list[dict[str, Any]]) -> None:
+@dataclass(frozen=True)
+class CheckedSample:
+    """One sample's per-token lists, checked and converted (each exactly once)."""
+
+    tokens: np.ndarray  # int64 [T], ids from 0
+    response_length: int  # R, from 0 to T
+    loss_mask: np.ndarray | None  # 1-D integers or bools; its length is not checked against R
+    rollout_log_probs: np.ndarray | None  # 1-D numbers; its length is not checked against R
+
+    @property
+    def response_tokens(self) -> np.ndarray:
+        """The last R token ids: the response."""
+        return self.tokens[len(self.tokens) - self.response_length :]
+
+
+def check_samples(path: Path, samples: list[dict[str, Any]]) -> list[CheckedSample]:
     """Check every sample before the step is joined and flattened; raise for the first bad one."""
+    checked = []
     for position, sample in enumerate(samples):
         try:
-            check_sample(sample)
+            checked.append(check_sample(sample))
         except SampleValueError as exc:
             exc.position = position
             raise located(exc, path, samples) from None
+    return checked
 
 
 def located(exc: SampleValueError, path: Path, samples: list[dict[str, Any]]) -> DumpFormatError:
@@ -50,22 +68,17 @@ def located(exc: SampleValueError, path: Path, samples: list[dict[str, Any]]) ->
     return DumpFormatError(path, str(exc), sample=label)
 
 
-def check_sample(sample: dict[str, Any]) -> None:
+def check_sample(sample: dict[str, Any]) -> CheckedSample:
     """The checks that must pass before any other code reads the sample; `index` first, as
-    every later message names the sample by it. Checked `loss_mask` and `rollout_log_probs`
-    lists are replaced by their arrays."""
+    every later message names the sample by it."""
     optional_int64(sample.get("index"), "index")
     tokens = token_ids(sample)
-    response_length(sample, len(tokens))
-    for key, what in (("loss_mask", "integers"), ("rollout_log_probs", "numbers")):
-        values = sample.get(key)
-        if values is not None:  # the checked array replaces the list: it is not converted twice
-            sample[key] = _numeric_list(values, key, what)
-
-
-def is_int(value: Any) -> bool:
-    """A Python or numpy integer, not a bool (which Python counts as one)."""
-    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+    length = response_length(sample, len(tokens))
+    mask, log_probs = (
+        None if sample.get(key) is None else _numeric_list(sample[key], key, what)
+        for key, what in (("loss_mask", "integers"), ("rollout_log_probs", "numbers"))
+    )
+    return CheckedSample(tokens, length, mask, log_probs)
 
 
 def optional_int64(value: Any, field: str) -> int | None:

@@ -18,7 +18,6 @@ import pyarrow.parquet as pq
 from pipeline import catalog, manifest, schema
 from pipeline.errors import LakeError
 from pipeline.lake import Lake, check_run_name
-from pipeline.step import tokens_checksum
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def check_step(lake: Path, record: manifest.RunManifest, step: manifest.StepReco
         )
     if tokens.num_rows != step.tokens:
         problems.append(f"`tokens` has {tokens.num_rows} rows; extracted {step.tokens}")
-    if tokens_checksum(tokens) != step.checksum:
+    if manifest.tokens_checksum(tokens) != step.checksum:
         problems.append("token ids or loss masks differ from what was extracted (checksum)")
     return problems
 

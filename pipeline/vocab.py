@@ -13,15 +13,6 @@ import pyarrow as pa
 from pipeline import schema
 from pipeline.errors import DumpFormatError
 
-TOKENIZER_DIR = "tokenizer"
-TOKENIZER_FILE = "tokenizer.json"
-
-
-def tokenizer_file(dump_root: Path) -> Path | None:
-    """The dump's `tokenizer/tokenizer.json`, if it saved one."""
-    path = dump_root / TOKENIZER_DIR / TOKENIZER_FILE
-    return path if path.is_file() else None
-
 
 def vocab_table(path: Path) -> pa.Table:
     """One row per token id of the tokenizer: its id and its text decoded alone.

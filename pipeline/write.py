@@ -1,4 +1,5 @@
-"""Write lake Parquet files. The only module that uses `pyarrow.parquet`.
+"""Write lake Parquet files: the only module that writes them (verify.py reads them back with
+`pyarrow.parquet`; query.py's `--format parquet` and the generator write files outside a lake).
 
 Every file is written through `lake.atomic_write` (a hidden temporary name in its partition
 directory, renamed into place), so a reader (or a crash) never sees half a file. Every setting

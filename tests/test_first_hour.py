@@ -479,11 +479,11 @@ def test_the_generator_without_torch_names_the_extra(tmp_path):
 @pytest.mark.slow
 def test_a_stop_names_the_steps_still_in_flight(tmp_path):
     from pipeline import dump
-    from pipeline.extract import _run_steps
+    from pipeline.scheduler import run_steps
 
     todo = [(files, "new") for files in dump.discover(BASIC).steps]
     told: list[list[str]] = []
-    outcomes = _run_steps(todo, tmp_path, "basic", 3, told.append)
+    outcomes = run_steps(todo, tmp_path, "basic", 3, told.append)
     first = next(outcomes)  # all three were handed out; one is back
     outcomes.close()  # what Ctrl-C or --strict does to the generator
     assert len(told) == 1

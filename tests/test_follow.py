@@ -172,7 +172,7 @@ def test_file_completed_while_its_failed_read_was_reported_is_retried(
 ) -> None:
     """The writer finishes the file between the failed read and the end of the round: the
     step was judged on the old content, so the next round must try it again."""
-    from pipeline import extract as extract_module
+    from pipeline import scheduler as extract_module
 
     live, lake = tmp_path / "live", tmp_path / "lake"
     shutil.copytree(FIXTURES / "basic", live)

@@ -278,7 +278,7 @@ def extract_step_that_dies(files: dump.StepFiles, *args: Any) -> step.StepOutcom
 def test_unexpected_exception_is_its_steps_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
-    monkeypatch.setattr("pipeline.extract.extract_step", extract_step_with_a_bug)
+    monkeypatch.setattr("pipeline.scheduler.extract_step", extract_step_with_a_bug)
     dump_dir = copy_dump(tmp_path)
     lake = tmp_path / "lake"
     code, out, err = extract(dump_dir, lake, "--workers", str(workers))
@@ -298,7 +298,7 @@ def test_worker_killed_mid_step_fails_that_step_only(
 ) -> None:
     """With 2 workers step 0 runs in the only process; with 3 it shares the pool with eval_0,
     which the kill interrupts too: eval_0 is retried alone and lands."""
-    monkeypatch.setattr("pipeline.extract.extract_step", extract_step_that_dies)
+    monkeypatch.setattr("pipeline.scheduler.extract_step", extract_step_that_dies)
     dump_dir = copy_dump(tmp_path)
     lake = tmp_path / "lake"
     code, out, err = extract(dump_dir, lake, "--workers", str(workers))

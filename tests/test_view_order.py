@@ -1,0 +1,55 @@
+"""Views are created in the order their `Inputs:` headers declare (pipeline/catalog.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import catalog
+from pipeline.errors import LakeError
+
+
+def test_each_view_comes_after_the_views_it_reads() -> None:
+    order = catalog.view_order({"c": ("b", "tokens"), "b": ("a",), "a": (), "d": ("samples",)})
+    assert order == ["a", "d", "b", "c"]
+
+
+def test_every_shipped_view_declares_inputs_that_exist() -> None:
+    texts = {p.stem: p.read_text(encoding="utf-8") for p in catalog.iter_view_files()}
+    order = catalog.view_order({name: catalog.view_inputs(text) for name, text in texts.items()})
+    assert sorted(order) == sorted(texts)
+    assert order.index("drift_samples") < order.index("drift_steps")
+    assert order.index("sample_stats") < order.index("step_stats")
+
+
+def test_inputs_continue_on_indented_lines_and_notes_are_not_inputs() -> None:
+    text = (
+        "-- Purpose.\n"
+        "-- Inputs: tokens, drift_settings (is_cap,\n"
+        "--         icepop_high), samples; macros clamp_to,\n"
+        "--         ess_fraction (sql/macros).\n"
+        "-- Columns:\n"
+        "CREATE OR REPLACE VIEW v AS SELECT 1"
+    )
+    assert catalog.view_inputs(text) == ("tokens", "drift_settings", "samples")
+    assert catalog.view_inputs("-- Purpose only.\nSELECT 1") is None
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (
+            {"a": ("b",), "b": ("a",), "c": ()},
+            "views `a`, `b` name each other as inputs in a cycle",
+        ),
+        (
+            {"a": ("tokenz",)},
+            "names unknown input `tokenz` in its `Inputs:` header (tables: tokens, samples,"
+            " runs, vocab; or a view under sql/)",
+        ),
+        ({"a": None}, "has no `-- Inputs:` line in its header"),
+    ],
+)
+def test_a_wrong_header_is_one_clear_error(inputs, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(LakeError) as caught:
+        catalog.view_order(inputs)
+    assert caught.value.problem == message
