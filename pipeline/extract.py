@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -51,6 +51,7 @@ class ExtractSummary:
     )
     failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
     ignored_files: list[tuple[Path, str]] = field(default_factory=list)  # (path, why)
+    warnings: list[str] = field(default_factory=list)  # dashboard/ problems, one line each
     seconds: float = 0.0
 
     @property
@@ -77,6 +78,7 @@ def extract_run(
     progress: ProgressCallback | Reporter | None = None,
     ready: Callable[[dump.StepFiles], bool] | None = None,
     replace: bool = False,
+    tags: Mapping[str, str] | None = None,
 ) -> ExtractSummary:
     """Extract a miles dump directory into `lake` and rebuild the catalog.
 
@@ -98,6 +100,7 @@ def extract_run(
             the run's other steps are kept as they are, except that steps whose rollout file
             is gone are removed.
         replace: Allow replacing a run of the same name extracted from another directory.
+        tags: User tags set on the run (`pipeline.tags.user_tags`); its other tags are kept.
 
     Returns:
         What was written, what was skipped and why.
@@ -112,6 +115,8 @@ def extract_run(
     with Lake(lake).lock():
         _check_other_manifests(lake, run)
         record = _current_manifest(lake, run, listing.root, replace)
+        retagged = {**record.tags, **(tags or {})}
+        tags_changed, record.tags = retagged != record.tags, retagged
         selected = [s for s in chosen if ready is None or ready(s)]
         todo = _plan(lake, record, selected, summary)
         if steps is None:  # `ready` only defers present steps; a vanished one is gone
@@ -127,7 +132,7 @@ def extract_run(
                 reporter.stopping([])
         finally:  # also on Ctrl-C or an error: publish the steps committed so far
             with _sigint_deferred() as deferred:  # a Ctrl-C now must not cut publishing short
-                _publish_if_needed(lake, record, summary)
+                _publish_if_needed(lake, record, summary, tags_changed)
             if deferred:
                 interrupted = interrupted or KeyboardInterrupt()
         if interrupted is not None:
@@ -189,7 +194,9 @@ def _lake_failure(path: str, problem: str) -> LakeError:
     )
 
 
-def _publish_if_needed(lake: Path, record: manifest.RunManifest, summary: ExtractSummary) -> None:
+def _publish_if_needed(
+    lake: Path, record: manifest.RunManifest, summary: ExtractSummary, tags_changed: bool = False
+) -> None:
     """Publish when something changed; a run that has never had a step committed is not
     published at all (no empty run when its first step fails or is not complete yet)."""
     known = bool(record.steps) or Lake(lake).manifest_path(record.run).is_file()
@@ -198,13 +205,24 @@ def _publish_if_needed(lake: Path, record: manifest.RunManifest, summary: Extrac
     vocab_changed, warning = lake_files.refresh_vocab(lake, record)
     if warning is not None:  # a broken tokenizer never blocks the run: texts stay NULL
         summary.ignored_files.append(warning)
-    if vocab_changed or _changed(summary) or catalog_is_stale(lake):
-        _publish(lake, record)
+    metrics_changed, warnings = lake_files.refresh_metrics(lake, record)
+    summary.warnings.extend(warnings)
+    # A new or changed meta.json (or a runs row of schema version 1) rewrites the runs row.
+    meta_changed = lake_files.meta_source(record) != record.meta_source
+    if (
+        vocab_changed
+        or metrics_changed
+        or meta_changed
+        or tags_changed
+        or _changed(summary)
+        or catalog_is_stale(lake)
+    ):
+        _publish(lake, record, summary)
 
 
-def _publish(lake: Path, record: manifest.RunManifest) -> None:
+def _publish(lake: Path, record: manifest.RunManifest, summary: ExtractSummary) -> None:
     """Record the run row, rebuild the catalog, then delete files no manifest lists."""
-    lake_files.write_run_row(lake, record)
+    summary.warnings.extend(lake_files.write_run_row(lake, record))
     manifest.save_manifest(lake, record)
     catalog.build_catalog(lake)
     Lake(lake).delete_unlisted(record)
