@@ -119,7 +119,9 @@ _GROWN_TABLES = frozenset({schema.RUNS})
 def _with_added_columns(table: str, file_list: str) -> str:
     """The files read by name, unioned with a typed empty row set that has every column, so a
     column absent from every file is still there (NULL) with the schema's type."""
-    typed = ", ".join(f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in schema.TABLE_SCHEMAS[table])
+    typed = ", ".join(
+        f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in schema.TABLE_SCHEMAS[table]
+    )
     return (
         f"(SELECT * FROM read_parquet([{file_list}], hive_partitioning = false, filename = true,"
         f" union_by_name = true) UNION ALL BY NAME SELECT {typed}, NULL::VARCHAR AS filename"
