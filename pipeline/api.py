@@ -26,7 +26,7 @@ Examples:
     [(4079,)]
     >>> step0 = lake.tokens(run="demo", steps=[0], columns=["evaluation", "lp_diff"])
     >>> step0.group_by("evaluation").len().sort("evaluation").collect().rows()  # train, eval
-    [(False, 1020), (True, 923)]
+    [(False, 1234), (True, 709)]
     >>> lake.sql("SELECT rollout_id, n_samples FROM step_stats ORDER BY 1").pl().rows()
     [(0, 32), (1, 32), (2, 32)]
     >>> lake.runs().select("run", "tags_json").collect().rows()
