@@ -197,23 +197,30 @@ def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [name for name in expected_views() if name not in present]
 
 
-def build_catalog(lake: Path) -> Path:
+def build_catalog(lake: Path, warnings: list[str] | None = None) -> Path:
     """(Re)build `LAKE/tokenlake.duckdb`; replaced atomically so readers never see half of it.
 
     The new file is checked before it replaces the old one: written out in full (no
     write-ahead log left) and holding every view. A full disk or another failure is a
-    LakeError and leaves the old catalog in place.
+    LakeError and leaves the old catalog in place. A broken user view (`LAKE/views/`) is
+    skipped: one line each appended to `warnings`, or logged when no list is given.
 
     Returns:
         The path of the catalog file.
     """
     layout = Lake(lake)
-    atomic_write(layout.catalog_path, lambda tmp: _write_catalog(tmp, layout.root))
+    problems: list[str] = []
+    atomic_write(layout.catalog_path, lambda tmp: _write_catalog(tmp, layout.root, problems))
+    if warnings is None:
+        for problem in problems:
+            log.warning("%s", problem)
+    else:
+        warnings.extend(problems)
     log.info("catalog %s rebuilt", layout.catalog_path)
     return layout.catalog_path
 
 
-def _write_catalog(tmp: Path, lake: Path) -> None:
+def _write_catalog(tmp: Path, lake: Path, problems: list[str]) -> None:
     import duckdb
 
     try:
@@ -225,7 +232,7 @@ def _write_catalog(tmp: Path, lake: Path) -> None:
             for path in iter_macro_files():
                 con.execute(path.read_text(encoding="utf-8"))
             create_sql_views(con)
-            create_user_views(con, lake)
+            problems[:] = create_user_views(con, lake)
             con.execute("CHECKPOINT")  # write everything into the file now, errors included
         finally:
             con.close()
@@ -366,21 +373,21 @@ def create_user_views(con: duckdb.DuckDBPyConnection, lake: Path) -> list[str]:
     The rules of `sql/`: one `CREATE [OR REPLACE] VIEW <file stem> AS ...` per file (its
     leading `--` comment becomes the view's comment); a view may build on tokenlake's views
     and on other user views. A file that breaks the rules, would replace one of tokenlake's
-    views, or does not bind is logged (`User view ... skipped: ...`); the rest of the catalog
-    is built all the same.
+    views, or does not bind is skipped; the rest of the catalog is built all the same.
 
     Returns:
-        The user views created, in creation order.
+        One line per skipped file (`User view `FILE` skipped: ...`), in file name order.
     """
     import duckdb
 
     pending: dict[Path, str] = {}
+    skipped: dict[Path, str] = {}
     for path in iter_user_view_files(lake):
         text, problem = _read_user_view(con, path)
         if problem is None:
             pending[path] = text
         else:
-            _skip_user_view(path, problem)
+            skipped[path] = problem
     created: list[str] = []
     while pending:
         waiting: dict[Path, str] = {}
@@ -391,16 +398,16 @@ def create_user_views(con: duckdb.DuckDBPyConnection, lake: Path) -> list[str]:
                 waiting[path] = _first_line(exc)
                 continue
             except duckdb.Error as exc:
-                _skip_user_view(path, _first_line(exc))
+                skipped[path] = _first_line(exc)
                 continue
             con.execute(f"COMMENT ON VIEW {path.stem} IS {quote_literal(header_comment(text))}")
             created.append(path.stem)
         if len(waiting) == len(pending):  # a round without progress: what waits is broken
-            for path, problem in waiting.items():
-                _skip_user_view(path, problem)
+            skipped.update(waiting)
             break
         pending = {path: pending[path] for path in waiting}
-    return created
+    log.info("user views created: %s", ", ".join(created) or "none")
+    return [_skip_line(path, skipped[path]) for path in sorted(skipped)]
 
 
 def _read_user_view(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[str, str | None]:
@@ -433,6 +440,6 @@ def _first_line(exc: Exception) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
-def _skip_user_view(path: Path, problem: str) -> None:
-    line = re.sub(r"[\x00-\x1f\x7f]", " ", f"User view `{path}` skipped: {problem}.")
-    log.warning("%s", line)
+def _skip_line(path: Path, problem: str) -> str:
+    """One line, whatever the file name or DuckDB's message holds."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", f"User view `{path}` skipped: {problem}.")

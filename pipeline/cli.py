@@ -295,8 +295,11 @@ def views(lake: Path) -> None:
     from pipeline.lake import Lake
 
     layout = Lake(lake).require()  # never a catalog in a dump or a stray folder
+    warnings: list[str] = []
     with layout.lock():  # not while an extraction writes the lake
-        click.echo(f"Rebuilt {build_catalog(layout.root)}")
+        click.echo(f"Rebuilt {build_catalog(layout.root, warnings)}")
+    for warning in warnings:
+        say(f"Warning: {warning}", err=True, one_line=True)
 
 
 @main.command()
@@ -376,7 +379,10 @@ def tag(lake: Path, run_name: str, tag_args: tuple[str, ...], remove: tuple[str,
 
     if not tag_args and not remove:
         raise UsageError("Give tags to set (`key=value`) or --remove KEY.")
-    tags = tag_run(lake, run_name, parse_tags(tag_args), remove)
+    warnings: list[str] = []
+    tags = tag_run(lake, run_name, parse_tags(tag_args), remove, warnings)
+    for warning in warnings:
+        say(f"Warning: {warning}", err=True, one_line=True)
     shown = ", ".join(f"{k}={v}" for k, v in sorted(tags.items())) or "none"
     say(f"Run `{run_name}` tags: {shown}", one_line=True)
 

@@ -224,7 +224,7 @@ def _publish(lake: Path, record: manifest.RunManifest, summary: ExtractSummary) 
     """Record the run row, rebuild the catalog, then delete files no manifest lists."""
     summary.warnings.extend(lake_files.write_run_row(lake, record))
     manifest.save_manifest(lake, record)
-    catalog.build_catalog(lake)
+    catalog.build_catalog(lake, summary.warnings)
     Lake(lake).delete_unlisted(record)
 
 

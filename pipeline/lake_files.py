@@ -84,10 +84,14 @@ def stored_run_row(lake: Path, record: manifest.RunManifest) -> dict[str, Any]:
 
 
 def tag_run(
-    lake: Path, run: str, set_tags: dict[str, str], remove: list[str] | tuple[str, ...] = ()
+    lake: Path,
+    run: str,
+    set_tags: dict[str, str],
+    remove: list[str] | tuple[str, ...] = (),
+    warnings: list[str] | None = None,
 ) -> dict[str, str]:
     """Change a run's tags without reading its dump: runs row, manifest, catalog, under the
-    writer lock. Returns the run's tags after the change.
+    writer lock. Returns the run's tags after the change; `warnings` as in `build_catalog`.
 
     Raises:
         LakeError: Not a lake, no such run, or another writer holds the lake.
@@ -104,7 +108,7 @@ def tag_run(
         record.tags = tags.change_tags(record.tags, set_tags, remove)
         write_run_row(layout.root, record, keep=stored_run_row(layout.root, record))
         manifest.save_manifest(layout.root, record)
-        catalog.build_catalog(layout.root)
+        catalog.build_catalog(layout.root, warnings)
         layout.delete_unlisted(record)
     return record.tags
 
