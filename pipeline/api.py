@@ -176,7 +176,7 @@ class TokenLake:
         for _attempt in (1, 2):
             listed = _listed_files(self._layout, table, runs, wanted)
             if all(path.is_file() for path, _ in listed):
-                return _scan(table, listed, names)
+                return _scan(table, listed, names, self.root)
             log.info("a listed file vanished (an extraction committed meanwhile); reading again")
         gone = next(path for path, _ in listed if not path.is_file())
         raise LakeError(gone, "is listed by its run's manifest but is gone; read again")
@@ -224,29 +224,47 @@ def _listed_files(
     return listed
 
 
-def _scan(table: str, listed: list[tuple[Path, dict[str, Any]]], names: list[str]) -> pl.LazyFrame:
-    """One LazyFrame over the files, partition columns first, typed as in the catalog.
+_FILE_COLUMN = "__tokenlake_file"
 
-    The partition values come from the manifests (not parsed from paths), and a `runs` file
-    of schema version 1 gets its missing metadata columns as NULL.
+
+def _scan(
+    table: str, listed: list[tuple[Path, dict[str, Any]]], names: list[str], root: Path
+) -> pl.LazyFrame:
+    """One LazyFrame over exactly the listed files, partition columns first, typed as in the
+    catalog; a file lacking a column of the schema (a `runs` file of schema version 1) reads
+    NULL there.
+
+    The partition columns come from polars' Hive parsing, so a filter on them skips whole
+    files, except when the lake's own path holds a `key=value` folder (`/data/run=x/lake`),
+    which that parsing would read too: then they come from the manifests, file by file.
     """
     import polars as pl
 
     partitions = schema.TABLE_PARTITIONS[table]
     types = _polars_types(table)
-    frames = []
-    for path, values in listed:
-        frame = pl.scan_parquet(path)
-        present = set(frame.collect_schema().names()) if table == schema.RUNS else set(names)
-        frames.append(
-            frame.select(
-                *(pl.lit(values[c], types[c]).alias(c) for c in partitions),
-                *(pl.col(n) if n in present else pl.lit(None, types[n]).alias(n) for n in names),
-            )
-        )
-    if not frames:
+    if not listed:
         return pl.LazyFrame(schema={c: types[c] for c in (*partitions, *names)})
-    return pl.concat(frames, how="vertical")
+    options: dict[str, Any] = {
+        "schema": {n: types[n] for n in schema.TABLE_SCHEMAS[table].names},
+        "missing_columns": "insert",
+        "extra_columns": "ignore",
+        "glob": False,  # a path is a path, never a pattern
+    }
+    paths = [str(path) for path, _ in listed]
+    if "=" not in str(root):
+        hive = {c: types[c] for c in partitions}
+        frame = pl.scan_parquet(paths, hive_partitioning=True, hive_schema=hive, **options)
+    else:
+        frame = pl.scan_parquet(
+            paths, hive_partitioning=False, include_file_paths=_FILE_COLUMN, **options
+        )
+        frame = frame.with_columns(
+            pl.col(_FILE_COLUMN)
+            .replace_strict({str(p): v[c] for p, v in listed}, return_dtype=types[c])
+            .alias(c)
+            for c in partitions
+        )
+    return frame.select(*partitions, *names)
 
 
 def _polars_types(table: str) -> dict[str, Any]:

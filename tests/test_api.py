@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -123,3 +124,17 @@ def test_an_empty_lake_gives_typed_empty_frames(tmp_path):
             "ts": pl.Datetime("us", "UTC"),
         }
     )
+
+
+@pytest.mark.slow
+def test_a_key_value_folder_above_the_lake_is_not_a_partition(lake, tmp_path):
+    moved = pipeline.open_lake(shutil.copytree(lake.root, tmp_path / "run=ghost" / "lake"))
+    for table in (schema.TOKENS, schema.METRICS):
+        frame = getattr(moved, table)().collect().sort(KEYS[table])
+        assert frame.equals(getattr(lake, table)().collect().sort(KEYS[table]))
+    assert moved.tokens(steps=[2]).select("run").unique().collect().sort("run")[
+        "run"
+    ].to_list() == [
+        "a",
+        "b",
+    ]

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
+import pipeline
 from pipeline import catalog, lake_files, manifest, schema, synth, synth_dashboard, write
 from pipeline.cli import main
 from pipeline.extract import extract_run
@@ -140,6 +141,8 @@ def test_a_runs_file_of_schema_version_1_reads_then_is_rewritten(dump, tmp_path)
     catalog.build_catalog(lake)
     sql = "SELECT schema_version, train_steps, wandb_project, tags_json FROM runs"
     assert _query(lake, sql) == [(1, 3, None, None)]
+    frame = pipeline.open_lake(lake).runs().select(sql[7:-10].split(", ")).collect()
+    assert frame.rows() == [(1, 3, None, None)]
     assert _query(lake, "SELECT count(*) FROM run_tags") == [(0,)]
     # The next extraction sees a meta.json the row was not made from: it rewrites the row.
     summary = extract_run(dump, lake, "r")
@@ -281,6 +284,8 @@ def test_metrics_read_only_new_lines_and_restart_on_a_rewrite(own_dump, tmp_path
     record = manifest.load_manifest(lake, "r")
     assert len(record.metrics_files) == 1
     assert len(list((lake / "metrics" / "run=r").iterdir())) == 1
+    assert CliRunner().invoke(main, ["drop", str(lake), "r"]).exit_code == 0
+    assert not (lake / "metrics" / "run=r").exists()  # drop deletes the run's metrics too
 
 
 def test_many_metrics_files_are_merged(tmp_path, monkeypatch):
