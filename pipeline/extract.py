@@ -217,15 +217,18 @@ def _publish_if_needed(
         or _changed(summary)
         or catalog_is_stale(lake)
     ):
-        _publish(lake, record, summary)
+        summary.warnings.extend(_publish(lake, record) or ())
 
 
-def _publish(lake: Path, record: manifest.RunManifest, summary: ExtractSummary) -> None:
-    """Record the run row, rebuild the catalog, then delete files no manifest lists."""
-    summary.warnings.extend(lake_files.write_run_row(lake, record))
+def _publish(lake: Path, record: manifest.RunManifest) -> list[str]:
+    """Record the run row, rebuild the catalog, then delete files no manifest lists.
+
+    Returns the warnings (a malformed meta.json, a broken user view), one line each."""
+    warnings = lake_files.write_run_row(lake, record)
     manifest.save_manifest(lake, record)
-    catalog.build_catalog(lake, summary.warnings)
+    catalog.build_catalog(lake, warnings)
     Lake(lake).delete_unlisted(record)
+    return warnings
 
 
 def prepare_lake(lake: Path, dump_root: Path) -> Path:

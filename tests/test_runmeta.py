@@ -380,3 +380,17 @@ def test_write_parquet_refuses_rows_of_the_old_runs_schema(tmp_path):
     table = schema.RUNS_BASE_SCHEMA.empty_table()
     with pytest.raises(Exception, match="rows do not match the `runs` schema"):
         write.write_parquet(tmp_path / "run.parquet", schema.RUNS, table, {})
+
+
+@pytest.mark.slow
+def test_generate_writes_the_dashboard_files_on_request(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(
+        main, ["generate", str(tmp_path / "d"), "--preset", "tp", "--miles-dashboard"]
+    )
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "d" / "dashboard" / "meta.json").read_text())
+    assert meta == synth_dashboard.meta_record(replace(synth.PRESETS["tp"], miles_dashboard=True))
+    assert (tmp_path / "d" / "dashboard" / "metrics.jsonl").read_text().count("\n") == 7
+    runner.invoke(main, ["generate", str(tmp_path / "plain"), "--preset", "tp"])
+    assert not (tmp_path / "plain" / "dashboard").exists()
