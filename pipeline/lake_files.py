@@ -79,7 +79,11 @@ def stored_run_row(lake: Path, record: manifest.RunManifest) -> dict[str, Any]:
 
     if record.runs_file is None:
         return {}
-    table = pq.read_table(Lake(lake).file(record.runs_file))
+    path = Lake(lake).file(record.runs_file)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise LakeError(path, f"cannot be read ({exc}); extract the run again") from exc
     return table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
 
 
@@ -193,7 +197,10 @@ def _merge_metrics(lake: Path, record: manifest.RunManifest) -> str:
     import pyarrow.parquet as pq
 
     layout = Lake(lake)
-    parts = [pq.read_table(layout.file(name)) for name in record.metrics_files]
+    try:
+        parts = [pq.read_table(layout.file(name)) for name in record.metrics_files]
+    except (OSError, pa.ArrowException) as exc:
+        raise LakeError(layout.root, f"metrics files cannot be merged ({exc})") from exc
     merged = pa.concat_tables([p.replace_schema_metadata(None) for p in parts])
     return _write_metrics(lake, record, merged)
 

@@ -202,6 +202,13 @@ def test_tag_errors_are_one_line(dump, tmp_path):
     assert result.stderr == "Error: Tag `a` is both set and removed; give one of the two.\n"
     result = runner.invoke(main, ["tag", str(lake), "r"])
     assert result.stderr == "Error: Give tags to set (`key=value`) or --remove KEY.\n"
+    runs_file = lake / manifest.load_manifest(lake, "r").runs_file
+    runs_file.write_bytes(b"not parquet")
+    result = runner.invoke(main, ["tag", str(lake), "r", "a=1"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: Lake `{runs_file}`: cannot be read (")
+    assert result.stderr.endswith("); extract the run again\n")
+    assert manifest.load_manifest(lake, "r").tags == {}  # nothing was changed
 
 
 # --- metrics ----------------------------------------------------------------------------------
