@@ -381,6 +381,9 @@ def test_a_broken_user_view_is_one_warning_line_of_the_cli(dump, tmp_path):
         " Error: Table with name nowhere does not exist!.\n"
     )
     assert _query(lake, "SELECT count(*) FROM step_stats") == [(3,)]
+    result = CliRunner().invoke(main, ["views", str(lake)])
+    assert (result.exit_code, result.stdout) == (0, f"Rebuilt {lake / schema.CATALOG_FILE}\n")
+    assert result.stderr.startswith(f"Warning: User view `{lake / 'views' / 'x.sql'}` skipped:")
 
 
 def test_write_parquet_refuses_rows_of_the_old_runs_schema(tmp_path):
