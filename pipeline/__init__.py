@@ -1,5 +1,22 @@
-"""tokenlake: miles `--dump-details` directories as a token-level Parquet lake with DuckDB views."""
+"""tokenlake: miles `--dump-details` directories as a token-level Parquet lake with DuckDB views.
+
+The Python API (docs/python.md): `pipeline.open_lake(path)` returns a `pipeline.TokenLake`
+with `.sql(query)`, `.runs()`, `.tokens(...)`, `.samples(...)`, `.metrics(...)` and
+`.extract(dump, ...)`. Both names are imported on first use, so `import pipeline` (and the
+`tokenlake` command) stays light.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["TokenLake", "open_lake"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from pipeline import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

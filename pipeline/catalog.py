@@ -107,9 +107,27 @@ def base_view_sql(table: str, files: list[Path]) -> str:
         for col, pattern in partition_patterns(table).items()
     ]
     selected = ", ".join([*parsed, *(f.name for f in table_schema)])
+    source = f"read_parquet([{file_list}], hive_partitioning = false, filename = true)"
+    if table in _GROWN_TABLES:
+        source = _with_added_columns(table, file_list)
+    return f"SELECT {selected} FROM {source}"
+
+
+# Tables that gained columns since schema version 1 (`runs`: the run metadata). Files written
+# before lack them: they read as NULL there (and the next extraction rewrites the row).
+_GROWN_TABLES = frozenset({schema.RUNS})
+
+
+def _with_added_columns(table: str, file_list: str) -> str:
+    """The files read by name, unioned with a typed empty row set that has every column, so a
+    column absent from every file is still there (NULL) with the schema's type."""
+    typed = ", ".join(
+        f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in schema.TABLE_SCHEMAS[table]
+    )
     return (
-        f"SELECT {selected} FROM read_parquet([{file_list}], hive_partitioning = false,"
-        " filename = true)"
+        f"(SELECT * FROM read_parquet([{file_list}], hive_partitioning = false, filename = true,"
+        f" union_by_name = true) UNION ALL BY NAME SELECT {typed}, NULL::VARCHAR AS filename"
+        " WHERE false)"
     )
 
 
@@ -242,23 +260,30 @@ def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [name for name in expected_views() if name not in present]
 
 
-def build_catalog(lake: Path) -> Path:
+def build_catalog(lake: Path, warnings: list[str] | None = None) -> Path:
     """(Re)build `LAKE/tokenlake.duckdb`; replaced atomically so readers never see half of it.
 
     The new file is checked before it replaces the old one: written out in full (no
     write-ahead log left) and holding every view. A full disk or another failure is a
-    LakeError and leaves the old catalog in place.
+    LakeError and leaves the old catalog in place. A broken user view (`LAKE/views/`) is
+    skipped: one line each appended to `warnings`, or logged when no list is given.
 
     Returns:
         The path of the catalog file.
     """
     layout = Lake(lake)
-    atomic_write(layout.catalog_path, lambda tmp: _write_catalog(tmp, layout.root))
+    problems: list[str] = []
+    atomic_write(layout.catalog_path, lambda tmp: _write_catalog(tmp, layout.root, problems))
+    if warnings is None:
+        for problem in problems:
+            log.warning("%s", problem)
+    else:
+        warnings.extend(problems)
     log.info("catalog %s rebuilt", layout.catalog_path)
     return layout.catalog_path
 
 
-def _write_catalog(tmp: Path, lake: Path) -> None:
+def _write_catalog(tmp: Path, lake: Path, problems: list[str]) -> None:
     import duckdb
 
     try:
@@ -270,6 +295,7 @@ def _write_catalog(tmp: Path, lake: Path) -> None:
             for path in iter_macro_files():
                 con.execute(path.read_text(encoding="utf-8"))
             create_sql_views(con)
+            problems[:] = create_user_views(con, lake)
             con.execute("CHECKPOINT")  # write everything into the file now, errors included
         finally:
             con.close()
@@ -386,3 +412,97 @@ def catalog_problem(lake: Path) -> str | None:
         names = ", ".join(f"`{v}`" for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
         return f"catalog `{schema.CATALOG_FILE}` lacks views {names}; {rebuild}"
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# User views: LAKE/views/*.sql, created after tokenlake's own on every rebuild
+# ---------------------------------------------------------------------------------------------
+
+MAX_USER_VIEW_BYTES = 1 << 20
+_USER_VIEW_STATEMENT = re.compile(
+    r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\w+)\s+AS\s", re.IGNORECASE
+)
+
+
+def iter_user_view_files(lake: Path) -> list[Path]:
+    """The user's view files, `LAKE/views/*.sql`, by name."""
+    folder = Lake(lake).user_views_dir
+    return sorted(p for p in folder.glob("*.sql") if p.is_file()) if folder.is_dir() else []
+
+
+def create_user_views(con: duckdb.DuckDBPyConnection, lake: Path) -> list[str]:
+    """Create the user's views after tokenlake's; a broken one is one warning and skipped.
+
+    The rules of `sql/`: one `CREATE [OR REPLACE] VIEW <file stem> AS ...` per file (its
+    leading `--` comment becomes the view's comment); a view may build on tokenlake's views
+    and on other user views. A file that breaks the rules, would replace one of tokenlake's
+    views, or does not bind is skipped; the rest of the catalog is built all the same.
+
+    Returns:
+        One line per skipped file (`User view `FILE` skipped: ...`), in file name order.
+    """
+    import duckdb
+
+    pending: dict[Path, str] = {}
+    skipped: dict[Path, str] = {}
+    for path in iter_user_view_files(lake):
+        text, problem = _read_user_view(con, path)
+        if problem is None:
+            pending[path] = text
+        else:
+            skipped[path] = problem
+    created: list[str] = []
+    while pending:
+        waiting: dict[Path, str] = {}
+        for path, text in pending.items():
+            try:
+                con.execute(text)
+            except duckdb.CatalogException as exc:  # may build on a user view not created yet
+                waiting[path] = _first_line(exc)
+                continue
+            except duckdb.Error as exc:
+                skipped[path] = _first_line(exc)
+                continue
+            con.execute(f"COMMENT ON VIEW {path.stem} IS {quote_literal(header_comment(text))}")
+            created.append(path.stem)
+        if len(waiting) == len(pending):  # a round without progress: what waits is broken
+            skipped.update(waiting)
+            break
+        pending = {path: pending[path] for path in waiting}
+    log.info("user views created: %s", ", ".join(created) or "none")
+    return [_skip_line(path, skipped[path]) for path in sorted(skipped)]
+
+
+def _read_user_view(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[str, str | None]:
+    """A user view file's text, or why it is refused."""
+    import duckdb
+
+    try:
+        if path.stat().st_size > MAX_USER_VIEW_BYTES:
+            return "", f"it is larger than {MAX_USER_VIEW_BYTES} bytes"
+        text = path.read_text(encoding="utf-8")
+        statements = con.extract_statements(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        return "", f"it cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    except duckdb.Error as exc:
+        return "", _first_line(exc)
+    match = _USER_VIEW_STATEMENT.match(_strip_comments(text))
+    if len(statements) != 1 or match is None or match.group(1) != path.stem:
+        return "", f"it must hold one `CREATE OR REPLACE VIEW {path.stem} AS ...` and nothing else"
+    if path.stem.lower() in {name.lower() for name in expected_views()}:
+        return "", f"`{path.stem}` is one of tokenlake's views; give the file another name"
+    return text, None
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"--[^\n]*|/\*.*?\*/", " ", text, flags=re.DOTALL)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def _skip_line(path: Path, problem: str) -> str:
+    """One line, whatever the file name or DuckDB's message holds."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", f"User view `{path}` skipped: {problem}.")

@@ -114,6 +114,19 @@ class _SafeFormatter(logging.Formatter):
     help="With --follow: seconds without change after which a step whose rank set"
     " is not known yet (the first step, eval files) counts as complete.",
 )
+@click.option(
+    "--tag",
+    "tag_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Tag the run (repeatable); kept across re-extractions until changed.",
+)
+@click.option(
+    "--meta",
+    "meta_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Tag the run with a JSON or YAML object of string keys (--tag wins).",
+)
 def extract(
     dump_dir: Path,
     lake: Path,
@@ -126,6 +139,8 @@ def extract(
     follow: bool,
     poll: float,
     settle: float,
+    tag_args: tuple[str, ...],
+    meta_file: Path | None,
 ) -> None:
     """Extract a dump directory into the lake and rebuild the DuckDB catalog.
 
@@ -137,9 +152,13 @@ def extract(
     \b
         tokenlake extract /data/runs/qwen-grpo --lake lake --run-name qwen --steps 0-9
         tokenlake extract /data/runs/live --lake lake --follow
+        tokenlake extract /data/runs/fp8 --lake lake --tag precision=fp8 --meta run.yaml
     """
     from pipeline.extract import ExtractInterrupted, extract_run
     from pipeline.progress import cli_reporter
+    from pipeline.tags import user_tags
+
+    tags = user_tags(tag_args, meta_file) if tag_args or meta_file is not None else None
 
     if follow:
         if steps is not None or strict:  # not silently ignored
@@ -148,7 +167,7 @@ def extract(
                 f"{option} cannot be combined with --follow, which extracts every"
                 " complete step and retries a bad one when it changes."
             )
-        _follow(dump_dir, lake, run_name, workers, poll, settle, silent, replace)
+        _follow(dump_dir, lake, run_name, workers, poll, settle, silent, replace, tags)
         return
     reporter = None if silent else cli_reporter(sys.stderr)
     try:
@@ -161,6 +180,7 @@ def extract(
             workers=workers,
             progress=reporter,
             replace=replace,
+            tags=tags,
         )
     except ExtractInterrupted as exc:
         say(_summary_line(exc.summary), one_line=True)
@@ -173,6 +193,7 @@ def extract(
         say(f"Skipped step {label}: {message}", err=True, one_line=True)
     for path, why in summary.ignored_files:
         say(f"Ignored `{path}`: {why}", err=True, one_line=True)
+    _say_warnings(summary)
     say(_summary_line(summary), one_line=True)
     if summary.failed:
         sys.exit(1)
@@ -187,12 +208,14 @@ def _follow(
     settle: float,
     silent: bool,
     replace: bool,
+    tags: dict[str, str] | None = None,
 ) -> None:
     from pipeline.follow import follow_run
 
     def on_round(summary: Any) -> None:
         for label, message in summary.failed:
             say(f"Not yet: step {label}: {message}", err=True, one_line=True)
+        _say_warnings(summary)
         if summary.steps or summary.counts["removed"]:
             say(_summary_line(summary), one_line=True)
 
@@ -208,10 +231,16 @@ def _follow(
             workers=workers,
             on_round=on_round,
             replace=replace,
+            tags=tags,
         )
     except KeyboardInterrupt:  # before its first round started: nothing was written yet
         pass
     say("Stopped; the lake holds every step extracted so far.", err=True)
+
+
+def _say_warnings(summary: Any) -> None:
+    for warning in getattr(summary, "warnings", ()):
+        say(f"Warning: {warning}", err=True, one_line=True)
 
 
 def _summary_line(summary: Any) -> str:
@@ -263,8 +292,11 @@ def views(lake: Path) -> None:
     from pipeline.lake import Lake
 
     layout = Lake(lake).require()  # never a catalog in a dump or a stray folder
+    warnings: list[str] = []
     with layout.lock():  # not while an extraction writes the lake
-        click.echo(f"Rebuilt {build_catalog(layout.root)}")
+        click.echo(f"Rebuilt {build_catalog(layout.root, warnings)}")
+    for warning in warnings:
+        say(f"Warning: {warning}", err=True, one_line=True)
 
 
 @main.command()
@@ -294,13 +326,19 @@ def drop(lake: Path, run_name: str) -> None:
 )
 @click.option("--seed", type=int, default=None, help="Override the preset's random seed.")
 @click.option("--force", is_flag=True, help="Overwrite dump files of an earlier generation in OUT.")
-def generate(out: Path, preset: str, seed: int | None, force: bool) -> None:
+@click.option(
+    "--miles-dashboard",
+    is_flag=True,
+    help="Also write dashboard/meta.json and metrics.jsonl, as miles' --use-miles-dashboard.",
+)
+def generate(out: Path, preset: str, seed: int | None, force: bool, miles_dashboard: bool) -> None:
     """Write a synthetic miles dump (deterministic) for trying tokenlake or testing it.
 
     Example:
 
     \b
         tokenlake generate /tmp/dump --preset cp-thd
+        tokenlake generate /tmp/dump --miles-dashboard
     """
     import dataclasses
 
@@ -311,8 +349,39 @@ def generate(out: Path, preset: str, seed: int | None, force: bool) -> None:
     spec = synth.PRESETS[preset]
     if seed is not None:
         spec = dataclasses.replace(spec, seed=seed)
+    if miles_dashboard:
+        spec = dataclasses.replace(spec, miles_dashboard=True)
     synth.write_dump(out, spec, force=force)
     click.echo(f"Wrote preset `{preset}` dump to {out}")
+
+
+@main.command()
+@click.argument("lake", type=click.Path(path_type=Path))
+@click.argument("run_name")
+@click.argument("tag_args", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option("--remove", multiple=True, metavar="KEY", help="Remove this tag (repeatable).")
+def tag(lake: Path, run_name: str, tag_args: tuple[str, ...], remove: tuple[str, ...]) -> None:
+    """Set or remove a run's tags without re-reading its dump; prints the tags after.
+
+    Rewrites the run's `runs` row (`tags_json`), its manifest and the catalog (`run_tags`).
+
+    Example:
+
+    \b
+        tokenlake tag lake qwen-fp8 precision=fp8 team=rl
+        tokenlake tag lake qwen-fp8 --remove team
+    """
+    from pipeline.lake_files import tag_run
+    from pipeline.tags import parse_tags
+
+    if not tag_args and not remove:
+        raise UsageError("Give tags to set (`key=value`) or --remove KEY.")
+    warnings: list[str] = []
+    tags = tag_run(lake, run_name, parse_tags(tag_args), remove, warnings)
+    for warning in warnings:
+        say(f"Warning: {warning}", err=True, one_line=True)
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(tags.items())) or "none"
+    say(f"Run `{run_name}` tags: {shown}", one_line=True)
 
 
 _settings_option = click.option(

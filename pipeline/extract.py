@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +43,7 @@ class ExtractSummary:
     counts: dict[StepStatus, int] = field(default_factory=lambda: dict.fromkeys(StepStatus, 0))
     failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
     ignored_files: list[tuple[Path, str]] = field(default_factory=list)  # (path, why)
+    warnings: list[str] = field(default_factory=list)  # dashboard/ problems, one line each
     seconds: float = 0.0
 
     @property
@@ -77,6 +78,7 @@ def extract_run(
     progress: ProgressCallback | Reporter | None = None,
     ready: Callable[[dump.StepFiles], bool] | None = None,
     replace: bool = False,
+    tags: Mapping[str, str] | None = None,
 ) -> ExtractSummary:
     """Extract a miles dump directory into `lake` and rebuild the catalog.
 
@@ -98,6 +100,7 @@ def extract_run(
             the run's other steps are kept as they are, except that steps whose rollout file
             is gone are removed.
         replace: Allow replacing a run of the same name extracted from another directory.
+        tags: User tags set on the run (`pipeline.tags.user_tags`); its other tags are kept.
 
     Returns:
         What was written, what was skipped and why.
@@ -112,6 +115,8 @@ def extract_run(
     with Lake(lake).lock():
         _check_other_manifests(lake, run)
         record = _current_manifest(lake, run, listing.root, replace)
+        retagged = {**record.tags, **(tags or {})}
+        tags_changed, record.tags = retagged != record.tags, retagged
         selected = [s for s in chosen if ready is None or ready(s)]
         todo = _plan(lake, record, selected, summary)
         if steps is None:  # `ready` only defers present steps; a vanished one is gone
@@ -127,7 +132,7 @@ def extract_run(
                 reporter.stopping([])
         finally:  # also on Ctrl-C or an error: publish the steps committed so far
             with sigint_deferred() as deferred:  # a Ctrl-C now must not cut publishing short
-                _publish_if_needed(lake, record, summary)
+                _publish_if_needed(lake, record, summary, tags_changed)
             interrupted = interrupted or bool(deferred)
         if interrupted:  # Ctrl-C still propagates, with what was committed so far
             summary.seconds = time.perf_counter() - started
@@ -186,7 +191,9 @@ def _lake_failure(path: str, problem: str) -> LakeError:
     )
 
 
-def _publish_if_needed(lake: Path, record: manifest.RunManifest, summary: ExtractSummary) -> None:
+def _publish_if_needed(
+    lake: Path, record: manifest.RunManifest, summary: ExtractSummary, tags_changed: bool = False
+) -> None:
     """Publish when something changed; a run that has never had a step committed is not
     published at all (no empty run when its first step fails or is not complete yet)."""
     known = bool(record.steps) or Lake(lake).manifest_path(record.run).is_file()
@@ -195,16 +202,30 @@ def _publish_if_needed(lake: Path, record: manifest.RunManifest, summary: Extrac
     vocab_changed, warning = lake_files.refresh_vocab(lake, record)
     if warning is not None:  # a broken tokenizer never blocks the run: texts stay NULL
         summary.ignored_files.append(warning)
-    if vocab_changed or _changed(summary) or catalog_is_stale(lake):
-        _publish(lake, record)
+    metrics_changed, warnings = lake_files.refresh_metrics(lake, record)
+    summary.warnings.extend(warnings)
+    # A new or changed meta.json (or a runs row of schema version 1) rewrites the runs row.
+    meta_changed = lake_files.meta_source(record) != record.meta_source
+    if (
+        vocab_changed
+        or metrics_changed
+        or meta_changed
+        or tags_changed
+        or _changed(summary)
+        or catalog_is_stale(lake)
+    ):
+        summary.warnings.extend(_publish(lake, record) or ())
 
 
-def _publish(lake: Path, record: manifest.RunManifest) -> None:
-    """Record the run row, rebuild the catalog, then delete files no manifest lists."""
-    lake_files.write_run_row(lake, record)
+def _publish(lake: Path, record: manifest.RunManifest) -> list[str]:
+    """Record the run row, rebuild the catalog, then delete files no manifest lists.
+
+    Returns the warnings (a malformed meta.json, a broken user view), one line each."""
+    warnings = lake_files.write_run_row(lake, record)
     manifest.save_manifest(lake, record)
-    catalog.build_catalog(lake)
+    catalog.build_catalog(lake, warnings)
     Lake(lake).delete_unlisted(record)
+    return warnings
 
 
 def prepare_lake(lake: Path, dump_root: Path) -> Path:

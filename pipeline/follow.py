@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +46,7 @@ def follow_run(
     on_round: Callable[[ExtractSummary], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     replace: bool = False,
+    tags: Mapping[str, str] | None = None,
 ) -> FollowState:
     """Extract complete steps every `poll_seconds` until `should_stop()` or Ctrl-C.
 
@@ -60,7 +61,7 @@ def follow_run(
     try:
         while not should_stop():
             summary = follow_round(
-                dump_dir, lake, run, state, settle_seconds, workers, progress, replace
+                dump_dir, lake, run, state, settle_seconds, workers, progress, replace, tags
             )
             if on_round is not None:
                 on_round(summary)
@@ -83,6 +84,7 @@ def follow_round(
     workers: int,
     progress: ProgressCallback | None,
     replace: bool = False,
+    tags: Mapping[str, str] | None = None,
 ) -> ExtractSummary:
     """One pass: extract what is complete now, remember what failed."""
     now = time.time()
@@ -97,7 +99,14 @@ def follow_round(
         return is_complete(files, state.expected_ranks, now, settle_seconds)
 
     summary = extract_run(
-        dump_dir, lake, run, workers=workers, progress=progress, ready=ready, replace=replace
+        dump_dir,
+        lake,
+        run,
+        workers=workers,
+        progress=progress,
+        ready=ready,
+        replace=replace,
+        tags=tags,
     )
     for label, message in summary.failed:
         state.failed[label] = attempted[label]

@@ -6,6 +6,8 @@ LAKE/_manifest/.tokenlake.lock                             one writer at a time
 LAKE/tokenlake.duckdb                                      the catalog of views (catalog.py)
 LAKE/{tokens,samples}/run=<run>/rollout_id=<rid>/{train,eval}-<hex8>.parquet
 LAKE/runs/run=<run>/run-<hex8>.parquet, LAKE/vocab/run=<run>/vocab-<hex8>.parquet
+LAKE/metrics/run=<run>/metrics-<hex8>.parquet              logged metrics, one file per new batch
+LAKE/views/<name>.sql                                      user views (the user's, only read)
 ```
 
 Every file is written by `atomic_write` (a temporary name `.tokenlake-<pid>-<hex8>.tmp`
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MANIFEST_DIR = "_manifest"
+USER_VIEWS_DIR = "views"
 LOCK_FILE = ".tokenlake.lock"
 DUMP_MARKER = "rollout_data"  # a folder holding it is a dump, never a lake
 # A run name is a file name (`<run>.json`, `run=<run>`); most file systems hold 255 bytes.
@@ -44,7 +47,7 @@ _FORBIDDEN_IN_RUN_NAME = re.compile(r"[/\\=%\x00-\x1f\x7f]")
 # DuckDB expands these in a file path (a glob), so a run name holding one reads other files.
 _GLOB_CHARACTERS = re.compile(r"[?*\[\]{}]")
 # What `new_file` names, and temporary names of `atomic_write` (DuckDB adds `.wal`).
-_DATA_FILE = re.compile(r"^(?:train|eval|run|vocab)(?:-[0-9a-f]{8})?\.parquet$")
+_DATA_FILE = re.compile(r"^(?:train|eval|run|vocab|metrics)(?:-[0-9a-f]{8})?\.parquet$")
 _TEMPORARY = re.compile(r"^\.tokenlake-(\d+)-[0-9a-f]{8}\.tmp(?:\.wal)?$")
 # Temporary names of tokenlake before 0.2: `.<catalog or data file>.<pid>.tmp`.
 _OLD_TEMPORARY = re.compile(
@@ -184,6 +187,11 @@ class Lake:
     @property
     def catalog_path(self) -> Path:
         return self.root / schema.CATALOG_FILE
+
+    @property
+    def user_views_dir(self) -> Path:
+        """`LAKE/views/`: the user's own `*.sql` views, created after tokenlake's."""
+        return self.root / USER_VIEWS_DIR
 
     def manifest_path(self, run: str) -> Path:
         return self.manifest_dir / f"{check_run_name(run)}.json"

@@ -62,6 +62,18 @@ class StepRecord:
         return step_label(self.rollout_id, self.evaluation)
 
 
+@dataclass(frozen=True)
+class MetricsSource:
+    """How far a metrics stream (name under `DUMP/dashboard/`) has been read.
+
+    `head` is the blake2b of its first `min(offset, HEAD_BYTES)` bytes: a file rewritten
+    in place (not only shrunk) no longer matches, and is read again from byte 0.
+    """
+
+    offset: int
+    head: str
+
+
 @dataclass
 class RunManifest:
     """Everything the lake holds for one run."""
@@ -73,6 +85,12 @@ class RunManifest:
     vocab_file: str | None = None
     vocab_source: SourceFile | None = None  # the tokenizer file it was built from
     version: int = MANIFEST_VERSION
+    # The user's tags (`--tag`, `--meta`, `tokenlake tag`): kept across re-extractions.
+    tags: dict[str, str] = field(default_factory=dict)
+    # `metrics` files (one per batch of new lines) and how far each stream was read.
+    metrics_files: list[str] = field(default_factory=list)
+    metrics_sources: dict[str, MetricsSource] = field(default_factory=dict)
+    meta_source: SourceFile | None = None  # the dashboard/meta.json the runs row was made from
 
     def files(self, table: str) -> list[str]:
         """Relative paths of one table's files, in step order."""
@@ -80,6 +98,8 @@ class RunManifest:
             return [self.runs_file] if self.runs_file else []
         if table == schema.VOCAB:
             return [self.vocab_file] if self.vocab_file else []
+        if table == schema.METRICS:
+            return list(self.metrics_files)
         ordered = sorted(self.steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
         return [s.files[table] for s in ordered if table in s.files]
 
@@ -157,6 +177,25 @@ def _fields(cls: type, data: Any) -> dict[str, Any]:
     return data
 
 
+def _object(value: Any, key: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"`{key}` is not an object")
+    return value
+
+
+def _list(value: Any, key: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"`{key}` is not a list")
+    return list(value)
+
+
+def _string_map(value: Any, key: str) -> dict[str, str]:
+    items = _object(value, key)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in items.items()):
+        raise TypeError(f"`{key}` holds a value that is not a string")
+    return dict(items)
+
+
 def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
     _fields(RunManifest, data)
     steps = {}
@@ -167,6 +206,7 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
         if not isinstance(steps[key].files, dict):
             raise TypeError("`files` is not an object")
     vocab_source = data.get("vocab_source")
+    meta_source = data.get("meta_source")
     record = RunManifest(
         run=data["run"],
         source_dir=data["source_dir"],
@@ -175,6 +215,13 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
         vocab_file=data.get("vocab_file"),
         vocab_source=SourceFile(**_fields(SourceFile, vocab_source)) if vocab_source else None,
         version=data["version"],
+        meta_source=SourceFile(**_fields(SourceFile, meta_source)) if meta_source else None,
+        tags=_string_map(data.get("tags", {}), "tags"),
+        metrics_files=_list(data.get("metrics_files", []), "metrics_files"),
+        metrics_sources={
+            str(name): MetricsSource(**_fields(MetricsSource, source))
+            for name, source in _object(data.get("metrics_sources", {}), "metrics_sources").items()
+        },
     )
     if record.run != path.stem:
         raise ValueError(f"its `run` is not `{path.stem}`, the name of the file")

@@ -16,7 +16,8 @@ import pyarrow as pa
 
 # Bumped whenever a table's columns or their meaning change; stamped into every Parquet file's
 # key-value metadata and into the `runs` table.
-SCHEMA_VERSION = 1
+# 2: `runs` gained the run metadata columns, and the `metrics` table (issue 11).
+SCHEMA_VERSION = 2
 TOOL_NAME = "tokenlake"
 
 # ---------------------------------------------------------------------------------------------
@@ -26,7 +27,8 @@ TOKENS = "tokens"
 SAMPLES = "samples"
 RUNS = "runs"
 VOCAB = "vocab"
-TABLES = (TOKENS, SAMPLES, RUNS, VOCAB)
+METRICS = "metrics"
+TABLES = (TOKENS, SAMPLES, RUNS, VOCAB, METRICS)
 
 CATALOG_FILE = "tokenlake.duckdb"
 
@@ -174,7 +176,7 @@ SAMPLES_SCHEMA = pa.schema(
 # ---------------------------------------------------------------------------------------------
 # `runs`: one row per extracted run.
 # ---------------------------------------------------------------------------------------------
-RUNS_SCHEMA = pa.schema(
+RUNS_BASE_SCHEMA = pa.schema(
     [
         pa.field("source_dir", pa.string(), nullable=False),  # absolute dump directory
         pa.field("extracted_at", pa.timestamp("us", tz="UTC"), nullable=False),
@@ -201,19 +203,14 @@ TABLE_PARTITIONS: dict[str, tuple[str, ...]] = {
     SAMPLES: (RUN, ROLLOUT_ID),
     RUNS: (RUN,),
     VOCAB: (RUN,),
+    METRICS: (RUN,),
 }
 
-TABLE_SCHEMAS: dict[str, pa.Schema] = {
-    TOKENS: TOKENS_SCHEMA,
-    SAMPLES: SAMPLES_SCHEMA,
-    RUNS: RUNS_SCHEMA,
-    VOCAB: VOCAB_SCHEMA,
-}
 
 # ---------------------------------------------------------------------------------------------
 # Run metadata (issue 11): `runs` columns from `DUMP/dashboard/meta.json` (pipeline/dashboard.py)
-# and the user's tags (pipeline/tags.py). Not yet part of RUNS_SCHEMA: extraction does not
-# write them yet; appending RUN_META_SCHEMA's fields to RUNS_SCHEMA is the integration step.
+# and the user's tags (pipeline/tags.py), appended to the `runs` columns (schema version 2;
+# `runs` files of version 1 lack them and read as NULL there, see catalog.base_view_sql).
 # ---------------------------------------------------------------------------------------------
 START_TS = "start_ts"
 WANDB_PROJECT = "wandb_project"
@@ -239,7 +236,6 @@ RUN_META_SCHEMA = pa.schema(
 # `metrics`: one row per (logged payload, numeric metric) of `DUMP/dashboard/metrics.jsonl`,
 # long format, partitioned by run (see pipeline/dashboard.py for what is kept or skipped).
 # ---------------------------------------------------------------------------------------------
-METRICS = "metrics"
 METRIC = "metric"
 METRICS_SCHEMA = pa.schema(
     [
@@ -256,4 +252,14 @@ METRICS_SCHEMA = pa.schema(
         pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
     ]
 )
-METRICS_PARTITIONS: tuple[str, ...] = (RUN,)
+
+# `runs`: the base columns, then the run metadata (files of schema version 1 lack the latter).
+RUNS_SCHEMA = pa.schema([*RUNS_BASE_SCHEMA, *RUN_META_SCHEMA])
+
+TABLE_SCHEMAS: dict[str, pa.Schema] = {
+    TOKENS: TOKENS_SCHEMA,
+    SAMPLES: SAMPLES_SCHEMA,
+    RUNS: RUNS_SCHEMA,
+    VOCAB: VOCAB_SCHEMA,
+    METRICS: METRICS_SCHEMA,
+}

@@ -177,7 +177,7 @@ def test_verify_checks_the_catalog_and_a_reextract_repairs_it(tmp_path: Path) ->
         1,
         [
             "catalog `tokenlake.duckdb` lacks views `tokens`, `samples`, `runs`, `vocab`,"
-            " `drift_by_length` ...; run `tokenlake views LAKE` or extract again",
+            " `metrics` ...; run `tokenlake views LAKE` or extract again",
             "3 steps checked, 1 problems",
         ],
     )

@@ -1,0 +1,140 @@
+"""pipeline.open_lake / pipeline.TokenLake: the frames equal the catalog's views, exactly."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import pipeline
+from pipeline import api, manifest, schema, synth
+from pipeline.errors import LakeError
+from pipeline.lake import Lake
+
+SPEC = replace(synth.PRESETS["example"], miles_dashboard=True)
+KEYS = {
+    schema.TOKENS: ["run", "rollout_id", "evaluation", "batch_position", "position"],
+    schema.SAMPLES: ["run", "rollout_id", "evaluation", "batch_position"],
+    schema.RUNS: ["run"],
+    schema.METRICS: ["run", "ts", "metric"],
+}
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> pipeline.TokenLake:
+    folder = tmp_path_factory.mktemp("api")
+    synth.write_dump(folder / "dump", SPEC)
+    opened = pipeline.open_lake(folder / "lake", create=True)
+    opened.extract(folder / "dump", run_name="a", tags={"precision": "fp8"})
+    opened.extract(folder / "dump", run_name="b", steps=[1, 2])
+    return opened
+
+
+def test_open_lake_is_the_api_class():
+    assert pipeline.open_lake is api.open_lake and pipeline.TokenLake is api.TokenLake
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        pipeline.nope  # noqa: B018
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table", list(KEYS))
+def test_frames_equal_the_sql_views(lake, table):
+    frame = getattr(lake, table)().collect().sort(KEYS[table])
+    view = lake.sql(f"SELECT * FROM {table}").pl().sort(KEYS[table])
+    # DuckDB labels timestamps with its TimeZone setting (the machine's zone): same instants.
+    view = view.with_columns(pl.col(pl.Datetime).dt.convert_time_zone("UTC"))
+    assert frame.columns == view.columns
+    assert frame.schema == view.schema
+    assert frame.equals(view)
+    assert frame.height > 0
+
+
+@pytest.mark.slow
+def test_runs_frame_holds_meta_and_tags(lake):
+    rows = lake.runs().select("run", "wandb_project", "tags_json", "train_steps").collect()
+    assert rows.sort("run").rows() == [
+        ("a", "tokenlake-synth", '{"precision": "fp8"}', 3),
+        ("b", "tokenlake-synth", None, 2),
+    ]
+
+
+@pytest.mark.slow
+def test_selections_read_only_the_listed_files(lake):
+    frame = lake.tokens(run="b", steps=[2, 7], columns=["token_id", "run"]).collect()
+    assert frame.columns == ["run", "rollout_id", "token_id"]
+    expected = lake.sql("SELECT count(*) FROM tokens WHERE run = 'b' AND rollout_id = 2")
+    assert frame.height == expected.fetchall()[0][0]
+    assert frame["rollout_id"].unique().to_list() == [2]
+    assert lake.samples(run=["a", "b"], steps=[]).collect().height == 0
+    assert lake.metrics(run="nope").collect().height == 0
+    with pytest.raises(LakeError, match="has no column `lp_dif`"):
+        lake.tokens(columns=["lp_dif"])
+
+
+@pytest.mark.slow
+def test_reading_takes_no_lock(lake):
+    with Lake(lake.root).lock():  # an extraction holds the writer lock meanwhile
+        assert lake.tokens(steps=[0]).collect().height == 1943
+        assert lake.sql("SELECT count(*) FROM samples").fetchall() == [(176,)]
+
+
+@pytest.mark.slow
+def test_a_superseded_file_makes_the_call_read_the_manifests_again(lake, monkeypatch):
+    current = manifest.load_all(lake.root)
+    stale = manifest.load_all(lake.root)
+    stale[0].steps["0"].files[schema.TOKENS] = "tokens/run=a/rollout_id=0/train-deadbeef.parquet"
+    answers = [stale, current]
+    monkeypatch.setattr(manifest, "load_all", lambda root: answers.pop(0))
+    assert lake.tokens(run="a", steps=[0]).collect().height == 1943
+    answers[:] = [stale, stale]
+    with pytest.raises(LakeError) as info:
+        lake.tokens(run="a", steps=[0])
+    assert str(info.value) == (
+        f"Lake `{lake.root / 'tokens/run=a/rollout_id=0/train-deadbeef.parquet'}`: is listed"
+        " by its run's manifest but is gone; read again"
+    )
+
+
+@pytest.mark.slow
+def test_sql_sees_a_new_catalog_after_an_extraction(tmp_path):
+    synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
+    lake = pipeline.open_lake(tmp_path / "lake", create=True)
+    lake.extract(tmp_path / "dump", run_name="x", steps=[0])
+    assert lake.sql("SELECT count(*) FROM runs").fetchall() == [(1,)]
+    lake.extract(tmp_path / "dump", run_name="y", steps=[0])
+    assert lake.sql("SELECT list(run ORDER BY run) FROM runs").fetchall() == [(["x", "y"],)]
+    lake.close()
+
+
+def test_an_empty_lake_gives_typed_empty_frames(tmp_path):
+    Path(tmp_path / "_manifest").mkdir()
+    lake = pipeline.open_lake(tmp_path)
+    frame = lake.metrics().collect()
+    assert frame.height == 0
+    assert frame.schema == pl.Schema(
+        {
+            "run": pl.String,
+            "step_key": pl.String,
+            "step": pl.Int64,
+            "metric": pl.String,
+            "value": pl.Float64,
+            "ts": pl.Datetime("us", "UTC"),
+        }
+    )
+
+
+@pytest.mark.slow
+def test_a_key_value_folder_above_the_lake_is_not_a_partition(lake, tmp_path):
+    moved = pipeline.open_lake(shutil.copytree(lake.root, tmp_path / "run=ghost" / "lake"))
+    for table in (schema.TOKENS, schema.METRICS):
+        frame = getattr(moved, table)().collect().sort(KEYS[table])
+        assert frame.equals(getattr(lake, table)().collect().sort(KEYS[table]))
+    assert moved.tokens(steps=[2]).select("run").unique().collect().sort("run")[
+        "run"
+    ].to_list() == [
+        "a",
+        "b",
+    ]
