@@ -114,6 +114,19 @@ class _SafeFormatter(logging.Formatter):
     help="With --follow: seconds without change after which a step whose rank set"
     " is not known yet (the first step, eval files) counts as complete.",
 )
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where steps run: local processes (--workers), or one Ray task per step"
+    " (needs tokenlake[ray] and a lake path every node sees).",
+)
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="With --executor ray: the cluster, e.g. `auto`. Default: RAY_ADDRESS, else a local Ray.",
+)
 def extract(
     dump_dir: Path,
     lake: Path,
@@ -126,6 +139,8 @@ def extract(
     follow: bool,
     poll: float,
     settle: float,
+    executor: str,
+    ray_address: str | None,
 ) -> None:
     """Extract a dump directory into the lake and rebuild the DuckDB catalog.
 
@@ -141,7 +156,11 @@ def extract(
     from pipeline.extract import extract_run
     from pipeline.progress import cli_reporter
 
+    if ray_address is not None and executor != "ray":
+        raise UsageError("--ray-address needs --executor ray.")
     if follow:
+        if executor == "ray":
+            raise UsageError("--executor ray cannot be combined with --follow yet.")
         if steps is not None or strict:  # not silently ignored
             option = "--steps" if steps is not None else "--strict"
             raise UsageError(
@@ -161,6 +180,8 @@ def extract(
             workers=workers,
             progress=reporter,
             replace=replace,
+            executor=executor,
+            ray_address=ray_address,
         )
     except KeyboardInterrupt as exc:
         interrupted = getattr(exc, "summary", None)

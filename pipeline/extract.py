@@ -77,6 +77,8 @@ def extract_run(
     progress: ProgressCallback | Reporter | None = None,
     ready: Callable[[dump.StepFiles], bool] | None = None,
     replace: bool = False,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> ExtractSummary:
     """Extract a miles dump directory into `lake` and rebuild the catalog.
 
@@ -98,11 +100,18 @@ def extract_run(
             the run's other steps are kept as they are, except that steps whose rollout file
             is gone are removed.
         replace: Allow replacing a run of the same name extracted from another directory.
+        executor: `local` (`workers` processes) or `ray` (one Ray task per step, see
+            pipeline/ray_executor.py; `workers` is then unused).
+        ray_address: With `ray`: the cluster to connect to.
 
     Returns:
         What was written, what was skipped and why.
     """
     started = time.perf_counter()
+    if executor == "ray":
+        from pipeline.ray_executor import require_ray, run_steps_on_ray
+
+        require_ray()
     listing = dump.discover(dump_dir)
     run = check_run_name(run_name if run_name is not None else listing.root.name)
     chosen = dump.select_steps(listing, steps)
@@ -120,7 +129,11 @@ def extract_run(
         interrupted: KeyboardInterrupt | None = None
         try:
             try:
-                for outcome in _run_steps(todo, lake, run, workers, reporter.stopping):
+                if executor == "ray":
+                    outcomes = run_steps_on_ray(todo, lake, run, address=ray_address)
+                else:
+                    outcomes = _run_steps(todo, lake, run, workers, reporter.stopping)
+                for outcome in outcomes:
                     _commit(lake, record, outcome, summary, strict, reporter)
             except KeyboardInterrupt as exc:
                 interrupted = exc
