@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -87,16 +89,35 @@ def test_cli_on_a_cluster_writes_what_one_process_writes(cluster, dump, serial, 
     assert _steps(lake) == _steps(serial)  # same sources, counts and token checksums
 
 
+def _extracting_on(node):
+    """Whether a worker process of the node (a child of its raylet) is running a step now."""
+    raylet = node.all_processes["raylet"][0].process.pid
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            title = (proc / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):  # the process ended meanwhile
+            continue
+        if parent == raylet and title.startswith(b"ray::extract_step"):
+            return True
+    return False
+
+
 class _KillOnFirstCommit(Reporter):
-    """Removes a worker node once the first step is committed: the others are in flight."""
+    """Once the first step is committed, removes a worker node while it extracts a step."""
 
     def __init__(self, cluster, node):
-        self.cluster, self.node, self.killed = cluster, node, False
+        self.cluster, self.node, self.killed, self.busy = cluster, node, False, False
 
     def done(self, result):
-        if not self.killed:
-            self.killed = True
-            self.cluster.remove_node(self.node)
+        if self.killed:
+            return
+        deadline = time.monotonic() + 30
+        while not self.busy and time.monotonic() < deadline:
+            self.busy = _extracting_on(self.node)
+            time.sleep(0.01)
+        self.killed = True
+        self.cluster.remove_node(self.node)
 
 
 @pytest.mark.slow
@@ -107,11 +128,12 @@ def test_a_node_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_it
     victim = cluster.add_node(**NODE)
     cluster.wait_for_nodes()
     lake = tmp_path / "lake"
+    reporter = _KillOnFirstCommit(cluster, victim)
     first = extract_run(
-        dump, lake, "ex", executor="ray", ray_address=cluster.address,
-        progress=_KillOnFirstCommit(cluster, victim),
-    )  # fmt: skip
-    assert first.failed, "the killed node had no step in flight"
+        dump, lake, "ex", executor="ray", ray_address=cluster.address, progress=reporter
+    )
+    assert reporter.busy  # a step was in flight on the node when it died
+    assert first.failed
     for label, message in first.failed:
         step = next(s for s in synth_steps(dump) if s.label == label)
         assert message == ray_executor.task_died_text(step, 0)
@@ -134,7 +156,7 @@ def test_a_task_whose_node_dies_is_retried_elsewhere(cluster, dump, serial, tmp_
     summary = extract_run(
         dump, lake, "ex", executor="ray", ray_address=cluster.address, progress=reporter
     )
-    assert reporter.killed
+    assert reporter.busy  # a step was in flight on the node when it died
     assert (summary.counts["new"], summary.failed) == (STEPS, [])
     assert verify_lake(lake) == (STEPS, [])
     assert _rows(lake) == _rows(serial)
