@@ -125,7 +125,8 @@ class _SafeFormatter(logging.Formatter):
 @click.option(
     "--ray-address",
     metavar="ADDR",
-    help="With --executor ray: the cluster, e.g. `auto`. Default: RAY_ADDRESS, else a local Ray.",
+    help="With --executor ray: the cluster, e.g. `auto`. Default: Ray's own (RAY_ADDRESS, a"
+    " cluster started on this machine, else a new local Ray).",
 )
 def extract(
     dump_dir: Path,

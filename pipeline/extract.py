@@ -109,7 +109,7 @@ def extract_run(
     """
     started = time.perf_counter()
     if executor == "ray":
-        from pipeline.ray_executor import require_ray, run_steps_on_ray
+        from pipeline.ray_executor import require_ray
 
         require_ray()
     listing = dump.discover(dump_dir)
@@ -129,11 +129,7 @@ def extract_run(
         interrupted: KeyboardInterrupt | None = None
         try:
             try:
-                if executor == "ray":
-                    outcomes = run_steps_on_ray(todo, lake, run, address=ray_address)
-                else:
-                    outcomes = _run_steps(todo, lake, run, workers, reporter.stopping)
-                for outcome in outcomes:
+                for outcome in _outcomes(todo, lake, run, workers, reporter, executor, ray_address):
                     _commit(lake, record, outcome, summary, strict, reporter)
             except KeyboardInterrupt as exc:
                 interrupted = exc
@@ -289,6 +285,24 @@ def _drop_vanished_steps(
     for key in [k for k in record.steps if k not in present]:
         del record.steps[key]
         summary.counts[REMOVED] += 1
+
+
+def _outcomes(
+    todo: list[tuple[dump.StepFiles, str]],
+    lake: Path,
+    run: str,
+    workers: int,
+    reporter: Reporter,
+    executor: str,
+    ray_address: str | None,
+) -> Iterator[StepOutcome]:
+    """Local workers, or one Ray task per step. Returned, not bound to a name: the loop holds
+    the only reference, so an exception that leaves it closes the scheduler at once."""
+    if executor == "ray":
+        from pipeline.ray_executor import run_steps_on_ray
+
+        return run_steps_on_ray(todo, lake, run, address=ray_address)
+    return _run_steps(todo, lake, run, workers, reporter.stopping)
 
 
 def _run_steps(

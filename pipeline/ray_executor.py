@@ -88,8 +88,9 @@ def run_steps_on_ray(
 
 
 def _connect(ray: Any, address: str | None) -> None:
-    # Worker output stays on the workers: the CLI's stderr is for one-line messages.
-    options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+    # Worker output stays on the workers, and Ray says only errors: the CLI's stderr is for
+    # one-line messages.
+    options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
     if address is None:
         options["include_dashboard"] = False  # only for a Ray started here; needs ray[default]
     ray.init(address=address, **options)
