@@ -52,11 +52,12 @@ def run_steps_on_ray(
         lake: The lake root; must be the same path on every node.
         run: The run's name in the lake.
         address: The cluster to connect to (`auto`, `ray://host:10001`, `host:6379`); default:
-            the one this process is connected to, else `RAY_ADDRESS`, else a new local Ray.
+            the one this process is connected to, else Ray's own choice (`RAY_ADDRESS`, a
+            cluster started on this machine, else a new local Ray).
         max_retries: Times a task whose worker or node died is run again; default
             `MAX_RETRIES`.
 
-    Returns:
+    Yields:
         One outcome per step; a step whose task keeps dying becomes an outcome with an error.
     """
     if not todo:  # nothing to extract: do not start or join a cluster
