@@ -42,7 +42,8 @@ $(VENV)/.installed: pyproject.toml
 	# Pin the CPU build that lies on these machines; a bare `torch` would pull GBs of CUDA.
 	# torch is the `synth` extra (generator, bench, tests); extraction itself needs none.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,synth]'
+	# ray and spark: the Ray executor and the tests that run a Ray cluster and read with Spark.
+	$(PY) -m pip install -q -e '.[dev,synth,ray,spark]'
 	touch $@
 
 example: setup $(EXAMPLE_DUMP)/.generated ## write the small built-in example dump to $(EXAMPLE_DUMP)/ (once)

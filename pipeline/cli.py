@@ -127,6 +127,20 @@ class _SafeFormatter(logging.Formatter):
     type=click.Path(path_type=Path, dir_okay=False),
     help="Tag the run with a JSON or YAML object of string keys (--tag wins).",
 )
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where steps run: local processes (--workers), or one Ray task per step"
+    " (needs tokenlake[ray] and a lake path every node sees).",
+)
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="With --executor ray: the cluster, e.g. `auto`. Default: Ray's own (RAY_ADDRESS, a"
+    " cluster started on this machine, else a new local Ray).",
+)
 def extract(
     dump_dir: Path,
     lake: Path,
@@ -141,6 +155,8 @@ def extract(
     settle: float,
     tag_args: tuple[str, ...],
     meta_file: Path | None,
+    executor: str,
+    ray_address: str | None,
 ) -> None:
     """Extract a dump directory into the lake and rebuild the DuckDB catalog.
 
@@ -160,7 +176,11 @@ def extract(
 
     tags = user_tags(tag_args, meta_file) if tag_args or meta_file is not None else None
 
+    if ray_address is not None and executor != "ray":
+        raise UsageError("--ray-address needs --executor ray.")
     if follow:
+        if executor == "ray":
+            raise UsageError("--executor ray cannot be combined with --follow yet.")
         if steps is not None or strict:  # not silently ignored
             option = "--steps" if steps is not None else "--strict"
             raise UsageError(
@@ -181,6 +201,8 @@ def extract(
             progress=reporter,
             replace=replace,
             tags=tags,
+            executor=executor,
+            ray_address=ray_address,
         )
     except ExtractInterrupted as exc:
         say(_summary_line(exc.summary), one_line=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +79,8 @@ def extract_run(
     ready: Callable[[dump.StepFiles], bool] | None = None,
     replace: bool = False,
     tags: Mapping[str, str] | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> ExtractSummary:
     """Extract a miles dump directory into `lake` and rebuild the catalog.
 
@@ -101,11 +103,18 @@ def extract_run(
             is gone are removed.
         replace: Allow replacing a run of the same name extracted from another directory.
         tags: User tags set on the run (`pipeline.tags.user_tags`); its other tags are kept.
+        executor: `local` (`workers` processes) or `ray` (one Ray task per step, see
+            pipeline/ray_executor.py; `workers` is then unused).
+        ray_address: With `ray`: the cluster to connect to.
 
     Returns:
         What was written, what was skipped and why.
     """
     started = time.perf_counter()
+    if executor == "ray":
+        from pipeline.ray_executor import require_ray
+
+        require_ray()
     listing = dump.discover(dump_dir)
     run = check_run_name(run_name if run_name is not None else listing.root.name)
     chosen = dump.select_steps(listing, steps)
@@ -125,7 +134,7 @@ def extract_run(
         interrupted = False
         try:
             try:
-                for outcome in run_steps(todo, lake, run, workers, reporter.stopping):
+                for outcome in _outcomes(todo, lake, run, workers, reporter, executor, ray_address):
                     _commit(lake, record, outcome, summary, strict, reporter)
             except KeyboardInterrupt:
                 interrupted = True
@@ -294,6 +303,25 @@ def _drop_vanished_steps(
     for key in [k for k in record.steps if k not in present]:
         del record.steps[key]
         summary.counts[StepStatus.REMOVED] += 1
+
+
+def _outcomes(
+    todo: list[tuple[dump.StepFiles, StepStatus]],
+    lake: Path,
+    run: str,
+    workers: int,
+    reporter: Reporter,
+    executor: str,
+    ray_address: str | None,
+) -> Iterator[StepOutcome]:
+    """Local workers (pipeline/scheduler.py), or one Ray task per step. Returned, not bound to
+    a name: the loop holds the only reference, so an exception that leaves it closes the
+    scheduler at once."""
+    if executor == "ray":
+        from pipeline.ray_executor import run_steps_on_ray
+
+        return run_steps_on_ray(todo, lake, run, address=ray_address)
+    return run_steps(todo, lake, run, workers, reporter.stopping)
 
 
 def _commit(
