@@ -22,6 +22,7 @@ from pipeline.cli_util import (
     bounded,
     parse_settings,
     parse_steps,
+    plural,
     read_sql,
     safe_text,
     say,
@@ -295,7 +296,7 @@ def verify(lake: Path, run_name: str | None) -> None:
     checked, problems = verify_lake(lake, run_name)
     for problem in problems:
         click.echo(str(problem))
-    click.echo(f"{checked} steps checked, {len(problems)} problems")
+    click.echo(f"{plural(checked, 'step')} checked, {plural(len(problems), 'problem')}")
     if problems:
         sys.exit(1)
 

@@ -168,3 +168,13 @@ def parse_settings(pairs: tuple[str, ...]) -> dict[str, float]:
         if not math.isfinite(settings[name.strip()]):
             raise UsageError(f"--set `{pair}`: the value must be a finite number.")
     return settings
+
+
+def plural(n: int, word: str) -> str:
+    """`1 step`, `2 steps`.
+
+    Examples:
+        >>> plural(1, "step"), plural(0, "problem")
+        ('1 step', '0 problems')
+    """
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from pipeline.cli_util import plural
 from pipeline.step import StepResult
 
 ProgressCallback = Callable[[StepResult], None]
@@ -50,16 +51,6 @@ def as_reporter(progress: ProgressCallback | Reporter | None) -> Reporter:
     return Reporter() if progress is None else _CallbackReporter(progress)
 
 
-def _plural(n: int, word: str) -> str:
-    """`1 step`, `2 steps`.
-
-    Examples:
-        >>> _plural(1, "step"), _plural(0, "step")
-        ('1 step', '0 steps')
-    """
-    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
-
-
 class _Counting(Reporter):
     """Counts steps and tokens, and says at once what a stop waits for."""
 
@@ -91,12 +82,12 @@ class _Counting(Reporter):
         if in_flight:
             steps = ", ".join(in_flight)
             text = (
-                f"Stopping: waiting for {_plural(len(in_flight), 'step')} in flight ({steps})"
+                f"Stopping: waiting for {plural(len(in_flight), 'step')} in flight ({steps})"
                 " to finish; they are not committed (the next extraction redoes them)."
             )
         else:
             text = (
-                f"Stopping: publishing the {_plural(self.committed, 'step')} committed so far"
+                f"Stopping: publishing the {plural(self.committed, 'step')} committed so far"
                 " (manifest and catalog)."
             )
         self.line(text)

@@ -112,7 +112,7 @@ def test_full_disk_at_the_catalog_is_one_line_and_a_rerun_repairs(tiny_disk: Pat
     assert (code, err) == (1, [])
     assert out.splitlines() == [
         "catalog `tokenlake.duckdb` is missing; run `tokenlake views LAKE` or extract again",
-        "3 steps checked, 1 problems",
+        "3 steps checked, 1 problem",
     ]
     subprocess.run(["mount", "-o", "remount,size=4m", str(tiny_disk)], check=True)
     code, out, err = extract(REAL_DUMPS / "basic", lake)  # space is back
@@ -178,7 +178,7 @@ def test_verify_checks_the_catalog_and_a_reextract_repairs_it(tmp_path: Path) ->
         [
             "catalog `tokenlake.duckdb` lacks views `tokens`, `samples`, `runs`, `vocab`,"
             " `metrics` ...; run `tokenlake views LAKE` or extract again",
-            "3 steps checked, 1 problems",
+            "3 steps checked, 1 problem",
         ],
     )
     code, out, err = extract(REAL_DUMPS / "basic", lake)
