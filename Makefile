@@ -24,7 +24,7 @@ export CALLER_DIR
 # `abs PATH`: PATH made absolute against the caller's directory.
 ABS := abs() { case "$$1" in /*) printf '%s' "$$1";; *) printf '%s/%s' "$$CALLER_DIR" "$$1";; esac; }
 # The files the example dump is generated from: `make example` rewrites it only when they change.
-GENERATOR := pipeline/synth.py pipeline/synth_spec.py pipeline/cp_layout.py
+GENERATOR := pipeline/tools/synth.py pipeline/tools/synth_spec.py pipeline/transform/cp_layout.py
 
 .PHONY: help setup extract example follow verify views audit sql report test test-fast lint fmt bench clean
 
@@ -102,7 +102,7 @@ test-fast: setup ## tests not marked slow
 	$(PY) -m pytest -q -m "not slow" --doctest-modules pipeline tests
 
 bench: setup ## BENCH_SCALE=$(BENCH_SCALE): generate big dumps in a temp dir and print throughput figures
-	$(PY) -m pipeline.bench --scale $(BENCH_SCALE)
+	$(PY) -m pipeline.tools.bench --scale $(BENCH_SCALE)
 
 clean: ## remove $(EXAMPLE_DUMP)/ and the default lake (never touches RUN)
 	rm -rf "$$TL_EXAMPLE_DUMP" lake

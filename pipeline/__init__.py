@@ -16,7 +16,7 @@ __all__ = ["TokenLake", "open_lake"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from pipeline import api
+        from pipeline.serve import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -171,7 +171,7 @@ def extract(
         tokenlake extract /data/runs/live --lake lake --follow
         tokenlake extract /data/runs/fp8 --lake lake --tag precision=fp8 --meta run.yaml
     """
-    from pipeline.extract import ExtractInterrupted, extract_run
+    from pipeline.load.extract import ExtractInterrupted, extract_run
     from pipeline.progress import cli_reporter
     from pipeline.tags import user_tags
 
@@ -233,7 +233,7 @@ def _follow(
     replace: bool,
     tags: dict[str, str] | None = None,
 ) -> None:
-    from pipeline.follow import follow_run
+    from pipeline.load.follow import follow_run
 
     def on_round(summary: Any) -> None:
         for label, message in summary.failed:
@@ -291,7 +291,7 @@ def verify(lake: Path, run_name: str | None) -> None:
     \b
         tokenlake verify lake --run qwen
     """
-    from pipeline.verify import verify_lake
+    from pipeline.load.verify import verify_lake
 
     checked, problems = verify_lake(lake, run_name)
     for problem in problems:
@@ -311,8 +311,8 @@ def views(lake: Path) -> None:
     \b
         tokenlake views lake
     """
-    from pipeline.catalog import build_catalog
-    from pipeline.lake import Lake
+    from pipeline.load.lake import Lake
+    from pipeline.serve.catalog import build_catalog
 
     layout = Lake(lake).require()  # never a catalog in a dump or a stray folder
     warnings: list[str] = []
@@ -333,7 +333,7 @@ def drop(lake: Path, run_name: str) -> None:
     \b
         tokenlake drop lake qwen-grpo-old
     """
-    from pipeline.extract import drop_run
+    from pipeline.load.extract import drop_run
 
     drop_run(lake, run_name)
     click.echo(f"Dropped run `{run_name}` from {lake}")
@@ -365,7 +365,7 @@ def generate(out: Path, preset: str, seed: int | None, force: bool, miles_dashbo
     """
     import dataclasses
 
-    from pipeline import synth
+    from pipeline.tools import synth
 
     if preset not in synth.PRESETS:
         raise UsageError(f"Unknown preset `{preset}`; choose one of: {', '.join(synth.PRESETS)}.")
@@ -394,7 +394,7 @@ def tag(lake: Path, run_name: str, tag_args: tuple[str, ...], remove: tuple[str,
         tokenlake tag lake qwen-fp8 precision=fp8 team=rl
         tokenlake tag lake qwen-fp8 --remove team
     """
-    from pipeline.lake_files import tag_run
+    from pipeline.load.lake_files import tag_run
     from pipeline.tags import parse_tags
 
     if not tag_args and not remove:
@@ -461,7 +461,7 @@ def query(
         tokenlake query lake --file report.sql
         echo "SELECT count(*) FROM tokens" | tokenlake query lake -
     """
-    from pipeline.query import format_table, run_query
+    from pipeline.serve.query import format_table, run_query
 
     text = read_sql(sql, sql_file)
     rendered = format_table(run_query(lake, text, parse_settings(settings)), fmt)
@@ -492,7 +492,7 @@ def audit(lake: Path, settings: tuple[str, ...]) -> None:
     \b
         tokenlake audit lake --set alarm_mean_abs_lp_diff_smtm=0.2
     """
-    from pipeline.audit import format_audit_report, has_errors, run_audits
+    from pipeline.serve.audit import format_audit_report, has_errors, run_audits
 
     results = run_audits(lake, parse_settings(settings))
     click.echo(format_audit_report(results))
@@ -537,7 +537,7 @@ def report(lake: Path, runs: tuple[str, ...], steps: str | None, output: Path, w
         tokenlake report lake -o report.html
         tokenlake report lake --run qwen-fp16 --run qwen-bf16 --steps 0-99
     """
-    from pipeline.report import build_report
+    from pipeline.serve.report import build_report
 
     summary = build_report(lake, output, runs, parse_steps(steps), worst)
     click.echo(

@@ -113,7 +113,7 @@ class SampleValueError(PipelineError):
     """A value of one rollout sample is out of its type or range (dump-format.md 2.3).
 
     Raised where the value is read, which may not know the file or the sample's position;
-    `pipeline.validate.located` turns it into a `DumpFormatError` naming both.
+    `pipeline.read.validate.located` turns it into a `DumpFormatError` naming both.
     """
 
     def __init__(self, field: str, problem: str) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from pipeline.cli_util import plural
-from pipeline.step import StepResult
+from pipeline.transform.step import StepResult
 
 ProgressCallback = Callable[[StepResult], None]
 

@@ -208,7 +208,7 @@ TABLE_PARTITIONS: dict[str, tuple[str, ...]] = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Run metadata (issue 11): `runs` columns from `DUMP/dashboard/meta.json` (pipeline/dashboard.py)
+# Run metadata (issue 11): `runs` columns from `DUMP/dashboard/meta.json` (pipeline/read/dashboard.py)
 # and the user's tags (pipeline/tags.py), appended to the `runs` columns (schema version 2;
 # `runs` files of version 1 lack them and read as NULL there, see catalog.base_view_sql).
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ RUN_META_SCHEMA = pa.schema(
 
 # ---------------------------------------------------------------------------------------------
 # `metrics`: one row per (logged payload, numeric metric) of `DUMP/dashboard/metrics.jsonl`,
-# long format, partitioned by run (see pipeline/dashboard.py for what is kept or skipped).
+# long format, partitioned by run (see pipeline/read/dashboard.py for what is kept or skipped).
 # ---------------------------------------------------------------------------------------------
 METRIC = "metric"
 METRICS_SCHEMA = pa.schema(

@@ -12,8 +12,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline import catalog, manifest, schema, write
-from pipeline.lake import partition_dir
+from pipeline import schema
+from pipeline.load import manifest, write
+from pipeline.load.lake import partition_dir
+from pipeline.serve import catalog
 
 
 def _defaults(table: str) -> dict[str, Any]:

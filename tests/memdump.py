@@ -16,8 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline import dump as dump_module
-from pipeline import ptread, step
+from pipeline.read import dump as dump_module
+from pipeline.read import ptread
+from pipeline.transform import step
 
 
 class MemDump:

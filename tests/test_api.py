@@ -10,9 +10,12 @@ import polars as pl
 import pytest
 
 import pipeline
-from pipeline import api, manifest, schema, synth
+from pipeline import schema
 from pipeline.errors import LakeError
-from pipeline.lake import Lake
+from pipeline.load import manifest
+from pipeline.load.lake import Lake
+from pipeline.serve import api
+from pipeline.tools import synth
 
 SPEC = replace(synth.PRESETS["example"], miles_dashboard=True)
 KEYS = {

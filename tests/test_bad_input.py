@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from pipeline import schema
 from pipeline.cli import main
-from pipeline.verify import verify_lake
+from pipeline.load.verify import verify_lake
 from tests.fixture_paths import REAL_DUMPS
 
 FIXTURES = REAL_DUMPS
@@ -465,7 +465,7 @@ def test_full_lake_is_a_clear_error_and_leaves_the_lake_intact(
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", full_disk)
-    monkeypatch.setattr("pipeline.step.secrets.token_hex", lambda n: "feedbeef")
+    monkeypatch.setattr("pipeline.transform.step.secrets.token_hex", lambda n: "feedbeef")
     code, out, err = extract(dump, lake)
     monkeypatch.undo()
     target = (

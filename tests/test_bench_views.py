@@ -1,8 +1,9 @@
-"""`pipeline.bench` times every aggregate view against a plain scan of `tokens`."""
+"""`pipeline.tools.bench` times every aggregate view against a plain scan of `tokens`."""
 
 from __future__ import annotations
 
-from pipeline import bench, catalog
+from pipeline.serve import catalog
+from pipeline.tools import bench
 from tests.lakes import build_lake
 
 

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline import schema
-from pipeline.extract import extract_run
+from pipeline.load.extract import extract_run
 from tests.fixture_paths import REAL_DUMPS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -165,7 +165,7 @@ def test_plain_parquet_readers_read_the_manifest_listed_files(lake):
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    from pipeline import manifest
+    from pipeline.load import manifest
 
     files = [str(lake / name) for run in manifest.load_all(lake) for name in run.files("tokens")]
     partitioning = ds.partitioning(

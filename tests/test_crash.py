@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import manifest, schema, synth
-from pipeline.extract import extract_run
-from pipeline.verify import verify_lake
+from pipeline import schema
+from pipeline.load import manifest
+from pipeline.load.extract import extract_run
+from pipeline.load.verify import verify_lake
+from pipeline.tools import synth
 
 pytestmark = pytest.mark.slow
 

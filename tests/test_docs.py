@@ -9,8 +9,8 @@ import click
 import pytest
 
 from pipeline import schema
-from pipeline.catalog import iter_view_files
 from pipeline.cli import main
+from pipeline.serve.catalog import iter_view_files
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 README = DOCS.parent / "README.md"

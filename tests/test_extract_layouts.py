@@ -20,9 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline import schema, synth
-from pipeline.synth import PRESETS
-from pipeline.synth_truth import SampleTruth, Truth
+from pipeline import schema
+from pipeline.tools import synth
+from pipeline.tools.synth import PRESETS
+from pipeline.tools.synth_truth import SampleTruth, Truth
 
 LAYOUT_PRESETS = sorted(name for name in PRESETS if not name.startswith("bench"))
 KEY_COLUMNS = (schema.ROLLOUT_ID, schema.EVALUATION, schema.BATCH_POSITION)
@@ -139,7 +140,7 @@ def _check_samples(con: Any, truth: Truth) -> None:
 def test_lake_matches_truth(preset: str, tmp_path: Path) -> None:
     import duckdb
 
-    from pipeline.extract import extract_run
+    from pipeline.load.extract import extract_run
 
     dump, lake = tmp_path / "dump", tmp_path / "lake"
     truth = synth.write_dump(dump, PRESETS[preset], keep_truth=True)

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import manifest, schema
-from pipeline.extract import ExtractSummary, extract_run
-from pipeline.follow import FollowState, follow_round, follow_run
-from pipeline.verify import verify_lake
+from pipeline import schema
+from pipeline.load import manifest
+from pipeline.load.extract import ExtractSummary, extract_run
+from pipeline.load.follow import FollowState, follow_round, follow_run
+from pipeline.load.verify import verify_lake
 from tests.fixture_paths import REAL_DUMPS
 
 pytestmark = pytest.mark.slow  # every test extracts real dump files
@@ -172,7 +173,7 @@ def test_file_completed_while_its_failed_read_was_reported_is_retried(
 ) -> None:
     """The writer finishes the file between the failed read and the end of the round: the
     step was judged on the old content, so the next round must try it again."""
-    from pipeline import scheduler as extract_module
+    from pipeline.load import scheduler as extract_module
 
     live, lake = tmp_path / "live", tmp_path / "lake"
     shutil.copytree(FIXTURES / "basic", live)

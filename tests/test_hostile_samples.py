@@ -18,8 +18,10 @@ from typing import Any
 import duckdb
 import pytest
 
-from pipeline import dump, jsontext, schema, step
+from pipeline import schema
 from pipeline.errors import SampleValueError
+from pipeline.read import dump, jsontext
+from pipeline.transform import step
 from tests.test_bad_input import (
     EVAL_AND_STEP_1,
     REPLACE,
@@ -255,7 +257,7 @@ DIVIDE_LINE = _load_rollout_or_divide.__code__.co_firstlineno + 2
 
 
 def extract_step_with_a_bug(*args: Any) -> step.StepOutcome:
-    """`pipeline.step.extract_step`, with step 1's load raising ZeroDivisionError.
+    """`pipeline.transform.step.extract_step`, with step 1's load raising ZeroDivisionError.
 
     Stands in for it in every process: workers are spawned, so they import this module
     rather than inherit a monkeypatch of the test process."""
@@ -267,7 +269,7 @@ def extract_step_with_a_bug(*args: Any) -> step.StepOutcome:
 
 
 def extract_step_that_dies(files: dump.StepFiles, *args: Any) -> step.StepOutcome:
-    """`pipeline.step.extract_step`, except that a worker process given step 0 is killed."""
+    """`pipeline.transform.step.extract_step`, except that a worker process given step 0 is killed."""
     if files.label == "0" and multiprocessing.parent_process() is not None:
         os.kill(os.getpid(), signal.SIGKILL)
     return step.extract_step(files, *args)
@@ -278,7 +280,7 @@ def extract_step_that_dies(files: dump.StepFiles, *args: Any) -> step.StepOutcom
 def test_unexpected_exception_is_its_steps_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
-    monkeypatch.setattr("pipeline.scheduler.extract_step", extract_step_with_a_bug)
+    monkeypatch.setattr("pipeline.load.scheduler.extract_step", extract_step_with_a_bug)
     dump_dir = copy_dump(tmp_path)
     lake = tmp_path / "lake"
     code, out, err = extract(dump_dir, lake, "--workers", str(workers))
@@ -298,7 +300,7 @@ def test_worker_killed_mid_step_fails_that_step_only(
 ) -> None:
     """With 2 workers step 0 runs in the only process; with 3 it shares the pool with eval_0,
     which the kill interrupts too: eval_0 is retried alone and lands."""
-    monkeypatch.setattr("pipeline.scheduler.extract_step", extract_step_that_dies)
+    monkeypatch.setattr("pipeline.load.scheduler.extract_step", extract_step_that_dies)
     dump_dir = copy_dump(tmp_path)
     lake = tmp_path / "lake"
     code, out, err = extract(dump_dir, lake, "--workers", str(workers))
@@ -318,8 +320,8 @@ def test_worker_killed_mid_step_fails_that_step_only(
 def test_numpy_values_of_allowed_types_are_accepted() -> None:
     import numpy as np
 
-    from pipeline import validate
-    from pipeline.summary import sample_summary
+    from pipeline.read import validate
+    from pipeline.transform.summary import sample_summary
 
     sample = {
         "index": np.int64(7),

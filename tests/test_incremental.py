@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeline import extract as extract_module
 from pipeline import schema
 from pipeline.cli import main
-from pipeline.extract import extract_run
-from pipeline.verify import verify_lake
+from pipeline.load import extract as extract_module
+from pipeline.load.extract import extract_run
+from pipeline.load.verify import verify_lake
 from tests.fixture_paths import REAL_DUMPS
 
 pytestmark = pytest.mark.slow  # every test extracts real dump files
@@ -274,7 +274,7 @@ def test_a_run_whose_only_step_fails_is_not_published(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_mid_run_reports_what_was_committed(tmp_path: Path) -> None:
-    from pipeline.follow import follow_run
+    from pipeline.load.follow import follow_run
 
     def stop_after_first(result) -> None:  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt

@@ -1,4 +1,4 @@
-"""The lake's layout has one owner (pipeline/lake.py): naming, run names, atomic writes, sweeps."""
+"""The lake's layout has one owner (pipeline/load/lake.py): naming, run names, atomic writes, sweeps."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import lake as lake_module
-from pipeline import manifest, schema
+from pipeline import schema
 from pipeline.errors import LakeError, UsageError
-from pipeline.lake import Lake, atomic_write, check_run_name
+from pipeline.load import lake as lake_module
+from pipeline.load import manifest
+from pipeline.load.lake import Lake, atomic_write, check_run_name
 
 ROOT = Path(__file__).resolve().parents[1]
 DEAD_PID = 2**22 + 17  # above Linux's pid_max default: never a running process
@@ -109,7 +110,7 @@ def test_atomic_write_on_a_full_disk_leaves_nothing(
 def test_every_writer_goes_through_the_one_atomic_write() -> None:
     """Nothing else in the package renames files into place or builds a partition path."""
     owners = {"lake.py", "synth.py"}  # synth writes dumps, not lakes
-    for path in sorted((ROOT / "pipeline").glob("*.py")):
+    for path in sorted((ROOT / "pipeline").rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         if path.name not in owners:
             assert "os.replace(" not in text, path.name

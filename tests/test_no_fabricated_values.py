@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import cp_layout
-from pipeline.trajectory import messages_by_position
+from pipeline.read.trajectory import messages_by_position
+from pipeline.transform import cp_layout
 from tests.memdump import MemDump, column, sample, train_rows
 
 QUARTERS = [-0.25 * (k + 1) for k in range(6)]  # exact in float32
@@ -185,8 +185,8 @@ def test_rollout_log_prob_is_the_half_precision_train_side_copy(preset: str, tmp
     import duckdb
     import torch
 
-    from pipeline import synth
-    from pipeline.extract import extract_run
+    from pipeline.load.extract import extract_run
+    from pipeline.tools import synth
 
     truth = synth.write_dump(tmp_path / "dump", synth.PRESETS[preset], keep_truth=True)
     assert truth is not None

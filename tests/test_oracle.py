@@ -44,7 +44,7 @@ TOKEN_COLUMNS = ["token_id", "loss_mask", *TOKEN_ARRAYS.values()]
 def con(tmp_path_factory):
     import duckdb
 
-    from pipeline.extract import extract_run
+    from pipeline.load.extract import extract_run
 
     lake = tmp_path_factory.mktemp("oracle_lake")
     for case in CASES:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from pipeline import synth
-from pipeline.extract import extract_run
+from pipeline.load.extract import extract_run
+from pipeline.tools import synth
 
 
 def _rows(lake, table):

@@ -1,4 +1,4 @@
-"""`pipeline.ptread.load` against `torch.load`, and its refusals (unsafe pickles, bad files)."""
+"""`pipeline.read.ptread.load` against `torch.load`, and its refusals (unsafe pickles, bad files)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import ptread, ptzip
 from pipeline.errors import DumpFileError, DumpNotFoundError, UnsafePickleError
+from pipeline.read import ptread, ptzip
 from tests.fixture_paths import REAL_DUMPS
 
 DUMPS = REAL_DUMPS

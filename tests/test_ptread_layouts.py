@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import ptread, synth
+from pipeline.read import ptread
+from pipeline.tools import synth
 from tests.test_ptread import assert_same, load_torch_reference
 
 # Small copies of every preset; the bench ones shrunk to one step of two prompts.

@@ -1,5 +1,5 @@
 """Stages take values and return values: validation, resolve and flatten change nothing they
-are given, so no stage depends on another having run first (pipeline/validate.py, flatten.py)."""
+are given, so no stage depends on another having run first (pipeline/read/validate.py, flatten.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pipeline import flatten, schema, validate
-from pipeline.resolve import TrainRow
+from pipeline import schema
+from pipeline.read import validate
+from pipeline.transform import flatten
+from pipeline.transform.resolve import TrainRow
 from tests.memdump import MemDump, column, sample, train_rows
 
 

@@ -1,4 +1,4 @@
-"""`pipeline.query`: running SQL against a lake and rendering the result."""
+"""`pipeline.serve.query`: running SQL against a lake and rendering the result."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import LakeError, UsageError
-from pipeline.query import format_table, run_query
+from pipeline.serve.query import format_table, run_query
 from tests.lakes import build_lake
 
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeline import synth
 from pipeline.cli import main
-from pipeline.extract import extract_run
-from pipeline.query import run_query
-from pipeline.report import build_report
+from pipeline.load.extract import extract_run
+from pipeline.serve.query import run_query
+from pipeline.serve.report import build_report
+from pipeline.tools import synth
 from tests.lakes import build_lake
 
 SECTIONS = ["runs", "audits", "reward", "drift", "where", "worst"]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import cp_layout
-from pipeline.resolve import Location, TrainFile, locate_rows, resolve_cp_fields
+from pipeline.transform import cp_layout
+from pipeline.transform.resolve import Location, TrainFile, locate_rows, resolve_cp_fields
 
 
 def _file(rank: int, rows: dict, **top) -> TrainFile:

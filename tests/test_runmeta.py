@@ -15,10 +15,13 @@ import pytest
 from click.testing import CliRunner
 
 import pipeline
-from pipeline import catalog, lake_files, manifest, schema, synth, synth_dashboard, write
+from pipeline import schema
 from pipeline.cli import main
-from pipeline.extract import extract_run
-from pipeline.follow import FollowState, follow_round
+from pipeline.load import lake_files, manifest, write
+from pipeline.load.extract import extract_run
+from pipeline.load.follow import FollowState, follow_round
+from pipeline.serve import catalog
+from pipeline.tools import synth, synth_dashboard
 
 SPEC = replace(synth.PRESETS["example"], miles_dashboard=True)
 
@@ -362,7 +365,7 @@ def test_user_views_are_created_and_a_broken_one_is_skipped(tmp_path, caplog):
     assert _query(lake, "SELECT count(*) FROM tokens WHERE false") == [(0,)]
     assert catalog.catalog_problem(lake) is None  # the catalog check ignores user views
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="pipeline.catalog"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.serve.catalog"):
         catalog.build_catalog(lake)  # without a list: logged, one record per file
     assert [r.getMessage() for r in caplog.records] == warnings
 

@@ -18,8 +18,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipeline import manifest, schema, synth
-from pipeline.extract import extract_run
+from pipeline import schema
+from pipeline.load import manifest
+from pipeline.load.extract import extract_run
+from pipeline.tools import synth
 
 pytestmark = pytest.mark.slow
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.ptread import SpecInfo
-from pipeline.summary import sample_summary
+from pipeline.read.ptread import SpecInfo
+from pipeline.transform.summary import sample_summary
 
 
 def _sample(**fields):

@@ -12,9 +12,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import cp_layout, synth, synth_truth
 from pipeline.errors import UsageError
-from pipeline.synth import PRESETS, DumpSpec, write_dump
+from pipeline.tools import synth, synth_truth
+from pipeline.tools.synth import PRESETS, DumpSpec, write_dump
+from pipeline.transform import cp_layout
 from tests.fixture_paths import REAL_DUMPS
 
 FIXTURES = REAL_DUMPS

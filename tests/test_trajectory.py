@@ -8,8 +8,8 @@ import duckdb
 import pytest
 
 from pipeline.errors import DumpFormatError
-from pipeline.extract import extract_run
-from pipeline.trajectory import messages_by_position
+from pipeline.load.extract import extract_run
+from pipeline.read.trajectory import messages_by_position
 from tests.fixture_paths import REAL_DUMPS
 
 REAL = REAL_DUMPS

@@ -7,8 +7,8 @@ import json
 import duckdb
 import pytest
 
-from pipeline import manifest
-from pipeline.extract import extract_run
+from pipeline.load import manifest
+from pipeline.load.extract import extract_run
 from tests.fixture_paths import MILES_REAL
 
 REAL = MILES_REAL

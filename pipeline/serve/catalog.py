@@ -1,0 +1,509 @@
+"""Build the DuckDB catalog `LAKE/tokenlake.duckdb`: base views over the Parquet files, then
+every view under `sql/`, each after the inputs its header declares. This is the only module
+that creates or opens the catalog file; the readers (query.py, audit.py, report_data.py) import
+duckdb only to query the connection `connect` gives them (through `query.open_lake`).
+
+The base views list the Parquet files that the run manifests name (pipeline/load/manifest.py),
+with absolute paths, so the catalog works from any working directory, shows only committed
+files, and a path with quotes cannot break or inject into the SQL. The partition columns are
+parsed from the end of each path by the lake's layout: DuckDB's own Hive parsing reads every
+`key=value` of the whole path, so a lake under `/data/run=ghost/lake` would read as run
+`ghost`. The catalog is rebuilt by every extract, so the lists stay current.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from pipeline import schema
+from pipeline.errors import LakeError
+from pipeline.load import manifest
+from pipeline.load.lake import Lake, atomic_write, partition_patterns
+
+if TYPE_CHECKING:
+    import duckdb
+
+log = logging.getLogger(__name__)
+
+_VIEW_STATEMENT = re.compile(r"CREATE\s+OR\s+REPLACE\s+VIEW\s+(\w+)\s", re.IGNORECASE)
+
+_ARROW_TO_DUCKDB: dict[pa.DataType, str] = {
+    pa.bool_(): "BOOLEAN",
+    pa.int8(): "TINYINT",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float32(): "FLOAT",
+    pa.float64(): "DOUBLE",
+    pa.string(): "VARCHAR",
+    pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
+    pa.list_(pa.string()): "VARCHAR[]",
+    pa.list_(pa.int64()): "BIGINT[]",
+}
+
+
+def sql_dir() -> Path:
+    """The one place that knows where the view files live."""
+    return Path(__file__).resolve().parents[2] / "sql"
+
+
+def iter_view_files() -> Iterator[Path]:
+    """Every view definition, one `CREATE OR REPLACE VIEW <file stem>` per file."""
+    yield from sorted(sql_dir().glob("*.sql"))
+
+
+def iter_macro_files() -> Iterator[Path]:
+    """Scalar macros the views use; created before every view."""
+    yield from sorted((sql_dir() / "macros").glob("*.sql"))
+
+
+def iter_audit_files() -> Iterator[Path]:
+    """Every audit query (returns the offending rows; zero rows means healthy)."""
+    yield from sorted((sql_dir() / "audits").glob("*.sql"))
+
+
+def quote_literal(text: str) -> str:
+    """A SQL string literal for DuckDB.
+
+    Examples:
+        >>> quote_literal("it's")
+        "'it''s'"
+    """
+    return "'" + text.replace("'", "''") + "'"
+
+
+def duckdb_type(arrow_type: pa.DataType) -> str:
+    """DuckDB type name of a schema column type."""
+    return _ARROW_TO_DUCKDB[arrow_type]
+
+
+def table_files(lake: Path, table: str) -> list[Path]:
+    """The Parquet files of one table that the runs' manifests list, by run then step."""
+    layout = Lake(lake)
+    return [layout.file(name) for run in manifest.load_all(lake) for name in run.files(table)]
+
+
+def base_view_sql(table: str, files: list[Path]) -> str:
+    """`SELECT` over a table's files with the partition columns first, typed from the schema.
+
+    The partition values are parsed from the end of each file's path by the lake's layout
+    (`lake.partition_patterns`), not by DuckDB's Hive parsing of the whole path. DuckDB
+    still prunes files on them: a filter on `rollout_id` reads only that step's files.
+    """
+    table_schema = schema.TABLE_SCHEMAS[table]
+    partitions = schema.TABLE_PARTITIONS[table]
+    types = {col: duckdb_type(schema.PARTITION_TYPES[col]) for col in partitions}
+    if not files:
+        columns = [f"NULL::{types[col]} AS {col}" for col in partitions]
+        columns += [f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in table_schema]
+        return "SELECT " + ", ".join(columns) + " WHERE false"
+    file_list = ", ".join(quote_literal(str(p)) for p in files)
+    parsed = [
+        f"CAST(regexp_extract(filename, {quote_literal(pattern)}, 1) AS {types[col]}) AS {col}"
+        for col, pattern in partition_patterns(table).items()
+    ]
+    selected = ", ".join([*parsed, *(f.name for f in table_schema)])
+    source = f"read_parquet([{file_list}], hive_partitioning = false, filename = true)"
+    if table in _GROWN_TABLES:
+        source = _with_added_columns(table, file_list)
+    return f"SELECT {selected} FROM {source}"
+
+
+# Tables that gained columns since schema version 1 (`runs`: the run metadata). Files written
+# before lack them: they read as NULL there (and the next extraction rewrites the row).
+_GROWN_TABLES = frozenset({schema.RUNS})
+
+
+def _with_added_columns(table: str, file_list: str) -> str:
+    """The files read by name, unioned with a typed empty row set that has every column, so a
+    column absent from every file is still there (NULL) with the schema's type."""
+    typed = ", ".join(
+        f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in schema.TABLE_SCHEMAS[table]
+    )
+    return (
+        f"(SELECT * FROM read_parquet([{file_list}], hive_partitioning = false, filename = true,"
+        f" union_by_name = true) UNION ALL BY NAME SELECT {typed}, NULL::VARCHAR AS filename"
+        " WHERE false)"
+    )
+
+
+def header_comment(sql_text: str) -> str:
+    """The leading `--` comment block of a view file, used as the view's COMMENT."""
+    return "\n".join(line[2:].strip() for line in header_comment_lines(sql_text)).strip()
+
+
+def create_base_views(con: duckdb.DuckDBPyConnection, lake: Path, *, temp: bool = False) -> None:
+    """`tokens`, `samples`, `runs`, `vocab` over the lake's Parquet files.
+
+    With `temp`, as TEMP views of this connection only: they shadow the catalog's own.
+    """
+    kind = "TEMP VIEW" if temp else "VIEW"
+    for table in schema.TABLES:
+        sql = base_view_sql(table, table_files(lake, table))
+        con.execute(f"CREATE OR REPLACE {kind} {table} AS {sql}")
+
+
+def create_sql_views(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Create every `sql/*.sql` view, each after the views its `Inputs:` header names.
+
+    Returns:
+        The view names in the order they were created.
+    """
+    import duckdb
+
+    texts = {path.stem: path.read_text(encoding="utf-8") for path in iter_view_files()}
+    for name, text in texts.items():
+        _check_view_file(sql_dir() / f"{name}.sql", text)
+    created = view_order({name: view_inputs(text) for name, text in texts.items()})
+    for name in created:
+        try:
+            con.execute(texts[name])
+        except duckdb.CatalogException as exc:  # it reads something its header does not name
+            first = str(exc).splitlines()[0]
+            raise LakeError(sql_dir() / f"{name}.sql", f"view cannot be created: {first}") from exc
+        con.execute(f"COMMENT ON VIEW {name} IS {quote_literal(header_comment(texts[name]))}")
+    return created
+
+
+_INPUTS_LINE = re.compile(r"^--\s*Inputs:(.*)$", re.IGNORECASE)
+_HEADER_CONTINUATION = re.compile(r"^--\s{2,}(\S.*)$")
+
+
+def view_inputs(sql_text: str) -> tuple[str, ...] | None:
+    """The tables and views a view file's header declares under `Inputs:` (None: no such line).
+
+    Parenthesised notes and what follows a `;` (the macros) are not inputs.
+
+    Examples:
+        >>> view_inputs("-- Inputs: tokens (for the masks), drift_tokens; macro k3_term.")
+        ('tokens', 'drift_tokens')
+        >>> view_inputs("-- Inputs: none.")
+        ()
+    """
+    lines = header_comment_lines(sql_text)
+    start = next((i for i, line in enumerate(lines) if _INPUTS_LINE.match(line)), None)
+    if start is None:
+        return None
+    match = _INPUTS_LINE.match(lines[start])
+    assert match is not None
+    text = match.group(1)
+    for line in lines[start + 1 :]:  # continuation lines are indented further
+        more = _HEADER_CONTINUATION.match(line)
+        if more is None:
+            break
+        text += " " + more.group(1)
+    text = re.sub(r"\([^)]*\)", "", text).split(";")[0].strip().rstrip(".")
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    return () if names == ("none",) else names
+
+
+def header_comment_lines(sql_text: str) -> list[str]:
+    """The leading `--` lines of a view file, as written."""
+    lines = []
+    for line in sql_text.splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line)
+    return lines
+
+
+def view_order(inputs: dict[str, tuple[str, ...] | None]) -> list[str]:
+    """The views in an order that creates each after its inputs (by name among equals).
+
+    Raises:
+        LakeError: A view declares no inputs, an input that is neither a table nor a view,
+            or views that read each other in a cycle.
+    """
+    known = set(schema.TABLES) | set(inputs)
+    for name, needs in sorted(inputs.items()):
+        if needs is None:
+            raise LakeError(sql_dir() / f"{name}.sql", "has no `-- Inputs:` line in its header")
+        unknown = [n for n in needs if n not in known]
+        if unknown:
+            raise LakeError(
+                sql_dir() / f"{name}.sql",
+                f"names unknown input `{unknown[0]}` in its `Inputs:` header (tables:"
+                f" {', '.join(schema.TABLES)}; or a view under sql/)",
+            )
+    waiting = {name: {n for n in needs or () if n in inputs} for name, needs in inputs.items()}
+    order: list[str] = []
+    while waiting:
+        ready = sorted(name for name, needs in waiting.items() if not needs)
+        if not ready:
+            cycle = ", ".join(f"`{n}`" for n in sorted(waiting))
+            raise LakeError(sql_dir(), f"views {cycle} name each other as inputs in a cycle")
+        for name in ready:
+            del waiting[name]
+            for rest in waiting.values():
+                rest.discard(name)
+        order.extend(ready)
+    return order
+
+
+def _check_view_file(path: Path, text: str) -> None:
+    match = _VIEW_STATEMENT.search(text)
+    if match is None or match.group(1) != path.stem:
+        raise LakeError(path, f"must hold one `CREATE OR REPLACE VIEW {path.stem} AS ...`")
+
+
+def expected_views() -> list[str]:
+    """Every view a complete catalog holds."""
+    return [*schema.TABLES, *(path.stem for path in iter_view_files())]
+
+
+def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
+    present = {row[0] for row in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+    return [name for name in expected_views() if name not in present]
+
+
+def build_catalog(lake: Path, warnings: list[str] | None = None) -> Path:
+    """(Re)build `LAKE/tokenlake.duckdb`; replaced atomically so readers never see half of it.
+
+    The new file is checked before it replaces the old one: written out in full (no
+    write-ahead log left) and holding every view. A full disk or another failure is a
+    LakeError and leaves the old catalog in place. A broken user view (`LAKE/views/`) is
+    skipped: one line each appended to `warnings`, or logged when no list is given.
+
+    Returns:
+        The path of the catalog file.
+    """
+    layout = Lake(lake)
+    problems: list[str] = []
+    atomic_write(layout.catalog_path, lambda tmp: _write_catalog(tmp, layout.root, problems))
+    if warnings is None:
+        for problem in problems:
+            log.warning("%s", problem)
+    else:
+        warnings.extend(problems)
+    log.info("catalog %s rebuilt", layout.catalog_path)
+    return layout.catalog_path
+
+
+def _write_catalog(tmp: Path, lake: Path, problems: list[str]) -> None:
+    import duckdb
+
+    try:
+        # Storage format 1.0: DuckDB clients from 1.0 on can open the catalog (it holds only
+        # views, so nothing newer is needed).
+        con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
+        try:
+            create_base_views(con, lake)
+            for path in iter_macro_files():
+                con.execute(path.read_text(encoding="utf-8"))
+            create_sql_views(con)
+            problems[:] = create_user_views(con, lake)
+            con.execute("CHECKPOINT")  # write everything into the file now, errors included
+        finally:
+            con.close()
+        if Path(f"{tmp}.wal").exists():  # DuckDB could not fold its log into the file
+            raise LakeError(Lake(lake).catalog_path, "catalog could not be written in full")
+        with duckdb.connect(str(tmp), read_only=True) as check:
+            missing = missing_views(check)
+    except duckdb.Error as exc:
+        raise _catalog_error(lake, exc) from exc
+    if missing:
+        raise LakeError(
+            Lake(lake).catalog_path,
+            f"catalog lacks views {', '.join(f'`{v}`' for v in missing)} after its build",
+        )
+
+
+def _catalog_error(lake: Path, exc: Exception) -> LakeError:
+    """One line for a DuckDB failure while building the catalog."""
+    text = str(exc)
+    if "No space left" in text:
+        return LakeError(
+            Lake(lake).catalog_path,
+            "catalog cannot be written (No space left on device); free space, then run"
+            " `tokenlake views LAKE`",
+        )
+    if "No files found" in text or "No such file" in text:
+        return LakeError(
+            lake,
+            "a Parquet file vanished while the catalog was built (an extraction running?);"
+            " run `tokenlake views LAKE` once it has finished",
+        )
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return LakeError(Lake(lake).catalog_path, f"catalog cannot be built ({first[:300]})")
+
+
+def connect(lake: Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """Open the lake's catalog; a moved lake gets its base views rebuilt for this connection.
+
+    Raises:
+        LakeError: No catalog, or another program holds it open for writing.
+    """
+    import duckdb
+
+    layout = Lake(lake)
+    path = layout.catalog_path
+    if not path.is_file():
+        if not layout.root.is_dir() or layout.is_dump():
+            layout.require()  # says what the path is instead
+        raise LakeError(lake, f"has no `{schema.CATALOG_FILE}`; run `tokenlake extract` first")
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.Error as exc:
+        raise _open_error(lake, exc) from exc
+    try:
+        if read_only and not points_at(con, layout.root):
+            log.warning("the lake moved; views rebuilt for this command (run `tokenlake views`)")
+            create_base_views(con, lake, temp=True)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+_LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
+
+
+def _open_error(lake: Path, exc: Exception) -> LakeError:
+    text = str(exc)
+    path = Lake(lake).catalog_path
+    if "Could not set lock" in text:
+        holder = _LOCK_HOLDER.search(text)
+        who = f"{holder.group(1)} (PID {holder.group(2)})" if holder else "another program"
+        return LakeError(
+            path,
+            f"is open for writing in {who}; close it there, or open the catalog read-only"
+            f" (`duckdb -readonly {path}`)",
+        )
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return LakeError(
+        path, f"catalog cannot be opened ({first[:300]}); run `tokenlake views LAKE` to rebuild it"
+    )
+
+
+def points_at(con: duckdb.DuckDBPyConnection, root: Path) -> bool:
+    """Whether the catalog's base views read files of the lake at `root` (or no file at all).
+
+    The views hold absolute paths: after the lake is moved they point at the old place.
+    """
+    prefix = quote_literal(f"{root}/")[:-1]
+    names = ", ".join(quote_literal(t) for t in schema.TABLES)
+    rows = con.execute(
+        f"SELECT sql FROM duckdb_views() WHERE view_name IN ({names}) AND NOT temporary"
+    ).fetchall()
+    return all(prefix in sql or "read_parquet" not in sql for (sql,) in rows)
+
+
+def catalog_problem(lake: Path) -> str | None:
+    """Why the lake's catalog is unusable (cannot be opened, lacks views), or None."""
+    import duckdb
+
+    path = Lake(lake).catalog_path
+    rebuild = "run `tokenlake views LAKE` or extract again"
+    if not path.is_file():
+        return f"catalog `{schema.CATALOG_FILE}` is missing; {rebuild}"
+    try:
+        with duckdb.connect(str(path), read_only=True) as con:
+            missing = missing_views(con)
+    except duckdb.Error as exc:
+        if "Could not set lock" in str(exc):
+            return None  # a client holds it for writing: it cannot be checked, nor is broken
+        first = str(exc).splitlines()[0][:200]
+        return f"catalog `{schema.CATALOG_FILE}` cannot be opened ({first}); {rebuild}"
+    if missing:
+        names = ", ".join(f"`{v}`" for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        return f"catalog `{schema.CATALOG_FILE}` lacks views {names}; {rebuild}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# User views: LAKE/views/*.sql, created after tokenlake's own on every rebuild
+# ---------------------------------------------------------------------------------------------
+
+MAX_USER_VIEW_BYTES = 1 << 20
+_USER_VIEW_STATEMENT = re.compile(
+    r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\w+)\s+AS\s", re.IGNORECASE
+)
+
+
+def iter_user_view_files(lake: Path) -> list[Path]:
+    """The user's view files, `LAKE/views/*.sql`, by name."""
+    folder = Lake(lake).user_views_dir
+    return sorted(p for p in folder.glob("*.sql") if p.is_file()) if folder.is_dir() else []
+
+
+def create_user_views(con: duckdb.DuckDBPyConnection, lake: Path) -> list[str]:
+    """Create the user's views after tokenlake's; a broken one is one warning and skipped.
+
+    The rules of `sql/`: one `CREATE [OR REPLACE] VIEW <file stem> AS ...` per file (its
+    leading `--` comment becomes the view's comment); a view may build on tokenlake's views
+    and on other user views. A file that breaks the rules, would replace one of tokenlake's
+    views, or does not bind is skipped; the rest of the catalog is built all the same.
+
+    Returns:
+        One line per skipped file (`User view `FILE` skipped: ...`), in file name order.
+    """
+    import duckdb
+
+    pending: dict[Path, str] = {}
+    skipped: dict[Path, str] = {}
+    for path in iter_user_view_files(lake):
+        text, problem = _read_user_view(con, path)
+        if problem is None:
+            pending[path] = text
+        else:
+            skipped[path] = problem
+    created: list[str] = []
+    while pending:
+        waiting: dict[Path, str] = {}
+        for path, text in pending.items():
+            try:
+                con.execute(text)
+            except duckdb.CatalogException as exc:  # may build on a user view not created yet
+                waiting[path] = _first_line(exc)
+                continue
+            except duckdb.Error as exc:
+                skipped[path] = _first_line(exc)
+                continue
+            con.execute(f"COMMENT ON VIEW {path.stem} IS {quote_literal(header_comment(text))}")
+            created.append(path.stem)
+        if len(waiting) == len(pending):  # a round without progress: what waits is broken
+            skipped.update(waiting)
+            break
+        pending = {path: pending[path] for path in waiting}
+    log.info("user views created: %s", ", ".join(created) or "none")
+    return [_skip_line(path, skipped[path]) for path in sorted(skipped)]
+
+
+def _read_user_view(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[str, str | None]:
+    """A user view file's text, or why it is refused."""
+    import duckdb
+
+    try:
+        if path.stat().st_size > MAX_USER_VIEW_BYTES:
+            return "", f"it is larger than {MAX_USER_VIEW_BYTES} bytes"
+        text = path.read_text(encoding="utf-8")
+        statements = con.extract_statements(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        return "", f"it cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    except duckdb.Error as exc:
+        return "", _first_line(exc)
+    match = _USER_VIEW_STATEMENT.match(_strip_comments(text))
+    if len(statements) != 1 or match is None or match.group(1) != path.stem:
+        return "", f"it must hold one `CREATE OR REPLACE VIEW {path.stem} AS ...` and nothing else"
+    if path.stem.lower() in {name.lower() for name in expected_views()}:
+        return "", f"`{path.stem}` is one of tokenlake's views; give the file another name"
+    return text, None
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"--[^\n]*|/\*.*?\*/", " ", text, flags=re.DOTALL)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def _skip_line(path: Path, problem: str) -> str:
+    """One line, whatever the file name or DuckDB's message holds."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", f"User view `{path}` skipped: {problem}.")

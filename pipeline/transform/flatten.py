@@ -1,0 +1,213 @@
+"""Turn one resolved step into Arrow tables: pure functions over whole columns.
+
+Per-sample work is a handful of numpy calls; nothing loops per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline import schema
+from pipeline.read.validate import CheckedSample
+from pipeline.transform.resolve import TrainRow
+from pipeline.transform.summary import sample_summary
+
+
+@dataclass(frozen=True)
+class SampleTokens:
+    """The response-aligned arrays of one sample, before masking."""
+
+    token_ids: np.ndarray  # int64 [R]
+    mask: np.ndarray | None  # int8 [R]: train mask, else the rollout dump's, else None
+    has_train: bool
+    columns: dict[str, np.ndarray | None]  # tokens column -> float32 [R] or None
+    # tokens column -> bool [R] of positions whose value is unknown (CP holes): NULL there
+    unknown: dict[str, np.ndarray] = field(default_factory=dict)
+    # an array (rollout or train side) did not fit the response: NULL there, and the sample
+    # is `alignment_failed` in `samples` (besides what resolve found for its train row)
+    misaligned: bool = False
+
+
+def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleTokens:
+    """Collect one sample's per-token values under the masking rules of section 5.3.
+
+    Reads the arrays validation checked (`validate.check_sample`), never the sample dict, and
+    changes neither `checked` nor `train`.
+    """
+    token_ids = checked.response_tokens
+    response_length = checked.response_length
+    rollout_lp = _rollout_side(checked.rollout_log_probs, response_length)
+    if train is None:
+        mask = _rollout_side(checked.loss_mask, response_length)
+        columns: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
+        columns[schema.ROLLOUT_LOG_PROB] = _f32(rollout_lp.values)
+        misaligned = rollout_lp.misaligned or mask.misaligned
+        return SampleTokens(token_ids, _i8(mask.values), False, columns, {}, misaligned)
+    if train.response_length != response_length:
+        # Media expansion (section 8.13): the train arrays (mask included) do not fit the
+        # rollout token grid, so nothing of the train side is placed on it.
+        empty: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
+        return SampleTokens(token_ids, None, True, empty, {}, misaligned=True)
+    columns = _train_columns(train, rollout_lp.values)
+    return SampleTokens(
+        token_ids,
+        _i8(train.loss_mask),
+        True,
+        columns,
+        _unknown(train, columns),
+        rollout_lp.misaligned,
+    )
+
+
+def _train_columns(train: TrainRow, rollout_lp: np.ndarray | None) -> dict[str, np.ndarray | None]:
+    fields = train.fields
+    columns: dict[str, np.ndarray | None] = {
+        column: _f32(fields[name]) for name, column in schema.TRAIN_TOKEN_FIELDS.items()
+    }
+    train_rlp = _f32(fields[schema.ROLLOUT_LOG_PROBS_FIELD])
+    # The trainer compared its log-probs with the train-side copy: lp_diff uses that pair.
+    lp = columns[schema.TRAIN_LOG_PROB]
+    columns[schema.LP_DIFF] = None if lp is None or train_rlp is None else lp - train_rlp
+    columns[schema.ROLLOUT_LOG_PROB] = train_rlp if train_rlp is not None else _f32(rollout_lp)
+    return columns
+
+
+def _unknown(train: TrainRow, columns: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+    """Positions no CP rank stored, in every column built from a CP-sliced field."""
+    if train.holes is None:
+        return {}
+    from_cp = set(schema.TRAIN_TOKEN_FIELDS.values()) | {schema.LP_DIFF}
+    if train.fields[schema.ROLLOUT_LOG_PROBS_FIELD] is not None:
+        from_cp.add(schema.ROLLOUT_LOG_PROB)
+    return {column: train.holes for column in from_cp if columns.get(column) is not None}
+
+
+@dataclass
+class _RolloutArray:
+    values: np.ndarray | None
+    misaligned: bool = False
+
+
+def _rollout_side(values: np.ndarray | None, response_length: int) -> _RolloutArray:
+    """A response-aligned rollout-side array; one that does not fit the response is NULL and
+    flags the sample, as a train-side field of the wrong length does (section 4.5)."""
+    if values is None:
+        return _RolloutArray(None)
+    if values.ndim != 1 or len(values) != response_length:
+        return _RolloutArray(None, misaligned=True)
+    return _RolloutArray(values)
+
+
+def _f32(values: np.ndarray | None) -> np.ndarray | None:
+    return None if values is None else np.asarray(values, dtype=np.float32)
+
+
+def _i8(values: np.ndarray | None) -> np.ndarray | None:
+    return None if values is None else (np.asarray(values) > 0).astype(np.int8)
+
+
+def tokens_table(
+    evaluation: bool, sample_indices: Sequence[int | None], parts: list[SampleTokens]
+) -> pa.Table:
+    """One row per response token of the step, sorted by (batch_position, position)."""
+    lengths = np.fromiter((len(p.token_ids) for p in parts), dtype=np.int64, count=len(parts))
+    total = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    positions = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+    index_values = np.array([-1 if i is None else i for i in sample_indices], dtype=np.int64)
+    index_valid = np.array([i is not None for i in sample_indices], dtype=bool)
+    arrays: dict[str, pa.Array] = {
+        schema.EVALUATION: pa.array(np.full(total, evaluation, dtype=bool)),
+        schema.BATCH_POSITION: pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), lengths)),
+        schema.SAMPLE_INDEX: _with_validity(
+            np.repeat(index_values, lengths), np.repeat(index_valid, lengths)
+        ),
+        schema.POSITION: pa.array(positions.astype(np.int32)),
+        schema.TOKEN_ID: pa.array(_concat([p.token_ids for p in parts], np.int64, total)),
+        schema.LOSS_MASK: _mask_column(parts, total),
+    }
+    covered = _covered(parts, total)
+    for column in schema.TOKEN_STAT_COLUMNS:
+        arrays[column] = _stat_column(parts, column, covered, total)
+    return pa.Table.from_pydict(arrays, schema=schema.TOKENS_SCHEMA)
+
+
+def _concat(chunks: list[np.ndarray], dtype: type, total: int) -> np.ndarray:
+    return np.concatenate(chunks).astype(dtype, copy=False) if chunks else np.zeros(total, dtype)
+
+
+def _with_validity(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    return pa.array(values, mask=~valid) if not valid.all() else pa.array(values)
+
+
+def _mask_column(parts: list[SampleTokens], total: int) -> pa.Array:
+    values = np.zeros(total, dtype=np.int8)
+    valid = np.zeros(total, dtype=bool)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        if part.mask is not None:
+            values[offset : offset + n] = part.mask
+            valid[offset : offset + n] = True
+        offset += n
+    return _with_validity(values, valid)
+
+
+def _covered(parts: list[SampleTokens], total: int) -> np.ndarray:
+    """Positions whose values are shown: mask on, or no mask known for the sample."""
+    covered = np.ones(total, dtype=bool)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        if part.mask is not None:
+            covered[offset : offset + n] = part.mask > 0
+        offset += n
+    return covered
+
+
+def _stat_column(
+    parts: list[SampleTokens], column: str, covered: np.ndarray, total: int
+) -> pa.Array:
+    values = np.zeros(total, dtype=np.float32)
+    valid = np.zeros(total, dtype=bool)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        source = part.columns.get(column)
+        if source is not None:
+            values[offset : offset + n] = source
+            unknown = part.unknown.get(column)
+            valid[offset : offset + n] = True if unknown is None else ~unknown
+        offset += n
+    return _with_validity(values, valid & covered)
+
+
+def samples_table(
+    rollout_id: int,
+    evaluation: bool,
+    samples: list[dict[str, Any]],
+    train_rows: dict[int, TrainRow],
+    train_files: int,
+    messages: list[str | None],
+    parts: Sequence[SampleTokens],
+) -> pa.Table:
+    """One row per rollout-dump sample with the reference summary's scalar columns.
+
+    `parts` (the samples' `SampleTokens`, one per sample) adds what did not fit the response
+    when flattening to `alignment_failed`.
+    """
+    rows = [
+        sample_summary(
+            rollout_id, evaluation, position, sample, train_rows.get(position), train_files
+        )
+        | {"messages_json": messages[position]}
+        for position, sample in enumerate(samples)
+    ]
+    for row, part in zip(rows, parts, strict=True):
+        row["alignment_failed"] = bool(row["alignment_failed"]) or part.misaligned
+    return pa.Table.from_pylist(rows, schema=schema.SAMPLES_SCHEMA)
