@@ -8,6 +8,7 @@ LAKE ?= lake
 RUN ?=
 RUN_NAME ?=
 Q ?=
+OUT ?= report.html
 EXAMPLE_DUMP ?= example-dump
 BENCH_SCALE ?= 1
 # Relative RUN and LAKE mean the directory make was called from, also with `make -C DIR`
@@ -19,6 +20,7 @@ export TL_LAKE := $(value LAKE)
 export TL_RUN := $(value RUN)
 export TL_RUN_NAME := $(value RUN_NAME)
 export TL_Q := $(value Q)
+export TL_OUT := $(value OUT)
 export TL_EXAMPLE_DUMP := $(value EXAMPLE_DUMP)
 export CALLER_DIR
 # `abs PATH`: PATH made absolute against the caller's directory.
@@ -83,8 +85,9 @@ audit: setup ## [LAKE=$(LAKE)]: run the sql/audits checks; exit 1 on an error-se
 sql: setup ## Q="SELECT ..." [LAKE=$(LAKE)]: run a query against the catalog
 	@$(ABS); $(PY) -m pipeline query "$$(abs "$$TL_LAKE")" "$$TL_Q"
 
-report: setup ## [LAKE=lake] [RUN_NAME=name] [OUT=report.html]: one self-contained HTML report
-	$(PY) -m pipeline report "$(LAKE)" $(if $(RUN_NAME),--run "$(RUN_NAME)") -o "$(or $(OUT),report.html)"
+report: setup ## [LAKE=$(LAKE)] [RUN_NAME=name] [OUT=report.html]: one self-contained HTML report
+	@$(ABS); $(PY) -m pipeline report "$$(abs "$$TL_LAKE")" $${TL_RUN_NAME:+--run "$$TL_RUN_NAME"} \
+	  -o "$$(abs "$$TL_OUT")"
 
 lint: setup ## ruff check + format check + mypy (strict defs in pipeline/)
 	$(VENV)/bin/ruff check pipeline tests
