@@ -189,8 +189,12 @@ def _read_buffer(path: Path, size: int, fresh: bool) -> Any:
 
 
 def _anonymous(size: int) -> mmap.mmap:
-    """Private anonymous memory; huge pages (where the kernel has them) fault 512× less."""
-    buf = mmap.mmap(-1, size)
+    """Private anonymous memory; huge pages (where the kernel has them) fault 512× less.
+
+    MAP_PRIVATE, not `mmap`'s default MAP_SHARED: shared anonymous memory is shmem, whose pages
+    fault ~4x slower and never become huge pages (all 37 files of a `bench` dump: 2.2 s -> 0.5 s).
+    """
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if size >= 1 << 21 and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             buf.madvise(mmap.MADV_HUGEPAGE)
