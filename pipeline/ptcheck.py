@@ -99,7 +99,7 @@ class _Scan:
             if step:  # fixed-size opcodes: push nothing shareable
                 after = pos + step
                 if after < end and width[data[after]]:
-                    after = match(data, pos).end() if op != 0x47 else self._run(pos)
+                    after = match(data, pos).end() if op != 0x47 else self._run(pos)  # type: ignore[union-attr]
                 if after == pos or after > end:  # cut off by the end: the unpickler reports it
                     break
                 top, pos = False, after
