@@ -37,6 +37,11 @@ _RUN = re.compile(
     rb"(?:M..|J....|K.|[" + re.escape(_SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
     re.DOTALL,
 )
+# All fixed-size opcodes, BINFLOAT too: for runs that mix floats with other opcodes.
+_MIXED = re.compile(
+    rb"(?:G.{8}|M..|J....|K.|[" + re.escape(_SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
+    re.DOTALL,
+)
 # The width of each opcode a run may hold (0: not one of them). One opcode alone is stepped over
 # in Python (a regex call costs more); two or more go to the regex.
 _WIDTH = [0] * 256
@@ -129,13 +134,16 @@ class _Scan:
     def _run(self, pos: int) -> int:
         """The end of the run of fixed-size opcodes at `pos`. BINFLOATs (a quarter of a
         rollout pickle's opcodes) are counted up to 4096 at a time by their opcode bytes, 9
-        apart, in one strided slice; the other opcodes go through the regex."""
+        apart, in one strided slice; the other opcodes go through the regex. Fewer than 8
+        floats in a row (floats mixed with other opcodes): the regex of all, to the run's end."""
         data, end = self.data, self.end
         while True:
             start = pos
             if data[pos] == 0x47:  # BINFLOAT
                 count = min((end - pos) // 9, _FLOATS)
                 pos += 9 * (count - len(data[pos : pos + 9 * count : 9].lstrip(b"G")))
+                if pos - start < 72:
+                    return _MIXED.match(data, pos).end()  # type: ignore[union-attr]
             else:
                 pos = _RUN.match(data, pos).end()  # type: ignore[union-attr]
             if pos == start or pos >= end or not _WIDTH[data[pos]]:  # run over, or cut off

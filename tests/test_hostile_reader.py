@@ -494,3 +494,19 @@ def test_single_opcodes_between_memo_opcodes_are_checked_one_by_one() -> None:
     q = Pickle().int(3).put(1).text("x").raw(b"X" + (2**31 - 1).to_bytes(4, "little"))
     with pytest.raises(ptzip.Corrupt, match=r"a 2147483647-byte value runs past its end"):
         ptcheck.check_opcodes(bytes(q))
+
+
+def _mixed() -> Pickle:
+    """A list of floats mixed with ints: runs of fewer than 8 floats in a row."""
+    p = Pickle().list().mark()
+    for k in range(3000):
+        p.float(0.5).int(k % 200) if k % 3 else p.float(GGG).float(0.25).int(70_000)
+    return p.appends()
+
+
+def test_floats_mixed_with_other_opcodes_are_checked_to_the_end_of_their_run() -> None:
+    bad = _mixed().raw(b"r" + (2**28).to_bytes(4, "little")).stop()
+    with pytest.raises(ptzip.Corrupt, match="memo index 268435456"):
+        ptcheck.check_opcodes(bytes(bad))
+    assert ptcheck.check_opcodes(bytes(_mixed().put(0).get(0).get(0).tuple(2).stop())) is True
+    assert ptcheck.check_opcodes(bytes(_mixed().put(0).stop())) is False
