@@ -51,6 +51,7 @@ for _op, _w in [
 ]:
     _WIDTH[_op] = _w
 _FLOATS = 4096  # BINFLOATs checked per strided slice (torch.save appends 1000 at a time)
+_FEW = 128  # fewer floats in a row cost less through the regex than a slice and a regex call
 _COUNTED = {0x55: 1, 0x43: 1, 0x8C: 1, 0x8A: 1, 0x54: 4, 0x42: 4, 0x58: 4, 0x8B: 4}
 _COUNTED8 = {0x8D, 0x8E, 0x96, 0x95}  # BINUNICODE8, BINBYTES8, BYTEARRAY8, FRAME
 _LINE = {ord(c) for c in "ILFSVPg"}  # one newline-terminated argument
@@ -133,21 +134,32 @@ class _Scan:
 
     def _run(self, pos: int) -> int:
         """The end of the run of fixed-size opcodes at `pos`. BINFLOATs (a quarter of a
-        rollout pickle's opcodes) are counted up to 4096 at a time by their opcode bytes, 9
-        apart, in one strided slice; the other opcodes go through the regex. Fewer than 8
+        rollout pickle's opcodes) are counted by their opcode bytes, 9 apart, in strided
+        slices (`_floats`); the other opcodes go through the regex. Fewer than 128
         floats in a row (floats mixed with other opcodes): the regex of all, to the run's end."""
         data, end = self.data, self.end
         while True:
             start = pos
             if data[pos] == 0x47:  # BINFLOAT
-                count = min((end - pos) // 9, _FLOATS)
-                pos += 9 * (count - len(data[pos : pos + 9 * count : 9].lstrip(b"G")))
-                if pos - start < 72:
+                pos = self._floats(pos)
+                if pos - start < 9 * _FEW:
                     return _MIXED.match(data, pos).end()  # type: ignore[union-attr]
             else:
                 pos = _RUN.match(data, pos).end()  # type: ignore[union-attr]
             if pos == start or pos >= end or not _WIDTH[data[pos]]:  # run over, or cut off
                 return pos
+
+    def _floats(self, pos: int) -> int:
+        """The end of the BINFLOATs in a row at `pos`: slices of 128, 256, ... 4096 opcode bytes
+        (a slice costs its length, whatever the run's)."""
+        data, end, count = self.data, self.end, _FEW
+        while True:
+            count = min((end - pos) // 9, count)
+            floats = count - len(data[pos : pos + 9 * count : 9].lstrip(b"G"))
+            pos += 9 * floats
+            if floats < count or not floats:
+                return pos
+            count = min(2 * count, _FLOATS)
 
     def _memo(self, pos: int, op: int) -> int:
         """PUT/GET/MEMOIZE/DUP: bound the index (the C unpickler grows its table to 2 × it)
