@@ -8,6 +8,7 @@ exit normally and print the one-line error, never die of a signal or a MemoryErr
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import DumpFileError
-from pipeline.read import ptread, ptzip
+from pipeline.read import ptcheck, ptread, ptzip
 from tests.forge import BZIP2, DEFLATED, NATIVE, Member, Pickle, laughs, write_pt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -436,3 +437,76 @@ def test_train_columns_of_stride_0_tensors_are_refused(tmp_path: Path) -> None:
         f"Cannot read `{path}`: {EXPANDS.format(budget)} (at most 4 per byte of the file),"
         " so it is refused as an amplification attack."
     )
+
+
+# --- the opcode check's fast paths (runs of floats, single opcodes) -----------------------------
+
+
+def _floats(count: int, value: float = 0.5) -> Pickle:
+    """A list of `count` BINFLOATs: the opcode check counts them by their opcode bytes 9 apart."""
+    p = Pickle().list().mark()
+    for _ in range(count):
+        p.float(value)
+    return p.appends()
+
+
+# 'G' * 8 as float payload: opcode-like bytes inside the data must never be read as opcodes
+GGG = struct.unpack(">d", b"G" * 8)[0]
+
+
+@pytest.mark.parametrize("count", [1, 2, 4095, 4096, 4097, 9000])
+@pytest.mark.parametrize("value", [0.5, GGG])
+def test_memo_index_after_a_run_of_floats_is_refused(count: int, value: float) -> None:
+    bad = _floats(count, value).raw(b"r" + (2**28).to_bytes(4, "little")).stop()
+    with pytest.raises(ptzip.Corrupt) as err:
+        ptcheck.check_opcodes(bytes(bad))
+    assert err.value.reason == (
+        "its pickle is corrupt (memo index 268435456 is larger than the whole pickle)"
+    )
+    assert ptcheck.check_opcodes(bytes(_floats(count, value).put(0).stop())) is False
+
+
+@pytest.mark.parametrize("count", [1, 4096, 4097])
+def test_a_list_shared_after_a_run_of_floats_is_noticed(count: int) -> None:
+    p = _floats(count).put(0).get(0).get(0).tuple(2).stop()
+    assert ptcheck.check_opcodes(bytes(p)) is True
+    atom = _floats(count).text("a").put(0).get(0).get(0).tuple(3).stop()
+    assert ptcheck.check_opcodes(bytes(atom)) is False
+
+
+@pytest.mark.parametrize("tail", [b"", b"\x00\x01", b"\x00" * 7])
+@pytest.mark.parametrize("count", [0, 1, 4096])
+def test_a_float_cut_off_by_the_end_is_left_to_the_unpickler(
+    tmp_path: Path, count: int, tail: bytes
+) -> None:
+    p = _floats(count).raw(b"G" + tail)
+    assert ptcheck.check_opcodes(bytes(p)) is False
+    assert refused(write_pt(tmp_path / "cut.pt", p)) == (
+        "its pickle is corrupt (UnpicklingError: pickle data was truncated)."
+    )
+
+
+def test_single_opcodes_between_memo_opcodes_are_checked_one_by_one() -> None:
+    # a fixed-size opcode alone (not a run) before a LONG_BINPUT, a BINUNICODE and a bad length
+    p = Pickle().list().put(0).int(7).raw(b"r" + (2**28).to_bytes(4, "little")).stop()
+    with pytest.raises(ptzip.Corrupt, match="memo index 268435456"):
+        ptcheck.check_opcodes(bytes(p))
+    q = Pickle().int(3).put(1).text("x").raw(b"X" + (2**31 - 1).to_bytes(4, "little"))
+    with pytest.raises(ptzip.Corrupt, match=r"a 2147483647-byte value runs past its end"):
+        ptcheck.check_opcodes(bytes(q))
+
+
+def _mixed() -> Pickle:
+    """A list of floats mixed with ints: runs of fewer than 8 floats in a row."""
+    p = Pickle().list().mark()
+    for k in range(3000):
+        p.float(0.5).int(k % 200) if k % 3 else p.float(GGG).float(0.25).int(70_000)
+    return p.appends()
+
+
+def test_floats_mixed_with_other_opcodes_are_checked_to_the_end_of_their_run() -> None:
+    bad = _mixed().raw(b"r" + (2**28).to_bytes(4, "little")).stop()
+    with pytest.raises(ptzip.Corrupt, match="memo index 268435456"):
+        ptcheck.check_opcodes(bytes(bad))
+    assert ptcheck.check_opcodes(bytes(_mixed().put(0).get(0).get(0).tuple(2).stop())) is True
+    assert ptcheck.check_opcodes(bytes(_mixed().put(0).stop())) is False

@@ -30,14 +30,28 @@ MAX_DEPTH = 100  # nesting deeper than this breaks json/repr in later stages; du
 
 _SINGLE = b"()]}NR0125abdelostu\x81\x85\x86\x87\x88\x89\x8f\x90\x91\x92\x93\x97\x98Q"
 _SINGLE = _SINGLE.replace(b"2", b"")  # DUP shares the top object: handled one by one
-# Runs of fixed-size opcodes, most frequent first (floats, token ids); `*+` never backtracks.
+# Runs of fixed-size opcodes but BINFLOAT (counted by `_Scan._run`); `*+` never backtracks.
 # Memo opcodes are left out: each is checked. (A capture group to learn the run's last opcode
 # would slow every iteration; what a run pushed last counts as not shareable.)
 _RUN = re.compile(
+    rb"(?:M..|J....|K.|[" + re.escape(_SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
+    re.DOTALL,
+)
+# All fixed-size opcodes, BINFLOAT too: for runs that mix floats with other opcodes.
+_MIXED = re.compile(
     rb"(?:G.{8}|M..|J....|K.|[" + re.escape(_SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
     re.DOTALL,
 )
-_RUN_OPS = frozenset(b"GMJK\x82\x83\x84" + _SINGLE)  # the opcodes a run may start with
+# The width of each opcode a run may hold (0: not one of them). One opcode alone is stepped over
+# in Python (a regex call costs more); two or more go to the regex.
+_WIDTH = [0] * 256
+for _op, _w in [
+    *zip(b"GMJK\x82\x83\x84", (9, 3, 5, 2, 2, 3, 5), strict=True),
+    *((o, 1) for o in _SINGLE),
+]:
+    _WIDTH[_op] = _w
+_FLOATS = 4096  # BINFLOATs checked per strided slice (torch.save appends 1000 at a time)
+_FEW = 128  # fewer floats in a row cost less through the regex than a slice and a regex call
 _COUNTED = {0x55: 1, 0x43: 1, 0x8C: 1, 0x8A: 1, 0x54: 4, 0x42: 4, 0x58: 4, 0x8B: 4}
 _COUNTED8 = {0x8D, 0x8E, 0x96, 0x95}  # BINUNICODE8, BINBYTES8, BYTEARRAY8, FRAME
 _LINE = {ord(c) for c in "ILFSVPg"}  # one newline-terminated argument
@@ -79,28 +93,73 @@ class _Scan:
         self.top = False  # whether the object the last opcode pushed is shareable
         self.shares = False
         self.huge_ints = 0
+        self.limit = max(self.end, 1 << 16)  # the largest memo index allowed
 
     def run(self) -> bool:
-        data, end, pos, match, atom = self.data, self.end, 0, _RUN.match, self.atom
+        data, end, pos, atom, width, limit = self.data, self.end, 0, self.atom, _WIDTH, self.limit
+        match = _RUN.match
+        top = shares = False  # self.top and self.shares, as locals while inline
         while pos < end:
             op = data[pos]
-            if op in _RUN_OPS:
-                after = match(data, pos).end()  # type: ignore[union-attr]
-                if after == pos:  # an opcode cut off by the end: the unpickler reports it
+            step = width[op]
+            if step:  # fixed-size opcodes: push nothing shareable
+                after = pos + step
+                if after < end and width[data[after]]:
+                    after = match(data, pos).end() if op != 0x47 else self._run(pos)  # type: ignore[union-attr]
+                if after == pos or after > end:  # cut off by the end: the unpickler reports it
                     break
-                self.top, pos = False, after
-            elif op == 0x68:  # BINGET, inline: the most frequent opcode left to Python
-                self.top = atom.get(data[pos + 1], False)
-                self.shares |= not self.top
-                pos += 2
-            elif op == 0x71:  # BINPUT (index < 256)
-                atom[data[pos + 1]] = self.top
-                pos += 2
+                top, pos = False, after
+            elif op in _PUT_GET and pos + _PUT_GET[op] < end:  # the most frequent memo opcodes
+                size = _PUT_GET[op]
+                index = (
+                    data[pos + 1]
+                    if size == 1
+                    else int.from_bytes(data[pos + 1 : pos + 5], "little")
+                )
+                if index > limit:
+                    self._memo(pos, op)  # raises: the index is out of bounds
+                if op in _GETS:
+                    top = atom.get(index, False)
+                    shares |= not top
+                else:
+                    atom[index] = top
+                pos += 1 + size
             elif op == 0x2E:  # STOP: anything after it is never read
                 break
             else:
+                self.top, self.shares = top, shares
                 pos = self._memo(pos, op) if op in _MEMO else self._skip(pos, op)
-        return self.shares  # at the end of a truncated pickle the unpickler reports EOFError
+                top, shares = self.top, self.shares
+        return shares  # at the end of a truncated pickle the unpickler reports EOFError
+
+    def _run(self, pos: int) -> int:
+        """The end of the run of fixed-size opcodes at `pos`. BINFLOATs (a quarter of a
+        rollout pickle's opcodes) are counted by their opcode bytes, 9 apart, in strided
+        slices (`_floats`); the other opcodes go through the regex. Fewer than 128
+        floats in a row (floats mixed with other opcodes): the regex of all, to the run's end."""
+        data, end = self.data, self.end
+        while True:
+            start = pos
+            if data[pos] == 0x47:  # BINFLOAT
+                pos = self._floats(pos)
+                if pos - start < 9 * _FEW:
+                    return _MIXED.match(data, pos).end()  # type: ignore[union-attr]
+            else:
+                pos = _RUN.match(data, pos).end()  # type: ignore[union-attr]
+            if pos == start or pos >= end or not _WIDTH[data[pos]]:  # run over, or cut off
+                return pos
+
+    def _floats(self, pos: int) -> int:
+        """The end of the BINFLOATs in a row at `pos`: slices of 128, 256, ... 4096 opcode bytes
+        (a slice costs its length, whatever the run's)."""
+        data, end, count = self.data, self.end, _FEW
+        while True:
+            count = min((end - pos) // 9, count)
+            floats = count - len(data[pos : pos + 9 * count : 9].lstrip(b"G"))
+            pos += 9 * floats
+            if floats < count or not floats:
+                return pos
+            count = min(2 * count, _FLOATS)
 
     def _memo(self, pos: int, op: int) -> int:
         """PUT/GET/MEMOIZE/DUP: bound the index (the C unpickler grows its table to 2 × it)
@@ -121,7 +180,7 @@ class _Scan:
             stop = data.find(b"\n", pos + 1)
             text = data[pos + 1 : stop] if stop > 0 else b""
             index, after = (int(text) if text.isdigit() and len(text) < 20 else -1), stop + 1
-        if not 0 <= index <= max(self.end, 1 << 16):
+        if not 0 <= index <= self.limit:
             raise Corrupt(
                 f"its pickle is corrupt (memo index {index} is larger than the whole pickle)"
             )
@@ -172,6 +231,7 @@ class _Scan:
 
 _MEMO = {0x71: 1, 0x72: 4, 0x70: 0, 0x68: 1, 0x6A: 4, 0x67: 0, 0x94: 0, 0x32: 0}
 _GETS = {0x68, 0x6A, 0x67}
+_PUT_GET = {0x68: 1, 0x71: 1, 0x6A: 4, 0x72: 4}  # BINGET, BINPUT, LONG_BINGET, LONG_BINPUT
 _LINE.discard(ord("g"))
 
 
