@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import catalog, dump, extras, schema, synth, write
+from pipeline.flatten import turn_index_column
 
 BASE_PROMPTS_PER_STEP = 64  # x 8 samples per prompt = 512 samples per step at scale 1
 
@@ -121,6 +122,7 @@ def _baseline_shard(files: dump.StepFiles, data: dict[str, Any], position_of: di
         schema.TOKEN_ID: pa.array(response_ids.numpy()),
         schema.LOSS_MASK: pa.array(mask.astype(np.int8)),
     }
+    columns[schema.TURN_INDEX] = turn_index_column(columns[schema.LOSS_MASK], starts.numpy())
     fields = {"rollout_log_probs": schema.ROLLOUT_LOG_PROB, **schema.TRAIN_TOKEN_FIELDS}
     for name, column in fields.items():
         values = torch.cat(data[name]).float().numpy() if name in data else None
