@@ -105,8 +105,10 @@ def _open_output(out: Path) -> tuple[IO[str], Path]:
 def _collect(lake: Path, runs: Sequence[str], steps: Sequence[int] | None, worst: int) -> _Page:
     con = open_lake(lake)
     try:
+        con.execute("SET enable_progress_bar = false")  # no bar on the CLI's terminal
         sel = rd.Selection(rd.resolve_runs(con, runs), tuple(steps) if steps is not None else None)
         rd.restrict(con, sel)
+        rd.cache_views(con)
         page = _Page(sel)
         page.sections.append(_runs_section(rd.runs_overview(con, sel)))
         page.sections.append(_audits_section(rd.audits(con, sel)))

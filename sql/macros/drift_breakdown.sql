@@ -1,4 +1,5 @@
--- The one aggregate block of the drift_by_* views, as two DuckDB table macros.
+-- The one aggregate block of the drift_by_* views, as DuckDB macros: table macros drift_parts,
+-- drift_totals, drift_rollup and drift_breakdown, and the scalar macro step_share.
 --
 -- drift_breakdown(keyed): `keyed` names a relation (a CTE of the calling view) with one row per
 -- covered finite token and the columns run, rollout_id, batch_position, share_scope, the
@@ -23,8 +24,9 @@
 --   max_abs_lp_diff  DOUBLE  max |delta| (nats)
 --   k3_kl            DOUBLE  mean of r - 1 - delta (nats)
 --   k3_sum           DOUBLE  sum of r - 1 - delta (nats)
--- The views add k3_share = step_share(k3_sum, run, rollout_id, share_scope) (below).
 --   mult_prob_error  DOUBLE  mean exp(|delta|) (ratio)
+-- Each view adds k3_share = step_share(k3_sum, run, rollout_id, share_scope) (below): k3_sum
+-- over the sum of k3_sum across the step's rows with the same share_scope (fraction).
 
 -- drift_parts(keyed): partial sums per (keys, sample_block) of per-token rows. (A CASE per
 -- word measured cheaper than FILTER clauses; the shift is UBIGINT, not HUGEINT.)
@@ -49,15 +51,36 @@ SELECT
 FROM query_table(keyed)
 GROUP BY ALL;
 
+-- drift_totals(blocks): the statistics from rows unique per (keys, sample_block), whose
+-- sample bits can be counted and summed.
+CREATE OR REPLACE MACRO drift_totals(blocks) AS TABLE
+SELECT
+    * EXCLUDE (sample_block, tokens, sample_bits_0, sample_bits_1, sample_bits_2, sample_bits_3,
+        lp_diff_sum, abs_lp_diff_sum, max_abs_lp_diff, k3_sum, exp_abs_lp_diff_sum),
+    SUM(tokens)::BIGINT AS tokens,
+    SUM(BIT_COUNT(sample_bits_0) + BIT_COUNT(sample_bits_1) + BIT_COUNT(sample_bits_2)
+        + BIT_COUNT(sample_bits_3))::BIGINT AS samples,
+    SUM(lp_diff_sum) / SUM(tokens) AS mean_lp_diff,
+    SUM(abs_lp_diff_sum) / SUM(tokens) AS mean_abs_lp_diff,
+    MAX(max_abs_lp_diff) AS max_abs_lp_diff,
+    SUM(k3_sum) / SUM(tokens) AS k3_kl,
+    SUM(k3_sum) AS k3_sum,
+    SUM(exp_abs_lp_diff_sum) / SUM(tokens) AS mult_prob_error
+FROM query_table(blocks)
+GROUP BY ALL;
+
+-- drift_rollup(parts): parts that may share (keys, sample_block) are OR-ed together first, so
+-- a sample counts once however many parts hold it.
 CREATE OR REPLACE MACRO drift_rollup(parts) AS TABLE
 WITH blocks AS (
-    -- One row per (keys, sample_block): a sample counts once however many parts hold it.
     SELECT
         * EXCLUDE (tokens, sample_bits_0, sample_bits_1, sample_bits_2, sample_bits_3,
             lp_diff_sum, abs_lp_diff_sum, max_abs_lp_diff, k3_sum, exp_abs_lp_diff_sum),
         SUM(tokens) AS tokens,
-        BIT_COUNT(BIT_OR(sample_bits_0)) + BIT_COUNT(BIT_OR(sample_bits_1))
-            + BIT_COUNT(BIT_OR(sample_bits_2)) + BIT_COUNT(BIT_OR(sample_bits_3)) AS samples,
+        BIT_OR(sample_bits_0) AS sample_bits_0,
+        BIT_OR(sample_bits_1) AS sample_bits_1,
+        BIT_OR(sample_bits_2) AS sample_bits_2,
+        BIT_OR(sample_bits_3) AS sample_bits_3,
         SUM(lp_diff_sum) AS lp_diff_sum,
         SUM(abs_lp_diff_sum) AS abs_lp_diff_sum,
         MAX(max_abs_lp_diff) AS max_abs_lp_diff,
@@ -65,23 +88,8 @@ WITH blocks AS (
         SUM(exp_abs_lp_diff_sum) AS exp_abs_lp_diff_sum
     FROM query_table(parts)
     GROUP BY ALL
-),
-grouped AS (
-    SELECT
-        * EXCLUDE (sample_block, tokens, samples, lp_diff_sum, abs_lp_diff_sum, max_abs_lp_diff,
-            k3_sum, exp_abs_lp_diff_sum),
-        SUM(tokens)::BIGINT AS tokens,
-        SUM(samples)::BIGINT AS samples,
-        SUM(lp_diff_sum) / SUM(tokens) AS mean_lp_diff,
-        SUM(abs_lp_diff_sum) / SUM(tokens) AS mean_abs_lp_diff,
-        MAX(max_abs_lp_diff) AS max_abs_lp_diff,
-        SUM(k3_sum) / SUM(tokens) AS k3_kl,
-        SUM(k3_sum) AS k3_sum,
-        SUM(exp_abs_lp_diff_sum) / SUM(tokens) AS mult_prob_error
-    FROM blocks
-    GROUP BY ALL
 )
-SELECT * FROM grouped;
+SELECT * FROM drift_totals(blocks);
 
 -- step_share(x, run, rollout_id, scope): x over the sum of x across the step's rows of the
 -- same scope (null when that sum is 0). The calling view applies it to a MATERIALIZED CTE of
@@ -91,8 +99,9 @@ SELECT * FROM grouped;
 CREATE OR REPLACE MACRO step_share(x, run, rollout_id, scope) AS
     x / NULLIF(SUM(x) OVER (PARTITION BY run, rollout_id, scope), 0);
 
+-- drift_breakdown(keyed): drift_parts' rows are already unique per (keys, sample_block).
 CREATE OR REPLACE MACRO drift_breakdown(keyed) AS TABLE
 WITH parts AS (
     SELECT * FROM drift_parts(keyed)
 )
-SELECT * FROM drift_rollup(parts);
+SELECT * FROM drift_totals(parts);
