@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -56,10 +56,13 @@ def build_report(
     lake: Path,
     out: Path,
     runs: Sequence[str] = (),
-    steps: Sequence[int] | None = None,
+    steps: Container[int] | None = None,
     worst: int = WORST_SAMPLES,
 ) -> ReportSummary:
     """Write the report of `runs` (default: all) and `steps` (default: all) to `out`.
+
+    `steps` is a list of step ids, or any container of them (the CLI's lazy `--steps` ranges),
+    which is then matched against the steps the lake has.
 
     Raises:
         LakeError: The lake has no catalog.
@@ -102,11 +105,12 @@ def _open_output(out: Path) -> tuple[IO[str], Path]:
         raise OutputError(out, exc.strerror or str(exc)) from exc
 
 
-def _collect(lake: Path, runs: Sequence[str], steps: Sequence[int] | None, worst: int) -> _Page:
+def _collect(lake: Path, runs: Sequence[str], steps: Container[int] | None, worst: int) -> _Page:
     con = open_lake(lake)
     try:
         con.execute("SET enable_progress_bar = false")  # no bar on the CLI's terminal
-        sel = rd.Selection(rd.resolve_runs(con, runs), tuple(steps) if steps is not None else None)
+        names = rd.resolve_runs(con, runs)
+        sel = rd.Selection(names, None if steps is None else _step_ids(con, names, steps))
         rd.restrict(con, sel)
         rd.cache_views(con)
         page = _Page(sel)
@@ -124,6 +128,12 @@ def _collect(lake: Path, runs: Sequence[str], steps: Sequence[int] | None, worst
     finally:
         con.close()
     return page
+
+
+def _step_ids(con: Any, runs: tuple[str, ...], steps: Container[int]) -> tuple[int, ...]:
+    if isinstance(steps, Sequence):
+        return tuple(steps)
+    return tuple(step for step in rd.lake_steps(con, runs) if step in steps)
 
 
 def _header(lake: Path, sel: rd.Selection) -> str:

@@ -119,6 +119,13 @@ def resolve_runs(con: duckdb.DuckDBPyConnection, requested: Sequence[str]) -> tu
     return tuple(sorted(set(requested))) if requested else tuple(known)
 
 
+def lake_steps(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[int]:
+    """Every step id (training or eval) the lake has for `runs`, ascending."""
+    where = Selection(tuple(runs)).where(steps=False)
+    rows = con.sql(f"SELECT DISTINCT rollout_id FROM samples WHERE {where} ORDER BY 1").fetchall()
+    return [row[0] for row in rows]
+
+
 def restrict(con: duckdb.DuckDBPyConnection, sel: Selection) -> None:
     """Shadow the base views `tokens` and `samples` with TEMP views of the selection only.
 
