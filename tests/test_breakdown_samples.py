@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from pipeline import catalog
@@ -52,3 +53,36 @@ def test_samples_per_token_and_per_turn_are_exact(tmp_path):
     # Each step's samples sit in several entropy buckets; each bucket counts each sample once.
     assert sum(tokens for _, _, tokens in by_entropy) == len(rows)
     assert all(samples == 9 if r == 0 else samples == 8 for r, samples, _ in by_entropy)
+
+
+def test_prob_and_entropy_buckets_follow_the_edges_column(tmp_path):
+    """The view's CASE buckets agree with its own `bucket_low` edges, next to every edge."""
+    edges_p = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 0.5, 0.9, 0.99]
+    edges_e = [0.01, 0.1, 0.5, 1.0, 2.0, 4.0]
+    probs = [p * f for p in edges_p for f in (0.999, 1.001)] + [1.0, 1e-30]
+    entropies = [e * f for e in edges_e for f in (0.999, 1.001)] + [-1.0, 0.0, 50.0]
+    rows = [
+        {"run": "r", "rollout_id": 0, "batch_position": i, "position": 0, "token_id": 1,
+         "loss_mask": 1, "train_log_prob": math.log(p), "rollout_log_prob": math.log(p),
+         "lp_diff": 0.0, "entropy": entropies[i % len(entropies)]}
+        for i, p in enumerate(probs)
+    ]  # fmt: skip
+    build_lake(tmp_path, tokens=rows)
+    con = catalog.connect(tmp_path)
+    try:
+        got = con.sql("SELECT dimension, bucket_low, tokens FROM drift_by_prob").fetchall()
+        lows = {d: sorted(low for dd, low, _ in got if dd == d) for d in ("rollout_prob", "entropy")}
+        stored = con.sql(
+            "SELECT exp(rollout_log_prob), entropy::DOUBLE FROM drift_tokens"
+        ).fetchall()
+    finally:
+        con.close()
+    expected: dict[tuple[str, float], int] = defaultdict(int)
+    for prob, entropy in stored:
+        for dimension, value, edges in (
+            ("rollout_prob", prob, [0.0, *edges_p]),
+            ("entropy", entropy, [-math.inf, *edges_e]),
+        ):
+            expected[dimension, max(low for low in edges if low <= value)] += 1
+    assert {(d, low): n for d, low, n in got} == dict(expected)
+    assert set(lows["rollout_prob"]) <= {0.0, *edges_p}
