@@ -71,7 +71,9 @@ def test_prob_and_entropy_buckets_follow_the_edges_column(tmp_path):
     con = catalog.connect(tmp_path)
     try:
         got = con.sql("SELECT dimension, bucket_low, tokens FROM drift_by_prob").fetchall()
-        lows = {d: sorted(low for dd, low, _ in got if dd == d) for d in ("rollout_prob", "entropy")}
+        lows = {
+            d: sorted(low for dd, low, _ in got if dd == d) for d in ("rollout_prob", "entropy")
+        }
         stored = con.sql(
             "SELECT exp(rollout_log_prob), entropy::DOUBLE FROM drift_tokens"
         ).fetchall()
