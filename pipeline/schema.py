@@ -16,7 +16,8 @@ import pyarrow as pa
 
 # Bumped whenever a table's columns or their meaning change; stamped into every Parquet file's
 # key-value metadata and into the `runs` table.
-# 2: `runs` gained the run metadata columns, and the `metrics` table (issue 11).
+# 2: `runs` gained the run metadata columns, and the `metrics` table (issue 11); `tokens`
+#    gained `turn_index`.
 SCHEMA_VERSION = 2
 TOOL_NAME = "tokenlake"
 
@@ -51,6 +52,7 @@ SAMPLE_INDEX = "sample_index"
 POSITION = "position"
 TOKEN_ID = "token_id"
 LOSS_MASK = "loss_mask"
+TURN_INDEX = "turn_index"
 ROLLOUT_LOG_PROB = "rollout_log_prob"
 TRAIN_LOG_PROB = "train_log_prob"
 LP_DIFF = "lp_diff"
@@ -75,6 +77,9 @@ TOKENS_SCHEMA = pa.schema(
         # Train-side loss mask (0/1); for samples without a train side the rollout dump's own
         # mask; null when neither exists.
         pa.field(LOSS_MASK, pa.int8()),
+        # 0-based index of the loss-covered run (turn) the token is in: a run is a maximal
+        # stretch of loss_mask > 0 within the response. Null where loss_mask is 0 or null.
+        pa.field(TURN_INDEX, pa.int32()),
         # Log-prob (nats) of the token under the rollout engine. The train-side copy when the
         # sample has one (the pair the trainer compared); else (no train side, or the train
         # copy absent or not CP-aligned) the rollout dump's, as the reference token view does.

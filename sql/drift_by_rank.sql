@@ -30,6 +30,9 @@ WITH keyed AS (
         AND s.rollout_id = t.rollout_id
         AND NOT s.evaluation
         AND s.batch_position = t.batch_position
+),
+grouped AS MATERIALIZED (
+    SELECT * FROM drift_breakdown(keyed)
 )
 SELECT
     run::VARCHAR AS run,  -- run name
@@ -41,7 +44,7 @@ SELECT
     mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,  -- nats
     max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,  -- nats
     k3_kl::DOUBLE AS k3_kl,  -- nats
-    k3_share::DOUBLE AS k3_share,  -- fraction of the step's k3 sum
+    step_share(k3_sum, run, rollout_id, share_scope)::DOUBLE AS k3_share,  -- fraction of the step's k3 sum
     mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
-FROM drift_breakdown(keyed)
+FROM grouped
 ORDER BY run, rollout_id, dumped_rank

@@ -28,11 +28,15 @@ WITH keyed AS (
         k3
     FROM drift_tokens
 ),
+grouped AS MATERIALIZED (
+    SELECT * FROM drift_breakdown(keyed)
+),
 ranked AS (
     SELECT
         *,
+        step_share(k3_sum, run, rollout_id, share_scope) AS k3_share,
         ROW_NUMBER() OVER (PARTITION BY run, rollout_id ORDER BY k3_sum DESC, token_id) AS k3_rank
-    FROM drift_breakdown(keyed)
+    FROM grouped
 )
 SELECT
     r.run::VARCHAR AS run,  -- run name

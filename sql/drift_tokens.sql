@@ -8,6 +8,7 @@
 -- Inputs: tokens; macro k3_term (sql/macros).
 -- Columns:
 --   run, rollout_id, batch_position, sample_index, position, token_id   keys, as in `tokens`
+--   turn_index        INTEGER 0-based loss-covered run of the response, as in `tokens`
 --   train_log_prob    DOUBLE  trainer log-prob (nats)
 --   rollout_log_prob  DOUBLE  engine log-prob (nats)
 --   entropy           DOUBLE  actor entropy at the position (nats), null if not dumped
@@ -27,6 +28,7 @@ WITH covered AS (
         sample_index,
         position,
         token_id,
+        turn_index,
         train_log_prob::DOUBLE AS train_lp,
         rollout_log_prob::DOUBLE AS rollout_lp,
         entropy::DOUBLE AS entropy,
@@ -46,6 +48,7 @@ SELECT
     sample_index::BIGINT AS sample_index,  -- Sample.index
     position::INTEGER AS position,  -- 0-based response index
     token_id::BIGINT AS token_id,  -- token id
+    turn_index::INTEGER AS turn_index,  -- loss-covered run of the response
     train_lp::DOUBLE AS train_log_prob,  -- nats
     rollout_lp::DOUBLE AS rollout_log_prob,  -- nats
     entropy::DOUBLE AS entropy,  -- nats

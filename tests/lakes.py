@@ -1,7 +1,8 @@
 """Build small lakes from hand-written rows, for tests of the SQL views.
 
-Rows are dicts keyed by `pipeline.schema` column names; missing columns are NULL. Partition
-columns (`run`, `rollout_id`) go in the dicts too and choose the partition directory.
+Rows are dicts keyed by `pipeline.schema` column names; missing columns are NULL, except a
+token's `turn_index`, which is derived from the sample's `loss_mask` as extraction does.
+Partition columns (`run`, `rollout_id`) go in the dicts too and choose the partition directory.
 """
 
 from __future__ import annotations
@@ -44,6 +45,20 @@ def _record(lake: Path, table: str, key: tuple[Any, ...], path: Path) -> None:
     manifest.save_manifest(lake, entry)
 
 
+def _add_turn_index(rows: list[dict[str, Any]]) -> None:
+    """Number each sample's loss-covered runs by position, where a row has no `turn_index`."""
+    samples: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        samples[row[schema.BATCH_POSITION]].append(row)
+    for sample in samples.values():
+        turn, previous = -1, False
+        for row in sorted(sample, key=lambda r: r[schema.POSITION]):
+            covered = (row.get(schema.LOSS_MASK) or 0) > 0
+            turn += covered and not previous
+            previous = covered
+            row.setdefault(schema.TURN_INDEX, turn if covered else None)
+
+
 def write_rows(lake: Path, table: str, rows: list[dict[str, Any]]) -> None:
     """Write rows of one table, one file per (run, rollout_id, evaluation)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
@@ -54,6 +69,8 @@ def write_rows(lake: Path, table: str, rows: list[dict[str, Any]]) -> None:
     table_schema = schema.TABLE_SCHEMAS[table]
     for key, group in groups.items():
         full = [{**_defaults(table), **row} for row in group]
+        if table == schema.TOKENS:
+            _add_turn_index(full)
         data = pa.Table.from_pylist(
             [{f.name: r.get(f.name) for f in table_schema} for r in full], schema=table_schema
         )

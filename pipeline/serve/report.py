@@ -62,6 +62,9 @@ def build_report(
 ) -> ReportSummary:
     """Write the report of `runs` (default: all) and `steps` (default: all) to `out`.
 
+    `steps` is a list of step ids, or any container of them (the CLI's lazy `--steps` ranges),
+    which is then matched against the steps the lake has.
+
     Raises:
         LakeError: The lake has no catalog.
         UsageError: A run is not in the lake.
@@ -125,8 +128,10 @@ def _collect(
 ) -> _Page:
     con = open_lake(lake)
     try:
+        con.execute("SET enable_progress_bar = false")  # no bar on the CLI's terminal
         sel = rd.Selection(rd.resolve_runs(con, runs), _step_ranges(steps))
         rd.restrict(con, sel)
+        rd.cache_views(con)
         page = _Page(sel)
         page.sections.append(_runs_section(rd.runs_overview(con, sel)))
         page.sections.append(_audits_section(rd.audits(con, sel)))

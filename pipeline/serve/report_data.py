@@ -137,6 +137,21 @@ def restrict(con: duckdb.DuckDBPyConnection, sel: Selection) -> None:
         )
 
 
+# Per-sample and per-step views that several sections and audits read (drift_alarms reads
+# drift_steps, which reads drift_samples; truncated_steps reads step_stats): computed once per
+# report into TEMP tables of the same name, which shadow the catalog's views as `restrict`'s
+# do. Dependencies first, so each is computed from the tables before it.
+CACHED_VIEWS = ("sample_stats", "group_stats", "step_stats", "drift_samples", "drift_steps")
+
+
+def cache_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Compute `CACHED_VIEWS` once over the selection (after `restrict`): same SQL, same rows."""
+    database = con.sql("SELECT current_database()").fetchall()[0][0]
+    quoted = f'"{database.replace(chr(34), chr(34) * 2)}"'
+    for name in CACHED_VIEWS:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {quoted}.main.{name}")
+
+
 def runs_overview(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
     """One row per run: steps, samples, tokens within the selection, and the `runs` metadata."""
     return fetch(

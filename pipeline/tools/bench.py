@@ -34,6 +34,7 @@ from pipeline.load import write
 from pipeline.read import dump
 from pipeline.serve import catalog
 from pipeline.tools import synth
+from pipeline.transform.flatten import turn_index_column
 
 BASE_PROMPTS_PER_STEP = 64  # x 8 samples per prompt = 512 samples per step at scale 1
 
@@ -125,6 +126,7 @@ def _baseline_shard(files: dump.StepFiles, data: dict[str, Any], position_of: di
         schema.TOKEN_ID: pa.array(response_ids.numpy()),
         schema.LOSS_MASK: pa.array(mask.astype(np.int8)),
     }
+    columns[schema.TURN_INDEX] = turn_index_column(columns[schema.LOSS_MASK], starts.numpy())
     fields = {"rollout_log_probs": schema.ROLLOUT_LOG_PROB, **schema.TRAIN_TOKEN_FIELDS}
     for name, column in fields.items():
         values = torch.cat(data[name]).float().numpy() if name in data else None

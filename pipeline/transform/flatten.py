@@ -131,10 +131,32 @@ def tokens_table(
         schema.TOKEN_ID: pa.array(_concat([p.token_ids for p in parts], np.int64, total)),
         schema.LOSS_MASK: _mask_column(parts, total),
     }
+    arrays[schema.TURN_INDEX] = turn_index_column(arrays[schema.LOSS_MASK], starts)
     covered = _covered(parts, total)
     for column in schema.TOKEN_STAT_COLUMNS:
         arrays[column] = _stat_column(parts, column, covered, total)
     return pa.Table.from_pydict(arrays, schema=schema.TOKENS_SCHEMA)
+
+
+def turn_index_column(loss_mask: pa.Array, starts: np.ndarray) -> pa.Array:
+    """`turn_index` of every row: the 0-based number of the loss-covered run it is in.
+
+    Rows are the step's tokens in (batch_position, position) order and `starts` the row where
+    each sample begins. A run is a maximal stretch of `loss_mask > 0` within one sample; rows
+    outside a run (mask 0 or NULL) are NULL. One cumulative sum over the run starts of the
+    whole step, minus the count before each sample's first row: no loop per token or sample.
+    """
+    covered = np.asarray(loss_mask.fill_null(0).to_numpy(zero_copy_only=False)) > 0
+    total = len(covered)
+    if total == 0:
+        return pa.array(np.zeros(0, dtype=np.int32), type=pa.int32())
+    previous = np.concatenate(([False], covered[:-1]))
+    previous[starts[starts < total]] = False  # a sample's first row never continues a run
+    run_starts = np.cumsum(covered & ~previous, dtype=np.int64)
+    before = np.concatenate(([0], run_starts))[starts]  # run starts before each sample
+    lengths = np.diff(np.append(starts, total))
+    turn = run_starts - np.repeat(before, lengths) - 1
+    return pa.array(turn.astype(np.int32), mask=~covered)
 
 
 def _concat(chunks: list[np.ndarray], dtype: type, total: int) -> np.ndarray:

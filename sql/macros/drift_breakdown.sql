@@ -1,11 +1,21 @@
--- The one aggregate block of the drift_by_* views, as a DuckDB table macro.
+-- The one aggregate block of the drift_by_* views, as DuckDB macros: table macros drift_parts,
+-- drift_totals, drift_rollup and drift_breakdown, and the scalar macro step_share.
+--
 -- drift_breakdown(keyed): `keyed` names a relation (a CTE of the calling view) with one row per
 -- covered finite token and the columns run, rollout_id, batch_position, share_scope, the
 -- view's key columns, lp_diff, abs_lp_diff and k3 (from drift_tokens). Every other column is
 -- a key. Returns one row per (run, rollout_id, share_scope, keys) with the statistics below.
--- One level: measured against summing per sample first and then per key, a single GROUP BY
--- with COUNT(DISTINCT batch_position) was as fast or faster (much faster for token_id, where
--- the per-sample level has nearly one row per token).
+--
+-- drift_rollup(parts): the same result from partial sums (drift_parts' columns, one row per
+-- keys and sample_block, several rows may share them); drift_by_prob rolls one pass over the
+-- tokens up into two dimensions with it.
+--
+-- `samples` is exact without COUNT(DISTINCT batch_position): a token sets bit
+-- (batch_position & 255) of its group's 256-bit sample set (four UBIGINT words), one set per
+-- block of 256 batch positions (`sample_block` = batch_position >> 8); the sets are OR-ed and
+-- the bits counted. With 512 samples a step that is two rows per key instead of a second hash
+-- table with one entry per (key, sample): drift_by_token (one key per vocabulary entry) ran in
+-- about half the time (docs/performance.md).
 -- Columns added:
 --   tokens           BIGINT  covered finite tokens
 --   samples          BIGINT  samples with such a token
@@ -14,25 +24,84 @@
 --   max_abs_lp_diff  DOUBLE  max |delta| (nats)
 --   k3_kl            DOUBLE  mean of r - 1 - delta (nats)
 --   k3_sum           DOUBLE  sum of r - 1 - delta (nats)
---   k3_share         DOUBLE  k3_sum / the sum of k3_sum over the step's rows with the same
---                            share_scope (fraction; null when that sum is 0)
 --   mult_prob_error  DOUBLE  mean exp(|delta|) (ratio)
-CREATE OR REPLACE MACRO drift_breakdown(keyed) AS TABLE
-WITH grouped AS (
+-- Each view adds k3_share = step_share(k3_sum, run, rollout_id, share_scope) (below): k3_sum
+-- over the sum of k3_sum across the step's rows with the same share_scope (fraction).
+
+-- drift_parts(keyed): partial sums per (keys, sample_block) of per-token rows. (A CASE per
+-- word measured cheaper than FILTER clauses; the shift is UBIGINT, not HUGEINT.)
+CREATE OR REPLACE MACRO drift_parts(keyed) AS TABLE
+SELECT
+    * EXCLUDE (batch_position, lp_diff, abs_lp_diff, k3),
+    batch_position >> 8 AS sample_block,
+    COUNT(*) AS tokens,
+    BIT_OR(CASE WHEN (batch_position >> 6) & 3 = 0 THEN 1::UBIGINT << (batch_position & 63)::UBIGINT
+        ELSE 0::UBIGINT END) AS sample_bits_0,
+    BIT_OR(CASE WHEN (batch_position >> 6) & 3 = 1 THEN 1::UBIGINT << (batch_position & 63)::UBIGINT
+        ELSE 0::UBIGINT END) AS sample_bits_1,
+    BIT_OR(CASE WHEN (batch_position >> 6) & 3 = 2 THEN 1::UBIGINT << (batch_position & 63)::UBIGINT
+        ELSE 0::UBIGINT END) AS sample_bits_2,
+    BIT_OR(CASE WHEN (batch_position >> 6) & 3 = 3 THEN 1::UBIGINT << (batch_position & 63)::UBIGINT
+        ELSE 0::UBIGINT END) AS sample_bits_3,
+    SUM(lp_diff) AS lp_diff_sum,
+    SUM(abs_lp_diff) AS abs_lp_diff_sum,
+    MAX(abs_lp_diff) AS max_abs_lp_diff,
+    SUM(k3) AS k3_sum,
+    SUM(EXP(abs_lp_diff)) AS exp_abs_lp_diff_sum
+FROM query_table(keyed)
+GROUP BY ALL;
+
+-- drift_totals(blocks): the statistics from rows unique per (keys, sample_block), whose
+-- sample bits can be counted and summed.
+CREATE OR REPLACE MACRO drift_totals(blocks) AS TABLE
+SELECT
+    * EXCLUDE (sample_block, tokens, sample_bits_0, sample_bits_1, sample_bits_2, sample_bits_3,
+        lp_diff_sum, abs_lp_diff_sum, max_abs_lp_diff, k3_sum, exp_abs_lp_diff_sum),
+    SUM(tokens)::BIGINT AS tokens,
+    SUM(BIT_COUNT(sample_bits_0) + BIT_COUNT(sample_bits_1) + BIT_COUNT(sample_bits_2)
+        + BIT_COUNT(sample_bits_3))::BIGINT AS samples,
+    SUM(lp_diff_sum) / SUM(tokens) AS mean_lp_diff,
+    SUM(abs_lp_diff_sum) / SUM(tokens) AS mean_abs_lp_diff,
+    MAX(max_abs_lp_diff) AS max_abs_lp_diff,
+    SUM(k3_sum) / SUM(tokens) AS k3_kl,
+    SUM(k3_sum) AS k3_sum,
+    SUM(exp_abs_lp_diff_sum) / SUM(tokens) AS mult_prob_error
+FROM query_table(blocks)
+GROUP BY ALL;
+
+-- drift_rollup(parts): parts that may share (keys, sample_block) are OR-ed together first, so
+-- a sample counts once however many parts hold it.
+CREATE OR REPLACE MACRO drift_rollup(parts) AS TABLE
+WITH blocks AS (
     SELECT
-        * EXCLUDE (batch_position, lp_diff, abs_lp_diff, k3),
-        COUNT(*) AS tokens,
-        COUNT(DISTINCT batch_position) AS samples,
-        AVG(lp_diff) AS mean_lp_diff,
-        AVG(abs_lp_diff) AS mean_abs_lp_diff,
-        MAX(abs_lp_diff) AS max_abs_lp_diff,
-        AVG(k3) AS k3_kl,
-        SUM(k3) AS k3_sum,
-        AVG(EXP(abs_lp_diff)) AS mult_prob_error
-    FROM query_table(keyed)
+        * EXCLUDE (tokens, sample_bits_0, sample_bits_1, sample_bits_2, sample_bits_3,
+            lp_diff_sum, abs_lp_diff_sum, max_abs_lp_diff, k3_sum, exp_abs_lp_diff_sum),
+        SUM(tokens) AS tokens,
+        BIT_OR(sample_bits_0) AS sample_bits_0,
+        BIT_OR(sample_bits_1) AS sample_bits_1,
+        BIT_OR(sample_bits_2) AS sample_bits_2,
+        BIT_OR(sample_bits_3) AS sample_bits_3,
+        SUM(lp_diff_sum) AS lp_diff_sum,
+        SUM(abs_lp_diff_sum) AS abs_lp_diff_sum,
+        MAX(max_abs_lp_diff) AS max_abs_lp_diff,
+        SUM(k3_sum) AS k3_sum,
+        SUM(exp_abs_lp_diff_sum) AS exp_abs_lp_diff_sum
+    FROM query_table(parts)
     GROUP BY ALL
 )
-SELECT
-    *,
-    k3_sum / NULLIF(SUM(k3_sum) OVER (PARTITION BY run, rollout_id, share_scope), 0) AS k3_share
-FROM grouped;
+SELECT * FROM drift_totals(blocks);
+
+-- step_share(x, run, rollout_id, scope): x over the sum of x across the step's rows of the
+-- same scope (null when that sum is 0). The calling view applies it to a MATERIALIZED CTE of
+-- drift_breakdown's rows: DuckDB turns this window into a join with its own aggregate, which
+-- would otherwise compute the whole breakdown (down to the read of the tokens) a second time.
+-- (A MATERIALIZED CTE inside a table macro is not kept materialized, so it is not done here.)
+CREATE OR REPLACE MACRO step_share(x, run, rollout_id, scope) AS
+    x / NULLIF(SUM(x) OVER (PARTITION BY run, rollout_id, scope), 0);
+
+-- drift_breakdown(keyed): drift_parts' rows are already unique per (keys, sample_block).
+CREATE OR REPLACE MACRO drift_breakdown(keyed) AS TABLE
+WITH parts AS (
+    SELECT * FROM drift_parts(keyed)
+)
+SELECT * FROM drift_totals(parts);
