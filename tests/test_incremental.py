@@ -133,6 +133,28 @@ def test_touched_train_file_updates_its_step_only(
     assert verify_lake(lake) == (3 + 4, [])
 
 
+def test_steps_written_by_an_older_schema_are_extracted_again(
+    lake_with_two_runs: tuple[Path, Path, dict],
+) -> None:
+    """A lake from a tokenlake whose files lack today's columns (schema version 1 had no
+    `turn_index`) is brought up to date by extracting again, not left half old."""
+    import json
+
+    dump, lake, other = lake_with_two_runs
+    path = lake / "_manifest" / "basic.json"
+    data = json.loads(path.read_text())
+    assert {step["schema_version"] for step in data["steps"].values()} == {schema.SCHEMA_VERSION}
+    for step in data["steps"].values():
+        del step["schema_version"]  # as a manifest written before the field existed
+    path.write_text(json.dumps(data))
+    code, out, err = extract(dump, lake)
+    assert (code, err, out) == (0, [], line("basic", lake, (0, 3, 0, 0, 0), 20, 206))
+    data = json.loads(path.read_text())
+    assert {step["schema_version"] for step in data["steps"].values()} == {schema.SCHEMA_VERSION}
+    assert extract(dump, lake)[1] == line("basic", lake, (0, 0, 3, 0, 0), 0, 0)
+    assert contents(lake, "other") == other
+
+
 def test_deleted_rollout_file_removes_its_step(lake_with_two_runs: tuple[Path, Path, dict]) -> None:
     dump, lake, other = lake_with_two_runs
     (dump / "rollout_data" / "1.pt").unlink()

@@ -18,6 +18,7 @@ from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline import schema
 from pipeline.errors import DamagedManifestError, LakeError, PipelineError, UsageError
 from pipeline.load import lake_files, manifest
 from pipeline.load.lake import Lake, check_run_name
@@ -290,8 +291,10 @@ def _plan(
         previous = record.steps.get(files.label)
         if previous is None:
             todo.append((files, StepStatus.NEW))
-        elif previous.sources != manifest.fingerprint(files) or not all(
-            Lake(lake).file(name).is_file() for name in previous.files.values()
+        elif (
+            previous.sources != manifest.fingerprint(files)
+            or previous.schema_version != schema.SCHEMA_VERSION  # written by another tokenlake
+            or not all(Lake(lake).file(name).is_file() for name in previous.files.values())
         ):
             todo.append((files, StepStatus.UPDATED))
         else:

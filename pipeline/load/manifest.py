@@ -54,6 +54,9 @@ class StepRecord:
     tokens: int
     train_files: int
     checksum: str  # blake2b of the token ids and loss masks, in row order
+    # The `schema.SCHEMA_VERSION` its files were written with; manifests from before this
+    # field existed were all version 1. A step of another version is extracted again.
+    schema_version: int = 1
 
     @property
     def key(self) -> str:

@@ -154,6 +154,7 @@ def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: StepStatu
         tokens=result.tokens,
         train_files=result.train_files,
         checksum=manifest.tokens_checksum(tokens),
+        schema_version=schema.SCHEMA_VERSION,
     )
     return StepOutcome(files.label, status, result=result, record=record)
 
