@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import DumpFileError
-from pipeline.read import ptcheck, ptread, ptzip
+from pipeline.read import ptcheck, ptread, ptvector, ptzip
 from tests.forge import BZIP2, DEFLATED, NATIVE, Member, Pickle, laughs, write_pt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -585,7 +585,7 @@ def test_vector_scan_agrees_with_the_exact_scan(seed: int) -> None:
         value = _random_value(rng)
         data = pickle.dumps([value, value] if rng.random() < 0.5 else value, rng.choice([2, 3]))
         data = _mutated(rng, data) if rng.random() < 0.8 else data
-        exact, vector = _exact(data), ptcheck.vector_scan(data)
+        exact, vector = _exact(data), ptvector.vector_scan(data)
         assert vector is None or vector is exact, data
         assert _verdict(data) == exact, data
         decided += vector is not None
@@ -614,7 +614,7 @@ def _metadata(tensors: int) -> Pickle:
 )
 def test_vector_scan_decides_tensor_metadata(tail: Any, verdict: bool | None) -> None:
     data = bytes(tail(_metadata(300)))
-    assert ptcheck.vector_scan(data) is verdict
+    assert ptvector.vector_scan(data) is verdict
     assert _verdict(data) == _exact(data)
     if verdict is None:  # an error: left to the exact scan, which words it
         assert isinstance(_exact(data), str)
@@ -624,6 +624,6 @@ def test_vector_scan_counts_huge_integers_like_the_exact_scan() -> None:
     huge = b"\x8a\x09" + b"\x00" * 8 + b"\x01"  # LONG1 2**64
     for count, verdict in [(ptcheck.MAX_HUGE_INTS, False), (ptcheck.MAX_HUGE_INTS + 1, None)]:
         data = bytes(_metadata(2).raw(b"(" + huge * count + b"l").stop())
-        assert ptcheck.vector_scan(data) is verdict
+        assert ptvector.vector_scan(data) is verdict
         assert _verdict(data) == _exact(data)
     assert "more than 4096 integers of 2**61 or more" in str(_exact(data))
