@@ -69,7 +69,7 @@ MAX_HUGE_INTS = 4096
 _HASH_MODULUS = (1 << 61) - 1
 # `pipeline.read.ptvector` decides pickles up to this size whose BINFLOATs fill less than a
 # quarter (runs of floats cost `_Scan` far less than a vectorised pass over every byte).
-VECTOR_MAX = 1 << 22
+VECTOR_MAX = 1 << 20  # its pass takes ~40 bytes per pickle byte for a moment
 
 
 def check_opcodes(payload: Any) -> bool:
