@@ -8,17 +8,20 @@ exit normally and print the one-line error, never die of a signal or a MemoryErr
 from __future__ import annotations
 
 import os
+import pickle
+import random
 import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pipeline.errors import DumpFileError
-from pipeline.read import ptcheck, ptread, ptzip
+from pipeline.read import ptcheck, ptread, ptvector, ptzip
 from tests.forge import BZIP2, DEFLATED, NATIVE, Member, Pickle, laughs, write_pt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -510,3 +513,117 @@ def test_floats_mixed_with_other_opcodes_are_checked_to_the_end_of_their_run() -
         ptcheck.check_opcodes(bytes(bad))
     assert ptcheck.check_opcodes(bytes(_mixed().put(0).get(0).get(0).tuple(2).stop())) is True
     assert ptcheck.check_opcodes(bytes(_mixed().put(0).stop())) is False
+
+
+# --- the vectorised opcode check gives the exact scan's verdicts ----------------------------------
+
+
+def _exact(data: bytes) -> bool | str:
+    """The reference: the opcode-by-opcode scan's verdict or its error text."""
+    try:
+        return ptcheck._Scan(data).run()
+    except ptzip.Corrupt as err:
+        return err.reason
+
+
+def _verdict(data: bytes) -> bool | str:
+    try:
+        return ptcheck.check_opcodes(data)
+    except ptzip.Corrupt as err:
+        return err.reason
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> object:
+    pick = rng.random()
+    if depth > 3 or pick < 0.3:
+        return rng.choice(
+            [
+                rng.randint(-300, 70_000),
+                rng.random(),
+                2 ** rng.randint(50, 80),
+                "x" * rng.randint(0, 80),
+                b"y" * rng.randint(0, 70),
+                None,
+                True,
+            ]
+        )
+    if pick < 0.5:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 6))]
+    if pick < 0.65:
+        return tuple(_random_value(rng, depth + 1) for _ in range(rng.randint(0, 4)))
+    return {rng.randint(0, 9): _random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+# Inserted by the mutations: memo opcodes, texts, huge integers, cut-offs, unknown opcodes.
+_INSERTS = [b"h", b"q", b"j", b"r", b"2", b"\x94", b"p1\n", b"g1\n", b"G", b"\x8a", b"X"]
+_INSERTS += [b"I1234567890123456789012\n", b"\x80", b"\x95", b"\xff", b".", b"(", b"\n", b"c"]
+
+
+def _mutated(rng: random.Random, data: bytes) -> bytes:
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        pick, at = rng.random(), rng.randrange(len(out) + 1)
+        if pick < 0.3 and out:
+            out[min(at, len(out) - 1)] = rng.randrange(256)
+        elif pick < 0.5:
+            out[at:at] = rng.choice(_INSERTS) + rng.randbytes(rng.randint(0, 4))
+        elif pick < 0.6:
+            del out[at:]
+        elif pick < 0.7:
+            del out[at : at + rng.randint(1, 5)]
+        else:
+            source = rng.randrange(len(out) + 1)
+            out[at:at] = out[source : source + rng.randint(1, 12)]
+    return bytes(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_vector_scan_agrees_with_the_exact_scan(seed: int) -> None:
+    rng = random.Random(seed)
+    decided = 0
+    for _ in range(1500):
+        value = _random_value(rng)
+        data = pickle.dumps([value, value] if rng.random() < 0.5 else value, rng.choice([2, 3]))
+        data = _mutated(rng, data) if rng.random() < 0.8 else data
+        exact, vector = _exact(data), ptvector.vector_scan(data)
+        assert vector is None or vector is exact, data
+        assert _verdict(data) == exact, data
+        decided += vector is not None
+    assert decided > 300  # most unmutated pickles and some mutated ones are decided
+
+
+def _metadata(tensors: int) -> Pickle:
+    """Tensor metadata like a rank file's: memo PUTs between short runs of opcodes."""
+    p = Pickle().dict().put(0).mark()
+    for k in range(tensors):
+        p.text(f"column_{k}").put(1 + 2 * k)
+        p.tensor("LongStorage", str(k), 8, 0, (8,), (1,)).put(2 + 2 * k)
+    return p.raw(b"u")
+
+
+@pytest.mark.parametrize(
+    ("tail", "verdict"),
+    [
+        (lambda p: p.stop(), False),
+        (lambda p: p.get(2).get(2).tuple(2).stop(), True),  # a tensor referenced again
+        (lambda p: p.get(1).get(1).tuple(2).stop(), False),  # a short string referenced again
+        (lambda p: p.raw(b"r" + (2**28).to_bytes(4, "little")).stop(), None),
+        (lambda p: p.raw(b"X" + (2**31 - 1).to_bytes(4, "little")), None),
+        (lambda p: p.raw(b"\x8a\x09" + b"\xff" * 8 + b"\x7f").stop(), False),
+    ],
+)
+def test_vector_scan_decides_tensor_metadata(tail: Any, verdict: bool | None) -> None:
+    data = bytes(tail(_metadata(300)))
+    assert ptvector.vector_scan(data) is verdict
+    assert _verdict(data) == _exact(data)
+    if verdict is None:  # an error: left to the exact scan, which words it
+        assert isinstance(_exact(data), str)
+
+
+def test_vector_scan_counts_huge_integers_like_the_exact_scan() -> None:
+    huge = b"\x8a\x09" + b"\x00" * 8 + b"\x01"  # LONG1 2**64
+    for count, verdict in [(ptcheck.MAX_HUGE_INTS, False), (ptcheck.MAX_HUGE_INTS + 1, None)]:
+        data = bytes(_metadata(2).raw(b"(" + huge * count + b"l").stop())
+        assert ptvector.vector_scan(data) is verdict
+        assert _verdict(data) == _exact(data)
+    assert "more than 4096 integers of 2**61 or more" in str(_exact(data))

@@ -3,7 +3,8 @@
 Before: `check_opcodes` walks the opcode stream (at regex speed, not per opcode in Python) and
 refuses what would make the C unpickler allocate far more than the file: a memo index beyond
 the pickle's length (`LONG_BINPUT 2**28` alone allocates 4 GB), a length field longer than the
-rest of the pickle, unknown opcodes.
+rest of the pickle, unknown opcodes. Pickles of tensor metadata are first tried by
+`pipeline.read.ptvector` (whole-array, the same verdicts; it leaves what it cannot decide here).
 
 After: `settle` walks the unpickled value graph once, following shared references only once,
 and refuses a graph that expands to more than `ITEMS_PER_BYTE` items per file byte (a
@@ -66,6 +67,9 @@ SHARED_TEXT = 64
 # n of them as dict keys take n**2 / 2 comparisons (20 000 in 380 KB: 3 s). Dumps hold few.
 MAX_HUGE_INTS = 4096
 _HASH_MODULUS = (1 << 61) - 1
+# `pipeline.read.ptvector` decides pickles up to this size whose BINFLOATs fill less than a
+# quarter (runs of floats cost `_Scan` far less than a vectorised pass over every byte).
+VECTOR_MAX = 1 << 20  # its pass takes ~40 bytes per pickle byte for a moment
 
 
 def check_opcodes(payload: Any) -> bool:
@@ -81,6 +85,12 @@ def check_opcodes(payload: Any) -> bool:
             running past its end.
     """
     data = bytes(payload) if not isinstance(payload, bytes) else payload
+    if len(data) <= VECTOR_MAX and data.count(b"G") * 36 < len(data):
+        from pipeline.read.ptvector import vector_scan  # it builds its tables from this module's
+
+        verdict = vector_scan(data)
+        if verdict is not None:
+            return verdict
     return _Scan(data).run()
 
 
