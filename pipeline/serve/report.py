@@ -227,7 +227,30 @@ def _per_step(page: _Page, chart_id: str, dataset: str, fields: dict[str, str],
               title: str, unit: str, **kwargs: Any) -> str:  # fmt: skip
     if not any(_has(page.datasets[dataset], name) for name in fields):
         return rh.note(f"{title}: no values in the selected runs and steps.")
-    return page.chart(rc.per_step(chart_id, dataset, fields, title, unit, **kwargs))
+    threshold = kwargs.pop("threshold", None)
+    if threshold is not None and _off_scale(page.datasets[dataset], fields, threshold[0]):
+        # A rule far above every value would flatten the lines to the axis: it is named, not drawn.
+        title, threshold = f"{title} (alarm at {threshold[0]:.4g}, far above)", None
+    return page.chart(
+        rc.per_step(chart_id, dataset, fields, title, unit, threshold=threshold, **kwargs)
+    )
+
+
+# An alarm rule more than this many times the largest value is left out of the chart's scale.
+OFF_SCALE = 20.0
+
+
+def _off_scale(rows: rd.Rows, fields: dict[str, str], threshold: float) -> bool:
+    """Whether `threshold` lies far above every finite value of `fields` in `rows`.
+
+    Examples:
+        >>> _off_scale([{"k3": 0.001}, {"k3": None}], {"k3": "TM"}, 1.0)
+        True
+        >>> _off_scale([{"k3": 0.2}], {"k3": "TM"}, 1.0)
+        False
+    """
+    values = [abs(row[name]) for row in rows for name in fields if row.get(name) is not None]
+    return bool(values) and threshold > 0 and threshold > OFF_SCALE * max(values)
 
 
 def _single_step_note(rows: rd.Rows) -> list[str]:
