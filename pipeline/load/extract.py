@@ -21,7 +21,7 @@ from pathlib import Path
 from pipeline import schema
 from pipeline.errors import DamagedManifestError, LakeError, PipelineError, UsageError
 from pipeline.load import lake_files, manifest
-from pipeline.load.lake import Lake, check_run_name
+from pipeline.load.lake import LakeRoot, check_run_name, lake_at, manifest_name
 from pipeline.load.scheduler import Todo, run_steps, sigint_deferred
 from pipeline.progress import ProgressCallback, Reporter, as_reporter
 from pipeline.read import dump
@@ -30,7 +30,6 @@ from pipeline.transform.step import (
     StepOutcome,
     StepResult,
     StepStatus,
-    discard_files,
 )
 
 log = logging.getLogger(__name__)
@@ -41,7 +40,7 @@ class ExtractSummary:
     """What an extraction did; the CLI prints it."""
 
     run: str
-    lake: Path
+    lake: LakeRoot
     steps: list[StepResult] = field(default_factory=list)  # written by this extraction
     counts: dict[StepStatus, int] = field(default_factory=lambda: dict.fromkeys(StepStatus, 0))
     failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
@@ -72,7 +71,7 @@ class ExtractInterrupted(KeyboardInterrupt):
 
 def extract_run(
     dump_dir: Path,
-    lake: Path,
+    lake: LakeRoot,
     run_name: str | None = None,
     *,
     steps: Container[int] | None = None,
@@ -93,7 +92,7 @@ def extract_run(
 
     Args:
         dump_dir: The `--dump-details` directory (only read, never written).
-        lake: The lake root; created if missing.
+        lake: The lake root, or an object-store URL (`s3://bucket/lake`); created if missing.
         run_name: The run's name in the lake; default: the dump directory's base name.
         steps: Step ids to extract (train and eval files of those steps); default: all.
             Tested with `in` only, so a lazy range selection costs nothing; selecting no
@@ -124,7 +123,7 @@ def extract_run(
     lake = prepare_lake(lake, listing.root)
     summary = ExtractSummary(run=run, lake=lake, ignored_files=list(listing.ignored))
     reporter = as_reporter(progress)
-    with Lake(lake).lock():
+    with lake_at(lake).lock():
         _check_other_manifests(lake, run)
         record = _current_manifest(lake, run, listing.root, replace)
         retagged = {**record.tags, **(tags or {})}
@@ -154,21 +153,20 @@ def extract_run(
     return summary
 
 
-def drop_run(lake: Path, run: str) -> None:
+def drop_run(lake: LakeRoot, run: str) -> None:
     """Remove a run from the lake: its manifest first (the commit point), then the catalog,
     then its files. Other runs are untouched."""
-    layout = Lake(lake).require()
-    path = layout.manifest_path(run)
-    if not path.is_file():
-        runs = ", ".join(f"`{p.stem}`" for p in layout.manifest_paths()) or "none"
-        raise LakeError(layout.root, f"has no run `{run}` (runs: {runs})")
+    layout = lake_at(lake).require()
+    if not layout.exists(manifest_name(run)):
+        runs = ", ".join(f"`{name}`" for name in layout.manifest_runs()) or "none"
+        raise LakeError(layout.location, f"has no run `{run}` (runs: {runs})")
     with layout.lock():
-        path.unlink()
-        catalog.build_catalog(layout.root)
+        layout.delete([manifest_name(run)])
+        catalog.build_catalog(layout.location)
         layout.delete_unlisted(manifest.RunManifest(run=run, source_dir=""))
 
 
-def _sweep(lake: Path, run: str) -> None:
+def _sweep(lake: LakeRoot, run: str) -> None:
     """Delete leftovers of an interrupted extraction (temporary or never-committed files).
 
     Judged against the manifest on disk, which the catalog (not stale) agrees with: the
@@ -176,15 +174,15 @@ def _sweep(lake: Path, run: str) -> None:
     """
     committed = manifest.load_manifest(lake, run)
     if committed is not None:
-        Lake(lake).delete_unlisted(committed)
-    Lake(lake).delete_stale_temporaries()
+        lake_at(lake).delete_unlisted(committed)
+    lake_at(lake).delete_stale_temporaries()
 
 
 def _changed(summary: ExtractSummary) -> bool:
     return any(summary.counts[k] for k in (StepStatus.NEW, StepStatus.UPDATED, StepStatus.REMOVED))
 
 
-def catalog_is_stale(lake: Path) -> bool:
+def catalog_is_stale(lake: LakeRoot) -> bool:
     """Whether the catalog must be rebuilt: some manifest is newer than it, or it is broken.
 
     An extraction killed after committing steps but before rebuilding the catalog leaves the
@@ -192,7 +190,7 @@ def catalog_is_stale(lake: Path) -> bool:
     cannot be opened is repaired too: the next extraction rebuilds it even if every step is
     unchanged by then.
     """
-    return Lake(lake).catalog_is_stale() or catalog.catalog_problem(lake) is not None
+    return lake_at(lake).catalog_is_stale() or catalog.catalog_problem(lake) is not None
 
 
 def _lake_failure(path: str, problem: str) -> LakeError:
@@ -204,11 +202,14 @@ def _lake_failure(path: str, problem: str) -> LakeError:
 
 
 def _publish_if_needed(
-    lake: Path, record: manifest.RunManifest, summary: ExtractSummary, tags_changed: bool = False
+    lake: LakeRoot,
+    record: manifest.RunManifest,
+    summary: ExtractSummary,
+    tags_changed: bool = False,
 ) -> None:
     """Publish when something changed; a run that has never had a step committed is not
     published at all (no empty run when its first step fails or is not complete yet)."""
-    known = bool(record.steps) or Lake(lake).manifest_path(record.run).is_file()
+    known = bool(record.steps) or lake_at(lake).exists(manifest_name(record.run))
     if not known:
         return
     vocab_changed, warning = lake_files.refresh_vocab(lake, record)
@@ -229,38 +230,35 @@ def _publish_if_needed(
         summary.warnings.extend(_publish(lake, record) or ())
 
 
-def _publish(lake: Path, record: manifest.RunManifest) -> list[str]:
+def _publish(lake: LakeRoot, record: manifest.RunManifest) -> list[str]:
     """Record the run row, rebuild the catalog, then delete files no manifest lists.
 
     Returns the warnings (a malformed meta.json, a broken user view), one line each."""
     warnings = lake_files.write_run_row(lake, record)
     manifest.save_manifest(lake, record)
     catalog.build_catalog(lake, warnings)
-    Lake(lake).delete_unlisted(record)
+    lake_at(lake).delete_unlisted(record)
     return warnings
 
 
-def prepare_lake(lake: Path, dump_root: Path) -> Path:
+def prepare_lake(lake: LakeRoot, dump_root: Path) -> LakeRoot:
     """Create the lake directory; refuse one that would write into the dump or into folders
     that are not a lake's (never write there)."""
-    layout = Lake(lake)
+    layout = lake_at(lake)
     layout.check_writable_for(dump_root)
-    try:
-        layout.root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LakeError(layout.root, f"cannot be created ({exc.strerror or exc})") from exc
-    return layout.root
+    layout.create()
+    return layout.location
 
 
-def _check_other_manifests(lake: Path, run: str) -> None:
+def _check_other_manifests(lake: LakeRoot, run: str) -> None:
     """Fail before any work if another run's manifest is damaged: the catalog needs them all."""
-    for path in Lake(lake).manifest_paths():
-        if path.stem != run:
-            manifest.read_manifest(path)
+    for name in lake_at(lake).manifest_runs():
+        if name != run:
+            manifest.load_listed(lake, name)
 
 
 def _current_manifest(
-    lake: Path, run: str, source: Path, replace: bool = False
+    lake: LakeRoot, run: str, source: Path, replace: bool = False
 ) -> manifest.RunManifest:
     try:
         record = manifest.load_manifest(lake, run)
@@ -280,7 +278,7 @@ def _current_manifest(
 
 
 def _plan(
-    lake: Path,
+    lake: LakeRoot,
     record: manifest.RunManifest,
     selected: list[dump.StepFiles],
     summary: ExtractSummary,
@@ -294,7 +292,7 @@ def _plan(
         elif (
             previous.sources != manifest.fingerprint(files)
             or previous.schema_version != schema.SCHEMA_VERSION  # written by another tokenlake
-            or not all(Lake(lake).file(name).is_file() for name in previous.files.values())
+            or not all(lake_at(lake).exists(name) for name in previous.files.values())
         ):
             todo.append((files, StepStatus.UPDATED))
         else:
@@ -312,7 +310,7 @@ def _drop_vanished_steps(
 
 def _outcomes(
     todo: list[tuple[dump.StepFiles, StepStatus]],
-    lake: Path,
+    lake: LakeRoot,
     run: str,
     workers: int,
     reporter: Reporter,
@@ -330,7 +328,7 @@ def _outcomes(
 
 
 def _commit(
-    lake: Path,
+    lake: LakeRoot,
     record: manifest.RunManifest,
     outcome: StepOutcome,
     summary: ExtractSummary,
@@ -355,7 +353,7 @@ def _commit(
     try:
         manifest.save_manifest(lake, record)
     except LakeError as exc:  # not committed: its files must not linger, the record stays
-        discard_files(Lake(lake).file(name) for name in outcome.record.files.values())
+        lake_at(lake).delete(outcome.record.files.values())
         if previous is None:
             del record.steps[outcome.label]
         else:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pipeline.load import manifest
 from pipeline.load.extract import ExtractInterrupted, ExtractSummary, check_run_name, extract_run
+from pipeline.load.lake import LakeRoot
 from pipeline.progress import ProgressCallback
 from pipeline.read import dump
 
@@ -37,7 +38,7 @@ class FollowState:
 
 def follow_run(
     dump_dir: Path,
-    lake: Path,
+    lake: LakeRoot,
     run_name: str | None = None,
     *,
     poll_seconds: float = 5.0,
@@ -78,7 +79,7 @@ def follow_run(
 
 def follow_round(
     dump_dir: Path,
-    lake: Path,
+    lake: LakeRoot,
     run: str,
     state: FollowState,
     settle_seconds: float,
@@ -143,9 +144,9 @@ def _stamp(files: dump.StepFiles) -> tuple[tuple[str, int, int], ...]:
     return tuple(stamp)
 
 
-def _known_ranks(lake: Path, run: str) -> frozenset[int] | None:
+def _known_ranks(lake: LakeRoot, run: str) -> frozenset[int] | None:
     """The largest rank set among the run's already-extracted train steps."""
-    record = manifest.load_manifest(lake.resolve(), run) if lake.exists() else None
+    record = manifest.load_manifest(lake, run)
     if record is None:
         return None
     best: frozenset[int] | None = None

@@ -13,6 +13,12 @@ LAKE/views/<name>.sql                                      user views (the user'
 Every file is written by `atomic_write` (a temporary name `.tokenlake-<pid>-<hex8>.tmp`
 that no other program uses, then `os.replace`), and the sweeps delete only names this scheme
 made: a lake may share its folder with other files, and they are never touched.
+
+A lake may also live on an object store (`s3://bucket/prefix`, any fsspec URL): `lake_at`
+gives an `ObjectLake` (pipeline/load/object_lake.py) with the same layout and the same
+methods, committed without rename. Modules outside these two use only what both offer:
+relative names (`new_name`, `manifest_name`), `url`, `read_bytes`, `put_bytes`, `write_with`,
+`publish_built`, `delete`, `exists`, `lock`, and the sweeps.
 """
 
 from __future__ import annotations
@@ -23,16 +29,22 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline import schema
 from pipeline.errors import LakeError, UsageError
 
 if TYPE_CHECKING:
     from pipeline.load.manifest import RunManifest
+    from pipeline.load.object_lake import ObjectLake
+
+# Where a lake is: a directory, or the URL of an object-store prefix (`s3://bucket/lake`).
+LakeRoot = Path | str
+# A writer of one file: given where to write and the pyarrow-usable filesystem (None: local).
+FileWriter = Callable[[str, Any], None]
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +186,156 @@ def partition_patterns(table: str) -> dict[str, str]:
     return patterns
 
 
+_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+def is_url(location: LakeRoot) -> bool:
+    """Whether a lake location names an object store (`s3://b/p`), not a local directory.
+
+    `file://` URLs and plain paths are local.
+
+    Examples:
+        >>> is_url("s3://bucket/lake"), is_url("file:///tmp/lake"), is_url("lake")
+        (True, False, False)
+    """
+    match = _URL.match(str(location)) if isinstance(location, str) else None
+    return match is not None and match.group(1).lower() != "file"
+
+
+def local_path(location: LakeRoot) -> Path:
+    """A local lake location as a Path (`file:///x` is `/x`)."""
+    text = str(location)
+    return Path(text[len("file://") :] if text.lower().startswith("file://") else text)
+
+
+def lake_at(location: LakeRoot | Lake | ObjectLake) -> Lake | ObjectLake:
+    """The lake at a directory or an object-store URL (a lake object is returned as it is)."""
+    if not isinstance(location, (str, Path)):
+        return location
+    if is_url(location):
+        from pipeline.load.object_lake import ObjectLake
+
+        return ObjectLake(str(location))
+    return Lake(local_path(location))
+
+
+def manifest_name(run: str) -> str:
+    """Relative name of a run's manifest (the commit point)."""
+    return f"{MANIFEST_DIR}/{check_run_name(run)}.json"
+
+
+def new_name(
+    table: str, run: str, stem: str, rollout_id: int | None = None, generation: str | None = None
+) -> str:
+    """A fresh relative file name in a partition (the manifest decides when it counts).
+
+    `generation` (8 hex digits) names the files of one step alike; default: a new one.
+    """
+    folder = partition_dir(table, check_run_name(run), rollout_id)
+    return f"{folder}/{stem}-{generation or secrets.token_hex(4)}.parquet"
+
+
+def check_relative(relative: object) -> str:
+    """A file name as a manifest lists it, or ValueError if it lies outside the lake."""
+    if (
+        not isinstance(relative, str)
+        or Path(relative).is_absolute()
+        or ".." in Path(relative).parts
+    ):
+        raise ValueError(f"it lists `{str(relative)[:80]}`, which lies outside the lake")
+    return relative
+
+
+def is_data_file(name: str) -> bool:
+    """Whether a file name in a partition is one `new_name` makes."""
+    return bool(_DATA_FILE.match(name))
+
+
 class Lake:
     """A lake directory: where each of its files lives, and who may write them."""
 
     def __init__(self, root: Path | str) -> None:
-        self.root = Path(root).resolve()
+        self.root = local_path(root).resolve()
+
+    @property
+    def location(self) -> Path:
+        """Where the lake is, as messages show it and as `lake_at` takes it back."""
+        return self.root
+
+    @property
+    def filesystem(self) -> None:
+        """The pyarrow-usable filesystem of `url` names: None, the local one."""
+        return None
+
+    def url(self, relative: str) -> str:
+        """The name DuckDB and pyarrow read a lake file by."""
+        return str(self.file(relative))
+
+    def arrow_source(self, relative: str) -> tuple[str, None]:
+        """Where pyarrow reads a lake file: (path, filesystem)."""
+        return str(self.file(relative)), None
+
+    def exists(self, relative: str) -> bool:
+        return self.file(relative).is_file()
+
+    def read_bytes(self, relative: str) -> bytes:
+        path = self.file(relative)
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise LakeError(path, f"cannot be read ({exc.strerror or exc})") from exc
+
+    def put_bytes(self, relative: str, data: bytes, *, durable: bool = False, problem: str) -> None:
+        """Write a whole small file (manifest): temporary name, fsync if `durable`, rename."""
+        path = self.file(relative)
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def write(tmp: Path) -> None:
+            tmp.write_bytes(data)
+
+        atomic_write(path, write, durable=durable, problem=problem)
+
+    def write_with(
+        self, relative: str, write: FileWriter, *, problem: str = "cannot be written"
+    ) -> None:
+        """Write a file through `write(where, filesystem)`: never half a file under its name."""
+        path = self.file(relative)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LakeError(path, f"{problem} ({exc.strerror or exc})") from exc
+        atomic_write(path, lambda tmp: write(str(tmp), None), problem=problem)
+
+    def publish_built(self, relative: str, build: Callable[[Path], None]) -> None:
+        """Build a file locally (`build(path)`, e.g. a DuckDB catalog) and put it in place."""
+        atomic_write(self.file(relative), build)
+
+    def delete(self, relatives: Iterable[str]) -> None:
+        """Delete uncommitted files, and their partition folders if that leaves them empty."""
+        for relative in relatives:
+            path = self.file(relative)
+            path.unlink(missing_ok=True)
+            for folder in (path.parent, path.parent.parent):  # rollout_id=…, then run=…
+                if "=" not in folder.name:  # only partition folders, never `_manifest/`
+                    break
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty (other steps or runs live there): keep it
+                    break
+
+    def manifest_runs(self) -> list[str]:
+        """The runs that have a manifest, by name."""
+        return [p.stem for p in self.manifest_paths()]
+
+    def create(self) -> None:
+        """Make the lake's directory (a first extraction)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LakeError(self.root, f"cannot be created ({exc.strerror or exc})") from exc
+
+    def check_lease(self) -> None:
+        """Nothing to check: a local lock (flock) cannot expire while its holder runs."""
 
     @property
     def manifest_dir(self) -> Path:
@@ -194,7 +351,7 @@ class Lake:
         return self.root / USER_VIEWS_DIR
 
     def manifest_path(self, run: str) -> Path:
-        return self.manifest_dir / f"{check_run_name(run)}.json"
+        return self.root / manifest_name(run)
 
     def manifest_paths(self) -> list[Path]:
         """Every run's manifest file, by name."""
@@ -210,12 +367,8 @@ class Lake:
         rollout_id: int | None = None,
         generation: str | None = None,
     ) -> Path:
-        """A fresh file name in a partition (the manifest decides when it counts).
-
-        `generation` (8 hex digits) names the files of one step alike; default: a new one.
-        """
-        folder = self.root / partition_dir(table, check_run_name(run), rollout_id)
-        return folder / f"{stem}-{generation or secrets.token_hex(4)}.parquet"
+        """`new_name` as a path."""
+        return self.root / new_name(table, run, stem, rollout_id, generation)
 
     def relative(self, path: Path) -> str:
         """How a manifest records a file of the lake."""
@@ -224,9 +377,15 @@ class Lake:
     def file(self, relative: str) -> Path:
         """The path of a file a manifest lists; refuses one outside the lake."""
         path = self.root / relative
-        if Path(relative).is_absolute() or ".." in Path(relative).parts:
-            raise LakeError(path, "is listed by a manifest but lies outside the lake")
+        try:
+            check_relative(relative)
+        except ValueError:
+            raise LakeError(path, "is listed by a manifest but lies outside the lake") from None
         return path
+
+    @property
+    def catalog_name(self) -> str:
+        return schema.CATALOG_FILE
 
     def is_lake(self) -> bool:
         return self.manifest_dir.is_dir()

@@ -16,7 +16,7 @@ import pyarrow as pa
 from pipeline import __version__, schema, tags
 from pipeline.errors import DumpFormatError, LakeError
 from pipeline.load import manifest, write
-from pipeline.load.lake import Lake
+from pipeline.load.lake import LakeRoot, lake_at, new_name
 from pipeline.read import dashboard
 from pipeline.read.dump import Dump
 
@@ -27,7 +27,7 @@ MAX_METRICS_FILES = 32  # past this many, a run's metrics files are merged into 
 
 
 def write_run_row(
-    lake: Path, record: manifest.RunManifest, keep: dict[str, Any] | None = None
+    lake: LakeRoot, record: manifest.RunManifest, keep: dict[str, Any] | None = None
 ) -> list[str]:
     """Write the run's `runs` row under a fresh name and list it in the manifest record.
 
@@ -57,11 +57,10 @@ def write_run_row(
         schema.TAGS_JSON: tags.tags_json(record.tags),
     }
     table = pa.Table.from_pylist([row], schema=schema.RUNS_SCHEMA)
-    layout = Lake(lake)
-    path = layout.new_file(schema.RUNS, record.run, "run")
+    name = new_name(schema.RUNS, record.run, "run")
     metadata = write.file_metadata(schema.RUNS, record.run, record.source_dir)
-    write.write_parquet(path, schema.RUNS, table, metadata)
-    record.runs_file = layout.relative(path)
+    write.write_lake_file(lake, name, schema.RUNS, table, metadata)
+    record.runs_file = name
     return warnings
 
 
@@ -75,23 +74,26 @@ def meta_source(record: manifest.RunManifest) -> manifest.SourceFile | None:
         return None
 
 
-def stored_run_row(lake: Path, record: manifest.RunManifest) -> dict[str, Any]:
+def stored_run_row(lake: LakeRoot, record: manifest.RunManifest) -> dict[str, Any]:
     """The run's current `runs` row as a dict (a file of schema version 1 lacks the metadata
     columns: absent keys), so it can be rewritten without reading the dump."""
     import pyarrow.parquet as pq
 
     if record.runs_file is None:
         return {}
-    path = Lake(lake).file(record.runs_file)
+    layout = lake_at(lake)
+    where, filesystem = layout.arrow_source(record.runs_file)
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(where, filesystem=filesystem)
     except (OSError, pa.ArrowException) as exc:
-        raise LakeError(path, f"cannot be read ({exc}); extract the run again") from exc
+        raise LakeError(
+            layout.url(record.runs_file), f"cannot be read ({exc}); extract the run again"
+        ) from exc
     return table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
 
 
 def tag_run(
-    lake: Path,
+    lake: LakeRoot,
     run: str,
     set_tags: dict[str, str],
     remove: list[str] | tuple[str, ...] = (),
@@ -106,16 +108,16 @@ def tag_run(
     """
     from pipeline.serve import catalog
 
-    layout = Lake(lake).require()
+    layout = lake_at(lake).require()
     with layout.lock():
-        record = manifest.load_manifest(layout.root, run)
+        record = manifest.load_manifest(layout.location, run)
         if record is None:
-            runs = ", ".join(f"`{p.stem}`" for p in layout.manifest_paths()) or "none"
-            raise LakeError(layout.root, f"has no run `{run}` (runs: {runs})")
+            runs = ", ".join(f"`{name}`" for name in layout.manifest_runs()) or "none"
+            raise LakeError(layout.location, f"has no run `{run}` (runs: {runs})")
         record.tags = tags.change_tags(record.tags, set_tags, remove)
-        write_run_row(layout.root, record, keep=stored_run_row(layout.root, record))
-        manifest.save_manifest(layout.root, record)
-        catalog.build_catalog(layout.root, warnings)
+        write_run_row(layout.location, record, keep=stored_run_row(layout.location, record))
+        manifest.save_manifest(layout.location, record)
+        catalog.build_catalog(layout.location, warnings)
         layout.delete_unlisted(record)
     return record.tags
 
@@ -143,7 +145,7 @@ def _rewritten(record: manifest.RunManifest, files: dict[str, Path]) -> list[str
     ]
 
 
-def refresh_metrics(lake: Path, record: manifest.RunManifest) -> tuple[bool, list[str]]:
+def refresh_metrics(lake: LakeRoot, record: manifest.RunManifest) -> tuple[bool, list[str]]:
     """Read the lines the dump's metrics streams gained since the last extraction.
 
     New rows go into one new `metrics` file listed in `record`; the offsets move on (a
@@ -187,23 +189,23 @@ def refresh_metrics(lake: Path, record: manifest.RunManifest) -> tuple[bool, lis
     return changed, warnings
 
 
-def _write_metrics(lake: Path, record: manifest.RunManifest, table: pa.Table) -> str:
-    layout = Lake(lake)
-    path = layout.new_file(schema.METRICS, record.run, "metrics")
+def _write_metrics(lake: LakeRoot, record: manifest.RunManifest, table: pa.Table) -> str:
+    name = new_name(schema.METRICS, record.run, "metrics")
     metadata = write.file_metadata(schema.METRICS, record.run, record.source_dir)
-    write.write_parquet(path, schema.METRICS, table, metadata)
-    return layout.relative(path)
+    write.write_lake_file(lake, name, schema.METRICS, table, metadata)
+    return name
 
 
-def _merge_metrics(lake: Path, record: manifest.RunManifest) -> str:
+def _merge_metrics(lake: LakeRoot, record: manifest.RunManifest) -> str:
     """One file for all of the run's metrics files (a long `--follow` writes one per round)."""
     import pyarrow.parquet as pq
 
-    layout = Lake(lake)
+    layout = lake_at(lake)
     try:
-        parts = [pq.read_table(layout.file(name)) for name in record.metrics_files]
+        sources = [layout.arrow_source(name) for name in record.metrics_files]
+        parts = [pq.read_table(where, filesystem=fs) for where, fs in sources]
     except (OSError, pa.ArrowException) as exc:
-        raise LakeError(layout.root, f"metrics files cannot be merged ({exc})") from exc
+        raise LakeError(layout.location, f"metrics files cannot be merged ({exc})") from exc
     merged = pa.concat_tables([p.replace_schema_metadata(None) for p in parts])
     return _write_metrics(lake, record, merged)
 
@@ -213,7 +215,9 @@ def _merge_metrics(lake: Path, record: manifest.RunManifest) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def refresh_vocab(lake: Path, record: manifest.RunManifest) -> tuple[bool, tuple[Path, str] | None]:
+def refresh_vocab(
+    lake: LakeRoot, record: manifest.RunManifest
+) -> tuple[bool, tuple[Path, str] | None]:
     """Write the run's `vocab` file when the dump's tokenizer is new or changed.
 
     A tokenizer that cannot be read is not an error: the run gets no vocab (token texts are
@@ -230,11 +234,11 @@ def refresh_vocab(lake: Path, record: manifest.RunManifest) -> tuple[bool, tuple
         changed = record.vocab_file is not None
         record.vocab_file, record.vocab_source = None, None
         return changed, None
-    layout = Lake(lake)
+    layout = lake_at(lake)
     # Identified like every other source (name, size, mtime): no re-reading on each round.
     stamp = manifest.SourceFile.of(source, root)
     if stamp == record.vocab_source and (
-        record.vocab_file is None or layout.file(record.vocab_file).is_file()
+        record.vocab_file is None or layout.exists(record.vocab_file)
     ):
         return False, None  # unchanged (a broken one was reported when it was first seen)
     try:
@@ -243,8 +247,8 @@ def refresh_vocab(lake: Path, record: manifest.RunManifest) -> tuple[bool, tuple
         changed = record.vocab_file is not None or record.vocab_source != stamp
         record.vocab_file, record.vocab_source = None, stamp
         return changed, (source, f"{exc.problem}; token texts are NULL until it is fixed")
-    path = layout.new_file(schema.VOCAB, record.run, "vocab")
+    name = new_name(schema.VOCAB, record.run, "vocab")
     metadata = write.file_metadata(schema.VOCAB, record.run, str(source))
-    write.write_parquet(path, schema.VOCAB, table, metadata)
-    record.vocab_file, record.vocab_source = layout.relative(path), stamp
+    write.write_lake_file(layout, name, schema.VOCAB, table, metadata)
+    record.vocab_file, record.vocab_source = name, stamp
     return True, None

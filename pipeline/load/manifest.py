@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import schema
 from pipeline.errors import DamagedManifestError, LakeError
 from pipeline.load.lake import MANIFEST_DIR as MANIFEST_DIR
-from pipeline.load.lake import Lake, atomic_write
+from pipeline.load.lake import LakeRoot, check_relative, lake_at, manifest_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -107,51 +107,62 @@ class RunManifest:
         return [s.files[table] for s in ordered if table in s.files]
 
 
-def manifest_path(lake: Path, run: str) -> Path:
-    return Lake(lake).manifest_path(run)
-
-
-def load_manifest(lake: Path, run: str) -> RunManifest | None:
+def load_manifest(lake: LakeRoot, run: str) -> RunManifest | None:
     """The run's manifest, or None if the run was never extracted into this lake."""
-    path = manifest_path(lake, run)
-    if not path.is_file():
+    layout = lake_at(lake)
+    name = manifest_name(run)
+    if not layout.exists(name):
         return None
-    return read_manifest(path)
+    return parse_manifest(layout.url(name), layout.read_bytes(name))
 
 
-def load_all(lake: Path) -> list[RunManifest]:
+def load_all(lake: LakeRoot) -> list[RunManifest]:
     """Every run's manifest, by run name."""
-    return [read_manifest(p) for p in Lake(lake).manifest_paths()]
+    return [load_listed(lake, run) for run in lake_at(lake).manifest_runs()]
 
 
-def save_manifest(lake: Path, manifest: RunManifest) -> None:
-    """Replace the run's manifest atomically (temporary file, fsync, rename)."""
-    path = manifest_path(lake, manifest.run)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def load_listed(lake: LakeRoot, run: str) -> RunManifest:
+    """A manifest `manifest_runs` listed (a hand-made bad file name fails in parsing)."""
+    layout = lake_at(lake)
+    name = f"{MANIFEST_DIR}/{run}.json"
+    return parse_manifest(layout.url(name), layout.read_bytes(name))
 
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(asdict(manifest), handle, ensure_ascii=False, indent=1)
 
-    atomic_write(path, write, durable=True, problem="manifest cannot be written")
+def save_manifest(lake: LakeRoot, manifest: RunManifest) -> None:
+    """Replace the run's manifest atomically (temporary file, fsync, rename; one PUT on an
+    object store)."""
+    data = json.dumps(asdict(manifest), ensure_ascii=False, indent=1).encode("utf-8")
+    lake_at(lake).put_bytes(
+        manifest_name(manifest.run), data, durable=True, problem="manifest cannot be written"
+    )
 
 
 def read_manifest(path: Path) -> RunManifest:
     """One manifest file; a damaged one is a DamagedManifestError naming what is wrong."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DamagedManifestError(path, f"it is not JSON ({exc})") from exc
+        data = path.read_bytes()
     except OSError as exc:
         raise LakeError(path, f"cannot be read ({exc.strerror or exc})") from exc
+    return parse_manifest(str(path), data)
+
+
+def parse_manifest(where: str, raw: bytes) -> RunManifest:
+    """A manifest's bytes (`where` names it in messages)."""
+    path = Path(where)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DamagedManifestError(where, f"it is not JSON ({exc})") from exc
     if not isinstance(data, dict):
-        raise DamagedManifestError(path, "it is not a JSON object")
+        raise DamagedManifestError(where, "it is not a JSON object")
     if data.get("version") != MANIFEST_VERSION:
-        raise LakeError(path, f"manifest version {data.get('version')!r} is not {MANIFEST_VERSION}")
+        raise LakeError(
+            where, f"manifest version {data.get('version')!r} is not {MANIFEST_VERSION}"
+        )
     try:
         return _from_json(path, data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise DamagedManifestError(path, _what_is_wrong(exc)) from exc
+        raise DamagedManifestError(where, _what_is_wrong(exc)) from exc
 
 
 def _what_is_wrong(exc: Exception) -> str:
@@ -230,8 +241,7 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
         raise ValueError(f"its `run` is not `{path.stem}`, the name of the file")
     for table in schema.TABLES:  # a listed file must lie inside the lake
         for name in record.files(table):
-            if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
-                raise ValueError(f"it lists `{str(name)[:80]}`, which lies outside the lake")
+            check_relative(name)
     return record
 
 

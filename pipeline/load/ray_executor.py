@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from pipeline import extras
 from pipeline.errors import shown
+from pipeline.load.lake import LakeRoot
 from pipeline.load.scheduler import Todo
 from pipeline.read import dump
 from pipeline.transform.step import StepOutcome, StepStatus, extract_step
@@ -41,7 +41,7 @@ def require_ray() -> None:
 
 def run_steps_on_ray(
     todo: list[Todo],
-    lake: Path,
+    lake: LakeRoot,
     run: str,
     *,
     address: str | None = None,

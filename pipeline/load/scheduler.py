@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 
+from pipeline.load.lake import LakeRoot
 from pipeline.read import dump
 from pipeline.transform.step import StepOutcome, StepStatus, extract_step, worker_died_text
 
@@ -25,7 +25,7 @@ Todo = tuple[dump.StepFiles, StepStatus]
 
 def run_steps(
     todo: Sequence[Todo],
-    lake: Path,
+    lake: LakeRoot,
     run: str,
     workers: int,
     stopping: Callable[[list[str]], None] = lambda labels: None,
@@ -47,7 +47,7 @@ def run_steps(
 
 def _run_in_pool(
     todo: list[Todo],
-    lake: Path,
+    lake: LakeRoot,
     run: str,
     workers: int,
     stopping: Callable[[list[str]], None],

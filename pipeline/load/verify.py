@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from pipeline import schema
 from pipeline.errors import LakeError
 from pipeline.load import manifest
-from pipeline.load.lake import Lake, check_run_name
+from pipeline.load.lake import LakeRoot, check_run_name, lake_at
 from pipeline.serve import catalog
 
 
@@ -36,13 +36,13 @@ class Problem:
         return f"run `{self.run}` step {self.step}: {self.message}"
 
 
-def verify_lake(lake: Path, run: str | None = None) -> tuple[int, list[Problem]]:
+def verify_lake(lake: LakeRoot, run: str | None = None) -> tuple[int, list[Problem]]:
     """Check every (or one) run of the lake.
 
     Returns:
         The number of steps checked and the problems found (empty when consistent).
     """
-    Lake(lake).require()  # else a mistyped path would "pass"
+    lake_at(lake).require()  # else a mistyped path would "pass"
     if run is not None:
         check_run_name(run)
     runs = manifest.load_all(lake)
@@ -62,17 +62,20 @@ def verify_lake(lake: Path, run: str | None = None) -> tuple[int, list[Problem]]
     return checked, problems
 
 
-def check_step(lake: Path, record: manifest.RunManifest, step: manifest.StepRecord) -> list[str]:
+def check_step(
+    lake: LakeRoot, record: manifest.RunManifest, step: manifest.StepRecord
+) -> list[str]:
     """The problems of one step (empty list when it is consistent)."""
-    layout = Lake(lake)
-    missing = [name for name in step.files.values() if not layout.file(name).is_file()]
+    layout = lake_at(lake)
+    missing = [name for name in step.files.values() if not layout.exists(name)]
     if missing:
         return [f"file `{name}` is missing" for name in missing]
     problems = _check_sources(Path(record.source_dir), step)
     tables: dict[str, pa.Table] = {}
     for table, name in step.files.items():
         try:
-            tables[table] = pq.read_table(layout.file(name))
+            where, filesystem = layout.arrow_source(name)
+            tables[table] = pq.read_table(where, filesystem=filesystem)
         except (pa.ArrowException, OSError) as exc:  # truncated or overwritten by something else
             # extract skips a step whose files exist and sources are unchanged: delete first
             problems.append(f"file `{name}` cannot be read ({exc}); delete it and extract again")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +25,8 @@ import pyarrow as pa
 from pipeline import schema
 from pipeline.errors import LakeError
 from pipeline.load import manifest
-from pipeline.load.lake import Lake, atomic_write, partition_patterns
+from pipeline.load.lake import Lake, LakeRoot, lake_at, partition_patterns
+from pipeline.serve.user_views import create_user_views
 
 if TYPE_CHECKING:
     import duckdb
@@ -82,13 +84,14 @@ def duckdb_type(arrow_type: pa.DataType) -> str:
     return _ARROW_TO_DUCKDB[arrow_type]
 
 
-def table_files(lake: Path, table: str) -> list[Path]:
-    """The Parquet files of one table that the runs' manifests list, by run then step."""
-    layout = Lake(lake)
-    return [layout.file(name) for run in manifest.load_all(lake) for name in run.files(table)]
+def table_files(lake: LakeRoot, table: str) -> list[str]:
+    """The Parquet files (paths or URLs) of one table that the runs' manifests list, by run
+    then step."""
+    layout = lake_at(lake)
+    return [layout.url(name) for run in manifest.load_all(lake) for name in run.files(table)]
 
 
-def base_view_sql(table: str, files: list[Path]) -> str:
+def base_view_sql(table: str, files: list[str]) -> str:
     """`SELECT` over a table's files with the partition columns first, typed from the schema.
 
     The partition values are parsed from the end of each file's path by the lake's layout
@@ -137,7 +140,9 @@ def header_comment(sql_text: str) -> str:
     return "\n".join(line[2:].strip() for line in header_comment_lines(sql_text)).strip()
 
 
-def create_base_views(con: duckdb.DuckDBPyConnection, lake: Path, *, temp: bool = False) -> None:
+def create_base_views(
+    con: duckdb.DuckDBPyConnection, lake: LakeRoot, *, temp: bool = False
+) -> None:
     """`tokens`, `samples`, `runs`, `vocab` over the lake's Parquet files.
 
     With `temp`, as TEMP views of this connection only: they shadow the catalog's own.
@@ -261,8 +266,9 @@ def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [name for name in expected_views() if name not in present]
 
 
-def build_catalog(lake: Path, warnings: list[str] | None = None) -> Path:
-    """(Re)build `LAKE/tokenlake.duckdb`; replaced atomically so readers never see half of it.
+def build_catalog(lake: LakeRoot, warnings: list[str] | None = None) -> Path | str:
+    """(Re)build `LAKE/tokenlake.duckdb`; replaced atomically so readers never see half of it
+    (on an object store: built locally, then uploaded in one PUT).
 
     The new file is checked before it replaces the old one: written out in full (no
     write-ahead log left) and holding every view. A full disk or another failure is a
@@ -270,21 +276,41 @@ def build_catalog(lake: Path, warnings: list[str] | None = None) -> Path:
     skipped: one line each appended to `warnings`, or logged when no list is given.
 
     Returns:
-        The path of the catalog file.
+        The path (or URL) of the catalog file.
     """
-    layout = Lake(lake)
+    layout = lake_at(lake)
     problems: list[str] = []
-    atomic_write(layout.catalog_path, lambda tmp: _write_catalog(tmp, layout.root, problems))
+    layout.publish_built(
+        layout.catalog_name, lambda tmp: _write_catalog(tmp, layout.location, problems)
+    )
     if warnings is None:
         for problem in problems:
             log.warning("%s", problem)
     else:
         warnings.extend(problems)
-    log.info("catalog %s rebuilt", layout.catalog_path)
-    return layout.catalog_path
+    where = layout.catalog_path if isinstance(layout, Lake) else layout.url(layout.catalog_name)
+    log.info("catalog %s rebuilt", where)
+    return where
 
 
-def _write_catalog(tmp: Path, lake: Path, problems: list[str]) -> None:
+def _catalog_url(lake: LakeRoot) -> str:
+    layout = lake_at(lake)
+    return layout.url(layout.catalog_name)
+
+
+def create_all_views(con: duckdb.DuckDBPyConnection, lake: LakeRoot) -> list[str]:
+    """Base views, macros, tokenlake's views and the user's; returns the skipped user views."""
+    layout = lake_at(lake)
+    if layout.filesystem is not None:  # an object store: DuckDB reads it through fsspec
+        con.register_filesystem(layout.filesystem)
+    create_base_views(con, lake)
+    for path in iter_macro_files():
+        con.execute(path.read_text(encoding="utf-8"))
+    create_sql_views(con)
+    return create_user_views(con, lake)
+
+
+def _write_catalog(tmp: Path, lake: LakeRoot, problems: list[str]) -> None:
     import duckdb
 
     try:
@@ -292,33 +318,29 @@ def _write_catalog(tmp: Path, lake: Path, problems: list[str]) -> None:
         # views, so nothing newer is needed).
         con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
         try:
-            create_base_views(con, lake)
-            for path in iter_macro_files():
-                con.execute(path.read_text(encoding="utf-8"))
-            create_sql_views(con)
-            problems[:] = create_user_views(con, lake)
+            problems[:] = create_all_views(con, lake)
             con.execute("CHECKPOINT")  # write everything into the file now, errors included
         finally:
             con.close()
         if Path(f"{tmp}.wal").exists():  # DuckDB could not fold its log into the file
-            raise LakeError(Lake(lake).catalog_path, "catalog could not be written in full")
+            raise LakeError(_catalog_url(lake), "catalog could not be written in full")
         with duckdb.connect(str(tmp), read_only=True) as check:
             missing = missing_views(check)
     except duckdb.Error as exc:
         raise _catalog_error(lake, exc) from exc
     if missing:
         raise LakeError(
-            Lake(lake).catalog_path,
+            _catalog_url(lake),
             f"catalog lacks views {', '.join(f'`{v}`' for v in missing)} after its build",
         )
 
 
-def _catalog_error(lake: Path, exc: Exception) -> LakeError:
+def _catalog_error(lake: LakeRoot, exc: Exception) -> LakeError:
     """One line for a DuckDB failure while building the catalog."""
     text = str(exc)
     if "No space left" in text:
         return LakeError(
-            Lake(lake).catalog_path,
+            _catalog_url(lake),
             "catalog cannot be written (No space left on device); free space, then run"
             " `tokenlake views LAKE`",
         )
@@ -329,18 +351,23 @@ def _catalog_error(lake: Path, exc: Exception) -> LakeError:
             " run `tokenlake views LAKE` once it has finished",
         )
     first = text.splitlines()[0] if text else type(exc).__name__
-    return LakeError(Lake(lake).catalog_path, f"catalog cannot be built ({first[:300]})")
+    return LakeError(_catalog_url(lake), f"catalog cannot be built ({first[:300]})")
 
 
-def connect(lake: Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+def connect(lake: LakeRoot, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
     """Open the lake's catalog; a moved lake gets its base views rebuilt for this connection.
+
+    A lake on an object store gets an in-memory catalog, built from its manifests now and
+    reading the objects through fsspec (no DuckDB extension needed).
 
     Raises:
         LakeError: No catalog, or another program holds it open for writing.
     """
     import duckdb
 
-    layout = Lake(lake)
+    layout = lake_at(lake)
+    if not isinstance(layout, Lake):
+        return _connect_in_memory(layout.require().location)
     path = layout.catalog_path
     if not path.is_file():
         if not layout.root.is_dir() or layout.is_dump():
@@ -363,7 +390,23 @@ def connect(lake: Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
 
 
-def _open_error(lake: Path, exc: Exception) -> LakeError:
+def _connect_in_memory(lake: LakeRoot) -> duckdb.DuckDBPyConnection:
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        for problem in create_all_views(con, lake):
+            log.warning("%s", problem)
+    except duckdb.Error as exc:
+        con.close()
+        raise _catalog_error(lake, exc) from exc
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _open_error(lake: LakeRoot, exc: Exception) -> LakeError:
     text = str(exc)
     path = Lake(lake).catalog_path
     if "Could not set lock" in text:
@@ -393,14 +436,23 @@ def points_at(con: duckdb.DuckDBPyConnection, root: Path) -> bool:
     return all(prefix in sql or "read_parquet" not in sql for (sql,) in rows)
 
 
-def catalog_problem(lake: Path) -> str | None:
+def catalog_problem(lake: LakeRoot) -> str | None:
     """Why the lake's catalog is unusable (cannot be opened, lacks views), or None."""
+    layout = lake_at(lake)
+    rebuild = "run `tokenlake views LAKE` or extract again"
+    if not layout.exists(layout.catalog_name):
+        return f"catalog `{schema.CATALOG_FILE}` is missing; {rebuild}"
+    if isinstance(layout, Lake):
+        return _file_problem(layout.catalog_path, rebuild)
+    with tempfile.TemporaryDirectory(prefix="tokenlake-") as folder:  # a copy to open
+        copy = Path(folder) / schema.CATALOG_FILE
+        copy.write_bytes(layout.read_bytes(layout.catalog_name))
+        return _file_problem(copy, rebuild)
+
+
+def _file_problem(path: Path, rebuild: str) -> str | None:
     import duckdb
 
-    path = Lake(lake).catalog_path
-    rebuild = "run `tokenlake views LAKE` or extract again"
-    if not path.is_file():
-        return f"catalog `{schema.CATALOG_FILE}` is missing; {rebuild}"
     try:
         with duckdb.connect(str(path), read_only=True) as con:
             missing = missing_views(con)
@@ -413,97 +465,3 @@ def catalog_problem(lake: Path) -> str | None:
         names = ", ".join(f"`{v}`" for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
         return f"catalog `{schema.CATALOG_FILE}` lacks views {names}; {rebuild}"
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# User views: LAKE/views/*.sql, created after tokenlake's own on every rebuild
-# ---------------------------------------------------------------------------------------------
-
-MAX_USER_VIEW_BYTES = 1 << 20
-_USER_VIEW_STATEMENT = re.compile(
-    r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\w+)\s+AS\s", re.IGNORECASE
-)
-
-
-def iter_user_view_files(lake: Path) -> list[Path]:
-    """The user's view files, `LAKE/views/*.sql`, by name."""
-    folder = Lake(lake).user_views_dir
-    return sorted(p for p in folder.glob("*.sql") if p.is_file()) if folder.is_dir() else []
-
-
-def create_user_views(con: duckdb.DuckDBPyConnection, lake: Path) -> list[str]:
-    """Create the user's views after tokenlake's; a broken one is one warning and skipped.
-
-    The rules of `sql/`: one `CREATE [OR REPLACE] VIEW <file stem> AS ...` per file (its
-    leading `--` comment becomes the view's comment); a view may build on tokenlake's views
-    and on other user views. A file that breaks the rules, would replace one of tokenlake's
-    views, or does not bind is skipped; the rest of the catalog is built all the same.
-
-    Returns:
-        One line per skipped file (`User view `FILE` skipped: ...`), in file name order.
-    """
-    import duckdb
-
-    pending: dict[Path, str] = {}
-    skipped: dict[Path, str] = {}
-    for path in iter_user_view_files(lake):
-        text, problem = _read_user_view(con, path)
-        if problem is None:
-            pending[path] = text
-        else:
-            skipped[path] = problem
-    created: list[str] = []
-    while pending:
-        waiting: dict[Path, str] = {}
-        for path, text in pending.items():
-            try:
-                con.execute(text)
-            except duckdb.CatalogException as exc:  # may build on a user view not created yet
-                waiting[path] = _first_line(exc)
-                continue
-            except duckdb.Error as exc:
-                skipped[path] = _first_line(exc)
-                continue
-            con.execute(f"COMMENT ON VIEW {path.stem} IS {quote_literal(header_comment(text))}")
-            created.append(path.stem)
-        if len(waiting) == len(pending):  # a round without progress: what waits is broken
-            skipped.update(waiting)
-            break
-        pending = {path: pending[path] for path in waiting}
-    log.info("user views created: %s", ", ".join(created) or "none")
-    return [_skip_line(path, skipped[path]) for path in sorted(skipped)]
-
-
-def _read_user_view(con: duckdb.DuckDBPyConnection, path: Path) -> tuple[str, str | None]:
-    """A user view file's text, or why it is refused."""
-    import duckdb
-
-    try:
-        if path.stat().st_size > MAX_USER_VIEW_BYTES:
-            return "", f"it is larger than {MAX_USER_VIEW_BYTES} bytes"
-        text = path.read_text(encoding="utf-8")
-        statements = con.extract_statements(text)
-    except (OSError, UnicodeDecodeError) as exc:
-        return "", f"it cannot be read ({getattr(exc, 'strerror', None) or exc})"
-    except duckdb.Error as exc:
-        return "", _first_line(exc)
-    match = _USER_VIEW_STATEMENT.match(_strip_comments(text))
-    if len(statements) != 1 or match is None or match.group(1) != path.stem:
-        return "", f"it must hold one `CREATE OR REPLACE VIEW {path.stem} AS ...` and nothing else"
-    if path.stem.lower() in {name.lower() for name in expected_views()}:
-        return "", f"`{path.stem}` is one of tokenlake's views; give the file another name"
-    return text, None
-
-
-def _strip_comments(text: str) -> str:
-    return re.sub(r"--[^\n]*|/\*.*?\*/", " ", text, flags=re.DOTALL)
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
-
-
-def _skip_line(path: Path, problem: str) -> str:
-    """One line, whatever the file name or DuckDB's message holds."""
-    return re.sub(r"[\x00-\x1f\x7f]", " ", f"User view `{path}` skipped: {problem}.")

@@ -291,7 +291,7 @@ def bench_variant(root: Path, preset: str, scale: float, baseline: bool, repeat:
     for workers in (1, 2):
         lake = root / f"lake-{preset}-{workers}"
         fig = _best_extract(dump_dir, lake, workers, repeat)
-        size = _disk_bytes(catalog.table_files(lake, schema.TOKENS))
+        size = _disk_bytes([Path(p) for p in catalog.table_files(lake, schema.TOKENS)])
         figures[f"tokenlake --workers {workers}"] = fig
         print(_fmt_run(f"tokenlake --workers {workers}", fig, size))
     if baseline:

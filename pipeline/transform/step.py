@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import secrets
 import traceback
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -27,7 +26,7 @@ from pipeline.errors import (
     shown,
 )
 from pipeline.load import manifest, write
-from pipeline.load.lake import Lake
+from pipeline.load.lake import LakeRoot, lake_at, new_name
 from pipeline.read import dump, trajectory, validate
 from pipeline.transform import flatten
 from pipeline.transform.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
@@ -78,7 +77,9 @@ class StepOutcome:
     lake_error: tuple[str, str] | None = None
 
 
-def extract_step(files: dump.StepFiles, lake: Path, run: str, status: StepStatus) -> StepOutcome:
+def extract_step(
+    files: dump.StepFiles, lake: LakeRoot, run: str, status: StepStatus
+) -> StepOutcome:
     """Load, resolve, flatten and write one step; never raises (except on Ctrl-C).
 
     Bad input or a bad lake is reported in the outcome, and so is any other exception: that
@@ -128,7 +129,9 @@ def _text_of(exc: BaseException) -> str:
         return "?"
 
 
-def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: StepStatus) -> StepOutcome:
+def _extract_step(
+    files: dump.StepFiles, lake: LakeRoot, run: str, status: StepStatus
+) -> StepOutcome:
     try:
         # Fingerprint before reading: a file that changes while it is read looks changed later.
         sources = manifest.fingerprint(files)
@@ -149,7 +152,7 @@ def _extract_step(files: dump.StepFiles, lake: Path, run: str, status: StepStatu
         rollout_id=files.rollout_id,
         evaluation=files.evaluation,
         sources=sources,
-        files={table: Lake(lake).relative(path) for table, path in written.items()},
+        files=written,
         samples=result.samples,
         tokens=result.tokens,
         train_files=result.train_files,
@@ -180,31 +183,22 @@ def input_error_text(files: dump.StepFiles, exc: PipelineError) -> str:
 
 
 def _write_step(
-    files: dump.StepFiles, lake: Path, run: str, tokens: pa.Table, samples_table: pa.Table
-) -> dict[str, Path]:
+    files: dump.StepFiles, lake: LakeRoot, run: str, tokens: pa.Table, samples_table: pa.Table
+) -> dict[str, str]:
+    """Write the step's files under fresh names; returns table -> name relative to the lake."""
+    layout = lake_at(lake)
     stem = schema.EVAL_STEM if files.evaluation else schema.TRAIN_STEM
     generation = secrets.token_hex(4)  # fresh names: the manifest decides when they count
-    written: dict[str, Path] = {}
+    written: dict[str, str] = {}
     try:
         for table, data in ((schema.TOKENS, tokens), (schema.SAMPLES, samples_table)):
-            written[table] = Lake(lake).new_file(table, run, stem, files.rollout_id, generation)
+            written[table] = new_name(table, run, stem, files.rollout_id, generation)
             metadata = write.file_metadata(table, run, str(files.rollout_file))
-            write.write_parquet(written[table], table, data, metadata)
+            write.write_lake_file(layout, written[table], table, data, metadata)
     except BaseException:
-        discard_files(written.values())  # half a step must not linger (full or read-only lake)
+        layout.delete(written.values())  # half a step must not linger (full or read-only lake)
         raise
     return written
-
-
-def discard_files(paths: Iterable[Path]) -> None:
-    """Delete uncommitted files and their partition folders if that leaves them empty."""
-    for path in paths:
-        path.unlink(missing_ok=True)
-        for folder in (path.parent, path.parent.parent):  # rollout_id=…, then run=…
-            try:
-                folder.rmdir()
-            except OSError:  # not empty (other steps or runs live there): keep it
-                break
 
 
 def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepResult]:
