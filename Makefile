@@ -44,8 +44,9 @@ $(VENV)/.installed: pyproject.toml
 	# Pin the CPU build that lies on these machines; a bare `torch` would pull GBs of CUDA.
 	# torch is the `synth` extra (generator, bench, tests); extraction itself needs none.
 	$(PY) -m pip install -q torch==2.13.0
-	# ray and spark: the Ray executor and the tests that run a Ray cluster and read with Spark.
-	$(PY) -m pip install -q -e '.[dev,synth,ray,spark]'
+	# ray, spark, s3, moto: the Ray executor, lakes on S3, and the tests that run a Ray
+	# cluster, read with Spark and run an S3 server (moto) on 127.0.0.1.
+	$(PY) -m pip install -q -e '.[dev,synth,ray,spark,s3,moto]'
 	touch $@
 
 example: setup $(EXAMPLE_DUMP)/.generated ## write the small built-in example dump to $(EXAMPLE_DUMP)/ (once)

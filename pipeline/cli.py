@@ -11,12 +11,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from pipeline import __version__
 from pipeline.cli_util import (
+    LAKE,
     MAX_SECONDS,
     MAX_WORKERS,
     bounded,
@@ -28,6 +29,9 @@ from pipeline.cli_util import (
     say,
 )
 from pipeline.errors import PipelineError, UsageError
+
+if TYPE_CHECKING:
+    from pipeline.load.lake import LakeRoot
 
 
 class _Command(click.Group):
@@ -71,10 +75,11 @@ class _SafeFormatter(logging.Formatter):
 @click.argument("dump_dir", type=click.Path(path_type=Path))
 @click.option(
     "--lake",
-    type=click.Path(path_type=Path),
+    type=LAKE,
     default=Path("lake"),
     show_default=True,
-    help="Lake root directory; one lake holds many runs.",
+    help="Lake root directory, or an object-store URL (s3://bucket/lake); one lake holds"
+    " many runs.",
 )
 @click.option("--run-name", help="The run's name in the lake. Default: the dump directory's name.")
 @click.option("--steps", help="Only these steps, e.g. `0-9,12` (train and eval files of each).")
@@ -144,7 +149,7 @@ class _SafeFormatter(logging.Formatter):
 )
 def extract(
     dump_dir: Path,
-    lake: Path,
+    lake: LakeRoot,
     run_name: str | None,
     steps: str | None,
     strict: bool,
@@ -224,7 +229,7 @@ def extract(
 
 def _follow(
     dump_dir: Path,
-    lake: Path,
+    lake: LakeRoot,
     run_name: str | None,
     workers: int,
     poll: float,
@@ -278,9 +283,9 @@ def _summary_line(summary: Any) -> str:
 
 
 @main.command()
-@click.argument("lake", type=click.Path(path_type=Path), default=Path("lake"))
+@click.argument("lake", type=LAKE, default=Path("lake"))
 @click.option("--run", "run_name", help="Check only this run.")
-def verify(lake: Path, run_name: str | None) -> None:
+def verify(lake: LakeRoot, run_name: str | None) -> None:
     """Reconcile the lake with its manifests and the dumps it came from; exit 1 on a mismatch.
 
     Checks every extracted step: files present, every sample once, token rows = sum of
@@ -302,8 +307,8 @@ def verify(lake: Path, run_name: str | None) -> None:
 
 
 @main.command()
-@click.argument("lake", type=click.Path(path_type=Path), default=Path("lake"))
-def views(lake: Path) -> None:
+@click.argument("lake", type=LAKE, default=Path("lake"))
+def views(lake: LakeRoot) -> None:
     """Rebuild LAKE/tokenlake.duckdb from the lake's Parquet files and the sql/ views.
 
     Example:
@@ -311,21 +316,21 @@ def views(lake: Path) -> None:
     \b
         tokenlake views lake
     """
-    from pipeline.load.lake import Lake
+    from pipeline.load.lake import lake_at
     from pipeline.serve.catalog import build_catalog
 
-    layout = Lake(lake).require()  # never a catalog in a dump or a stray folder
+    layout = lake_at(lake).require()  # never a catalog in a dump or a stray folder
     warnings: list[str] = []
     with layout.lock():  # not while an extraction writes the lake
-        click.echo(f"Rebuilt {build_catalog(layout.root, warnings)}")
+        click.echo(f"Rebuilt {build_catalog(layout.location, warnings)}")
     for warning in warnings:
         say(f"Warning: {warning}", err=True, one_line=True)
 
 
 @main.command()
-@click.argument("lake", type=click.Path(path_type=Path))
+@click.argument("lake", type=LAKE)
 @click.argument("run_name")
-def drop(lake: Path, run_name: str) -> None:
+def drop(lake: LakeRoot, run_name: str) -> None:
     """Remove one run from the lake: its files, manifest and rows in every view.
 
     Example:
@@ -379,11 +384,11 @@ def generate(out: Path, preset: str, seed: int | None, force: bool, miles_dashbo
 
 
 @main.command()
-@click.argument("lake", type=click.Path(path_type=Path))
+@click.argument("lake", type=LAKE)
 @click.argument("run_name")
 @click.argument("tag_args", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--remove", multiple=True, metavar="KEY", help="Remove this tag (repeatable).")
-def tag(lake: Path, run_name: str, tag_args: tuple[str, ...], remove: tuple[str, ...]) -> None:
+def tag(lake: LakeRoot, run_name: str, tag_args: tuple[str, ...], remove: tuple[str, ...]) -> None:
     """Set or remove a run's tags without re-reading its dump; prints the tags after.
 
     Rewrites the run's `runs` row (`tags_json`), its manifest and the catalog (`run_tags`).
@@ -417,7 +422,7 @@ _settings_option = click.option(
 
 
 @main.command()
-@click.argument("lake", type=click.Path(path_type=Path))
+@click.argument("lake", type=LAKE)
 @click.argument("sql", required=False)
 @click.option(
     "--file",
@@ -441,7 +446,7 @@ _settings_option = click.option(
 )
 @_settings_option
 def query(
-    lake: Path,
+    lake: LakeRoot,
     sql: str | None,
     sql_file: Path | None,
     fmt: str,
@@ -478,9 +483,9 @@ def query(
 
 
 @main.command()
-@click.argument("lake", type=click.Path(path_type=Path), default=Path("lake"))
+@click.argument("lake", type=LAKE, default=Path("lake"))
 @_settings_option
-def audit(lake: Path, settings: tuple[str, ...]) -> None:
+def audit(lake: LakeRoot, settings: tuple[str, ...]) -> None:
     """Run the health checks in sql/audits/; print them and exit 1 if an error audit fails.
 
     Each audit is a query returning the offending rows (zero rows = healthy) with a severity:
@@ -501,7 +506,7 @@ def audit(lake: Path, settings: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.argument("lake", type=click.Path(path_type=Path), default=Path("lake"))
+@click.argument("lake", type=LAKE, default=Path("lake"))
 @click.option(
     "--run",
     "runs",
@@ -525,7 +530,9 @@ def audit(lake: Path, settings: tuple[str, ...]) -> None:
     show_default=True,
     help="Worst samples (by mean |lp_diff|) per run shown with a per-token strip.",
 )
-def report(lake: Path, runs: tuple[str, ...], steps: str | None, output: Path, worst: int) -> None:
+def report(
+    lake: LakeRoot, runs: tuple[str, ...], steps: str | None, output: Path, worst: int
+) -> None:
     """Write one self-contained HTML report of the lake's health and drift, with charts.
 
     Sections: runs, audits, reward health per step, drift per step, where the drift is,

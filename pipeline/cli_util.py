@@ -178,3 +178,20 @@ def plural(n: int, word: str) -> str:
         ('1 step', '0 problems')
     """
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+class LakeLocationType(click.ParamType):
+    """A lake: a directory (a Path) or an object-store URL such as `s3://bucket/lake`, kept as
+    text (a Path would fold its `//`). `file://` URLs are directories."""
+
+    name = "lake"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from pipeline.load.lake import is_url, local_path
+
+        if isinstance(value, Path) or not is_url(str(value)):
+            return local_path(str(value))
+        return str(value)
+
+
+LAKE = LakeLocationType()

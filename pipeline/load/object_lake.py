@@ -73,7 +73,11 @@ class ObjectLake:
     def __init__(self, url: str) -> None:
         import fsspec
 
+        from pipeline import extras
+
         self.location = url.rstrip("/")
+        if self.location.split("://", 1)[0].lower() in ("s3", "s3a"):
+            extras.require("s3fs", "s3", f"A lake on S3 (`{self.location}`)")
         try:
             self.fs, base = fsspec.core.url_to_fs(self.location)
         except (ImportError, ValueError) as exc:  # e.g. s3fs not installed, unknown protocol

@@ -43,13 +43,14 @@ from typing import TYPE_CHECKING, Any
 from pipeline import schema
 from pipeline.errors import LakeError
 from pipeline.load import manifest
-from pipeline.load.lake import Lake
+from pipeline.load.lake import Lake, lake_at
 
 if TYPE_CHECKING:
     import duckdb
     import polars as pl
 
     from pipeline.load.extract import ExtractSummary
+    from pipeline.load.object_lake import ObjectLake
 
 log = logging.getLogger(__name__)
 
@@ -80,21 +81,21 @@ class TokenLake:
     """
 
     def __init__(self, path: Path | str, *, create: bool = False) -> None:
-        self._layout = Lake(path)
+        self._layout = lake_at(path)
         if not create:
             self._layout.require()
         elif self._layout.is_dump():
             self._layout.require()  # says it is a dump
         self._con: duckdb.DuckDBPyConnection | None = None
-        self._con_stamp: tuple[int, int] | None = None
+        self._con_stamp: object = None
 
     def __repr__(self) -> str:
         return f"TokenLake({str(self.root)!r})"
 
     @property
-    def root(self) -> Path:
-        """The lake's absolute path."""
-        return self._layout.root
+    def root(self) -> Path | str:
+        """The lake's absolute path (or its URL on an object store)."""
+        return self._layout.location
 
     # --- SQL ---------------------------------------------------------------------------------
 
@@ -117,12 +118,7 @@ class TokenLake:
     def _connection(self) -> duckdb.DuckDBPyConnection:
         from pipeline.serve import catalog
 
-        path = self._layout.catalog_path
-        try:
-            stat = path.stat()
-            stamp: tuple[int, int] | None = (stat.st_ino, stat.st_mtime_ns)
-        except OSError:
-            stamp = None
+        stamp = _catalog_stamp(self._layout)
         if self._con is None or stamp != self._con_stamp:
             self.close()  # one connection per file: DuckDB caches databases by path
             self._con = catalog.connect(self.root, read_only=True)
@@ -176,11 +172,16 @@ class TokenLake:
         names = _columns(table, columns)
         for _attempt in (1, 2):
             listed = _listed_files(self._layout, table, runs, wanted)
-            if all(path.is_file() for path, _ in listed):
-                return _scan(table, listed, names, self.root)
+            if all(self._layout.exists(name) for name, _ in listed):
+                if isinstance(self._layout, Lake):
+                    located = [(self._layout.file(n), v) for n, v in listed]
+                    return _scan(table, located, names, self._layout.root)
+                return _scan_objects(table, listed, names, self._layout)
             log.info("a listed file vanished (an extraction committed meanwhile); reading again")
-        gone = next(path for path, _ in listed if not path.is_file())
-        raise LakeError(gone, "is listed by its run's manifest but is gone; read again")
+        gone = next(name for name, _ in listed if not self._layout.exists(name))
+        raise LakeError(
+            self._layout.url(gone), "is listed by its run's manifest but is gone; read again"
+        )
 
     # --- writing -----------------------------------------------------------------------------
 
@@ -192,7 +193,7 @@ class TokenLake:
         from pipeline.load.extract import extract_run
 
         self.close()
-        return extract_run(Path(dump), self.root, run_name, **options)
+        return extract_run(Path(dump), self._layout.location, run_name, **options)
 
 
 def _columns(table: str, columns: Sequence[str] | None) -> list[str]:
@@ -206,22 +207,38 @@ def _columns(table: str, columns: Sequence[str] | None) -> list[str]:
     return [c for c in names if c in columns]
 
 
+def _catalog_stamp(layout: Lake | ObjectLake) -> object:
+    """What changes when the catalog is replaced (None when there is none)."""
+    if isinstance(layout, Lake):
+        try:
+            stat = layout.catalog_path.stat()
+        except OSError:
+            return None
+        return (stat.st_ino, stat.st_mtime_ns)
+    try:
+        layout.fs.invalidate_cache()
+        return layout.fs.info(layout.key(layout.catalog_name)).get("ETag")
+    except OSError:
+        return None
+
+
 def _listed_files(
-    layout: Lake, table: str, runs: set[str] | None, steps: set[int] | None
-) -> list[tuple[Path, dict[str, Any]]]:
-    """(file, partition values) of every file the manifests list: one read of each manifest."""
-    listed: list[tuple[Path, dict[str, Any]]] = []
-    for record in manifest.load_all(layout.root):
+    layout: Lake | ObjectLake, table: str, runs: set[str] | None, steps: set[int] | None
+) -> list[tuple[str, dict[str, Any]]]:
+    """(file relative to the lake, partition values) of every file the manifests list: one
+    read of each manifest."""
+    listed: list[tuple[str, dict[str, Any]]] = []
+    for record in manifest.load_all(layout.location):
         if runs is not None and record.run not in runs:
             continue
         if schema.ROLLOUT_ID not in schema.TABLE_PARTITIONS[table]:
-            listed += [(layout.file(n), {schema.RUN: record.run}) for n in record.files(table)]
+            listed += [(n, {schema.RUN: record.run}) for n in record.files(table)]
             continue
         ordered = sorted(record.steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
         for step in ordered:
             if table in step.files and (steps is None or step.rollout_id in steps):
                 partition = {schema.RUN: record.run, schema.ROLLOUT_ID: step.rollout_id}
-                listed.append((layout.file(step.files[table]), partition))
+                listed.append((step.files[table], partition))
     return listed
 
 
@@ -266,6 +283,31 @@ def _scan(
             for c in partitions
         )
     return frame.select(*partitions, *names)
+
+
+def _scan_objects(
+    table: str, listed: list[tuple[str, dict[str, Any]]], names: list[str], layout: ObjectLake
+) -> pl.LazyFrame:
+    """`_scan` for a lake on an object store: a pyarrow dataset over exactly the listed
+    objects, read through the lake's fsspec filesystem, partition values from the manifests."""
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    partitions = schema.TABLE_PARTITIONS[table]
+    types = _polars_types(table)
+    if not listed:
+        return pl.LazyFrame(schema={c: types[c] for c in (*partitions, *names)})
+    fields = [pa.field(c, schema.PARTITION_TYPES[c]) for c in partitions]
+    dataset = ds.dataset(
+        [layout.key(name) for name, _ in listed],
+        schema=pa.schema([*schema.TABLE_SCHEMAS[table], *fields]),
+        format="parquet",
+        filesystem=layout.fs,
+        partitioning=ds.partitioning(pa.schema(fields), flavor="hive"),
+        partition_base_dir=f"{layout.base}/{table}",
+    )
+    return pl.scan_pyarrow_dataset(dataset).select(*partitions, *names)
 
 
 def _polars_types(table: str) -> dict[str, Any]:

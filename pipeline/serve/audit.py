@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.errors import LakeError
+from pipeline.load.lake import LakeRoot
 from pipeline.serve import catalog
 from pipeline.serve.query import format_table, open_lake
 
@@ -89,7 +90,7 @@ def describe(sql_text: str) -> str:
     return match.group(1) if match else header
 
 
-def run_audits(lake: Path, settings: Mapping[str, float] | None = None) -> list[AuditResult]:
+def run_audits(lake: LakeRoot, settings: Mapping[str, float] | None = None) -> list[AuditResult]:
     """Run every `sql/audits/*.sql` against the lake's catalog, in file-name order.
 
     Args:

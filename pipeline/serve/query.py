@@ -11,12 +11,12 @@ import io
 import json
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from pipeline.errors import UsageError
+from pipeline.load.lake import LakeRoot
 from pipeline.serve import catalog
 
 if TYPE_CHECKING:
@@ -26,7 +26,9 @@ FORMATS = ("table", "csv", "json", "parquet")
 SETTINGS_VIEW = "drift_settings"
 
 
-def open_lake(lake: Path, settings: Mapping[str, float] | None = None) -> duckdb.DuckDBPyConnection:
+def open_lake(
+    lake: LakeRoot, settings: Mapping[str, float] | None = None
+) -> duckdb.DuckDBPyConnection:
     """A read-only connection to the catalog, with `settings` overriding `drift_settings`.
 
     Args:
@@ -75,7 +77,7 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def run_query(lake: Path, sql: str, settings: Mapping[str, float] | None = None) -> pa.Table:
+def run_query(lake: LakeRoot, sql: str, settings: Mapping[str, float] | None = None) -> pa.Table:
     """Run SQL (one or more `;`-separated statements) and return the last statement's result.
 
     Args:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeline.cli_util import StepSelection as StepRanges
 from pipeline.errors import LakeError, OutputError
-from pipeline.load.lake import atomic_write, temporary_path
+from pipeline.load.lake import LakeRoot, atomic_write, lake_at, temporary_path
 from pipeline.serve import report_charts as rc
 from pipeline.serve import report_data as rd
 from pipeline.serve import report_html as rh
@@ -54,7 +54,7 @@ class _Page:
 
 
 def build_report(
-    lake: Path,
+    lake: LakeRoot,
     out: Path,
     runs: Sequence[str] = (),
     steps: Sequence[int] | StepRanges | None = None,
@@ -124,7 +124,7 @@ def _step_ranges(steps: Sequence[int] | StepRanges | None) -> tuple[tuple[int, i
 
 
 def _collect(
-    lake: Path, runs: Sequence[str], steps: Sequence[int] | StepRanges | None, worst: int
+    lake: LakeRoot, runs: Sequence[str], steps: Sequence[int] | StepRanges | None, worst: int
 ) -> _Page:
     con = open_lake(lake)
     try:
@@ -149,11 +149,11 @@ def _collect(
     return page
 
 
-def _header(lake: Path, sel: rd.Selection) -> str:
+def _header(lake: LakeRoot, sel: rd.Selection) -> str:
     steps = "all steps" if sel.steps is None else f"steps {_ranges(sel.steps)}"
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
-        f"<h1>tokenlake report</h1><p>Lake {rh.cell(str(Path(lake).resolve()))}; runs "
+        f"<h1>tokenlake report</h1><p>Lake {rh.cell(str(lake_at(lake).location))}; runs "
         f"{rh.cell(', '.join(sel.runs) or 'none')}; {steps}; generated {now}.</p>"
         "<p>δ = train − rollout log-prob of a loss-covered token (nats). Click a legend entry"
         " to pick a run (shift-click for more); hover for values.</p>"
