@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import UsageError
+from pipeline.errors import SHOWN_PATH_CHARS, UsageError, shown
 
 MAX_KEY_CHARS = 64
 MAX_VALUE_CHARS = 1000
@@ -27,12 +27,8 @@ MAX_META_FILE_BYTES = 1 << 20
 YAML_SUFFIXES = (".yaml", ".yml")
 _KEY = re.compile(rf"[A-Za-z_][A-Za-z0-9_.\-/]{{0,{MAX_KEY_CHARS - 1}}}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _shown(text: str, limit: int = 80) -> str:
-    """User text fit for a one-line error: control characters escaped, at most `limit` chars."""
-    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
-    return text if len(text) <= limit else text[:limit] + "..."
+# A `--tag` argument is quoted with room for a whole key, its `=` and the start of the value.
+_TAG_CHARS = MAX_KEY_CHARS + 16
 
 
 def check_key(key: str, where: str) -> str:
@@ -48,7 +44,7 @@ def check_key(key: str, where: str) -> str:
     """
     if not _KEY.fullmatch(key):
         raise UsageError(
-            f"{where}: key `{_shown(key, MAX_KEY_CHARS)}` must start with a letter or `_` and hold only letters,"
+            f"{where}: key `{shown(key, MAX_KEY_CHARS, literal=False)}` must start with a letter or `_` and hold only letters,"
             f" digits and `_.-/` (at most {MAX_KEY_CHARS} characters)."
         )
     return key
@@ -58,11 +54,11 @@ def check_value(key: str, value: str, where: str) -> str:
     """`value` if it is a valid tag value (one line, at most `MAX_VALUE_CHARS`)."""
     if len(value) > MAX_VALUE_CHARS:
         raise UsageError(
-            f"{where}: value of `{_shown(key)}` is longer than {MAX_VALUE_CHARS} characters."
+            f"{where}: value of `{shown(key, MAX_KEY_CHARS, literal=False)}` is longer than {MAX_VALUE_CHARS} characters."
         )
     if _CONTROL.search(value):
         raise UsageError(
-            f"{where}: value of `{_shown(key)}` holds a control character (newline, tab)."
+            f"{where}: value of `{shown(key, MAX_KEY_CHARS, literal=False)}` holds a control character (newline, tab)."
         )
     return value
 
@@ -82,8 +78,10 @@ def parse_tag(text: str) -> tuple[str, str]:
     """
     key, sep, value = text.partition("=")
     if not sep:
-        raise UsageError(f"--tag `{_shown(text)}` is not `key=value`, e.g. `--tag precision=fp8`.")
-    where = f"--tag `{_shown(text)}`"
+        raise UsageError(
+            f"--tag `{shown(text, _TAG_CHARS, literal=False)}` is not `key=value`, e.g. `--tag precision=fp8`."
+        )
+    where = f"--tag `{shown(text, _TAG_CHARS, literal=False)}`"
     return check_key(key, where), check_value(key, value, where)
 
 
@@ -94,7 +92,7 @@ def parse_tags(texts: Iterable[str]) -> dict[str, str]:
         key, value = parse_tag(text)
         if key in tags and tags[key] != value:
             raise UsageError(
-                f"--tag `{key}` is given twice, as `{_shown(tags[key])}` and `{_shown(value)}`."
+                f"--tag `{key}` is given twice, as `{shown(tags[key], literal=False)}` and `{shown(value, literal=False)}`."
             )
         tags[key] = value
     return tags
@@ -110,7 +108,7 @@ def _value_text(value: Any, key: str, where: str) -> str:
         return json.dumps(value)
     kind = "null" if value is None else type(value).__name__
     raise UsageError(
-        f"{where}: value of `{_shown(key)}` is a {kind}; give a string, number or boolean."
+        f"{where}: value of `{shown(key, MAX_KEY_CHARS, literal=False)}` is a {kind}; give a string, number or boolean."
     )
 
 
@@ -144,7 +142,7 @@ def load_meta_file(path: Path | str) -> dict[str, str]:
             object, or holds a bad key or value.
     """
     path = Path(path)
-    where = f"--meta `{_shown(str(path), 1000)}`"
+    where = f"--meta `{shown(path, SHOWN_PATH_CHARS)}`"
     try:
         if not path.is_file():
             raise UsageError(f"{where} is not a file.")
@@ -159,7 +157,7 @@ def load_meta_file(path: Path | str) -> dict[str, str]:
     tags: dict[str, str] = {}
     for key, value in data.items():
         if not isinstance(key, str):
-            raise UsageError(f"{where}: key `{_shown(str(key))}` is not a string.")
+            raise UsageError(f"{where}: key `{shown(key)}` is not a string.")
         tags[check_key(key, where)] = _value_text(value, key, where)
     return tags
 

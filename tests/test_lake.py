@@ -56,7 +56,7 @@ def test_a_long_run_name_is_refused_with_the_limit() -> None:
     with pytest.raises(UsageError) as info:
         check_run_name("r" * 260)
     assert str(info.value) == (
-        f"Run name `{'r' * 60}...` is 260 bytes long; the limit is 250 bytes (UTF-8), as it"
+        f"Run name `{'r' * 60}…` is 260 bytes long; the limit is 250 bytes (UTF-8), as it"
         " becomes a file name. Choose another with --run-name."
     )
     assert check_run_name("r" * 250) == "r" * 250

@@ -32,7 +32,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pipeline.errors import DumpFileError, DumpNotFoundError, PipelineError, UnsafePickleError
+from pipeline.errors import (
+    DumpFileError,
+    DumpNotFoundError,
+    PipelineError,
+    UnsafePickleError,
+    shown,
+)
 from pipeline.read.ptcheck import Placeholder, budget_of, check_opcodes, settle, too_big
 from pipeline.read.ptzip import (
     Archive,
@@ -41,7 +47,6 @@ from pipeline.read.ptzip import (
     Corrupt,
     entry_bytes,
     open_archive,
-    short,
 )
 
 try:  # numpy >= 2 moved the pickle helpers; 1.x pickles name `numpy.core`, 2.x `numpy._core`
@@ -179,8 +184,8 @@ def _restricted_getattr(obj: Any, name: Any) -> Any:
     if obj is _SAMPLE and name == "SpecInfo":
         return SpecInfo
     if obj is _SAMPLE:
-        raise _Forbidden(f"miles.utils.types.Sample.{short(name)}")
-    raise _Forbidden(f"getattr({_global_name(obj)}, {short(name)!r})")
+        raise _Forbidden(f"miles.utils.types.Sample.{shown(name, literal=False)}")
+    raise _Forbidden(f"getattr({_global_name(obj)}, {shown(name)})")
 
 
 def _global_name(obj: Any) -> str:
@@ -195,7 +200,7 @@ def _global_name(obj: Any) -> str:
 def _encode(text: Any, encoding: Any = "utf-8") -> bytes:
     """`_codecs.encode` as protocol-2 pickles use it for `bytes` values (str -> bytes)."""
     if type(text) is not str or type(encoding) is not str or encoding not in _TEXT_CODECS:
-        raise _Forbidden(f"_codecs.encode({type(text).__name__}, {short(encoding)!r})")
+        raise _Forbidden(f"_codecs.encode({type(text).__name__}, {shown(encoding)})")
     return text.encode(encoding)
 
 
@@ -216,7 +221,7 @@ def _plain(dtype: np.dtype) -> np.dtype:
         or dtype.itemsize == 0
     ):
         raise Corrupt(
-            f"its pickle builds a numpy `{short(dtype.str)}` dtype; tokenlake reads only plain"
+            f"its pickle builds a numpy `{shown(dtype.str, literal=False)}` dtype; tokenlake reads only plain"
             " numeric, bool and fixed-width string dtypes"
         )
     return dtype
@@ -269,7 +274,9 @@ def _make_dtype(spec: Any, align: Any = False, copy: Any = True) -> _DTypeProxy:
     try:
         dtype = np.dtype(spec)
     except (TypeError, ValueError) as exc:
-        raise Corrupt(f"its pickle names an invalid numpy dtype `{short(spec)}`") from exc
+        raise Corrupt(
+            f"its pickle names an invalid numpy dtype `{shown(spec, literal=False)}`"
+        ) from exc
     return _DTypeProxy(dtype)
 
 
@@ -323,7 +330,7 @@ def _array_from_state(state: Any) -> np.ndarray:
         count *= n
     if count * dtype.itemsize != len(raw):
         raise Corrupt(
-            f"its pickle gives a numpy `{dtype.str}` array of shape {short(str(shape))}"
+            f"its pickle gives a numpy `{dtype.str}` array of shape {shown(str(shape), literal=False)}"
             f" {len(raw)} bytes; it needs {count * dtype.itemsize}"
         )
     flat = np.frombuffer(raw, dtype, count).copy() if count else np.zeros(0, dtype)
@@ -573,7 +580,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
             return self._v2
         self.numpy |= module.startswith("numpy")
         if key not in _ALLOWED:
-            raise _Forbidden(short(key, 120))
+            # 120: a real global's whole dotted name, so the user sees what the file needs
+            raise _Forbidden(shown(key, 120, literal=False))
         return _ALLOWED[key]
 
     def persistent_load(self, pid: Any) -> np.ndarray:
@@ -659,7 +667,8 @@ def load(path: Path) -> Any:
     except _Forbidden as exc:
         raise UnsafePickleError(path, exc.global_name) from None
     except BigEndian as exc:
-        reason = f"it was written on a big-endian machine (`byteorder` is `{exc}`); tokenlake reads only little-endian dumps"
+        order = shown(str(exc), literal=False)  # the file's `byteorder` entry: any bytes
+        reason = f"it was written on a big-endian machine (`byteorder` is `{order}`); tokenlake reads only little-endian dumps"
         raise DumpFileError(path, reason) from None
     except Corrupt as exc:
         changed = isinstance(exc, Changed)
@@ -667,5 +676,7 @@ def load(path: Path) -> Any:
     except PipelineError:
         raise
     except Exception as exc:  # any other failure inside the pickle is a corrupt file
-        reason = f"its pickle is corrupt ({type(exc).__name__}: {short(str(exc), 200)})"
+        # 200: the unpickler's own sentence whole (it may quote the file's bytes, so cut)
+        text = shown(str(exc), 200, literal=False)
+        reason = f"its pickle is corrupt ({type(exc).__name__}: {text})"
         raise DumpFileError(path, reason, still_writing=fresh) from None
