@@ -27,7 +27,8 @@ MAX_META_FILE_BYTES = 1 << 20
 YAML_SUFFIXES = (".yaml", ".yml")
 _KEY = re.compile(rf"[A-Za-z_][A-Za-z0-9_.\-/]{{0,{MAX_KEY_CHARS - 1}}}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# A `--tag` argument is quoted with room for a whole key, its `=` and the start of the value.
+# Messages quote a key up to MAX_KEY_CHARS (all of a valid key; `…` marks one too long), and
+# a `--tag` argument with room for a whole key, its `=` and the start of the value.
 _TAG_CHARS = MAX_KEY_CHARS + 16
 
 
@@ -44,22 +45,20 @@ def check_key(key: str, where: str) -> str:
     """
     if not _KEY.fullmatch(key):
         raise UsageError(
-            f"{where}: key `{shown(key, MAX_KEY_CHARS, literal=False)}` must start with a letter or `_` and hold only letters,"
-            f" digits and `_.-/` (at most {MAX_KEY_CHARS} characters)."
+            f"{where}: key `{shown(key, MAX_KEY_CHARS, literal=False)}` must start with a letter"
+            " or `_` and hold only letters, digits and `_.-/`"
+            f" (at most {MAX_KEY_CHARS} characters)."
         )
     return key
 
 
 def check_value(key: str, value: str, where: str) -> str:
     """`value` if it is a valid tag value (one line, at most `MAX_VALUE_CHARS`)."""
+    name = shown(key, MAX_KEY_CHARS, literal=False)
     if len(value) > MAX_VALUE_CHARS:
-        raise UsageError(
-            f"{where}: value of `{shown(key, MAX_KEY_CHARS, literal=False)}` is longer than {MAX_VALUE_CHARS} characters."
-        )
+        raise UsageError(f"{where}: value of `{name}` is longer than {MAX_VALUE_CHARS} characters.")
     if _CONTROL.search(value):
-        raise UsageError(
-            f"{where}: value of `{shown(key, MAX_KEY_CHARS, literal=False)}` holds a control character (newline, tab)."
-        )
+        raise UsageError(f"{where}: value of `{name}` holds a control character (newline, tab).")
     return value
 
 
@@ -77,11 +76,9 @@ def parse_tag(text: str) -> tuple[str, str]:
         pipeline.errors.UsageError: --tag `fp8` is not `key=value`, e.g. `--tag precision=fp8`.
     """
     key, sep, value = text.partition("=")
-    if not sep:
-        raise UsageError(
-            f"--tag `{shown(text, _TAG_CHARS, literal=False)}` is not `key=value`, e.g. `--tag precision=fp8`."
-        )
     where = f"--tag `{shown(text, _TAG_CHARS, literal=False)}`"
+    if not sep:
+        raise UsageError(f"{where} is not `key=value`, e.g. `--tag precision=fp8`.")
     return check_key(key, where), check_value(key, value, where)
 
 
@@ -91,9 +88,8 @@ def parse_tags(texts: Iterable[str]) -> dict[str, str]:
     for text in texts:
         key, value = parse_tag(text)
         if key in tags and tags[key] != value:
-            raise UsageError(
-                f"--tag `{key}` is given twice, as `{shown(tags[key], literal=False)}` and `{shown(value, literal=False)}`."
-            )
+            old, new = shown(tags[key], literal=False), shown(value, literal=False)
+            raise UsageError(f"--tag `{key}` is given twice, as `{old}` and `{new}`.")
         tags[key] = value
     return tags
 
@@ -107,9 +103,8 @@ def _value_text(value: Any, key: str, where: str) -> str:
     if isinstance(value, float) and math.isfinite(value):
         return json.dumps(value)
     kind = "null" if value is None else type(value).__name__
-    raise UsageError(
-        f"{where}: value of `{shown(key, MAX_KEY_CHARS, literal=False)}` is a {kind}; give a string, number or boolean."
-    )
+    name = shown(key, MAX_KEY_CHARS, literal=False)
+    raise UsageError(f"{where}: value of `{name}` is a {kind}; give a string, number or boolean.")
 
 
 def _parse_yaml(text: str, where: str) -> Any:

@@ -113,7 +113,8 @@ def entry_bytes(archive: Archive, name: str, nbytes: int | None = None) -> Any:
     size = entry.file_size if nbytes is None else nbytes
     if entry.file_size < size:
         raise Corrupt(
-            f"entry `{shown(name, literal=False)}` holds {entry.file_size} bytes; its storage needs {size}"
+            f"entry `{shown(name, literal=False)}` holds {entry.file_size} bytes;"
+            f" its storage needs {size}"
         )
     data = _data_start(archive.buf, entry, name)
     if entry.compressed:  # torch.save never compresses; other zip tools may
@@ -138,8 +139,8 @@ def _inflate(archive: Archive, entry: Entry, name: str, data: int, size: int) ->
     budget = MAX_INFLATE_RATIO * len(archive.buf) - archive.inflated[0]
     if entry.file_size > budget:
         raise Corrupt(
-            f"entry `{shown(name, literal=False)}` would inflate to {entry.file_size} bytes, more than"
-            f" {MAX_INFLATE_RATIO} times the file's size allows (a zip bomb)"
+            f"entry `{shown(name, literal=False)}` would inflate to {entry.file_size} bytes,"
+            f" more than {MAX_INFLATE_RATIO} times the file's size allows (a zip bomb)"
         )
     archive.inflated[0] += entry.file_size
     if entry.method == zipfile.ZIP_DEFLATED:
