@@ -5,28 +5,42 @@ The CLI turns any `PipelineError` into one line, ``Error: <message>``, and exit 
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 # How many characters of a dump value a message quotes: a 2 MB string must not make a 2 MB
-# "one-line" error, and control characters must not rewrite the user's terminal.
+# "one-line" error, and control characters must not rewrite the user's terminal. 60 shows
+# any real value (a number, a field name, a dtype) whole and the start of a hostile one.
 SHOWN_CHARS = 60
+# A path is quoted up to this many characters: the user must find the file, so real paths
+# (a dump directory plus a file name) show whole; the bound only stops a hostile name.
+SHOWN_PATH_CHARS = 1000
 # str() refuses integers over 4 300 digits (sys.int_max_str_digits); stay well below.
 _MAX_SHOWN_INT_BITS = 13_000
 
 
-def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+def shown(value: Any, limit: int = SHOWN_CHARS, *, literal: bool = True) -> str:
     r"""A dump value as a message quotes it: escaped, and cut after `limit` characters.
 
-    Strings and bytes appear as Python literals, so control and unprintable characters are
-    escaped (`\x1b`, `\n`, `\udc80`); numbers as they are; containers and other objects by
-    their kind only, since their repr can be huge, slow or endlessly recursive.
+    The one way tokenlake quotes a value it did not choose (a dump's, a file name, a user's
+    argument) in a message. Strings and bytes appear as Python literals, so `'7'` and `7`
+    differ and control and unprintable characters are escaped (`\x1b`, `\n`, `\udc80`);
+    numbers as they are; containers and other objects by their kind only, since their repr
+    can be huge, slow or endlessly recursive. With `literal=False`, for a name the message
+    already puts in backticks, a string appears as its text with the same escapes but no
+    quotes; a path always does. A cut is marked `…`. Call sites pass a `limit` other than
+    `SHOWN_CHARS` only with a comment saying why.
 
     Examples:
         >>> print(shown("zero"), shown(6.7), shown(None), shown(2**70))
         'zero' 6.7 None 1180591620717411303424
         >>> print(shown("\x1b[2J" + "x" * 70))
         '\x1b[2Jxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'…
+        >>> print(shown("run\n'1'\udce9", literal=False), shown("a" * 100, 5, literal=False))
+        run\n'1'\udce9 aaaaa…
+        >>> from pathlib import Path
+        >>> print(shown(Path("dump/x\r.pt")))
+        dump/x\r.pt
         >>> import numpy as np
         >>> print(shown([1, [2]]), "/", shown(np.zeros((2, 3))), "/", shown(10**5000))
         a list of 2 entries / a float64 array of shape (2, 3) / an integer of 16610 bits
@@ -42,15 +56,24 @@ def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
             return f"an integer of {value.bit_length()} bits"
         text = str(value)
         return text if len(text) <= limit else text[:limit] + "…"
+    if isinstance(value, PurePath) or (isinstance(value, str) and not literal):
+        text = str(value)
+        return _escaped(text[:limit]) + ("…" if len(text) > limit else "")
     if isinstance(value, str | bytes | bytearray):
-        cut = len(value) > limit
-        return repr(value[:limit]) + ("…" if cut else "")
+        return repr(value[:limit]) + ("…" if len(value) > limit else "")
     if isinstance(value, np.ndarray):
         return f"{_article(str(value.dtype))} {value.dtype} array of shape {value.shape}"
     name = type(value).__name__
     if isinstance(value, list | tuple | dict | set | frozenset):
         return f"{_article(name)} {name} of {len(value)} entries"
     return f"{_article(name)} {name}"
+
+
+def _escaped(text: str) -> str:
+    """`text` with each unprintable character escaped as a string literal would show it."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _article(word: str) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import UsageError
+from pipeline.errors import SHOWN_PATH_CHARS, UsageError, shown
 
 MAX_KEY_CHARS = 64
 MAX_VALUE_CHARS = 1000
@@ -27,12 +27,9 @@ MAX_META_FILE_BYTES = 1 << 20
 YAML_SUFFIXES = (".yaml", ".yml")
 _KEY = re.compile(rf"[A-Za-z_][A-Za-z0-9_.\-/]{{0,{MAX_KEY_CHARS - 1}}}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _shown(text: str, limit: int = 80) -> str:
-    """User text fit for a one-line error: control characters escaped, at most `limit` chars."""
-    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
-    return text if len(text) <= limit else text[:limit] + "..."
+# Messages quote a key up to MAX_KEY_CHARS (all of a valid key; `…` marks one too long), and
+# a `--tag` argument with room for a whole key, its `=` and the start of the value.
+_TAG_CHARS = MAX_KEY_CHARS + 16
 
 
 def check_key(key: str, where: str) -> str:
@@ -48,22 +45,20 @@ def check_key(key: str, where: str) -> str:
     """
     if not _KEY.fullmatch(key):
         raise UsageError(
-            f"{where}: key `{_shown(key, MAX_KEY_CHARS)}` must start with a letter or `_` and hold only letters,"
-            f" digits and `_.-/` (at most {MAX_KEY_CHARS} characters)."
+            f"{where}: key `{shown(key, MAX_KEY_CHARS, literal=False)}` must start with a letter"
+            " or `_` and hold only letters, digits and `_.-/`"
+            f" (at most {MAX_KEY_CHARS} characters)."
         )
     return key
 
 
 def check_value(key: str, value: str, where: str) -> str:
     """`value` if it is a valid tag value (one line, at most `MAX_VALUE_CHARS`)."""
+    name = shown(key, MAX_KEY_CHARS, literal=False)
     if len(value) > MAX_VALUE_CHARS:
-        raise UsageError(
-            f"{where}: value of `{_shown(key)}` is longer than {MAX_VALUE_CHARS} characters."
-        )
+        raise UsageError(f"{where}: value of `{name}` is longer than {MAX_VALUE_CHARS} characters.")
     if _CONTROL.search(value):
-        raise UsageError(
-            f"{where}: value of `{_shown(key)}` holds a control character (newline, tab)."
-        )
+        raise UsageError(f"{where}: value of `{name}` holds a control character (newline, tab).")
     return value
 
 
@@ -81,9 +76,9 @@ def parse_tag(text: str) -> tuple[str, str]:
         pipeline.errors.UsageError: --tag `fp8` is not `key=value`, e.g. `--tag precision=fp8`.
     """
     key, sep, value = text.partition("=")
+    where = f"--tag `{shown(text, _TAG_CHARS, literal=False)}`"
     if not sep:
-        raise UsageError(f"--tag `{_shown(text)}` is not `key=value`, e.g. `--tag precision=fp8`.")
-    where = f"--tag `{_shown(text)}`"
+        raise UsageError(f"{where} is not `key=value`, e.g. `--tag precision=fp8`.")
     return check_key(key, where), check_value(key, value, where)
 
 
@@ -93,9 +88,8 @@ def parse_tags(texts: Iterable[str]) -> dict[str, str]:
     for text in texts:
         key, value = parse_tag(text)
         if key in tags and tags[key] != value:
-            raise UsageError(
-                f"--tag `{key}` is given twice, as `{_shown(tags[key])}` and `{_shown(value)}`."
-            )
+            old, new = shown(tags[key], literal=False), shown(value, literal=False)
+            raise UsageError(f"--tag `{key}` is given twice, as `{old}` and `{new}`.")
         tags[key] = value
     return tags
 
@@ -109,9 +103,8 @@ def _value_text(value: Any, key: str, where: str) -> str:
     if isinstance(value, float) and math.isfinite(value):
         return json.dumps(value)
     kind = "null" if value is None else type(value).__name__
-    raise UsageError(
-        f"{where}: value of `{_shown(key)}` is a {kind}; give a string, number or boolean."
-    )
+    name = shown(key, MAX_KEY_CHARS, literal=False)
+    raise UsageError(f"{where}: value of `{name}` is a {kind}; give a string, number or boolean.")
 
 
 def _parse_yaml(text: str, where: str) -> Any:
@@ -144,7 +137,7 @@ def load_meta_file(path: Path | str) -> dict[str, str]:
             object, or holds a bad key or value.
     """
     path = Path(path)
-    where = f"--meta `{_shown(str(path), 1000)}`"
+    where = f"--meta `{shown(path, SHOWN_PATH_CHARS)}`"
     try:
         if not path.is_file():
             raise UsageError(f"{where} is not a file.")
@@ -159,7 +152,7 @@ def load_meta_file(path: Path | str) -> dict[str, str]:
     tags: dict[str, str] = {}
     for key, value in data.items():
         if not isinstance(key, str):
-            raise UsageError(f"{where}: key `{_shown(str(key))}` is not a string.")
+            raise UsageError(f"{where}: key `{shown(key)}` is not a string.")
         tags[check_key(key, where)] = _value_text(value, key, where)
     return tags
 

@@ -65,7 +65,7 @@ def test_a_two_megabyte_value_prints_a_bounded_line():
     code, _, err = run("extract", str(BASIC), "--run-name", name)
     assert code == 1
     assert err == (
-        "Error: Run name `" + "r" * 60 + "...` cannot be a partition directory: it must be"
+        "Error: Run name `" + "r" * 60 + "…` cannot be a partition directory: it must be"
         " non-empty, not start with `.`, and contain no `/`, `\\`, `=`, `%` or control"
         " characters. Choose another with --run-name.\n"
     )

@@ -248,7 +248,7 @@ def test_a_260_character_run_name_states_the_limit(tmp_path: Path) -> None:
     code, out, err = extract(REAL_DUMPS / "basic", tmp_path / "lake", "--run-name", "r" * 260)
     assert (code, out) == (1, "")
     assert err == [
-        f"Error: Run name `{'r' * 60}...` is 260 bytes long; the limit is 250 bytes (UTF-8),"
+        f"Error: Run name `{'r' * 60}…` is 260 bytes long; the limit is 250 bytes (UTF-8),"
         " as it becomes a file name. Choose another with --run-name."
     ]
     assert not (tmp_path / "lake").exists()

@@ -315,6 +315,14 @@ def test_error_messages_quote_a_short_prefix(tmp_path: Path) -> None:
     )
 
 
+def test_error_messages_escape_and_cut_a_name_from_the_file(tmp_path: Path) -> None:
+    key = "\x1b[2J\r0 skipped\n" + "k" * 100  # a storage key moving the cursor, then long
+    path = write_pt(tmp_path / "k.pt", Pickle().storage("FloatStorage", key, 1).stop())
+    assert refused(path) == (
+        f"the zip archive has no entry `archive/data/\\x1b[2J\\r0 skipped\\n{'k' * 32}…`."
+    )
+
+
 # --- files that change while they are read ---------------------------------------------------
 
 

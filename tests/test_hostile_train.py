@@ -126,6 +126,6 @@ def test_a_100000_deep_trajectory_line(tmp_path, monkeypatch):
 def test_a_5000_digit_sample_index(tmp_path, monkeypatch):
     dump, path = _dump(tmp_path, monkeypatch, columns={"sample_indices": [10**5000]})
     assert dump.error() == (
-        f"rank 0: `{path}` (train row 0): `sample_indices` is <an integer of 16610 bits>;"
+        f"rank 0: `{path}` (train row 0): `sample_indices` is an integer of 16610 bits;"
         f" expected a 64-bit integer. {REPLACE}"
     )

@@ -56,10 +56,20 @@ def test_a_long_run_name_is_refused_with_the_limit() -> None:
     with pytest.raises(UsageError) as info:
         check_run_name("r" * 260)
     assert str(info.value) == (
-        f"Run name `{'r' * 60}...` is 260 bytes long; the limit is 250 bytes (UTF-8), as it"
+        f"Run name `{'r' * 60}…` is 260 bytes long; the limit is 250 bytes (UTF-8), as it"
         " becomes a file name. Choose another with --run-name."
     )
     assert check_run_name("r" * 250) == "r" * 250
+
+
+def test_a_run_name_with_control_characters_is_quoted_escaped() -> None:
+    with pytest.raises(UsageError) as info:
+        check_run_name("a\x1b[2J\nb\x7f")
+    assert str(info.value) == (
+        "Run name `a\\x1b[2J\\nb\\x7f` cannot be a partition directory: it must be non-empty,"
+        " not start with `.`, and contain no `/`, `\\`, `=`, `%` or control characters."
+        " Choose another with --run-name."
+    )
 
 
 def test_a_run_name_in_another_encoding_is_refused() -> None:

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import DumpFileError, DumpNotFoundError, UnsafePickleError
-from pipeline.read import ptread, ptzip
+from pipeline.read import ptglobals, ptread, ptzip
 from tests.fixture_paths import REAL_DUMPS
 
 DUMPS = REAL_DUMPS
@@ -278,10 +278,10 @@ def test_miles_dataclasses_become_stand_ins(
         "spec_info": fake.Sample.SpecInfo(5, 8, 3, 11),
     }
     got = ptread.load(_save({"samples": [sample]}, tmp_path / "m.pt"))["samples"][0]
-    assert got["adapter"] == ptread.AdapterRef(name="math", slot=2)
-    assert got["reward_spec"] == ptread.RewardSpec(rm_type="deepscaler", custom_rm_path=None)
+    assert got["adapter"] == ptglobals.AdapterRef(name="math", slot=2)
+    assert got["reward_spec"] == ptglobals.RewardSpec(rm_type="deepscaler", custom_rm_path=None)
     info = got["spec_info"]
-    assert type(info) is ptread.SpecInfo
+    assert type(info) is ptglobals.SpecInfo
     assert (info.spec_accept_token_num, info.spec_draft_token_num) == (5, 8)
     assert (info.spec_verify_ct, info.completion_token_num) == (3, 11)
     assert info.to_dict() == {
@@ -296,7 +296,7 @@ def test_miles_dataclasses_become_stand_ins(
 
 def test_stand_in_classes_cannot_be_patched() -> None:
     with pytest.raises(TypeError, match="class SpecInfo is read-only"):
-        ptread.SpecInfo.__setstate__ = None  # type: ignore[method-assign]
+        ptglobals.SpecInfo.__setstate__ = None  # type: ignore[method-assign]
 
 
 # --- unsafe pickles ---------------------------------------------------------------------------
@@ -360,7 +360,7 @@ def test_getattr_reaches_only_spec_info(
     ok = _age(
         _pt_zip(tmp_path / "ok.pt", _getattr_pickle(b"miles.utils.types\nSample", b"SpecInfo"))
     )
-    assert ptread.load(ok) is ptread.SpecInfo
+    assert ptread.load(ok) is ptglobals.SpecInfo
     path = _age(_pt_zip(tmp_path / "bad.pt", _getattr_pickle(owner, name)))
     with pytest.raises(UnsafePickleError) as err:
         ptread.load(path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.read.ptread import SpecInfo
+from pipeline.read.ptglobals import SpecInfo
 from pipeline.transform.summary import sample_summary
 
 

@@ -47,12 +47,12 @@ def test_tags_parse_and_override_the_file(tmp_path):
         ),
         (
             ["k" * 65 + "=1"],
-            f"--tag `{'k' * 65}=1`: key `{'k' * 64}...` must start with a letter or `_` and hold"
+            f"--tag `{'k' * 65}=1`: key `{'k' * 64}…` must start with a letter or `_` and hold"
             " only letters, digits and `_.-/` (at most 64 characters).",
         ),
         (
             ["k=" + "v" * 1001],
-            f"--tag `k={'v' * 78}...`: value of `k` is longer than 1000 characters.",
+            f"--tag `k={'v' * 78}…`: value of `k` is longer than 1000 characters.",
         ),
         (["k=a\nb"], "--tag `k=a\\nb`: value of `k` holds a control character (newline, tab)."),
         (["a=1", "a=2"], "--tag `a` is given twice, as `1` and `2`."),

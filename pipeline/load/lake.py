@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline import schema
-from pipeline.errors import LakeError, UsageError
+from pipeline.errors import LakeError, UsageError, shown
 
 if TYPE_CHECKING:
     from pipeline.load.manifest import RunManifest
@@ -77,39 +77,33 @@ def check_run_name(name: str) -> str:
         >>> check_run_name("qwen 'grpo' ü")
         "qwen 'grpo' ü"
     """
+    quoted = shown(name, literal=False)
     if not name or name.startswith(".") or _FORBIDDEN_IN_RUN_NAME.search(name):
         raise UsageError(
-            f"Run name `{_shown(name)}` cannot be a partition directory: it must be non-empty,"
+            f"Run name `{quoted}` cannot be a partition directory: it must be non-empty,"
             " not start with `.`, and contain no `/`, `\\`, `=`, `%` or control characters."
             " Choose another with --run-name."
         )
     glob = _GLOB_CHARACTERS.search(name)
     if glob:
         raise UsageError(
-            f"Run name `{_shown(name)}` holds `{glob.group()}`, which DuckDB reads as a file"
+            f"Run name `{quoted}` holds `{glob.group()}`, which DuckDB reads as a file"
             " pattern (`? * [ ] { }` are not allowed). Choose another with --run-name."
         )
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:  # a directory name in another encoding (surrogate escapes)
         raise UsageError(
-            f"Run name `{_shown(name)}` is not valid UTF-8 (the dump directory's name is in"
+            f"Run name `{quoted}` is not valid UTF-8 (the dump directory's name is in"
             " another encoding). Choose another with --run-name."
         ) from None
     if size > MAX_RUN_NAME_BYTES:
         raise UsageError(
-            f"Run name `{_shown(name)}` is {size} bytes long; the limit is"
+            f"Run name `{quoted}` is {size} bytes long; the limit is"
             f" {MAX_RUN_NAME_BYTES} bytes (UTF-8), as it becomes a file name."
             " Choose another with --run-name."
         )
     return name
-
-
-def _shown(name: str, limit: int = 60) -> str:
-    """A name as a message shows it: escaped, and cut to `limit` characters."""
-    text = name.encode("utf-8", "backslashreplace").decode("utf-8")
-    text = re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", text)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def temporary_path(folder: Path) -> Path:

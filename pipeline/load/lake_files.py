@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline import __version__, schema, tags
-from pipeline.errors import DumpFormatError, LakeError
+from pipeline.errors import SHOWN_PATH_CHARS, DumpFormatError, LakeError, shown
 from pipeline.load import manifest, write
 from pipeline.load.lake import LakeRoot, lake_at, new_name
 from pipeline.read import dashboard
@@ -159,7 +159,7 @@ def refresh_metrics(lake: LakeRoot, record: manifest.RunManifest) -> tuple[bool,
     files = dashboard.metrics_files(root)
     gone = _rewritten(record, files)
     warnings = [
-        f"`{dashboard.shown(Dump(root).dashboard_dir / name)}` was rewritten or removed"
+        f"`{shown(Dump(root).dashboard_dir / name, SHOWN_PATH_CHARS)}` was rewritten or removed"
         " since it was read; the run's metrics are read again from the start."
         for name in gone
     ]
@@ -170,7 +170,7 @@ def refresh_metrics(lake: LakeRoot, record: manifest.RunManifest) -> tuple[bool,
     warnings += read.warnings
     if read.skipped:
         warnings.append(
-            f"`{dashboard.shown(Dump(root).dashboard_dir)}`: {read.skipped} non-numeric"
+            f"`{shown(Dump(root).dashboard_dir, SHOWN_PATH_CHARS)}`: {read.skipped} non-numeric"
             " metric values skipped (strings, null, lists, objects)."
         )
     sources = {

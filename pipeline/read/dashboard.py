@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -43,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import schema
-from pipeline.errors import UsageError
+from pipeline.errors import SHOWN_PATH_CHARS, UsageError, shown
 from pipeline.read.dump import Dump
 
 META_FILE = "meta.json"
@@ -57,27 +56,12 @@ READ_CHUNK = 1 << 20
 BATCH_ROWS = 65536  # rows per Arrow batch: bounds the Python objects alive at once
 MAX_LINE_WARNINGS = 5  # per file; the rest is one "... more" line
 MAX_TS = 253402300800.0  # 10000-01-01: past it a timestamp does not fit TIMESTAMPTZ readers
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 ARGS_STRING_COLUMNS = (
     schema.WANDB_PROJECT,
     schema.WANDB_GROUP,
     schema.WANDB_RUN_ID,
     schema.HF_CHECKPOINT,
 )
-
-
-def shown(text: object, limit: int = 1000) -> str:
-    """`text` fit for a one-line message: control characters escaped, at most `limit` chars.
-
-    File names and values in a dump are attacker-controlled; a newline in one must not
-    split a warning into two lines.
-
-    Examples:
-        >>> shown("a\\nb")
-        'a\\\\nb'
-    """
-    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _finite_float(text: str) -> float | None:
@@ -143,7 +127,9 @@ def read_run_meta(dump_root: Path | str) -> tuple[dict[str, Any], list[str]]:
     if problem is None and not isinstance(data, dict):
         problem = f"holds a JSON {type(data).__name__}, not an object"
     if problem is not None:
-        return meta, [f"`{shown(path)}` {problem}; its run metadata is left NULL."]
+        return meta, [
+            f"`{shown(path, SHOWN_PATH_CHARS)}` {problem}; its run metadata is left NULL."
+        ]
     return meta, _fill_meta(meta, data, path)
 
 
@@ -152,7 +138,7 @@ def _fill_meta(meta: dict[str, Any], data: dict[str, Any], path: Path) -> list[s
     problems: list[str] = []
     version = data.get("schema_version", META_SCHEMA_VERSION)
     if version != META_SCHEMA_VERSION:
-        problems.append(f"`schema_version` is {shown(repr(version), 40)}; read as version 1")
+        problems.append(f"`schema_version` is {shown(version)}; read as version 1")
     if "start_ts" in data:
         meta[schema.START_TS] = _start_ts(data["start_ts"])
         if meta[schema.START_TS] is None:
@@ -169,7 +155,7 @@ def _fill_meta(meta: dict[str, Any], data: dict[str, Any], path: Path) -> list[s
         meta[name] = value
     if "args" in data and isinstance(data["args"], dict):
         meta[schema.ARGS_JSON] = json.dumps(args, sort_keys=True, ensure_ascii=False)
-    return [f"`{shown(path)}`: {problem}." for problem in problems]
+    return [f"`{shown(path, SHOWN_PATH_CHARS)}`: {problem}." for problem in problems]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,12 +340,13 @@ def _read_file(path: Path, name: str, start: int, columns: _Columns, out: Metric
     """Read the complete lines of one metrics file from byte `start` on."""
     bad: list[str] = []
     end = start
+    where = shown(path, SHOWN_PATH_CHARS)
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size  # lines appended meanwhile wait for later
             if start > size:
                 out.warnings.append(
-                    f"`{shown(path)}` is shorter than the {start} bytes read before;"
+                    f"`{where}` is shorter than the {start} bytes read before;"
                     " read again from the start."
                 )
                 out.restarted.append(name)
@@ -368,16 +355,14 @@ def _read_file(path: Path, name: str, start: int, columns: _Columns, out: Metric
                 end = line_end
                 problem = _take_line(line, columns, out)
                 if problem:
-                    bad.append(f"`{shown(path)}` at byte {line_start}: {problem}; line skipped.")
+                    bad.append(f"`{where}` at byte {line_start}: {problem}; line skipped.")
     except OSError as exc:
-        out.warnings.append(f"`{shown(path)}` cannot be read ({exc.strerror}); skipped.")
+        out.warnings.append(f"`{where}` cannot be read ({exc.strerror}); skipped.")
     out.offsets[name] = end
     out.bad_lines += len(bad)
     out.warnings.extend(bad[:MAX_LINE_WARNINGS])
     if len(bad) > MAX_LINE_WARNINGS:
-        out.warnings.append(
-            f"`{shown(path)}`: {len(bad) - MAX_LINE_WARNINGS} more bad lines skipped."
-        )
+        out.warnings.append(f"`{where}`: {len(bad) - MAX_LINE_WARNINGS} more bad lines skipped.")
 
 
 def read_metrics(source: Path | str, start_offset: int | Mapping[str, int] = 0) -> MetricsRead:

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import DumpFileError, DumpFormatError, DumpNotFoundError, UsageError
+from pipeline.errors import DumpFileError, DumpFormatError, DumpNotFoundError, UsageError, shown
 from pipeline.read import ptread, train_checks
-from pipeline.read.ptzip import short
 from pipeline.read.values import INT64_MAX
 
 log = logging.getLogger(__name__)
@@ -292,7 +291,7 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
     found = data.get("rollout_id")
     if type(found) is not int or found != rollout_id:  # exact type: a hostile `==` never runs
         raise DumpFormatError(
-            path, f"holds `rollout_id` {short(found)}, but its name says {rollout_id}"
+            path, f"holds `rollout_id` {shown(found)}, but its name says {rollout_id}"
         )
     for position, sample in enumerate(data["samples"]):
         if not isinstance(sample, dict):

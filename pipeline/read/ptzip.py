@@ -25,6 +25,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from pipeline.errors import shown
+
 _LOCAL_HEADER = b"PK\x03\x04"
 _LOCAL_HEADER_SIZE = 30
 # Compressed members may inflate to at most this many times the file's size, all together.
@@ -107,17 +109,18 @@ def entry_bytes(archive: Archive, name: str, nbytes: int | None = None) -> Any:
     """Return entry `name` as a buffer: a zero-copy memoryview if stored, else inflated."""
     entry = archive.entries.get(name)
     if entry is None:
-        raise Corrupt(f"the zip archive has no entry `{short(name)}`")
+        raise Corrupt(f"the zip archive has no entry `{shown(name, literal=False)}`")
     size = entry.file_size if nbytes is None else nbytes
     if entry.file_size < size:
         raise Corrupt(
-            f"entry `{short(name)}` holds {entry.file_size} bytes; its storage needs {size}"
+            f"entry `{shown(name, literal=False)}` holds {entry.file_size} bytes;"
+            f" its storage needs {size}"
         )
     data = _data_start(archive.buf, entry, name)
     if entry.compressed:  # torch.save never compresses; other zip tools may
         return _inflate(archive, entry, name, data, size)
     if data + size > len(archive.buf):
-        raise Corrupt(f"entry `{short(name)}` runs past the end of the file")
+        raise Corrupt(f"entry `{shown(name, literal=False)}` runs past the end of the file")
     return memoryview(archive.buf)[data : data + size]
 
 
@@ -125,7 +128,7 @@ def _data_start(buf: Any, entry: Entry, name: str) -> int:
     """Where a member's data begins, after its local header."""
     start = entry.header_offset
     if start + _LOCAL_HEADER_SIZE > len(buf) or buf[start : start + 4] != _LOCAL_HEADER:
-        raise Corrupt(f"entry `{short(name)}` has no valid local zip header")
+        raise Corrupt(f"entry `{shown(name, literal=False)}` has no valid local zip header")
     # torch pads the local header's extra field to align data, so it differs from the central one
     name_len, extra_len = struct.unpack_from("<HH", buf, start + 26)
     return start + _LOCAL_HEADER_SIZE + name_len + extra_len
@@ -136,8 +139,8 @@ def _inflate(archive: Archive, entry: Entry, name: str, data: int, size: int) ->
     budget = MAX_INFLATE_RATIO * len(archive.buf) - archive.inflated[0]
     if entry.file_size > budget:
         raise Corrupt(
-            f"entry `{short(name)}` would inflate to {entry.file_size} bytes, more than"
-            f" {MAX_INFLATE_RATIO} times the file's size allows (a zip bomb)"
+            f"entry `{shown(name, literal=False)}` would inflate to {entry.file_size} bytes,"
+            f" more than {MAX_INFLATE_RATIO} times the file's size allows (a zip bomb)"
         )
     archive.inflated[0] += entry.file_size
     if entry.method == zipfile.ZIP_DEFLATED:
@@ -145,14 +148,20 @@ def _inflate(archive: Archive, entry: Entry, name: str, data: int, size: int) ->
     elif entry.method == zipfile.ZIP_BZIP2:
         inflater = bz2.BZ2Decompressor()
     else:
-        raise Corrupt(f"entry `{short(name)}` uses zip compression method {entry.method}")
+        raise Corrupt(
+            f"entry `{shown(name, literal=False)}` uses zip compression method {entry.method}"
+        )
     packed = memoryview(archive.buf)[data : min(len(archive.buf), data + entry.compress_size)]
     try:
         out = inflater.decompress(packed, size)  # max_length: a bomb stops at `size` bytes
     except (zlib.error, OSError, EOFError, ValueError) as exc:
-        raise Corrupt(f"entry `{short(name)}` cannot be decompressed ({exc})") from exc
+        raise Corrupt(
+            f"entry `{shown(name, literal=False)}` cannot be decompressed ({exc})"
+        ) from exc
     if len(out) != size:
-        raise Corrupt(f"entry `{short(name)}` decompresses to fewer than its {size} bytes")
+        raise Corrupt(
+            f"entry `{shown(name, literal=False)}` decompresses to fewer than its {size} bytes"
+        )
     return memoryview(bytearray(out))
 
 
@@ -227,33 +236,3 @@ def open_archive(path: Path, size: int, fresh: bool) -> Archive:
 
 class BigEndian(Exception):
     """The file was written on a big-endian machine; not a sign of an unfinished write."""
-
-
-def short(value: Any, limit: int = 60) -> str:
-    """`value` for a message: at most `limit` characters, control characters escaped.
-
-    Never formats a whole container or string first: a hostile value may be huge, or expand
-    when printed (shared references). Containers and other objects show only their type.
-
-    Examples:
-        >>> short("a" * 100, 5)
-        'aaaaa…'
-        >>> print(short("a\\x1b[2J"), short(7), short(10**40), short([1, 2]))
-        a\\x1b[2J 7 <int of 133 bits> <list>
-    """
-    if isinstance(value, bool) or value is None or isinstance(value, float):
-        text = repr(value)
-    elif isinstance(value, int):
-        text = str(value) if abs(value) < 10**30 else f"<int of {value.bit_length()} bits>"
-    elif isinstance(value, str):
-        text = "".join(map(_escape, value[: limit + 1]))
-    else:
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _escape(char: str) -> str:
-    if char.isprintable():
-        return char
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from pipeline import schema
-from pipeline.errors import DumpFormatError
+from pipeline.errors import DumpFormatError, shown
 from pipeline.read.values import INT64_MAX, INT64_MIN, is_int, scalar
 
 
@@ -24,10 +24,10 @@ def exact_int(value: Any, path: Path, field: str, sample: str | None = None) -> 
         if INT64_MIN <= value <= INT64_MAX:  # a BIGINT; larger is no index or length any dump has
             return int(value)
         raise DumpFormatError(
-            path, f"`{field}` is {_shown(value)}; expected a 64-bit integer", sample=sample
+            path, f"`{field}` is {shown(value)}; expected a 64-bit integer", sample=sample
         )
-    shown = f"{_shown(value)} (a {type(value).__name__})"
-    raise DumpFormatError(path, f"`{field}` is {shown}; expected an integer", sample=sample)
+    what = f"{shown(value)} (a {type(value).__name__})"
+    raise DumpFormatError(path, f"`{field}` is {what}; expected an integer", sample=sample)
 
 
 def numbers(value: Any, path: Path, field: str, sample: str | None = None) -> np.ndarray:
@@ -39,37 +39,10 @@ def numbers(value: Any, path: Path, field: str, sample: str | None = None) -> np
     if array.dtype.kind not in "biuf":
         raise DumpFormatError(
             path,
-            f"`{field}` holds {_shown(value)}, not numbers",
+            f"`{field}` holds {shown(value)}, not numbers",
             sample=sample,
         )
     return array
-
-
-def _shown(value: Any, limit: int = 40) -> str:
-    """A dump value for a message: repr, control characters escaped, cut to `limit` chars.
-
-    A sixth copy of "quote a value for a message" (beside `errors.shown`, `ptzip.short`,
-    `dashboard.shown`, `tags._shown`, `lake._shown`): the copies differ in limit and format and
-    tests assert their exact texts, so folding them into `errors.shown` is left as one change.
-
-    Examples:
-        >>> print(_shown("a\\x1bb"))
-        'a\\x1bb'
-        >>> print(_shown("x" * 100))
-        'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…
-    """
-    if isinstance(value, str | bytes):
-        text = repr(value[: limit + 1])
-    elif isinstance(value, int) and abs(value) >= 10**limit:  # str() of a huge int may raise
-        text = f"<an integer of {value.bit_length()} bits>"
-    elif isinstance(value, int | float | bool | None | np.number):
-        text = repr(value)
-    elif isinstance(value, np.ndarray):
-        text = f"array(dtype={value.dtype}, shape={value.shape})"
-    else:
-        text = f"<{type(value).__name__}>"  # never repr a container: it may be huge or cyclic
-    text = text.encode("ascii", "backslashreplace").decode("ascii")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 _REQUIRED = ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks")

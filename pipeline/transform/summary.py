@@ -12,7 +12,7 @@ import numpy as np
 from pipeline.errors import SampleValueError, shown
 from pipeline.read import validate
 from pipeline.read.jsontext import clean_text, to_json
-from pipeline.read.ptread import SpecInfo
+from pipeline.read.ptglobals import SpecInfo
 from pipeline.read.values import INT64_MAX, INT64_MIN, is_int
 from pipeline.transform.resolve import TrainRow
 
