@@ -88,8 +88,8 @@ def same_content(remote: str, local: Path) -> None:
         found = close_rows(remote, f"SELECT * FROM {view}")
         expected = close_rows(local, f"SELECT * FROM {view}")
         assert len(found) == len(expected)
-        for got, want in zip(found, expected):
-            for x, y in zip(got, want):
+        for got, want in zip(found, expected, strict=True):
+            for x, y in zip(got, want, strict=True):
                 if isinstance(y, float):
                     assert x == pytest.approx(y, rel=1e-12, nan_ok=True), view
                 else:
