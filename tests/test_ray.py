@@ -24,7 +24,9 @@ from pipeline.load import manifest, ray_executor
 from pipeline.load.extract import extract_run
 from pipeline.load.verify import verify_lake
 from pipeline.progress import Reporter
+from pipeline.serve import catalog
 from pipeline.tools import synth
+from tests.s3server import list_keys, moto_server, new_bucket
 
 OBJECT_STORE = 80 * 2**20  # bytes per node; outcomes are a few kB, Ray's floor is ~75 MB
 NODE = {"num_cpus": 1, "object_store_memory": OBJECT_STORE}
@@ -34,7 +36,15 @@ STEPS = SPEC.steps + len(SPEC.eval_steps)
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def s3():
+    """An S3 server (moto) whose endpoint and credentials are in the environment before the
+    cluster starts: its nodes' workers inherit them, as on a real cluster."""
+    with moto_server() as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def cluster(s3):
     head = {"num_cpus": 0, "object_store_memory": OBJECT_STORE}  # tasks run on workers only
     ray_cluster = Cluster(initialize_head=True, head_node_args=head)
     for _ in range(2):
@@ -89,6 +99,27 @@ def test_cli_on_a_cluster_writes_what_one_process_writes(cluster, dump, serial, 
     assert _rows(lake) == _rows(serial)
     assert all(_rows(lake)[t] for t in (schema.TOKENS, schema.SAMPLES, schema.RUNS))
     assert _steps(lake) == _steps(serial)  # same sources, counts and token checksums
+
+
+@pytest.mark.slow
+def test_tasks_write_an_object_store_lake_the_driver_commits(cluster, dump, serial):
+    bucket = new_bucket()
+    url = f"s3://{bucket}/lake"
+    summary = extract_run(dump, url, "ex", executor="ray", ray_address=cluster.address)
+    assert summary.counts["new"] == STEPS and summary.failed == []
+    con = catalog.connect(url)
+    try:
+        remote = {
+            t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall()))
+            for t in (schema.TOKENS, schema.SAMPLES, schema.VOCAB)
+        }
+    finally:
+        con.close()
+    local = _rows(serial)
+    assert remote == {t: local[t] for t in remote}
+    assert _steps(url) == _steps(serial)
+    assert verify_lake(url) == (STEPS, [])
+    assert "lake/_manifest/.tokenlake.lock" not in list_keys(bucket)
 
 
 def _extracting_on(node):

@@ -156,7 +156,12 @@ class ObjectLake:
         return int(self.fs.size(self.key(relative)))
 
     def is_lake(self) -> bool:
-        return bool(self.manifest_runs()) or self.exists(f"{MANIFEST_DIR}/{LOCK_FILE}")
+        """A prefix with a manifest, a writer lock or a catalog (all its runs dropped)."""
+        return (
+            bool(self.manifest_runs())
+            or self.exists(f"{MANIFEST_DIR}/{LOCK_FILE}")
+            or self.exists(self.catalog_name)
+        )
 
     def is_dump(self) -> bool:
         return bool(self._list(DUMP_MARKER)[:1])
@@ -172,8 +177,8 @@ class ObjectLake:
         if not self.is_lake():
             raise LakeError(
                 self.location,
-                f"is not a lake: it has no run manifest under `{MANIFEST_DIR}/`; run"
-                " `tokenlake extract` first",
+                f"is not a lake: it has no `{MANIFEST_DIR}/` and no `{self.catalog_name}`;"
+                " run `tokenlake extract` first",
             )
         return self
 
