@@ -71,7 +71,6 @@ class ObjectLake:
     """A lake under an object-store prefix: where each object lives, and who may write."""
 
     def __init__(self, url: str) -> None:
-        import fsspec
 
         from pipeline import extras
 
@@ -79,7 +78,7 @@ class ObjectLake:
         if self.location.split("://", 1)[0].lower() in ("s3", "s3a"):
             extras.require("s3fs", "s3", f"A lake on S3 (`{self.location}`)")
         try:
-            self.fs, base = fsspec.core.url_to_fs(self.location)
+            self.fs, base = _filesystem(self.location)
         except (ImportError, ValueError) as exc:  # e.g. s3fs not installed, unknown protocol
             raise LakeError(self.location, f"cannot be opened ({exc})") from exc
         self.base = str(base).rstrip("/")
@@ -144,8 +143,8 @@ class ObjectLake:
         return sorted(str(k)[len(self.base) + 1 :] for k in keys)
 
     def manifest_runs(self) -> list[str]:
-        names = self._list(MANIFEST_DIR)
-        stems = [n.rsplit("/", 1)[-1] for n in names if n.endswith(".json")]
+        names = self._list(MANIFEST_DIR)  # direct children only: `_manifest/<run>.json`
+        stems = [n.split("/", 1)[1] for n in names if n.endswith(".json") and n.count("/") == 1]
         return sorted(s[: -len(".json")] for s in stems if not s.startswith("."))
 
     def user_view_names(self) -> list[str]:
@@ -260,7 +259,12 @@ class ObjectLake:
         return 0
 
     def catalog_is_stale(self) -> bool:
-        """Whether some manifest is newer than the catalog (or there is no catalog)."""
+        """Whether some manifest is newer than the catalog (or there is no catalog).
+
+        S3 stamps objects to the whole second: a manifest written in the catalog's second
+        counts as newer (`>=`), so the price of that coarseness is an extra rebuild, never a
+        catalog that misses a commit.
+        """
         self.fs.invalidate_cache()
         try:
             built = self.fs.modified(self.key(self.catalog_name))
@@ -293,6 +297,29 @@ class ObjectLake:
         held = _HELD.get(self.location)
         if held is not None:
             held.check()
+
+
+# Filesystems by (URL's protocol and bucket, credential environment): fsspec caches instances
+# by their arguments only, so a changed AWS_ENDPOINT_URL or key (a notebook, a test) would
+# otherwise keep talking to the old endpoint.
+_FILESYSTEMS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+_CREDENTIAL_PREFIXES = ("AWS_", "GOOGLE_", "GCS", "AZURE_", "FSSPEC_")
+
+
+def _filesystem(url: str) -> tuple[Any, str]:
+    import fsspec
+
+    environment = tuple(
+        sorted((k, v) for k, v in os.environ.items() if k.startswith(_CREDENTIAL_PREFIXES))
+    )
+    protocol, _, rest = url.partition("://")
+    key = (f"{protocol}://{rest.split('/', 1)[0]}", environment)
+    filesystem = _FILESYSTEMS.get(key)
+    if filesystem is None:
+        filesystem, base = fsspec.core.url_to_fs(url, skip_instance_cache=True)
+        _FILESYSTEMS[key] = filesystem
+        return filesystem, str(base)
+    return filesystem, str(filesystem._strip_protocol(url))
 
 
 # The locks this process holds, by lake URL: every `ObjectLake` of that URL checks them.
