@@ -355,3 +355,18 @@ def test_a_store_without_conditional_writes_is_refused_for_writing(tmp_path: Pat
         " is not supported), so tokenlake cannot keep two writers apart; it writes only to"
         " stores that do (S3 and S3-compatible stores with If-None-Match)\n",
     )
+
+
+def test_views_audit_and_report_read_an_object_store_lake(bucket: str, tmp_path: Path) -> None:
+    url, local = f"s3://{bucket}/lake", tmp_path / "local"
+    extract_run(BASIC, url, "basic")
+    extract_run(BASIC, local, "basic")
+    assert cli("views", url) == (0, f"Rebuilt {url}/{schema.CATALOG_FILE}\n")
+    remote_audit, local_audit = cli("audit", url), cli("audit", str(local))
+    assert remote_audit == local_audit
+    assert remote_audit[1].splitlines()[-1] == "0 of 9 audits failed; 2 warnings, 1 info."
+    page = tmp_path / "report.html"
+    code, out = cli("report", url, "-o", str(page))
+    assert code == 0, out
+    html = page.read_text(encoding="utf-8")
+    assert "<h1>tokenlake report</h1>" in html and url in html
