@@ -17,6 +17,7 @@ import click
 
 from pipeline import __version__
 from pipeline.cli_util import (
+    DUMP,
     LAKE,
     MAX_SECONDS,
     MAX_WORKERS,
@@ -72,7 +73,7 @@ class _SafeFormatter(logging.Formatter):
 
 
 @main.command()
-@click.argument("dump_dir", type=click.Path(path_type=Path))
+@click.argument("dump_dir", type=DUMP)
 @click.option(
     "--lake",
     type=LAKE,
@@ -148,7 +149,7 @@ class _SafeFormatter(logging.Formatter):
     " cluster started on this machine, else a new local Ray).",
 )
 def extract(
-    dump_dir: Path,
+    dump_dir: Path | str,
     lake: LakeRoot,
     run_name: str | None,
     steps: str | None,
@@ -228,7 +229,7 @@ def extract(
 
 
 def _follow(
-    dump_dir: Path,
+    dump_dir: Path | str,
     lake: LakeRoot,
     run_name: str | None,
     workers: int,

@@ -193,7 +193,10 @@ class TokenLake:
         from pipeline.load.extract import extract_run
 
         self.close()
-        return extract_run(Path(dump), self._layout.location, run_name, **options)
+        from pipeline.read.remote_dump import is_remote
+
+        source = dump if is_remote(dump) else Path(dump)  # a Path would fold a URL's `//`
+        return extract_run(source, self._layout.location, run_name, **options)
 
 
 def _columns(table: str, columns: Sequence[str] | None) -> list[str]:
