@@ -54,10 +54,10 @@ def upload(bucket: str, prefix: str, source: Path = BASIC, names: list[str] | No
     import boto3
 
     client = boto3.client("s3")
-    for path in sorted(p for p in source.rglob("*") if p.is_file()):
-        name = path.relative_to(source).as_posix()
-        if names is None or name in names:
-            client.upload_file(str(path), bucket, f"{prefix}/{name}")
+    if names is None:
+        names = sorted(p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file())
+    for name in names:  # in this order
+        client.upload_file(str(source / name), bucket, f"{prefix}/{name}")
     return f"s3://{bucket}/{prefix}"
 
 
@@ -147,7 +147,9 @@ def test_a_bad_object_skips_its_step_with_the_usual_line_naming_its_url(
     (bad / "train_data" / "1_2.pt").write_bytes(data[: len(data) // 2])
     url = upload(bucket, "basic", source=bad)
     remote = CliRunner().invoke(main, ["extract", url, "--lake", str(tmp_path / "l1"), "--silent"])
-    local = CliRunner().invoke(main, ["extract", str(bad), "--lake", str(tmp_path / "l2"), "--silent"])
+    local = CliRunner().invoke(
+        main, ["extract", str(bad), "--lake", str(tmp_path / "l2"), "--silent"]
+    )
     assert remote.exit_code == local.exit_code == 1
     skipped = [line for line in remote.output.splitlines() if line.startswith("Skipped")]
     expected = [line for line in local.output.splitlines() if line.startswith("Skipped")]
@@ -206,8 +208,9 @@ def test_python_api_extracts_an_s3_dump(bucket: str, tmp_path: Path) -> None:
 def test_follow_an_s3_dump_as_its_objects_arrive(bucket: str, tmp_path: Path) -> None:
     first = ["tokenizer/tokenizer.json", "trajectory/0.jsonl", "rollout_data/0.pt"]
     first += [f"train_data/0_{r}.pt" for r in range(4)]
-    rest = ["rollout_data/eval_0.pt", "trajectory/1.jsonl", "rollout_data/1.pt"]
-    rest += [f"train_data/1_{r}.pt" for r in range(4)]
+    # train files first: a rollout file alone would settle and be extracted rollout-side only
+    rest = ["trajectory/1.jsonl", *(f"train_data/1_{r}.pt" for r in range(4))]
+    rest += ["rollout_data/eval_0.pt", "rollout_data/1.pt"]
     url, lake = upload(bucket, "live", names=first), tmp_path / "lake"
     stop, rounds, errors = threading.Event(), [], []
 
@@ -255,3 +258,24 @@ def test_stage_mirrors_the_prefix_sparse_and_drops_what_vanished(
     boto3.client("s3").delete_object(Bucket=bucket, Key="basic/rollout_data/0.pt")
     assert remote_dump.stage(url) == root and not placeholder.exists()
     assert replace(remote_dump.discover(url), steps=()).url == url
+
+
+def test_what_is_not_extracted_is_named_by_its_url(bucket: str, tmp_path: Path) -> None:
+    import boto3
+
+    url = upload(bucket, "basic", names=["rollout_data/0.pt"])
+    boto3.client("s3").put_object(Bucket=bucket, Key="basic/rollout_data/notes.txt", Body=b"x")
+    code, out = cli("extract", url, "--lake", str(tmp_path / "lake"), "--silent")
+    assert code == 0
+    assert out.splitlines()[0] == (
+        f"Ignored `{url}/rollout_data/notes.txt`: not a rollout or train dump file name"
+    )
+    empty = f"s3://{bucket}/nothing"
+    assert cli("extract", empty, "--lake", str(tmp_path / "lake")) == (
+        1,
+        f"Error: `{empty}` holds no objects (is the prefix right?)\n",
+    )
+    assert cli("extract", url, "--lake", f"{url}/lake") == (
+        1,
+        f"Error: Lake `{url}/lake`: is inside the dump `{url}`; tokenlake never writes there\n",
+    )

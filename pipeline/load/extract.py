@@ -119,6 +119,7 @@ def extract_run(
 
         require_ray()
     listing = remote_dump.discover(dump_dir)
+    remote_dump.check_apart(listing, lake)
     run = check_run_name(run_name if run_name is not None else listing.root.name)
     chosen = dump.select_steps(listing, steps)
     lake = prepare_lake(lake, listing.root)

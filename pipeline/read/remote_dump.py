@@ -37,8 +37,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import DumpNotFoundError, PipelineError
-from pipeline.load.lake import is_url
+from pipeline import schema
+from pipeline.errors import DumpNotFoundError, LakeError, PipelineError
+from pipeline.load.lake import MANIFEST_DIR, is_url
 from pipeline.read.dump import (
     DASHBOARD_DIR,
     ROLLOUT_DIR,
@@ -48,6 +49,8 @@ from pipeline.read.dump import (
     Dump,
     RemoteFiles,
     StepFiles,
+)
+from pipeline.read.dump import (
     discover as discover_local,
 )
 
@@ -151,6 +154,25 @@ def discover(location: DumpLocation) -> Dump:
     steps = tuple(replace(s, remote=_remote_files(url, s)) for s in listing.steps)
     ignored = tuple((shown_path(url, Path(p)), why) for p, why in listing.ignored)
     return replace(listing, steps=steps, ignored=ignored, url=url)
+
+
+def check_apart(listing: Dump, lake: Path | str) -> None:
+    """A lake URL inside a remote dump's prefix (or one whose tables would hold the dump) is
+    refused, as for directories: tokenlake never writes into a dump.
+
+    Examples:
+        >>> check_apart(Dump(Path("stage"), url="s3://b/run"), "s3://b/run/lake")
+        Traceback (most recent call last):
+        ...
+        pipeline.errors.LakeError: Lake `s3://b/run/lake`: is inside the dump `s3://b/run`; tokenlake never writes there
+    """
+    if listing.url is None or not is_url(lake):
+        return
+    dump, where = listing.url.rstrip("/"), str(lake).rstrip("/")
+    if where == dump or where.startswith(f"{dump}/"):
+        raise LakeError(where, f"is inside the dump `{dump}`; tokenlake never writes there")
+    if any(dump.startswith(f"{where}/{name}/") for name in (*schema.TABLES, MANIFEST_DIR)):
+        raise LakeError(where, f"would write into the dump `{dump}`; choose another --lake")
 
 
 def _remote_files(url: str, files: StepFiles) -> RemoteFiles:

@@ -88,7 +88,9 @@ def extract_step(
     try:
         return _extract_step(files, lake, run, status)
     except Exception as exc:  # noqa: BLE001 - a bug in one step must not take down the run
-        return StepOutcome(files.label, status, error=remote_dump.as_urls(files, files, bug_text(files, exc)))
+        return StepOutcome(
+            files.label, status, error=remote_dump.as_urls(files, files, bug_text(files, exc))
+        )
 
 
 def bug_text(files: dump.StepFiles, exc: BaseException) -> str:
