@@ -29,7 +29,7 @@ from pipeline.read import remote_dump
 from pipeline.serve import catalog
 from pipeline.transform.step import StepStatus, extract_step
 from tests.fixture_paths import REAL_DUMPS
-from tests.s3server import moto_server, new_bucket
+from tests.s3server import list_keys, moto_server, new_bucket
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
 
@@ -116,6 +116,13 @@ def test_extract_an_s3_dump_as_its_local_copy(bucket: str, tmp_path: Path) -> No
     assert cli("verify", str(lake)) == (
         1,
         f"run `basic` step 1: source `{url}/rollout_data/1.pt` no longer exists\n"
+        "3 steps checked, 1 problem\n",
+    )
+    for key in list_keys(bucket, "runs/basic/"):  # the whole dump is gone
+        boto3.client("s3").delete_object(Bucket=bucket, Key=key)
+    assert cli("verify", str(lake)) == (
+        1,
+        f"run `basic`: sources not checked: `{url}` holds no objects (is the prefix right?)\n"
         "3 steps checked, 1 problem\n",
     )
 

@@ -58,7 +58,7 @@ def verify_lake(lake: LakeRoot, run: str | None = None) -> tuple[int, list[Probl
             root = local_root(record.source_dir, refresh=True)
         except PipelineError as exc:  # cannot be listed, or holds nothing any more
             root = None
-            problems.append(Problem("", "", f"run `{record.run}`: its dump {exc}"))
+            problems.append(Problem("", "", f"run `{record.run}`: sources not checked: {exc}"))
         for key, step in sorted(record.steps.items(), key=lambda kv: (kv[1].rollout_id, kv[0])):
             checked += 1
             found = check_step(lake, record, step, root)

@@ -217,8 +217,25 @@ def stage(url: str) -> Path:
     if not listed:
         raise DumpNotFoundError(url, "holds no objects (is the prefix right?)")
     root = stage_root(url)
-    root.mkdir(parents=True, exist_ok=True)
-    _sweep_private(root.parent)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _sweep_private(root.parent)
+        staged = _update(fs, base, url, root, listed)
+        _remove_unlisted(root, set(staged))
+        _save_state(root, url, staged)
+    except OSError as exc:  # the cache is read-only or full
+        raise DumpNotFoundError(
+            url,
+            f"cannot be staged in `{root}` ({exc.strerror or exc}); set {CACHE_VARIABLE} to a"
+            " writable folder",
+        ) from None
+    return root
+
+
+def _update(
+    fs: Any, base: str, url: str, root: Path, listed: dict[str, tuple[int, int]]
+) -> dict[str, list[int]]:
+    """Stage what changed since the last listing; returns what the stage now holds."""
     known = _load_state(root, url)
     staged: dict[str, list[int]] = {}
     for name, (size, mtime_ns) in sorted(listed.items()):
@@ -230,9 +247,7 @@ def stage(url: str) -> Path:
             staged[name] = [size, mtime_ns]
         except (OSError, RemoteObjectError) as exc:  # e.g. a name both a file and a folder
             log.warning("`%s/%s` is not staged: %s", url, name, exc)
-    _remove_unlisted(root, set(staged))
-    _save_state(root, url, staged)
-    return root
+    return staged
 
 
 def _listing(fs: Any, base: str, url: str) -> dict[str, tuple[int, int]]:
@@ -293,7 +308,7 @@ def _stage_one(
 ) -> None:
     """A placeholder (`.pt`, trajectories) or a whole copy (tokenizer, dashboard)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.parent / f"{_PRIVATE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    temporary = target.parent / _temporary_name()
     try:
         if placeholder:
             with open(temporary, "wb") as handle:
@@ -312,7 +327,7 @@ def _remove_unlisted(root: Path, listed: set[str]) -> None:
         for name in names:
             path = Path(folder) / name
             relative = path.relative_to(root).as_posix()
-            if relative != STATE_FILE and relative not in listed:
+            if relative != STATE_FILE and relative not in listed and not _in_use(name):
                 path.unlink(missing_ok=True)
 
 
@@ -326,19 +341,35 @@ def _load_state(root: Path, url: str) -> dict[str, list[int]]:
 
 
 def _save_state(root: Path, url: str, staged: dict[str, list[int]]) -> None:
-    temporary = root / f"{_PRIVATE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    temporary = root / _temporary_name()
     temporary.write_text(json.dumps({"url": url, "files": staged}, sort_keys=True))
     os.replace(temporary, root / STATE_FILE)
+
+
+def _temporary_name() -> str:
+    """A name no dump object has (`_wanted` refuses them) and `_in_use` recognises."""
+    return f"{_PRIVATE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.tmp"
+
+
+def _in_use(name: str) -> bool:
+    """A temporary name of a live process (another extraction staging the same URL).
+
+    Examples:
+        >>> _in_use(_temporary_name()), _in_use("0.pt")
+        (True, False)
+    """
+    if not (name.startswith(_PRIVATE_PREFIX) and name.endswith(".tmp")):
+        return False
+    try:
+        return _alive(int(name[len(_PRIVATE_PREFIX) :].split("-", 1)[0]))
+    except ValueError:
+        return False
 
 
 def _sweep_private(folder: Path) -> None:
     """Private download folders of processes that are gone (killed mid-step)."""
     for path in folder.glob(f"{_PRIVATE_PREFIX}*.tmp"):
-        try:
-            pid = int(path.name[len(_PRIVATE_PREFIX) :].split("-", 1)[0])
-        except ValueError:
-            continue
-        if not _alive(pid):
+        if not _in_use(path.name):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -365,13 +396,10 @@ def hydrated(files: StepFiles) -> Iterator[StepFiles]:
     if remote is None:
         yield files
         return
-    private = stage_root(remote.url).parent / (
-        f"{_PRIVATE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.tmp"
-    )
+    private = stage_root(remote.url).parent / _temporary_name()
     try:
         fs, base = filesystem(remote.url)
         for name, size, mtime_ns in remote.objects:
-            (private / name).parent.mkdir(parents=True, exist_ok=True)
             try:
                 _download(fs, f"{base}/{name}", private / name, size, f"{remote.url}/{name}")
             except RemoteObjectError as exc:
@@ -388,6 +416,7 @@ def _download(fs: Any, key: str, target: Path, size: int, shown: str | None = No
     """GET one object; one line naming its URL when that fails or its size changed."""
     where = shown or key
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         fs.get_file(key, str(target))
         got = target.stat().st_size
     except FileNotFoundError:
