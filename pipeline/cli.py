@@ -175,6 +175,7 @@ def extract(
     \b
         tokenlake extract /data/runs/qwen-grpo --lake lake --run-name qwen --steps 0-9
         tokenlake extract /data/runs/live --lake lake --follow
+        tokenlake extract s3://bucket/runs/qwen --lake lake
         tokenlake extract /data/runs/fp8 --lake lake --tag precision=fp8 --meta run.yaml
     """
     from pipeline.load.extract import ExtractInterrupted, extract_run
