@@ -39,8 +39,14 @@ SUMMARY_TIME = re.compile(r" in \d+\.\d s -> ")
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
+    import s3fs
+
+    # fsspec caches filesystems by their arguments, not by the environment: an instance made
+    # for another module's server would still point at that server's port
+    s3fs.S3FileSystem.clear_instance_cache()
     with moto_server() as env:
         yield env
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.fixture

@@ -118,6 +118,7 @@ def task_died_text(files: dump.StepFiles, max_retries: int) -> str:
     """The one-line failure of a step whose Ray task died on every try.
 
     Examples:
+        >>> from pathlib import Path
         >>> step = dump.StepFiles(3, False, Path("d/rollout_data/3.pt"))
         >>> print(task_died_text(step, 2))
         `d/rollout_data/3.pt`: the Ray task extracting this step died on all 3 tries (its worker or node was killed, ran out of memory or left the cluster). Extract again to retry the step.
@@ -137,6 +138,7 @@ def task_failed_text(files: dump.StepFiles, cause: BaseException) -> str:
     installed on the node, so the function cannot be loaded).
 
     Examples:
+        >>> from pathlib import Path
         >>> step = dump.StepFiles(3, False, Path("d/rollout_data/3.pt"))
         >>> print(task_failed_text(step, ModuleNotFoundError("No module named 'pipeline'")))
         `d/rollout_data/3.pt`: the Ray task extracting this step failed with ModuleNotFoundError("No module named 'pipeline'"). Install tokenlake on every node of the cluster, then extract again.

@@ -22,14 +22,14 @@ import hashlib
 import json
 import logging
 import os
-import secrets
+import re
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import DumpNotFoundError, PipelineError
-from pipeline.load.lake import is_url
+from pipeline.load.lake import is_url, temporary_path
 from pipeline.read.dump import DASHBOARD_DIR, ROLLOUT_DIR, TOKENIZER_DIR, TRAIN_DIR, TRAJECTORY_DIR
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ STATE_FILE = ".tokenlake-remote.json"  # in the stage root: the URL and what was
 PLACEHOLDER_DIRS = (ROLLOUT_DIR, TRAIN_DIR, TRAJECTORY_DIR)  # read per step, downloaded then
 COPIED_DIRS = (TOKENIZER_DIR, DASHBOARD_DIR)  # read by the driver: downloaded whole
 _PRIVATE_PREFIX = ".tokenlake-"  # temporaries and private download folders
+_TEMPORARY = re.compile(r"^\.tokenlake-(\d+)-[0-9a-f]{8}\.tmp$")  # as `temporary_path` names
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = datetime.resolution  # timedelta(microseconds=1)
 
@@ -246,8 +247,9 @@ def _save_state(root: Path, url: str, staged: dict[str, list[int]]) -> None:
 
 
 def temporary_name() -> str:
-    """A name no dump object has (`_wanted` refuses them) and `_in_use` recognises."""
-    return f"{_PRIVATE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    """The lake's temporary-name scheme (`.tokenlake-<pid>-<hex8>.tmp`): a name no staged
+    object has (`_wanted` refuses them) and `_in_use` recognises."""
+    return temporary_path(Path()).name
 
 
 def _in_use(name: str) -> bool:
@@ -257,17 +259,13 @@ def _in_use(name: str) -> bool:
         >>> _in_use(temporary_name()), _in_use("0.pt")
         (True, False)
     """
-    if not (name.startswith(_PRIVATE_PREFIX) and name.endswith(".tmp")):
-        return False
-    try:
-        return _alive(int(name[len(_PRIVATE_PREFIX) :].split("-", 1)[0]))
-    except ValueError:
-        return False
+    match = _TEMPORARY.match(name)
+    return match is not None and _alive(int(match.group(1)))
 
 
 def _sweep_private(folder: Path) -> None:
     """Private download folders of processes that are gone (killed mid-step)."""
-    for path in folder.glob(f"{_PRIVATE_PREFIX}*.tmp"):
+    for path in folder.glob(f"{_PRIVATE_PREFIX}*"):
         if not _in_use(path.name):
             shutil.rmtree(path, ignore_errors=True)
 
