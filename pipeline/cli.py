@@ -17,6 +17,7 @@ import click
 
 from pipeline import __version__
 from pipeline.cli_util import (
+    DUMP,
     LAKE,
     MAX_SECONDS,
     MAX_WORKERS,
@@ -72,7 +73,7 @@ class _SafeFormatter(logging.Formatter):
 
 
 @main.command()
-@click.argument("dump_dir", type=click.Path(path_type=Path))
+@click.argument("dump_dir", type=DUMP)
 @click.option(
     "--lake",
     type=LAKE,
@@ -148,7 +149,7 @@ class _SafeFormatter(logging.Formatter):
     " cluster started on this machine, else a new local Ray).",
 )
 def extract(
-    dump_dir: Path,
+    dump_dir: Path | str,
     lake: LakeRoot,
     run_name: str | None,
     steps: str | None,
@@ -174,6 +175,7 @@ def extract(
     \b
         tokenlake extract /data/runs/qwen-grpo --lake lake --run-name qwen --steps 0-9
         tokenlake extract /data/runs/live --lake lake --follow
+        tokenlake extract s3://bucket/runs/qwen --lake lake
         tokenlake extract /data/runs/fp8 --lake lake --tag precision=fp8 --meta run.yaml
     """
     from pipeline.load.extract import ExtractInterrupted, extract_run
@@ -228,7 +230,7 @@ def extract(
 
 
 def _follow(
-    dump_dir: Path,
+    dump_dir: Path | str,
     lake: LakeRoot,
     run_name: str | None,
     workers: int,

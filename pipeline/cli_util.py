@@ -195,3 +195,12 @@ class LakeLocationType(click.ParamType):
 
 
 LAKE = LakeLocationType()
+
+
+class DumpLocationType(LakeLocationType):
+    """A dump: a directory, or an object-store URL (`s3://bucket/dump`) kept as text."""
+
+    name = "dump"
+
+
+DUMP = DumpLocationType()

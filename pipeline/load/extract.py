@@ -24,7 +24,7 @@ from pipeline.load import lake_files, manifest
 from pipeline.load.lake import LakeRoot, check_run_name, lake_at, manifest_name
 from pipeline.load.scheduler import Todo, run_steps, sigint_deferred
 from pipeline.progress import ProgressCallback, Reporter, as_reporter
-from pipeline.read import dump
+from pipeline.read import dump, remote_dump
 from pipeline.serve import catalog
 from pipeline.transform.step import (
     StepOutcome,
@@ -44,7 +44,7 @@ class ExtractSummary:
     steps: list[StepResult] = field(default_factory=list)  # written by this extraction
     counts: dict[StepStatus, int] = field(default_factory=lambda: dict.fromkeys(StepStatus, 0))
     failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
-    ignored_files: list[tuple[Path, str]] = field(default_factory=list)  # (path, why)
+    ignored_files: list[tuple[Path | str, str]] = field(default_factory=list)  # (path, why)
     warnings: list[str] = field(default_factory=list)  # dashboard/ problems, one line each
     seconds: float = 0.0
 
@@ -70,7 +70,7 @@ class ExtractInterrupted(KeyboardInterrupt):
 
 
 def extract_run(
-    dump_dir: Path,
+    dump_dir: Path | str,
     lake: LakeRoot,
     run_name: str | None = None,
     *,
@@ -91,7 +91,8 @@ def extract_run(
     and the run's other steps are kept as they are.
 
     Args:
-        dump_dir: The `--dump-details` directory (only read, never written).
+        dump_dir: The `--dump-details` directory, or the URL of a dump on an object store
+            (`s3://bucket/dump`, staged locally: pipeline/read/remote_dump.py). Only read.
         lake: The lake root, or an object-store URL (`s3://bucket/lake`); created if missing.
         run_name: The run's name in the lake; default: the dump directory's base name.
         steps: Step ids to extract (train and eval files of those steps); default: all.
@@ -117,7 +118,8 @@ def extract_run(
         from pipeline.load.ray_executor import require_ray
 
         require_ray()
-    listing = dump.discover(dump_dir)
+    listing = remote_dump.discover(dump_dir)
+    remote_dump.check_apart(listing, lake)
     run = check_run_name(run_name if run_name is not None else listing.root.name)
     chosen = dump.select_steps(listing, steps)
     lake = prepare_lake(lake, listing.root)
@@ -125,7 +127,7 @@ def extract_run(
     reporter = as_reporter(progress)
     with lake_at(lake).lock():
         _check_other_manifests(lake, run)
-        record = _current_manifest(lake, run, listing.root, replace)
+        record = _current_manifest(lake, run, listing.source, replace)
         retagged = {**record.tags, **(tags or {})}
         tags_changed, record.tags = retagged != record.tags, retagged
         selected = [s for s in chosen if ready is None or ready(s)]
@@ -258,7 +260,7 @@ def _check_other_manifests(lake: LakeRoot, run: str) -> None:
 
 
 def _current_manifest(
-    lake: LakeRoot, run: str, source: Path, replace: bool = False
+    lake: LakeRoot, run: str, source: Path | str, replace: bool = False
 ) -> manifest.RunManifest:
     try:
         record = manifest.load_manifest(lake, run)

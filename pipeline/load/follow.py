@@ -23,7 +23,7 @@ from pipeline.load import manifest
 from pipeline.load.extract import ExtractInterrupted, ExtractSummary, check_run_name, extract_run
 from pipeline.load.lake import LakeRoot
 from pipeline.progress import ProgressCallback
-from pipeline.read import dump
+from pipeline.read import dump, remote_dump
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class FollowState:
 
 
 def follow_run(
-    dump_dir: Path,
+    dump_dir: Path | str,
     lake: LakeRoot,
     run_name: str | None = None,
     *,
@@ -58,7 +58,7 @@ def follow_run(
     Returns:
         The final state (rank set learnt, failures pending a change).
     """
-    run = check_run_name(run_name if run_name is not None else dump_dir.resolve().name)
+    run = check_run_name(run_name if run_name is not None else remote_dump.dump_name(dump_dir))
     state = FollowState(expected_ranks=_known_ranks(lake, run))
     try:
         while not should_stop():
@@ -78,7 +78,7 @@ def follow_run(
 
 
 def follow_round(
-    dump_dir: Path,
+    dump_dir: Path | str,
     lake: LakeRoot,
     run: str,
     state: FollowState,

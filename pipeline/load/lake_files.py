@@ -19,6 +19,7 @@ from pipeline.load import manifest, write
 from pipeline.load.lake import LakeRoot, lake_at, new_name
 from pipeline.read import dashboard
 from pipeline.read.dump import Dump
+from pipeline.read.remote_dump import local_root, shown_path, urls_in
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ def write_run_row(
     """
     warnings: list[str] = []
     if keep is None:
-        meta, warnings = dashboard.read_run_meta(record.source_dir)
+        meta, warnings = dashboard.read_run_meta(local_root(record.source_dir))
+        warnings = [urls_in(record.source_dir, warning) for warning in warnings]
         record.meta_source = meta_source(record)
     else:
         meta = {n: keep.get(n) for n in schema.RUN_META_SCHEMA.names if n != schema.TAGS_JSON}
@@ -66,7 +68,7 @@ def write_run_row(
 
 def meta_source(record: manifest.RunManifest) -> manifest.SourceFile | None:
     """Identity (name, size, mtime) of the dump's `dashboard/meta.json`, None if absent."""
-    root = Path(record.source_dir)
+    root = local_root(record.source_dir)
     path = Dump(root).dashboard_dir / dashboard.META_FILE
     try:
         return manifest.SourceFile.of(path, root) if path.is_file() else None
@@ -155,7 +157,7 @@ def refresh_metrics(lake: LakeRoot, record: manifest.RunManifest) -> tuple[bool,
     Returns:
         Whether the record changed, and warnings (bad lines, skipped values, restarts).
     """
-    root = Path(record.source_dir)
+    root = local_root(record.source_dir)
     files = dashboard.metrics_files(root)
     gone = _rewritten(record, files)
     warnings = [
@@ -186,7 +188,7 @@ def refresh_metrics(lake: LakeRoot, record: manifest.RunManifest) -> tuple[bool,
     record.metrics_sources = sources
     if len(record.metrics_files) > MAX_METRICS_FILES:
         record.metrics_files = [_merge_metrics(lake, record)]
-    return changed, warnings
+    return changed, [urls_in(record.source_dir, warning) for warning in warnings]
 
 
 def _write_metrics(lake: LakeRoot, record: manifest.RunManifest, table: pa.Table) -> str:
@@ -217,7 +219,7 @@ def _merge_metrics(lake: LakeRoot, record: manifest.RunManifest) -> str:
 
 def refresh_vocab(
     lake: LakeRoot, record: manifest.RunManifest
-) -> tuple[bool, tuple[Path, str] | None]:
+) -> tuple[bool, tuple[Path | str, str] | None]:
     """Write the run's `vocab` file when the dump's tokenizer is new or changed.
 
     A tokenizer that cannot be read is not an error: the run gets no vocab (token texts are
@@ -228,7 +230,7 @@ def refresh_vocab(
     """
     from pipeline.read import dump, vocab
 
-    root = Path(record.source_dir)
+    root = local_root(record.source_dir)
     source = dump.Dump(root).tokenizer_file
     if source is None:
         changed = record.vocab_file is not None
@@ -246,9 +248,10 @@ def refresh_vocab(
     except DumpFormatError as exc:
         changed = record.vocab_file is not None or record.vocab_source != stamp
         record.vocab_file, record.vocab_source = None, stamp
-        return changed, (source, f"{exc.problem}; token texts are NULL until it is fixed")
+        shown_source = shown_path(record.source_dir, source)
+        return changed, (shown_source, f"{exc.problem}; token texts are NULL until it is fixed")
     name = new_name(schema.VOCAB, record.run, "vocab")
-    metadata = write.file_metadata(schema.VOCAB, record.run, str(source))
+    metadata = write.file_metadata(schema.VOCAB, record.run, shown_path(record.source_dir, source))
     write.write_lake_file(layout, name, schema.VOCAB, table, metadata)
     record.vocab_file, record.vocab_source = name, stamp
     return True, None

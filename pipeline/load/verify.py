@@ -16,9 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import schema
-from pipeline.errors import LakeError
+from pipeline.errors import LakeError, PipelineError
 from pipeline.load import manifest
 from pipeline.load.lake import LakeRoot, check_run_name, lake_at
+from pipeline.read.remote_dump import is_remote, local_root, shown_path
 from pipeline.serve import catalog
 
 
@@ -53,9 +54,15 @@ def verify_lake(lake: LakeRoot, run: str | None = None) -> tuple[int, list[Probl
     problems: list[Problem] = []
     checked = 0
     for record in runs:
+        try:  # a dump on an object store: listed afresh, into its stage
+            root = local_root(record.source_dir, refresh=True)
+        except PipelineError as exc:  # cannot be listed, or holds nothing any more
+            root = None
+            problems.append(Problem("", "", f"run `{record.run}`: sources not checked: {exc}"))
         for key, step in sorted(record.steps.items(), key=lambda kv: (kv[1].rollout_id, kv[0])):
             checked += 1
-            problems += [Problem(record.run, key, m) for m in check_step(lake, record, step)]
+            found = check_step(lake, record, step, root)
+            problems += [Problem(record.run, key, m) for m in found]
     broken = catalog.catalog_problem(lake) if runs else None
     if broken is not None:
         problems.append(Problem("", "", broken))
@@ -63,14 +70,24 @@ def verify_lake(lake: LakeRoot, run: str | None = None) -> tuple[int, list[Probl
 
 
 def check_step(
-    lake: LakeRoot, record: manifest.RunManifest, step: manifest.StepRecord
+    lake: LakeRoot,
+    record: manifest.RunManifest,
+    step: manifest.StepRecord,
+    root: Path | None = None,
 ) -> list[str]:
-    """The problems of one step (empty list when it is consistent)."""
+    """The problems of one step (empty list when it is consistent).
+
+    Args:
+        root: Where the run's dump is read (`remote_dump.local_root`); None: not checked
+            when the dump is on an object store that could not be listed.
+    """
     layout = lake_at(lake)
     missing = [name for name in step.files.values() if not layout.exists(name)]
     if missing:
         return [f"file `{name}` is missing" for name in missing]
-    problems = _check_sources(Path(record.source_dir), step)
+    if root is None and not is_remote(record.source_dir):
+        root = local_root(record.source_dir)
+    problems = [] if root is None else _check_sources(record.source_dir, root, step)
     tables: dict[str, pa.Table] = {}
     for table, name in step.files.items():
         try:
@@ -100,14 +117,15 @@ def check_step(
     return problems
 
 
-def _check_sources(root: Path, step: manifest.StepRecord) -> list[str]:
+def _check_sources(source_dir: str, root: Path, step: manifest.StepRecord) -> list[str]:
     problems = []
     for source in step.sources:
         path = root / source.name
+        shown = shown_path(source_dir, path)  # a remote dump's object: its URL
         if not path.is_file():
-            problems.append(f"source `{path}` no longer exists")
+            problems.append(f"source `{shown}` no longer exists")
             continue
         current = manifest.SourceFile.of(path, root)
         if current != source:
-            problems.append(f"source `{path}` changed since extraction; extract again")
+            problems.append(f"source `{shown}` changed since extraction; extract again")
     return problems

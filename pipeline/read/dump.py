@@ -57,8 +57,16 @@ class Dump:
 
     root: Path
     steps: tuple[StepFiles, ...] = ()
-    # (path, why) of files that are not extracted
-    ignored: tuple[tuple[Path, str], ...] = field(default=())
+    # (path, why) of files that are not extracted (a dump on an object store: their URLs)
+    ignored: tuple[tuple[Path | str, str], ...] = field(default=())
+    # A dump on an object store: its URL; `root` is then its local stage
+    # (pipeline/read/remote_dump.py).
+    url: str | None = None
+
+    @property
+    def source(self) -> str:
+        """The dump as the lake records it (`source_dir`): its URL, else its directory."""
+        return self.url if self.url is not None else str(self.root)
 
     @property
     def rollout_dir(self) -> Path:
@@ -85,6 +93,15 @@ class Dump:
 
 
 @dataclass(frozen=True)
+class RemoteFiles:
+    """A step of a dump on an object store: the dump's URL and the step's objects to download
+    (name relative to the dump, size, mtime_ns as listed), in `manifest.fingerprint` order."""
+
+    url: str
+    objects: tuple[tuple[str, int, int], ...]
+
+
+@dataclass(frozen=True)
 class StepFiles:
     """The files of one rollout dump: its rollout file and (training steps) its rank files."""
 
@@ -95,6 +112,8 @@ class StepFiles:
     train_files: tuple[tuple[int, Path], ...] = ()
     # The dump the files belong to; `discover` sets it (default: the rollout file's dump).
     root: Path | None = None
+    # On an object store: what to download before reading (pipeline/read/remote_dump.py).
+    remote: RemoteFiles | None = None
 
     def __post_init__(self) -> None:
         if self.root is None:  # rollout files live in ROOT/rollout_data/
@@ -224,9 +243,9 @@ def _refuse_duplicate(earlier: StepFiles | Path | None, path: Path, what: str = 
 
 def _list_train_files(
     train_dir: Path,
-) -> tuple[dict[int, dict[int, Path]], list[tuple[Path, str]]]:
+) -> tuple[dict[int, dict[int, Path]], list[tuple[Path | str, str]]]:
     by_step: dict[int, dict[int, Path]] = {}
-    ignored: list[tuple[Path, str]] = []
+    ignored: list[tuple[Path | str, str]] = []
     if not train_dir.is_dir():
         return by_step, ignored
     for path in sorted(train_dir.iterdir()):
@@ -250,7 +269,7 @@ def select_steps(dump: Dump, steps: Container[int] | None) -> tuple[StepFiles, .
     chosen = tuple(s for s in dump.steps if s.rollout_id in steps)
     if not chosen:
         raise UsageError(
-            f"--steps `{steps}` selects no step of `{dump.root}`; {describe_steps(dump.steps)}."
+            f"--steps `{steps}` selects no step of `{dump.source}`; {describe_steps(dump.steps)}."
         )
     return chosen
 

@@ -191,9 +191,11 @@ class TokenLake:
         """Extract a dump into this lake: `pipeline.load.extract.extract_run`, same options
         (`steps`, `workers`, `replace`, `tags`, ...); takes the writer lock while it runs."""
         from pipeline.load.extract import extract_run
+        from pipeline.read.remote_dump import is_remote
 
         self.close()
-        return extract_run(Path(dump), self._layout.location, run_name, **options)
+        source = dump if is_remote(dump) else Path(dump)  # a Path would fold a URL's `//`
+        return extract_run(source, self._layout.location, run_name, **options)
 
 
 def _columns(table: str, columns: Sequence[str] | None) -> list[str]:

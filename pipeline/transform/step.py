@@ -27,7 +27,7 @@ from pipeline.errors import (
 )
 from pipeline.load import manifest, write
 from pipeline.load.lake import LakeRoot, lake_at, new_name
-from pipeline.read import dump, trajectory, validate
+from pipeline.read import dump, remote_dump, trajectory, validate
 from pipeline.transform import flatten
 from pipeline.transform.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 
@@ -88,7 +88,9 @@ def extract_step(
     try:
         return _extract_step(files, lake, run, status)
     except Exception as exc:  # noqa: BLE001 - a bug in one step must not take down the run
-        return StepOutcome(files.label, status, error=bug_text(files, exc))
+        return StepOutcome(
+            files.label, status, error=remote_dump.as_urls(files, files, bug_text(files, exc))
+        )
 
 
 def bug_text(files: dump.StepFiles, exc: BaseException) -> str:
@@ -132,15 +134,19 @@ def _text_of(exc: BaseException) -> str:
 def _extract_step(
     files: dump.StepFiles, lake: LakeRoot, run: str, status: StepStatus
 ) -> StepOutcome:
+    read = files  # a dump on an object store: the step's objects, downloaded while read
     try:
-        # Fingerprint before reading: a file that changes while it is read looks changed later.
-        sources = manifest.fingerprint(files)
-        tokens, samples_table, result = build_step_tables(files)
+        with remote_dump.hydrated(files) as read:
+            # Fingerprint before reading: a file that changes while it is read looks changed
+            # later (a remote step's: as listed, before the download).
+            sources = _fingerprint(files)
+            tokens, samples_table, result = build_step_tables(read)
     except PipelineError as exc:
-        return StepOutcome(files.label, status, error=input_error_text(files, exc))
+        text = remote_dump.as_urls(files, read, input_error_text(read, exc))
+        return StepOutcome(files.label, status, error=text)
     except OSError as exc:  # a file vanished or became unreadable between listing and reading
         text = f"`{exc.filename}`: {exc.strerror}. Extract again once the file is readable."
-        return StepOutcome(files.label, status, error=text)
+        return StepOutcome(files.label, status, error=remote_dump.as_urls(files, read, text))
     try:
         written = _write_step(files, lake, run, tokens, samples_table)
     except LakeError as exc:
@@ -160,6 +166,14 @@ def _extract_step(
         schema_version=schema.SCHEMA_VERSION,
     )
     return StepOutcome(files.label, status, result=result, record=record)
+
+
+def _fingerprint(files: dump.StepFiles) -> list[manifest.SourceFile]:
+    """The step's source identities; a remote step's come with it (a Ray node elsewhere has
+    no stage), equal to what `manifest.fingerprint` reads from the stage's placeholders."""
+    if files.remote is None:
+        return manifest.fingerprint(files)
+    return [manifest.SourceFile(*source) for source in files.remote.objects]
 
 
 def input_error_text(files: dump.StepFiles, exc: PipelineError) -> str:
@@ -193,12 +207,18 @@ def _write_step(
     try:
         for table, data in ((schema.TOKENS, tokens), (schema.SAMPLES, samples_table)):
             written[table] = new_name(table, run, stem, files.rollout_id, generation)
-            metadata = write.file_metadata(table, run, str(files.rollout_file))
+            metadata = write.file_metadata(table, run, _source_name(files))
             write.write_lake_file(layout, written[table], table, data, metadata)
     except BaseException:
         layout.delete(written.values())  # half a step must not linger (full or read-only lake)
         raise
     return written
+
+
+def _source_name(files: dump.StepFiles) -> str:
+    """The rollout file as Parquet metadata records it: its URL for a remote dump."""
+    text = str(files.rollout_file)
+    return remote_dump.as_urls(files, files, text)
 
 
 def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepResult]:
