@@ -45,5 +45,5 @@ def test_the_best_run_has_the_lowest_total_and_the_lowest_rewrite_of_all():
 def test_a_figure_line_shows_median_step_commit_total_rewrite_objects_and_bytes_per_token():
     lines = bench_formats.figure_lines([_figures(1.0, 0.25)], tokens=1000)
     assert lines[1] == (
-        f"  {'w':<32}    500ms   500ms    20ms   1.00s    250ms       5       4    4.00      300"
+        f"  {'w':<34}    500ms   500ms    20ms   1.00s    250ms       5       4    4.00      300"
     )

@@ -49,11 +49,18 @@ SCAN = "SELECT count(*), avg(lp_diff), max(position) FROM {}"
 Writer = Callable[[list[bw.Step], str, dict[str, str], Path], bw.Figures]
 WRITERS: dict[str, tuple[Writer, str]] = {  # name -> (writer, prefix of its `tokens` files)
     "tokenlake (manifest)": (bw.bench_tokenlake, "tokenlake/tokens/"),
-    "delta-rs, our Parquet settings": (
-        functools.partial(bw.bench_delta, ours=True),
+    "delta-rs our settings, table kept": (
+        functools.partial(bw.bench_delta, ours=True, keep=True),
         "delta/tokens/",
     ),
-    "delta-rs, its defaults": (functools.partial(bw.bench_delta, ours=False), "delta/tokens/"),
+    "delta-rs our settings, URL": (
+        functools.partial(bw.bench_delta, ours=True, keep=False),
+        "delta/tokens/",
+    ),
+    "delta-rs its defaults, table kept": (
+        functools.partial(bw.bench_delta, ours=False, keep=True),
+        "delta/tokens/",
+    ),
     "pyiceberg, sqlite catalog": (bw.bench_iceberg, "iceberg/tl/tokens/"),
 }
 
@@ -94,7 +101,7 @@ def readers(buckets: dict[str, str], env: dict[str, str], folder: Path) -> dict[
             return con.execute(SCAN.format(f"read_parquet({urls!r}, hive_partitioning=true)"))
 
     lake = ObjectLake(f"s3://{buckets['tokenlake (manifest)']}/tokenlake")
-    delta = f"s3://{buckets['delta-rs, our Parquet settings']}/delta/{schema.TOKENS}"
+    delta = f"s3://{buckets['delta-rs our settings, table kept']}/delta/{schema.TOKENS}"
     options = bw.delta_options(env)
     iceberg = bw.iceberg_catalog(folder, buckets["pyiceberg, sqlite catalog"], env)
 
@@ -230,13 +237,13 @@ def _best(runs: list[bw.Figures]) -> bw.Figures:
 
 def figure_lines(figures: list[bw.Figures], tokens: int) -> list[str]:
     lines = [
-        f"  {'writer':<32} {'step med':>8} {'max':>7} {'commit':>7} {'total':>7} {'rewrite':>8}"
+        f"  {'writer':<34} {'step med':>8} {'max':>7} {'commit':>7} {'total':>7} {'rewrite':>8}"
         f" {'objects':>7} {'parquet':>7} {'B/token':>7} {'meta B':>8}"
     ]
     for f in figures:
         commit = f"{statistics.median(f.commits) * 1e3:5.0f}ms" if f.commits else "      -"
         lines.append(
-            f"  {f.name:<32} {statistics.median(f.steps) * 1e3:6.0f}ms {max(f.steps) * 1e3:5.0f}ms"
+            f"  {f.name:<34} {statistics.median(f.steps) * 1e3:6.0f}ms {max(f.steps) * 1e3:5.0f}ms"
             f" {commit} {f.total:6.2f}s {f.rewrite * 1e3:6.0f}ms {f.objects:>7}"
             f" {f.data_objects:>7} {f.data_bytes / tokens:7.2f} {f.other_bytes:>8}"
         )
@@ -247,10 +254,10 @@ def settings_lines(found: dict[str, dict[str, str]]) -> list[str]:
     keys = ["codec", "float", "key", "rows/group", "version", "lineage"]
     widths = [7, 21, 21, 10, 7, 7]
     head = " ".join(f"{k:>{w}}" for k, w in zip(keys, widths, strict=True))
-    lines = [f"  {'writer':<32} {head}"]
+    lines = [f"  {'writer':<34} {head}"]
     for name, got in found.items():
         row = " ".join(f"{got[k]:>{w}}" for k, w in zip(keys, widths, strict=True))
-        lines.append(f"  {name:<32} {row}")
+        lines.append(f"  {name:<34} {row}")
     return lines
 
 

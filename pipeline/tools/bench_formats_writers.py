@@ -239,29 +239,39 @@ def delta_writer_properties() -> Any:
 
 
 def bench_delta(
-    steps: list[Step], bucket: str, env: dict[str, str], folder: Path, *, ours: bool
+    steps: list[Step], bucket: str, env: dict[str, str], folder: Path, *, ours: bool, keep: bool
 ) -> Figures:
-    """delta-rs: each table its own Delta table, one append (one commit) per table and step."""
+    """delta-rs: each table its own Delta table, one append (one commit) per table and step.
+
+    With `keep`, a long-running writer: each table's `DeltaTable` is kept and passed to the
+    next write (delta-rs updates it in place). Without, every commit opens the table by its URL
+    as a new process would, and first replays the log (it grows until a checkpoint).
+    """
+    from deltalake import DeltaTable
     from deltalake import write_deltalake as write_delta
 
     write_deltalake: Any = write_delta  # its overloads tie `mode` to `predicate`
     options = delta_options(env)
     props = delta_writer_properties() if ours else None
-    name = "delta-rs, our Parquet settings" if ours else "delta-rs, its defaults"
-    figures = Figures(name, [], [], 0.0)
+    kept: dict[str, Any] = {}
 
     def put(step: Step, mode: Literal["append", "overwrite"], predicate: str | None = None) -> None:
         for table, data in step.tables.items():
+            uri = f"s3://{bucket}/delta/{table}"
             write_deltalake(
-                f"s3://{bucket}/delta/{table}",
+                kept.get(table, uri),
                 with_partitions(data, step.files.rollout_id),
                 mode=mode,
                 partition_by=PARTITIONS,
                 predicate=predicate,
-                storage_options=options,
+                storage_options=None if table in kept else options,
                 writer_properties=props,
             )
+            if keep and table not in kept:
+                kept[table] = DeltaTable(uri, storage_options=options)
 
+    names = {True: "our settings", False: "its defaults"}
+    figures = Figures(f"delta-rs {names[ours]}, {'table kept' if keep else 'URL'}", [], [], 0.0)
     for step in steps:
         figures.steps.append(timed(functools.partial(put, step, "append")))
     count_objects(figures, bucket, "delta/")
