@@ -84,21 +84,24 @@ def build_steps(root: Path, steps: int, scale: float) -> list[bw.Step]:
 # -- reading -------------------------------------------------------------------------------
 
 
+def duckdb_over(urls: list[str]) -> object:
+    """DuckDB scans a list of objects through fsspec (no extension), as our catalog does."""
+    import duckdb
+    import s3fs
+
+    with duckdb.connect() as con:
+        con.register_filesystem(s3fs.S3FileSystem())
+        return con.execute(SCAN.format(f"read_parquet({urls!r}, hive_partitioning=true)"))
+
+
 def readers(buckets: dict[str, str], env: dict[str, str], folder: Path) -> dict[str, Any]:
     """Each way to scan `tokens`; the DuckDB ones read a file list with no extension."""
-    import duckdb
     import polars as pl
-    import s3fs
     from deltalake import DeltaTable
 
     from pipeline.load import manifest
     from pipeline.load.object_lake import ObjectLake
     from pipeline.serve import catalog
-
-    def duckdb_over(urls: list[str]) -> object:
-        with duckdb.connect() as con:
-            con.register_filesystem(s3fs.S3FileSystem())
-            return con.execute(SCAN.format(f"read_parquet({urls!r}, hive_partitioning=true)"))
 
     lake = ObjectLake(f"s3://{buckets['tokenlake (manifest)']}/tokenlake")
     delta = f"s3://{buckets['delta-rs our settings, table kept']}/delta/{schema.TOKENS}"
@@ -261,7 +264,9 @@ def settings_lines(found: dict[str, dict[str, str]]) -> list[str]:
     return lines
 
 
-def _measure(steps: list[bw.Step], env: dict[str, str], folder: Path, repeat: int) -> dict:
+def _measure(
+    steps: list[bw.Step], env: dict[str, str], folder: Path, repeat: int, *, real: bool
+) -> dict:
     """Every writer `repeat` times, interleaved (a busier moment slows all of them alike)."""
     from pipeline.load.extract import extract_run
 
@@ -275,7 +280,7 @@ def _measure(steps: list[bw.Step], env: dict[str, str], folder: Path, repeat: in
             places[name] = folder / f"writer{number}-{index}-{len(steps)}"
             places[name].mkdir()
             runs[name].append(writer(steps, buckets[name], env, places[name]))
-        if steps[0].tables[schema.TOKENS].num_rows > 1:  # the full steps: also the real thing
+        if real:  # the real steps: also the whole extraction, by the real code
             buckets["extract_run"] = bw.new_bucket()
             dump_dir = steps[0].files.root
             assert dump_dir is not None
@@ -287,8 +292,8 @@ def _measure(steps: list[bw.Step], env: dict[str, str], folder: Path, repeat: in
 def run_all(steps: list[bw.Step], folder: Path, repeat: int, tiny: int) -> list[str]:
     tokens = sum(s.tables[schema.TOKENS].num_rows for s in steps)
     with bw.moto_server() as env:
-        full = _measure(steps, env, folder, repeat)
-        small = _measure(bw.tiny_steps(steps, tiny), env, folder, repeat)
+        full = _measure(steps, env, folder, repeat, real=True)
+        small = _measure(bw.tiny_steps(steps, tiny), env, folder, repeat, real=False)
         buckets = full["buckets"]
         found = {name: bw.parquet_settings(buckets[name], p) for name, (_, p) in WRITERS.items()}
         scans = readers(buckets, env, full["places"]["pyiceberg, sqlite catalog"]).items()

@@ -65,6 +65,17 @@ class Figures:
 # -- the S3 server -------------------------------------------------------------------------
 
 
+def _wait_for(port: int, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"moto's S3 server did not listen on 127.0.0.1:{port} in {seconds} s")
+
+
 @contextmanager
 def moto_server() -> Iterator[dict[str, str]]:
     """moto's S3 server on a free port of 127.0.0.1, set in os.environ while it runs (the same
@@ -83,21 +94,25 @@ def moto_server() -> Iterator[dict[str, str]]:
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
+    saved = {key: os.environ.get(key) for key in (*env, "AWS_PROFILE", "AWS_SESSION_TOKEN")}
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        _wait_for(port)
         for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
             os.environ.pop(key, None)
         os.environ.update(env)
         yield env
     finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def new_bucket() -> str:
