@@ -28,13 +28,13 @@ ABS := abs() { case "$$1" in /*) printf '%s' "$$1";; *) printf '%s/%s' "$$CALLER
 # The files the example dump is generated from: `make example` rewrites it only when they change.
 GENERATOR := pipeline/tools/synth.py pipeline/tools/synth_spec.py pipeline/transform/cp_layout.py
 
-.PHONY: help setup extract example follow verify views audit sql report test test-fast lint fmt bench clean
+.PHONY: help setup extract example follow verify views audit sql report test test-fast lint fmt bench bench-formats clean
 
 help: ## list the targets (with the defaults in force)
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
 	  | sed -e 's|\$$(LAKE)|$(LAKE)|g' -e 's|\$$(EXAMPLE_DUMP)|$(EXAMPLE_DUMP)|g' \
 	        -e 's|\$$(BENCH_SCALE)|$(BENCH_SCALE)|g' \
-	  | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	  | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 setup: $(VENV)/.installed ## create .venv and install tokenlake (torch==2.13.0, CPU build)
 
@@ -107,6 +107,10 @@ test-fast: setup ## tests not marked slow
 
 bench: setup ## BENCH_SCALE=$(BENCH_SCALE): generate big dumps in a temp dir and print throughput figures
 	$(PY) -m pipeline.tools.bench --scale $(BENCH_SCALE)
+
+bench-formats: setup ## our S3 commit protocol vs Delta Lake and Iceberg on a local S3 server (docs/table-formats.md)
+	$(PY) -m pip install -q -e '.[formats]'
+	$(PY) -m pipeline.tools.bench_formats
 
 clean: ## remove $(EXAMPLE_DUMP)/ and the default lake (never touches RUN)
 	rm -rf "$$TL_EXAMPLE_DUMP" lake
