@@ -483,7 +483,7 @@ class Lake:
                 continue
             for path in folder.iterdir():
                 match = _TEMPORARY.match(path.name) or _OLD_TEMPORARY.match(path.name)
-                if match and path.is_file() and not _process_alive(int(match.group(1))):
+                if match and path.is_file() and not process_alive(int(match.group(1))):
                     path.unlink(missing_ok=True)
                     deleted += 1
         return deleted
@@ -499,14 +499,21 @@ def _remove_if_empty_partition(path: Path) -> None:
         path.rmdir()
 
 
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
+def process_alive(pid: object) -> bool:
+    """Whether a process of this host runs (a pid that is not one counts as running: the
+    safe answer for a sweep or a lock takeover).
+
+    Examples:
+        >>> process_alive(os.getpid()), process_alive("x")
+        (True, True)
+    """
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
         return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
+    except OSError:  # e.g. another user's process
         return True
     return True
 

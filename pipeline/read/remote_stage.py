@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import DumpNotFoundError, PipelineError
-from pipeline.load.lake import is_url, temporary_path
+from pipeline.load.lake import is_url, process_alive, temporary_path
 from pipeline.read.dump import DASHBOARD_DIR, ROLLOUT_DIR, TOKENIZER_DIR, TRAIN_DIR, TRAJECTORY_DIR
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ def _in_use(name: str) -> bool:
         (True, False)
     """
     match = _TEMPORARY.match(name)
-    return match is not None and _alive(int(match.group(1)))
+    return match is not None and process_alive(int(match.group(1)))
 
 
 def _sweep_private(folder: Path) -> None:
@@ -268,16 +268,6 @@ def _sweep_private(folder: Path) -> None:
     for path in folder.glob(f"{_PRIVATE_PREFIX}*"):
         if not _in_use(path.name):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. another user's process
-        return True
-    return True
 
 
 def download(fs: Any, key: str, target: Path, size: int, shown: str | None = None) -> None:
