@@ -13,7 +13,7 @@ import pipeline
 from pipeline import schema
 from pipeline.errors import LakeError
 from pipeline.load import manifest
-from pipeline.load.lake import Lake
+from pipeline.load.local_lake import Lake
 from pipeline.serve import api
 from pipeline.tools import synth
 

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from pipeline.cli import main
 from pipeline.errors import UsageError
 from pipeline.load.follow import follow_run
-from pipeline.load.lake import Lake
+from pipeline.load.local_lake import Lake
 from tests.fixture_paths import REAL_DUMPS
 
 pytestmark = pytest.mark.slow  # each test extracts a real fixture dump

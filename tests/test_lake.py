@@ -15,7 +15,8 @@ from pipeline import schema
 from pipeline.errors import LakeError, UsageError
 from pipeline.load import lake as lake_module
 from pipeline.load import manifest
-from pipeline.load.lake import Lake, atomic_write, check_run_name
+from pipeline.load.lake import atomic_write, check_run_name
+from pipeline.load.local_lake import Lake
 
 ROOT = Path(__file__).resolve().parents[1]
 DEAD_PID = 2**22 + 17  # above Linux's pid_max default: never a running process

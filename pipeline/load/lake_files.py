@@ -1,6 +1,6 @@
 """The lake's per-run side files: the `runs` row, the `vocab` table and the `metrics` table.
 
-Paths come from `pipeline.load.lake.Lake`; this module only decides what the files hold.
+Names and storage come from `pipeline.load.lake.lake_at`; this module only decides what the files hold.
 """
 
 from __future__ import annotations

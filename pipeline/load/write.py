@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 
 from pipeline import schema
 from pipeline.errors import LakeError
-from pipeline.load.lake import Lake, LakeRoot, lake_at
+from pipeline.load.lake import LakeRoot, lake_at
+from pipeline.load.local_lake import Lake
 
 if TYPE_CHECKING:
     from pipeline.load.object_lake import ObjectLake

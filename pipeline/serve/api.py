@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 from pipeline import schema
 from pipeline.errors import LakeError
 from pipeline.load import manifest
-from pipeline.load.lake import Lake, lake_at
+from pipeline.load.lake import lake_at
+from pipeline.load.local_lake import Lake
 
 if TYPE_CHECKING:
     import duckdb
@@ -77,7 +78,8 @@ def open_lake(path: Path | str, *, create: bool = False) -> TokenLake:
 class TokenLake:
     """A lake, read through its manifests and catalog. Create it with `pipeline.open_lake`.
 
-    (`pipeline.load.lake.Lake` is another class: the internal owner of the lake's layout.)
+    (`pipeline.load.local_lake.Lake` and `ObjectLake` are other classes: the internal owners of
+    a lake's files, named by pipeline/load/lake.py.)
     """
 
     def __init__(self, path: Path | str, *, create: bool = False) -> None:

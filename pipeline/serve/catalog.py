@@ -25,7 +25,8 @@ import pyarrow as pa
 from pipeline import schema
 from pipeline.errors import LakeError
 from pipeline.load import manifest
-from pipeline.load.lake import Lake, LakeRoot, lake_at, partition_patterns
+from pipeline.load.lake import LakeRoot, lake_at, partition_patterns
+from pipeline.load.local_lake import Lake
 from pipeline.serve.user_views import create_user_views
 
 if TYPE_CHECKING:

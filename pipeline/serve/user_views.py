@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.load.lake import USER_VIEWS_DIR, Lake, LakeRoot, lake_at
+from pipeline.load.lake import USER_VIEWS_DIR, LakeRoot, lake_at
+from pipeline.load.local_lake import Lake
 
 if TYPE_CHECKING:
     import duckdb
