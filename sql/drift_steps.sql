@@ -7,9 +7,9 @@
 --   sample's token mean (drift_samples); w = clamp(r, 1/C, C) with C = is_cap.
 -- Inputs: tokens, samples, drift_tokens, drift_settings (is_cap, veto_min_ratio,
 --         outlier_min_ratio, outlier_max_ratio, icepop_low, icepop_high, log_ratio_clamp,
---         k3_clamp, geo/seq_ratio bands); macros clamp_to, clamp_abs, k3_term, ess_fraction
---         (sql/macros). The per-sample values are drift_samples' formulas, computed in the
---         same pass as the token sums (reading drift_samples would read every token again).
+--         k3_clamp, geo/seq_ratio bands); macros sample_drift (drift_samples' per-sample
+--         values, with the sample's token sums, in one pass), drift_covered, drift_finite,
+--         ess_fraction (sql/macros).
 -- Columns (nats unless said otherwise; docs/drift.md gives every formula and framework name):
 --   run, rollout_id                  keys
 --   tokens                BIGINT     covered finite tokens
@@ -70,8 +70,8 @@ WITH step_tokens AS (
             lp_diff,
             train_log_prob,
             rollout_log_prob,
-            loss_mask > 0 AND lp_diff IS NOT NULL AS covered,
-            ISFINITE(lp_diff) AND ISFINITE(train_log_prob) AND ISFINITE(rollout_log_prob) AS finite
+            drift_covered(loss_mask, lp_diff) AS covered,
+            drift_finite(lp_diff, train_log_prob, rollout_log_prob) AS finite
         FROM tokens
         WHERE NOT evaluation
     )
@@ -88,55 +88,10 @@ steps AS (
     GROUP BY run, rollout_id
 ),
 per_sample AS (
-    -- One pass over drift_tokens per sample: drift_samples' per-sample statistics (same
-    -- formulas) and the partial sums of the token-mean statistics, rolled up per step below.
-    -- Reading drift_samples as well would read and exponentiate every token a second time.
-    SELECT
-        t.run,
-        t.rollout_id,
-        COUNT(*) AS tokens,
-        SUM(t.lp_diff) AS lp_diff_sum,
-        SUM(t.abs_lp_diff) AS abs_lp_diff_sum,
-        MAX(t.abs_lp_diff) AS max_abs_lp_diff,
-        SUM(t.lp_diff * t.lp_diff * 0.5) AS k2_sum,
-        SUM(t.k3) AS k3_sum,
-        SUM(EXP(t.abs_lp_diff)) AS exp_abs_lp_diff_sum,
-        SUM(t.ratio) AS ratio_sum,
-        SUM(t.ratio * t.ratio) AS ratio_sq_sum,
-        MIN(t.ratio) AS min_ratio,
-        MAX(t.ratio) AS max_ratio,
-        SUM(t.abs_prob_diff) AS abs_prob_diff_sum,
-        MAX(t.abs_prob_diff) AS max_abs_prob_diff,
-        COUNT(*) FILTER (WHERE t.ratio > s.is_cap) AS above_cap_tokens,
-        COUNT(*) FILTER (WHERE t.ratio < 1.0 / s.is_cap) AS below_inv_cap_tokens,
-        SUM(clamp_to(t.ratio, 1.0 / s.is_cap, s.is_cap)) AS w_sum,
-        SUM(POWER(clamp_to(t.ratio, 1.0 / s.is_cap, s.is_cap), 2)) AS w_sq_sum,
-        AVG(t.abs_lp_diff) AS mean_abs_lp_diff,
-        AVG(clamp_abs(k3_term(clamp_abs(t.lp_diff, s.log_ratio_clamp)), s.k3_clamp))
-            AS k3_kl_clamped,
-        AVG(t.lp_diff) AS mean_lp_diff,
-        AVG(t.train_log_prob) AS mean_train_log_prob,
-        AVG(t.rollout_log_prob) AS mean_rollout_log_prob,
-        COUNT(*) FILTER (WHERE t.ratio < s.veto_min_ratio) AS veto_tokens,
-        COUNT(*) FILTER (
-            WHERE t.ratio < s.outlier_min_ratio OR t.ratio > s.outlier_max_ratio
-        ) AS outlier_tokens,
-        COUNT(*) FILTER (WHERE t.ratio < s.icepop_low OR t.ratio > s.icepop_high) AS icepop_tokens
-    FROM drift_tokens AS t
-    CROSS JOIN drift_settings AS s
-    GROUP BY t.run, t.rollout_id, t.batch_position
-),
-sample_flags AS (
-    -- drift_samples' derived columns, from the same per-sample values.
-    SELECT
-        p.*,
-        EXP(2.0 * clamp_abs(p.lp_diff_sum, s.log_ratio_clamp)) - 1.0 AS chi2_seq_term,
-        p.mean_rollout_log_prob - p.mean_train_log_prob AS log_ppl_diff,
-        p.veto_tokens > 0 AS vetoed,
-        EXP(p.mean_lp_diff) NOT BETWEEN s.geo_band_low AND s.geo_band_high AS geo_rejected,
-        EXP(p.lp_diff_sum) NOT BETWEEN s.seq_ratio_low AND s.seq_ratio_high AS seq_ratio_rejected
-    FROM per_sample AS p
-    CROSS JOIN drift_settings AS s
+    -- One pass over drift_tokens: drift_samples' rows (the same macro, so the same formulas)
+    -- with the sample's sums of per-token values, added up per step below into the token means.
+    -- Reading drift_samples and drift_tokens separately would read every token twice.
+    SELECT * FROM sample_drift(drift_tokens, drift_settings)
 ),
 step_level AS (
     SELECT
@@ -144,11 +99,11 @@ step_level AS (
         rollout_id,
         SUM(tokens) AS tokens,
         COUNT(*) AS samples,
-        SUM(lp_diff_sum) / SUM(tokens) AS mean_lp_diff,
+        SUM(sum_lp_diff) / SUM(tokens) AS mean_lp_diff,
         SUM(abs_lp_diff_sum) / SUM(tokens) AS mean_abs_lp_diff_tm,
         AVG(mean_abs_lp_diff) AS mean_abs_lp_diff_smtm,
         MAX(max_abs_lp_diff) AS max_abs_lp_diff,
-        -SUM(lp_diff_sum) / SUM(tokens) AS k1_kl,
+        -SUM(sum_lp_diff) / SUM(tokens) AS k1_kl,
         SUM(k2_sum) / SUM(tokens) AS k2_kl,
         SUM(k3_sum) / SUM(tokens) AS k3_kl,
         AVG(k3_kl_clamped) AS k3_kl_smtm,
@@ -185,7 +140,7 @@ step_level AS (
         AVG(seq_ratio_rejected::INTEGER) AS seq_ratio_reject_seq_frac,
         SUM(icepop_tokens)::DOUBLE / SUM(tokens) AS icepop_token_frac,
         AVG((icepop_tokens > 0)::INTEGER) AS icepop_seq_frac
-    FROM sample_flags
+    FROM per_sample
     GROUP BY run, rollout_id
 ),
 joined AS (

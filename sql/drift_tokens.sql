@@ -5,7 +5,7 @@
 -- Finite: lp_diff, train_log_prob and rollout_log_prob all finite. Covered tokens with a NaN or
 -- infinite value are left out of every drift statistic; drift_steps counts them
 -- (`nonfinite_tokens`) and the audit `nonfinite_log_probs` lists them.
--- Inputs: tokens; macro k3_term (sql/macros).
+-- Inputs: tokens; macros drift_covered, drift_finite, k3_term (sql/macros).
 -- Columns:
 --   run, rollout_id, batch_position, sample_index, position, token_id   keys, as in `tokens`
 --   turn_index        INTEGER 0-based loss-covered run of the response, as in `tokens`
@@ -35,11 +35,8 @@ WITH covered AS (
         lp_diff::DOUBLE AS delta
     FROM tokens
     WHERE NOT evaluation
-        AND loss_mask > 0
-        AND lp_diff IS NOT NULL
-        AND ISFINITE(lp_diff)
-        AND ISFINITE(train_log_prob)
-        AND ISFINITE(rollout_log_prob)
+        AND drift_covered(loss_mask, lp_diff)
+        AND drift_finite(lp_diff, train_log_prob, rollout_log_prob)
 )
 SELECT
     run::VARCHAR AS run,  -- run name
