@@ -9,6 +9,7 @@
 -- Columns:
 --   run, rollout_id, batch_position, sample_index, position, token_id   keys, as in `tokens`
 --   turn_index        INTEGER 0-based loss-covered run of the response, as in `tokens`
+--   first_occurrence  BOOLEAN the sample's first row here with this token_id, as in `tokens`
 --   train_log_prob    DOUBLE  trainer log-prob (nats)
 --   rollout_log_prob  DOUBLE  engine log-prob (nats)
 --   entropy           DOUBLE  actor entropy at the position (nats), null if not dumped
@@ -29,6 +30,7 @@ WITH covered AS (
         position,
         token_id,
         turn_index,
+        first_occurrence,
         train_log_prob::DOUBLE AS train_lp,
         rollout_log_prob::DOUBLE AS rollout_lp,
         entropy::DOUBLE AS entropy,
@@ -46,6 +48,7 @@ SELECT
     position::INTEGER AS position,  -- 0-based response index
     token_id::BIGINT AS token_id,  -- token id
     turn_index::INTEGER AS turn_index,  -- loss-covered run of the response
+    first_occurrence::BOOLEAN AS first_occurrence,  -- first of the sample's rows with the id
     train_lp::DOUBLE AS train_log_prob,  -- nats
     rollout_lp::DOUBLE AS rollout_log_prob,  -- nats
     entropy::DOUBLE AS entropy,  -- nats
