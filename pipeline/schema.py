@@ -18,7 +18,8 @@ import pyarrow as pa
 # key-value metadata and into the `runs` table.
 # 2: `runs` gained the run metadata columns, and the `metrics` table (issue 11); `tokens`
 #    gained `turn_index`.
-SCHEMA_VERSION = 2
+# 3: `tokens` gained `first_occurrence`.
+SCHEMA_VERSION = 3
 TOOL_NAME = "tokenlake"
 
 # ---------------------------------------------------------------------------------------------
@@ -53,6 +54,7 @@ POSITION = "position"
 TOKEN_ID = "token_id"
 LOSS_MASK = "loss_mask"
 TURN_INDEX = "turn_index"
+FIRST_OCCURRENCE = "first_occurrence"
 ROLLOUT_LOG_PROB = "rollout_log_prob"
 TRAIN_LOG_PROB = "train_log_prob"
 LP_DIFF = "lp_diff"
@@ -80,6 +82,11 @@ TOKENS_SCHEMA = pa.schema(
         # 0-based index of the loss-covered run (turn) the token is in: a run is a maximal
         # stretch of loss_mask > 0 within the response. Null where loss_mask is 0 or null.
         pa.field(TURN_INDEX, pa.int32()),
+        # True on the first row of the sample, by position, with this token_id among the rows
+        # the drift statistics keep (loss_mask > 0; lp_diff, train_log_prob, rollout_log_prob
+        # all finite: drift_tokens' rows of a training step), false on its later ones there;
+        # null on every other row. Counting the true rows counts distinct samples per token.
+        pa.field(FIRST_OCCURRENCE, pa.bool_()),
         # Log-prob (nats) of the token under the rollout engine. The train-side copy when the
         # sample has one (the pair the trainer compared); else (no train side, or the train
         # copy absent or not CP-aligned) the rollout dump's, as the reference token view does.

@@ -1,7 +1,9 @@
 -- Drift by token id: which vocabulary entries carry the mismatch (the top offenders).
 -- Grain: one row per (run, rollout_id, token_id) with at least one covered finite token.
 -- Token texts come from the run's `vocab` table (NULL when the dump saved no tokenizer/).
--- Inputs: drift_tokens, vocab; macro drift_breakdown (sql/macros).
+-- Inputs: drift_tokens, vocab; macros drift_terms, drift_totals (sql/macros).
+-- `samples` adds up drift_tokens.first_occurrence (one true row per sample and token id, set
+-- at extraction): a distinct count over ~30 k ids a step cost twice the time.
 -- Columns:
 --   run, rollout_id          keys
 --   token_id        BIGINT   token id
@@ -20,16 +22,19 @@ WITH keyed AS (
     SELECT
         run,
         rollout_id,
-        batch_position,
         '' AS share_scope,
         token_id,
+        first_occurrence::INTEGER AS samples,
         lp_diff,
         abs_lp_diff,
         k3
     FROM drift_tokens
 ),
+terms AS (
+    SELECT * FROM drift_terms(keyed)
+),
 grouped AS MATERIALIZED (
-    SELECT * FROM drift_breakdown(keyed)
+    SELECT * FROM drift_totals(terms)
 ),
 ranked AS (
     SELECT

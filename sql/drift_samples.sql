@@ -3,7 +3,8 @@
 --        (run, rollout_id, batch_position). Samples with no covered finite token are absent.
 -- Inputs: drift_tokens, drift_settings (log_ratio_clamp, k3_clamp, veto_min_ratio,
 --         outlier_min_ratio, outlier_max_ratio, geo_band_low, geo_band_high, seq_ratio_low,
---         seq_ratio_high, icepop_low, icepop_high); macros clamp_abs, k3_term (sql/macros).
+--         seq_ratio_high, icepop_low, icepop_high); macro sample_drift (sql/macros), which
+--         holds every formula below.
 -- Columns:
 --   run, rollout_id, batch_position, sample_index   keys
 --   tokens                 BIGINT   covered finite tokens of the sample
@@ -28,39 +29,6 @@
 --   geo_rejected           BOOLEAN  geo_mean_ratio outside [geo_band_low, geo_band_high]
 --   seq_ratio_rejected     BOOLEAN  seq_ratio outside [seq_ratio_low, seq_ratio_high]
 CREATE OR REPLACE VIEW drift_samples AS
-WITH per_sample AS (
-    SELECT
-        t.run,
-        t.rollout_id,
-        t.batch_position,
-        ANY_VALUE(t.sample_index) AS sample_index,
-        COUNT(*) AS tokens,
-        SUM(t.lp_diff) AS sum_lp_diff,
-        AVG(t.lp_diff) AS mean_lp_diff,
-        AVG(t.abs_lp_diff) AS mean_abs_lp_diff,
-        MAX(t.abs_lp_diff) AS max_abs_lp_diff,
-        AVG(clamp_abs(k3_term(clamp_abs(t.lp_diff, s.log_ratio_clamp)), s.k3_clamp))
-            AS k3_kl_clamped,
-        AVG(t.train_log_prob) AS mean_train_log_prob,
-        AVG(t.rollout_log_prob) AS mean_rollout_log_prob,
-        MIN(t.ratio) AS min_ratio,
-        MAX(t.ratio) AS max_ratio,
-        COUNT(*) FILTER (WHERE t.ratio < s.veto_min_ratio) AS veto_tokens,
-        COUNT(*) FILTER (
-            WHERE t.ratio < s.outlier_min_ratio OR t.ratio > s.outlier_max_ratio
-        ) AS outlier_tokens,
-        COUNT(*) FILTER (WHERE t.ratio < s.icepop_low OR t.ratio > s.icepop_high) AS icepop_tokens
-    FROM drift_tokens AS t
-    CROSS JOIN drift_settings AS s
-    GROUP BY t.run, t.rollout_id, t.batch_position
-),
-ratios AS (
-    SELECT
-        p.*,
-        EXP(p.mean_lp_diff) AS geo_mean_ratio,
-        EXP(p.sum_lp_diff) AS seq_ratio
-    FROM per_sample AS p
-)
 SELECT
     p.run::VARCHAR AS run,  -- run name
     p.rollout_id::BIGINT AS rollout_id,  -- training step
@@ -74,8 +42,8 @@ SELECT
     p.k3_kl_clamped::DOUBLE AS k3_kl_clamped,  -- nats
     p.mean_train_log_prob::DOUBLE AS mean_train_log_prob,  -- nats
     p.mean_rollout_log_prob::DOUBLE AS mean_rollout_log_prob,  -- nats
-    (p.mean_rollout_log_prob - p.mean_train_log_prob)::DOUBLE AS log_ppl_diff,  -- nats
-    (EXP(2.0 * clamp_abs(p.sum_lp_diff, s.log_ratio_clamp)) - 1.0)::DOUBLE AS chi2_seq_term,  -- ratio
+    p.log_ppl_diff::DOUBLE AS log_ppl_diff,  -- nats
+    p.chi2_seq_term::DOUBLE AS chi2_seq_term,  -- ratio
     p.min_ratio::DOUBLE AS min_ratio,  -- ratio
     p.max_ratio::DOUBLE AS max_ratio,  -- ratio
     p.geo_mean_ratio::DOUBLE AS geo_mean_ratio,  -- ratio
@@ -83,10 +51,7 @@ SELECT
     p.veto_tokens::BIGINT AS veto_tokens,  -- count
     p.outlier_tokens::BIGINT AS outlier_tokens,  -- count
     p.icepop_tokens::BIGINT AS icepop_tokens,  -- count
-    (p.veto_tokens > 0)::BOOLEAN AS vetoed,  -- whole sample rejected
-    (p.geo_mean_ratio NOT BETWEEN s.geo_band_low AND s.geo_band_high)::BOOLEAN
-        AS geo_rejected,  -- whole sample rejected
-    (p.seq_ratio NOT BETWEEN s.seq_ratio_low AND s.seq_ratio_high)::BOOLEAN
-        AS seq_ratio_rejected  -- whole sample rejected
-FROM ratios AS p
-CROSS JOIN drift_settings AS s
+    p.vetoed::BOOLEAN AS vetoed,  -- whole sample rejected
+    p.geo_rejected::BOOLEAN AS geo_rejected,  -- whole sample rejected
+    p.seq_ratio_rejected::BOOLEAN AS seq_ratio_rejected  -- whole sample rejected
+FROM sample_drift(drift_tokens, drift_settings) AS p

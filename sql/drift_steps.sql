@@ -5,8 +5,10 @@
 -- Notation: delta = train - rollout log-prob over drift_tokens (loss-covered, finite tokens);
 --   r = exp(delta); TM = mean over all the step's tokens; SMTM = mean over samples of each
 --   sample's token mean (drift_samples); w = clamp(r, 1/C, C) with C = is_cap.
--- Inputs: tokens, samples, drift_tokens, drift_samples, drift_settings (is_cap, veto_min_ratio,
---         outlier_min_ratio, outlier_max_ratio, icepop_low, icepop_high); macros clamp_to,
+-- Inputs: tokens, samples, drift_tokens, drift_settings (is_cap, veto_min_ratio,
+--         outlier_min_ratio, outlier_max_ratio, icepop_low, icepop_high, log_ratio_clamp,
+--         k3_clamp, geo/seq_ratio bands); macros sample_drift (drift_samples' per-sample
+--         values, with the sample's token sums, in one pass), drift_covered, drift_finite,
 --         ess_fraction (sql/macros).
 -- Columns (nats unless said otherwise; docs/drift.md gives every formula and framework name):
 --   run, rollout_id                  keys
@@ -48,18 +50,31 @@
 --                                    mean_abs_lp_diff_smtm, k3_kl, mult_prob_error, ess
 CREATE OR REPLACE VIEW drift_steps AS
 WITH step_tokens AS (
-    -- One pass over the training tokens lists the steps that have tokens and counts the covered
-    -- non-finite ones (drift_tokens leaves those out).
+    -- One pass over the training tokens lists the steps that have tokens, counts the covered
+    -- non-finite ones (drift_tokens leaves those out) and takes, over drift_tokens' rows (the
+    -- same filter and columns), what no per-sample partial sum gives exactly: quantiles,
+    -- correlation, spread. A separate read of drift_tokens for these cost a third Parquet read.
     SELECT
         run,
         rollout_id,
-        COUNT(*) FILTER (
-            WHERE loss_mask > 0
-                AND lp_diff IS NOT NULL
-                AND NOT (ISFINITE(lp_diff) AND ISFINITE(train_log_prob) AND ISFINITE(rollout_log_prob))
-        ) AS nonfinite_tokens
-    FROM tokens
-    WHERE NOT evaluation
+        COUNT(*) FILTER (WHERE covered AND NOT finite) AS nonfinite_tokens,
+        QUANTILE_CONT(ABS(lp_diff::DOUBLE), [0.5, 0.9, 0.99, 0.999])
+            FILTER (WHERE covered AND finite) AS abs_quantiles,
+        CORR(EXP(train_log_prob::DOUBLE), EXP(rollout_log_prob::DOUBLE))
+            FILTER (WHERE covered AND finite) AS prob_corr,
+        STDDEV_POP(EXP(lp_diff::DOUBLE)) FILTER (WHERE covered AND finite) AS is_ratio_std
+    FROM (
+        SELECT
+            run,
+            rollout_id,
+            lp_diff,
+            train_log_prob,
+            rollout_log_prob,
+            drift_covered(loss_mask, lp_diff) AS covered,
+            drift_finite(lp_diff, train_log_prob, rollout_log_prob) AS finite
+        FROM tokens
+        WHERE NOT evaluation
+    )
     GROUP BY run, rollout_id
 ),
 steps AS (
@@ -72,49 +87,31 @@ steps AS (
     )
     GROUP BY run, rollout_id
 ),
-token_level AS (
-    SELECT
-        t.run,
-        t.rollout_id,
-        COUNT(*) AS tokens,
-        AVG(t.lp_diff) AS mean_lp_diff,
-        AVG(t.abs_lp_diff) AS mean_abs_lp_diff_tm,
-        MAX(t.abs_lp_diff) AS max_abs_lp_diff,
-        QUANTILE_CONT(t.abs_lp_diff, [0.5, 0.9, 0.99, 0.999]) AS abs_quantiles,
-        AVG(-t.lp_diff) AS k1_kl,
-        AVG(t.lp_diff * t.lp_diff * 0.5) AS k2_kl,
-        AVG(t.k3) AS k3_kl,
-        AVG(EXP(t.abs_lp_diff)) AS mult_prob_error,
-        AVG(t.ratio * t.ratio) - 1.0 AS chi2_token,
-        AVG(t.abs_prob_diff) AS mean_abs_prob_diff,
-        MAX(t.abs_prob_diff) AS max_abs_prob_diff,
-        CORR(t.train_prob, t.rollout_prob) AS prob_corr,
-        AVG(t.ratio) AS is_ratio_mean,
-        STDDEV_POP(t.ratio) AS is_ratio_std,
-        MIN(t.ratio) AS is_ratio_min,
-        MAX(t.ratio) AS is_ratio_max,
-        AVG((t.ratio > s.is_cap)::INTEGER) AS is_frac_above_cap,
-        AVG((t.ratio < 1.0 / s.is_cap)::INTEGER) AS is_frac_below_inv_cap,
-        ess_fraction(
-            AVG(clamp_to(t.ratio, 1.0 / s.is_cap, s.is_cap)),
-            AVG(POWER(clamp_to(t.ratio, 1.0 / s.is_cap, s.is_cap), 2))
-        ) AS ess,
-        ess_fraction(AVG(t.ratio), AVG(t.ratio * t.ratio)) AS ess_raw,
-        AVG((t.ratio < s.outlier_min_ratio OR t.ratio > s.outlier_max_ratio)::INTEGER)
-            AS outlier_token_frac,
-        AVG((t.ratio < s.icepop_low OR t.ratio > s.icepop_high)::INTEGER) AS icepop_token_frac
-    FROM drift_tokens AS t
-    CROSS JOIN drift_settings AS s
-    GROUP BY t.run, t.rollout_id
+per_sample AS (
+    -- One pass over drift_tokens: drift_samples' rows (the same macro, so the same formulas)
+    -- with the sample's sums of per-token values, added up per step below into the token means.
+    -- Reading drift_samples and drift_tokens separately would read every token twice.
+    SELECT * FROM sample_drift(drift_tokens, drift_settings)
 ),
-sample_level AS (
+step_level AS (
     SELECT
         run,
         rollout_id,
+        SUM(tokens) AS tokens,
         COUNT(*) AS samples,
+        SUM(sum_lp_diff) / SUM(tokens) AS mean_lp_diff,
+        SUM(abs_lp_diff_sum) / SUM(tokens) AS mean_abs_lp_diff_tm,
         AVG(mean_abs_lp_diff) AS mean_abs_lp_diff_smtm,
+        MAX(max_abs_lp_diff) AS max_abs_lp_diff,
+        -SUM(sum_lp_diff) / SUM(tokens) AS k1_kl,
+        SUM(k2_sum) / SUM(tokens) AS k2_kl,
+        SUM(k3_sum) / SUM(tokens) AS k3_kl,
         AVG(k3_kl_clamped) AS k3_kl_smtm,
+        SUM(exp_abs_lp_diff_sum) / SUM(tokens) AS mult_prob_error,
+        SUM(ratio_sq_sum) / SUM(tokens) - 1.0 AS chi2_token,
         AVG(chi2_seq_term) AS chi2_seq,
+        SUM(abs_prob_diff_sum) / SUM(tokens) AS mean_abs_prob_diff,
+        MAX(max_abs_prob_diff) AS max_abs_prob_diff,
         AVG(mean_train_log_prob) AS train_mean_log_prob,
         AVG(mean_rollout_log_prob) AS rollout_mean_log_prob,
         AVG(EXP(-mean_train_log_prob)) AS train_ppl,
@@ -124,8 +121,16 @@ sample_level AS (
         MAX(log_ppl_diff) AS log_ppl_diff_max,
         MIN(log_ppl_diff) AS log_ppl_diff_min,
         AVG(EXP(log_ppl_diff)) AS ppl_ratio,
+        SUM(ratio_sum) / SUM(tokens) AS is_ratio_mean,
+        MIN(min_ratio) AS is_ratio_min,
+        MAX(max_ratio) AS is_ratio_max,
+        SUM(above_cap_tokens)::DOUBLE / SUM(tokens) AS is_frac_above_cap,
+        SUM(below_inv_cap_tokens)::DOUBLE / SUM(tokens) AS is_frac_below_inv_cap,
+        ess_fraction(SUM(w_sum) / SUM(tokens), SUM(w_sq_sum) / SUM(tokens)) AS ess,
+        ess_fraction(SUM(ratio_sum) / SUM(tokens), SUM(ratio_sq_sum) / SUM(tokens)) AS ess_raw,
         COALESCE(SUM(tokens) FILTER (WHERE vetoed), 0)::DOUBLE / SUM(tokens) AS veto_token_frac,
         AVG(vetoed::INTEGER) AS veto_seq_frac,
+        SUM(outlier_tokens)::DOUBLE / SUM(tokens) AS outlier_token_frac,
         AVG((outlier_tokens > 0)::INTEGER) AS outlier_seq_frac,
         COALESCE(SUM(tokens) FILTER (WHERE geo_rejected), 0)::DOUBLE / SUM(tokens)
             AS geo_reject_token_frac,
@@ -133,32 +138,33 @@ sample_level AS (
         COALESCE(SUM(tokens) FILTER (WHERE seq_ratio_rejected), 0)::DOUBLE / SUM(tokens)
             AS seq_ratio_reject_token_frac,
         AVG(seq_ratio_rejected::INTEGER) AS seq_ratio_reject_seq_frac,
+        SUM(icepop_tokens)::DOUBLE / SUM(tokens) AS icepop_token_frac,
         AVG((icepop_tokens > 0)::INTEGER) AS icepop_seq_frac
-    FROM drift_samples
+    FROM per_sample
     GROUP BY run, rollout_id
 ),
 joined AS (
     SELECT
         st.run,
         st.rollout_id,
-        COALESCE(tl.tokens, 0) AS tokens,
+        COALESCE(sl.tokens, 0) AS tokens,
         st.nonfinite_tokens,
         COALESCE(sl.samples, 0) AS samples,
-        tl.* EXCLUDE (run, rollout_id, tokens, abs_quantiles, prob_corr),
+        sl.* EXCLUDE (run, rollout_id, tokens, samples),
         tl.abs_quantiles,
         CASE WHEN ISNAN(tl.prob_corr) THEN NULL ELSE tl.prob_corr END AS prob_corr,
-        sl.* EXCLUDE (run, rollout_id, samples),
+        tl.is_ratio_std,
         LAG(st.rollout_id) OVER run_steps AS prev_rollout_id,
-        tl.mean_abs_lp_diff_tm - LAG(tl.mean_abs_lp_diff_tm) OVER run_steps
+        sl.mean_abs_lp_diff_tm - LAG(sl.mean_abs_lp_diff_tm) OVER run_steps
             AS mean_abs_lp_diff_tm_change,
         sl.mean_abs_lp_diff_smtm - LAG(sl.mean_abs_lp_diff_smtm) OVER run_steps
             AS mean_abs_lp_diff_smtm_change,
-        tl.k3_kl - LAG(tl.k3_kl) OVER run_steps AS k3_kl_change,
-        tl.mult_prob_error - LAG(tl.mult_prob_error) OVER run_steps AS mult_prob_error_change,
-        tl.ess - LAG(tl.ess) OVER run_steps AS ess_change
+        sl.k3_kl - LAG(sl.k3_kl) OVER run_steps AS k3_kl_change,
+        sl.mult_prob_error - LAG(sl.mult_prob_error) OVER run_steps AS mult_prob_error_change,
+        sl.ess - LAG(sl.ess) OVER run_steps AS ess_change
     FROM steps AS st
-    LEFT JOIN token_level AS tl USING (run, rollout_id)
-    LEFT JOIN sample_level AS sl USING (run, rollout_id)
+    LEFT JOIN step_level AS sl USING (run, rollout_id)
+    LEFT JOIN step_tokens AS tl USING (run, rollout_id)
     WINDOW run_steps AS (PARTITION BY st.run ORDER BY st.rollout_id)
 )
 SELECT

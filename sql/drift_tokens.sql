@@ -5,10 +5,11 @@
 -- Finite: lp_diff, train_log_prob and rollout_log_prob all finite. Covered tokens with a NaN or
 -- infinite value are left out of every drift statistic; drift_steps counts them
 -- (`nonfinite_tokens`) and the audit `nonfinite_log_probs` lists them.
--- Inputs: tokens; macro k3_term (sql/macros).
+-- Inputs: tokens; macros drift_covered, drift_finite, k3_term (sql/macros).
 -- Columns:
 --   run, rollout_id, batch_position, sample_index, position, token_id   keys, as in `tokens`
 --   turn_index        INTEGER 0-based loss-covered run of the response, as in `tokens`
+--   first_occurrence  BOOLEAN the sample's first row here with this token_id, as in `tokens`
 --   train_log_prob    DOUBLE  trainer log-prob (nats)
 --   rollout_log_prob  DOUBLE  engine log-prob (nats)
 --   entropy           DOUBLE  actor entropy at the position (nats), null if not dumped
@@ -29,17 +30,15 @@ WITH covered AS (
         position,
         token_id,
         turn_index,
+        first_occurrence,
         train_log_prob::DOUBLE AS train_lp,
         rollout_log_prob::DOUBLE AS rollout_lp,
         entropy::DOUBLE AS entropy,
         lp_diff::DOUBLE AS delta
     FROM tokens
     WHERE NOT evaluation
-        AND loss_mask > 0
-        AND lp_diff IS NOT NULL
-        AND ISFINITE(lp_diff)
-        AND ISFINITE(train_log_prob)
-        AND ISFINITE(rollout_log_prob)
+        AND drift_covered(loss_mask, lp_diff)
+        AND drift_finite(lp_diff, train_log_prob, rollout_log_prob)
 )
 SELECT
     run::VARCHAR AS run,  -- run name
@@ -49,6 +48,7 @@ SELECT
     position::INTEGER AS position,  -- 0-based response index
     token_id::BIGINT AS token_id,  -- token id
     turn_index::INTEGER AS turn_index,  -- loss-covered run of the response
+    first_occurrence::BOOLEAN AS first_occurrence,  -- first of the sample's rows with the id
     train_lp::DOUBLE AS train_log_prob,  -- nats
     rollout_lp::DOUBLE AS rollout_log_prob,  -- nats
     entropy::DOUBLE AS entropy,  -- nats

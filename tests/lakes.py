@@ -1,12 +1,14 @@
 """Build small lakes from hand-written rows, for tests of the SQL views.
 
 Rows are dicts keyed by `pipeline.schema` column names; missing columns are NULL, except a
-token's `turn_index`, which is derived from the sample's `loss_mask` as extraction does.
+token's `turn_index` and `first_occurrence`, which are derived from the sample's rows as
+extraction does.
 Partition columns (`run`, `rollout_id`) go in the dicts too and choose the partition directory.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,25 @@ def _add_turn_index(rows: list[dict[str, Any]]) -> None:
             row.setdefault(schema.TURN_INDEX, turn if covered else None)
 
 
+def _is_drift_row(row: dict[str, Any]) -> bool:
+    values = [row.get(c) for c in (schema.LP_DIFF, schema.TRAIN_LOG_PROB, schema.ROLLOUT_LOG_PROB)]
+    return (row.get(schema.LOSS_MASK) or 0) > 0 and all(
+        v is not None and math.isfinite(v) for v in values
+    )
+
+
+def _add_first_occurrence(rows: list[dict[str, Any]]) -> None:
+    """Flag each sample's first drift row of every token id by position, where a row has no
+    `first_occurrence`; NULL on rows the drift statistics leave out."""
+    seen: set[tuple[Any, Any]] = set()
+    for row in sorted(rows, key=lambda r: (r[schema.BATCH_POSITION], r[schema.POSITION])):
+        key = (row[schema.BATCH_POSITION], row[schema.TOKEN_ID])
+        first = None if not _is_drift_row(row) else key not in seen
+        if first:
+            seen.add(key)
+        row.setdefault(schema.FIRST_OCCURRENCE, first)
+
+
 def write_rows(lake: Path, table: str, rows: list[dict[str, Any]]) -> None:
     """Write rows of one table, one file per (run, rollout_id, evaluation)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
@@ -71,6 +92,7 @@ def write_rows(lake: Path, table: str, rows: list[dict[str, Any]]) -> None:
         full = [{**_defaults(table), **row} for row in group]
         if table == schema.TOKENS:
             _add_turn_index(full)
+            _add_first_occurrence(full)
         data = pa.Table.from_pylist(
             [{f.name: r.get(f.name) for f in table_schema} for r in full], schema=table_schema
         )

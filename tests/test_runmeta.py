@@ -72,7 +72,7 @@ def test_runs_row_holds_the_dashboard_meta(dump, tmp_path):
     )
     assert row == (
         "r",
-        2,
+        schema.SCHEMA_VERSION,
         datetime(2026, 1, 1, tzinfo=timezone.utc),
         "tokenlake-synth",
         "synth-0",
@@ -150,7 +150,7 @@ def test_a_runs_file_of_schema_version_1_reads_then_is_rewritten(dump, tmp_path)
     # The next extraction sees a meta.json the row was not made from: it rewrites the row.
     summary = extract_run(dump, lake, "r")
     assert summary.counts["unchanged"] == 4
-    assert _query(lake, sql) == [(2, 3, "tokenlake-synth", None)]
+    assert _query(lake, sql) == [(schema.SCHEMA_VERSION, 3, "tokenlake-synth", None)]
 
 
 # --- tags -------------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ def restrict(con: duckdb.DuckDBPyConnection, sel: Selection) -> None:
 
 
 # Per-sample and per-step views that several sections and audits read (drift_alarms reads
-# drift_steps, which reads drift_samples; truncated_steps reads step_stats): computed once per
+# drift_steps; truncated_steps reads step_stats): computed once per
 # report into TEMP tables of the same name, which shadow the catalog's views as `restrict`'s
 # do. Dependencies first, so each is computed from the tables before it.
 CACHED_VIEWS = ("sample_stats", "group_stats", "step_stats", "drift_samples", "drift_steps")

@@ -34,7 +34,7 @@ from pipeline.load import write
 from pipeline.read import dump
 from pipeline.serve import catalog
 from pipeline.tools import synth
-from pipeline.transform.flatten import turn_index_column
+from pipeline.transform.flatten import first_occurrence_column, turn_index_column
 
 BASE_PROMPTS_PER_STEP = 64  # x 8 samples per prompt = 512 samples per step at scale 1
 
@@ -138,6 +138,7 @@ def _baseline_shard(files: dump.StepFiles, data: dict[str, Any], position_of: di
     columns[schema.LP_DIFF] = (
         pa.array(diff, mask=~mask) if diff is not None else pa.nulls(total, pa.float32())
     )
+    columns[schema.FIRST_OCCURRENCE] = first_occurrence_column(columns, lengths.numpy())
     return pa.table(columns, schema=schema.TOKENS_SCHEMA)
 
 

@@ -1,5 +1,6 @@
--- The one aggregate block of the drift_by_* views, as DuckDB macros: table macros drift_parts,
--- drift_totals, drift_rollup and drift_breakdown, and the scalar macro step_share.
+-- The one aggregate block of the drift_by_* views, as DuckDB macros: table macros drift_terms,
+-- drift_parts, drift_counts, drift_totals, drift_rollup and drift_breakdown, and the scalar
+-- macro step_share.
 --
 -- drift_breakdown(keyed): `keyed` names a relation (a CTE of the calling view) with one row per
 -- covered finite token and the columns run, rollout_id, batch_position, share_scope, the
@@ -15,7 +16,9 @@
 -- block of 256 batch positions (`sample_block` = batch_position >> 8); the sets are OR-ed and
 -- the bits counted. With 512 samples a step that is two rows per key instead of a second hash
 -- table with one entry per (key, sample): drift_by_token (one key per vocabulary entry) ran in
--- about half the time (docs/performance.md).
+-- about half the time (docs/performance.md). drift_by_token does without sets: one
+-- drift_terms row per token, its `samples` 1 on drift_tokens.first_occurrence (a sample's
+-- first row with the token id), summed by drift_totals.
 -- Columns added:
 --   tokens           BIGINT  covered finite tokens
 --   samples          BIGINT  samples with such a token
@@ -28,11 +31,27 @@
 -- Each view adds k3_share = step_share(k3_sum, run, rollout_id, share_scope) (below): k3_sum
 -- over the sum of k3_sum across the step's rows with the same share_scope (fraction).
 
--- drift_parts(keyed): partial sums per (keys, sample_block) of per-token rows. (A CASE per
--- word measured cheaper than FILTER clauses; the shift is UBIGINT, not HUGEINT.)
+-- drift_terms(keyed): one row per row of keyed, with its contribution to each partial sum
+-- below (tokens 1, lp_diff_sum delta, abs_lp_diff_sum and max_abs_lp_diff |delta|, k3_sum k3,
+-- exp_abs_lp_diff_sum exp(|delta|)); keyed's other columns pass through.
+CREATE OR REPLACE MACRO drift_terms(keyed) AS TABLE
+SELECT
+    * EXCLUDE (lp_diff, abs_lp_diff, k3),
+    1 AS tokens,
+    lp_diff AS lp_diff_sum,
+    abs_lp_diff AS abs_lp_diff_sum,
+    abs_lp_diff AS max_abs_lp_diff,
+    k3 AS k3_sum,
+    EXP(abs_lp_diff) AS exp_abs_lp_diff_sum
+FROM query_table(keyed);
+
+-- drift_parts(keyed): partial sums per (keys, sample_block) of per-token rows, with the
+-- block's 256-bit sample set. (A CASE per word measured cheaper than FILTER clauses; the
+-- shift is UBIGINT, not HUGEINT.)
 CREATE OR REPLACE MACRO drift_parts(keyed) AS TABLE
 SELECT
-    * EXCLUDE (batch_position, lp_diff, abs_lp_diff, k3),
+    * EXCLUDE (batch_position, tokens, lp_diff_sum, abs_lp_diff_sum, max_abs_lp_diff, k3_sum,
+        exp_abs_lp_diff_sum),
     batch_position >> 8 AS sample_block,
     COUNT(*) AS tokens,
     BIT_OR(CASE WHEN (batch_position >> 6) & 3 = 0 THEN 1::UBIGINT << (batch_position & 63)::UBIGINT
@@ -43,31 +62,41 @@ SELECT
         ELSE 0::UBIGINT END) AS sample_bits_2,
     BIT_OR(CASE WHEN (batch_position >> 6) & 3 = 3 THEN 1::UBIGINT << (batch_position & 63)::UBIGINT
         ELSE 0::UBIGINT END) AS sample_bits_3,
-    SUM(lp_diff) AS lp_diff_sum,
-    SUM(abs_lp_diff) AS abs_lp_diff_sum,
-    MAX(abs_lp_diff) AS max_abs_lp_diff,
-    SUM(k3) AS k3_sum,
-    SUM(EXP(abs_lp_diff)) AS exp_abs_lp_diff_sum
-FROM query_table(keyed)
+    SUM(lp_diff_sum) AS lp_diff_sum,
+    SUM(abs_lp_diff_sum) AS abs_lp_diff_sum,
+    MAX(max_abs_lp_diff) AS max_abs_lp_diff,
+    SUM(k3_sum) AS k3_sum,
+    SUM(exp_abs_lp_diff_sum) AS exp_abs_lp_diff_sum
+FROM drift_terms(keyed)
 GROUP BY ALL;
 
--- drift_totals(blocks): the statistics from rows unique per (keys, sample_block), whose
--- sample bits can be counted and summed.
-CREATE OR REPLACE MACRO drift_totals(blocks) AS TABLE
+-- drift_totals(counted): the statistics per keys from rows of partial sums (drift_terms' or
+-- drift_parts' columns) whose `samples` counts samples that no other row of the same keys
+-- counts, so the counts add up: drift_counts' rows (one per keys and sample_block), or one
+-- row per token with samples 1 on the sample's first row of the keys (drift_by_token).
+CREATE OR REPLACE MACRO drift_totals(counted) AS TABLE
 SELECT
-    * EXCLUDE (sample_block, tokens, sample_bits_0, sample_bits_1, sample_bits_2, sample_bits_3,
-        lp_diff_sum, abs_lp_diff_sum, max_abs_lp_diff, k3_sum, exp_abs_lp_diff_sum),
+    * EXCLUDE (tokens, samples, lp_diff_sum, abs_lp_diff_sum, max_abs_lp_diff, k3_sum,
+        exp_abs_lp_diff_sum),
     SUM(tokens)::BIGINT AS tokens,
-    SUM(BIT_COUNT(sample_bits_0) + BIT_COUNT(sample_bits_1) + BIT_COUNT(sample_bits_2)
-        + BIT_COUNT(sample_bits_3))::BIGINT AS samples,
+    SUM(samples)::BIGINT AS samples,
     SUM(lp_diff_sum) / SUM(tokens) AS mean_lp_diff,
     SUM(abs_lp_diff_sum) / SUM(tokens) AS mean_abs_lp_diff,
     MAX(max_abs_lp_diff) AS max_abs_lp_diff,
     SUM(k3_sum) / SUM(tokens) AS k3_kl,
     SUM(k3_sum) AS k3_sum,
     SUM(exp_abs_lp_diff_sum) / SUM(tokens) AS mult_prob_error
-FROM query_table(blocks)
+FROM query_table(counted)
 GROUP BY ALL;
+
+-- drift_counts(blocks): drift_parts' rows, unique per (keys, sample_block), with the sample
+-- set's bits counted into `samples`.
+CREATE OR REPLACE MACRO drift_counts(blocks) AS TABLE
+SELECT
+    * EXCLUDE (sample_block, sample_bits_0, sample_bits_1, sample_bits_2, sample_bits_3),
+    BIT_COUNT(sample_bits_0) + BIT_COUNT(sample_bits_1) + BIT_COUNT(sample_bits_2)
+        + BIT_COUNT(sample_bits_3) AS samples
+FROM query_table(blocks);
 
 -- drift_rollup(parts): parts that may share (keys, sample_block) are OR-ed together first, so
 -- a sample counts once however many parts hold it.
@@ -88,8 +117,11 @@ WITH blocks AS (
         SUM(exp_abs_lp_diff_sum) AS exp_abs_lp_diff_sum
     FROM query_table(parts)
     GROUP BY ALL
+),
+counted AS (
+    SELECT * FROM drift_counts(blocks)
 )
-SELECT * FROM drift_totals(blocks);
+SELECT * FROM drift_totals(counted);
 
 -- step_share(x, run, rollout_id, scope): x over the sum of x across the step's rows of the
 -- same scope (null when that sum is 0). The calling view applies it to a MATERIALIZED CTE of
@@ -103,5 +135,8 @@ CREATE OR REPLACE MACRO step_share(x, run, rollout_id, scope) AS
 CREATE OR REPLACE MACRO drift_breakdown(keyed) AS TABLE
 WITH parts AS (
     SELECT * FROM drift_parts(keyed)
+),
+counted AS (
+    SELECT * FROM drift_counts(parts)
 )
-SELECT * FROM drift_totals(parts);
+SELECT * FROM drift_totals(counted);
