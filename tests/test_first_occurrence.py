@@ -106,3 +106,24 @@ def test_flags_mark_exactly_the_drift_tokens_rows(tmp_path, preset):
         """,
     )
     assert mismatched.num_rows == 0
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 18])
+def test_samples_taken_a_chunk_at_a_time_give_the_same_flags(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of whole samples (a sample longer than a chunk is one chunk, empty samples
+    included) mark exactly what one pass over the step marks."""
+    from pipeline.transform import flatten
+
+    rng = np.random.default_rng(7)
+    samples = [
+        [(int(rng.integers(0, 5)), int(rng.integers(0, 2)), 0.1, -1.0, -1.1) for _ in range(n)]
+        for n in (5, 0, 1, 9, 0, 4, 12, 2, 0)
+    ]
+    expected = _flags(samples)
+    monkeypatch.setattr(flatten, "CHUNK_ROWS", chunk)
+    assert _flags(samples) == expected
+    assert [sum(bool(f) for f in s) for s in expected] == [
+        len({row[0] for row in s if row[1]}) for s in samples
+    ]
