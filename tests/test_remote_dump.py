@@ -292,3 +292,24 @@ def test_what_is_not_extracted_is_named_by_its_url(bucket: str, tmp_path: Path) 
         1,
         f"Error: Lake `{url}/lake`: is inside the dump `{url}`; tokenlake never writes there\n",
     )
+
+
+def test_lines_about_dead_workers_and_ray_tasks_name_a_remote_dump_by_its_url() -> None:
+    """Lines built outside the step (the scheduler's, the Ray executor's) name URLs too."""
+    from pipeline.load import ray_executor
+    from pipeline.read.dump import RemoteFiles, StepFiles
+    from pipeline.transform.step import worker_died_text
+
+    stage = Path("/cache/tokenlake/dumps/ab12/qwen")
+    files = StepFiles(
+        3,
+        False,
+        stage / "rollout_data" / "3.pt",
+        root=stage,
+        remote=RemoteFiles("s3://b/runs/qwen", (("rollout_data/3.pt", 10, 1),)),
+    )
+    url = "`s3://b/runs/qwen/rollout_data/3.pt`: "
+    assert worker_died_text(files).startswith(url + "the worker process extracting this step")
+    assert ray_executor.task_died_text(files, 2).startswith(url + "the Ray task extracting")
+    failed = ray_executor.task_failed_text(files, ModuleNotFoundError("x"))
+    assert failed.startswith(url + "the Ray task extracting this step failed with")

@@ -20,7 +20,7 @@ from pipeline import extras
 from pipeline.errors import shown
 from pipeline.load.lake import LakeRoot
 from pipeline.load.scheduler import Todo
-from pipeline.read import dump
+from pipeline.read import dump, remote_dump
 from pipeline.transform.step import StepOutcome, StepStatus, extract_step
 
 log = logging.getLogger(__name__)
@@ -126,11 +126,12 @@ def task_died_text(files: dump.StepFiles, max_retries: int) -> str:
         `d/rollout_data/3.pt`: the Ray task extracting this step died on its only try
     """
     tries = f"all {max_retries + 1} tries" if max_retries else "its only try"
-    return (
+    text = (
         f"`{files.rollout_file}`: the Ray task extracting this step died on {tries} (its worker"
         " or node was killed, ran out of memory or left the cluster). Extract again to retry"
         " the step."
     )
+    return remote_dump.as_urls(files, files, text)  # a remote dump's file by its URL
 
 
 def task_failed_text(files: dump.StepFiles, cause: BaseException) -> str:
@@ -143,8 +144,9 @@ def task_failed_text(files: dump.StepFiles, cause: BaseException) -> str:
         >>> print(task_failed_text(step, ModuleNotFoundError("No module named 'pipeline'")))
         `d/rollout_data/3.pt`: the Ray task extracting this step failed with ModuleNotFoundError("No module named 'pipeline'"). Install tokenlake on every node of the cluster, then extract again.
     """
-    return (
+    text = (
         f"`{files.rollout_file}`: the Ray task extracting this step failed with"
         f" {type(cause).__name__}({shown(str(cause))}). Install tokenlake on every node of the"
         " cluster, then extract again."
     )
+    return remote_dump.as_urls(files, files, text)

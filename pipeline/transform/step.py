@@ -117,11 +117,12 @@ def bug_text(files: dump.StepFiles, exc: BaseException) -> str:
 
 def worker_died_text(files: dump.StepFiles) -> str:
     """The one-line failure of a step whose worker process died, even when run alone."""
-    return (
+    text = (
         f"`{files.rollout_file}`: the worker process extracting this step died, also when"
         " retried alone (killed, out of memory, or crashed). Unless it was killed on purpose,"
         f" t{BUG_HINT[1:]}"
     )
+    return remote_dump.as_urls(files, files, text)  # a remote dump's file by its URL
 
 
 def _text_of(exc: BaseException) -> str:
