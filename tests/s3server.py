@@ -1,94 +1,33 @@
-"""A real S3-protocol server for tests: moto's server mode on 127.0.0.1, started and stopped
-by the tests themselves (no network, no credentials of anyone's).
-
-Credentials and endpoint reach tokenlake only through the environment, as on a user's
-machine: `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`.
-"""
+"""What the S3 tests share: moto's server (pipeline/tools/s3server.py), the CLI's output with
+its timing blanked, and a query's rows through a lake's catalog."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+import re
+from pathlib import Path
 
-STARTUP_SECONDS = 30.0
+from click.testing import CliRunner
 
+from pipeline.cli import main
+from pipeline.serve import catalog
+from pipeline.tools.s3server import list_keys, moto_server, new_bucket
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["cli", "list_keys", "moto_server", "new_bucket", "rows"]
+
+SUMMARY_TIME = re.compile(r" in \d+\.\d s -> ")
 
 
-def _wait_for(port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"moto server exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"moto server did not listen on port {port} in {STARTUP_SECONDS} s")
+def cli(*args: str) -> tuple[int, str]:
+    """Exit code and output of a command, its summary's seconds as `T`."""
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, SUMMARY_TIME.sub(" in T s -> ", result.output)
 
 
-@contextmanager
-def moto_server() -> Iterator[dict[str, str]]:
-    """Run `python -m moto.server` on a free port; yields the environment that points at it
-    (set in os.environ meanwhile, so subprocesses and worker processes inherit it)."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    saved = {k: os.environ.get(k) for k in (*env, "AWS_PROFILE", "AWS_SESSION_TOKEN")}
+def rows(lake: Path | str, sql: str) -> list[tuple[str, ...]]:
+    """A query's rows through the lake's catalog, sorted, compared as text (NaN-safe)."""
+    con = catalog.connect(lake)
     try:
-        _wait_for(port, process)
-        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-            os.environ.pop(key, None)
-        os.environ.update(env)
-        yield env
+        found = con.execute(sql).fetchall()
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def new_bucket() -> str:
-    """A fresh bucket on the running server; returns its name."""
-    import boto3
-
-    name = f"tl-{uuid.uuid4().hex[:16]}"
-    boto3.client("s3").create_bucket(Bucket=name)
-    return name
-
-
-def list_keys(bucket: str, prefix: str = "") -> list[str]:
-    """Every key under a prefix, read by boto3 (not by the code under test)."""
-    import boto3
-
-    pages = (
-        boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-    )
-    return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+        con.close()
+    return sorted(tuple(map(repr, row)) for row in found)

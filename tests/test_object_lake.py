@@ -22,11 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import pipeline
 from pipeline import schema
-from pipeline.cli import main
 from pipeline.errors import LakeError
 from pipeline.load import manifest
 from pipeline.load.extract import extract_run
@@ -36,13 +34,12 @@ from pipeline.load.verify import verify_lake
 from pipeline.serve import catalog
 from pipeline.tools import synth
 from tests.fixture_paths import REAL_DUMPS
-from tests.s3server import list_keys, moto_server, new_bucket
+from tests.s3server import cli, list_keys, moto_server, new_bucket, rows
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
 
 ROOT = Path(__file__).resolve().parents[1]
 BASIC = REAL_DUMPS / "basic"
-SUMMARY_TIME = re.compile(r" in \d+\.\d s -> ")
 
 
 @pytest.fixture(scope="module")
@@ -54,21 +51,6 @@ def s3() -> Iterator[dict[str, str]]:
 @pytest.fixture
 def bucket(s3: dict[str, str]) -> str:
     return new_bucket()
-
-
-def cli(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, SUMMARY_TIME.sub(" in T s -> ", result.output)
-
-
-def rows(lake: Path | str, sql: str) -> list[tuple[str, ...]]:
-    """A query's rows through the lake's catalog, sorted, compared as text (NaN-safe)."""
-    con = catalog.connect(lake)
-    try:
-        found = con.execute(sql).fetchall()
-    finally:
-        con.close()
-    return sorted(tuple(map(repr, row)) for row in found)
 
 
 def close_rows(lake: Path | str, sql: str) -> list[tuple[object, ...]]:

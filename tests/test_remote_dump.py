@@ -8,7 +8,6 @@ needs, and leave no downloaded byte behind (every `.pt` in the stage stays spars
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import threading
 import time
@@ -26,15 +25,13 @@ from pipeline.load.extract import extract_run
 from pipeline.load.follow import follow_run
 from pipeline.load.verify import verify_lake
 from pipeline.read import remote_dump
-from pipeline.serve import catalog
 from pipeline.transform.step import StepStatus, extract_step
 from tests.fixture_paths import REAL_DUMPS
-from tests.s3server import list_keys, moto_server, new_bucket
+from tests.s3server import cli, list_keys, moto_server, new_bucket, rows
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
 
 BASIC = REAL_DUMPS / "basic"
-SUMMARY_TIME = re.compile(r" in \d+\.\d s -> ")
 
 
 @pytest.fixture(scope="module")
@@ -65,20 +62,6 @@ def upload(bucket: str, prefix: str, source: Path = BASIC, names: list[str] | No
     for name in names:  # in this order
         client.upload_file(str(source / name), bucket, f"{prefix}/{name}")
     return f"s3://{bucket}/{prefix}"
-
-
-def cli(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, SUMMARY_TIME.sub(" in T s -> ", result.output)
-
-
-def rows(lake: Path | str, sql: str) -> list[tuple[str, ...]]:
-    con = catalog.connect(lake)
-    try:
-        found = con.execute(sql).fetchall()
-    finally:
-        con.close()
-    return sorted(tuple(map(repr, row)) for row in found)
 
 
 def same_tables(found: Path | str, expected: Path | str) -> None:

@@ -39,7 +39,7 @@ import pyarrow as pa
 from pipeline import extras, schema
 from pipeline.read import dump
 from pipeline.tools import bench_formats_writers as bw
-from pipeline.tools import synth
+from pipeline.tools import s3server, synth
 from pipeline.transform.step import build_step_tables
 
 BASE_PROMPTS_PER_STEP = 64  # the `bench` preset: 64 prompts x 8 samples at scale 1
@@ -291,7 +291,7 @@ def _measure(
 
 def run_all(steps: list[bw.Step], folder: Path, repeat: int, tiny: int) -> list[str]:
     tokens = sum(s.tables[schema.TOKENS].num_rows for s in steps)
-    with bw.moto_server() as env:
+    with s3server.moto_server() as env:
         full = _measure(steps, env, folder, repeat, real=True)
         small = _measure(bw.tiny_steps(steps, tiny), env, folder, repeat, real=False)
         buckets = full["buckets"]

@@ -1,5 +1,5 @@
-"""The writers `make bench-formats` measures (pipeline/tools/bench_formats.py), and the S3
-server they write to.
+"""The writers `make bench-formats` measures (pipeline/tools/bench_formats.py); they write to
+moto's S3 server (pipeline/tools/s3server.py).
 
 Each `bench_*` function writes the same step tables, one commit per step, into a fresh bucket
 and returns its `Figures`: tokenlake's real code (`write_lake_file` under fresh names, then
@@ -13,14 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import socket
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +26,7 @@ from pipeline import schema
 from pipeline.load import manifest, write
 from pipeline.load.lake import new_name
 from pipeline.read import dump
+from pipeline.tools import s3server
 
 RUN = "bench"
 STEP_TABLES = (schema.TOKENS, schema.SAMPLES)
@@ -62,65 +57,11 @@ class Figures:
         return sum(self.steps)
 
 
-# -- the S3 server -------------------------------------------------------------------------
-
-
-def _wait_for(port: int, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"moto's S3 server did not listen on 127.0.0.1:{port} in {seconds} s")
-
-
-@contextmanager
-def moto_server() -> Iterator[dict[str, str]]:
-    """moto's S3 server on a free port of 127.0.0.1, set in os.environ while it runs (the same
-    way as tests/s3server.py)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    saved = {key: os.environ.get(key) for key in (*env, "AWS_PROFILE", "AWS_SESSION_TOKEN")}
-    try:
-        _wait_for(port)
-        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-            os.environ.pop(key, None)
-        os.environ.update(env)
-        yield env
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+# -- the S3 server: pipeline/tools/s3server.py --------------------------------------------
 
 
 def new_bucket() -> str:
-    import boto3
-
-    name = f"bench-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3").create_bucket(Bucket=name)
-    return name
+    return s3server.new_bucket("bench")
 
 
 def list_objects(bucket: str, prefix: str) -> list[tuple[str, int]]:
