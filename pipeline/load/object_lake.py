@@ -167,7 +167,7 @@ class ObjectLake:
         folders a lake writes but is not a lake."""
         if self.is_lake():
             return
-        for name in (*schema.TABLES,):
+        for name in schema.TABLES:
             if self._list(name)[:1]:
                 raise LakeError(
                     self.location,
