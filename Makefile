@@ -26,7 +26,7 @@ export CALLER_DIR
 # `abs PATH`: PATH made absolute against the caller's directory.
 ABS := abs() { case "$$1" in /*) printf '%s' "$$1";; *) printf '%s/%s' "$$CALLER_DIR" "$$1";; esac; }
 # The files the example dump is generated from: `make example` rewrites it only when they change.
-GENERATOR := pipeline/tools/synth.py pipeline/tools/synth_spec.py pipeline/transform/cp_layout.py
+GENERATOR := pipeline/tokenlake/tools/synth.py pipeline/tokenlake/tools/synth_spec.py pipeline/tokenlake/transform/cp_layout.py
 
 .PHONY: help setup extract example follow verify views audit sql report test test-fast lint fmt bench bench-formats clean
 
@@ -55,39 +55,39 @@ example: setup $(EXAMPLE_DUMP)/.generated ## write the small built-in example du
 # A stamp: regenerating an unchanged example would give its files new times, and the next
 # `make extract` would re-read every step.
 $(EXAMPLE_DUMP)/.generated: $(GENERATOR) $(VENV)/.installed
-	$(PY) -m pipeline generate "$$TL_EXAMPLE_DUMP" --preset example --force
+	$(PY) -m tokenlake generate "$$TL_EXAMPLE_DUMP" --preset example --force
 	touch "$@"
 
 # Without RUN, extract the built-in example dump so a fresh clone shows the whole job.
 extract: setup ## RUN=dump [LAKE=$(LAKE)] [RUN_NAME=name]: dump directory -> Parquet lake + DuckDB catalog
 	@$(ABS); if [ -z "$$TL_RUN" ]; then \
 	  $(MAKE) --no-print-directory example && \
-	  $(PY) -m pipeline extract "$$TL_EXAMPLE_DUMP" --lake "$$(abs "$$TL_LAKE")" --run-name example; \
+	  $(PY) -m tokenlake extract "$$TL_EXAMPLE_DUMP" --lake "$$(abs "$$TL_LAKE")" --run-name example; \
 	elif [ -z "$$TL_RUN_NAME" ]; then \
-	  $(PY) -m pipeline extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")"; \
+	  $(PY) -m tokenlake extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")"; \
 	else \
-	  $(PY) -m pipeline extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")" --run-name "$$TL_RUN_NAME"; \
+	  $(PY) -m tokenlake extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")" --run-name "$$TL_RUN_NAME"; \
 	fi
 
 follow: setup ## RUN=dump [LAKE=$(LAKE)] [RUN_NAME=name]: keep extracting a live run's complete steps (Ctrl-C ends)
 	@$(ABS); if [ -z "$$TL_RUN" ]; then echo "make follow: give RUN=DUMP_DIR" >&2; exit 2; fi; \
-	$(PY) -m pipeline extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")" --follow \
+	$(PY) -m tokenlake extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")" --follow \
 	  $${TL_RUN_NAME:+--run-name "$$TL_RUN_NAME"}
 
 verify: setup ## [LAKE=$(LAKE)]: check the lake against its manifests and sources; exit 1 on a mismatch
-	@$(ABS); $(PY) -m pipeline verify "$$(abs "$$TL_LAKE")"
+	@$(ABS); $(PY) -m tokenlake verify "$$(abs "$$TL_LAKE")"
 
 views: setup ## [LAKE=$(LAKE)]: rebuild the lake's tokenlake.duckdb from the Parquet files and sql/
-	@$(ABS); $(PY) -m pipeline views "$$(abs "$$TL_LAKE")"
+	@$(ABS); $(PY) -m tokenlake views "$$(abs "$$TL_LAKE")"
 
 audit: setup ## [LAKE=$(LAKE)]: run the sql/audits checks; exit 1 on an error-severity audit
-	@$(ABS); $(PY) -m pipeline audit "$$(abs "$$TL_LAKE")"
+	@$(ABS); $(PY) -m tokenlake audit "$$(abs "$$TL_LAKE")"
 
 sql: setup ## Q="SELECT ..." [LAKE=$(LAKE)]: run a query against the catalog
-	@$(ABS); $(PY) -m pipeline query "$$(abs "$$TL_LAKE")" "$$TL_Q"
+	@$(ABS); $(PY) -m tokenlake query "$$(abs "$$TL_LAKE")" "$$TL_Q"
 
 report: setup ## [LAKE=$(LAKE)] [RUN_NAME=name] [OUT=report.html]: one self-contained HTML report
-	@$(ABS); $(PY) -m pipeline report "$$(abs "$$TL_LAKE")" $${TL_RUN_NAME:+--run "$$TL_RUN_NAME"} \
+	@$(ABS); $(PY) -m tokenlake report "$$(abs "$$TL_LAKE")" $${TL_RUN_NAME:+--run "$$TL_RUN_NAME"} \
 	  -o "$$(abs "$$TL_OUT")"
 
 lint: setup ## ruff check + format check + mypy (strict defs in pipeline/)
@@ -106,11 +106,11 @@ test-fast: setup ## tests not marked slow
 	$(PY) -m pytest -q -m "not slow" --doctest-modules pipeline tests
 
 bench: setup ## BENCH_SCALE=$(BENCH_SCALE): generate big dumps in a temp dir and print throughput figures
-	$(PY) -m pipeline.tools.bench --scale $(BENCH_SCALE)
+	$(PY) -m tokenlake.tools.bench --scale $(BENCH_SCALE)
 
 bench-formats: setup ## our S3 commit protocol vs Delta Lake and Iceberg on a local S3 server (docs/table-formats.md)
 	$(PY) -m pip install -q -e '.[formats]'
-	$(PY) -m pipeline.tools.bench_formats
+	$(PY) -m tokenlake.tools.bench_formats
 
 clean: ## remove $(EXAMPLE_DUMP)/ and the default lake (never touches RUN)
 	rm -rf "$$TL_EXAMPLE_DUMP" lake

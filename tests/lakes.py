@@ -1,6 +1,6 @@
 """Build small lakes from hand-written rows, for tests of the SQL views.
 
-Rows are dicts keyed by `pipeline.schema` column names; missing columns are NULL, except a
+Rows are dicts keyed by `tokenlake.schema` column names; missing columns are NULL, except a
 token's `turn_index` and `first_occurrence`, which are derived from the sample's rows as
 extraction does.
 Partition columns (`run`, `rollout_id`) go in the dicts too and choose the partition directory.
@@ -15,10 +15,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline import schema
-from pipeline.load import manifest, write
-from pipeline.load.lake import partition_dir
-from pipeline.serve import catalog
+from tokenlake import schema
+from tokenlake.load import manifest, write
+from tokenlake.load.lake import partition_dir
+from tokenlake.serve import catalog
 
 
 def _defaults(table: str) -> dict[str, Any]:

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.read import dump as dump_module
-from pipeline.read import ptread
-from pipeline.transform import step
+from tokenlake.read import dump as dump_module
+from tokenlake.read import ptread
+from tokenlake.transform import step
 
 
 class MemDump:

@@ -1,4 +1,4 @@
-"""pipeline.open_lake / pipeline.TokenLake: the frames equal the catalog's views, exactly."""
+"""tokenlake.open_lake / tokenlake.TokenLake: the frames equal the catalog's views, exactly."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-import pipeline
-from pipeline import schema
-from pipeline.errors import LakeError
-from pipeline.load import manifest
-from pipeline.load.local_lake import Lake
-from pipeline.serve import api
-from pipeline.tools import synth
+import tokenlake
+from tokenlake import schema
+from tokenlake.errors import LakeError
+from tokenlake.load import manifest
+from tokenlake.load.local_lake import Lake
+from tokenlake.serve import api
+from tokenlake.tools import synth
 
 SPEC = replace(synth.PRESETS["example"], miles_dashboard=True)
 KEYS = {
@@ -27,19 +27,19 @@ KEYS = {
 
 
 @pytest.fixture(scope="module")
-def lake(tmp_path_factory) -> pipeline.TokenLake:
+def lake(tmp_path_factory) -> tokenlake.TokenLake:
     folder = tmp_path_factory.mktemp("api")
     synth.write_dump(folder / "dump", SPEC)
-    opened = pipeline.open_lake(folder / "lake", create=True)
+    opened = tokenlake.open_lake(folder / "lake", create=True)
     opened.extract(folder / "dump", run_name="a", tags={"precision": "fp8"})
     opened.extract(folder / "dump", run_name="b", steps=[1, 2])
     return opened
 
 
 def test_open_lake_is_the_api_class():
-    assert pipeline.open_lake is api.open_lake and pipeline.TokenLake is api.TokenLake
+    assert tokenlake.open_lake is api.open_lake and tokenlake.TokenLake is api.TokenLake
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
-        pipeline.nope  # noqa: B018
+        tokenlake.nope  # noqa: B018
 
 
 @pytest.mark.slow
@@ -104,7 +104,7 @@ def test_a_superseded_file_makes_the_call_read_the_manifests_again(lake, monkeyp
 @pytest.mark.slow
 def test_sql_sees_a_new_catalog_after_an_extraction(tmp_path):
     synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
-    lake = pipeline.open_lake(tmp_path / "lake", create=True)
+    lake = tokenlake.open_lake(tmp_path / "lake", create=True)
     lake.extract(tmp_path / "dump", run_name="x", steps=[0])
     assert lake.sql("SELECT count(*) FROM runs").fetchall() == [(1,)]
     lake.extract(tmp_path / "dump", run_name="y", steps=[0])
@@ -114,7 +114,7 @@ def test_sql_sees_a_new_catalog_after_an_extraction(tmp_path):
 
 def test_an_empty_lake_gives_typed_empty_frames(tmp_path):
     Path(tmp_path / "_manifest").mkdir()
-    lake = pipeline.open_lake(tmp_path)
+    lake = tokenlake.open_lake(tmp_path)
     frame = lake.metrics().collect()
     assert frame.height == 0
     assert frame.schema == pl.Schema(
@@ -131,7 +131,7 @@ def test_an_empty_lake_gives_typed_empty_frames(tmp_path):
 
 @pytest.mark.slow
 def test_a_key_value_folder_above_the_lake_is_not_a_partition(lake, tmp_path):
-    moved = pipeline.open_lake(shutil.copytree(lake.root, tmp_path / "run=ghost" / "lake"))
+    moved = tokenlake.open_lake(shutil.copytree(lake.root, tmp_path / "run=ghost" / "lake"))
     for table in (schema.TOKENS, schema.METRICS):
         frame = getattr(moved, table)().collect().sort(KEYS[table])
         assert frame.equals(getattr(lake, table)().collect().sort(KEYS[table]))

@@ -1,4 +1,4 @@
-"""`sql/audits/*.sql` through `pipeline.serve.audit`: silent on a healthy lake, each one firing on a
+"""`sql/audits/*.sql` through `tokenlake.serve.audit`: silent on a healthy lake, each one firing on a
 lake built to trip it, with the exact offending rows.
 
 Trip lake, run `r`:
@@ -17,12 +17,12 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.errors import LakeError
-from pipeline.serve import catalog
-from pipeline.serve.audit import AuditResult, format_audit_report, has_errors, run_audits, severity
 from tests.fixture_paths import REAL_DUMPS
 from tests.lakes import build_lake
+from tokenlake.cli import main
+from tokenlake.errors import LakeError
+from tokenlake.serve import catalog
+from tokenlake.serve.audit import AuditResult, format_audit_report, has_errors, run_audits, severity
 
 AUDITS = [
     "alignment_failed",
@@ -246,7 +246,7 @@ def test_thresholds_come_from_settings(tripped):
 def test_ess_raw_alarms_where_clamped_ess_cannot(tripped):
     """With C = 2 the clamped ESS cannot fall below 4C^2 / (1 + C^2)^2 = 0.64; ess_raw can."""
     _, lake = tripped
-    from pipeline.serve.query import run_query
+    from tokenlake.serve.query import run_query
 
     row = run_query(lake, "SELECT ess, ess_raw FROM drift_steps WHERE rollout_id = 1").to_pylist()
     mean_w, mean_w2 = (15 * 1.0001 + 2) / 16, (15 * 1.0001**2 + 4) / 16
@@ -295,8 +295,8 @@ def test_report_truncates_long_row_lists(tripped):
 )
 def test_audits_fire_on_generated_dumps_built_to_trip_them(tmp_path, preset, audit, rows):
     """Whole pipeline: a generated dump with the defect, extracted, then audited."""
-    from pipeline.load.extract import extract_run
-    from pipeline.tools import synth
+    from tokenlake.load.extract import extract_run
+    from tokenlake.tools import synth
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
     extract_run(tmp_path / "dump", tmp_path / "lake", run_name=preset)
@@ -305,7 +305,7 @@ def test_audits_fire_on_generated_dumps_built_to_trip_them(tmp_path, preset, aud
     if rows is None:  # count the non-finite tokens independently, with numpy
         import numpy as np
 
-        from pipeline.serve.query import run_query
+        from tokenlake.serve.query import run_query
 
         table = run_query(tmp_path / "lake", "SELECT * FROM tokens")
         columns = ("rollout_log_prob", "train_log_prob", "lp_diff")
@@ -377,11 +377,11 @@ def test_cli_exits_0_when_only_warnings_and_info_fire(tmp_path):
 @pytest.mark.parametrize("case", ["basic", "cp2", "pp2", "removed", "example"])
 def test_healthy_runs_pass_the_audit(tmp_path, case):
     """The built-in example and every real miles fixture: exit 0, no error audit fires."""
-    from pipeline.load.extract import extract_run
+    from tokenlake.load.extract import extract_run
 
     dump = REAL_DUMPS / case
     if case == "example":
-        from pipeline.tools import synth
+        from tokenlake.tools import synth
 
         dump = tmp_path / "dump"
         synth.write_dump(dump, synth.PRESETS["example"])

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from pipeline import schema
-from pipeline.cli import main
-from pipeline.load.verify import verify_lake
 from tests.fixture_paths import REAL_DUMPS
+from tokenlake import schema
+from tokenlake.cli import main
+from tokenlake.load.verify import verify_lake
 
 FIXTURES = REAL_DUMPS
 OLD = 7200.0  # seconds: older than ptread.FRESH_SECONDS, so a bad file is not "still written"
@@ -465,7 +465,7 @@ def test_full_lake_is_a_clear_error_and_leaves_the_lake_intact(
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", full_disk)
-    monkeypatch.setattr("pipeline.transform.step.secrets.token_hex", lambda n: "feedbeef")
+    monkeypatch.setattr("tokenlake.transform.step.secrets.token_hex", lambda n: "feedbeef")
     code, out, err = extract(dump, lake)
     monkeypatch.undo()
     target = (

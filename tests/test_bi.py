@@ -12,9 +12,9 @@ import duckdb
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
-from pipeline.load.extract import extract_run
 from tests.fixture_paths import REAL_DUMPS
+from tokenlake import schema
+from tokenlake.load.extract import extract_run
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
@@ -165,7 +165,7 @@ def test_plain_parquet_readers_read_the_manifest_listed_files(lake):
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    from pipeline.load import manifest
+    from tokenlake.load import manifest
 
     files = [str(lake / name) for run in manifest.load_all(lake) for name in run.files("tokens")]
     partitioning = ds.partitioning(

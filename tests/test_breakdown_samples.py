@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from pipeline.serve import catalog
 from tests.lakes import build_lake
+from tokenlake.serve import catalog
 
 # Batch positions on both sides of every 64-bit word and 256-sample block edge, and negative.
 POSITIONS = (0, 1, 63, 64, 127, 128, 191, 192, 255, 256, 257, 511, 512, 1000, 70_000, -1, -300)

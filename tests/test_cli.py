@@ -7,8 +7,8 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main, parse_steps
 from tests.fixture_paths import REAL_DUMPS
+from tokenlake.cli import main, parse_steps
 
 FIXTURES = REAL_DUMPS
 
@@ -123,7 +123,7 @@ def test_drop_removes_one_run_and_nothing_else(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_prints_what_was_committed(tmp_path, monkeypatch):
-    from pipeline.progress import PlainReporter
+    from tokenlake.progress import PlainReporter
 
     done = PlainReporter.done
 

@@ -1,6 +1,6 @@
 """kill -9 at random moments of an extraction never leaves a half state; the next run repairs.
 
-A 6-step synthetic dump (plus `eval_0`) is extracted by `python -m pipeline extract` in a
+A 6-step synthetic dump (plus `eval_0`) is extracted by `python -m tokenlake extract` in a
 subprocess that is killed with SIGKILL after seeded random delays (a fraction of how long an
 attempt takes on this machine). Before every attempt three train files are touched, so there
 are always steps to rewrite when the kill lands. After each kill `verify_lake` finds no
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import schema
-from pipeline.load import manifest
-from pipeline.load.extract import extract_run
-from pipeline.load.verify import verify_lake
-from pipeline.tools import synth
+from tokenlake import schema
+from tokenlake.load import manifest
+from tokenlake.load.extract import extract_run
+from tokenlake.load.verify import verify_lake
+from tokenlake.tools import synth
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ SOURCE_CHANGED = "changed since extraction; extract again"
 
 
 def run_extract(dump: Path, lake: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "pipeline", "extract", str(dump), "--lake", str(lake)]
+    command = [sys.executable, "-m", "tokenlake", "extract", str(dump), "--lake", str(lake)]
     command += ["--workers", "1", "--silent"]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

@@ -1,4 +1,4 @@
-"""pipeline/read/dashboard.py: the readers of miles' `dashboard/meta.json` and `metrics.jsonl`."""
+"""pipeline/tokenlake/read/dashboard.py: the readers of miles' `dashboard/meta.json` and `metrics.jsonl`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from pipeline import schema
-from pipeline.errors import UsageError
-from pipeline.read import dashboard
-from pipeline.tools import synth, synth_dashboard
+from tokenlake import schema
+from tokenlake.errors import UsageError
+from tokenlake.read import dashboard
+from tokenlake.tools import synth, synth_dashboard
 
 NONE_META = {
     "start_ts": None,
@@ -334,7 +334,7 @@ def test_generated_raw_reward_joins_step_stats(tmp_path):
     """The worked join of docs (metrics on step = rollout_id for one step_key) on a real lake."""
     import duckdb
 
-    from pipeline.load.extract import extract_run
+    from tokenlake.load.extract import extract_run
 
     spec = replace(synth.PRESETS["example"], miles_dashboard=True)
     synth.write_dump(tmp_path / "dump", spec)

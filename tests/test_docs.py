@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 import pytest
 
-from pipeline import schema
-from pipeline.cli import main
-from pipeline.serve.catalog import iter_view_files
+from tokenlake import schema
+from tokenlake.cli import main
+from tokenlake.serve.catalog import iter_view_files
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 README = DOCS.parent / "README.md"

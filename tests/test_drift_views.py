@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.serve.query import run_query
 from tests.fixture_paths import MILES_REAL
 from tests.lakes import build_lake
+from tokenlake.serve.query import run_query
 
 F32 = np.float32
 REL = 1e-9
@@ -630,7 +630,7 @@ FIXTURES = MILES_REAL
 def test_drift_steps_on_real_basic_dump(tmp_path):
     import pyarrow.parquet as pq
 
-    from pipeline.load.extract import extract_run
+    from tokenlake.load.extract import extract_run
 
     extract_run(FIXTURES / "dumps" / "basic", tmp_path, run_name="basic", strict=True)
     tokens = run_query(tmp_path, "SELECT * FROM tokens").to_pylist()
@@ -653,8 +653,8 @@ def test_drift_steps_on_real_basic_dump(tmp_path):
 def test_drift_steps_on_generated_dumps(tmp_path, preset):
     """The generator's layouts (masked tool runs, NaN/inf, CP reassembly, removed samples)
     through the whole pipeline, checked against numpy over the same tokens."""
-    from pipeline.load.extract import extract_run
-    from pipeline.tools import synth
+    from tokenlake.load.extract import extract_run
+    from tokenlake.tools import synth
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
     extract_run(tmp_path / "dump", tmp_path / "lake", run_name=preset, strict=True)

@@ -2,7 +2,7 @@
 
 The expected lake content is built from `synth.Truth` (the full-length values before any CP
 slicing, PP placement or dropped file) with the rules of dump-format.md 5.3/6.1 and the
-comments of `pipeline/schema.py`:
+comments of `pipeline/tokenlake/schema.py`:
 - a sample with a train side: every stat column is NULL where the train mask is 0;
 - a sample without one: the rollout dump's own `loss_mask` masks it when it has one, else the
   values stay as dumped; the train-side columns are NULL;
@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline import schema
-from pipeline.tools import synth
-from pipeline.tools.synth import PRESETS
-from pipeline.tools.synth_truth import SampleTruth, Truth
+from tokenlake import schema
+from tokenlake.tools import synth
+from tokenlake.tools.synth import PRESETS
+from tokenlake.tools.synth_truth import SampleTruth, Truth
 
 LAYOUT_PRESETS = sorted(name for name in PRESETS if not name.startswith("bench"))
 KEY_COLUMNS = (schema.ROLLOUT_ID, schema.EVALUATION, schema.BATCH_POSITION)
@@ -140,7 +140,7 @@ def _check_samples(con: Any, truth: Truth) -> None:
 def test_lake_matches_truth(preset: str, tmp_path: Path) -> None:
     import duckdb
 
-    from pipeline.load.extract import extract_run
+    from tokenlake.load.extract import extract_run
 
     dump, lake = tmp_path / "dump", tmp_path / "lake"
     truth = synth.write_dump(dump, PRESETS[preset], keep_truth=True)

@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline import schema
-from pipeline.serve.query import run_query
-from pipeline.transform.flatten import first_occurrence_column
+from tokenlake import schema
+from tokenlake.serve.query import run_query
+from tokenlake.transform.flatten import first_occurrence_column
 
 INF, NAN = math.inf, math.nan
 
@@ -82,8 +82,8 @@ def test_empty_step_and_empty_sample() -> None:
 @pytest.mark.parametrize("preset", ["nonfinite", "multi-turn", "cp-thd"])
 def test_flags_mark_exactly_the_drift_tokens_rows(tmp_path, preset):
     """Extraction's drift rows are drift_tokens' rows, and the flags count distinct samples."""
-    from pipeline.load.extract import extract_run
-    from pipeline.tools import synth
+    from tokenlake.load.extract import extract_run
+    from tokenlake.tools import synth
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
     lake = tmp_path / "lake"
@@ -114,7 +114,7 @@ def test_samples_taken_a_chunk_at_a_time_give_the_same_flags(
 ) -> None:
     """Chunks of whole samples (a sample longer than a chunk is one chunk, empty samples
     included) mark exactly what one pass over the step marks."""
-    from pipeline.transform import flatten
+    from tokenlake.transform import flatten
 
     rng = np.random.default_rng(7)
     samples = [

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import schema
-from pipeline.load import manifest
-from pipeline.load.extract import ExtractSummary, extract_run
-from pipeline.load.follow import FollowState, follow_round, follow_run
-from pipeline.load.verify import verify_lake
 from tests.fixture_paths import REAL_DUMPS
+from tokenlake import schema
+from tokenlake.load import manifest
+from tokenlake.load.extract import ExtractSummary, extract_run
+from tokenlake.load.follow import FollowState, follow_round, follow_run
+from tokenlake.load.verify import verify_lake
 
 pytestmark = pytest.mark.slow  # every test extracts real dump files
 
@@ -173,7 +173,7 @@ def test_file_completed_while_its_failed_read_was_reported_is_retried(
 ) -> None:
     """The writer finishes the file between the failed read and the end of the round: the
     step was judged on the old content, so the next round must try it again."""
-    from pipeline.load import scheduler as extract_module
+    from tokenlake.load import scheduler as extract_module
 
     live, lake = tmp_path / "live", tmp_path / "lake"
     shutil.copytree(FIXTURES / "basic", live)
@@ -257,7 +257,7 @@ def test_step_deleted_from_a_followed_run_is_removed(tmp_path: Path) -> None:
 
 
 def _start_follow(dump: Path, lake: Path, workers: int) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "pipeline", "extract", str(dump), "--lake", str(lake)]
+    command = [sys.executable, "-m", "tokenlake", "extract", str(dump), "--lake", str(lake)]
     command += ["--follow", "--poll", "0.1", "--settle", "0.2", "--workers", str(workers)]
     # Its own process group, so SIGINT reaches it and its workers, as Ctrl-C in a terminal does.
     return subprocess.Popen(

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.errors import UsageError
-from pipeline.load.follow import follow_run
-from pipeline.load.local_lake import Lake
 from tests.fixture_paths import REAL_DUMPS
+from tokenlake.cli import main
+from tokenlake.errors import UsageError
+from tokenlake.load.follow import follow_run
+from tokenlake.load.local_lake import Lake
 
 pytestmark = pytest.mark.slow  # each test extracts a real fixture dump
 
@@ -131,7 +131,7 @@ def test_a_catalog_without_its_views_never_replaces_the_old_one(
     lake = tmp_path / "lake"
     extract(REAL_DUMPS / "basic", lake)
     before = (lake / "tokenlake.duckdb").read_bytes()
-    monkeypatch.setattr("pipeline.serve.catalog.create_sql_views", lambda con: [])  # views "lost"
+    monkeypatch.setattr("tokenlake.serve.catalog.create_sql_views", lambda con: [])  # views "lost"
     code, out, err = cli("views", str(lake))
     assert (code, out) == (1, "")
     assert len(err) == 1
@@ -154,7 +154,7 @@ def test_duckdb_failing_on_a_full_disk_is_one_line(
     def full(con: Any) -> list[str]:
         raise duckdb.IOException('IO Error: Could not write file "x": No space left on device')
 
-    monkeypatch.setattr("pipeline.serve.catalog.create_sql_views", full)
+    monkeypatch.setattr("tokenlake.serve.catalog.create_sql_views", full)
     assert cli("views", str(lake)) == (
         1,
         "",

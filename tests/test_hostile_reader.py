@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.errors import DumpFileError
-from pipeline.read import ptcheck, ptread, ptvector, ptzip
 from tests.forge import BZIP2, DEFLATED, NATIVE, Member, Pickle, laughs, write_pt
+from tokenlake.errors import DumpFileError
+from tokenlake.read import ptcheck, ptread, ptvector, ptzip
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY_LIMIT = 512 << 20  # address space of the child: numpy + the reader need ~100 MB
@@ -145,8 +145,8 @@ def _limited_load(path: Path) -> subprocess.CompletedProcess[str]:
     code = (
         "import resource, sys\n"
         f"resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT}, {MEMORY_LIMIT}))\n"
-        "from pipeline.read import ptread\n"
-        "from pipeline.errors import PipelineError\n"
+        "from tokenlake.read import ptread\n"
+        "from tokenlake.errors import PipelineError\n"
         "try:\n"
         f"    value = ptread.load({str(path)!r})\n"
         "except PipelineError as exc:\n"
@@ -357,7 +357,7 @@ def test_truncating_a_file_in_a_reading_loop_never_kills_the_process(tmp_path: P
     path = write_pt(tmp_path / "big.pt", p, {"0": b"\1" * (64 << 20)})
     whole = path.read_bytes()
     code = (
-        "from pipeline.read import ptread\nfrom pipeline.errors import PipelineError\n"
+        "from tokenlake.read import ptread\nfrom tokenlake.errors import PipelineError\n"
         f"for _ in range(40):\n    try:\n        ptread.load({str(path)!r}).sum()\n"
         "    except PipelineError as exc:\n        assert '\\n' not in str(exc)\n"
         "print('survived')\n"
@@ -434,7 +434,7 @@ def test_integers_chosen_to_collide_in_a_dict_are_refused(tmp_path: Path) -> Non
 
 
 def test_train_columns_of_stride_0_tensors_are_refused(tmp_path: Path) -> None:
-    from pipeline.read import dump
+    from tokenlake.read import dump
 
     p = Pickle().dict().text("rollout_data").dict().mark()
     for column in ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks"):

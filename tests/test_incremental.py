@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeline import schema
-from pipeline.cli import main
-from pipeline.load import extract as extract_module
-from pipeline.load.extract import extract_run
-from pipeline.load.verify import verify_lake
 from tests.fixture_paths import REAL_DUMPS
+from tokenlake import schema
+from tokenlake.cli import main
+from tokenlake.load import extract as extract_module
+from tokenlake.load.extract import extract_run
+from tokenlake.load.verify import verify_lake
 
 pytestmark = pytest.mark.slow  # every test extracts real dump files
 
@@ -280,7 +280,7 @@ def tmp_path_of(lake: Path) -> Path:
 
 
 def test_a_run_whose_only_step_fails_is_not_published(tmp_path: Path) -> None:
-    from pipeline.errors import PipelineError
+    from tokenlake.errors import PipelineError
 
     dump = tmp_path / "dump"
     (dump / "rollout_data").mkdir(parents=True)
@@ -296,7 +296,7 @@ def test_a_run_whose_only_step_fails_is_not_published(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_mid_run_reports_what_was_committed(tmp_path: Path) -> None:
-    from pipeline.load.follow import follow_run
+    from tokenlake.load.follow import follow_run
 
     def stop_after_first(result) -> None:  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt

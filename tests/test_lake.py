@@ -1,4 +1,4 @@
-"""The lake's layout has one owner (pipeline/load/lake.py): naming, run names, atomic writes, sweeps."""
+"""The lake's layout has one owner (pipeline/tokenlake/load/lake.py): naming, run names, atomic writes, sweeps."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import schema
-from pipeline.errors import LakeError, UsageError
-from pipeline.load import lake as lake_module
-from pipeline.load import manifest
-from pipeline.load.lake import atomic_write, check_run_name
-from pipeline.load.local_lake import Lake
+from tokenlake import schema
+from tokenlake.errors import LakeError, UsageError
+from tokenlake.load import lake as lake_module
+from tokenlake.load import manifest
+from tokenlake.load.lake import atomic_write, check_run_name
+from tokenlake.load.local_lake import Lake
 
 ROOT = Path(__file__).resolve().parents[1]
 DEAD_PID = 2**22 + 17  # above Linux's pid_max default: never a running process

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.read.trajectory import messages_by_position
-from pipeline.transform import cp_layout
 from tests.memdump import MemDump, column, sample, train_rows
+from tokenlake.read.trajectory import messages_by_position
+from tokenlake.transform import cp_layout
 
 QUARTERS = [-0.25 * (k + 1) for k in range(6)]  # exact in float32
 HALVES = [-0.5 * (k + 1) for k in range(6)]
@@ -185,8 +185,8 @@ def test_rollout_log_prob_is_the_half_precision_train_side_copy(preset: str, tmp
     import duckdb
     import torch
 
-    from pipeline.load.extract import extract_run
-    from pipeline.tools import synth
+    from tokenlake.load.extract import extract_run
+    from tokenlake.tools import synth
 
     truth = synth.write_dump(tmp_path / "dump", synth.PRESETS[preset], keep_truth=True)
     assert truth is not None

@@ -23,18 +23,18 @@ from pathlib import Path
 
 import pytest
 
-import pipeline
-from pipeline import schema
-from pipeline.errors import LakeError
-from pipeline.load import manifest
-from pipeline.load.extract import extract_run
-from pipeline.load.follow import follow_run
-from pipeline.load.object_lake import ObjectLake
-from pipeline.load.verify import verify_lake
-from pipeline.serve import catalog
-from pipeline.tools import synth
+import tokenlake
 from tests.fixture_paths import REAL_DUMPS
 from tests.s3server import cli, list_keys, moto_server, new_bucket, rows
+from tokenlake import schema
+from tokenlake.errors import LakeError
+from tokenlake.load import manifest
+from tokenlake.load.extract import extract_run
+from tokenlake.load.follow import follow_run
+from tokenlake.load.object_lake import ObjectLake
+from tokenlake.load.verify import verify_lake
+from tokenlake.serve import catalog
+from tokenlake.tools import synth
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
 
@@ -144,9 +144,9 @@ def test_extract_reextract_verify_query_drop_as_on_a_local_lake(
 
 def test_python_api_reads_an_object_store_lake(bucket: str, tmp_path: Path) -> None:
     url = f"s3://{bucket}/lake"
-    lake = pipeline.open_lake(url, create=True)
+    lake = tokenlake.open_lake(url, create=True)
     assert lake.extract(BASIC, run_name="basic").counts["new"] == 3
-    local = pipeline.open_lake(tmp_path / "local", create=True)
+    local = tokenlake.open_lake(tmp_path / "local", create=True)
     local.extract(BASIC, run_name="basic")
     assert lake.root == url
     for frame in ("tokens", "samples", "runs"):
@@ -293,7 +293,7 @@ def test_a_writer_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_
     url = f"s3://{bucket}/lake"
     dump = tmp_path / "dump"
     synth.write_dump(dump, synth.DumpSpec(steps=6, prompts_per_step=8, seed=5))
-    command = [sys.executable, "-m", "pipeline", "extract", str(dump), "--lake", url]
+    command = [sys.executable, "-m", "tokenlake", "extract", str(dump), "--lake", url]
     writer = subprocess.Popen([*command, "--silent"], cwd=ROOT, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "lake/_manifest/dump.json" not in list_keys(bucket):

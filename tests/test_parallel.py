@@ -5,8 +5,8 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from pipeline.load.extract import extract_run
-from pipeline.tools import synth
+from tokenlake.load.extract import extract_run
+from tokenlake.tools import synth
 
 
 def _rows(lake, table):

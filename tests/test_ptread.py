@@ -1,4 +1,4 @@
-"""`pipeline.read.ptread.load` against `torch.load`, and its refusals (unsafe pickles, bad files)."""
+"""`tokenlake.read.ptread.load` against `torch.load`, and its refusals (unsafe pickles, bad files)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import DumpFileError, DumpNotFoundError, UnsafePickleError
-from pipeline.read import ptglobals, ptread, ptzip
 from tests.fixture_paths import REAL_DUMPS
+from tokenlake.errors import DumpFileError, DumpNotFoundError, UnsafePickleError
+from tokenlake.read import ptglobals, ptread, ptzip
 
 DUMPS = REAL_DUMPS
 REAL_FILES = sorted(DUMPS.glob("*/*/*.pt"))

@@ -1,5 +1,5 @@
 """Stages take values and return values: validation, resolve and flatten change nothing they
-are given, so no stage depends on another having run first (pipeline/read/validate.py, flatten.py)."""
+are given, so no stage depends on another having run first (pipeline/tokenlake/read/validate.py, flatten.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pipeline import schema
-from pipeline.read import validate
-from pipeline.transform import flatten
-from pipeline.transform.resolve import TrainRow
 from tests.memdump import MemDump, column, sample, train_rows
+from tokenlake import schema
+from tokenlake.read import validate
+from tokenlake.transform import flatten
+from tokenlake.transform.resolve import TrainRow
 
 
 def test_extraction_leaves_the_loaded_samples_as_they_were(tmp_path, monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""`pipeline.serve.query`: running SQL against a lake and rendering the result."""
+"""`tokenlake.serve.query`: running SQL against a lake and rendering the result."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import LakeError, UsageError
-from pipeline.serve.query import format_table, run_query
 from tests.lakes import build_lake
+from tokenlake.errors import LakeError, UsageError
+from tokenlake.serve.query import format_table, run_query
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,15 @@ import pytest
 from click.testing import CliRunner
 from ray.cluster_utils import Cluster
 
-from pipeline import schema
-from pipeline.cli import main
-from pipeline.load import manifest, ray_executor
-from pipeline.load.extract import extract_run
-from pipeline.load.verify import verify_lake
-from pipeline.progress import Reporter
-from pipeline.serve import catalog
-from pipeline.tools import synth
 from tests.s3server import list_keys, moto_server, new_bucket
+from tokenlake import schema
+from tokenlake.cli import main
+from tokenlake.load import manifest, ray_executor
+from tokenlake.load.extract import extract_run
+from tokenlake.load.verify import verify_lake
+from tokenlake.progress import Reporter
+from tokenlake.serve import catalog
+from tokenlake.tools import synth
 
 OBJECT_STORE = 80 * 2**20  # bytes per node; outcomes are a few kB, Ray's floor is ~75 MB
 NODE = {"num_cpus": 1, "object_store_memory": OBJECT_STORE}
@@ -201,7 +201,7 @@ def test_a_task_whose_node_dies_is_retried_elsewhere(cluster, dump, serial, tmp_
 
 
 def synth_steps(dump):
-    from pipeline.read.dump import discover
+    from tokenlake.read.dump import discover
 
     return discover(dump).steps
 
@@ -233,6 +233,6 @@ def test_ray_options_misused(tmp_path, options, message):
 
 
 def test_importing_tokenlake_does_not_import_ray():
-    code = "import sys, pipeline.cli, pipeline.load.extract, pipeline.load.ray_executor; print('ray' in sys.modules)"
+    code = "import sys, tokenlake.cli, tokenlake.load.extract, tokenlake.load.ray_executor; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "False\n"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.tools import synth
+from tokenlake.cli import main
+from tokenlake.tools import synth
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

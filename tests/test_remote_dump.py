@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import pipeline
-from pipeline.cli import main
-from pipeline.load import manifest
-from pipeline.load.extract import extract_run
-from pipeline.load.follow import follow_run
-from pipeline.load.verify import verify_lake
-from pipeline.read import remote_dump
-from pipeline.transform.step import StepStatus, extract_step
+import tokenlake
 from tests.fixture_paths import REAL_DUMPS
 from tests.s3server import cli, list_keys, moto_server, new_bucket, rows
+from tokenlake.cli import main
+from tokenlake.load import manifest
+from tokenlake.load.extract import extract_run
+from tokenlake.load.follow import follow_run
+from tokenlake.load.verify import verify_lake
+from tokenlake.read import remote_dump
+from tokenlake.transform.step import StepStatus, extract_step
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
 
@@ -196,7 +196,7 @@ def test_a_step_extracts_where_no_stage_exists_as_a_ray_task_on_another_node(
 
 def test_python_api_extracts_an_s3_dump(bucket: str, tmp_path: Path) -> None:
     url = upload(bucket, "basic")
-    lake = pipeline.open_lake(tmp_path / "lake", create=True)
+    lake = tokenlake.open_lake(tmp_path / "lake", create=True)
     assert lake.extract(url).counts[StepStatus.NEW] == 3
     assert manifest.load_manifest(tmp_path / "lake", "basic").source_dir == url
 
@@ -279,9 +279,9 @@ def test_what_is_not_extracted_is_named_by_its_url(bucket: str, tmp_path: Path) 
 
 def test_lines_about_dead_workers_and_ray_tasks_name_a_remote_dump_by_its_url() -> None:
     """Lines built outside the step (the scheduler's, the Ray executor's) name URLs too."""
-    from pipeline.load import ray_executor
-    from pipeline.read.dump import RemoteFiles, StepFiles
-    from pipeline.transform.step import worker_died_text
+    from tokenlake.load import ray_executor
+    from tokenlake.read.dump import RemoteFiles, StepFiles
+    from tokenlake.transform.step import worker_died_text
 
     stage = Path("/cache/tokenlake/dumps/ab12/qwen")
     files = StepFiles(

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import main
-from pipeline.load.extract import extract_run
-from pipeline.serve.query import run_query
-from pipeline.serve.report import build_report
-from pipeline.tools import synth
 from tests.lakes import build_lake
+from tokenlake.cli import main
+from tokenlake.load.extract import extract_run
+from tokenlake.serve.query import run_query
+from tokenlake.serve.report import build_report
+from tokenlake.tools import synth
 
 SECTIONS = ["runs", "audits", "reward", "drift", "where", "worst"]
 

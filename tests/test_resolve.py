@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.transform import cp_layout
-from pipeline.transform.resolve import Location, TrainFile, locate_rows, resolve_cp_fields
+from tokenlake.transform import cp_layout
+from tokenlake.transform.resolve import Location, TrainFile, locate_rows, resolve_cp_fields
 
 
 def _file(rank: int, rows: dict, **top) -> TrainFile:

@@ -14,14 +14,14 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-import pipeline
-from pipeline import schema
-from pipeline.cli import main
-from pipeline.load import lake_files, manifest, write
-from pipeline.load.extract import extract_run
-from pipeline.load.follow import FollowState, follow_round
-from pipeline.serve import catalog
-from pipeline.tools import synth, synth_dashboard
+import tokenlake
+from tokenlake import schema
+from tokenlake.cli import main
+from tokenlake.load import lake_files, manifest, write
+from tokenlake.load.extract import extract_run
+from tokenlake.load.follow import FollowState, follow_round
+from tokenlake.serve import catalog
+from tokenlake.tools import synth, synth_dashboard
 
 SPEC = replace(synth.PRESETS["example"], miles_dashboard=True)
 
@@ -144,7 +144,7 @@ def test_a_runs_file_of_schema_version_1_reads_then_is_rewritten(dump, tmp_path)
     catalog.build_catalog(lake)
     sql = "SELECT schema_version, train_steps, wandb_project, tags_json FROM runs"
     assert _query(lake, sql) == [(1, 3, None, None)]
-    frame = pipeline.open_lake(lake).runs().select(sql[7:-10].split(", ")).collect()
+    frame = tokenlake.open_lake(lake).runs().select(sql[7:-10].split(", ")).collect()
     assert frame.rows() == [(1, 3, None, None)]
     assert _query(lake, "SELECT count(*) FROM run_tags") == [(0,)]
     # The next extraction sees a meta.json the row was not made from: it rewrites the row.
@@ -365,7 +365,7 @@ def test_user_views_are_created_and_a_broken_one_is_skipped(tmp_path, caplog):
     assert _query(lake, "SELECT count(*) FROM tokens WHERE false") == [(0,)]
     assert catalog.catalog_problem(lake) is None  # the catalog check ignores user views
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="pipeline.serve.catalog"):
+    with caplog.at_level(logging.WARNING, logger="tokenlake.serve.catalog"):
         catalog.build_catalog(lake)  # without a list: logged, one record per file
     assert [r.getMessage() for r in caplog.records] == warnings
 

@@ -18,15 +18,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipeline import schema
-from pipeline.load import manifest
-from pipeline.load.extract import extract_run
-from pipeline.tools import synth
+from tokenlake import schema
+from tokenlake.load import manifest
+from tokenlake.load.extract import extract_run
+from tokenlake.tools import synth
 
 pytestmark = pytest.mark.slow
 
 RUNS = ("example", "nonfinite")  # synth presets; `nonfinite` has NaN/inf log-probs to filter
-# The partition columns' types as the catalog gives them (pipeline/schema.py owns them).
+# The partition columns' types as the catalog gives them (pipeline/tokenlake/schema.py owns them).
 PINNED = {schema.RUN: T.StringType(), schema.ROLLOUT_ID: T.LongType()}
 
 

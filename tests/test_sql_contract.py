@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.serve import catalog
+from tokenlake.serve import catalog
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "views.md"
 

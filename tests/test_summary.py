@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.read.ptglobals import SpecInfo
-from pipeline.transform.summary import sample_summary
+from tokenlake.read.ptglobals import SpecInfo
+from tokenlake.transform.summary import sample_summary
 
 
 def _sample(**fields):

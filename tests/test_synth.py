@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import UsageError
-from pipeline.tools import synth, synth_truth
-from pipeline.tools.synth import PRESETS, DumpSpec, write_dump
-from pipeline.transform import cp_layout
 from tests.fixture_paths import REAL_DUMPS
+from tokenlake.errors import UsageError
+from tokenlake.tools import synth, synth_truth
+from tokenlake.tools.synth import PRESETS, DumpSpec, write_dump
+from tokenlake.transform import cp_layout
 
 FIXTURES = REAL_DUMPS
 

@@ -1,4 +1,4 @@
-"""pipeline/tags.py: `--tag key=value` and `--meta FILE` as a validated dict of strings."""
+"""pipeline/tokenlake/tags.py: `--tag key=value` and `--meta FILE` as a validated dict of strings."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from pipeline import tags
-from pipeline.errors import UsageError
+from tokenlake import tags
+from tokenlake.errors import UsageError
 
 
 def _error(call, *args, **kwargs) -> str:

@@ -7,10 +7,10 @@ import json
 import duckdb
 import pytest
 
-from pipeline.errors import DumpFormatError
-from pipeline.load.extract import extract_run
-from pipeline.read.trajectory import messages_by_position
 from tests.fixture_paths import REAL_DUMPS
+from tokenlake.errors import DumpFormatError
+from tokenlake.load.extract import extract_run
+from tokenlake.read.trajectory import messages_by_position
 
 REAL = REAL_DUMPS
 

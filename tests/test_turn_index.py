@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from pipeline.transform.flatten import turn_index_column
+from tokenlake.transform.flatten import turn_index_column
 
 
 def _turns(masks: list[list[int] | None]) -> list[list[int | None]]:

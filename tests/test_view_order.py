@@ -1,11 +1,11 @@
-"""Views are created in the order their `Inputs:` headers declare (pipeline/serve/catalog.py)."""
+"""Views are created in the order their `Inputs:` headers declare (pipeline/tokenlake/serve/catalog.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import LakeError
-from pipeline.serve import catalog
+from tokenlake.errors import LakeError
+from tokenlake.serve import catalog
 
 
 def test_each_view_comes_after_the_views_it_reads() -> None:

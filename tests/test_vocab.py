@@ -7,9 +7,9 @@ import json
 import duckdb
 import pytest
 
-from pipeline.load import manifest
-from pipeline.load.extract import extract_run
 from tests.fixture_paths import MILES_REAL
+from tokenlake.load import manifest
+from tokenlake.load.extract import extract_run
 
 REAL = MILES_REAL
 

@@ -1,5 +1,5 @@
 -- Scalar macros shared by the drift views and audits: each formula is written once, here.
--- The catalog creates every sql/macros/*.sql before the views (pipeline/serve/catalog.py), and the
+-- The catalog creates every sql/macros/*.sql before the views (pipeline/tokenlake/serve/catalog.py), and the
 -- macros are stored in the catalog, so a DuckDB client that opens it can call them too.
 -- Macros:
 --   clamp_to(x, low, high)  x limited to [low, high]

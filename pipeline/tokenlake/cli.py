@@ -1,0 +1,555 @@
+"""The `tokenlake` command line: a thin layer over the library.
+
+Each command parses options, calls one library function, and prints. Errors raised as
+`PipelineError` become one line, `Error: ...`, and exit code 1; `--debug` (or TOKENLAKE_DEBUG=1)
+shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from tokenlake import __version__
+from tokenlake.cli_util import (
+    DUMP,
+    LAKE,
+    MAX_SECONDS,
+    MAX_WORKERS,
+    bounded,
+    parse_settings,
+    parse_steps,
+    plural,
+    read_sql,
+    safe_text,
+    say,
+)
+from tokenlake.errors import PipelineError, UsageError
+
+if TYPE_CHECKING:
+    from tokenlake.load.lake import LakeRoot
+
+
+class _Command(click.Group):
+    """Turns library errors into one readable line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PipelineError as exc:
+            if ctx.params.get("debug") or os.environ.get("TOKENLAKE_DEBUG"):
+                raise
+            say(f"Error: {exc}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Command)
+@click.version_option(__version__, prog_name="tokenlake")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+def main(debug: bool) -> None:
+    """tokenlake: query miles --dump-details training dumps with SQL.
+
+    Example:
+
+    \b
+        tokenlake extract /data/runs/qwen-grpo --lake lake
+        tokenlake query lake "SELECT * FROM step_stats"
+    """
+    handler = logging.StreamHandler()
+    handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
+
+class _SafeFormatter(logging.Formatter):
+    """Warnings quote dump values too: escaped and cut like every other message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return safe_text(super().format(record))
+
+
+@main.command()
+@click.argument("dump_dir", type=DUMP)
+@click.option(
+    "--lake",
+    type=LAKE,
+    default=Path("lake"),
+    show_default=True,
+    help="Lake root directory, or an object-store URL (s3://bucket/lake); one lake holds"
+    " many runs.",
+)
+@click.option("--run-name", help="The run's name in the lake. Default: the dump directory's name.")
+@click.option("--steps", help="Only these steps, e.g. `0-9,12` (train and eval files of each).")
+@click.option("--strict", is_flag=True, help="Stop at the first bad step instead of skipping it.")
+@click.option(
+    "--workers",
+    type=int,
+    default=min(os.cpu_count() or 1, MAX_WORKERS),
+    show_default="the core count",
+    callback=bounded(1, MAX_WORKERS),
+    help=f"Steps extracted in parallel processes (1 to {MAX_WORKERS}).",
+)
+@click.option("--silent", is_flag=True, help="No progress display on stderr.")
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Replace a run of the same name that was extracted from another directory.",
+)
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Keep watching a live run; extract each step once complete (Ctrl-C ends).",
+)
+@click.option(
+    "--poll",
+    type=float,
+    default=5.0,
+    show_default=True,
+    callback=bounded(0, MAX_SECONDS, low_open=True),
+    help="With --follow: seconds between looks at the dump directory.",
+)
+@click.option(
+    "--settle",
+    type=float,
+    default=30.0,
+    show_default=True,
+    callback=bounded(0, MAX_SECONDS),
+    help="With --follow: seconds without change after which a step whose rank set"
+    " is not known yet (the first step, eval files) counts as complete.",
+)
+@click.option(
+    "--tag",
+    "tag_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Tag the run (repeatable); kept across re-extractions until changed.",
+)
+@click.option(
+    "--meta",
+    "meta_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Tag the run with a JSON or YAML object of string keys (--tag wins).",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where steps run: local processes (--workers), or one Ray task per step"
+    " (needs tokenlake[ray] and a lake path every node sees).",
+)
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="With --executor ray: the cluster, e.g. `auto`. Default: Ray's own (RAY_ADDRESS, a"
+    " cluster started on this machine, else a new local Ray).",
+)
+def extract(
+    dump_dir: Path | str,
+    lake: LakeRoot,
+    run_name: str | None,
+    steps: str | None,
+    strict: bool,
+    workers: int,
+    silent: bool,
+    replace: bool,
+    follow: bool,
+    poll: float,
+    settle: float,
+    tag_args: tuple[str, ...],
+    meta_file: Path | None,
+    executor: str,
+    ray_address: str | None,
+) -> None:
+    """Extract a dump directory into the lake and rebuild the DuckDB catalog.
+
+    Writes LAKE/tokens, LAKE/samples, LAKE/runs (Hive-partitioned Parquet) and
+    LAKE/tokenlake.duckdb. Extracting a run again replaces that run's data only.
+
+    Example:
+
+    \b
+        tokenlake extract /data/runs/qwen-grpo --lake lake --run-name qwen --steps 0-9
+        tokenlake extract /data/runs/live --lake lake --follow
+        tokenlake extract s3://bucket/runs/qwen --lake lake
+        tokenlake extract /data/runs/fp8 --lake lake --tag precision=fp8 --meta run.yaml
+    """
+    from tokenlake.load.extract import ExtractInterrupted, extract_run
+    from tokenlake.progress import cli_reporter
+    from tokenlake.tags import user_tags
+
+    tags = user_tags(tag_args, meta_file) if tag_args or meta_file is not None else None
+
+    if ray_address is not None and executor != "ray":
+        raise UsageError("--ray-address needs --executor ray.")
+    if follow:
+        if executor == "ray":
+            raise UsageError("--executor ray cannot be combined with --follow yet.")
+        if steps is not None or strict:  # not silently ignored
+            option = "--steps" if steps is not None else "--strict"
+            raise UsageError(
+                f"{option} cannot be combined with --follow, which extracts every"
+                " complete step and retries a bad one when it changes."
+            )
+        _follow(dump_dir, lake, run_name, workers, poll, settle, silent, replace, tags)
+        return
+    reporter = None if silent else cli_reporter(sys.stderr)
+    try:
+        summary = extract_run(
+            dump_dir,
+            lake,
+            run_name,
+            steps=parse_steps(steps),
+            strict=strict,
+            workers=workers,
+            progress=reporter,
+            replace=replace,
+            tags=tags,
+            executor=executor,
+            ray_address=ray_address,
+        )
+    except ExtractInterrupted as exc:
+        say(_summary_line(exc.summary), one_line=True)
+        say("Interrupted; the lake holds every step committed so far.", err=True)
+        sys.exit(130)
+    finally:
+        if reporter is not None:
+            reporter.close()
+    for label, message in summary.failed:
+        say(f"Skipped step {label}: {message}", err=True, one_line=True)
+    for path, why in summary.ignored_files:
+        say(f"Ignored `{path}`: {why}", err=True, one_line=True)
+    _say_warnings(summary)
+    say(_summary_line(summary), one_line=True)
+    if summary.failed:
+        sys.exit(1)
+
+
+def _follow(
+    dump_dir: Path | str,
+    lake: LakeRoot,
+    run_name: str | None,
+    workers: int,
+    poll: float,
+    settle: float,
+    silent: bool,
+    replace: bool,
+    tags: dict[str, str] | None = None,
+) -> None:
+    from tokenlake.load.follow import follow_run
+
+    def on_round(summary: Any) -> None:
+        for label, message in summary.failed:
+            say(f"Not yet: step {label}: {message}", err=True, one_line=True)
+        _say_warnings(summary)
+        if summary.steps or summary.counts["removed"]:
+            say(_summary_line(summary), one_line=True)
+
+    if not silent:
+        say(f"Following {dump_dir} every {poll:g} s; Ctrl-C stops.", err=True)
+    try:
+        follow_run(
+            dump_dir,
+            lake,
+            run_name,
+            poll_seconds=poll,
+            settle_seconds=settle,
+            workers=workers,
+            on_round=on_round,
+            replace=replace,
+            tags=tags,
+        )
+    except KeyboardInterrupt:  # before its first round started: nothing was written yet
+        pass
+    say("Stopped; the lake holds every step extracted so far.", err=True)
+
+
+def _say_warnings(summary: Any) -> None:
+    for warning in getattr(summary, "warnings", ()):
+        say(f"Warning: {warning}", err=True, one_line=True)
+
+
+def _summary_line(summary: Any) -> str:
+    counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items())
+    text = (
+        f"Run `{summary.run}`: {counts} steps; wrote {summary.samples:,} samples and"
+        f" {summary.tokens:,} tokens in {summary.seconds:.1f} s -> {summary.lake}"
+    )
+    if summary.nonfinite_values:
+        text += f" ({summary.nonfinite_values:,} NaN/inf values kept)"
+    return text
+
+
+@main.command()
+@click.argument("lake", type=LAKE, default=Path("lake"))
+@click.option("--run", "run_name", help="Check only this run.")
+def verify(lake: LakeRoot, run_name: str | None) -> None:
+    """Reconcile the lake with its manifests and the dumps it came from; exit 1 on a mismatch.
+
+    Checks every extracted step: files present, every sample once, token rows = sum of
+    response lengths, checksum of token ids and masks, source files unchanged.
+
+    Example:
+
+    \b
+        tokenlake verify lake --run qwen
+    """
+    from tokenlake.load.verify import verify_lake
+
+    checked, problems = verify_lake(lake, run_name)
+    for problem in problems:
+        click.echo(str(problem))
+    click.echo(f"{plural(checked, 'step')} checked, {plural(len(problems), 'problem')}")
+    if problems:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("lake", type=LAKE, default=Path("lake"))
+def views(lake: LakeRoot) -> None:
+    """Rebuild LAKE/tokenlake.duckdb from the lake's Parquet files and the sql/ views.
+
+    Example:
+
+    \b
+        tokenlake views lake
+    """
+    from tokenlake.load.lake import lake_at
+    from tokenlake.serve.catalog import build_catalog
+
+    layout = lake_at(lake).require()  # never a catalog in a dump or a stray folder
+    warnings: list[str] = []
+    with layout.lock():  # not while an extraction writes the lake
+        click.echo(f"Rebuilt {build_catalog(layout.location, warnings)}")
+    for warning in warnings:
+        say(f"Warning: {warning}", err=True, one_line=True)
+
+
+@main.command()
+@click.argument("lake", type=LAKE)
+@click.argument("run_name")
+def drop(lake: LakeRoot, run_name: str) -> None:
+    """Remove one run from the lake: its files, manifest and rows in every view.
+
+    Example:
+
+    \b
+        tokenlake drop lake qwen-grpo-old
+    """
+    from tokenlake.load.extract import drop_run
+
+    drop_run(lake, run_name)
+    click.echo(f"Dropped run `{run_name}` from {lake}")
+
+
+@main.command()
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option(
+    "--preset",
+    default="example",
+    show_default=True,
+    help="Layout and size preset (see docs/generator.md).",
+)
+@click.option("--seed", type=int, default=None, help="Override the preset's random seed.")
+@click.option("--force", is_flag=True, help="Overwrite dump files of an earlier generation in OUT.")
+@click.option(
+    "--miles-dashboard",
+    is_flag=True,
+    help="Also write dashboard/meta.json and metrics.jsonl, as miles' --use-miles-dashboard.",
+)
+def generate(out: Path, preset: str, seed: int | None, force: bool, miles_dashboard: bool) -> None:
+    """Write a synthetic miles dump (deterministic) for trying tokenlake or testing it.
+
+    Example:
+
+    \b
+        tokenlake generate /tmp/dump --preset cp-thd
+        tokenlake generate /tmp/dump --miles-dashboard
+    """
+    import dataclasses
+
+    from tokenlake.tools import synth
+
+    if preset not in synth.PRESETS:
+        raise UsageError(f"Unknown preset `{preset}`; choose one of: {', '.join(synth.PRESETS)}.")
+    spec = synth.PRESETS[preset]
+    if seed is not None:
+        spec = dataclasses.replace(spec, seed=seed)
+    if miles_dashboard:
+        spec = dataclasses.replace(spec, miles_dashboard=True)
+    synth.write_dump(out, spec, force=force)
+    click.echo(f"Wrote preset `{preset}` dump to {out}")
+
+
+@main.command()
+@click.argument("lake", type=LAKE)
+@click.argument("run_name")
+@click.argument("tag_args", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option("--remove", multiple=True, metavar="KEY", help="Remove this tag (repeatable).")
+def tag(lake: LakeRoot, run_name: str, tag_args: tuple[str, ...], remove: tuple[str, ...]) -> None:
+    """Set or remove a run's tags without re-reading its dump; prints the tags after.
+
+    Rewrites the run's `runs` row (`tags_json`), its manifest and the catalog (`run_tags`).
+
+    Example:
+
+    \b
+        tokenlake tag lake qwen-fp8 precision=fp8 team=rl
+        tokenlake tag lake qwen-fp8 --remove team
+    """
+    from tokenlake.load.lake_files import tag_run
+    from tokenlake.tags import parse_tags
+
+    if not tag_args and not remove:
+        raise UsageError("Give tags to set (`key=value`) or --remove KEY.")
+    warnings: list[str] = []
+    tags = tag_run(lake, run_name, parse_tags(tag_args), remove, warnings)
+    for warning in warnings:
+        say(f"Warning: {warning}", err=True, one_line=True)
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(tags.items())) or "none"
+    say(f"Run `{run_name}` tags: {shown}", one_line=True)
+
+
+_settings_option = click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Override a drift_settings threshold for this command (repeatable).",
+)
+
+
+@main.command()
+@click.argument("lake", type=LAKE)
+@click.argument("sql", required=False)
+@click.option(
+    "--file",
+    "sql_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Read the SQL from this file (SQL `-` reads it from stdin).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json", "parquet"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    help="Write to this file instead of stdout (required for parquet on a terminal).",
+)
+@_settings_option
+def query(
+    lake: LakeRoot,
+    sql: str | None,
+    sql_file: Path | None,
+    fmt: str,
+    output: Path | None,
+    settings: tuple[str, ...],
+) -> None:
+    """Run SQL against the lake's catalog and print the result.
+
+    Every view of the catalog is available: tokens, samples, runs, sample_stats, group_stats,
+    step_stats, drift_* (see docs/views.md and docs/drift.md).
+
+    Example:
+
+    \b
+        tokenlake query lake "SELECT * FROM step_stats"
+        tokenlake query lake "SELECT * FROM drift_steps" --format csv -o drift.csv
+        tokenlake query lake --file report.sql
+        echo "SELECT count(*) FROM tokens" | tokenlake query lake -
+    """
+    from tokenlake.serve.query import format_table, run_query
+
+    text = read_sql(sql, sql_file)
+    rendered = format_table(run_query(lake, text, parse_settings(settings)), fmt)
+    if output is not None:
+        mode = "wb" if isinstance(rendered, bytes) else "w"
+        with open(output, mode) as handle:
+            handle.write(rendered)
+    elif isinstance(rendered, bytes):
+        if sys.stdout.isatty():
+            raise UsageError("Parquet output is binary; give --output FILE or redirect stdout.")
+        sys.stdout.buffer.write(rendered)
+    else:
+        click.echo(rendered, nl=not rendered.endswith("\n"))
+
+
+@main.command()
+@click.argument("lake", type=LAKE, default=Path("lake"))
+@_settings_option
+def audit(lake: LakeRoot, settings: tuple[str, ...]) -> None:
+    """Run the health checks in sql/audits/; print them and exit 1 if an error audit fails.
+
+    Each audit is a query returning the offending rows (zero rows = healthy) with a severity:
+    error (exit 1), warning or info (printed, exit 0). Thresholds come from the drift_settings
+    view; override them with --set.
+
+    Example:
+
+    \b
+        tokenlake audit lake --set alarm_mean_abs_lp_diff_smtm=0.2
+    """
+    from tokenlake.serve.audit import format_audit_report, has_errors, run_audits
+
+    results = run_audits(lake, parse_settings(settings))
+    click.echo(format_audit_report(results))
+    if has_errors(results):
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("lake", type=LAKE, default=Path("lake"))
+@click.option(
+    "--run",
+    "runs",
+    multiple=True,
+    metavar="NAME",
+    help="Report this run (repeatable; runs overlay in every chart). Default: every run.",
+)
+@click.option("--steps", help="Only these training steps, e.g. `0-9,12`. Default: all.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=Path("report.html"),
+    show_default=True,
+    help="The HTML file to write (self-contained: open it anywhere, offline).",
+)
+@click.option(
+    "--worst",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Worst samples (by mean |lp_diff|) per run shown with a per-token strip.",
+)
+def report(
+    lake: LakeRoot, runs: tuple[str, ...], steps: str | None, output: Path, worst: int
+) -> None:
+    """Write one self-contained HTML report of the lake's health and drift, with charts.
+
+    Sections: runs, audits, reward health per step, drift per step, where the drift is,
+    worst tokens and samples. Every script and style is inline; no network is needed.
+
+    Example:
+
+    \b
+        tokenlake report lake -o report.html
+        tokenlake report lake --run qwen-fp16 --run qwen-bf16 --steps 0-99
+    """
+    from tokenlake.serve.report import build_report
+
+    summary = build_report(lake, output, runs, parse_steps(steps), worst)
+    click.echo(
+        f"Wrote {summary.path} ({summary.size / 1e6:.1f} MB, {len(summary.runs)} runs)"
+        f" in {summary.seconds:.1f} s"
+    )

@@ -1,0 +1,192 @@
+"""Typed errors, one class per stage. Each stores the facts and builds its message from them.
+
+The CLI turns any `PipelineError` into one line, ``Error: <message>``, and exit code 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePath
+from typing import Any
+
+# How many characters of a dump value a message quotes: a 2 MB string must not make a 2 MB
+# "one-line" error, and control characters must not rewrite the user's terminal. 60 shows
+# any real value (a number, a field name, a dtype) whole and the start of a hostile one.
+SHOWN_CHARS = 60
+# A path is quoted up to this many characters: the user must find the file, so real paths
+# (a dump directory plus a file name) show whole; the bound only stops a hostile name.
+SHOWN_PATH_CHARS = 1000
+# str() refuses integers over 4 300 digits (sys.int_max_str_digits); stay well below.
+_MAX_SHOWN_INT_BITS = 13_000
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS, *, literal: bool = True) -> str:
+    r"""A dump value as a message quotes it: escaped, and cut after `limit` characters.
+
+    The one way tokenlake quotes a value it did not choose (a dump's, a file name, a user's
+    argument) in a message. Strings and bytes appear as Python literals, so `'7'` and `7`
+    differ and control and unprintable characters are escaped (`\x1b`, `\n`, `\udc80`);
+    numbers as they are; containers and other objects by their kind only, since their repr
+    can be huge, slow or endlessly recursive. With `literal=False`, for a name the message
+    already puts in backticks, a string appears as its text with the same escapes but no
+    quotes; a path always does. A cut is marked `…`. Call sites pass a `limit` other than
+    `SHOWN_CHARS` only with a comment saying why.
+
+    Examples:
+        >>> print(shown("zero"), shown(6.7), shown(None), shown(2**70))
+        'zero' 6.7 None 1180591620717411303424
+        >>> print(shown("\x1b[2J" + "x" * 70))
+        '\x1b[2Jxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'…
+        >>> print(shown("run\n'1'\udce9", literal=False), shown("a" * 100, 5, literal=False))
+        run\n'1'\udce9 aaaaa…
+        >>> from pathlib import Path
+        >>> print(shown(Path("dump/x\r.pt")))
+        dump/x\r.pt
+        >>> import numpy as np
+        >>> print(shown([1, [2]]), "/", shown(np.zeros((2, 3))), "/", shown(10**5000))
+        a list of 2 entries / a float64 array of shape (2, 3) / an integer of 16610 bits
+    """
+    import numpy as np  # here, not at the top: the CLI imports this module and starts fast
+
+    if isinstance(value, np.generic) and not isinstance(value, np.void):
+        value = value.item()  # numpy scalars read like the Python value they hold
+    if value is None or isinstance(value, bool | float | complex):
+        return repr(value)
+    if isinstance(value, int):
+        if value.bit_length() > _MAX_SHOWN_INT_BITS:
+            return f"an integer of {value.bit_length()} bits"
+        text = str(value)
+        return text if len(text) <= limit else text[:limit] + "…"
+    if isinstance(value, PurePath) or (isinstance(value, str) and not literal):
+        text = str(value)
+        return _escaped(text[:limit]) + ("…" if len(text) > limit else "")
+    if isinstance(value, str | bytes | bytearray):
+        return repr(value[:limit]) + ("…" if len(value) > limit else "")
+    if isinstance(value, np.ndarray):
+        return f"{_article(str(value.dtype))} {value.dtype} array of shape {value.shape}"
+    name = type(value).__name__
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        return f"{_article(name)} {name} of {len(value)} entries"
+    return f"{_article(name)} {name}"
+
+
+def _escaped(text: str) -> str:
+    """`text` with each unprintable character escaped as a string literal would show it."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeio" else "a"  # "a uint8", "an int64", "an object"
+
+
+class PipelineError(Exception):
+    """Base of every error tokenlake raises on purpose."""
+
+
+class DumpNotFoundError(PipelineError):
+    """The dump directory (or a file in it) does not exist or is not a miles dump."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"`{self.path}` {reason}")
+
+
+class DumpFileError(PipelineError):
+    """A `.pt` file cannot be read: truncated, not a torch file, or still being written."""
+
+    def __init__(self, path: Path | str, reason: str, *, still_writing: bool = False) -> None:
+        self.path = str(path)
+        self.reason = reason
+        self.still_writing = still_writing
+        hint = (
+            " It was modified less than a minute ago and is probably still being written;"
+            " extract again later."
+            if still_writing
+            else ""
+        )
+        super().__init__(f"Cannot read `{self.path}`: {reason}.{hint}")
+
+
+class UnsafePickleError(DumpFileError):
+    """A pickle references a global outside tokenlake's allow-list; nothing from it was run."""
+
+    def __init__(self, path: Path | str, global_name: str) -> None:
+        self.global_name = global_name
+        super().__init__(
+            path,
+            f"its pickle references `{global_name}`, which is not on tokenlake's allow-list"
+            " of safe classes (nothing from the file was executed)",
+        )
+
+
+class DumpFormatError(PipelineError):
+    """A file loads but its content breaks the dump format (keys, lengths, joins)."""
+
+    def __init__(self, path: Path | str, problem: str, *, sample: str | None = None) -> None:
+        self.path = str(path)
+        self.problem = problem
+        self.sample = sample
+        where = f" ({sample})" if sample else ""
+        super().__init__(f"`{self.path}`{where}: {problem}")
+
+
+class SampleValueError(PipelineError):
+    """A value of one rollout sample is out of its type or range (dump-format.md 2.3).
+
+    Raised where the value is read, which may not know the file or the sample's position;
+    `tokenlake.read.validate.located` turns it into a `DumpFormatError` naming both.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        self.position: int | None = None  # batch position, once known
+        super().__init__(f"`{field}` {problem}")
+
+
+class LakeError(PipelineError):
+    """The lake directory cannot be written or its content is inconsistent."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"Lake `{self.path}`: {problem}")
+
+
+class DamagedManifestError(LakeError):
+    """A run manifest (`_manifest/<run>.json`) cannot be read as one."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.run = Path(path).stem
+        super().__init__(
+            path,
+            f"manifest is damaged: {problem}. Remove the run with `tokenlake drop LAKE"
+            f" {self.run}` or extract it again",
+        )
+
+
+class InstallError(PipelineError):
+    """The installed package lacks a file it reads at run time (a view, a macro, an audit)."""
+
+    def __init__(self, what: str, where: Path | str) -> None:
+        self.what = what
+        self.where = str(where)
+        super().__init__(
+            f"This tokenlake installation has no {what} (looked in `{self.where}`): the package"
+            " is incomplete. Reinstall it: `pip install --force-reinstall tokenlake`"
+        )
+
+
+class UsageError(PipelineError):
+    """An argument is malformed (a step range, a run name)."""
+
+
+class OutputError(PipelineError):
+    """An output file (e.g. the report) cannot be written."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"Cannot write `{self.path}`: {reason}")

@@ -1,0 +1,366 @@
+"""Extract a dump directory into the lake: plan the steps, commit each outcome, publish.
+
+Memory is bounded by one step per worker: a step's files are loaded, turned into two tables,
+written, and dropped before the next step is read. Running the steps (workers, signals,
+dead-worker retry) is pipeline/tokenlake/load/scheduler.py's; this module decides what to run and commits
+what comes back.
+
+Commit protocol (see pipeline/tokenlake/load/manifest.py): a step's two Parquet files are written under fresh
+names, then the run manifest is replaced to list them; the catalog is rebuilt from the
+manifests; files no manifest lists (superseded or left by a crash) are deleted last.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Container, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenlake import schema
+from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError
+from tokenlake.load import lake_files, manifest
+from tokenlake.load.lake import LakeRoot, check_run_name, lake_at, manifest_name
+from tokenlake.load.scheduler import Todo, run_steps, sigint_deferred
+from tokenlake.progress import ProgressCallback, Reporter, as_reporter
+from tokenlake.read import dump, remote_dump
+from tokenlake.serve import catalog
+from tokenlake.transform.step import (
+    StepOutcome,
+    StepResult,
+    StepStatus,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExtractSummary:
+    """What an extraction did; the CLI prints it."""
+
+    run: str
+    lake: LakeRoot
+    steps: list[StepResult] = field(default_factory=list)  # written by this extraction
+    counts: dict[StepStatus, int] = field(default_factory=lambda: dict.fromkeys(StepStatus, 0))
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
+    ignored_files: list[tuple[Path | str, str]] = field(default_factory=list)  # (path, why)
+    warnings: list[str] = field(default_factory=list)  # dashboard/ problems, one line each
+    seconds: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.steps)
+
+    @property
+    def samples(self) -> int:
+        return sum(s.samples for s in self.steps)
+
+    @property
+    def nonfinite_values(self) -> int:
+        return sum(s.nonfinite_values for s in self.steps)
+
+
+class ExtractInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped an extraction; `summary` holds the steps committed before it."""
+
+    def __init__(self, summary: ExtractSummary) -> None:
+        super().__init__(f"extraction of run `{summary.run}` interrupted")
+        self.summary = summary
+
+
+def extract_run(
+    dump_dir: Path | str,
+    lake: LakeRoot,
+    run_name: str | None = None,
+    *,
+    steps: Container[int] | None = None,
+    strict: bool = False,
+    workers: int = 1,
+    progress: ProgressCallback | Reporter | None = None,
+    ready: Callable[[dump.StepFiles], bool] | None = None,
+    replace: bool = False,
+    tags: Mapping[str, str] | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
+) -> ExtractSummary:
+    """Extract a miles dump directory into `lake` and rebuild the catalog.
+
+    Re-extracting a run re-reads only steps whose source files changed, removes steps whose
+    files disappeared, and touches no other run. With `steps`, only those steps are considered
+    and the run's other steps are kept as they are.
+
+    Args:
+        dump_dir: The `--dump-details` directory, or the URL of a dump on an object store
+            (`s3://bucket/dump`, staged locally: pipeline/tokenlake/read/remote_dump.py). Only read.
+        lake: The lake root, or an object-store URL (`s3://bucket/lake`); created if missing.
+        run_name: The run's name in the lake; default: the dump directory's base name.
+        steps: Step ids to extract (train and eval files of those steps); default: all.
+            Tested with `in` only, so a lazy range selection costs nothing; selecting no
+            step of the dump is an error.
+        strict: Raise on the first bad step instead of recording it and going on.
+        workers: Processes extracting steps in parallel.
+        progress: Called after each step is written, or a `Reporter`.
+        ready: Only steps for which it returns true are considered (live runs, see follow.py);
+            the run's other steps are kept as they are, except that steps whose rollout file
+            is gone are removed.
+        replace: Allow replacing a run of the same name extracted from another directory.
+        tags: User tags set on the run (`tokenlake.tags.user_tags`); its other tags are kept.
+        executor: `local` (`workers` processes) or `ray` (one Ray task per step, see
+            pipeline/tokenlake/load/ray_executor.py; `workers` is then unused).
+        ray_address: With `ray`: the cluster to connect to.
+
+    Returns:
+        What was written, what was skipped and why.
+    """
+    started = time.perf_counter()
+    if executor == "ray":
+        from tokenlake.load.ray_executor import require_ray
+
+        require_ray()
+    listing = remote_dump.discover(dump_dir)
+    remote_dump.check_apart(listing, lake)
+    run = check_run_name(run_name if run_name is not None else listing.root.name)
+    chosen = dump.select_steps(listing, steps)
+    lake = prepare_lake(lake, listing.root)
+    summary = ExtractSummary(run=run, lake=lake, ignored_files=list(listing.ignored))
+    reporter = as_reporter(progress)
+    with lake_at(lake).lock():
+        _check_other_manifests(lake, run)
+        record = _current_manifest(lake, run, listing.source, replace)
+        retagged = {**record.tags, **(tags or {})}
+        tags_changed, record.tags = retagged != record.tags, retagged
+        selected = [s for s in chosen if ready is None or ready(s)]
+        todo = _plan(lake, record, selected, summary)
+        if steps is None:  # `ready` only defers present steps; a vanished one is gone
+            _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
+        reporter.planned(len(todo))
+        interrupted = False
+        try:
+            try:
+                for outcome in _outcomes(todo, lake, run, workers, reporter, executor, ray_address):
+                    _commit(lake, record, outcome, summary, strict, reporter)
+            except KeyboardInterrupt:
+                interrupted = True
+                reporter.stopping([])
+        finally:  # also on Ctrl-C or an error: publish the steps committed so far
+            with sigint_deferred() as deferred:  # a Ctrl-C now must not cut publishing short
+                _publish_if_needed(lake, record, summary, tags_changed)
+            interrupted = interrupted or bool(deferred)
+        if interrupted:  # Ctrl-C still propagates, with what was committed so far
+            summary.seconds = time.perf_counter() - started
+            raise ExtractInterrupted(summary)
+        _sweep(lake, run)
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def drop_run(lake: LakeRoot, run: str) -> None:
+    """Remove a run from the lake: its manifest first (the commit point), then the catalog,
+    then its files. Other runs are untouched."""
+    layout = lake_at(lake).require()
+    if not layout.exists(manifest_name(run)):
+        runs = ", ".join(f"`{name}`" for name in layout.manifest_runs()) or "none"
+        raise LakeError(layout.location, f"has no run `{run}` (runs: {runs})")
+    with layout.lock():
+        layout.delete([manifest_name(run)])
+        catalog.build_catalog(layout.location)
+        layout.delete_unlisted(manifest.RunManifest(run=run, source_dir=""))
+
+
+def _sweep(lake: LakeRoot, run: str) -> None:
+    """Delete leftovers of an interrupted extraction (temporary or never-committed files).
+
+    Judged against the manifest on disk, which the catalog (not stale) agrees with: the
+    in-memory record may differ when nothing was published.
+    """
+    committed = manifest.load_manifest(lake, run)
+    if committed is not None:
+        lake_at(lake).delete_unlisted(committed)
+    lake_at(lake).delete_stale_temporaries()
+
+
+def _changed(summary: ExtractSummary) -> bool:
+    return any(summary.counts[k] for k in (StepStatus.NEW, StepStatus.UPDATED, StepStatus.REMOVED))
+
+
+def catalog_is_stale(lake: LakeRoot) -> bool:
+    """Whether the catalog must be rebuilt: some manifest is newer than it, or it is broken.
+
+    An extraction killed after committing steps but before rebuilding the catalog leaves the
+    catalog behind its manifests; a catalog left without its views (a full disk) or that
+    cannot be opened is repaired too: the next extraction rebuilds it even if every step is
+    unchanged by then.
+    """
+    return lake_at(lake).catalog_is_stale() or catalog.catalog_problem(lake) is not None
+
+
+def _lake_failure(path: str, problem: str) -> LakeError:
+    return LakeError(
+        path,
+        f"{problem}. Steps committed before this are kept; free space or fix permissions,"
+        " then extract again",
+    )
+
+
+def _publish_if_needed(
+    lake: LakeRoot,
+    record: manifest.RunManifest,
+    summary: ExtractSummary,
+    tags_changed: bool = False,
+) -> None:
+    """Publish when something changed; a run that has never had a step committed is not
+    published at all (no empty run when its first step fails or is not complete yet)."""
+    known = bool(record.steps) or lake_at(lake).exists(manifest_name(record.run))
+    if not known:
+        return
+    vocab_changed, warning = lake_files.refresh_vocab(lake, record)
+    if warning is not None:  # a broken tokenizer never blocks the run: texts stay NULL
+        summary.ignored_files.append(warning)
+    metrics_changed, warnings = lake_files.refresh_metrics(lake, record)
+    summary.warnings.extend(warnings)
+    # A new or changed meta.json (or a runs row of schema version 1) rewrites the runs row.
+    meta_changed = lake_files.meta_source(record) != record.meta_source
+    if (
+        vocab_changed
+        or metrics_changed
+        or meta_changed
+        or tags_changed
+        or _changed(summary)
+        or catalog_is_stale(lake)
+    ):
+        summary.warnings.extend(_publish(lake, record) or ())
+
+
+def _publish(lake: LakeRoot, record: manifest.RunManifest) -> list[str]:
+    """Record the run row, rebuild the catalog, then delete files no manifest lists.
+
+    Returns the warnings (a malformed meta.json, a broken user view), one line each."""
+    warnings = lake_files.write_run_row(lake, record)
+    manifest.save_manifest(lake, record)
+    catalog.build_catalog(lake, warnings)
+    lake_at(lake).delete_unlisted(record)
+    return warnings
+
+
+def prepare_lake(lake: LakeRoot, dump_root: Path) -> LakeRoot:
+    """Create the lake directory; refuse one that would write into the dump or into folders
+    that are not a lake's (never write there)."""
+    layout = lake_at(lake)
+    layout.check_writable_for(dump_root)
+    layout.create()
+    return layout.location
+
+
+def _check_other_manifests(lake: LakeRoot, run: str) -> None:
+    """Fail before any work if another run's manifest is damaged: the catalog needs them all."""
+    for name in lake_at(lake).manifest_runs():
+        if name != run:
+            manifest.load_listed(lake, name)
+
+
+def _current_manifest(
+    lake: LakeRoot, run: str, source: Path | str, replace: bool = False
+) -> manifest.RunManifest:
+    try:
+        record = manifest.load_manifest(lake, run)
+    except DamagedManifestError as exc:  # extracting the run again is the repair
+        log.warning("%s; extracting the run anew", exc)
+        record = None
+    if record is not None and record.source_dir != str(source) and not replace:
+        raise UsageError(
+            f"Run `{run}` in the lake was extracted from `{record.source_dir}`, not from"
+            f" `{source}`; give --replace to replace it, or another --run-name."
+        )
+    if record is None or record.source_dir != str(source):
+        # A new run, or the name now points at another dump: nothing of the old one is reused
+        # (its files are deleted at the end, once the new manifest no longer lists them).
+        return manifest.RunManifest(run=run, source_dir=str(source))
+    return record
+
+
+def _plan(
+    lake: LakeRoot,
+    record: manifest.RunManifest,
+    selected: list[dump.StepFiles],
+    summary: ExtractSummary,
+) -> list[Todo]:
+    """The steps to (re)extract, each with whether it is new or updated."""
+    todo: list[Todo] = []
+    for files in selected:
+        previous = record.steps.get(files.label)
+        if previous is None:
+            todo.append((files, StepStatus.NEW))
+        elif (
+            previous.sources != manifest.fingerprint(files)
+            or previous.schema_version != schema.SCHEMA_VERSION  # written by another tokenlake
+            or not all(lake_at(lake).exists(name) for name in previous.files.values())
+        ):
+            todo.append((files, StepStatus.UPDATED))
+        else:
+            summary.counts[StepStatus.UNCHANGED] += 1
+    return todo
+
+
+def _drop_vanished_steps(
+    record: manifest.RunManifest, present: set[str], summary: ExtractSummary
+) -> None:
+    for key in [k for k in record.steps if k not in present]:
+        del record.steps[key]
+        summary.counts[StepStatus.REMOVED] += 1
+
+
+def _outcomes(
+    todo: list[tuple[dump.StepFiles, StepStatus]],
+    lake: LakeRoot,
+    run: str,
+    workers: int,
+    reporter: Reporter,
+    executor: str,
+    ray_address: str | None,
+) -> Iterator[StepOutcome]:
+    """Local workers (pipeline/tokenlake/load/scheduler.py), or one Ray task per step. Returned, not bound to
+    a name: the loop holds the only reference, so an exception that leaves it closes the
+    scheduler at once."""
+    if executor == "ray":
+        from tokenlake.load.ray_executor import run_steps_on_ray
+
+        return run_steps_on_ray(todo, lake, run, address=ray_address)
+    return run_steps(todo, lake, run, workers, reporter.stopping)
+
+
+def _commit(
+    lake: LakeRoot,
+    record: manifest.RunManifest,
+    outcome: StepOutcome,
+    summary: ExtractSummary,
+    strict: bool,
+    reporter: Reporter,
+) -> None:
+    """Make one step's files part of the lake by listing them in the manifest."""
+    if outcome.lake_error is not None:  # the lake, not the input, is at fault: stop here
+        raise _lake_failure(*outcome.lake_error)
+    if outcome.error is not None:
+        if strict:
+            raise PipelineError(f"Step {outcome.label}: {outcome.error}")
+        summary.failed.append((outcome.label, outcome.error))
+        summary.counts[StepStatus.SKIPPED] += 1
+        reporter.skipped(outcome.label)
+        # info, not error: the caller reports `summary.failed` (the CLI would print it twice)
+        log.info("step %s skipped: %s", outcome.label, outcome.error)
+        return
+    assert outcome.record is not None and outcome.result is not None
+    previous = record.steps.get(outcome.label)
+    record.steps[outcome.label] = outcome.record
+    try:
+        manifest.save_manifest(lake, record)
+    except LakeError as exc:  # not committed: its files must not linger, the record stays
+        lake_at(lake).delete(outcome.record.files.values())
+        if previous is None:
+            del record.steps[outcome.label]
+        else:
+            record.steps[outcome.label] = previous
+        raise _lake_failure(exc.path, exc.problem) from exc
+    summary.steps.append(outcome.result)
+    summary.counts[outcome.status] += 1
+    reporter.done(outcome.result)

@@ -1,0 +1,159 @@
+"""Follow a live run: extract each step once it is complete, until stopped.
+
+miles writes every file in place, with no completion marker (dump-format.md 7), so a step counts
+as complete when:
+- its train files cover the ranks that the run's earlier steps had (all of them), or, while no
+  earlier step is known, when none of its files changed for `settle_seconds`;
+- an evaluation file (never has train files) or a step without train files has not changed for
+  `settle_seconds` (such a step is extracted rollout-side only and extracted again when its
+  train files appear).
+A file that fails to load is skipped for now and retried when it changes; each round re-lists
+the directory, and a step whose files changed since its extraction is extracted again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenlake.load import manifest
+from tokenlake.load.extract import ExtractInterrupted, ExtractSummary, check_run_name, extract_run
+from tokenlake.load.lake import LakeRoot
+from tokenlake.progress import ProgressCallback
+from tokenlake.read import dump, remote_dump
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FollowState:
+    """What earlier rounds learnt: the rank set of complete steps, and failures not to retry."""
+
+    expected_ranks: frozenset[int] | None = None
+    failed: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
+
+
+def follow_run(
+    dump_dir: Path | str,
+    lake: LakeRoot,
+    run_name: str | None = None,
+    *,
+    poll_seconds: float = 5.0,
+    settle_seconds: float = 30.0,
+    workers: int = 1,
+    progress: ProgressCallback | None = None,
+    on_round: Callable[[ExtractSummary], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    replace: bool = False,
+    tags: Mapping[str, str] | None = None,
+) -> FollowState:
+    """Extract complete steps every `poll_seconds` until `should_stop()` or Ctrl-C.
+
+    With `replace`, a run of the same name extracted from another directory is replaced (by
+    the first round that extracts a step); without it that is an error.
+
+    Returns:
+        The final state (rank set learnt, failures pending a change).
+    """
+    run = check_run_name(run_name if run_name is not None else remote_dump.dump_name(dump_dir))
+    state = FollowState(expected_ranks=_known_ranks(lake, run))
+    try:
+        while not should_stop():
+            summary = follow_round(
+                dump_dir, lake, run, state, settle_seconds, workers, progress, replace, tags
+            )
+            if on_round is not None:
+                on_round(summary)
+            if should_stop():
+                break
+            time.sleep(poll_seconds)
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, ExtractInterrupted) and on_round is not None:  # a round cut short
+            on_round(exc.summary)
+        log.info("stopped by the user; the lake holds every step committed so far")
+    return state
+
+
+def follow_round(
+    dump_dir: Path | str,
+    lake: LakeRoot,
+    run: str,
+    state: FollowState,
+    settle_seconds: float,
+    workers: int,
+    progress: ProgressCallback | None,
+    replace: bool = False,
+    tags: Mapping[str, str] | None = None,
+) -> ExtractSummary:
+    """One pass: extract what is complete now, remember what failed."""
+    now = time.time()
+    # Stamps taken before reading: a file completed while it was read must count as changed
+    # (a stamp taken after the failure would match the finished file and never retry it).
+    attempted: dict[str, tuple[tuple[str, int, int], ...]] = {}
+
+    def ready(files: dump.StepFiles) -> bool:
+        stamp = attempted[files.label] = _stamp(files)
+        if state.failed.get(files.label) == stamp:
+            return False  # failed before and unchanged since: wait for the file to change
+        return is_complete(files, state.expected_ranks, now, settle_seconds)
+
+    summary = extract_run(
+        dump_dir,
+        lake,
+        run,
+        workers=workers,
+        progress=progress,
+        ready=ready,
+        replace=replace,
+        tags=tags,
+    )
+    for label, message in summary.failed:
+        state.failed[label] = attempted[label]
+        # info: `on_round` shows the failure to the user (the CLI prints "Not yet: ...")
+        log.info("step %s not extracted yet: %s", label, message)
+    if summary.steps:  # the rank set learnt from every step the manifest now records
+        state.expected_ranks = _known_ranks(lake, run) or state.expected_ranks
+    return summary
+
+
+def is_complete(
+    files: dump.StepFiles, expected_ranks: frozenset[int] | None, now: float, settle: float
+) -> bool:
+    """Whether a step's files are all there and (where that is all we can tell) settled."""
+    ranks = files.ranks
+    if not files.evaluation and ranks and expected_ranks is not None:
+        return expected_ranks <= ranks
+    try:
+        newest = max(p.stat().st_mtime for p in files.paths)
+    except FileNotFoundError:
+        return False
+    return now - newest >= settle
+
+
+def _stamp(files: dump.StepFiles) -> tuple[tuple[str, int, int], ...]:
+    stamp = []
+    for path in files.paths:
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue
+        stamp.append((path.name, stat.st_size, stat.st_mtime_ns))
+    return tuple(stamp)
+
+
+def _known_ranks(lake: LakeRoot, run: str) -> frozenset[int] | None:
+    """The largest rank set among the run's already-extracted train steps."""
+    record = manifest.load_manifest(lake, run)
+    if record is None:
+        return None
+    best: frozenset[int] | None = None
+    for step in record.steps.values():
+        ranks = frozenset(
+            rank for rank in (dump.rank_of(s.name) for s in step.sources) if rank is not None
+        )
+        if ranks and (best is None or len(ranks) > len(best)):
+            best = ranks
+    return best

@@ -1,0 +1,281 @@
+"""The lake's layout, owned in one place: the only module that names files inside a lake.
+
+```
+LAKE/_manifest/<run>.json                                  commit point of a run (manifest.py)
+LAKE/_manifest/.tokenlake.lock                             one writer at a time
+LAKE/tokenlake.duckdb                                      the catalog of views (catalog.py)
+LAKE/{tokens,samples}/run=<run>/rollout_id=<rid>/{train,eval}-<hex8>.parquet
+LAKE/runs/run=<run>/run-<hex8>.parquet, LAKE/vocab/run=<run>/vocab-<hex8>.parquet
+LAKE/metrics/run=<run>/metrics-<hex8>.parquet              logged metrics, one file per new batch
+LAKE/views/<name>.sql                                      user views (the user's, only read)
+```
+
+Every local file is written by `atomic_write` (a temporary name `.tokenlake-<pid>-<hex8>.tmp`
+that no other program uses, then `os.replace`), and the sweeps delete only names this scheme
+made (`made_here`): a lake may share its folder with other files, and they are never touched.
+
+`lake_at(location)` gives the lake at a directory (`Lake`, pipeline/tokenlake/load/local_lake.py) or at
+an object-store URL (`s3://bucket/prefix`, any fsspec URL: `ObjectLake`,
+pipeline/tokenlake/load/object_lake.py, committed without rename). Both turn these names into storage
+and offer the same methods; modules outside them use only those: relative names (`new_name`,
+`manifest_name`), `url`, `read_bytes`, `put_bytes`, `write_with`, `publish_built`, `delete`,
+`exists`, `lock`, and the sweeps.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenlake import schema
+from tokenlake.errors import LakeError, UsageError, shown
+
+if TYPE_CHECKING:
+    from tokenlake.load.local_lake import Lake
+    from tokenlake.load.object_lake import ObjectLake
+
+# Where a lake is: a directory, or the URL of an object-store prefix (`s3://bucket/lake`).
+LakeRoot = Path | str
+# A writer of one file: given where to write and the pyarrow-usable filesystem (None: local).
+FileWriter = Callable[[str, Any], None]
+
+log = logging.getLogger(__name__)
+
+MANIFEST_DIR = "_manifest"
+USER_VIEWS_DIR = "views"
+LOCK_FILE = ".tokenlake.lock"
+DUMP_MARKER = "rollout_data"  # a folder holding it is a dump, never a lake
+# A run name is a file name (`<run>.json`, `run=<run>`); most file systems hold 255 bytes.
+MAX_RUN_NAME_BYTES = 250
+
+_FORBIDDEN_IN_RUN_NAME = re.compile(r"[/\\=%\x00-\x1f\x7f]")
+# DuckDB expands these in a file path (a glob), so a run name holding one reads other files.
+_GLOB_CHARACTERS = re.compile(r"[?*\[\]{}]")
+# What `new_file` names, and temporary names of `atomic_write` (DuckDB adds `.wal`).
+_DATA_FILE = re.compile(r"^(?:train|eval|run|vocab|metrics)(?:-[0-9a-f]{8})?\.parquet$")
+_TEMPORARY = re.compile(r"^\.tokenlake-(\d+)-[0-9a-f]{8}\.tmp(?:\.wal)?$")
+# Temporary names of tokenlake before 0.2: `.<catalog or data file>.<pid>.tmp`.
+_OLD_TEMPORARY = re.compile(
+    r"^\.(?:tokenlake\.duckdb|(?:train|eval|run|vocab)-[0-9a-f]{8}\.parquet)\.(\d+)\.tmp(?:\.wal)?$"
+)
+
+
+def check_run_name(name: str) -> str:
+    """The one validation of a run name, for every command that takes one.
+
+    A run name becomes a directory (`run=<name>`) and a file name (`<name>.json`), and
+    appears in file paths DuckDB reads; quotes, spaces and unicode are fine.
+
+    Examples:
+        >>> check_run_name("qwen 'grpo' ü")
+        "qwen 'grpo' ü"
+    """
+    quoted = shown(name, literal=False)
+    if not name or name.startswith(".") or _FORBIDDEN_IN_RUN_NAME.search(name):
+        raise UsageError(
+            f"Run name `{quoted}` cannot be a partition directory: it must be non-empty,"
+            " not start with `.`, and contain no `/`, `\\`, `=`, `%` or control characters."
+            " Choose another with --run-name."
+        )
+    glob = _GLOB_CHARACTERS.search(name)
+    if glob:
+        raise UsageError(
+            f"Run name `{quoted}` holds `{glob.group()}`, which DuckDB reads as a file"
+            " pattern (`? * [ ] { }` are not allowed). Choose another with --run-name."
+        )
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a directory name in another encoding (surrogate escapes)
+        raise UsageError(
+            f"Run name `{quoted}` is not valid UTF-8 (the dump directory's name is in"
+            " another encoding). Choose another with --run-name."
+        ) from None
+    if size > MAX_RUN_NAME_BYTES:
+        raise UsageError(
+            f"Run name `{quoted}` is {size} bytes long; the limit is"
+            f" {MAX_RUN_NAME_BYTES} bytes (UTF-8), as it becomes a file name."
+            " Choose another with --run-name."
+        )
+    return name
+
+
+def temporary_path(folder: Path) -> Path:
+    """A temporary name in `folder` that is unmistakably tokenlake's."""
+    return folder / f".tokenlake-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+
+
+def atomic_write(
+    target: Path,
+    write: Callable[[Path], None],
+    *,
+    durable: bool = False,
+    problem: str = "cannot be written",
+) -> None:
+    """Write `target` through `write(temporary)` then `os.replace`: never half a file.
+
+    Args:
+        target: The final path; its folder must exist.
+        write: Writes the whole file at the path it is given.
+        durable: fsync the file before the rename (the commit point: manifests).
+        problem: How the LakeError raised on an OSError starts.
+    """
+    tmp = temporary_path(target.parent)
+    try:
+        write(tmp)
+        if durable:
+            descriptor = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise LakeError(target, f"{problem} ({exc.strerror or exc})") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)  # DuckDB's write-ahead log
+
+
+def partition_dir(table: str, run: str, rollout_id: int | None = None) -> str:
+    """Relative directory of one partition.
+
+    Examples:
+        >>> partition_dir("tokens", "qwen", 3)
+        'tokens/run=qwen/rollout_id=3'
+        >>> partition_dir("runs", "qwen")
+        'runs/run=qwen'
+    """
+    if schema.ROLLOUT_ID not in schema.TABLE_PARTITIONS[table]:
+        return f"{table}/{schema.RUN}={run}"
+    return f"{table}/{schema.RUN}={run}/{schema.ROLLOUT_ID}={rollout_id}"
+
+
+def partition_patterns(table: str) -> dict[str, str]:
+    """Partition column -> regular expression whose group 1 is its value in a file's path.
+
+    Anchored at the path's end, on the lake's own layout only: the lake's location may hold
+    `key=value` folders too (`/data/run=ghost/lake`), which must not count.
+
+    Examples:
+        >>> import re
+        >>> path = "/x/run=ghost/lake/tokens/run=qwen/rollout_id=7/train-0a1b2c3d.parquet"
+        >>> [re.search(p, path).group(1) for p in partition_patterns("tokens").values()]
+        ['qwen', '7']
+    """
+    columns = schema.TABLE_PARTITIONS[table]
+    segments = [f"{col}=([^/]*)" for col in columns]
+    patterns = {}
+    for i, col in enumerate(columns):
+        parts = [
+            seg if j == i else seg.replace("([^/]*)", "[^/]*") for j, seg in enumerate(segments)
+        ]
+        patterns[col] = "/" + "/".join(parts) + "/[^/]*$"
+    return patterns
+
+
+_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+def is_url(location: LakeRoot) -> bool:
+    """Whether a lake location names an object store (`s3://b/p`), not a local directory.
+
+    `file://` URLs and plain paths are local.
+
+    Examples:
+        >>> is_url("s3://bucket/lake"), is_url("file:///tmp/lake"), is_url("lake")
+        (True, False, False)
+    """
+    match = _URL.match(str(location)) if isinstance(location, str) else None
+    return match is not None and match.group(1).lower() != "file"
+
+
+def local_path(location: LakeRoot) -> Path:
+    """A local lake location as a Path (`file:///x` is `/x`)."""
+    text = str(location)
+    return Path(text[len("file://") :] if text.lower().startswith("file://") else text)
+
+
+def lake_at(location: LakeRoot | Lake | ObjectLake) -> Lake | ObjectLake:
+    """The lake at a directory or an object-store URL (a lake object is returned as it is)."""
+    if not isinstance(location, (str, Path)):
+        return location
+    if is_url(location):
+        from tokenlake.load.object_lake import ObjectLake
+
+        return ObjectLake(str(location))
+    from tokenlake.load.local_lake import Lake
+
+    return Lake(local_path(location))
+
+
+def manifest_name(run: str) -> str:
+    """Relative name of a run's manifest (the commit point)."""
+    return f"{MANIFEST_DIR}/{check_run_name(run)}.json"
+
+
+def new_name(
+    table: str, run: str, stem: str, rollout_id: int | None = None, generation: str | None = None
+) -> str:
+    """A fresh relative file name in a partition (the manifest decides when it counts).
+
+    `generation` (8 hex digits) names the files of one step alike; default: a new one.
+    """
+    folder = partition_dir(table, check_run_name(run), rollout_id)
+    return f"{folder}/{stem}-{generation or secrets.token_hex(4)}.parquet"
+
+
+def check_relative(relative: object) -> str:
+    """A file name as a manifest lists it, or ValueError if it lies outside the lake."""
+    if (
+        not isinstance(relative, str)
+        or Path(relative).is_absolute()
+        or ".." in Path(relative).parts
+    ):
+        raise ValueError(f"it lists `{str(relative)[:80]}`, which lies outside the lake")
+    return relative
+
+
+def is_data_file(name: str) -> bool:
+    """Whether a file name in a partition is one `new_name` makes."""
+    return bool(_DATA_FILE.match(name))
+
+
+def made_here(name: str) -> bool:
+    """Whether a file name in a partition is one this scheme makes (data or temporary)."""
+    return bool(_DATA_FILE.match(name) or _TEMPORARY.match(name) or _OLD_TEMPORARY.match(name))
+
+
+def temporary_owner(name: str) -> int | None:
+    """The pid in one of tokenlake's temporary names (this scheme's or before 0.2), else None."""
+    match = _TEMPORARY.match(name) or _OLD_TEMPORARY.match(name)
+    return int(match.group(1)) if match else None
+
+
+def process_alive(pid: object) -> bool:
+    """Whether a process of this host runs (a pid that is not one counts as running: the
+    safe answer for a sweep or a lock takeover).
+
+    Examples:
+        >>> process_alive(os.getpid()), process_alive("x")
+        (True, True)
+    """
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process
+        return True
+    return True
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether an error says the disk is full (DuckDB gives only text)."""
+    return getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc)

@@ -1,0 +1,257 @@
+"""The lake's per-run side files: the `runs` row, the `vocab` table and the `metrics` table.
+
+Names and storage come from `tokenlake.load.lake.lake_at`; this module only decides what the files hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tokenlake import __version__, schema, tags
+from tokenlake.errors import SHOWN_PATH_CHARS, DumpFormatError, LakeError, shown
+from tokenlake.load import manifest, write
+from tokenlake.load.lake import LakeRoot, lake_at, new_name
+from tokenlake.read import dashboard
+from tokenlake.read.dump import Dump
+from tokenlake.read.remote_dump import local_root, shown_path, urls_in
+
+log = logging.getLogger(__name__)
+
+HEAD_BYTES = 4096  # bytes of a metrics stream fingerprinted to notice a rewrite
+MAX_METRICS_FILES = 32  # past this many, a run's metrics files are merged into one
+
+
+def write_run_row(
+    lake: LakeRoot, record: manifest.RunManifest, keep: dict[str, Any] | None = None
+) -> list[str]:
+    """Write the run's `runs` row under a fresh name and list it in the manifest record.
+
+    Args:
+        keep: The current row (`stored_run_row`): its metadata and `extracted_at` are kept
+            and the dump is not read (`tokenlake tag`). Default: the metadata is read from
+            the dump's `dashboard/meta.json` (its identity kept in `record.meta_source`).
+
+    Returns:
+        Warnings about a malformed meta.json (each names the file); never raises for one.
+    """
+    warnings: list[str] = []
+    if keep is None:
+        meta, warnings = dashboard.read_run_meta(local_root(record.source_dir))
+        warnings = [urls_in(record.source_dir, warning) for warning in warnings]
+        record.meta_source = meta_source(record)
+    else:
+        meta = {n: keep.get(n) for n in schema.RUN_META_SCHEMA.names if n != schema.TAGS_JSON}
+    steps = record.steps.values()
+    row = {
+        "source_dir": record.source_dir,
+        "extracted_at": (keep or {}).get("extracted_at") or datetime.now(timezone.utc),
+        "tool": f"{schema.TOOL_NAME} {__version__}",
+        "schema_version": schema.SCHEMA_VERSION,
+        "train_steps": sum(1 for s in steps if not s.evaluation),
+        "eval_steps": sum(1 for s in steps if s.evaluation),
+        **meta,
+        schema.TAGS_JSON: tags.tags_json(record.tags),
+    }
+    table = pa.Table.from_pylist([row], schema=schema.RUNS_SCHEMA)
+    name = new_name(schema.RUNS, record.run, "run")
+    metadata = write.file_metadata(schema.RUNS, record.run, record.source_dir)
+    write.write_lake_file(lake, name, schema.RUNS, table, metadata)
+    record.runs_file = name
+    return warnings
+
+
+def meta_source(record: manifest.RunManifest) -> manifest.SourceFile | None:
+    """Identity (name, size, mtime) of the dump's `dashboard/meta.json`, None if absent."""
+    root = local_root(record.source_dir)
+    path = Dump(root).dashboard_dir / dashboard.META_FILE
+    try:
+        return manifest.SourceFile.of(path, root) if path.is_file() else None
+    except OSError:
+        return None
+
+
+def stored_run_row(lake: LakeRoot, record: manifest.RunManifest) -> dict[str, Any]:
+    """The run's current `runs` row as a dict (a file of schema version 1 lacks the metadata
+    columns: absent keys), so it can be rewritten without reading the dump."""
+    import pyarrow.parquet as pq
+
+    if record.runs_file is None:
+        return {}
+    layout = lake_at(lake)
+    where, filesystem = layout.arrow_source(record.runs_file)
+    try:
+        table = pq.read_table(where, filesystem=filesystem)
+    except (OSError, pa.ArrowException) as exc:
+        raise LakeError(
+            layout.url(record.runs_file), f"cannot be read ({exc}); extract the run again"
+        ) from exc
+    return table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
+
+
+def tag_run(
+    lake: LakeRoot,
+    run: str,
+    set_tags: dict[str, str],
+    remove: list[str] | tuple[str, ...] = (),
+    warnings: list[str] | None = None,
+) -> dict[str, str]:
+    """Change a run's tags without reading its dump: runs row, manifest, catalog, under the
+    writer lock. Returns the run's tags after the change; `warnings` as in `build_catalog`.
+
+    Raises:
+        LakeError: Not a lake, no such run, or another writer holds the lake.
+        UsageError: A bad key, or a key both set and removed.
+    """
+    from tokenlake.serve import catalog
+
+    layout = lake_at(lake).require()
+    with layout.lock():
+        record = manifest.load_manifest(layout.location, run)
+        if record is None:
+            runs = ", ".join(f"`{name}`" for name in layout.manifest_runs()) or "none"
+            raise LakeError(layout.location, f"has no run `{run}` (runs: {runs})")
+        record.tags = tags.change_tags(record.tags, set_tags, remove)
+        write_run_row(layout.location, record, keep=stored_run_row(layout.location, record))
+        manifest.save_manifest(layout.location, record)
+        catalog.build_catalog(layout.location, warnings)
+        layout.delete_unlisted(record)
+    return record.tags
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics
+# ---------------------------------------------------------------------------------------------
+
+
+def _head(path: Path, offset: int) -> str:
+    """blake2b of the first `min(offset, HEAD_BYTES)` bytes of a metrics stream."""
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.blake2b(handle.read(min(offset, HEAD_BYTES)), digest_size=16).hexdigest()
+    except OSError:
+        return ""
+
+
+def _rewritten(record: manifest.RunManifest, files: dict[str, Path]) -> list[str]:
+    """Streams read before that are gone, or whose first bytes changed (rewritten in place)."""
+    return [
+        name
+        for name, source in record.metrics_sources.items()
+        if name not in files or _head(files[name], source.offset) != source.head
+    ]
+
+
+def refresh_metrics(lake: LakeRoot, record: manifest.RunManifest) -> tuple[bool, list[str]]:
+    """Read the lines the dump's metrics streams gained since the last extraction.
+
+    New rows go into one new `metrics` file listed in `record`; the offsets move on (a
+    half-written last line waits for later). A stream that shrank, was rewritten or removed
+    makes every stream read again from byte 0 (the old files are then unlisted).
+
+    Returns:
+        Whether the record changed, and warnings (bad lines, skipped values, restarts).
+    """
+    root = local_root(record.source_dir)
+    files = dashboard.metrics_files(root)
+    gone = _rewritten(record, files)
+    warnings = [
+        f"`{shown(Dump(root).dashboard_dir / name, SHOWN_PATH_CHARS)}` was rewritten or removed"
+        " since it was read; the run's metrics are read again from the start."
+        for name in gone
+    ]
+    starts = {} if gone else {n: s.offset for n, s in record.metrics_sources.items()}
+    read = dashboard.read_metrics(root, starts)
+    if read.restarted and not gone:  # a stream shrank: nothing read before can be trusted
+        gone, read = read.restarted, dashboard.read_metrics(root, {})
+    warnings += read.warnings
+    if read.skipped:
+        warnings.append(
+            f"`{shown(Dump(root).dashboard_dir, SHOWN_PATH_CHARS)}`: {read.skipped} non-numeric"
+            " metric values skipped (strings, null, lists, objects)."
+        )
+    sources = {
+        name: manifest.MetricsSource(offset, _head(files[name], offset))
+        for name, offset in read.offsets.items()
+    }
+    changed = bool(gone and record.metrics_files) or sources != record.metrics_sources
+    if gone:
+        record.metrics_files = []
+    if read.table.num_rows:
+        record.metrics_files.append(_write_metrics(lake, record, read.table))
+        changed = True
+    record.metrics_sources = sources
+    if len(record.metrics_files) > MAX_METRICS_FILES:
+        record.metrics_files = [_merge_metrics(lake, record)]
+    return changed, [urls_in(record.source_dir, warning) for warning in warnings]
+
+
+def _write_metrics(lake: LakeRoot, record: manifest.RunManifest, table: pa.Table) -> str:
+    name = new_name(schema.METRICS, record.run, "metrics")
+    metadata = write.file_metadata(schema.METRICS, record.run, record.source_dir)
+    write.write_lake_file(lake, name, schema.METRICS, table, metadata)
+    return name
+
+
+def _merge_metrics(lake: LakeRoot, record: manifest.RunManifest) -> str:
+    """One file for all of the run's metrics files (a long `--follow` writes one per round)."""
+    import pyarrow.parquet as pq
+
+    layout = lake_at(lake)
+    try:
+        sources = [layout.arrow_source(name) for name in record.metrics_files]
+        parts = [pq.read_table(where, filesystem=fs) for where, fs in sources]
+    except (OSError, pa.ArrowException) as exc:
+        raise LakeError(layout.location, f"metrics files cannot be merged ({exc})") from exc
+    merged = pa.concat_tables([p.replace_schema_metadata(None) for p in parts])
+    return _write_metrics(lake, record, merged)
+
+
+# ---------------------------------------------------------------------------------------------
+# vocab
+# ---------------------------------------------------------------------------------------------
+
+
+def refresh_vocab(
+    lake: LakeRoot, record: manifest.RunManifest
+) -> tuple[bool, tuple[Path | str, str] | None]:
+    """Write the run's `vocab` file when the dump's tokenizer is new or changed.
+
+    A tokenizer that cannot be read is not an error: the run gets no vocab (token texts are
+    NULL) and the warning is returned, once per version of the file.
+
+    Returns:
+        Whether the record changed, and (file, warning) if the tokenizer could not be read.
+    """
+    from tokenlake.read import dump, vocab
+
+    root = local_root(record.source_dir)
+    source = dump.Dump(root).tokenizer_file
+    if source is None:
+        changed = record.vocab_file is not None
+        record.vocab_file, record.vocab_source = None, None
+        return changed, None
+    layout = lake_at(lake)
+    # Identified like every other source (name, size, mtime): no re-reading on each round.
+    stamp = manifest.SourceFile.of(source, root)
+    if stamp == record.vocab_source and (
+        record.vocab_file is None or layout.exists(record.vocab_file)
+    ):
+        return False, None  # unchanged (a broken one was reported when it was first seen)
+    try:
+        table = vocab.vocab_table(source)
+    except DumpFormatError as exc:
+        changed = record.vocab_file is not None or record.vocab_source != stamp
+        record.vocab_file, record.vocab_source = None, stamp
+        shown_source = shown_path(record.source_dir, source)
+        return changed, (shown_source, f"{exc.problem}; token texts are NULL until it is fixed")
+    name = new_name(schema.VOCAB, record.run, "vocab")
+    metadata = write.file_metadata(schema.VOCAB, record.run, shown_path(record.source_dir, source))
+    write.write_lake_file(layout, name, schema.VOCAB, table, metadata)
+    record.vocab_file, record.vocab_source = name, stamp
+    return True, None

@@ -1,0 +1,289 @@
+"""A lake in a local directory (or one every node mounts at the same path).
+
+Names come from tokenlake/tokenlake/load/lake.py (the one owner of the layout); this class is where they
+become paths: reading and writing files, the atomic write (temporary name, then rename), the
+writer lock (flock on `_manifest/.tokenlake.lock`) and the sweeps of what the naming scheme made.
+`lake_at` gives it for a path, and `ObjectLake` (pipeline/tokenlake/load/object_lake.py) for a URL; both
+offer the same methods.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokenlake import schema
+from tokenlake.errors import LakeError
+from tokenlake.load.lake import (
+    DUMP_MARKER,
+    LOCK_FILE,
+    MANIFEST_DIR,
+    USER_VIEWS_DIR,
+    FileWriter,
+    atomic_write,
+    check_relative,
+    local_path,
+    made_here,
+    manifest_name,
+    new_name,
+    process_alive,
+    temporary_owner,
+)
+
+if TYPE_CHECKING:
+    from tokenlake.load.manifest import RunManifest
+
+log = logging.getLogger(__name__)
+
+
+class Lake:
+    """A lake directory: where each of its files lives, and who may write them."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = local_path(root).resolve()
+
+    @property
+    def location(self) -> Path:
+        """Where the lake is, as messages show it and as `lake_at` takes it back."""
+        return self.root
+
+    @property
+    def filesystem(self) -> None:
+        """The pyarrow-usable filesystem of `url` names: None, the local one."""
+        return None
+
+    def url(self, relative: str) -> str:
+        """The name DuckDB and pyarrow read a lake file by."""
+        return str(self.file(relative))
+
+    def arrow_source(self, relative: str) -> tuple[str, None]:
+        """Where pyarrow reads a lake file: (path, filesystem)."""
+        return str(self.file(relative)), None
+
+    def exists(self, relative: str) -> bool:
+        return self.file(relative).is_file()
+
+    def read_bytes(self, relative: str) -> bytes:
+        path = self.file(relative)
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise LakeError(path, f"cannot be read ({exc.strerror or exc})") from exc
+
+    def put_bytes(self, relative: str, data: bytes, *, durable: bool = False, problem: str) -> None:
+        """Write a whole small file (manifest): temporary name, fsync if `durable`, rename."""
+        path = self.file(relative)
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def write(tmp: Path) -> None:
+            tmp.write_bytes(data)
+
+        atomic_write(path, write, durable=durable, problem=problem)
+
+    def write_with(
+        self, relative: str, write: FileWriter, *, problem: str = "cannot be written"
+    ) -> None:
+        """Write a file through `write(where, filesystem)`: never half a file under its name."""
+        path = self.file(relative)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LakeError(path, f"{problem} ({exc.strerror or exc})") from exc
+        atomic_write(path, lambda tmp: write(str(tmp), None), problem=problem)
+
+    def publish_built(self, relative: str, build: Callable[[Path], None]) -> None:
+        """Build a file locally (`build(path)`, e.g. a DuckDB catalog) and put it in place."""
+        atomic_write(self.file(relative), build)
+
+    def delete(self, relatives: Iterable[str]) -> None:
+        """Delete uncommitted files, and their partition folders if that leaves them empty."""
+        for relative in relatives:
+            path = self.file(relative)
+            path.unlink(missing_ok=True)
+            for folder in (path.parent, path.parent.parent):  # rollout_id=…, then run=…
+                if "=" not in folder.name:  # only partition folders, never `_manifest/`
+                    break
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty (other steps or runs live there): keep it
+                    break
+
+    def manifest_runs(self) -> list[str]:
+        """The runs that have a manifest, by name."""
+        return [p.stem for p in self.manifest_paths()]
+
+    def create(self) -> None:
+        """Make the lake's directory (a first extraction)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LakeError(self.root, f"cannot be created ({exc.strerror or exc})") from exc
+
+    def check_lease(self) -> None:
+        """Nothing to check: a local lock (flock) cannot expire while its holder runs."""
+
+    @property
+    def manifest_dir(self) -> Path:
+        return self.root / MANIFEST_DIR
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.root / schema.CATALOG_FILE
+
+    @property
+    def user_views_dir(self) -> Path:
+        """`LAKE/views/`: the user's own `*.sql` views, created after tokenlake's."""
+        return self.root / USER_VIEWS_DIR
+
+    def manifest_path(self, run: str) -> Path:
+        return self.root / manifest_name(run)
+
+    def manifest_paths(self) -> list[Path]:
+        """Every run's manifest file, by name."""
+        if not self.manifest_dir.is_dir():
+            return []
+        return sorted(p for p in self.manifest_dir.glob("*.json") if not p.name.startswith("."))
+
+    def new_file(
+        self,
+        table: str,
+        run: str,
+        stem: str,
+        rollout_id: int | None = None,
+        generation: str | None = None,
+    ) -> Path:
+        """`new_name` as a path."""
+        return self.root / new_name(table, run, stem, rollout_id, generation)
+
+    def relative(self, path: Path) -> str:
+        """How a manifest records a file of the lake."""
+        return str(path.relative_to(self.root))
+
+    def file(self, relative: str) -> Path:
+        """The path of a file a manifest lists; refuses one outside the lake."""
+        path = self.root / relative
+        try:
+            check_relative(relative)
+        except ValueError:
+            raise LakeError(path, "is listed by a manifest but lies outside the lake") from None
+        return path
+
+    @property
+    def catalog_name(self) -> str:
+        return schema.CATALOG_FILE
+
+    def is_lake(self) -> bool:
+        return self.manifest_dir.is_dir()
+
+    def is_dump(self) -> bool:
+        return (self.root / DUMP_MARKER).is_dir()
+
+    def require(self) -> Lake:
+        """This lake, or a one-line error saying why the directory is not one."""
+        if self.root.exists() and not self.root.is_dir():
+            raise LakeError(self.root, "is a file, not a lake directory")
+        if self.is_dump():
+            raise LakeError(
+                self.root,
+                f"is a miles dump (it has `{DUMP_MARKER}/`), not a lake; give the --lake"
+                " directory of `tokenlake extract`",
+            )
+        if not self.is_lake():
+            raise LakeError(
+                self.root,
+                f"is not a lake: it has no `{MANIFEST_DIR}/`; run `tokenlake extract` first",
+            )
+        return self
+
+    def check_writable_for(self, dump_root: Path) -> None:
+        """Refuse a lake that would write into the dump or into folders that are not its own."""
+        if self.root == dump_root or dump_root in self.root.parents:
+            raise LakeError(self.root, "is inside the dump directory; tokenlake never writes there")
+        if self.root.exists() and not self.root.is_dir():
+            raise LakeError(self.root, "is a file, not a directory; choose another --lake")
+        own = [self.root / name for name in (*schema.TABLES, MANIFEST_DIR)]
+        if any(dump_root == p or p in dump_root.parents for p in own):
+            raise LakeError(
+                self.root, f"would write into the dump `{dump_root}`; choose another --lake"
+            )
+        if self.root.is_dir() and not self.manifest_dir.exists():  # not a lake (yet)
+            foreign = [p.name for p in own if p.exists()]
+            if foreign:
+                raise LakeError(
+                    self.root,
+                    f"is not a lake but holds `{foreign[0]}`, where the lake would write;"
+                    " choose another --lake",
+                )
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """One writer per lake at a time; a second one fails at once with a clear error."""
+        path = self.manifest_dir / LOCK_FILE
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(path, "a")  # noqa: SIM115 - held for the whole extraction
+        except OSError as exc:  # e.g. a read-only lake, or `_manifest` is a file
+            where = f"`{exc.filename}`: " if exc.filename else ""
+            raise LakeError(self.root, f"cannot be written ({where}{exc.strerror or exc})") from exc
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                raise LakeError(
+                    self.root,
+                    "another tokenlake extraction is writing to it; wait for it to finish",
+                ) from exc
+            yield
+        finally:
+            handle.close()
+
+    def catalog_is_stale(self) -> bool:
+        """Whether some manifest is newer than the catalog (or there is no catalog)."""
+        if not self.catalog_path.is_file():
+            return True
+        built = self.catalog_path.stat().st_mtime_ns
+        return any(p.stat().st_mtime_ns >= built for p in self.manifest_paths())
+
+    def delete_unlisted(self, record: RunManifest) -> int:
+        """Delete the run's files, named by this scheme, that its manifest does not list.
+
+        Safe only under `lock`: then no other writer has files in flight.
+        """
+        listed = {self.root / name for table in schema.TABLES for name in record.files(table)}
+        deleted = 0
+        for table in schema.TABLES:
+            run_dir = self.root / table / f"{schema.RUN}={record.run}"
+            if not run_dir.is_dir():
+                continue
+            for path in sorted(run_dir.rglob("*"), reverse=True):  # files before their folders
+                if path.is_dir():
+                    _remove_if_empty_partition(path)
+                elif path not in listed and made_here(path.name):
+                    path.unlink()
+                    deleted += 1
+            _remove_if_empty_partition(run_dir)
+        if deleted:
+            log.info("deleted %d files of run %s that no manifest lists", deleted, record.run)
+        return deleted
+
+    def delete_stale_temporaries(self) -> int:
+        """Delete tokenlake's temporary files whose writer (pid in the name) no longer runs."""
+        deleted = 0
+        for folder in (self.root, self.manifest_dir):
+            if not folder.is_dir():
+                continue
+            for path in folder.iterdir():
+                owner = temporary_owner(path.name)
+                if owner is not None and path.is_file() and not process_alive(owner):
+                    path.unlink(missing_ok=True)
+                    deleted += 1
+        return deleted
+
+
+def _remove_if_empty_partition(path: Path) -> None:
+    if "=" in path.name and not any(path.iterdir()):
+        path.rmdir()

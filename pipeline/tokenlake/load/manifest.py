@@ -1,0 +1,265 @@
+"""Per-run manifests: which Parquet files make up the lake, and what they were made from.
+
+`LAKE/_manifest/<run>.json` is the commit point of an extraction. A step's new files are
+written under fresh names first; only when the manifest (replaced atomically) lists them do
+they become part of the lake. The catalog is built from the manifests, so a crash at any moment
+leaves the lake as the last manifest describes it; files no manifest lists are leftovers that
+the next extraction deletes. (The leading underscore hides the folder from Hive readers.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenlake import schema
+from tokenlake.errors import DamagedManifestError, LakeError
+from tokenlake.load.lake import MANIFEST_DIR as MANIFEST_DIR
+from tokenlake.load.lake import LakeRoot, check_relative, lake_at, manifest_name
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from tokenlake.read.dump import StepFiles
+
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """Identity of a dump file at extraction time (name relative to the dump root)."""
+
+    name: str
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path, root: Path) -> SourceFile:
+        stat = path.stat()
+        return cls(str(path.relative_to(root)), stat.st_size, stat.st_mtime_ns)
+
+
+@dataclass
+class StepRecord:
+    """One extracted rollout file (a train step or an eval file) of a run."""
+
+    rollout_id: int
+    evaluation: bool
+    sources: list[SourceFile]
+    files: dict[str, str]  # table -> path relative to the lake
+    samples: int
+    tokens: int
+    train_files: int
+    checksum: str  # blake2b of the token ids and loss masks, in row order
+    # The `schema.SCHEMA_VERSION` its files were written with; manifests from before this
+    # field existed were all version 1. A step of another version is extracted again.
+    schema_version: int = 1
+
+    @property
+    def key(self) -> str:
+        from tokenlake.read.dump import step_label
+
+        return step_label(self.rollout_id, self.evaluation)
+
+
+@dataclass(frozen=True)
+class MetricsSource:
+    """How far a metrics stream (name under `DUMP/dashboard/`) has been read.
+
+    `head` is the blake2b of its first `min(offset, HEAD_BYTES)` bytes: a file rewritten
+    in place (not only shrunk) no longer matches, and is read again from byte 0.
+    """
+
+    offset: int
+    head: str
+
+
+@dataclass
+class RunManifest:
+    """Everything the lake holds for one run."""
+
+    run: str
+    source_dir: str
+    steps: dict[str, StepRecord] = field(default_factory=dict)
+    runs_file: str | None = None
+    vocab_file: str | None = None
+    vocab_source: SourceFile | None = None  # the tokenizer file it was built from
+    version: int = MANIFEST_VERSION
+    # The user's tags (`--tag`, `--meta`, `tokenlake tag`): kept across re-extractions.
+    tags: dict[str, str] = field(default_factory=dict)
+    # `metrics` files (one per batch of new lines) and how far each stream was read.
+    metrics_files: list[str] = field(default_factory=list)
+    metrics_sources: dict[str, MetricsSource] = field(default_factory=dict)
+    meta_source: SourceFile | None = None  # the dashboard/meta.json the runs row was made from
+
+    def files(self, table: str) -> list[str]:
+        """Relative paths of one table's files, in step order."""
+        if table == schema.RUNS:
+            return [self.runs_file] if self.runs_file else []
+        if table == schema.VOCAB:
+            return [self.vocab_file] if self.vocab_file else []
+        if table == schema.METRICS:
+            return list(self.metrics_files)
+        ordered = sorted(self.steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
+        return [s.files[table] for s in ordered if table in s.files]
+
+
+def load_manifest(lake: LakeRoot, run: str) -> RunManifest | None:
+    """The run's manifest, or None if the run was never extracted into this lake."""
+    layout = lake_at(lake)
+    name = manifest_name(run)
+    if not layout.exists(name):
+        return None
+    return parse_manifest(layout.url(name), layout.read_bytes(name))
+
+
+def load_all(lake: LakeRoot) -> list[RunManifest]:
+    """Every run's manifest, by run name."""
+    return [load_listed(lake, run) for run in lake_at(lake).manifest_runs()]
+
+
+def load_listed(lake: LakeRoot, run: str) -> RunManifest:
+    """A manifest `manifest_runs` listed (a hand-made bad file name fails in parsing)."""
+    layout = lake_at(lake)
+    name = f"{MANIFEST_DIR}/{run}.json"
+    return parse_manifest(layout.url(name), layout.read_bytes(name))
+
+
+def save_manifest(lake: LakeRoot, manifest: RunManifest) -> None:
+    """Replace the run's manifest atomically (temporary file, fsync, rename; one PUT on an
+    object store)."""
+    data = json.dumps(asdict(manifest), ensure_ascii=False, indent=1).encode("utf-8")
+    lake_at(lake).put_bytes(
+        manifest_name(manifest.run), data, durable=True, problem="manifest cannot be written"
+    )
+
+
+def read_manifest(path: Path) -> RunManifest:
+    """One manifest file; a damaged one is a DamagedManifestError naming what is wrong."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LakeError(path, f"cannot be read ({exc.strerror or exc})") from exc
+    return parse_manifest(str(path), data)
+
+
+def parse_manifest(where: str, raw: bytes) -> RunManifest:
+    """A manifest's bytes (`where` names it in messages)."""
+    path = Path(where)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DamagedManifestError(where, f"it is not JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise DamagedManifestError(where, "it is not a JSON object")
+    if data.get("version") != MANIFEST_VERSION:
+        raise LakeError(
+            where, f"manifest version {data.get('version')!r} is not {MANIFEST_VERSION}"
+        )
+    try:
+        return _from_json(path, data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DamagedManifestError(where, _what_is_wrong(exc)) from exc
+
+
+def _what_is_wrong(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return f"key `{exc.args[0]}` is missing"
+    text = str(exc)
+    unknown = text.partition("unexpected keyword argument ")[2]
+    if unknown:
+        return f"key `{unknown.strip(chr(39))}` is unknown"
+    missing = text.partition("missing 1 required positional argument: ")[2]
+    if missing:
+        return f"key `{missing.strip(chr(39))}` is missing"
+    if isinstance(exc, ValueError):
+        return text
+    return f"a value has the wrong type ({text[:120]})"
+
+
+def _fields(cls: type, data: Any) -> dict[str, Any]:
+    """`data` as keyword arguments of a dataclass: a dict with exactly its field names."""
+    if not isinstance(data, dict):
+        raise TypeError(f"expected an object for {cls.__name__}, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument '{unknown[0]}'")
+    return data
+
+
+def _object(value: Any, key: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"`{key}` is not an object")
+    return value
+
+
+def _list(value: Any, key: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"`{key}` is not a list")
+    return list(value)
+
+
+def _string_map(value: Any, key: str) -> dict[str, str]:
+    items = _object(value, key)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in items.items()):
+        raise TypeError(f"`{key}` holds a value that is not a string")
+    return dict(items)
+
+
+def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
+    _fields(RunManifest, data)
+    steps = {}
+    for key, step in data["steps"].items():
+        step = dict(_fields(StepRecord, step))
+        sources = [SourceFile(**_fields(SourceFile, s)) for s in step.pop("sources")]
+        steps[key] = StepRecord(sources=sources, **step)
+        if not isinstance(steps[key].files, dict):
+            raise TypeError("`files` is not an object")
+    vocab_source = data.get("vocab_source")
+    meta_source = data.get("meta_source")
+    record = RunManifest(
+        run=data["run"],
+        source_dir=data["source_dir"],
+        steps=steps,
+        runs_file=data.get("runs_file"),
+        vocab_file=data.get("vocab_file"),
+        vocab_source=SourceFile(**_fields(SourceFile, vocab_source)) if vocab_source else None,
+        version=data["version"],
+        meta_source=SourceFile(**_fields(SourceFile, meta_source)) if meta_source else None,
+        tags=_string_map(data.get("tags", {}), "tags"),
+        metrics_files=_list(data.get("metrics_files", []), "metrics_files"),
+        metrics_sources={
+            str(name): MetricsSource(**_fields(MetricsSource, source))
+            for name, source in _object(data.get("metrics_sources", {}), "metrics_sources").items()
+        },
+    )
+    if record.run != path.stem:
+        raise ValueError(f"its `run` is not `{path.stem}`, the name of the file")
+    for table in schema.TABLES:  # a listed file must lie inside the lake
+        for name in record.files(table):
+            check_relative(name)
+    return record
+
+
+def fingerprint(files: StepFiles) -> list[SourceFile]:
+    """The identity of a step's source files (name, size, modification time)."""
+    paths = files.paths
+    sidecar = files.trajectory_file
+    if sidecar is not None:  # a rewritten conversation file re-extracts the step too
+        paths.append(sidecar)
+    return [SourceFile.of(path, files.dump.root) for path in paths]
+
+
+def tokens_checksum(tokens: pa.Table) -> str:
+    """blake2b of token ids and loss masks in row order (nulls as -1); `verify` recomputes it."""
+    import numpy as np
+
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(np.ascontiguousarray(tokens.column(schema.TOKEN_ID).to_numpy()).tobytes())
+    mask = tokens.column(schema.LOSS_MASK).fill_null(-1).to_numpy()
+    digest.update(np.ascontiguousarray(mask).astype(np.int8).tobytes())
+    return digest.hexdigest()

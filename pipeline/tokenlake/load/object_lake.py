@@ -1,0 +1,299 @@
+"""A lake on an object store (`s3://bucket/prefix`, or any URL fsspec resolves).
+
+Same layout as a local lake (pipeline/tokenlake/load/lake.py names every file), another commit protocol,
+because an object store has no rename and no file lock:
+
+- Parquet objects are written under fresh names (`new_name`): an object appears whole when
+  its upload completes, or not at all, and no manifest lists it before then.
+- The run manifest is one PUT: the single atomic write that commits a step.
+- The catalog is built in a local temporary file and uploaded in one PUT.
+- Objects the naming scheme made that no manifest lists are swept after each commit round.
+- One writer at a time: `_manifest/.tokenlake.lock` is created with a conditional PUT
+  (`If-None-Match: *`, fsspec's exclusive `xb` mode) and holds its holder and a lease that a
+  thread renews (`If-Match` on its own ETag). A lock whose lease ran out, or whose holder was
+  a process on this host that is gone, is taken over by another conditional PUT; a writer
+  that lost its lease stops before its next commit. A store without conditional writes is
+  refused for writing, with the reason. (The lock: pipeline/tokenlake/load/object_lock.py.)
+
+Credentials and endpoint come from the environment the store's library reads
+(`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, ...), never from the command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenlake import schema
+from tokenlake.errors import LakeError
+from tokenlake.load.lake import (
+    DUMP_MARKER,
+    LOCK_FILE,
+    MANIFEST_DIR,
+    USER_VIEWS_DIR,
+    FileWriter,
+    check_relative,
+    is_data_file,
+    manifest_name,
+)
+
+if TYPE_CHECKING:
+    from tokenlake.load.manifest import RunManifest
+
+log = logging.getLogger(__name__)
+
+
+class ObjectLake:
+    """A lake under an object-store prefix: where each object lives, and who may write."""
+
+    def __init__(self, url: str) -> None:
+
+        from tokenlake import extras
+
+        self.location = url.rstrip("/")
+        if self.location.split("://", 1)[0].lower() in ("s3", "s3a"):
+            extras.require("s3fs", "s3", f"A lake on S3 (`{self.location}`)")
+        try:
+            self.fs, base = _filesystem(self.location)
+        except (ImportError, ValueError) as exc:  # e.g. s3fs not installed, unknown protocol
+            raise LakeError(self.location, f"cannot be opened ({exc})") from exc
+        self.base = str(base).rstrip("/")
+        self._scheme = self.location.split("://", 1)[0]
+
+    def __repr__(self) -> str:
+        return f"ObjectLake({self.location!r})"
+
+    # -- names -----------------------------------------------------------------------------
+
+    @property
+    def filesystem(self) -> Any:
+        return self.fs
+
+    @property
+    def catalog_name(self) -> str:
+        return schema.CATALOG_FILE
+
+    def key(self, relative: str) -> str:
+        """The object's key in the filesystem (`bucket/prefix/relative`)."""
+        try:
+            check_relative(relative)
+        except ValueError:
+            raise LakeError(
+                f"{self.location}/{relative}", "is listed by a manifest but lies outside the lake"
+            ) from None
+        return f"{self.base}/{relative}"
+
+    def url(self, relative: str) -> str:
+        return f"{self._scheme}://{self.key(relative)}"
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def arrow_source(self, relative: str) -> tuple[str, Any]:
+        """Where pyarrow reads a lake object: (key, filesystem)."""
+        return self.key(relative), self.fs
+
+    def exists(self, relative: str) -> bool:
+        try:
+            return bool(self.fs.isfile(self.key(relative)))
+        except OSError as exc:
+            raise self._error(relative, "cannot be read", exc) from exc
+
+    def read_bytes(self, relative: str) -> bytes:
+        try:
+            return bytes(self.fs.cat_file(self.key(relative)))
+        except FileNotFoundError as exc:
+            raise LakeError(self.url(relative), "does not exist") from exc
+        except OSError as exc:
+            raise self._error(relative, "cannot be read", exc) from exc
+
+    def _list(self, relative_dir: str) -> list[str]:
+        """Relative names of every object under a folder (no caching: others write too)."""
+        self.fs.invalidate_cache()
+        prefix = f"{self.base}/{relative_dir}".rstrip("/")
+        try:
+            keys = self.fs.find(prefix)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise self._error(relative_dir, "cannot be listed", exc) from exc
+        return sorted(str(k)[len(self.base) + 1 :] for k in keys)
+
+    def manifest_runs(self) -> list[str]:
+        names = self._list(MANIFEST_DIR)  # direct children only: `_manifest/<run>.json`
+        stems = [n.split("/", 1)[1] for n in names if n.endswith(".json") and n.count("/") == 1]
+        return sorted(s[: -len(".json")] for s in stems if not s.startswith("."))
+
+    def user_view_names(self) -> list[str]:
+        """Relative names of the user's `views/*.sql`."""
+        return [n for n in self._list(USER_VIEWS_DIR) if n.endswith(".sql") and n.count("/") == 1]
+
+    def size(self, relative: str) -> int:
+        return int(self.fs.size(self.key(relative)))
+
+    def is_lake(self) -> bool:
+        """A prefix with a manifest, a writer lock or a catalog (all its runs dropped)."""
+        return (
+            bool(self.manifest_runs())
+            or self.exists(f"{MANIFEST_DIR}/{LOCK_FILE}")
+            or self.exists(self.catalog_name)
+        )
+
+    def is_dump(self) -> bool:
+        return bool(self._list(DUMP_MARKER)[:1])
+
+    def require(self) -> ObjectLake:
+        """This lake, or a one-line error saying why the prefix is not one."""
+        if self.is_dump():
+            raise LakeError(
+                self.location,
+                f"is a miles dump (it has `{DUMP_MARKER}/`), not a lake; give the --lake"
+                " of `tokenlake extract`",
+            )
+        if not self.is_lake():
+            raise LakeError(
+                self.location,
+                f"is not a lake: it has no `{MANIFEST_DIR}/` and no `{self.catalog_name}`;"
+                " run `tokenlake extract` first",
+            )
+        return self
+
+    def check_writable_for(self, dump_root: Path) -> None:
+        """A local dump is never under an object-store prefix; refuse a prefix that holds
+        folders a lake writes but is not a lake."""
+        if self.is_lake():
+            return
+        for name in schema.TABLES:
+            if self._list(name)[:1]:
+                raise LakeError(
+                    self.location,
+                    f"is not a lake but holds `{name}`, where the lake would write;"
+                    " choose another --lake",
+                )
+
+    def create(self) -> None:
+        """Nothing to make: an object store has no folders."""
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def put_bytes(self, relative: str, data: bytes, *, durable: bool = False, problem: str) -> None:
+        """One PUT: the object is replaced whole (the manifest's commit)."""
+        del durable  # a completed PUT is durable
+        self.check_lease()
+        try:
+            self.fs.pipe_file(self.key(relative), data)
+        except OSError as exc:
+            raise self._error(relative, problem, exc) from exc
+
+    def write_with(
+        self, relative: str, write: FileWriter, *, problem: str = "cannot be written"
+    ) -> None:
+        """Write an object under a fresh name: it appears when its upload completes."""
+        try:
+            write(self.key(relative), self.fs)
+        except OSError as exc:
+            self.delete([relative])
+            raise self._error(relative, problem, exc) from exc
+
+    def publish_built(self, relative: str, build: Callable[[Path], None]) -> None:
+        """Build a file in a local temporary folder, then upload it in one PUT."""
+        with tempfile.TemporaryDirectory(prefix="tokenlake-") as folder:
+            local = Path(folder) / Path(relative).name
+            build(local)
+            self.check_lease()
+            try:
+                self.fs.put_file(str(local), self.key(relative))
+            except OSError as exc:
+                raise self._error(relative, "cannot be written", exc) from exc
+
+    def delete(self, relatives: Iterable[str]) -> None:
+        for relative in relatives:
+            try:
+                self.fs.rm_file(self.key(relative))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("%s", self._error(relative, "cannot be deleted", exc))
+
+    def delete_unlisted(self, record: RunManifest) -> int:
+        """Delete the run's objects, named by this scheme, that its manifest does not list."""
+        listed = {name for table in schema.TABLES for name in record.files(table)}
+        doomed = [
+            name
+            for table in schema.TABLES
+            for name in self._list(f"{table}/{schema.RUN}={record.run}")
+            if name not in listed and is_data_file(name.rsplit("/", 1)[-1])
+        ]
+        self.delete(doomed)
+        if doomed:
+            log.info("deleted %d objects of run %s that no manifest lists", len(doomed), record.run)
+        return len(doomed)
+
+    def delete_stale_temporaries(self) -> int:
+        """None are made: objects are written under their final, fresh names. (An upload
+        cut short leaves an incomplete multipart upload, which the store's lifecycle rule
+        `AbortIncompleteMultipartUpload` removes: docs/scale.md.)"""
+        return 0
+
+    def catalog_is_stale(self) -> bool:
+        """Whether some manifest is newer than the catalog (or there is no catalog).
+
+        S3 stamps objects to the whole second: a manifest written in the catalog's second
+        counts as newer (`>=`), so the price of that coarseness is an extra rebuild, never a
+        catalog that misses a commit.
+        """
+        self.fs.invalidate_cache()
+        try:
+            built = self.fs.modified(self.key(self.catalog_name))
+        except FileNotFoundError:
+            return True
+        return any(
+            self.fs.modified(self.key(manifest_name(run))) >= built for run in self.manifest_runs()
+        )
+
+    def _error(self, relative: str, problem: str, exc: BaseException) -> LakeError:
+        text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        return LakeError(f"{self.location}/{relative}", f"{problem} ({text[:300]})")
+
+    # -- the writer lock -------------------------------------------------------------------
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """One writer per lake at a time, by conditional PUT; a second one fails at once."""
+        from tokenlake.load.object_lock import held_lock
+
+        with held_lock(self, f"{MANIFEST_DIR}/{LOCK_FILE}"):
+            yield
+
+    def check_lease(self) -> None:
+        """Raise if this process's writer lock on the lake was lost (its lease ran out)."""
+        from tokenlake.load.object_lock import check_held
+
+        check_held(self.location)
+
+
+# Filesystems by (URL's protocol and bucket, credential environment): fsspec caches instances
+# by their arguments only, so a changed AWS_ENDPOINT_URL or key (a notebook, a test) would
+# otherwise keep talking to the old endpoint.
+_FILESYSTEMS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+_CREDENTIAL_PREFIXES = ("AWS_", "GOOGLE_", "GCS", "AZURE_", "FSSPEC_")
+
+
+def _filesystem(url: str) -> tuple[Any, str]:
+    import fsspec
+
+    environment = tuple(
+        sorted((k, v) for k, v in os.environ.items() if k.startswith(_CREDENTIAL_PREFIXES))
+    )
+    protocol, _, rest = url.partition("://")
+    key = (f"{protocol}://{rest.split('/', 1)[0]}", environment)
+    filesystem = _FILESYSTEMS.get(key)
+    if filesystem is None:
+        filesystem, base = fsspec.core.url_to_fs(url, skip_instance_cache=True)
+        _FILESYSTEMS[key] = filesystem
+        return filesystem, str(base)
+    return filesystem, str(filesystem._strip_protocol(url))

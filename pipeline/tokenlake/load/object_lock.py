@@ -1,0 +1,179 @@
+"""The writer lock of a lake on an object store: `_manifest/.tokenlake.lock`.
+
+Created with a conditional PUT (`If-None-Match: *`, fsspec's exclusive `xb` mode): of two
+writers exactly one succeeds. The object holds its holder (`tokenlake on HOST (PID N)`), a
+random token and the end of a lease (`TOKENLAKE_LOCK_LEASE_SECONDS`, default 120 s) that a
+thread renews every third of it with `If-Match` on the lock's own ETag. A lock whose lease ran
+out, or whose holder was a process of this host that is gone, is taken over by a conditional
+PUT on its ETag (one of several takers wins); a writer whose renewal failed commits nothing
+more (`check_held`, called before every manifest and catalog PUT).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from tokenlake.errors import LakeError
+from tokenlake.load.lake import LOCK_FILE, MANIFEST_DIR, process_alive
+
+if TYPE_CHECKING:
+    from tokenlake.load.object_lake import ObjectLake
+
+log = logging.getLogger(__name__)
+
+# How long a writer's lock holds without renewal; renewed every third of it.
+LEASE_SECONDS_VARIABLE = "TOKENLAKE_LOCK_LEASE_SECONDS"
+DEFAULT_LEASE_SECONDS = 120.0
+
+
+def lease_seconds() -> float:
+    """The writer lock's lease (`TOKENLAKE_LOCK_LEASE_SECONDS`, default 120 s)."""
+    try:
+        value = float(os.environ.get(LEASE_SECONDS_VARIABLE, DEFAULT_LEASE_SECONDS))
+    except ValueError:
+        return DEFAULT_LEASE_SECONDS
+    return value if 1.0 <= value <= 86400.0 else DEFAULT_LEASE_SECONDS
+
+
+@contextmanager
+def held_lock(lake: ObjectLake, relative: str) -> Iterator[None]:
+    """Hold the lake's writer lock for the block; registered so `check_held` finds it."""
+    lock = _LeaseLock(lake, relative)
+    lock.acquire()
+    _HELD[lake.location] = lock
+    try:
+        yield
+    finally:
+        del _HELD[lake.location]
+        lock.release()
+
+
+def check_held(location: str) -> None:
+    """Raise if this process holds the lake's lock but lost it (its lease ran out)."""
+    held = _HELD.get(location)
+    if held is not None:
+        held.check()
+
+
+# The locks this process holds, by lake URL: every `ObjectLake` of that URL checks them.
+_HELD: dict[str, _LeaseLock] = {}
+
+
+class _LeaseLock:
+    """`_manifest/.tokenlake.lock`: holder, token and lease end, renewed by a thread."""
+
+    def __init__(self, lake: ObjectLake, relative: str) -> None:
+        self.lake = lake
+        self.key = lake.key(relative)
+        self.token = uuid.uuid4().hex
+        self.lease = lease_seconds()
+        self.etag: str | None = None
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _body(self) -> bytes:
+        return json.dumps(
+            {
+                "holder": f"tokenlake on {socket.gethostname()} (PID {os.getpid()})",
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "token": self.token,
+                "expires": time.time() + self.lease,
+            }
+        ).encode()
+
+    def acquire(self) -> None:
+        try:
+            with self.lake.fs.open(self.key, "xb") as handle:
+                handle.write(self._body())
+        except FileExistsError:
+            self._take_over_if_stale()
+        except (NotImplementedError, ValueError, TypeError) as exc:
+            raise LakeError(
+                self.lake.location,
+                f"its store does not support conditional writes ({exc}), so tokenlake cannot"
+                " keep two writers apart; it writes only to stores that do (S3 and S3-compatible"
+                " stores with If-None-Match)",
+            ) from exc
+        except OSError as exc:
+            raise self.lake._error(f"{MANIFEST_DIR}/{LOCK_FILE}", "cannot be written", exc) from exc
+        self.etag = self._info()["ETag"]
+        self._thread = threading.Thread(
+            target=self._renew_loop, daemon=True, name="tokenlake-lease"
+        )
+        self._thread.start()
+
+    def _info(self) -> dict[str, Any]:
+        self.lake.fs.invalidate_cache()
+        return dict(self.lake.fs.info(self.key))
+
+    def _take_over_if_stale(self) -> None:
+        try:
+            info = self._info()
+            held = json.loads(self.lake.fs.cat_file(self.key))
+        except FileNotFoundError:  # released meanwhile: try once more from the start
+            return self.acquire()
+        except (OSError, ValueError) as exc:
+            held = {"holder": f"an unreadable lock ({exc})", "expires": 0}
+            info = {"ETag": None}
+        if not isinstance(held, dict):
+            held = {"holder": "an unreadable lock", "expires": 0}
+        expires = float(held.get("expires", 0) or 0)
+        gone = held.get("host") == socket.gethostname() and not process_alive(held.get("pid"))
+        if time.time() < expires and not gone:
+            until = datetime.fromtimestamp(expires, timezone.utc).strftime("%H:%M:%S UTC")
+            raise LakeError(
+                self.lake.location,
+                f"another tokenlake extraction is writing to it ({held.get('holder')}, lease"
+                f" until {until}); wait for it to finish",
+            )
+        try:  # only one of several takers can match the stale lock's ETag
+            self.lake.fs.pipe_file(self.key, self._body(), IfMatch=info["ETag"])
+        except (OSError, TypeError) as exc:
+            raise LakeError(
+                self.lake.location,
+                f"its writer lock `{MANIFEST_DIR}/{LOCK_FILE}` is stale ({held.get('holder')})"
+                f" but cannot be taken over ({exc}); delete that object if no extraction runs",
+            ) from exc
+        log.warning("took over the stale writer lock of %s", held.get("holder"))
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.lease / 3):
+            try:
+                self.lake.fs.pipe_file(self.key, self._body(), IfMatch=self.etag)
+                self.etag = self._info()["ETag"]
+            except Exception as exc:  # noqa: BLE001 - any failure means the lease may be lost
+                self.lost = f"its lease could not be renewed ({str(exc)[:200]})"
+                return
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise LakeError(
+                self.lake.location,
+                f"this extraction lost its writer lock: {self.lost}; nothing more is committed."
+                " Extract again",
+            )
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.lost is not None:
+            return
+        try:  # delete only our own lock
+            held = json.loads(self.lake.fs.cat_file(self.key))
+            if isinstance(held, dict) and held.get("token") == self.token:
+                self.lake.fs.rm_file(self.key)
+        except (OSError, ValueError) as exc:
+            log.warning("writer lock of %s not released: %s", self.lake.location, exc)

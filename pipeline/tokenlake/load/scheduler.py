@@ -1,0 +1,147 @@
+"""Run step extractions: in this process, or on a pool of worker processes.
+
+The scheduler owns parallelism and signals, nothing else: it takes the steps to extract and
+yields each step's `StepOutcome` as it finishes. Committing and publishing the outcomes is the
+caller's (pipeline/tokenlake/load/extract.py). Another executor (e.g. a cluster) only has to provide a
+function of the same shape as `run_steps`.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+
+from tokenlake.load.lake import LakeRoot
+from tokenlake.read import dump
+from tokenlake.transform.step import StepOutcome, StepStatus, extract_step, worker_died_text
+
+# A step to extract and its status (new or updated) as planned by extract.py.
+Todo = tuple[dump.StepFiles, StepStatus]
+
+
+def run_steps(
+    todo: Sequence[Todo],
+    lake: LakeRoot,
+    run: str,
+    workers: int,
+    stopping: Callable[[list[str]], None] = lambda labels: None,
+) -> Iterator[StepOutcome]:
+    """Extract the steps, in parallel when asked; yields outcomes as steps finish.
+
+    With N workers, N - 1 are processes and one is a thread of this process: nothing to
+    start or import for it, and it works while the processes start. The main thread only
+    hands out steps, one at a time to whoever is free, so a slow step never holds back the
+    queue behind it. Closing the generator early (Ctrl-C, --strict) starts no further step,
+    calls `stopping` with the labels of the steps still running, and waits for them.
+    """
+    if workers <= 1 or len(todo) <= 1:
+        for files, status in todo:
+            yield extract_step(files, lake, run, status)
+        return
+    yield from _run_in_pool(list(todo), lake, run, workers, stopping)
+
+
+def _run_in_pool(
+    todo: list[Todo],
+    lake: LakeRoot,
+    run: str,
+    workers: int,
+    stopping: Callable[[list[str]], None],
+) -> Iterator[StepOutcome]:
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing import get_context
+
+    pending = deque(todo)
+    processes = min(workers, len(todo)) - 1
+    # spawn, not fork: the parent may hold Arrow/DuckDB thread pools that fork would corrupt.
+    # Workers start with SIGINT blocked (see `sigint_blocked`; all start during the first
+    # submits), so a Ctrl-C to the process group stops only the parent: running steps finish,
+    # queued ones are not started, and no worker prints a KeyboardInterrupt traceback.
+    local = ThreadPoolExecutor(1, thread_name_prefix="tokenlake-step")
+    running: dict[Future[StepOutcome], ProcessPoolExecutor | ThreadPoolExecutor] = {}
+    held: dict[Future[StepOutcome], Todo] = {}
+    # A worker that dies (killed, segfault) breaks its whole pool: every step running there
+    # is retried alone in a one-process pool, so only the step that kills its worker fails.
+    alone: list[ProcessPoolExecutor] = []
+    with sigint_blocked():
+        pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
+    pools = [pool]  # the shared pool and those it replaced
+
+    def hand_out(
+        executor: ProcessPoolExecutor | ThreadPoolExecutor, step: Todo | None = None
+    ) -> None:
+        files, status = step or pending.popleft()
+        with sigint_blocked():
+            future = executor.submit(extract_step, files, lake, run, status)
+        running[future], held[future] = executor, (files, status)
+
+    try:
+        for _ in range(min(processes, len(pending))):
+            hand_out(pool)
+        if pending:
+            hand_out(local)
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                executor, (files, status) = running.pop(future), held.pop(future)
+                broken = isinstance(future.exception(), BrokenProcessPool)
+                if executor in alone:
+                    executor.shutdown(wait=False)
+                elif broken:
+                    if executor is pool:
+                        pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
+                        pools.append(pool)
+                    alone.append(ProcessPoolExecutor(1, mp_context=get_context("spawn")))
+                    hand_out(alone[-1], (files, status))
+                    continue
+                if pending:
+                    hand_out(local if executor is local else pool)
+                if broken:
+                    yield StepOutcome(files.label, status, error=worker_died_text(files))
+                else:
+                    yield future.result()
+    finally:
+        pending.clear()
+        if running:  # stopped early (Ctrl-C, --strict): say what the shutdown waits for
+            stopping([held[f][0].label for f in running])
+        for each in (*pools, *alone, local):
+            each.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def sigint_deferred() -> Iterator[list[bool]]:
+    """Hold a Ctrl-C until the block ends: the yielded list is non-empty if one came.
+
+    Publishing (manifest, catalog, vocab) is short and must finish: an interrupt inside it
+    would abort DuckDB's catalog build or even an extension import. Only the main thread can
+    set handlers; elsewhere Python delivers no KeyboardInterrupt anyway.
+    """
+    received: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: received.append(True))
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread while worker processes start.
+
+    Children inherit the signal mask through fork and exec, so they never see a Ctrl-C sent
+    to the process group; here a Ctrl-C that arrives meanwhile stays pending and is raised as
+    KeyboardInterrupt once unblocked (ignoring it instead would lose it).
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

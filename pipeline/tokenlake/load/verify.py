@@ -1,0 +1,131 @@
+"""Reconcile a lake with its manifests and its sources (`tokenlake verify`).
+
+Checks, per extracted step: both files exist and hold the recorded row counts; every sample of
+the step is present once; token rows = the sum of the samples' response lengths; the checksum
+of token ids and masks matches; and the dump's source files are unchanged since extraction.
+And once per lake: the catalog opens and holds every view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tokenlake import schema
+from tokenlake.errors import LakeError, PipelineError
+from tokenlake.load import manifest
+from tokenlake.load.lake import LakeRoot, check_run_name, lake_at
+from tokenlake.read.remote_dump import is_remote, local_root, shown_path
+from tokenlake.serve import catalog
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One mismatch between the lake and what it should be (`run` empty: the whole lake's)."""
+
+    run: str
+    step: str
+    message: str
+
+    def __str__(self) -> str:
+        if not self.run:
+            return self.message
+        return f"run `{self.run}` step {self.step}: {self.message}"
+
+
+def verify_lake(lake: LakeRoot, run: str | None = None) -> tuple[int, list[Problem]]:
+    """Check every (or one) run of the lake.
+
+    Returns:
+        The number of steps checked and the problems found (empty when consistent).
+    """
+    lake_at(lake).require()  # else a mistyped path would "pass"
+    if run is not None:
+        check_run_name(run)
+    runs = manifest.load_all(lake)
+    if run is not None:
+        runs = [r for r in runs if r.run == run]
+        if not runs:
+            raise LakeError(lake, f"has no run `{run}`")
+    problems: list[Problem] = []
+    checked = 0
+    for record in runs:
+        try:  # a dump on an object store: listed afresh, into its stage
+            root = local_root(record.source_dir, refresh=True)
+        except PipelineError as exc:  # cannot be listed, or holds nothing any more
+            root = None
+            problems.append(Problem("", "", f"run `{record.run}`: sources not checked: {exc}"))
+        for key, step in sorted(record.steps.items(), key=lambda kv: (kv[1].rollout_id, kv[0])):
+            checked += 1
+            found = check_step(lake, record, step, root)
+            problems += [Problem(record.run, key, m) for m in found]
+    broken = catalog.catalog_problem(lake) if runs else None
+    if broken is not None:
+        problems.append(Problem("", "", broken))
+    return checked, problems
+
+
+def check_step(
+    lake: LakeRoot,
+    record: manifest.RunManifest,
+    step: manifest.StepRecord,
+    root: Path | None = None,
+) -> list[str]:
+    """The problems of one step (empty list when it is consistent).
+
+    Args:
+        root: Where the run's dump is read (`remote_dump.local_root`); None: not checked
+            when the dump is on an object store that could not be listed.
+    """
+    layout = lake_at(lake)
+    missing = [name for name in step.files.values() if not layout.exists(name)]
+    if missing:
+        return [f"file `{name}` is missing" for name in missing]
+    if root is None and not is_remote(record.source_dir):
+        root = local_root(record.source_dir)
+    problems = [] if root is None else _check_sources(record.source_dir, root, step)
+    tables: dict[str, pa.Table] = {}
+    for table, name in step.files.items():
+        try:
+            where, filesystem = layout.arrow_source(name)
+            tables[table] = pq.read_table(where, filesystem=filesystem)
+        except (pa.ArrowException, OSError) as exc:  # truncated or overwritten by something else
+            # extract skips a step whose files exist and sources are unchanged: delete first
+            problems.append(f"file `{name}` cannot be read ({exc}); delete it and extract again")
+    if len(tables) < len(step.files):
+        return problems
+    tokens, samples = tables[schema.TOKENS], tables[schema.SAMPLES]
+    if samples.num_rows != step.samples:
+        problems.append(f"`samples` has {samples.num_rows} rows; extracted {step.samples}")
+    positions = samples.column(schema.BATCH_POSITION).to_numpy()
+    if not np.array_equal(np.sort(positions), np.arange(len(positions))):
+        problems.append("`samples` batch positions are not 0..n-1 exactly once")
+    expected_tokens = int(samples.column("response_length").to_numpy().sum())
+    if tokens.num_rows != expected_tokens:
+        problems.append(
+            f"`tokens` has {tokens.num_rows} rows; the samples' response lengths sum to"
+            f" {expected_tokens}"
+        )
+    if tokens.num_rows != step.tokens:
+        problems.append(f"`tokens` has {tokens.num_rows} rows; extracted {step.tokens}")
+    if manifest.tokens_checksum(tokens) != step.checksum:
+        problems.append("token ids or loss masks differ from what was extracted (checksum)")
+    return problems
+
+
+def _check_sources(source_dir: str, root: Path, step: manifest.StepRecord) -> list[str]:
+    problems = []
+    for source in step.sources:
+        path = root / source.name
+        shown = shown_path(source_dir, path)  # a remote dump's object: its URL
+        if not path.is_file():
+            problems.append(f"source `{shown}` no longer exists")
+            continue
+        current = manifest.SourceFile.of(path, root)
+        if current != source:
+            problems.append(f"source `{shown}` changed since extraction; extract again")
+    return problems

@@ -1,0 +1,352 @@
+"""Discover and load a miles `--dump-details` directory (dump-format.md section 1).
+
+The dump's layout has one owner: `Dump` (built once by `discover`, then passed down) and the
+`StepFiles` it lists know where rollout, train, trajectory, tokenizer and dashboard files live
+and how steps and ranks are named; other modules ask them for paths.
+
+Reading only: nothing here ever writes into the dump directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import stat
+from collections.abc import Container
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenlake.errors import DumpFileError, DumpFormatError, DumpNotFoundError, UsageError, shown
+from tokenlake.read import ptread, train_checks
+from tokenlake.read.values import INT64_MAX
+
+log = logging.getLogger(__name__)
+
+ROLLOUT_DIR = "rollout_data"
+TRAIN_DIR = "train_data"
+TRAJECTORY_DIR = "trajectory"  # {label}.jsonl: the conversation of each sample (optional)
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_FILE = "tokenizer.json"
+DASHBOARD_DIR = "dashboard"  # miles' dashboard telemetry (see pipeline/tokenlake/read/dashboard.py)
+_ROLLOUT_NAME = re.compile(r"^(eval_)?(\d+)\.pt$")
+_TRAIN_NAME = re.compile(r"^(\d+)_(\d+)\.pt$")
+NOT_A_DUMP_FILE = "not a rollout or train dump file name"
+
+
+def step_label(rollout_id: int, evaluation: bool) -> str:
+    """`eval_3` or `3`: how a step is named in file names, the manifest and messages."""
+    return f"eval_{rollout_id}" if evaluation else str(rollout_id)
+
+
+def rank_of(name: str) -> int | None:
+    """The rank in a train file's name (`train_data/3_1.pt` → 1); None for any other file.
+
+    Examples:
+        >>> rank_of("train_data/3_1.pt"), rank_of("rollout_data/3.pt")
+        (1, None)
+    """
+    path = Path(name)
+    match = _TRAIN_NAME.match(path.name)
+    return int(match.group(2)) if match and path.parent.name == TRAIN_DIR else None
+
+
+@dataclass(frozen=True)
+class Dump:
+    """A dump directory: where each kind of file lives, and (from `discover`) its steps."""
+
+    root: Path
+    steps: tuple[StepFiles, ...] = ()
+    # (path, why) of files that are not extracted (a dump on an object store: their URLs)
+    ignored: tuple[tuple[Path | str, str], ...] = field(default=())
+    # A dump on an object store: its URL; `root` is then its local stage
+    # (pipeline/tokenlake/read/remote_dump.py).
+    url: str | None = None
+
+    @property
+    def source(self) -> str:
+        """The dump as the lake records it (`source_dir`): its URL, else its directory."""
+        return self.url if self.url is not None else str(self.root)
+
+    @property
+    def rollout_dir(self) -> Path:
+        return self.root / ROLLOUT_DIR
+
+    @property
+    def train_dir(self) -> Path:
+        return self.root / TRAIN_DIR
+
+    @property
+    def dashboard_dir(self) -> Path:
+        return self.root / DASHBOARD_DIR
+
+    @property
+    def tokenizer_file(self) -> Path | None:
+        """`tokenizer/tokenizer.json`, if the dump saved one."""
+        path = self.root / TOKENIZER_DIR / TOKENIZER_FILE
+        return path if path.is_file() else None
+
+    def trajectory_file(self, label: str) -> Path | None:
+        """The step's `trajectory/{label}.jsonl`, if the dump has one."""
+        path = self.root / TRAJECTORY_DIR / f"{label}.jsonl"
+        return path if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class RemoteFiles:
+    """A step of a dump on an object store: the dump's URL and the step's objects to download
+    (name relative to the dump, size, mtime_ns as listed), in `manifest.fingerprint` order."""
+
+    url: str
+    objects: tuple[tuple[str, int, int], ...]
+
+
+@dataclass(frozen=True)
+class StepFiles:
+    """The files of one rollout dump: its rollout file and (training steps) its rank files."""
+
+    rollout_id: int
+    evaluation: bool
+    rollout_file: Path
+    # (global rank, path), ascending rank. Always empty for evaluation files.
+    train_files: tuple[tuple[int, Path], ...] = ()
+    # The dump the files belong to; `discover` sets it (default: the rollout file's dump).
+    root: Path | None = None
+    # On an object store: what to download before reading (pipeline/tokenlake/read/remote_dump.py).
+    remote: RemoteFiles | None = None
+
+    def __post_init__(self) -> None:
+        if self.root is None:  # rollout files live in ROOT/rollout_data/
+            object.__setattr__(self, "root", self.rollout_file.parent.parent)
+
+    @property
+    def label(self) -> str:
+        """`eval_3` or `3`, as in the file name."""
+        return step_label(self.rollout_id, self.evaluation)
+
+    @property
+    def dump(self) -> Dump:
+        assert self.root is not None  # set in __post_init__
+        return Dump(self.root)
+
+    @property
+    def ranks(self) -> frozenset[int]:
+        return frozenset(rank for rank, _ in self.train_files)
+
+    @property
+    def paths(self) -> list[Path]:
+        """The rollout file, then the train files."""
+        return [self.rollout_file, *(path for _, path in self.train_files)]
+
+    @property
+    def trajectory_file(self) -> Path | None:
+        return self.dump.trajectory_file(self.label)
+
+
+def discover(dump_dir: Path) -> Dump:
+    """List the rollout and train files of a dump, ordered by step (train before eval).
+
+    Files in `rollout_data/` or `train_data/` whose names do not follow the format (or that are
+    not regular files, or whose step id exceeds int64) are skipped and reported in `ignored`
+    (the reference reader crashes on them). Two names for one step (`1.pt` and `01.pt`) are an
+    error: either could be meant.
+    """
+    root = dump_dir.resolve()
+    if not root.exists():
+        raise DumpNotFoundError(dump_dir, "does not exist")
+    if not root.is_dir():
+        raise DumpNotFoundError(dump_dir, "is not a directory")
+    _require_utf8(dump_dir, root)
+    rollout_dir = Dump(root).rollout_dir
+    if not rollout_dir.is_dir():
+        raise DumpNotFoundError(
+            dump_dir, f"is not a miles dump: it has no `{ROLLOUT_DIR}/` directory"
+        )
+    train, ignored = _list_train_files(Dump(root).train_dir)
+    steps: dict[tuple[int, bool], StepFiles] = {}
+    for path in sorted(rollout_dir.iterdir()):
+        match = _ROLLOUT_NAME.match(path.name)
+        why = _not_a_dump_file(path, match, (2,))
+        if why is not None:
+            ignored.append((path, why))
+            continue
+        assert match is not None
+        rid, evaluation = int(match.group(2)), match.group(1) is not None
+        _refuse_duplicate(steps.get((rid, evaluation)), path)
+        ranks = () if evaluation else tuple(sorted(train.pop(rid, {}).items()))
+        steps[rid, evaluation] = StepFiles(rid, evaluation, path, ranks, root)
+    for rid, by_rank in train.items():  # train files without a rollout file cannot be joined
+        why = f"step {rid} has no `{ROLLOUT_DIR}/{rid}.pt` to join it to"
+        ignored.extend((path, why) for _, path in sorted(by_rank.items()))
+    ordered = sorted(steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
+    return Dump(root, tuple(ordered), tuple(sorted(ignored)))
+
+
+def _require_utf8(dump_dir: Path, root: Path) -> None:
+    """The dump's path is recorded in the lake (manifest, Parquet metadata) as UTF-8 text."""
+    try:
+        str(root).encode("utf-8")
+    except UnicodeEncodeError:
+        raise DumpNotFoundError(
+            dump_dir,
+            "has a path that is not valid UTF-8 (a latin-1 name?); tokenlake records the dump's"
+            " path in the lake as text: rename the directory (e.g. `convmv -f latin1 -t utf8`)",
+        ) from None
+
+
+def _not_a_dump_file(
+    path: Path, match: re.Match[str] | None, groups: tuple[int, ...]
+) -> str | None:
+    """Why `path` is not extracted, or None for a dump file (a regular file, ids in int64)."""
+    if match is None:
+        return NOT_A_DUMP_FILE
+    if path.is_symlink() and not path.exists():
+        return "is a broken symbolic link"
+    kind = _file_kind(path)
+    if kind is not None:
+        return f"is {kind}, not a regular file"
+    for group in groups:
+        if int(match.group(group)) > INT64_MAX:
+            return f"its id {match.group(group)[:40]} exceeds the largest step id or rank ({INT64_MAX})"
+    return None
+
+
+def _file_kind(path: Path) -> str | None:
+    """`a FIFO`, `a directory`, ... for anything but a regular file (following links)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+def _refuse_duplicate(earlier: StepFiles | Path | None, path: Path, what: str = "step") -> None:
+    """Two file names for one step or rank (`1.pt`, `01.pt`): refuse rather than pick one."""
+    if earlier is None:
+        return
+    first = earlier.rollout_file if isinstance(earlier, StepFiles) else earlier
+    raise DumpFormatError(
+        path,
+        f"names the same {what} as `{first.parent.name}/{first.name}`; which one is meant is"
+        " ambiguous: remove or rename one of them",
+    )
+
+
+def _list_train_files(
+    train_dir: Path,
+) -> tuple[dict[int, dict[int, Path]], list[tuple[Path | str, str]]]:
+    by_step: dict[int, dict[int, Path]] = {}
+    ignored: list[tuple[Path | str, str]] = []
+    if not train_dir.is_dir():
+        return by_step, ignored
+    for path in sorted(train_dir.iterdir()):
+        match = _TRAIN_NAME.match(path.name)
+        why = _not_a_dump_file(path, match, (1, 2))
+        if why is not None:
+            ignored.append((path, why))
+            continue
+        assert match is not None
+        ranks = by_step.setdefault(int(match.group(1)), {})
+        rank = int(match.group(2))
+        _refuse_duplicate(ranks.get(rank), path, "step and rank")
+        ranks[rank] = path
+    return by_step, ignored
+
+
+def select_steps(dump: Dump, steps: Container[int] | None) -> tuple[StepFiles, ...]:
+    """The dump's steps that `steps` selects; selecting none is an error listing the steps."""
+    if steps is None:
+        return dump.steps
+    chosen = tuple(s for s in dump.steps if s.rollout_id in steps)
+    if not chosen:
+        raise UsageError(
+            f"--steps `{steps}` selects no step of `{dump.source}`; {describe_steps(dump.steps)}."
+        )
+    return chosen
+
+
+def describe_steps(steps: tuple[StepFiles, ...], limit: int = 12) -> str:
+    """`its steps are 0-2, 5 and eval 0` (ranges, at most `limit` of each kind).
+
+    Examples:
+        >>> from pathlib import Path
+        >>> files = [StepFiles(i, e, Path("x")) for i, e in [(0, 0), (1, 0), (2, 0), (5, 0), (0, 1)]]
+        >>> describe_steps(tuple(files))
+        'its steps are 0-2, 5 and eval 0'
+    """
+    if not steps:
+        return "it has no steps"
+    parts = []
+    for evaluation in (False, True):
+        ids = sorted(s.rollout_id for s in steps if s.evaluation == evaluation)
+        ranges: list[list[int]] = []
+        for rid in ids:
+            if ranges and rid == ranges[-1][1] + 1:
+                ranges[-1][1] = rid
+            else:
+                ranges.append([rid, rid])
+        shown = [f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in ranges[:limit]]
+        if len(ranges) > limit:
+            shown.append(f"... ({len(ranges) - limit} more ranges)")
+        if shown:
+            parts.append(("eval " if evaluation else "") + ", ".join(shown))
+    return "its steps are " + " and ".join(parts)
+
+
+def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
+    """Load a rollout dump and check its top-level structure (section 2.1)."""
+    data = ptread.load(path)
+    if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
+        raise DumpFormatError(path, "is not a rollout dump: it has no `samples` list")
+    found = data.get("rollout_id")
+    if type(found) is not int or found != rollout_id:  # exact type: a hostile `==` never runs
+        raise DumpFormatError(
+            path, f"holds `rollout_id` {shown(found)}, but its name says {rollout_id}"
+        )
+    for position, sample in enumerate(data["samples"]):
+        if not isinstance(sample, dict):
+            raise DumpFormatError(
+                path,
+                f"sample is a {type(sample).__name__}, not a dict",
+                sample=f"position {position}",
+            )
+    data.setdefault("metadata", {})
+    return data
+
+
+def load_train(path: Path, rank: int) -> dict[str, Any]:
+    """Load one rank's train dump and check its top-level structure (section 3.1)."""
+    data = ptread.load(path)
+    if not isinstance(data, dict) or not isinstance(data.get("rollout_data"), dict):
+        raise DumpFormatError(path, "is not a train dump: it has no `rollout_data` dict")
+    columns = data["rollout_data"]
+    for key in ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks"):
+        if key not in columns:
+            raise DumpFormatError(path, f"lacks the required column `{key}`")
+    train_checks.check_columns(path, data)
+    rows = len(columns["sample_indices"])
+    for key in ("response_lengths", "total_lengths", "tokens", "loss_masks"):
+        if len(columns[key]) != rows:
+            raise DumpFormatError(
+                path, f"column `{key}` has {len(columns[key])} rows; `sample_indices` has {rows}"
+            )
+    return data
+
+
+__all__ = [
+    "Dump",
+    "DumpFileError",
+    "StepFiles",
+    "discover",
+    "load_rollout",
+    "load_train",
+]

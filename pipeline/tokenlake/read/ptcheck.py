@@ -1,0 +1,396 @@
+"""Checks that bound what a hostile pickle can cost, before and after `tokenlake.read.ptread` runs it.
+
+Before: `check_opcodes` walks the opcode stream (at regex speed, not per opcode in Python) and
+refuses what would make the C unpickler allocate far more than the file: a memo index beyond
+the pickle's length (`LONG_BINPUT 2**28` alone allocates 4 GB), a length field longer than the
+rest of the pickle, unknown opcodes. Pickles of tensor metadata are first tried by
+`tokenlake.read.ptvector` (whole-array, the same verdicts; it leaves what it cannot decide here).
+
+After: `settle` walks the unpickled value graph once, following shared references only once,
+and refuses a graph that expands to more than `ITEMS_PER_BYTE` items per file byte (a
+"billion laughs" of shared lists, a stride-0 tensor claiming 10**10 elements, the same long
+string referenced a million times), a cycle, or nesting deeper than `MAX_DEPTH`; it also
+swaps placeholders (numpy arrays built under validation) for their final values.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import is_dataclass
+from typing import Any
+
+import numpy as np
+
+from tokenlake.read.ptzip import Corrupt
+
+ITEMS_PER_BYTE = 4  # expanded items (container slots, array elements, 8 characters) per byte
+ITEMS_SLACK = 1 << 20  # so that tiny files may still hold ordinary small values
+NODE_ITEMS = 16  # a container weighs as much as 16 items: its Python object costs ~128 bytes
+MAX_DEPTH = 100  # nesting deeper than this breaks json/repr in later stages; dumps use < 10
+
+_SINGLE = b"()]}NR0125abdelostu\x81\x85\x86\x87\x88\x89\x8f\x90\x91\x92\x93\x97\x98Q"
+_SINGLE = _SINGLE.replace(b"2", b"")  # DUP shares the top object: handled one by one
+# Runs of fixed-size opcodes but BINFLOAT (counted by `_Scan._run`); `*+` never backtracks.
+# Memo opcodes are left out: each is checked. (A capture group to learn the run's last opcode
+# would slow every iteration; what a run pushed last counts as not shareable.)
+_RUN = re.compile(
+    rb"(?:M..|J....|K.|[" + re.escape(_SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
+    re.DOTALL,
+)
+# All fixed-size opcodes, BINFLOAT too: for runs that mix floats with other opcodes.
+_MIXED = re.compile(
+    rb"(?:G.{8}|M..|J....|K.|[" + re.escape(_SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
+    re.DOTALL,
+)
+# The width of each opcode a run may hold (0: not one of them). One opcode alone is stepped over
+# in Python (a regex call costs more); two or more go to the regex.
+_WIDTH = [0] * 256
+for _op, _w in [
+    *zip(b"GMJK\x82\x83\x84", (9, 3, 5, 2, 2, 3, 5), strict=True),
+    *((o, 1) for o in _SINGLE),
+]:
+    _WIDTH[_op] = _w
+_FLOATS = 4096  # BINFLOATs checked per strided slice (torch.save appends 1000 at a time)
+_FEW = 128  # fewer floats in a row cost less through the regex than a slice and a regex call
+_COUNTED = {0x55: 1, 0x43: 1, 0x8C: 1, 0x8A: 1, 0x54: 4, 0x42: 4, 0x58: 4, 0x8B: 4}
+_COUNTED8 = {0x8D, 0x8E, 0x96, 0x95}  # BINUNICODE8, BINBYTES8, BYTEARRAY8, FRAME
+_LINE = {ord(c) for c in "ILFSVPg"}  # one newline-terminated argument
+_TWO_LINES = {ord("c"), ord("i")}  # GLOBAL, INST
+# Objects a pickle may reference many times without any risk of amplification: numbers,
+# globals and strings of at most SHARED_TEXT bytes (those pushed by the opcodes handled one by
+# one; the rest count as not shareable).
+_ATOMS = set(b"KMJG\x8a\x8bILFN\x88\x89c\x93)")
+_TEXTS = set(b"XU\x8cTBC\x8d\x8eSV")
+SHARED_TEXT = 64
+# Integers at least sys.hash_info.modulus (2**61 - 1) in size can be chosen to share one hash:
+# n of them as dict keys take n**2 / 2 comparisons (20 000 in 380 KB: 3 s). Dumps hold few.
+MAX_HUGE_INTS = 4096
+_HASH_MODULUS = (1 << 61) - 1
+# `tokenlake.read.ptvector` decides pickles up to this size whose BINFLOATs fill less than a
+# quarter (runs of floats cost `_Scan` far less than a vectorised pass over every byte).
+VECTOR_MAX = 1 << 20  # its pass takes ~40 bytes per pickle byte for a moment
+
+
+def check_opcodes(payload: Any) -> bool:
+    """Refuse a pickle whose opcodes would allocate beyond the pickle's own size.
+
+    Returns:
+        Whether the pickle references a container, array or long string more than once
+        (memo GET, DUP). Without that, its values are a tree no larger than the pickle, and
+        `settle` need not walk them.
+
+    Raises:
+        Corrupt: an unknown opcode, a memo index larger than the pickle, or a length field
+            running past its end.
+    """
+    data = bytes(payload) if not isinstance(payload, bytes) else payload
+    if len(data) <= VECTOR_MAX and data.count(b"G") * 36 < len(data):
+        from tokenlake.read.ptvector import vector_scan  # it builds its tables from this module's
+
+        verdict = vector_scan(data)
+        if verdict is not None:
+            return verdict
+    return _Scan(data).run()
+
+
+class _Scan:
+    """One pass over the opcodes; remembers which memo entries are safe to share."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.end = data, len(data)
+        self.atom: dict[int, bool] = {}  # memo index -> shareable
+        self.top = False  # whether the object the last opcode pushed is shareable
+        self.shares = False
+        self.huge_ints = 0
+        self.limit = max(self.end, 1 << 16)  # the largest memo index allowed
+
+    def run(self) -> bool:
+        data, end, pos, atom, width, limit = self.data, self.end, 0, self.atom, _WIDTH, self.limit
+        match = _RUN.match
+        top = shares = False  # self.top and self.shares, as locals while inline
+        while pos < end:
+            op = data[pos]
+            step = width[op]
+            if step:  # fixed-size opcodes: push nothing shareable
+                after = pos + step
+                if after < end and width[data[after]]:
+                    after = match(data, pos).end() if op != 0x47 else self._run(pos)  # type: ignore[union-attr]
+                if after == pos or after > end:  # cut off by the end: the unpickler reports it
+                    break
+                top, pos = False, after
+            elif op in _PUT_GET and pos + _PUT_GET[op] < end:  # the most frequent memo opcodes
+                size = _PUT_GET[op]
+                index = (
+                    data[pos + 1]
+                    if size == 1
+                    else int.from_bytes(data[pos + 1 : pos + 5], "little")
+                )
+                if index > limit:
+                    self._memo(pos, op)  # raises: the index is out of bounds
+                if op in _GETS:
+                    top = atom.get(index, False)
+                    shares |= not top
+                else:
+                    atom[index] = top
+                pos += 1 + size
+            elif op == 0x2E:  # STOP: anything after it is never read
+                break
+            else:
+                self.top, self.shares = top, shares
+                pos = self._memo(pos, op) if op in _MEMO else self._skip(pos, op)
+                top, shares = self.top, self.shares
+        return shares  # at the end of a truncated pickle the unpickler reports EOFError
+
+    def _run(self, pos: int) -> int:
+        """The end of the run of fixed-size opcodes at `pos`. BINFLOATs (a quarter of a
+        rollout pickle's opcodes) are counted by their opcode bytes, 9 apart, in strided
+        slices (`_floats`); the other opcodes go through the regex. Fewer than 128
+        floats in a row (floats mixed with other opcodes): the regex of all, to the run's end."""
+        data, end = self.data, self.end
+        while True:
+            start = pos
+            if data[pos] == 0x47:  # BINFLOAT
+                pos = self._floats(pos)
+                if pos - start < 9 * _FEW:
+                    return _MIXED.match(data, pos).end()  # type: ignore[union-attr]
+            else:
+                pos = _RUN.match(data, pos).end()  # type: ignore[union-attr]
+            if pos == start or pos >= end or not _WIDTH[data[pos]]:  # run over, or cut off
+                return pos
+
+    def _floats(self, pos: int) -> int:
+        """The end of the BINFLOATs in a row at `pos`: slices of 128, 256, ... 4096 opcode bytes
+        (a slice costs its length, whatever the run's)."""
+        data, end, count = self.data, self.end, _FEW
+        while True:
+            count = min((end - pos) // 9, count)
+            floats = count - len(data[pos : pos + 9 * count : 9].lstrip(b"G"))
+            pos += 9 * floats
+            if floats < count or not floats:
+                return pos
+            count = min(2 * count, _FLOATS)
+
+    def _memo(self, pos: int, op: int) -> int:
+        """PUT/GET/MEMOIZE/DUP: bound the index (the C unpickler grows its table to 2 × it)
+        and note when a non-shareable object is referenced again."""
+        data = self.data
+        width = _MEMO[op]
+        if op == 0x32:  # DUP
+            self.shares |= not self.top
+            return pos + 1
+        if op == 0x94:  # MEMOIZE: the next free index
+            index, after = len(self.atom), pos + 1
+        elif width:
+            index, after = (
+                int.from_bytes(data[pos + 1 : pos + 1 + width], "little"),
+                pos + 1 + width,
+            )
+        else:  # PUT / GET with a decimal index
+            stop = data.find(b"\n", pos + 1)
+            text = data[pos + 1 : stop] if stop > 0 else b""
+            index, after = (int(text) if text.isdigit() and len(text) < 20 else -1), stop + 1
+        if not 0 <= index <= self.limit:
+            raise Corrupt(
+                f"its pickle is corrupt (memo index {index} is larger than the whole pickle)"
+            )
+        if op in _GETS:
+            self.top = self.atom.get(index, False)
+            self.shares |= not self.top
+        else:
+            self.atom[index] = self.top
+        return after
+
+    def _huge(self, value: int) -> None:
+        if abs(value) >= _HASH_MODULUS:
+            self.huge_ints += 1
+            if self.huge_ints > MAX_HUGE_INTS:
+                raise Corrupt(
+                    f"its pickle holds more than {MAX_HUGE_INTS} integers of 2**61 or more;"
+                    " tokenlake refuses them (such integers can be chosen to share a hash"
+                    " and stall any dict or set holding them)"
+                )
+
+    def _skip(self, pos: int, op: int) -> int:
+        """The position after the variable-size opcode at `pos`."""
+        data, end = self.data, self.end
+        if op == 0x80:  # PROTO
+            return pos + 2
+        if op in _COUNTED or op in _COUNTED8:
+            width = _COUNTED.get(op, 8)
+            size = int.from_bytes(data[pos + 1 : pos + 1 + width], "little", signed=width == 4)
+            if op == 0x95:  # FRAME: a hint, no object
+                return pos + 9
+            self.top = op in _ATOMS or size <= SHARED_TEXT
+            after = _counted(pos + 1 + width, size, end)
+            if op in (0x8A, 0x8B) and size >= 8:
+                self._huge(int.from_bytes(data[pos + 1 + width : after], "little", signed=True))
+            return after
+        if op in _LINE or op in _TWO_LINES:
+            stop = data.find(b"\n", pos + 1)
+            if op in _TWO_LINES and stop >= 0:
+                stop = data.find(b"\n", stop + 1)
+            if stop < 0:
+                raise Corrupt("its pickle is corrupt (an opcode's text argument has no end)")
+            self.top = op in _ATOMS or (op in _TEXTS and stop - pos <= SHARED_TEXT)
+            if op in (0x49, 0x4C) and stop - pos > 19:  # INT / LONG as text, 19+ digits
+                self._huge(_HASH_MODULUS)
+            return stop + 1
+        raise Corrupt(f"its pickle is corrupt (unknown opcode 0x{op:02x} at byte {pos})")
+
+
+_MEMO = {0x71: 1, 0x72: 4, 0x70: 0, 0x68: 1, 0x6A: 4, 0x67: 0, 0x94: 0, 0x32: 0}
+_GETS = {0x68, 0x6A, 0x67}
+_PUT_GET = {0x68: 1, 0x71: 1, 0x6A: 4, 0x72: 4}  # BINGET, BINPUT, LONG_BINGET, LONG_BINPUT
+_LINE.discard(ord("g"))
+
+
+def _counted(start: int, size: int, end: int) -> int:
+    if size < 0 or start + size > end:
+        raise Corrupt(f"its pickle is corrupt (a {size}-byte value runs past its end)")
+    return start + size
+
+
+def too_big(budget: int) -> Corrupt:
+    """The refusal of a value graph (or the tensors of a file) beyond `budget` items."""
+    return Corrupt(
+        f"its values expand to more than {budget:,} items when shared references are"
+        f" followed (at most {ITEMS_PER_BYTE} per byte of the file), so it is refused as"
+        " an amplification attack"
+    )
+
+
+def budget_of(file_size: int) -> int:
+    return ITEMS_PER_BYTE * file_size + ITEMS_SLACK
+
+
+# --- the value graph -------------------------------------------------------------------------
+
+
+class Placeholder:
+    """Stands in the value graph for an object finished only after unpickling (`final`)."""
+
+    __slots__ = ()
+
+    def final(self) -> Any:
+        raise NotImplementedError
+
+
+_LEAVES = frozenset({int, float, bool, complex, type(None), np.float64, np.bool_})
+_STRING_TYPES = frozenset({str, bytes, bytearray})
+_FLAT = _LEAVES | _STRING_TYPES  # values without children (strings weigh by length)
+_SEQUENCES = (list, tuple)
+_MAPPINGS = (dict, OrderedDict)
+
+
+def settle(root: Any, file_size: int) -> Any:
+    """Check the expanded size of the value graph and return it with placeholders replaced.
+
+    Needed only when the pickle shares references (`check_opcodes`) or builds numpy objects.
+
+    Raises:
+        Corrupt: The graph expands beyond its budget, is cyclic, is nested too deeply, or
+            holds an unfinished placeholder.
+    """
+    return _Walk(budget_of(file_size)).run(root)
+
+
+class _Walk:
+    """Iterative post-order walk; each shared node is weighed once and counted per reference."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.weight: dict[int, int] = {}  # id -> expanded items, for finished nodes
+        self.swap: dict[int, Any] = {}  # id -> replacement (placeholders, rebuilt tuples)
+        self.keep: list[Any] = []  # keeps walked nodes alive so ids stay unique
+
+    def run(self, root: Any) -> Any:
+        holder = [root]
+        self._visit(holder)
+        return holder[0]
+
+    def _too_big(self) -> Corrupt:
+        return too_big(self.budget)
+
+    def _visit(self, root: Any) -> None:
+        stack: list[tuple[Any, list[Any] | None, int]] = [(root, None, 0)]
+        on_path: set[int] = set()
+        while stack:
+            node, kids, own = stack.pop()
+            key = id(node)
+            if kids is not None:  # second time: every child is weighed
+                on_path.discard(key)
+                self.weight[key] = self._finish(node, kids, own)
+                continue
+            if key in self.weight:
+                continue
+            if key in on_path:
+                raise Corrupt("its pickle holds a cyclic reference (a container inside itself)")
+            if len(on_path) >= MAX_DEPTH:
+                raise Corrupt(f"its values are nested more than {MAX_DEPTH} levels deep")
+            on_path.add(key)
+            self.keep.append(node)
+            if len(self.keep) * NODE_ITEMS > self.budget:  # stop before the walk itself grows
+                raise self._too_big()
+            kids, own = _kids_and_weight(node)
+            stack.append((node, kids, own))
+            stack.extend((child, None, 0) for child in kids)
+
+    def _finish(self, node: Any, kids: list[Any], own: int) -> int:
+        """Weigh a node whose children are done, and apply replacements."""
+        if isinstance(node, Placeholder):
+            value = node.final()
+            self.swap[id(node)] = value
+            return int(value.size) if isinstance(value, np.ndarray) else 1
+        total = own
+        for child in kids:
+            total += self.weight[id(child)]
+        if total > self.budget:
+            raise self._too_big()
+        if any(id(c) in self.swap for c in kids):
+            self._replace(node)
+        return total
+
+    def _replace(self, node: Any) -> None:
+        new = self.swap.get
+        if isinstance(node, list):
+            node[:] = [new(id(c), c) for c in node]
+        elif isinstance(node, tuple):
+            self.swap[id(node)] = tuple(new(id(c), c) for c in node)
+        elif isinstance(node, _MAPPINGS):
+            if any(id(k) in self.swap for k in node):
+                raise Corrupt("its pickle uses a numpy array as a dict key")
+            for k, v in node.items():
+                node[k] = new(id(v), v)
+        elif isinstance(node, (set, frozenset)):
+            raise Corrupt("its pickle puts a numpy array into a set")
+        else:  # a stand-in dataclass: its attributes
+            for k, v in vars(node).items():
+                object.__setattr__(node, k, new(id(v), v))
+
+
+def _kids_and_weight(node: Any) -> tuple[list[Any], int]:
+    """The children that need a visit (containers, arrays, placeholders) and the items the
+    node weighs itself (its slots, leaf strings by length); one C-speed type scan for lists
+    of numbers and strings."""
+    if isinstance(node, np.ndarray):
+        return [], int(node.size)
+    items = _children(node)
+    weight = len(items) + NODE_ITEMS
+    types = set(map(type, items))
+    if types <= _LEAVES:
+        return [], weight
+    weight += sum(len(x) >> 3 for x in items if type(x) in _STRING_TYPES)
+    if types <= _FLAT:
+        return [], weight
+    return [c for c in items if type(c) not in _FLAT], weight
+
+
+def _children(node: Any) -> Any:
+    if isinstance(node, _SEQUENCES) or isinstance(node, (set, frozenset)):
+        return node
+    if isinstance(node, _MAPPINGS):
+        return [*node.keys(), *node.values()]
+    if is_dataclass(node) and not isinstance(node, type):
+        return list(vars(node).values())
+    return ()

@@ -1,0 +1,185 @@
+"""Fast, safe reader for `torch.save` dump files, without torch: the unpickler and `load`.
+
+`torch.load(weights_only=True)` is safe but unpickles in pure Python, which is ~10x slower on
+rollout files holding millions of Python floats. `load` runs the C unpickler instead, with a
+`find_class` that resolves only the allow-list of `tokenlake.read.ptglobals` (dump-format.md 2.4
+and 3.6), and turns every tensor into a numpy array that is a zero-copy view on a private copy
+of the file (`tokenlake.read.pttensor`; the zip container is `tokenlake.read.ptzip`).
+
+Every byte is hostile (docs/live-runs.md, "Hostile files"): every allowed callable checks the
+exact types of its arguments, numpy objects are built only from plain dtypes and exactly the
+bytes they need (`tokenlake.read.ptnumpy`), and `tokenlake.read.ptcheck` bounds what the pickle
+costs before and after it runs.
+
+Examples:
+    >>> from pathlib import Path
+    >>> load(Path("no/such/file.pt"))
+    Traceback (most recent call last):
+    ...
+    tokenlake.errors.DumpNotFoundError: `no/such/file.pt` does not exist
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenlake.errors import (
+    DumpFileError,
+    DumpNotFoundError,
+    PipelineError,
+    UnsafePickleError,
+    shown,
+)
+from tokenlake.read.ptcheck import budget_of, check_opcodes, settle
+from tokenlake.read.ptglobals import ALLOWED, Call, Forbidden
+from tokenlake.read.pttensor import TorchDType, counted, tensor_view, tensor_view_v3, widen_bf16
+from tokenlake.read.ptzip import (
+    Archive,
+    BigEndian,
+    Changed,
+    Corrupt,
+    entry_bytes,
+    open_archive,
+)
+
+# A file modified less than this long ago may still be written in place (dump-format.md 7).
+FRESH_SECONDS = 60.0
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """C unpickler that resolves only `ALLOWED` and maps storages onto the archive."""
+
+    def __init__(self, file: io.BufferedIOBase, archive: Archive) -> None:
+        super().__init__(file)
+        self._archive = archive
+        self._storages: dict[str, np.ndarray] = {}
+        # per load: the bf16 cache of v3, and how many tensor elements may still be claimed
+        # (no bound methods here: a reference cycle would keep the file's copy alive until
+        # the garbage collector runs)
+        budget = [budget_of(len(archive.buf)), budget_of(len(archive.buf))]
+        self._v2 = Call(partial(counted, budget, tensor_view))
+        self._v3 = Call(partial(counted, budget, partial(tensor_view_v3, {})))
+        self.numpy = False  # whether the pickle names numpy (its objects need `settle`)
+
+    def find_class(self, module: str, name: str) -> Any:
+        """Resolve an allow-listed global; anything else stops the load before it runs."""
+        if module == "__builtin__":  # protocol-2 pickles spell `builtins` the Python 2 way
+            module = "builtins"
+        key = f"{module}.{name}"
+        if key == "torch._utils._rebuild_tensor_v3":
+            return self._v3
+        if key == "torch._utils._rebuild_tensor_v2":
+            return self._v2
+        self.numpy |= module.startswith("numpy")
+        if key not in ALLOWED:
+            # 120: a real global's whole dotted name, so the user sees what the file needs
+            raise Forbidden(shown(key, 120, literal=False))
+        return ALLOWED[key]
+
+    def persistent_load(self, pid: Any) -> np.ndarray:
+        """('storage', class, key, location, numel) -> 1-d numpy array on the file's bytes."""
+        # exact types first: `==` on a hostile object could run anything it overloads
+        if not (
+            type(pid) is tuple
+            and len(pid) == 5
+            and type(pid[0]) is str
+            and pid[0] == "storage"
+            and type(pid[1]) is TorchDType
+            and type(pid[2]) is str
+            and type(pid[4]) is int
+            and pid[4] >= 0
+        ):
+            raise Corrupt(f"its pickle holds an unknown persistent id (a `{type(pid).__name__}`)")
+        _, kind, key, _location, numel = pid
+        if key not in self._storages:
+            self._storages[key] = self._load_storage(kind, key, numel)
+        return self._storages[key]
+
+    def _load_storage(self, kind: TorchDType, key: str, numel: int) -> np.ndarray:
+        """Read one storage; bf16 is widened here so every tensor of it shares the copy."""
+        dtype = kind.dtype
+        name = f"{self._archive.prefix}data/{key}"
+        raw = entry_bytes(self._archive, name, numel * dtype.itemsize)
+        array = np.frombuffer(raw, dtype=dtype, count=numel) if numel else np.empty(0, dtype)
+        return widen_bf16(array) if kind.bf16 else array
+
+
+def _unpickle(archive: Archive) -> Any:
+    """Unpickle `data.pkl` of an opened archive, within the bounds of `tokenlake.read.ptcheck`."""
+    payload = bytes(entry_bytes(archive, archive.prefix + "data.pkl"))
+    shares = check_opcodes(payload)
+    # BufferedReader adds `peek`, which lets the C unpickler prefetch instead of calling
+    # `read` once per opcode.
+    stream = io.BufferedReader(io.BytesIO(payload), buffer_size=1 << 20)
+    unpickler = _RestrictedUnpickler(stream, archive)
+    value = unpickler.load()
+    if shares or unpickler.numpy:  # else a tree no larger than the pickle: nothing to walk
+        value = settle(value, len(archive.buf))
+    return value
+
+
+def _stat(path: Path) -> os.stat_result:
+    """`os.stat`, with a missing file reported as DumpNotFoundError."""
+    try:
+        return path.stat()
+    except FileNotFoundError as exc:
+        raise DumpNotFoundError(path, "does not exist") from exc
+
+
+def load(path: Path) -> Any:
+    """Load a `torch.save` file as plain Python objects with numpy arrays for tensors.
+
+    Tensors become numpy arrays with their dtype, shape and strides; they are zero-copy views
+    on a private, writable copy of the file (an anonymous memory map; a bytearray for files
+    younger than `FRESH_SECONDS`). bfloat16 tensors become float32 (exact); float16 stays
+    float16. Miles dataclasses become `AdapterRef`, `RewardSpec` and `SpecInfo` from
+    `tokenlake.read.ptglobals`.
+
+    Args:
+        path: A `.pt` file written by `torch.save` (zip format).
+
+    Returns:
+        The unpickled object.
+
+    Raises:
+        DumpNotFoundError: The file does not exist.
+        UnsafePickleError: The pickle names a global outside the allow-list; nothing ran.
+        DumpFileError: The file is empty, truncated, not a torch zip archive, big-endian, or
+            its pickle or storages are corrupt or hostile (docs/live-runs.md). `still_writing`
+            is set for files modified less than `FRESH_SECONDS` ago, and for files that changed
+            size while they were read.
+    """
+    path = Path(path)
+    st = _stat(path)
+    fresh = time.time() - st.st_mtime < FRESH_SECONDS
+    try:
+        if st.st_size == 0:
+            raise Corrupt("the file is empty (0 bytes)")
+        return _unpickle(open_archive(path, st.st_size, fresh))
+    except Forbidden as exc:
+        raise UnsafePickleError(path, exc.global_name) from None
+    except BigEndian as exc:
+        order = shown(str(exc), literal=False)  # the file's `byteorder` entry: any bytes
+        reason = (
+            f"it was written on a big-endian machine (`byteorder` is `{order}`);"
+            " tokenlake reads only little-endian dumps"
+        )
+        raise DumpFileError(path, reason) from None
+    except Corrupt as exc:
+        changed = isinstance(exc, Changed)
+        raise DumpFileError(path, exc.reason, still_writing=fresh or changed) from None
+    except PipelineError:
+        raise
+    except Exception as exc:  # any other failure inside the pickle is a corrupt file
+        # 200: the unpickler's own sentence whole (it may quote the file's bytes, so cut)
+        text = shown(str(exc), 200, literal=False)
+        reason = f"its pickle is corrupt ({type(exc).__name__}: {text})"
+        raise DumpFileError(path, reason, still_writing=fresh) from None

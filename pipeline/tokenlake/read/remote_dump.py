@@ -1,0 +1,187 @@
+"""Dumps on an object store (`s3://bucket/dump`, any fsspec URL): the one owner of them.
+
+Discovery, planning and fingerprints work on local paths (pipeline/tokenlake/read/dump.py,
+`manifest.fingerprint`: name, size, mtime by stat). So `discover(url)` first brings the dump's
+local stage up to date (pipeline/tokenlake/read/remote_stage.py: sparse placeholders of the `.pt` and
+trajectory objects, whole copies of the tokenizer and dashboard files), discovers the stage,
+and gives each step the URL and its objects (`StepFiles.remote`).
+
+A step's objects are downloaded just before it is read (`hydrated`, in the worker process or
+Ray task that reads it) into a private folder next to the stage, and deleted after: disk use is
+bounded by the steps in flight, and a placeholder is never parsed (another process staging or
+extracting the same URL never swaps a file under a reader). A Ray task on another node
+downloads into its own cache: it needs only the URL.
+
+The run's `source_dir` is the URL, so any machine extracting it makes the same run;
+`local_root` maps it back to a stage, `shown_path`/`urls_in`/`as_urls` name files by URL.
+Nothing is ever written into the dump. Credentials and endpoint come from the environment
+(`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+from tokenlake import schema
+from tokenlake.errors import DumpNotFoundError, LakeError
+from tokenlake.load.lake import MANIFEST_DIR, is_url
+from tokenlake.read.dump import Dump, RemoteFiles, StepFiles
+from tokenlake.read.dump import discover as discover_local
+from tokenlake.read.remote_stage import (
+    CACHE_VARIABLE,
+    DumpLocation,
+    RemoteObjectError,
+    download,
+    dump_name,
+    filesystem,
+    is_remote,
+    stage,
+    stage_root,
+    temporary_name,
+)
+
+__all__ = [
+    "CACHE_VARIABLE",
+    "RemoteObjectError",
+    "as_urls",
+    "check_apart",
+    "discover",
+    "dump_name",
+    "hydrated",
+    "is_remote",
+    "local_root",
+    "shown_path",
+    "stage",
+    "stage_root",
+    "urls_in",
+]
+
+
+def local_root(source_dir: str, *, refresh: bool = False) -> Path:
+    """The local directory holding a run's `source_dir`: the directory itself, or the stage
+    of a URL (listed again first with `refresh`: sources that vanished or changed show)."""
+    if not is_remote(source_dir):
+        return Path(source_dir)
+    return stage(source_dir) if refresh else stage_root(source_dir)
+
+
+def shown_path(source_dir: str, path: Path) -> str:
+    """How a file of a run's dump is named to the user: its URL when the dump is remote."""
+    if not is_remote(source_dir):
+        return str(path)
+    try:
+        relative = path.relative_to(stage_root(source_dir)).as_posix()
+    except ValueError:
+        return str(path)
+    return f"{source_dir.rstrip('/')}/{relative}"
+
+
+def urls_in(source_dir: str, text: str) -> str:
+    """A message about a run's dump with its stage's paths named by their URLs."""
+    if not is_remote(source_dir):
+        return text
+    return text.replace(f"{stage_root(source_dir)}/", f"{source_dir.rstrip('/')}/")
+
+
+def discover(location: DumpLocation) -> Dump:
+    """`dump.discover` for a directory or a URL (staged first; its steps carry the URL)."""
+    if not is_remote(location):
+        return discover_local(Path(location))
+    url = str(location).rstrip("/")
+    root = stage(url)
+    try:
+        listing = discover_local(root)
+    except DumpNotFoundError as exc:
+        raise DumpNotFoundError(url, exc.reason) from None
+    steps = tuple(replace(s, remote=_remote_files(url, s)) for s in listing.steps)
+    ignored = tuple((shown_path(url, Path(p)), why) for p, why in listing.ignored)
+    return replace(listing, steps=steps, ignored=ignored, url=url)
+
+
+def check_apart(listing: Dump, lake: Path | str) -> None:
+    """A lake URL inside a remote dump's prefix (or one whose tables would hold the dump) is
+    refused, as for directories: tokenlake never writes into a dump.
+
+    Examples:
+        >>> check_apart(Dump(Path("stage"), url="s3://b/run"), "s3://b/run/lake")
+        Traceback (most recent call last):
+        ...
+        tokenlake.errors.LakeError: Lake `s3://b/run/lake`: is inside the dump `s3://b/run`; tokenlake never writes there
+    """
+    if listing.url is None or not is_url(lake):
+        return
+    dump, where = listing.url.rstrip("/"), str(lake).rstrip("/")
+    if where == dump or where.startswith(f"{dump}/"):
+        raise LakeError(where, f"is inside the dump `{dump}`; tokenlake never writes there")
+    if any(dump.startswith(f"{where}/{name}/") for name in (*schema.TABLES, MANIFEST_DIR)):
+        raise LakeError(where, f"would write into the dump `{dump}`; choose another --lake")
+
+
+def _remote_files(url: str, files: StepFiles) -> RemoteFiles:
+    """The step's objects as the stage's placeholders say (as `manifest.fingerprint` sees)."""
+    assert files.root is not None
+    paths = files.paths
+    trajectory = files.trajectory_file
+    if trajectory is not None:
+        paths.append(trajectory)
+    objects = []
+    for path in paths:
+        info = path.stat()
+        objects.append((path.relative_to(files.root).as_posix(), info.st_size, info.st_mtime_ns))
+    return RemoteFiles(url, tuple(objects))
+
+
+@contextmanager
+def hydrated(files: StepFiles) -> Iterator[StepFiles]:
+    """The step's files to read: for a remote step, its objects downloaded into a private
+    folder (created wherever this runs: a Ray node needs only the URL), deleted afterwards."""
+    remote = files.remote
+    if remote is None:
+        yield files
+        return
+    private = stage_root(remote.url).parent / temporary_name()
+    try:
+        fs, base = filesystem(remote.url)
+        for name, size, mtime_ns in remote.objects:
+            try:
+                download(fs, f"{base}/{name}", private / name, size, f"{remote.url}/{name}")
+            except RemoteObjectError as exc:
+                assert files.root is not None
+                raise RemoteObjectError(exc.url, exc.problem, files.root / name) from None
+            # as listed: the reader judges a young file as one still being written
+            os.utime(private / name, ns=(mtime_ns, mtime_ns))
+        yield _moved(files, private)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _moved(files: StepFiles, private: Path) -> StepFiles:
+    """The same step, its files under `private` (same relative names, so messages read the
+    same once `as_urls` names the URL)."""
+    assert files.root is not None
+
+    def moved(path: Path) -> Path:
+        return private / path.relative_to(files.root)  # type: ignore[arg-type]
+
+    return StepFiles(
+        files.rollout_id,
+        files.evaluation,
+        moved(files.rollout_file),
+        tuple((rank, moved(path)) for rank, path in files.train_files),
+        private,
+    )
+
+
+def as_urls(files: StepFiles, read: StepFiles, text: str) -> str:
+    """A step's message with its local paths (stage, private folder) named by their URLs."""
+    if files.remote is None:
+        return text
+    for root in {read.root, files.root}:
+        if root is not None:
+            text = text.replace(f"{root}/", f"{files.remote.url}/")
+    return text

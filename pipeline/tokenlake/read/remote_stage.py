@@ -1,0 +1,295 @@
+"""The local stage of a dump on an object store (used through pipeline/tokenlake/read/remote_dump.py).
+
+`stage(url)` lists every object under the prefix once and mirrors what tokenlake reads into
+`$TOKENLAKE_CACHE/dumps/<hash>/<name>/` (default `~/.cache/tokenlake`), a folder of ours,
+never inside the lake or the dump:
+
+- every object under `rollout_data/`, `train_data/` and `trajectory/` becomes a *sparse
+  placeholder*: an empty file truncated to the object's size, its mtime the object's
+  LastModified; it costs no disk and is never read (a step's objects are downloaded apart,
+  see `remote_dump.hydrated`);
+- the small side files under `tokenizer/` and `dashboard/` are downloaded whole (again only
+  when their size or LastModified changed, as `.tokenlake-remote.json` in the stage records);
+- whatever is no longer under the prefix is removed from the stage.
+
+Every file appears by rename (temporary names `.tokenlake-<pid>-<hex8>.tmp`), so two processes
+staging one URL never see half a file. Only LIST and GET on the prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tokenlake.errors import DumpNotFoundError, PipelineError
+from tokenlake.load.lake import is_url, process_alive, temporary_path
+from tokenlake.read.dump import DASHBOARD_DIR, ROLLOUT_DIR, TOKENIZER_DIR, TRAIN_DIR, TRAJECTORY_DIR
+
+log = logging.getLogger(__name__)
+
+CACHE_VARIABLE = "TOKENLAKE_CACHE"
+STATE_FILE = ".tokenlake-remote.json"  # in the stage root: the URL and what was staged
+PLACEHOLDER_DIRS = (ROLLOUT_DIR, TRAIN_DIR, TRAJECTORY_DIR)  # read per step, downloaded then
+COPIED_DIRS = (TOKENIZER_DIR, DASHBOARD_DIR)  # read by the driver: downloaded whole
+_PRIVATE_PREFIX = ".tokenlake-"  # temporaries and private download folders
+_TEMPORARY = re.compile(r"^\.tokenlake-(\d+)-[0-9a-f]{8}\.tmp$")  # as `temporary_path` names
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = datetime.resolution  # timedelta(microseconds=1)
+
+DumpLocation = Path | str
+
+
+class RemoteObjectError(PipelineError):
+    """A step's object cannot be downloaded, or changed between listing and download."""
+
+    still_writing = True  # the message says what to do (step.input_error_text adds nothing)
+
+    def __init__(self, url: str, problem: str, path: Path | str | None = None) -> None:
+        self.url = url
+        self.path = str(path or url)  # the step's local name for it: which rank is at fault
+        self.problem = problem
+        super().__init__(f"`{url}` {problem}")
+
+
+def is_remote(location: DumpLocation) -> bool:
+    """Whether a dump location is an object-store URL (`file://` and paths are local)."""
+    return is_url(location)
+
+
+def dump_name(location: DumpLocation) -> str:
+    """The default run name: the dump's last path component (`s3://b/runs/qwen` → `qwen`).
+
+    Examples:
+        >>> dump_name("s3://bucket/runs/qwen/"), dump_name("s3://bucket")
+        ('qwen', 'bucket')
+    """
+    if not is_remote(location):
+        return Path(location).resolve().name
+    return str(location).split("://", 1)[1].rstrip("/").rsplit("/", 1)[-1]
+
+
+def cache_root() -> Path:
+    """Where stages live: `$TOKENLAKE_CACHE`, else `$XDG_CACHE_HOME/tokenlake`, else
+    `~/.cache/tokenlake`."""
+    configured = os.environ.get(CACHE_VARIABLE)
+    if configured:
+        return Path(configured)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tokenlake"
+
+
+def stage_root(url: str) -> Path:
+    """The stage of a dump URL: one folder per URL, named after its last component (so the
+    default run name is the same as from the URL)."""
+    url = url.rstrip("/")
+    digest = hashlib.blake2b(url.encode("utf-8", "surrogateescape"), digest_size=8).hexdigest()
+    name = dump_name(url)
+    return cache_root() / "dumps" / digest / (name if name not in ("", ".", "..") else "dump")
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """(fsspec filesystem, base key) of a dump URL; a missing s3fs names its extra."""
+    import fsspec
+
+    from tokenlake import extras
+
+    if url.split("://", 1)[0].lower() in ("s3", "s3a"):
+        extras.require("s3fs", "s3", f"A dump on S3 (`{url}`)")
+    try:
+        fs, base = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:
+        raise DumpNotFoundError(url, f"cannot be opened ({exc})") from exc
+    return fs, str(base).rstrip("/")
+
+
+def stage(url: str) -> Path:
+    """List every object under the prefix once and bring the stage up to date; returns it."""
+    url = url.rstrip("/")
+    fs, base = filesystem(url)
+    listed = _listing(fs, base, url)
+    if not listed:
+        raise DumpNotFoundError(url, "holds no objects (is the prefix right?)")
+    root = stage_root(url)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _sweep_private(root.parent)
+        staged = _update(fs, base, url, root, listed)
+        _remove_unlisted(root, set(staged))
+        _save_state(root, url, staged)
+    except OSError as exc:  # the cache is read-only or full
+        raise DumpNotFoundError(
+            url,
+            f"cannot be staged in `{root}` ({exc.strerror or exc}); set {CACHE_VARIABLE} to a"
+            " writable folder",
+        ) from None
+    return root
+
+
+def _update(
+    fs: Any, base: str, url: str, root: Path, listed: dict[str, tuple[int, int]]
+) -> dict[str, list[int]]:
+    """Stage what changed since the last listing; returns what the stage now holds."""
+    known = _load_state(root, url)
+    staged: dict[str, list[int]] = {}
+    for name, (size, mtime_ns) in sorted(listed.items()):
+        target = root / name
+        try:
+            if known.get(name) != [size, mtime_ns] or not _same(target, size, mtime_ns):
+                placeholder = name.split("/", 1)[0] in PLACEHOLDER_DIRS
+                _stage_one(fs, f"{base}/{name}", target, size, mtime_ns, placeholder)
+            staged[name] = [size, mtime_ns]
+        except (OSError, RemoteObjectError) as exc:  # e.g. a name both a file and a folder
+            log.warning("`%s/%s` is not staged: %s", url, name, exc)
+    return staged
+
+
+def _listing(fs: Any, base: str, url: str) -> dict[str, tuple[int, int]]:
+    """Name (relative to the prefix) → (size, mtime_ns) of the objects tokenlake reads."""
+    fs.invalidate_cache()  # a live run changes: never trust a cached listing
+    try:
+        found = fs.find(base, detail=True)
+    except FileNotFoundError:
+        return {}
+    except Exception as exc:  # noqa: BLE001 - s3fs/botocore raise more than OSError
+        raise DumpNotFoundError(url, f"cannot be listed ({type(exc).__name__}: {exc})") from None
+    listed = {}
+    for key, info in found.items():
+        name = str(key)[len(base) + 1 :] if str(key).startswith(f"{base}/") else ""
+        if _wanted(name) and info.get("type", "file") == "file":
+            listed[name] = (int(info.get("size") or 0), _mtime_ns(info))
+    return listed
+
+
+def _wanted(name: str) -> bool:
+    """An object under a folder tokenlake reads, with a name safe to mirror locally.
+
+    Examples:
+        >>> _wanted("rollout_data/1.pt"), _wanted("rollout_data/../../x"), _wanted("a/b")
+        (True, False, False)
+    """
+    parts = name.split("/")
+    return (
+        len(parts) >= 2
+        and parts[0] in (*PLACEHOLDER_DIRS, *COPIED_DIRS)
+        and all(p not in ("", ".", "..") and "\\" not in p and "\x00" not in p for p in parts)
+        and not parts[-1].startswith(_PRIVATE_PREFIX)
+    )
+
+
+def _mtime_ns(info: dict[str, Any]) -> int:
+    """LastModified (S3), else `mtime`/`created` (other fsspec stores), in ns since 1970."""
+    stamp = info.get("LastModified") or info.get("mtime") or info.get("created") or 0
+    if isinstance(stamp, datetime):
+        aware = stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
+        return (aware - _EPOCH) // _MICROSECOND * 1000
+    try:
+        return int(float(stamp) * 1_000_000_000)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _same(path: Path, size: int, mtime_ns: int) -> bool:
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return info.st_size == size and info.st_mtime_ns == mtime_ns
+
+
+def _stage_one(
+    fs: Any, key: str, target: Path, size: int, mtime_ns: int, placeholder: bool
+) -> None:
+    """A placeholder (`.pt`, trajectories) or a whole copy (tokenizer, dashboard)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.parent / temporary_name()
+    try:
+        if placeholder:
+            with open(temporary, "wb") as handle:
+                handle.truncate(size)  # sparse: no block is allocated
+        else:
+            download(fs, key, temporary, size)
+        os.utime(temporary, ns=(mtime_ns, mtime_ns))
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _remove_unlisted(root: Path, listed: set[str]) -> None:
+    """The stage is ours: anything in it that is not (or no longer) listed goes."""
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder) / name
+            relative = path.relative_to(root).as_posix()
+            if relative != STATE_FILE and relative not in listed and not _in_use(name):
+                path.unlink(missing_ok=True)
+
+
+def _load_state(root: Path, url: str) -> dict[str, list[int]]:
+    try:
+        state = json.loads((root / STATE_FILE).read_text())
+        files = state["files"] if state.get("url") == url else {}
+        return {str(k): list(v) for k, v in files.items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}  # a missing or damaged state only costs downloads
+
+
+def _save_state(root: Path, url: str, staged: dict[str, list[int]]) -> None:
+    temporary = root / temporary_name()
+    temporary.write_text(json.dumps({"url": url, "files": staged}, sort_keys=True))
+    os.replace(temporary, root / STATE_FILE)
+
+
+def temporary_name() -> str:
+    """The lake's temporary-name scheme (`.tokenlake-<pid>-<hex8>.tmp`): a name no staged
+    object has (`_wanted` refuses them) and `_in_use` recognises."""
+    return temporary_path(Path()).name
+
+
+def _in_use(name: str) -> bool:
+    """A temporary name of a live process (another extraction staging the same URL).
+
+    Examples:
+        >>> _in_use(temporary_name()), _in_use("0.pt")
+        (True, False)
+    """
+    match = _TEMPORARY.match(name)
+    return match is not None and process_alive(int(match.group(1)))
+
+
+def _sweep_private(folder: Path) -> None:
+    """Private download folders of processes that are gone (killed mid-step)."""
+    for path in folder.glob(f"{_PRIVATE_PREFIX}*"):
+        if not _in_use(path.name):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def download(fs: Any, key: str, target: Path, size: int, shown: str | None = None) -> None:
+    """GET one object; one line naming its URL when that fails or its size changed."""
+    where = shown or key
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(key, str(target))
+        got = target.stat().st_size
+    except FileNotFoundError:
+        raise RemoteObjectError(
+            where, "no longer exists. Extract again to pick up the current files."
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - s3fs/botocore raise more than OSError
+        raise RemoteObjectError(
+            where,
+            f"cannot be downloaded ({type(exc).__name__}: {exc}). Extract again once it is"
+            " readable.",
+        ) from None
+    if got != size:
+        raise RemoteObjectError(
+            where,
+            f"changed while it was read ({size:,} bytes listed, {got:,} downloaded); extract"
+            " again.",
+        )

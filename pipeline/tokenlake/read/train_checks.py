@@ -1,0 +1,94 @@
+"""Checks of the values tokenlake reads from train files (dump-format.md 3.1, 3.3).
+
+A wrong type is a `DumpFormatError` naming the file, the field and (when known) the sample,
+never a silent coercion: `int("2")`, `int(7.9)`, `float("1.5")` and an int64 log-prob tensor
+cast to float would all land in the lake as if they were data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenlake import schema
+from tokenlake.errors import DumpFormatError, shown
+from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int, scalar
+
+
+def exact_int(value: Any, path: Path, field: str, sample: str | None = None) -> int:
+    """An integer entry of a train column; anything else (str, float, bool) is an error."""
+    value = scalar(value)
+    if is_int(value):
+        if INT64_MIN <= value <= INT64_MAX:  # a BIGINT; larger is no index or length any dump has
+            return int(value)
+        raise DumpFormatError(
+            path, f"`{field}` is {shown(value)}; expected a 64-bit integer", sample=sample
+        )
+    what = f"{shown(value)} (a {type(value).__name__})"
+    raise DumpFormatError(path, f"`{field}` is {what}; expected an integer", sample=sample)
+
+
+def numbers(value: Any, path: Path, field: str, sample: str | None = None) -> np.ndarray:
+    """A train array as numpy; strings, objects and ragged nests are an error."""
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError):
+        array = np.asarray([], dtype=object)
+    if array.dtype.kind not in "biuf":
+        raise DumpFormatError(
+            path,
+            f"`{field}` holds {shown(value)}, not numbers",
+            sample=sample,
+        )
+    return array
+
+
+_REQUIRED = ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks")
+_OPTIONAL = ("rewards", "truncated", "max_seq_lens", "raw_reward", *schema.CP_SLICED_FIELDS)
+
+
+def is_column(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return value.ndim >= 1
+    return isinstance(value, list | tuple)
+
+
+def check_columns(path: Path, data: dict[str, Any]) -> None:
+    """The columns tokenlake reads are lists (optional ones may be absent or None), and the CP
+    header is integers: `cp_size` >= 1, 0 <= `cp_rank` < `cp_size` (dump-format.md 3.1, 3.3)."""
+    columns = data["rollout_data"]
+    for key in (*_REQUIRED, *_OPTIONAL):
+        value = columns.get(key)
+        if not is_column(value) and (value is not None or key in _REQUIRED):
+            kind = "None" if value is None else f"of type `{type(value).__name__}`"
+            raise DumpFormatError(
+                path, f"column `{key}` is {kind}, not a list with one entry per row"
+            )
+    cp_size = data.get("cp_size")
+    size = 1 if cp_size is None else exact_int(cp_size, path, "cp_size") or 1
+    if size < 1:
+        raise DumpFormatError(path, f"`cp_size` is {size}; expected 1 or more")
+    if data.get("cp_rank") is not None:
+        rank = exact_int(data["cp_rank"], path, "cp_rank")
+        if not 0 <= rank < size:
+            raise DumpFormatError(
+                path, f"`cp_rank` is {rank}; expected 0..{size - 1} (`cp_size` {size})"
+            )
+
+
+def number_or_none(value: Any) -> float | None:
+    """float() of a number; None for dicts, strings and other non-numbers (section 8.11)."""
+    value = scalar(value)
+    if isinstance(value, int | float | np.number | np.bool_):
+        return float(value)
+    return None
+
+
+def flag_or_none(value: Any) -> bool | None:
+    """A 0/1 flag (`truncated`); None when it is not an integer or bool (then status decides)."""
+    value = scalar(value)
+    if isinstance(value, int | np.integer | np.bool_):
+        return bool(value)
+    return None

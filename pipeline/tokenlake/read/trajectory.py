@@ -1,0 +1,175 @@
+"""Conversations from `trajectory/{stem}.jsonl` (dump-format.md 2.7), matched to samples.
+
+miles moves `metadata["messages"]` out of the rollout `.pt` into this sidecar, one line per
+sample that recorded a conversation, in batch order. `sample_index` can repeat (eval datasets,
+agentic siblings) and only some samples have a line, so a line is matched on everything it
+carries (`sample_index`, `group_index`, `status`, `reward`, `prompt`), keeping the file's
+order: it goes to a sample only when every order-keeping assignment of the index's lines puts
+it there. An ambiguous line, or one no sample fits, is left out (NULL), never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+
+from tokenlake.errors import DumpFormatError
+
+# Keys a line shares with its sample; a key the line lacks does not constrain the match.
+_MATCHED_KEYS = ("group_index", "status", "reward", "prompt")
+
+
+def messages_by_position(path: Path | None, samples: list[dict[str, Any]]) -> list[str | None]:
+    """Each sample's conversation as JSON text, or None (no line for it, ambiguous, no file).
+
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = Path(d) / "0.jsonl"
+        ...     _ = p.write_text('{"sample_index": 5, "messages": [{"role": "user"}]}\\n')
+        ...     messages_by_position(p, [{"index": 4}, {"index": 5}])
+        [None, '[{"role": "user"}]']
+    """
+    if path is None:
+        return [None] * len(samples)
+    lines: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for record in read_records(path):
+        lines[record["sample_index"]].append(record)
+    positions: dict[int, list[int]] = defaultdict(list)
+    for position, sample in enumerate(samples):
+        index = sample.get("index")
+        if isinstance(index, int | np.integer) and not isinstance(index, bool | np.bool_):
+            positions[int(index)].append(position)
+    out: list[str | None] = [None] * len(samples)
+    for index, records in lines.items():
+        candidates = positions.get(index, [])
+        fits = [[_fits(r, samples[p]) for p in candidates] for r in records]
+        for line, slot in enumerate(forced_slots(fits)):
+            if slot is not None:
+                out[candidates[slot]] = _json_text(records[line]["messages"])
+    return out
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The file's records; a line that is not UTF-8 JSON with an integer `sample_index` and a
+    `messages` list fails the step with one line naming the file and the line."""
+    records = []
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            why = f"byte {exc.start + 1} of the line is not UTF-8"
+            _bad_line(path, number, f"{_index_hint(raw)}{why}")
+        except RecursionError:
+            _bad_line(path, number, "JSON nested too deeply to read")
+        except ValueError as exc:
+            _bad_line(path, number, str(exc))
+        index = record.get("sample_index") if isinstance(record, dict) else None
+        if not isinstance(index, int) or isinstance(index, bool):
+            _bad_line(path, number, "no integer `sample_index`")
+        if not isinstance(record.get("messages"), list):
+            _bad_line(path, number, f"sample_index {index} has no `messages` list")
+        records.append(record)
+    return records
+
+
+def _index_hint(raw: bytes) -> str:
+    """`sample_index N: ` when a line that is not UTF-8 still says which sample it is for."""
+    try:
+        record = json.loads(raw.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return ""
+    index = record.get("sample_index") if isinstance(record, dict) else None
+    return f"sample_index {index}: " if type(index) is int else ""
+
+
+def _bad_line(path: Path, number: int, why: str) -> NoReturn:
+    raise DumpFormatError(
+        path, f"line {number} is not a trajectory record ({why}); delete or fix it"
+    )
+
+
+def _json_text(messages: list[Any]) -> str:
+    """JSON text of a conversation; \\u escapes for lone surrogates, which UTF-8 (Parquet)
+    cannot hold."""
+    text = json.dumps(messages, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(messages)
+    return text
+
+
+def _fits(record: dict[str, Any], sample: dict[str, Any]) -> bool:
+    """Whether everything the line carries agrees with the sample (dump-format.md 2.7); a key
+    the sample lacks (older dumps) does not count against it."""
+    for key in _MATCHED_KEYS:
+        if key in record and key in sample and not _same(record[key], _line_value(key, sample)):
+            return False
+    return True
+
+
+def _line_value(key: str, sample: dict[str, Any]) -> Any:
+    """What miles writes into a line for this key of the sample."""
+    value = sample.get(key)
+    if key == "status" and value is not None:
+        return str(getattr(value, "value", value))
+    if key == "reward" and not isinstance(value, int | float):
+        return None  # miles writes null for dict and other non-number rewards
+    return value
+
+
+def _same(line_value: Any, sample_value: Any) -> bool:
+    """Equal as JSON would carry them (so a tuple equals a list, 1 equals 1.0)."""
+    try:
+        carried = json.loads(json.dumps(sample_value, allow_nan=True))
+    except (TypeError, ValueError, RecursionError):
+        return False
+    if isinstance(carried, float) and carried != carried:  # NaN reward written as NaN
+        return isinstance(line_value, float) and line_value != line_value
+    return bool(line_value == carried)
+
+
+def forced_slots(fits: list[list[bool]]) -> list[int | None]:
+    """For lines 0..k-1 and candidates 0..m-1 (`fits[line][candidate]`), the candidate each
+    line must take in every order-keeping one-to-one assignment, or None when it could take
+    several (ambiguous) or no assignment exists.
+
+    The leftmost and the rightmost greedy assignments bound every line's feasible candidates,
+    and both are feasible, so a line is forced exactly when the two agree.
+
+    Examples:
+        >>> forced_slots([[True, True]])  # one line, two fitting samples: ambiguous
+        [None]
+        >>> forced_slots([[True, True], [True, True]])  # two lines, two samples: in order
+        [0, 1]
+        >>> forced_slots([[False, True, True]])
+        [None]
+        >>> forced_slots([[True, False, True], [False, False, True]])
+        [0, 2]
+    """
+    left = _greedy(fits, range(len(fits[0]) if fits else 0))
+    right = _greedy([row[::-1] for row in fits[::-1]], range(len(fits[0]) if fits else 0))
+    if left is None or right is None:
+        return [None] * len(fits)
+    width = len(fits[0])
+    right = [width - 1 - slot for slot in right[::-1]]
+    return [a if a == b else None for a, b in zip(left, right, strict=True)]
+
+
+def _greedy(fits: list[list[bool]], candidates: range) -> list[int] | None:
+    """Each line in order takes the first fitting candidate after the previous line's."""
+    taken, start = [], 0
+    for row in fits:
+        slot = next((c for c in candidates[start:] if row[c]), None)
+        if slot is None:
+            return None
+        taken.append(slot)
+        start = slot + 1
+    return taken

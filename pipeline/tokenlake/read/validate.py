@@ -1,0 +1,207 @@
+"""Check the rollout-sample values that the join and the flattener read (dump-format.md 2.3).
+
+Every value comes from a file anyone could have written. A value of a type the spec allows is
+read as it is; one out of its type or range is a `SampleValueError` naming the field, which
+`located` turns into the step's one-line error naming file and sample. Nothing is coerced:
+token 6.7 is not read as 6, the string "6" is not parsed, `response_length` 10.9 is not 10.
+
+Per-token lists are checked as whole arrays (dtype, then min and max); only when that fails is
+the list walked to name the first bad entry. The checked arrays are returned (`CheckedSample`)
+and the flattener reads those: each list is converted to numpy once. The sample dicts are never
+changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenlake.errors import DumpFormatError, SampleValueError, shown
+from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int
+from tokenlake.transform.resolve import sample_label
+
+
+@dataclass(frozen=True)
+class CheckedSample:
+    """One sample's per-token lists, checked and converted (each exactly once)."""
+
+    tokens: np.ndarray  # int64 [T], ids from 0
+    response_length: int  # R, from 0 to T
+    loss_mask: np.ndarray | None  # 1-D integers or bools; its length is not checked against R
+    rollout_log_probs: np.ndarray | None  # 1-D numbers; its length is not checked against R
+
+    @property
+    def response_tokens(self) -> np.ndarray:
+        """The last R token ids: the response."""
+        return self.tokens[len(self.tokens) - self.response_length :]
+
+
+def check_samples(path: Path, samples: list[dict[str, Any]]) -> list[CheckedSample]:
+    """Check every sample before the step is joined and flattened; raise for the first bad one."""
+    checked = []
+    for position, sample in enumerate(samples):
+        try:
+            checked.append(check_sample(sample))
+        except SampleValueError as exc:
+            exc.position = position
+            raise located(exc, path, samples) from None
+    return checked
+
+
+def located(exc: SampleValueError, path: Path, samples: list[dict[str, Any]]) -> DumpFormatError:
+    """The error naming the file and the sample (by batch position, and `Sample.index` unless
+    the index itself is the bad value).
+
+    Examples:
+        >>> exc = SampleValueError("index", "is 'zero', not an integer")
+        >>> exc.position = 1
+        >>> str(located(exc, Path("d/rollout_data/3.pt"), [{}, {"index": "zero"}]))
+        "`d/rollout_data/3.pt` (batch position 1): `index` is 'zero', not an integer"
+    """
+    position = exc.position if exc.position is not None else 0
+    sample = samples[position]
+    label = f"batch position {position}" if exc.field == "index" else sample_label(position, sample)
+    return DumpFormatError(path, str(exc), sample=label)
+
+
+def check_sample(sample: dict[str, Any]) -> CheckedSample:
+    """The checks that must pass before any other code reads the sample; `index` first, as
+    every later message names the sample by it."""
+    optional_int64(sample.get("index"), "index")
+    tokens = token_ids(sample)
+    length = response_length(sample, len(tokens))
+    mask, log_probs = (
+        None if sample.get(key) is None else _numeric_list(sample[key], key, what)
+        for key, what in (("loss_mask", "integers"), ("rollout_log_probs", "numbers"))
+    )
+    return CheckedSample(tokens, length, mask, log_probs)
+
+
+def optional_int64(value: Any, field: str) -> int | None:
+    """An integer that fits the int64 column, or None.
+
+    Examples:
+        >>> optional_int64(0.5, "index")
+        Traceback (most recent call last):
+        ...
+        tokenlake.errors.SampleValueError: `index` is 0.5, not an integer
+    """
+    if value is None:
+        return None
+    if not is_int(value):
+        raise SampleValueError(field, f"is {shown(value)}, not an integer")
+    number = int(value)
+    if not INT64_MIN <= number <= INT64_MAX:
+        raise SampleValueError(field, f"is {shown(number)}, outside the int64 range")
+    return number
+
+
+def token_ids(sample: dict[str, Any]) -> np.ndarray:
+    """`Sample.tokens` as int64 ids (0 or more), checked as one array; missing or None: empty."""
+    values = sample.get("tokens")
+    if values is None:
+        return np.zeros(0, dtype=np.int64)
+    array = _numeric_list(values, "tokens", "integers")
+    if array.size and (array.min() < 0 or array.max() > INT64_MAX):
+        _raise_first_bad(values, "tokens", _token_problem)
+    return array.astype(np.int64, copy=False)
+
+
+def response_length(sample: dict[str, Any], total: int) -> int:
+    """R: an integer from 0 to the number of tokens; missing or None reads as 0."""
+    value = sample.get("response_length")
+    if value is None:
+        return 0
+    if not is_int(value):
+        raise SampleValueError("response_length", f"is {shown(value)}, not an integer")
+    length = int(value)
+    if length < 0:
+        raise SampleValueError("response_length", f"is {length}; it cannot be negative")
+    if length > total:
+        raise SampleValueError("response_length", f"{length} exceeds the {total} `tokens`")
+    return length
+
+
+# What each per-token list holds: the numpy dtype kinds of a good array, and the entry check.
+_ENTRY_KINDS = {"integers": "biu", "numbers": "iuf"}
+# numpy >= 2.4 can refuse nesting up front (`ndmax`); older ones would build the nested shape,
+# which a few shared references in a pickle make astronomically large.
+_HAS_NDMAX = np.lib.NumpyVersion(np.__version__) >= "2.4.0"
+
+
+def _numeric_list(values: Any, field: str, what: str) -> np.ndarray:
+    """A flat list of `what` ("integers" or "numbers") as one array. Masks and log-probs may
+    also be a 1-D array already (the flattener reads either); `tokens` must be a list."""
+    kinds = "iu" if field == "tokens" else _ENTRY_KINDS[what]
+    if isinstance(values, np.ndarray) and field != "tokens":
+        if values.ndim == 1 and values.dtype.kind in kinds:
+            return values
+    if not isinstance(values, list | tuple):
+        raise SampleValueError(field, f"is {shown(values)}, not a list of {what}")
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    array = _flat_array(values)
+    if array is None or array.dtype.kind not in kinds:
+        problem = _token_problem if field == "tokens" else _ENTRY_PROBLEMS[what]
+        _raise_first_bad(values, field, problem)
+        # Each entry is right, but numpy promoted the mix (int64 with uint64 gives float64).
+        return np.array(values, dtype=np.float64 if what == "numbers" else np.int64)
+    return array
+
+
+def _flat_array(values: list[Any] | tuple[Any, ...]) -> np.ndarray | None:
+    """The values as a 1-D array, or None if an entry is itself a sequence."""
+    try:
+        if _HAS_NDMAX:
+            return np.array(values, ndmax=1)  # type: ignore[call-overload,unused-ignore]
+        if any(isinstance(v, list | tuple | np.ndarray) for v in values):  # pragma: no cover
+            return None
+        return np.asarray(values)  # pragma: no cover - numpy < 2.4
+    except (ValueError, TypeError, OverflowError):  # nested, or entries numpy cannot hold
+        return None
+
+
+def _token_problem(value: Any) -> str | None:
+    if not is_int(value):
+        return f"is {shown(value)}, not an integer"
+    if value < 0:
+        return f"is {shown(value)}; token ids cannot be negative"
+    if value > INT64_MAX:
+        return f"is {shown(value)}, outside the int64 range"
+    return None
+
+
+def _integer_problem(value: Any) -> str | None:
+    """Masks: integers or bools (the reference treats `value > 0` as on)."""
+    if isinstance(value, bool | np.bool_):
+        return None
+    if not is_int(value):
+        return f"is {shown(value)}, not an integer"
+    if not INT64_MIN <= value <= INT64_MAX:
+        return f"is {shown(value)}, outside the int64 range"
+    return None
+
+
+def _number_problem(value: Any) -> str | None:
+    if isinstance(value, bool | np.bool_) or not isinstance(
+        value, int | float | np.integer | np.floating
+    ):
+        return f"is {shown(value)}, not a number"
+    if isinstance(value, int) and abs(value).bit_length() > 1000:  # float() would overflow
+        return f"is {shown(value)}, beyond the float64 range"
+    return None
+
+
+_ENTRY_PROBLEMS = {"integers": _integer_problem, "numbers": _number_problem}
+
+
+def _raise_first_bad(values: Any, field: str, problem: Callable[[Any], str | None]) -> None:
+    """Walk the list (only once the array check failed) and raise for its first bad entry."""
+    for entry, value in enumerate(values):
+        text = problem(value)
+        if text is not None:
+            raise SampleValueError(field, f"entry {entry} {text}")

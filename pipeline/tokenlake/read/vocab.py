@@ -1,0 +1,46 @@
+"""Token texts from the dump's `tokenizer/` folder (dump-format.md 1), for the `vocab` table.
+
+Each id is decoded on its own, as the reference token view does, with special tokens kept.
+The `tokenizers` package reads `tokenizer.json` directly; no model hub is contacted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from tokenlake import schema
+from tokenlake.errors import DumpFormatError
+
+
+def vocab_table(path: Path) -> pa.Table:
+    """One row per token id of the tokenizer: its id and its text decoded alone.
+
+    Examples:
+        >>> import json, tempfile
+        >>> spec = {"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1},
+        ...         "unk_token": "a"}}
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = Path(d) / "tokenizer.json"
+        ...     _ = p.write_text(json.dumps(spec))
+        ...     vocab_table(p).to_pylist()
+        [{'token_id': 0, 'token_text': 'a'}, {'token_id': 1, 'token_text': 'b'}]
+    """
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        texts = tokenizer.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    # The tokenizers library raises bare Exceptions on bad files, and its Rust panics are a
+    # pyo3 PanicException, which derives from BaseException.
+    except BaseException as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise DumpFormatError(path, f"is not a readable tokenizer ({reason})") from exc
+    return pa.table(
+        {schema.TOKEN_ID: pa.array(range(size), pa.int64()), "token_text": pa.array(texts)},
+        schema=schema.VOCAB_SCHEMA,
+    )

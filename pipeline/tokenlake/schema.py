@@ -1,0 +1,277 @@
+"""The single source of truth for the lake's tables, columns and types.
+
+Every other module, every SQL view under ``sql/``, the docs and the tests use the names
+defined here. A column added to the lake is added here first.
+
+The lake is Hive-partitioned: ``{lake}/{table}/run={run}/rollout_id={rid}/{stem}.parquet``.
+The partition columns (``run``, ``rollout_id``) live in the directory names, not in the files;
+readers (DuckDB ``hive_partitioning``, Spark, Trino, polars) add them back. ``stem`` is
+``train`` for a training step's rollout file and ``eval`` for an evaluation file of the same
+step, so both live in one partition and are told apart by the ``evaluation`` column.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# Bumped whenever a table's columns or their meaning change; stamped into every Parquet file's
+# key-value metadata and into the `runs` table.
+# 2: `runs` gained the run metadata columns, and the `metrics` table (issue 11); `tokens`
+#    gained `turn_index`.
+# 3: `tokens` gained `first_occurrence`.
+SCHEMA_VERSION = 3
+TOOL_NAME = "tokenlake"
+
+# ---------------------------------------------------------------------------------------------
+# Table names and lake layout
+# ---------------------------------------------------------------------------------------------
+TOKENS = "tokens"
+SAMPLES = "samples"
+RUNS = "runs"
+VOCAB = "vocab"
+METRICS = "metrics"
+TABLES = (TOKENS, SAMPLES, RUNS, VOCAB, METRICS)
+
+CATALOG_FILE = "tokenlake.duckdb"
+
+# Partition columns: part of the directory path, typed explicitly for readers.
+RUN = "run"
+ROLLOUT_ID = "rollout_id"
+PARTITION_TYPES: dict[str, pa.DataType] = {RUN: pa.string(), ROLLOUT_ID: pa.int64()}
+
+# File stems inside a partition.
+TRAIN_STEM = "train"
+EVAL_STEM = "eval"
+
+# ---------------------------------------------------------------------------------------------
+# `tokens`: one row per response token of every sample (train and eval).
+# Sorted by (batch_position, position) within a file, so DuckDB can prune row groups.
+# ---------------------------------------------------------------------------------------------
+EVALUATION = "evaluation"
+BATCH_POSITION = "batch_position"
+SAMPLE_INDEX = "sample_index"
+POSITION = "position"
+TOKEN_ID = "token_id"
+LOSS_MASK = "loss_mask"
+TURN_INDEX = "turn_index"
+FIRST_OCCURRENCE = "first_occurrence"
+ROLLOUT_LOG_PROB = "rollout_log_prob"
+TRAIN_LOG_PROB = "train_log_prob"
+LP_DIFF = "lp_diff"
+REF_LOG_PROB = "ref_log_prob"
+ENTROPY = "entropy"
+REF_ENTROPY = "ref_entropy"
+ADVANTAGE = "advantage"
+RETURNS = "returns"
+
+TOKENS_SCHEMA = pa.schema(
+    [
+        # True for rows from rollout_data/eval_{rid}.pt; false for training steps.
+        pa.field(EVALUATION, pa.bool_(), nullable=False),
+        # 0-based position of the sample in the rollout dump's `samples` list (batch order).
+        pa.field(BATCH_POSITION, pa.int32(), nullable=False),
+        # Sample.index (run-global sample counter; restarts per eval dataset). Null if unset.
+        pa.field(SAMPLE_INDEX, pa.int64()),
+        # 0-based index in the response: token position P + position of the full sequence.
+        pa.field(POSITION, pa.int32(), nullable=False),
+        # Token id of the response token.
+        pa.field(TOKEN_ID, pa.int64(), nullable=False),
+        # Train-side loss mask (0/1); for samples without a train side the rollout dump's own
+        # mask; null when neither exists.
+        pa.field(LOSS_MASK, pa.int8()),
+        # 0-based index of the loss-covered run (turn) the token is in: a run is a maximal
+        # stretch of loss_mask > 0 within the response. Null where loss_mask is 0 or null.
+        pa.field(TURN_INDEX, pa.int32()),
+        # True on the first row of the sample, by position, with this token_id among the rows
+        # the drift statistics keep (loss_mask > 0; lp_diff, train_log_prob, rollout_log_prob
+        # all finite: drift_tokens' rows of a training step), false on its later ones there;
+        # null on every other row. Counting the true rows counts distinct samples per token.
+        pa.field(FIRST_OCCURRENCE, pa.bool_()),
+        # Log-prob (nats) of the token under the rollout engine. The train-side copy when the
+        # sample has one (the pair the trainer compared); else (no train side, or the train
+        # copy absent or not CP-aligned) the rollout dump's, as the reference token view does.
+        pa.field(ROLLOUT_LOG_PROB, pa.float32()),
+        # Log-prob (nats) of the token under the trainer (actor) before the update.
+        pa.field(TRAIN_LOG_PROB, pa.float32()),
+        # train_log_prob - rollout_log_prob (nats), float32, from the train-side pair.
+        pa.field(LP_DIFF, pa.float32()),
+        # Log-prob (nats) under the reference model.
+        pa.field(REF_LOG_PROB, pa.float32()),
+        # Entropy (nats) of the actor's full-vocabulary distribution at this position.
+        pa.field(ENTROPY, pa.float32()),
+        # Entropy (nats) of the reference model's distribution at this position.
+        pa.field(REF_ENTROPY, pa.float32()),
+        # Advantage used by the policy loss at this position (miles `advantages`).
+        pa.field(ADVANTAGE, pa.float32()),
+        # Return at this position (miles `returns`; `return` is an SQL keyword).
+        pa.field(RETURNS, pa.float32()),
+    ]
+)
+
+# Train-dump per-token fields that are CP-sliced and response-aligned, and the `tokens` column
+# each becomes. `rollout_log_probs` is handled separately (it also exists on the rollout side).
+TRAIN_TOKEN_FIELDS: dict[str, str] = {
+    "log_probs": TRAIN_LOG_PROB,
+    "ref_log_probs": REF_LOG_PROB,
+    "entropy": ENTROPY,
+    "ref_entropy": REF_ENTROPY,
+    "advantages": ADVANTAGE,
+    "returns": RETURNS,
+}
+ROLLOUT_LOG_PROBS_FIELD = "rollout_log_probs"
+# Every CP-sliced field the resolver reassembles (the reference's seven, dump-format.md 4.7).
+CP_SLICED_FIELDS: tuple[str, ...] = (ROLLOUT_LOG_PROBS_FIELD, *TRAIN_TOKEN_FIELDS)
+
+# Per-token stat columns (NULL where the loss mask is 0 for samples with a mask).
+TOKEN_STAT_COLUMNS: tuple[str, ...] = (
+    ROLLOUT_LOG_PROB,
+    TRAIN_LOG_PROB,
+    LP_DIFF,
+    REF_LOG_PROB,
+    ENTROPY,
+    REF_ENTROPY,
+    ADVANTAGE,
+    RETURNS,
+)
+
+# ---------------------------------------------------------------------------------------------
+# `samples`: one row per sample of every rollout dump, keyed by
+# (run, rollout_id, evaluation, batch_position).
+# ---------------------------------------------------------------------------------------------
+SAMPLES_SCHEMA = pa.schema(
+    [
+        pa.field(EVALUATION, pa.bool_(), nullable=False),
+        pa.field(BATCH_POSITION, pa.int32(), nullable=False),
+        # --- rollout side (dump-format.md 6.2) ---
+        pa.field(SAMPLE_INDEX, pa.int64()),  # Sample.index
+        pa.field("group_index", pa.int64()),  # GRPO prompt group (run-global); null for eval
+        pa.field("rollout_execution_id", pa.int64()),  # Sample.rollout_id (agentic siblings)
+        pa.field("status", pa.string()),  # completed / truncated / aborted / failed / pending
+        pa.field("remove_sample", pa.bool_()),  # kept in the batch but excluded from the loss
+        pa.field("response_length", pa.int32()),  # R, from the rollout dump
+        pa.field("total_length", pa.int32()),  # T = len(Sample.tokens)
+        pa.field("prompt_length", pa.int32()),  # P = T - R
+        pa.field("reward", pa.float64()),  # float(Sample.reward) if int/float/bool, else null
+        pa.field("reward_json", pa.string()),  # Sample.reward as JSON when it is not a number
+        pa.field("weight_versions", pa.list_(pa.string())),  # one per engine call
+        pa.field("weight_version", pa.string()),  # last of weight_versions
+        pa.field("weight_version_min", pa.int64()),  # min of the all-digit versions
+        pa.field("mixed_version", pa.bool_()),  # more than one distinct version
+        pa.field("staleness", pa.int64()),  # rollout_id - weight_version_min (reference formula)
+        pa.field("turns", pa.int64()),  # len(weight_versions), null if empty
+        pa.field("tool_calls", pa.int64()),  # `tool` messages in a list prompt; null for str
+        pa.field("non_generation_time", pa.float64()),  # seconds outside generation
+        pa.field("spec_accept_rate", pa.float64()),  # accepted / drafted speculative tokens
+        pa.field("prefix_cache_hit_rate", pa.float64()),  # cached / total prompt tokens
+        pa.field("label", pa.string()),  # reference answer
+        pa.field("prompt_text", pa.string()),  # str prompt as is; message list as JSON
+        pa.field("response_text", pa.string()),  # decoded response
+        pa.field("prompt_token_ids", pa.list_(pa.int64())),  # the P prompt token ids
+        pa.field("metadata_json", pa.string()),  # Sample.metadata as JSON
+        # The conversation (chat messages, tool calls) from trajectory/{stem}.jsonl, as JSON
+        pa.field("messages_json", pa.string()),
+        # --- train side (null when the sample has no train row) ---
+        pa.field("has_train_row", pa.bool_(), nullable=False),  # some train file holds it
+        # Train files the step had at extraction; 0 marks a rollout-only step (eval files,
+        # --debug-rollout-only, or a step still training: re-extracted when they appear).
+        pa.field("step_train_files", pa.int32(), nullable=False),
+        pa.field("raw_reward", pa.float64()),  # raw_reward[batch_position]
+        pa.field("normalized_reward", pa.float64()),  # train `rewards` (group-normalised)
+        pa.field("truncated", pa.bool_(), nullable=False),  # train flag, else status
+        pa.field("dumped_rank", pa.int64()),  # lowest global rank holding the sample
+        pa.field("alignment_failed", pa.bool_(), nullable=False),  # CP reassembly refused
+        pa.field("train_total_length", pa.int32()),  # train `total_lengths` (media expansion)
+        pa.field("train_response_length", pa.int32()),  # train `response_lengths`
+    ]
+)
+
+# ---------------------------------------------------------------------------------------------
+# `runs`: one row per extracted run.
+# ---------------------------------------------------------------------------------------------
+RUNS_BASE_SCHEMA = pa.schema(
+    [
+        pa.field("source_dir", pa.string(), nullable=False),  # absolute dump directory
+        pa.field("extracted_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("tool", pa.string(), nullable=False),  # "tokenlake <version>"
+        pa.field("schema_version", pa.int32(), nullable=False),  # SCHEMA_VERSION
+        pa.field("train_steps", pa.int64(), nullable=False),  # training steps extracted
+        pa.field("eval_steps", pa.int64(), nullable=False),  # evaluation files extracted
+    ]
+)
+
+# ---------------------------------------------------------------------------------------------
+# `vocab`: one row per token id of the run's tokenizer (only when the dump saved `tokenizer/`).
+# ---------------------------------------------------------------------------------------------
+VOCAB_SCHEMA = pa.schema(
+    [
+        pa.field(TOKEN_ID, pa.int64(), nullable=False),  # joins tokens.token_id
+        pa.field("token_text", pa.string()),  # the id decoded alone, special tokens kept
+    ]
+)
+
+# Hive partition columns of each table, outermost first.
+TABLE_PARTITIONS: dict[str, tuple[str, ...]] = {
+    TOKENS: (RUN, ROLLOUT_ID),
+    SAMPLES: (RUN, ROLLOUT_ID),
+    RUNS: (RUN,),
+    VOCAB: (RUN,),
+    METRICS: (RUN,),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Run metadata (issue 11): `runs` columns from `DUMP/dashboard/meta.json` (pipeline/tokenlake/read/dashboard.py)
+# and the user's tags (pipeline/tokenlake/tags.py), appended to the `runs` columns (schema version 2;
+# `runs` files of version 1 lack them and read as NULL there, see catalog.base_view_sql).
+# ---------------------------------------------------------------------------------------------
+START_TS = "start_ts"
+WANDB_PROJECT = "wandb_project"
+WANDB_GROUP = "wandb_group"
+WANDB_RUN_ID = "wandb_run_id"
+HF_CHECKPOINT = "hf_checkpoint"
+ARGS_JSON = "args_json"
+TAGS_JSON = "tags_json"
+
+RUN_META_SCHEMA = pa.schema(
+    [
+        pa.field(START_TS, pa.timestamp("us", tz="UTC")),  # meta.json `start_ts`: run start
+        pa.field(WANDB_PROJECT, pa.string()),  # meta.json args.wandb_project
+        pa.field(WANDB_GROUP, pa.string()),  # meta.json args.wandb_group
+        pa.field(WANDB_RUN_ID, pa.string()),  # meta.json args.wandb_run_id
+        pa.field(HF_CHECKPOINT, pa.string()),  # meta.json args.hf_checkpoint (model path)
+        pa.field(ARGS_JSON, pa.string()),  # meta.json `args`, the whole object, keys sorted
+        pa.field(TAGS_JSON, pa.string()),  # user tags {key: value} as JSON, keys sorted
+    ]
+)
+
+# ---------------------------------------------------------------------------------------------
+# `metrics`: one row per (logged payload, numeric metric) of `DUMP/dashboard/metrics.jsonl`,
+# long format, partitioned by run (see pipeline/tokenlake/read/dashboard.py for what is kept or skipped).
+# ---------------------------------------------------------------------------------------------
+METRIC = "metric"
+METRICS_SCHEMA = pa.schema(
+    [
+        # The step axis the payload was logged against (`rollout/step`, `train/step`, ...).
+        pa.field("step_key", pa.string()),
+        # The step on that axis: `rollout_id` for `rollout/step` and `eval/step`; for
+        # `train/step` the optimizer step, rollout_id * num_steps_per_rollout + step_id.
+        pa.field("step", pa.int64()),
+        # Metric name as logged to W&B (`rollout/raw_reward`, `train/grad_norm`, `perf/...`).
+        pa.field(METRIC, pa.string(), nullable=False),
+        # The value; bools as 1.0/0.0; NaN and ±inf kept as logged.
+        pa.field("value", pa.float64(), nullable=False),
+        # When the payload was logged (the collector's wall clock).
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+# `runs`: the base columns, then the run metadata (files of schema version 1 lack the latter).
+RUNS_SCHEMA = pa.schema([*RUNS_BASE_SCHEMA, *RUN_META_SCHEMA])
+
+TABLE_SCHEMAS: dict[str, pa.Schema] = {
+    TOKENS: TOKENS_SCHEMA,
+    SAMPLES: SAMPLES_SCHEMA,
+    RUNS: RUNS_SCHEMA,
+    VOCAB: VOCAB_SCHEMA,
+    METRICS: METRICS_SCHEMA,
+}

@@ -1,0 +1,479 @@
+"""Build the DuckDB catalog `LAKE/tokenlake.duckdb`: base views over the Parquet files, then
+every view under `sql/`, each after the inputs its header declares. This is the only module
+that creates or opens the catalog file; the readers (query.py, audit.py, report_data.py) import
+duckdb only to query the connection `connect` gives them (through `query.open_lake`).
+
+The base views list the Parquet files that the run manifests name (pipeline/tokenlake/load/manifest.py),
+with absolute paths, so the catalog works from any working directory, shows only committed
+files, and a path with quotes cannot break or inject into the SQL. The partition columns are
+parsed from the end of each path by the lake's layout: DuckDB's own Hive parsing reads every
+`key=value` of the whole path, so a lake under `/data/run=ghost/lake` would read as run
+`ghost`. The catalog is rebuilt by every extract, so the lists stay current.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from tokenlake import schema
+from tokenlake.errors import InstallError, LakeError
+from tokenlake.load import manifest
+from tokenlake.load.lake import LakeRoot, lake_at, partition_patterns
+from tokenlake.load.local_lake import Lake
+from tokenlake.serve.user_views import create_user_views
+
+if TYPE_CHECKING:
+    import duckdb
+
+log = logging.getLogger(__name__)
+
+_VIEW_STATEMENT = re.compile(r"CREATE\s+OR\s+REPLACE\s+VIEW\s+(\w+)\s", re.IGNORECASE)
+
+_ARROW_TO_DUCKDB: dict[pa.DataType, str] = {
+    pa.bool_(): "BOOLEAN",
+    pa.int8(): "TINYINT",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float32(): "FLOAT",
+    pa.float64(): "DOUBLE",
+    pa.string(): "VARCHAR",
+    pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
+    pa.list_(pa.string()): "VARCHAR[]",
+    pa.list_(pa.int64()): "BIGINT[]",
+}
+
+
+def sql_dir() -> Path:
+    """The one place that knows where the SQL files live: the folder of the package
+    `tokenlake.sql` (the repository's top-level `sql/`, shipped inside the wheel)."""
+    return Path(str(importlib.resources.files("tokenlake.sql")))
+
+
+def _sql_files(folder: Path, what: str) -> list[Path]:
+    """The `.sql` files of one folder, sorted; none at all means a broken installation, which
+    must stop the command rather than pass as "0 audits" or a catalog without views."""
+    files = sorted(folder.glob("*.sql"))
+    if not files:
+        raise InstallError(what, folder)
+    return files
+
+
+def iter_view_files() -> Iterator[Path]:
+    """Every view definition, one `CREATE OR REPLACE VIEW <file stem>` per file."""
+    yield from _sql_files(sql_dir(), "SQL views")
+
+
+def iter_macro_files() -> Iterator[Path]:
+    """Scalar macros the views use; created before every view."""
+    yield from _sql_files(sql_dir() / "macros", "SQL macros")
+
+
+def iter_audit_files() -> Iterator[Path]:
+    """Every audit query (returns the offending rows; zero rows means healthy)."""
+    yield from _sql_files(sql_dir() / "audits", "SQL audits")
+
+
+def quote_literal(text: str) -> str:
+    """A SQL string literal for DuckDB.
+
+    Examples:
+        >>> quote_literal("it's")
+        "'it''s'"
+    """
+    return "'" + text.replace("'", "''") + "'"
+
+
+def duckdb_type(arrow_type: pa.DataType) -> str:
+    """DuckDB type name of a schema column type."""
+    return _ARROW_TO_DUCKDB[arrow_type]
+
+
+def table_files(lake: LakeRoot, table: str) -> list[str]:
+    """The Parquet files (paths or URLs) of one table that the runs' manifests list, by run
+    then step."""
+    layout = lake_at(lake)
+    return [layout.url(name) for run in manifest.load_all(lake) for name in run.files(table)]
+
+
+def base_view_sql(table: str, files: list[str]) -> str:
+    """`SELECT` over a table's files with the partition columns first, typed from the schema.
+
+    The partition values are parsed from the end of each file's path by the lake's layout
+    (`lake.partition_patterns`), not by DuckDB's Hive parsing of the whole path. DuckDB
+    still prunes files on them: a filter on `rollout_id` reads only that step's files.
+    """
+    table_schema = schema.TABLE_SCHEMAS[table]
+    partitions = schema.TABLE_PARTITIONS[table]
+    types = {col: duckdb_type(schema.PARTITION_TYPES[col]) for col in partitions}
+    if not files:
+        columns = [f"NULL::{types[col]} AS {col}" for col in partitions]
+        columns += [f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in table_schema]
+        return "SELECT " + ", ".join(columns) + " WHERE false"
+    file_list = ", ".join(quote_literal(str(p)) for p in files)
+    parsed = [
+        f"CAST(regexp_extract(filename, {quote_literal(pattern)}, 1) AS {types[col]}) AS {col}"
+        for col, pattern in partition_patterns(table).items()
+    ]
+    selected = ", ".join([*parsed, *(f.name for f in table_schema)])
+    source = f"read_parquet([{file_list}], hive_partitioning = false, filename = true)"
+    if table in _GROWN_TABLES:
+        source = _with_added_columns(table, file_list)
+    return f"SELECT {selected} FROM {source}"
+
+
+# Tables that gained columns since schema version 1 (`runs`: the run metadata). Files written
+# before lack them: they read as NULL there (and the next extraction rewrites the row).
+_GROWN_TABLES = frozenset({schema.RUNS})
+
+
+def _with_added_columns(table: str, file_list: str) -> str:
+    """The files read by name, unioned with a typed empty row set that has every column, so a
+    column absent from every file is still there (NULL) with the schema's type."""
+    typed = ", ".join(
+        f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in schema.TABLE_SCHEMAS[table]
+    )
+    return (
+        f"(SELECT * FROM read_parquet([{file_list}], hive_partitioning = false, filename = true,"
+        f" union_by_name = true) UNION ALL BY NAME SELECT {typed}, NULL::VARCHAR AS filename"
+        " WHERE false)"
+    )
+
+
+def header_comment(sql_text: str) -> str:
+    """The leading `--` comment block of a view file, used as the view's COMMENT."""
+    return "\n".join(line[2:].strip() for line in header_comment_lines(sql_text)).strip()
+
+
+def create_base_views(
+    con: duckdb.DuckDBPyConnection, lake: LakeRoot, *, temp: bool = False
+) -> None:
+    """`tokens`, `samples`, `runs`, `vocab` over the lake's Parquet files.
+
+    With `temp`, as TEMP views of this connection only: they shadow the catalog's own.
+    """
+    kind = "TEMP VIEW" if temp else "VIEW"
+    for table in schema.TABLES:
+        sql = base_view_sql(table, table_files(lake, table))
+        con.execute(f"CREATE OR REPLACE {kind} {table} AS {sql}")
+
+
+def create_sql_views(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Create every `sql/*.sql` view, each after the views its `Inputs:` header names.
+
+    Returns:
+        The view names in the order they were created.
+    """
+    import duckdb
+
+    texts = {path.stem: path.read_text(encoding="utf-8") for path in iter_view_files()}
+    for name, text in texts.items():
+        _check_view_file(sql_dir() / f"{name}.sql", text)
+    created = view_order({name: view_inputs(text) for name, text in texts.items()})
+    for name in created:
+        try:
+            con.execute(texts[name])
+        except duckdb.CatalogException as exc:  # it reads something its header does not name
+            first = str(exc).splitlines()[0]
+            raise LakeError(sql_dir() / f"{name}.sql", f"view cannot be created: {first}") from exc
+        con.execute(f"COMMENT ON VIEW {name} IS {quote_literal(header_comment(texts[name]))}")
+    return created
+
+
+_INPUTS_LINE = re.compile(r"^--\s*Inputs:(.*)$", re.IGNORECASE)
+_HEADER_CONTINUATION = re.compile(r"^--\s{2,}(\S.*)$")
+
+
+def view_inputs(sql_text: str) -> tuple[str, ...] | None:
+    """The tables and views a view file's header declares under `Inputs:` (None: no such line).
+
+    Parenthesised notes and what follows a `;` (the macros) are not inputs.
+
+    Examples:
+        >>> view_inputs("-- Inputs: tokens (for the masks), drift_tokens; macro k3_term.")
+        ('tokens', 'drift_tokens')
+        >>> view_inputs("-- Inputs: none.")
+        ()
+    """
+    lines = header_comment_lines(sql_text)
+    start = next((i for i, line in enumerate(lines) if _INPUTS_LINE.match(line)), None)
+    if start is None:
+        return None
+    match = _INPUTS_LINE.match(lines[start])
+    assert match is not None
+    text = match.group(1)
+    for line in lines[start + 1 :]:  # continuation lines are indented further
+        more = _HEADER_CONTINUATION.match(line)
+        if more is None:
+            break
+        text += " " + more.group(1)
+    text = re.sub(r"\([^)]*\)", "", text).split(";")[0].strip().rstrip(".")
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    return () if names == ("none",) else names
+
+
+def header_comment_lines(sql_text: str) -> list[str]:
+    """The leading `--` lines of a view file, as written."""
+    lines = []
+    for line in sql_text.splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line)
+    return lines
+
+
+def view_order(inputs: dict[str, tuple[str, ...] | None]) -> list[str]:
+    """The views in an order that creates each after its inputs (by name among equals).
+
+    Raises:
+        LakeError: A view declares no inputs, an input that is neither a table nor a view,
+            or views that read each other in a cycle.
+    """
+    known = set(schema.TABLES) | set(inputs)
+    for name, needs in sorted(inputs.items()):
+        if needs is None:
+            raise LakeError(sql_dir() / f"{name}.sql", "has no `-- Inputs:` line in its header")
+        unknown = [n for n in needs if n not in known]
+        if unknown:
+            raise LakeError(
+                sql_dir() / f"{name}.sql",
+                f"names unknown input `{unknown[0]}` in its `Inputs:` header (tables:"
+                f" {', '.join(schema.TABLES)}; or a view under sql/)",
+            )
+    waiting = {name: {n for n in needs or () if n in inputs} for name, needs in inputs.items()}
+    order: list[str] = []
+    while waiting:
+        ready = sorted(name for name, needs in waiting.items() if not needs)
+        if not ready:
+            cycle = ", ".join(f"`{n}`" for n in sorted(waiting))
+            raise LakeError(sql_dir(), f"views {cycle} name each other as inputs in a cycle")
+        for name in ready:
+            del waiting[name]
+            for rest in waiting.values():
+                rest.discard(name)
+        order.extend(ready)
+    return order
+
+
+def _check_view_file(path: Path, text: str) -> None:
+    match = _VIEW_STATEMENT.search(text)
+    if match is None or match.group(1) != path.stem:
+        raise LakeError(path, f"must hold one `CREATE OR REPLACE VIEW {path.stem} AS ...`")
+
+
+def expected_views() -> list[str]:
+    """Every view a complete catalog holds."""
+    return [*schema.TABLES, *(path.stem for path in iter_view_files())]
+
+
+def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
+    present = {row[0] for row in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+    return [name for name in expected_views() if name not in present]
+
+
+def build_catalog(lake: LakeRoot, warnings: list[str] | None = None) -> Path | str:
+    """(Re)build `LAKE/tokenlake.duckdb`; replaced atomically so readers never see half of it
+    (on an object store: built locally, then uploaded in one PUT).
+
+    The new file is checked before it replaces the old one: written out in full (no
+    write-ahead log left) and holding every view. A full disk or another failure is a
+    LakeError and leaves the old catalog in place. A broken user view (`LAKE/views/`) is
+    skipped: one line each appended to `warnings`, or logged when no list is given.
+
+    Returns:
+        The path (or URL) of the catalog file.
+    """
+    layout = lake_at(lake)
+    problems: list[str] = []
+    layout.publish_built(
+        layout.catalog_name, lambda tmp: _write_catalog(tmp, layout.location, problems)
+    )
+    if warnings is None:
+        for problem in problems:
+            log.warning("%s", problem)
+    else:
+        warnings.extend(problems)
+    where = layout.catalog_path if isinstance(layout, Lake) else layout.url(layout.catalog_name)
+    log.info("catalog %s rebuilt", where)
+    return where
+
+
+def _catalog_url(lake: LakeRoot) -> str:
+    layout = lake_at(lake)
+    return layout.url(layout.catalog_name)
+
+
+def create_all_views(con: duckdb.DuckDBPyConnection, lake: LakeRoot) -> list[str]:
+    """Base views, macros, tokenlake's views and the user's; returns the skipped user views."""
+    layout = lake_at(lake)
+    if layout.filesystem is not None:  # an object store: DuckDB reads it through fsspec
+        con.register_filesystem(layout.filesystem)
+    create_base_views(con, lake)
+    for path in iter_macro_files():
+        con.execute(path.read_text(encoding="utf-8"))
+    create_sql_views(con)
+    return create_user_views(con, lake)
+
+
+def _write_catalog(tmp: Path, lake: LakeRoot, problems: list[str]) -> None:
+    import duckdb
+
+    try:
+        # Storage format 1.0: DuckDB clients from 1.0 on can open the catalog (it holds only
+        # views, so nothing newer is needed).
+        con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
+        try:
+            problems[:] = create_all_views(con, lake)
+            con.execute("CHECKPOINT")  # write everything into the file now, errors included
+        finally:
+            con.close()
+        if Path(f"{tmp}.wal").exists():  # DuckDB could not fold its log into the file
+            raise LakeError(_catalog_url(lake), "catalog could not be written in full")
+        with duckdb.connect(str(tmp), read_only=True) as check:
+            missing = missing_views(check)
+    except duckdb.Error as exc:
+        raise _catalog_error(lake, exc) from exc
+    if missing:
+        raise LakeError(
+            _catalog_url(lake),
+            f"catalog lacks views {', '.join(f'`{v}`' for v in missing)} after its build",
+        )
+
+
+def _catalog_error(lake: LakeRoot, exc: Exception) -> LakeError:
+    """One line for a DuckDB failure while building the catalog."""
+    text = str(exc)
+    if "No space left" in text:
+        return LakeError(
+            _catalog_url(lake),
+            "catalog cannot be written (No space left on device); free space, then run"
+            " `tokenlake views LAKE`",
+        )
+    if "No files found" in text or "No such file" in text:
+        return LakeError(
+            lake,
+            "a Parquet file vanished while the catalog was built (an extraction running?);"
+            " run `tokenlake views LAKE` once it has finished",
+        )
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return LakeError(_catalog_url(lake), f"catalog cannot be built ({first[:300]})")
+
+
+def connect(lake: LakeRoot, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """Open the lake's catalog; a moved lake gets its base views rebuilt for this connection.
+
+    A lake on an object store gets an in-memory catalog, built from its manifests now and
+    reading the objects through fsspec (no DuckDB extension needed).
+
+    Raises:
+        LakeError: No catalog, or another program holds it open for writing.
+    """
+    import duckdb
+
+    layout = lake_at(lake)
+    if not isinstance(layout, Lake):
+        return _connect_in_memory(layout.require().location)
+    path = layout.catalog_path
+    if not path.is_file():
+        if not layout.root.is_dir() or layout.is_dump():
+            layout.require()  # says what the path is instead
+        raise LakeError(lake, f"has no `{schema.CATALOG_FILE}`; run `tokenlake extract` first")
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.Error as exc:
+        raise _open_error(lake, exc) from exc
+    try:
+        if read_only and not points_at(con, layout.root):
+            log.warning("the lake moved; views rebuilt for this command (run `tokenlake views`)")
+            create_base_views(con, lake, temp=True)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+_LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
+
+
+def _connect_in_memory(lake: LakeRoot) -> duckdb.DuckDBPyConnection:
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        for problem in create_all_views(con, lake):
+            log.warning("%s", problem)
+    except duckdb.Error as exc:
+        con.close()
+        raise _catalog_error(lake, exc) from exc
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _open_error(lake: LakeRoot, exc: Exception) -> LakeError:
+    text = str(exc)
+    path = Lake(lake).catalog_path
+    if "Could not set lock" in text:
+        holder = _LOCK_HOLDER.search(text)
+        who = f"{holder.group(1)} (PID {holder.group(2)})" if holder else "another program"
+        return LakeError(
+            path,
+            f"is open for writing in {who}; close it there, or open the catalog read-only"
+            f" (`duckdb -readonly {path}`)",
+        )
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return LakeError(
+        path, f"catalog cannot be opened ({first[:300]}); run `tokenlake views LAKE` to rebuild it"
+    )
+
+
+def points_at(con: duckdb.DuckDBPyConnection, root: Path) -> bool:
+    """Whether the catalog's base views read files of the lake at `root` (or no file at all).
+
+    The views hold absolute paths: after the lake is moved they point at the old place.
+    """
+    prefix = quote_literal(f"{root}/")[:-1]
+    names = ", ".join(quote_literal(t) for t in schema.TABLES)
+    rows = con.execute(
+        f"SELECT sql FROM duckdb_views() WHERE view_name IN ({names}) AND NOT temporary"
+    ).fetchall()
+    return all(prefix in sql or "read_parquet" not in sql for (sql,) in rows)
+
+
+def catalog_problem(lake: LakeRoot) -> str | None:
+    """Why the lake's catalog is unusable (cannot be opened, lacks views), or None."""
+    layout = lake_at(lake)
+    rebuild = "run `tokenlake views LAKE` or extract again"
+    if not layout.exists(layout.catalog_name):
+        return f"catalog `{schema.CATALOG_FILE}` is missing; {rebuild}"
+    if isinstance(layout, Lake):
+        return _file_problem(layout.catalog_path, rebuild)
+    with tempfile.TemporaryDirectory(prefix="tokenlake-") as folder:  # a copy to open
+        copy = Path(folder) / schema.CATALOG_FILE
+        copy.write_bytes(layout.read_bytes(layout.catalog_name))
+        return _file_problem(copy, rebuild)
+
+
+def _file_problem(path: Path, rebuild: str) -> str | None:
+    import duckdb
+
+    try:
+        with duckdb.connect(str(path), read_only=True) as con:
+            missing = missing_views(con)
+    except duckdb.Error as exc:
+        if "Could not set lock" in str(exc):
+            return None  # a client holds it for writing: it cannot be checked, nor is broken
+        first = str(exc).splitlines()[0][:200]
+        return f"catalog `{schema.CATALOG_FILE}` cannot be opened ({first}); {rebuild}"
+    if missing:
+        names = ", ".join(f"`{v}`" for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        return f"catalog `{schema.CATALOG_FILE}` lacks views {names}; {rebuild}"
+    return None

@@ -1,0 +1,209 @@
+"""Run SQL against a lake's catalog and render the result (`tokenlake query`).
+
+The catalog is opened read-only, so the only way to change a drift threshold for one query is
+a TEMP view that shadows `drift_settings`; `settings=` builds that view. Every drift view and
+audit binds `drift_settings` when it runs, so they all follow the override.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from tokenlake.errors import UsageError
+from tokenlake.load.lake import LakeRoot
+from tokenlake.serve import catalog
+
+if TYPE_CHECKING:
+    import duckdb
+
+FORMATS = ("table", "csv", "json", "parquet")
+SETTINGS_VIEW = "drift_settings"
+
+
+def open_lake(
+    lake: LakeRoot, settings: Mapping[str, float] | None = None
+) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the catalog, with `settings` overriding `drift_settings`.
+
+    Args:
+        lake: The lake directory (holding `tokenlake.duckdb`).
+        settings: Column name -> value for `drift_settings`; the other columns keep their
+            defaults. Only for this connection.
+
+    Returns:
+        The open connection; the caller closes it.
+    """
+    con = catalog.connect(lake)
+    try:
+        if settings:
+            con.execute(settings_override_sql(con, settings))
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def settings_override_sql(con: duckdb.DuckDBPyConnection, settings: Mapping[str, float]) -> str:
+    """`CREATE TEMP VIEW drift_settings` replacing the given columns of the catalog's view.
+
+    Raises:
+        UsageError: A name is not a column of `drift_settings`.
+    """
+    database = con.execute("SELECT current_database()").fetchall()[0][0]
+    qualified = f"{_quote_ident(database)}.main.{SETTINGS_VIEW}"
+    types = {name: type_ for name, type_, *_ in con.execute(f"DESCRIBE {qualified}").fetchall()}
+    unknown = sorted(set(settings) - set(types))
+    if unknown:
+        names = ", ".join(f"`{name}`" for name in types)
+        raise UsageError(f"Unknown drift setting `{unknown[0]}`; the settings are {names}")
+    replaced = ", ".join(
+        f"{float(value)!r}::{types[name]} AS {name}" for name, value in settings.items()
+    )
+    # The temp schema is searched before `main`, so this view shadows the catalog's one for
+    # every view that reads `drift_settings`; the source must name the catalog explicitly.
+    return (
+        f"CREATE OR REPLACE TEMP VIEW {SETTINGS_VIEW} AS "
+        f"SELECT * REPLACE ({replaced}) FROM {qualified}"
+    )
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def run_query(lake: LakeRoot, sql: str, settings: Mapping[str, float] | None = None) -> pa.Table:
+    """Run SQL (one or more `;`-separated statements) and return the last statement's result.
+
+    Args:
+        lake: The lake directory.
+        sql: The query; may read every view of the catalog.
+        settings: Optional `drift_settings` overrides, see `open_lake`.
+
+    Returns:
+        The result as an Arrow table (zero columns when the last statement returns nothing).
+
+    Raises:
+        UsageError: DuckDB rejected the query; the message is DuckDB's.
+    """
+    import duckdb
+
+    con = open_lake(lake, settings)
+    try:
+        relation = con.sql(sql)
+        return pa.table({}) if relation is None else relation.to_arrow_table()
+    except duckdb.Error as exc:
+        raise UsageError(f"Query failed: {exc}") from exc
+    finally:
+        con.close()
+
+
+def format_table(table: pa.Table, fmt: str) -> str | bytes:
+    """Render a result as text ("table", "csv", "json") or Parquet bytes ("parquet").
+
+    "json" writes JSON Lines: one object per row, keys in column order; NaN and infinities,
+    which JSON cannot hold, become null. "table" rounds floats to 6 significant digits and
+    shows NULL for missing values.
+
+    Examples:
+        >>> print(format_table(pa.table({"step": [0, 1], "k3": [0.001234567, None]}), "table"))
+        step          k3
+        ----  ----------
+           0  0.00123457
+           1        NULL
+        (2 rows)
+    """
+    if fmt == "table":
+        return _format_text(table)
+    if fmt == "csv":
+        return _format_csv(table)
+    if fmt == "json":
+        return _format_json(table)
+    if fmt == "parquet":
+        return _format_parquet(table)
+    raise UsageError(f"Unknown format `{fmt}`; choose one of {', '.join(FORMATS)}")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _is_numeric(type_: pa.DataType) -> bool:
+    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
+
+
+def _format_text(table: pa.Table) -> str:
+    columns = [[_cell(v) for v in column.to_pylist()] for column in table.columns]
+    lines = []
+    widths = [
+        max([len(name), *(len(c) for c in cells)])
+        for name, cells in zip(table.column_names, columns, strict=True)
+    ]
+    right = [_is_numeric(field.type) for field in table.schema]
+    rows = [table.column_names, ["-" * w for w in widths], *zip(*columns, strict=True)]
+    for row in rows:
+        cells = [
+            cell.rjust(width) if align else cell.ljust(width)
+            for cell, width, align in zip(row, widths, right, strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    count = table.num_rows
+    lines.append(f"({count} row{'' if count == 1 else 's'})")
+    return "\n".join(lines)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    return str(value)  # timestamps, decimals: their text form
+
+
+def _format_json(table: pa.Table) -> str:
+    lines = [
+        json.dumps({name: _json_value(value) for name, value in row.items()})
+        for row in table.to_pylist()
+    ]
+    return "".join(line + "\n" for line in lines)
+
+
+def _format_csv(table: pa.Table) -> str:
+    import pyarrow.csv as pa_csv
+
+    # CSV has no nested types: lists and structs are written as their JSON text.
+    columns = []
+    for column in table.columns:
+        if pa.types.is_nested(column.type):
+            column = pa.array(
+                [None if v is None else json.dumps(_json_value(v)) for v in column.to_pylist()],
+                pa.string(),
+            )
+        columns.append(column)
+    flat = pa.table(columns, names=table.column_names)
+    sink = io.BytesIO()
+    pa_csv.write_csv(flat, sink)
+    return sink.getvalue().decode("utf-8")
+
+
+def _format_parquet(table: pa.Table) -> bytes:
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()

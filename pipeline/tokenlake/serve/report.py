@@ -1,0 +1,389 @@
+"""`tokenlake report`: one self-contained HTML page with a lake's health and drift charts.
+
+Reads the catalog's views only (`tokenlake.serve.report_data`), draws with Vega-Lite specs built by
+altair (`tokenlake.serve.report_charts`) and writes one file that inlines every script and style
+(`tokenlake.serve.report_html`). Sections, in order: runs, audits, reward health per step, drift per
+step, where the drift is, worst tokens and samples.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tokenlake.cli_util import StepSelection as StepRanges
+from tokenlake.errors import LakeError, OutputError
+from tokenlake.load.lake import LakeRoot, atomic_write, lake_at, temporary_path
+from tokenlake.serve import report_charts as rc
+from tokenlake.serve import report_data as rd
+from tokenlake.serve import report_html as rh
+from tokenlake.serve.query import open_lake
+
+WORST_SAMPLES = 10  # samples with a per-token strip, per run
+TOP_TOKENS = 10  # tokens per step in "Top drifting tokens"
+
+
+@dataclass(frozen=True)
+class ReportSummary:
+    """What `build_report` wrote."""
+
+    path: Path
+    runs: tuple[str, ...]
+    size: int  # bytes
+    seconds: float
+
+
+@dataclass
+class _Page:
+    """The page under construction: section HTML, charts, datasets."""
+
+    sel: rd.Selection
+    sections: list[str] = field(default_factory=list)
+    charts: list[rc.Chart] = field(default_factory=list)
+    strips: list[dict[str, Any]] = field(default_factory=list)
+    datasets: dict[str, rd.Rows] = field(default_factory=dict)
+
+    def chart(self, chart: rc.Chart) -> str:
+        self.charts.append(chart)
+        return rh.chart_div(chart)
+
+
+def build_report(
+    lake: LakeRoot,
+    out: Path,
+    runs: Sequence[str] = (),
+    steps: Sequence[int] | StepRanges | None = None,
+    worst: int = WORST_SAMPLES,
+) -> ReportSummary:
+    """Write the report of `runs` (default: all) and `steps` (default: all) to `out`.
+
+    `steps` is a list of step ids, or any container of them (the CLI's lazy `--steps` ranges),
+    which is then matched against the steps the lake has.
+
+    Raises:
+        LakeError: The lake has no catalog.
+        UsageError: A run is not in the lake.
+        OutputError: `out` cannot be written.
+    """
+    started = time.perf_counter()
+    out = Path(out)
+    _check_output(out)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        bundle = pool.submit(rh.vega_bundle)  # ~2 s in vl-convert, beside the queries
+        page = _collect(lake, runs, steps, worst)
+        text = rh.page(
+            f"tokenlake report: {', '.join(page.sel.runs) or 'no runs'}",
+            _header(lake, page.sel),
+            page.sections,
+            _payload(page),
+            bundle.result(),
+        )
+
+    def write(temporary: Path) -> None:
+        temporary.write_text(text, encoding="utf-8")
+
+    try:  # never half a report: written beside `out`, then renamed into place
+        atomic_write(out, write)
+    except LakeError as exc:
+        reason = getattr(exc.__cause__, "strerror", None) or exc.problem
+        raise OutputError(out, reason) from exc
+    return ReportSummary(out, page.sel.runs, out.stat().st_size, time.perf_counter() - started)
+
+
+def _check_output(out: Path) -> None:
+    """Fail before any work when `out` cannot be written (a directory, a missing or read-only
+    folder): a probe file beside it is created and removed."""
+    if out.is_dir():
+        raise OutputError(out, "it is a directory")
+    probe = temporary_path(out.parent)
+    try:
+        probe.open("w").close()
+    except OSError as exc:
+        raise OutputError(out, exc.strerror or str(exc)) from exc
+    probe.unlink(missing_ok=True)
+
+
+def _step_ranges(steps: Sequence[int] | StepRanges | None) -> tuple[tuple[int, int], ...] | None:
+    """Inclusive ranges from step ids or a `--steps` selection (never expanded: `0-10**10`).
+
+    Examples:
+        >>> _step_ranges([3, 1])
+        ((1, 1), (3, 3))
+    """
+    if steps is None:
+        return None
+    ranges = getattr(steps, "ranges", None)
+    if ranges is not None:
+        return tuple(ranges)
+    return tuple((step, step) for step in sorted(set(steps)))  # type: ignore[arg-type]
+
+
+def _collect(
+    lake: LakeRoot, runs: Sequence[str], steps: Sequence[int] | StepRanges | None, worst: int
+) -> _Page:
+    con = open_lake(lake)
+    try:
+        con.execute("SET enable_progress_bar = false")  # no bar on the CLI's terminal
+        sel = rd.Selection(rd.resolve_runs(con, runs), _step_ranges(steps))
+        rd.restrict(con, sel)
+        rd.cache_views(con)
+        page = _Page(sel)
+        page.sections.append(_runs_section(rd.runs_overview(con, sel)))
+        page.sections.append(_audits_section(rd.audits(con, sel)))
+        page.datasets.update(rd.step_datasets(con, sel))
+        limits = rd.settings(con)
+        page.sections.append(_reward_section(page, limits))
+        page.sections.append(_drift_section(page, limits))
+        page.datasets.update(rd.breakdown_datasets(con, sel))
+        page.sections.append(_where_section(page))
+        page.datasets.update(rd.worst_tokens(con, sel, TOP_TOKENS))
+        samples = rd.worst_samples(con, sel, worst)
+        page.sections.append(_worst_section(page, rd.strip_tokens(con, samples)))
+    finally:
+        con.close()
+    return page
+
+
+def _header(lake: LakeRoot, sel: rd.Selection) -> str:
+    steps = "all steps" if sel.steps is None else f"steps {_ranges(sel.steps)}"
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        f"<h1>tokenlake report</h1><p>Lake {rh.cell(str(lake_at(lake).location))}; runs "
+        f"{rh.cell(', '.join(sel.runs) or 'none')}; {steps}; generated {now}.</p>"
+        "<p>δ = train − rollout log-prob of a loss-covered token (nats). Click a legend entry"
+        " to pick a run (shift-click for more); hover for values.</p>"
+    )
+
+
+def _ranges(ranges: Sequence[tuple[int, int]]) -> str:
+    """`0-3,7` from inclusive step ranges.
+
+    Examples:
+        >>> _ranges([(0, 3), (7, 7)])
+        '0-3,7'
+    """
+    parts = [str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges]
+    return ",".join(parts) or "none"
+
+
+def _payload(page: _Page) -> dict[str, Any]:
+    used = {name for chart in page.charts for name in chart.datasets}
+    return {
+        "datasets": {name: rows for name, rows in page.datasets.items() if name in used},
+        "charts": [vars(chart) for chart in page.charts],
+        "strips": page.strips,
+    }
+
+
+def _runs_section(rows: rd.Rows) -> str:
+    columns = ["run", "steps", "eval_steps", "samples", "tokens", "source_dir", "extracted_at",
+               "tool", "schema_version"]  # fmt: skip
+    if not rows:
+        return rh.section("runs", "1. Runs", [rh.note("The lake has no runs yet.")])
+    body = [rh.table(columns, [[row[c] for c in columns] for row in rows])]
+    return rh.section("runs", "1. Runs", body)
+
+
+# How an audit that returned rows is shown, by its severity (as `tokenlake audit` labels it).
+_AUDIT_LABELS = {"error": ("fail", "FAIL"), "warning": ("warn", "WARN"), "info": ("info", "INFO")}
+
+
+def _audits_section(results: list[rd.AuditSection]) -> str:
+    failed = [r for r in results if r.count and r.severity == "error"]
+    warned = [r for r in results if r.count and r.severity == "warning"]
+    body = [
+        f'<p class="{"fail" if failed else "pass"}">{len(failed)} of {len(results)} audits '
+        f"fail and {len(warned)} warn in the selected runs and steps.</p>"
+    ]
+    order = {"error": 0, "warning": 1, "info": 2}
+    for result in sorted(results, key=lambda r: (r.count == 0, order[r.severity], r.name)):
+        css, label = _AUDIT_LABELS[result.severity]
+        status = (
+            f'<span class="{css}">{label} ({result.count:,} rows)</span>'
+            if result.count
+            else ('<span class="pass">PASS</span>')
+        )
+        body.append(
+            f'<div class="audit">{status} <code>{rh.cell(result.name)}</code> '
+            f"[{result.severity}]: {rh.cell(result.description)}</div>"
+        )
+        if result.count:
+            body.append(rh.table(result.columns, result.rows))
+            if result.count > len(result.rows):
+                body.append(rh.note(f"First {len(result.rows)} of {result.count:,} rows."))
+    return rh.section("audits", "2. Audits", body)
+
+
+def _has(rows: rd.Rows, column: str) -> bool:
+    return any(row.get(column) is not None for row in rows)
+
+
+def _per_step(page: _Page, chart_id: str, dataset: str, fields: dict[str, str],
+              title: str, unit: str, **kwargs: Any) -> str:  # fmt: skip
+    if not any(_has(page.datasets[dataset], name) for name in fields):
+        return rh.note(f"{title}: no values in the selected runs and steps.")
+    threshold = kwargs.pop("threshold", None)
+    if threshold is not None and _off_scale(page.datasets[dataset], fields, threshold[0]):
+        # A rule far above every value would flatten the lines to the axis: it is named, not drawn.
+        title, threshold = f"{title} (alarm at {threshold[0]:.4g}, far above)", None
+    return page.chart(
+        rc.per_step(chart_id, dataset, fields, title, unit, threshold=threshold, **kwargs)
+    )
+
+
+# An alarm rule more than this many times the largest value is left out of the chart's scale.
+OFF_SCALE = 20.0
+
+
+def _off_scale(rows: rd.Rows, fields: dict[str, str], threshold: float) -> bool:
+    """Whether `threshold` lies far above every finite value of `fields` in `rows`.
+
+    Examples:
+        >>> _off_scale([{"k3": 0.001}, {"k3": None}], {"k3": "TM"}, 1.0)
+        True
+        >>> _off_scale([{"k3": 0.2}], {"k3": "TM"}, 1.0)
+        False
+    """
+    values = [abs(row[name]) for row in rows for name in fields if row.get(name) is not None]
+    return bool(values) and threshold > 0 and threshold > OFF_SCALE * max(values)
+
+
+def _single_step_note(rows: rd.Rows) -> list[str]:
+    steps = {row["rollout_id"] for row in rows}
+    if len(steps) == 1:
+        return [rh.note("Only one training step: each per-step chart shows single points.")]
+    return []
+
+
+def _reward_section(page: _Page, limits: dict[str, Any]) -> str:
+    rows = page.datasets["step_stats"]
+    if not rows:
+        return rh.section("reward", "3. Reward health per step", [rh.note("No training steps.")])
+    charts = [
+        _per_step(page, "reward-mean", "step_stats", {"reward_mean": "mean"}, "Reward mean", "reward"),
+        _per_step(page, "reward-std", "step_stats", {"reward_std": "std"}, "Reward std", "reward"),
+        _per_step(page, "zero-std", "step_stats", {"zero_std_group_frac": "groups"},
+                  "Zero-std group fraction", "fraction",
+                  threshold=(limits["alarm_zero_std_group_frac"], "alarm")),
+        _per_step(page, "truncated", "step_stats", {"truncated_frac": "samples"},
+                  "Truncated fraction", "fraction",
+                  threshold=(limits["alarm_truncated_frac"], "alarm")),
+        _per_step(page, "length", "step_stats", {"response_length_mean": "mean"},
+                  "Response length", "tokens"),
+    ]  # fmt: skip
+    if page.datasets["eval_reward"]:
+        charts.append(
+            _per_step(
+                page,
+                "eval-reward",
+                "eval_reward",
+                {"eval_reward_mean": "eval"},
+                "Eval reward mean",
+                "reward",
+            )  # fmt: skip
+        )
+    else:
+        charts.append(rh.note("Eval reward: no eval files in the selected runs and steps."))
+    body = _single_step_note(rows) + ['<div class="grid">', *charts, "</div>"]
+    return rh.section("reward", "3. Reward health per step", body)
+
+
+def _drift_section(page: _Page, limits: dict[str, Any]) -> str:
+    rows = page.datasets["drift_steps"]
+    if not _has(rows, "mean_abs_lp_diff_tm"):
+        note = rh.note("No loss-covered token with both log-probs: the dump has no drift data.")
+        return rh.section("drift", "4. Drift per step", [note])
+    rules = rd.REJECTION_RULES
+    charts = [
+        _per_step(page, "mean-abs", "drift_steps",
+                  {"mean_abs_lp_diff_tm": "TM", "mean_abs_lp_diff_smtm": "SMTM"}, "Mean |δ|",
+                  "nats", threshold=(limits["alarm_mean_abs_lp_diff_smtm"], "alarm (SMTM)")),
+        _per_step(page, "p99", "drift_steps", {"p99_abs_lp_diff": "p99"}, "p99 |δ|", "nats"),
+        _per_step(page, "k3", "drift_steps", {"k3_kl": "TM", "k3_kl_smtm": "SMTM"}, "k3 KL",
+                  "nats", threshold=(limits["alarm_k3_kl"], "alarm (TM)")),
+        _per_step(page, "chi2", "drift_steps", {"chi2_token": "token", "chi2_seq": "sequence"},
+                  "χ²", "ratio"),
+        _per_step(page, "ess", "drift_steps", {"ess": "ESS"}, "Effective sample size",
+                  "fraction", threshold=(limits["alarm_ess_min"], "alarm (min)")),
+        _per_step(page, "mult-prob", "drift_steps", {"mult_prob_error": "TM"},
+                  "Mean exp(|δ|)", "ratio",
+                  threshold=(limits["alarm_mult_prob_error"], "alarm")),
+        _per_step(page, "reject-token", "drift_steps",
+                  {f"{r}_token_frac": r for r in rules}, "Rejected tokens", "fraction"),
+        _per_step(page, "reject-seq", "drift_steps",
+                  {f"{r}_seq_frac": r for r in rules}, "Rejected samples", "fraction"),
+    ]  # fmt: skip
+    body = _single_step_note(rows) + ['<div class="grid">', *charts, "</div>"]
+    return rh.section("drift", "4. Drift per step", body)
+
+
+def _where_section(page: _Page) -> str:
+    data = page.datasets
+    title = "5. Where the drift is"
+    if not data["by_position"]:
+        return rh.section("where", title, [rh.note("No loss-covered token with both log-probs.")])
+    steps = [row["rollout_id"] for row in data["by_position"]]
+    body = [
+        '<div class="wide">', page.chart(rc.position_heatmap("heatmap")), "</div>",
+        '<div class="grid">',
+        page.chart(rc.by_step_selected(
+            "by-prob", "by_prob", steps, ("label", "rollout probability", "bucket"),
+            "Mean |δ| by rollout probability", "datum.dimension === 'rollout_prob'")),
+    ]  # fmt: skip
+    if any(row["dimension"] == "entropy" for row in data["by_prob"]):
+        body.append(page.chart(rc.by_step_selected(
+            "by-entropy", "by_prob", steps, ("label", "actor entropy (nats)", "bucket"),
+            "Mean |δ| by actor entropy", "datum.dimension === 'entropy'")))  # fmt: skip
+    else:
+        body.append(rh.note("By entropy: the dump has no entropy."))
+    body.append(page.chart(rc.by_step_selected(
+        "by-turn", "by_turn", steps, ("turn_index", "turn (segment of the response)", None),
+        "Mean |δ| by turn")))  # fmt: skip
+    body.append(page.chart(rc.by_step_selected(
+        "by-staleness", "by_staleness", steps, ("staleness", "staleness (steps)", None),
+        "Mean |δ| by staleness", extra={"strokeDash": rc.alt.StrokeDash(
+            "mixed_version:N", title="mixed version")})))  # fmt: skip
+    body += [page.chart(rc.histogram("histogram", steps)), "</div>"]
+    return rh.section("where", title, body)
+
+
+def _worst_section(page: _Page, strips: list[dict[str, Any]]) -> str:
+    title = "6. Worst tokens and samples"
+    data = page.datasets
+    if not data["top_tokens"]:
+        return rh.section("worst", title, [rh.note("No loss-covered token with both log-probs.")])
+    steps = [row["rollout_id"] for row in data["top_tokens"]]
+    body = [
+        '<div class="wide">',
+        page.chart(rc.top_tokens("top-tokens", steps)),
+        "</div>",
+        "<h3>Worst samples by mean |δ|</h3>",
+        "<p>One cell per response token, coloured by δ (blue below 0, red above);"
+        ' <span class="legend-grey"></span> grey cells are masked (loss mask 0) or have no'
+        " finite log-prob pair. Rows of 100 tokens.</p>",
+    ]
+    # One colour scale for every strip: ± the largest |δ| among the samples shown.
+    limit = max((s["max_abs_lp_diff"] or 0.0 for s in strips), default=0.0) or 1.0
+    for index, sample in enumerate(strips):
+        body.append(_strip(page, index, sample, limit))
+    return rh.section("worst", title, body)
+
+
+def _strip(page: _Page, index: int, sample: dict[str, Any], limit: float) -> str:
+    cells = sample["cells"]
+    label = (
+        f"{sample['run']} · step {sample['rollout_id']} · sample {sample['sample_index']}"
+        f" · mean |δ| {sample['mean_abs_lp_diff']:.4g} nats · {len(cells['position'])} tokens"
+    )
+    chart = rc.strip(f"strip-{index}", f"strip_{index}", len(cells["position"]), label, limit)
+    page.strips.append({**vars(chart), "cells": cells})
+    keys = " ".join(
+        f'data-{name}="{int(sample[key])}"'
+        for name, key in (("rollout-id", "rollout_id"), ("batch-position", "batch_position"))
+    )
+    return f'<div class="strip" id="{chart.id}" data-run="{rh.cell(sample["run"])}" {keys}></div>'

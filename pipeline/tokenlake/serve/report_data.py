@@ -1,0 +1,352 @@
+"""What the report shows, read from the catalog's views (`tokenlake report`).
+
+Every number comes from a view under `sql/` or an audit under `sql/audits/`; this module only
+selects rows (runs, steps) and columns, so no statistic has a second implementation here. Only
+aggregates leave the catalog, plus the tokens of the few worst samples for their strips.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tokenlake import schema
+from tokenlake.errors import UsageError
+from tokenlake.serve import audit, catalog
+
+if TYPE_CHECKING:
+    import duckdb
+
+Rows = list[dict[str, Any]]
+AUDIT_ROWS = 20  # offending rows shown per failed audit
+
+# Columns each per-step dataset carries into the page (the views have more).
+STEP_STATS_COLUMNS = (
+    "reward_mean",
+    "reward_std",
+    "zero_std_group_frac",
+    "truncated_frac",
+    "response_length_mean",
+)
+REJECTION_RULES = ("veto", "outlier", "geo_reject", "seq_ratio_reject", "icepop")
+DRIFT_STEP_COLUMNS = (
+    "tokens",
+    "mean_abs_lp_diff_tm",
+    "mean_abs_lp_diff_smtm",
+    "p99_abs_lp_diff",
+    "k3_kl",
+    "k3_kl_smtm",
+    "chi2_token",
+    "chi2_seq",
+    "ess",
+    "mult_prob_error",
+    *(f"{rule}_{kind}_frac" for rule in REJECTION_RULES for kind in ("token", "seq")),
+)
+BREAKDOWN_COLUMNS = ("tokens", "samples", "mean_abs_lp_diff", "k3_kl", "k3_share")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The runs and steps a report covers.
+
+    Attributes:
+        runs: Run names, sorted.
+        steps: Inclusive (low, high) step ranges to keep, or None for every step.
+    """
+
+    runs: tuple[str, ...]
+    steps: tuple[tuple[int, int], ...] | None = None
+
+    def where(self, *, steps: bool = True, alias: str = "") -> str:
+        """SQL condition keeping the selection; literals inline so DuckDB prunes partitions.
+
+        Examples:
+            >>> Selection(("a", "b'c"), ((1, 2), (7, 7))).where()
+            "run IN ('a', 'b''c') AND (rollout_id BETWEEN 1 AND 2 OR rollout_id BETWEEN 7 AND 7)"
+        """
+        prefix = f"{alias}." if alias else ""
+        names = ", ".join(catalog.quote_literal(run) for run in self.runs) or "NULL"
+        condition = f"{prefix}run IN ({names})"
+        if steps and self.steps is not None:
+            ranges = [f"{prefix}rollout_id BETWEEN {lo} AND {hi}" for lo, hi in self.steps]
+            condition += f" AND ({' OR '.join(ranges) or 'FALSE'})"
+        return condition
+
+
+@dataclass
+class AuditSection:
+    """One audit's outcome within the selection."""
+
+    name: str
+    description: str
+    count: int
+    severity: str = "error"  # from the audit file's `Severity:` header line
+    columns: list[str] = field(default_factory=list)
+    rows: list[list[Any]] = field(default_factory=list)
+
+
+def clean(value: Any) -> Any:
+    """A value JSON can hold: NaN and infinities become None, timestamps ISO text.
+
+    Examples:
+        >>> [clean(float("nan")), clean(1.5), clean("x")]
+        [None, 1.5, 'x']
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "isoformat"):
+        return value.isoformat(sep=" ", timespec="seconds")
+    return value
+
+
+def fetch(con: duckdb.DuckDBPyConnection, sql: str) -> Rows:
+    """Rows of a query as dicts of JSON-safe values (aggregates only: a few thousand rows)."""
+    table = con.sql(sql).to_arrow_table()
+    return [{k: clean(v) for k, v in row.items()} for row in table.to_pylist()]
+
+
+def resolve_runs(con: duckdb.DuckDBPyConnection, requested: Sequence[str]) -> tuple[str, ...]:
+    """The requested runs (all runs of the lake when none), checked against `runs`.
+
+    Raises:
+        UsageError: A requested run is not in the lake.
+    """
+    known = [row[0] for row in con.sql("SELECT run FROM runs ORDER BY run").fetchall()]
+    for name in requested:
+        if name not in known:
+            listed = ", ".join(f"`{run}`" for run in known) or "none"
+            raise UsageError(f"Unknown run `{name}`; the lake has runs: {listed}")
+    return tuple(sorted(set(requested))) if requested else tuple(known)
+
+
+def restrict(con: duckdb.DuckDBPyConnection, sel: Selection) -> None:
+    """Shadow the base views `tokens` and `samples` with TEMP views of the selection only.
+
+    Every view of the catalog then reads only the selected runs' and steps' partitions, even
+    where a window over steps (`drift_steps`' changes, `drift_by_turn`) would stop DuckDB from
+    pushing a filter on `rollout_id` down to the files. This is the mechanism `drift_settings`
+    overrides use (docs/drift.md): the temp schema is searched first.
+    """
+    database = con.sql("SELECT current_database()").fetchall()[0][0]
+    for table in (schema.TOKENS, schema.SAMPLES):
+        source = f'"{database.replace(chr(34), chr(34) * 2)}".main.{table}'
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM {source} WHERE {sel.where()}"
+        )
+
+
+# Per-sample and per-step views that several sections and audits read (drift_alarms reads
+# drift_steps; truncated_steps reads step_stats): computed once per
+# report into TEMP tables of the same name, which shadow the catalog's views as `restrict`'s
+# do. Dependencies first, so each is computed from the tables before it.
+CACHED_VIEWS = ("sample_stats", "group_stats", "step_stats", "drift_samples", "drift_steps")
+
+
+def cache_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Compute `CACHED_VIEWS` once over the selection (after `restrict`): same SQL, same rows."""
+    database = con.sql("SELECT current_database()").fetchall()[0][0]
+    quoted = f'"{database.replace(chr(34), chr(34) * 2)}"'
+    for name in CACHED_VIEWS:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {quoted}.main.{name}")
+
+
+def runs_overview(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
+    """One row per run: steps, samples, tokens within the selection, and the `runs` metadata."""
+    return fetch(
+        con,
+        f"""
+        WITH s AS (
+            SELECT run, count(DISTINCT rollout_id) FILTER (WHERE NOT evaluation) AS steps,
+                count(DISTINCT rollout_id) FILTER (WHERE evaluation) AS eval_steps,
+                count(*) FILTER (WHERE NOT evaluation) AS samples
+            FROM samples WHERE {sel.where()} GROUP BY run
+        ), t AS (
+            SELECT run, count(*) AS tokens FROM tokens WHERE {sel.where()} GROUP BY run
+        )
+        SELECT r.run, coalesce(s.steps, 0) AS steps, coalesce(s.eval_steps, 0) AS eval_steps,
+            coalesce(s.samples, 0) AS samples, coalesce(t.tokens, 0) AS tokens,
+            r.source_dir, r.extracted_at, r.tool, r.schema_version
+        FROM runs AS r LEFT JOIN s USING (run) LEFT JOIN t USING (run)
+        WHERE {sel.where(steps=False, alias="r")} ORDER BY r.run
+        """,
+    )
+
+
+def audits(con: duckdb.DuckDBPyConnection, sel: Selection) -> list[AuditSection]:
+    """Every audit under `sql/audits/`, its offending rows restricted to the selection."""
+    results = []
+    for path in catalog.iter_audit_files():
+        text = path.read_text(encoding="utf-8").strip().rstrip(";")
+        columns = [c[0] for c in con.sql(f"SELECT * FROM ({text}) LIMIT 0").description]
+        keep = sel.where(steps="rollout_id" in columns) if "run" in columns else "true"
+        relation = con.sql(
+            f"SELECT *, count(*) OVER () AS __rows FROM ({text}) WHERE {keep} LIMIT {AUDIT_ROWS}"
+        )
+        rows = relation.fetchall()
+        count = rows[0][-1] if rows else 0
+        section = AuditSection(path.stem, audit.describe(text), count, audit.severity(path, text))
+        section.columns = columns
+        section.rows = [[clean(v) for v in row[:-1]] for row in rows]
+        results.append(section)
+    return results
+
+
+def settings(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """The one row of `drift_settings` (the thresholds drawn as rules)."""
+    return fetch(con, "SELECT * FROM drift_settings")[0]
+
+
+def step_datasets(con: duckdb.DuckDBPyConnection, sel: Selection) -> dict[str, Rows]:
+    """The per-step datasets: `step_stats`, the eval reward, `drift_steps`."""
+    where = sel.where()
+    return {
+        "step_stats": fetch(
+            con,
+            f"SELECT run, rollout_id, {', '.join(STEP_STATS_COLUMNS)} FROM step_stats "
+            f"WHERE {where} ORDER BY run, rollout_id",
+        ),
+        # sample_stats.reward is the rollout-side reward of eval samples (views.md).
+        "eval_reward": fetch(
+            con,
+            "SELECT run, rollout_id, avg(reward) AS eval_reward_mean, count(reward) AS samples "
+            f"FROM sample_stats WHERE evaluation AND {where} "
+            "GROUP BY run, rollout_id HAVING count(reward) > 0 ORDER BY run, rollout_id",
+        ),
+        "drift_steps": fetch(
+            con,
+            f"SELECT run, rollout_id, {', '.join(DRIFT_STEP_COLUMNS)} FROM drift_steps "
+            f"WHERE {where} ORDER BY run, rollout_id",
+        ),
+    }
+
+
+_BUCKET_LABEL = (
+    "CASE WHEN NOT isfinite(bucket_low) THEN '< ' || printf('%g', bucket_high) "
+    "WHEN NOT isfinite(bucket_high) THEN '≥ ' || printf('%g', bucket_low) "
+    "ELSE printf('%g to %g', bucket_low, bucket_high) END"
+)
+# The open tails of the histogram are drawn one bin wide (0.002 nats) beside their edge.
+_BIN_LOW = "CASE WHEN isfinite(bin_low) THEN bin_low ELSE bin_high - 0.002 END"
+_BIN_HIGH = "CASE WHEN isfinite(bin_high) THEN bin_high ELSE bin_low + 0.002 END"
+
+
+def breakdown_datasets(con: duckdb.DuckDBPyConnection, sel: Selection) -> dict[str, Rows]:
+    """Where the drift is: by position, probability/entropy bucket, turn, staleness, |δ| bins."""
+    where = sel.where()
+    stats = ", ".join(BREAKDOWN_COLUMNS)
+    return {
+        "by_position": fetch(
+            con,
+            f"SELECT run, rollout_id, position_bucket, position_low, position_high, {stats} "
+            f"FROM drift_by_position WHERE {where} ORDER BY ALL",
+        ),
+        "by_prob": fetch(
+            con,
+            f"SELECT run, rollout_id, dimension, bucket, {_BUCKET_LABEL} AS label, {stats} "
+            f"FROM drift_by_prob WHERE {where} ORDER BY ALL",
+        ),
+        "by_turn": fetch(
+            con, f"SELECT run, rollout_id, turn_index, {stats} FROM drift_by_turn WHERE {where}"
+        ),
+        "by_staleness": fetch(
+            con,
+            f"SELECT run, rollout_id, staleness, mixed_version, {stats} "
+            f"FROM drift_by_staleness WHERE {where}",
+        ),
+        "histogram": fetch(
+            con,
+            f"SELECT run, rollout_id, bin, {_BIN_LOW} AS x_low, {_BIN_HIGH} AS x_high, "
+            f"{_BUCKET_LABEL.replace('bucket_', 'bin_')} AS label, tokens, fraction "
+            f"FROM drift_histogram WHERE {where} AND tokens > 0 ORDER BY ALL",
+        ),
+    }
+
+
+def worst_tokens(con: duckdb.DuckDBPyConnection, sel: Selection, top: int) -> dict[str, Rows]:
+    """The top drifting token texts of each step (`drift_by_token`, by share of k3)."""
+    where = sel.where()
+    return {
+        "top_tokens": fetch(
+            con,
+            "SELECT run, rollout_id, token_id, coalesce(to_json(token_text)::VARCHAR, "
+            "'#' || token_id) AS label, tokens, mean_abs_lp_diff, k3_kl, k3_share, k3_rank "
+            f"FROM drift_by_token WHERE {where} AND k3_rank <= {top}",
+        ),
+    }
+
+
+def worst_samples(con: duckdb.DuckDBPyConnection, sel: Selection, per_run: int) -> Rows:
+    """The `per_run` samples of each run with the largest mean |δ| (`drift_samples`)."""
+    return fetch(
+        con,
+        f"""
+        SELECT d.run, d.rollout_id, d.batch_position, d.sample_index, d.tokens,
+            d.mean_abs_lp_diff, d.max_abs_lp_diff, s.response_length
+        FROM drift_samples AS d
+        JOIN samples AS s ON s.run = d.run AND s.rollout_id = d.rollout_id
+            AND NOT s.evaluation AND s.batch_position = d.batch_position
+        WHERE {sel.where(alias="d")}
+        QUALIFY row_number() OVER (
+            PARTITION BY d.run ORDER BY d.mean_abs_lp_diff DESC, d.rollout_id, d.batch_position
+        ) <= {int(per_run)}
+        ORDER BY d.run, d.mean_abs_lp_diff DESC, d.rollout_id, d.batch_position
+        """,
+    )
+
+
+# Token status codes of a strip cell (the page greys every code but COVERED).
+MASKED, NO_PAIR, NONFINITE, COVERED = 0, 1, 2, 3
+_STATUS = f"""CASE WHEN coalesce(t.loss_mask, 0) = 0 THEN {MASKED}
+    WHEN t.lp_diff IS NULL THEN {NO_PAIR}
+    WHEN NOT (isfinite(t.lp_diff) AND isfinite(t.train_log_prob)
+              AND isfinite(t.rollout_log_prob)) THEN {NONFINITE}
+    ELSE {COVERED} END"""
+
+
+def _json_array(expression: str) -> str:
+    """SQL building one sample's JSON array of `expression`, in position order."""
+    return f"'[' || string_agg({expression}, ',' ORDER BY t.position) || ']'"
+
+
+def _number(column: str) -> str:
+    # 5 significant digits: a strip cell needs no more, and the page stays small.
+    return f"CASE WHEN isfinite({column}) THEN printf('%.5g', {column}) ELSE 'null' END"
+
+
+STRIP_ARRAYS = {
+    "position": "t.position::VARCHAR",
+    "token_id": "t.token_id::VARCHAR",
+    "text": "coalesce(to_json(v.token_text)::VARCHAR, 'null')",
+    "train": _number("t.train_log_prob"),
+    "rollout": _number("t.rollout_log_prob"),
+    "delta": _number("t.lp_diff"),
+    "status": _STATUS,
+}
+
+
+def strip_tokens(con: duckdb.DuckDBPyConnection, samples: Rows) -> list[dict[str, Any]]:
+    """Every response token of the given samples, as one JSON array per field and sample.
+
+    Reads only those samples' partitions (run and step in the condition, batch position
+    pruning row groups). The arrays are built in SQL, so no Python loop touches a token.
+    """
+    import json
+
+    strips = []
+    arrays = ", ".join(f"{_json_array(sql)} AS {name}" for name, sql in STRIP_ARRAYS.items())
+    for sample in samples:
+        rows = con.sql(
+            f"SELECT {arrays} FROM tokens AS t LEFT JOIN vocab AS v "
+            "ON v.run = t.run AND v.token_id = t.token_id "
+            f"WHERE t.run = {catalog.quote_literal(sample['run'])} "
+            f"AND t.rollout_id = {int(sample['rollout_id'])} AND NOT t.evaluation "
+            f"AND t.batch_position = {int(sample['batch_position'])}"
+        ).fetchall()
+        row = rows[0] if rows else (None,) * len(STRIP_ARRAYS)
+        values = {
+            name: json.loads(text or "[]") for name, text in zip(STRIP_ARRAYS, row, strict=True)
+        }
+        strips.append({**sample, "cells": values})
+    return strips

@@ -1,0 +1,125 @@
+"""HTML pieces of the report and the page around them: one self-contained file.
+
+The page inlines its style sheet, its script and the Vega/Vega-Lite/Vega-Embed bundle that
+the `vl-convert-python` package ships, so it opens with no network and no server. Text from
+the lake (run names, token texts, audit rows) is escaped; JSON in `<script>` has `</` escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.resources
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenlake.serve.report_charts import Chart
+
+ASSETS = Path(str(importlib.resources.files("tokenlake.serve"))) / "report_assets"
+
+# The bundle's entry snippet: put the three libraries on `window` for the page's script.
+_GLOBALS = "window.vegaEmbed = vegaEmbed; window.vega = vega; window.vegaLite = vegaLite;"
+
+
+def vega_bundle() -> str:
+    """Vega, Vega-Lite and Vega-Embed as one script that sets them on `window` (offline).
+
+    The Vega-Lite version is the one altair writes its specs for (e.g. 6.4).
+    """
+    import altair
+    import vl_convert
+
+    major_minor = ".".join(altair.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+    return str(vl_convert.javascript_bundle(_GLOBALS, vl_version=major_minor))
+
+
+def cell(value: Any) -> str:
+    """A table cell's text: numbers to 6 significant digits, None as an em dash.
+
+    Examples:
+        >>> [cell(None), cell(0.000123456789), cell(12), cell(True), cell("<b>")]
+        ['—', '0.000123457', '12', 'true', '&lt;b&gt;']
+    """
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    return html.escape(str(value))
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """An HTML table; numeric cells align right."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="{"num" if isinstance(v, int | float) else ""}">{cell(v)}</td>' for v in row
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f'<div class="table"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def note(text: str) -> str:
+    """A sentence shown instead of a chart or beside it (empty or missing data)."""
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+def chart_div(chart: Chart, kind: str = "chart") -> str:
+    """The element a chart draws into."""
+    return f'<div class="{kind}" id="{html.escape(chart.id)}"></div>'
+
+
+def section(anchor: str, title: str, body: Sequence[str]) -> str:
+    """One numbered section of the page."""
+    return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>' + "\n".join(body) + "</section>"
+
+
+def script_json(payload: Any) -> str:
+    """JSON safe inside a `<script>` element.
+
+    Examples:
+        >>> script_json({"a": "</script>"})
+        '{"a": "<\\\\/script>"}'
+    """
+    text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
+    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def page(title: str, header: str, sections: Sequence[str], payload: Any, bundle: str) -> str:
+    """The whole document."""
+    css = (ASSETS / "report.css").read_text(encoding="utf-8")
+    script = (ASSETS / "report.js").read_text(encoding="utf-8")
+    toc = "".join(
+        f'<li><a href="#{anchor}">{html.escape(name)}</a></li>' for anchor, name in _toc(sections)
+    )
+    inline_bundle = bundle.replace("</script", "<\\/script")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="color-scheme" content="light dark">
+<title>{html.escape(title)}</title>
+<style>{css}</style>
+<script>{inline_bundle}</script>
+</head><body>
+<header>{header}<nav><ol>{toc}</ol></nav></header>
+<main>{"".join(sections)}</main>
+<script type="application/json" id="report-data">{script_json(payload)}</script>
+<script>{script}</script>
+</body></html>
+"""
+
+
+def _toc(sections: Sequence[str]) -> list[tuple[str, str]]:
+    entries = []
+    for text in sections:
+        anchor = text.split('id="', 1)[1].split('"', 1)[0]
+        name = html.unescape(text.split("<h2>", 1)[1].split("</h2>", 1)[0])
+        entries.append((anchor, name))
+    return entries

@@ -1,0 +1,197 @@
+"""User tags of a run: `--tag key=value` (repeatable) and `--meta FILE`, validated.
+
+A tag is a (key, value) pair of strings that the user attaches to a run ("precision=fp8",
+"team=rl"). Keys start with a letter or `_` and hold letters, digits and `_ . - /` (at most
+64 characters), so they are safe as SQL identifiers after quoting and as BI filter names;
+values are one line of at most 1,000 characters. `--meta FILE` is a JSON object (or a YAML
+mapping, when PyYAML is installed) of such keys; numbers and booleans are kept as their JSON
+text (`true`, `3`, `0.5`), null, lists and objects are refused. `--tag` overrides the file.
+
+Every problem is one `UsageError` line naming the tag or the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tokenlake.errors import SHOWN_PATH_CHARS, UsageError, shown
+
+MAX_KEY_CHARS = 64
+MAX_VALUE_CHARS = 1000
+MAX_META_FILE_BYTES = 1 << 20
+YAML_SUFFIXES = (".yaml", ".yml")
+_KEY = re.compile(rf"[A-Za-z_][A-Za-z0-9_.\-/]{{0,{MAX_KEY_CHARS - 1}}}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Messages quote a key up to MAX_KEY_CHARS (all of a valid key; `…` marks one too long), and
+# a `--tag` argument with room for a whole key, its `=` and the start of the value.
+_TAG_CHARS = MAX_KEY_CHARS + 16
+
+
+def check_key(key: str, where: str) -> str:
+    """`key` if it is a valid tag key, else a UsageError saying where it came from.
+
+    Examples:
+        >>> check_key("precision", "--tag")
+        'precision'
+        >>> check_key("2x", "--tag")
+        Traceback (most recent call last):
+        ...
+        tokenlake.errors.UsageError: --tag: key `2x` must start with a letter or `_` and hold only letters, digits and `_.-/` (at most 64 characters).
+    """
+    if not _KEY.fullmatch(key):
+        raise UsageError(
+            f"{where}: key `{shown(key, MAX_KEY_CHARS, literal=False)}` must start with a letter"
+            " or `_` and hold only letters, digits and `_.-/`"
+            f" (at most {MAX_KEY_CHARS} characters)."
+        )
+    return key
+
+
+def check_value(key: str, value: str, where: str) -> str:
+    """`value` if it is a valid tag value (one line, at most `MAX_VALUE_CHARS`)."""
+    name = shown(key, MAX_KEY_CHARS, literal=False)
+    if len(value) > MAX_VALUE_CHARS:
+        raise UsageError(f"{where}: value of `{name}` is longer than {MAX_VALUE_CHARS} characters.")
+    if _CONTROL.search(value):
+        raise UsageError(f"{where}: value of `{name}` holds a control character (newline, tab).")
+    return value
+
+
+def parse_tag(text: str) -> tuple[str, str]:
+    """One `--tag key=value` argument as (key, value); the value may be empty or hold `=`.
+
+    Examples:
+        >>> parse_tag("precision=fp8")
+        ('precision', 'fp8')
+        >>> parse_tag("note=a=b")
+        ('note', 'a=b')
+        >>> parse_tag("fp8")
+        Traceback (most recent call last):
+        ...
+        tokenlake.errors.UsageError: --tag `fp8` is not `key=value`, e.g. `--tag precision=fp8`.
+    """
+    key, sep, value = text.partition("=")
+    where = f"--tag `{shown(text, _TAG_CHARS, literal=False)}`"
+    if not sep:
+        raise UsageError(f"{where} is not `key=value`, e.g. `--tag precision=fp8`.")
+    return check_key(key, where), check_value(key, value, where)
+
+
+def parse_tags(texts: Iterable[str]) -> dict[str, str]:
+    """Several `--tag` arguments as a dict; a key given twice is an error."""
+    tags: dict[str, str] = {}
+    for text in texts:
+        key, value = parse_tag(text)
+        if key in tags and tags[key] != value:
+            old, new = shown(tags[key], literal=False), shown(value, literal=False)
+            raise UsageError(f"--tag `{key}` is given twice, as `{old}` and `{new}`.")
+        tags[key] = value
+    return tags
+
+
+def _value_text(value: Any, key: str, where: str) -> str:
+    """A file's value as tag text: strings as they are, numbers and booleans as JSON."""
+    if isinstance(value, str):
+        return check_value(key, value, where)
+    if isinstance(value, bool) or (isinstance(value, int) and not isinstance(value, bool)):
+        return json.dumps(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return json.dumps(value)
+    kind = "null" if value is None else type(value).__name__
+    name = shown(key, MAX_KEY_CHARS, literal=False)
+    raise UsageError(f"{where}: value of `{name}` is a {kind}; give a string, number or boolean.")
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise UsageError(
+            f"{where}: reading YAML needs PyYAML (`pip install pyyaml`); or give the file as JSON."
+        ) from None
+    try:
+        return yaml.safe_load(text)  # safe_load builds plain data only, never objects
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{where} is not valid YAML ({str(exc).splitlines()[0]}).") from None
+
+
+def _parse_text(text: str, path: Path, where: str) -> Any:
+    if path.suffix.lower() in YAML_SUFFIXES:
+        return _parse_yaml(text, where)
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"{where} is not valid JSON ({str(exc).splitlines()[0]}).") from None
+
+
+def load_meta_file(path: Path | str) -> dict[str, str]:
+    """The tags of a `--meta FILE`: a JSON object, or a YAML mapping (`.yaml`/`.yml`).
+
+    Raises:
+        UsageError: The file is missing, too large, not UTF-8, not valid JSON/YAML, not an
+            object, or holds a bad key or value.
+    """
+    path = Path(path)
+    where = f"--meta `{shown(path, SHOWN_PATH_CHARS)}`"
+    try:
+        if not path.is_file():
+            raise UsageError(f"{where} is not a file.")
+        if path.stat().st_size > MAX_META_FILE_BYTES:
+            raise UsageError(f"{where} is larger than {MAX_META_FILE_BYTES} bytes.")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{where} cannot be read ({exc}).") from None
+    data = _parse_text(text, path, where)
+    if not isinstance(data, dict):
+        raise UsageError(f"{where} holds a {type(data).__name__}; expected an object of tags.")
+    tags: dict[str, str] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise UsageError(f"{where}: key `{shown(key)}` is not a string.")
+        tags[check_key(key, where)] = _value_text(value, key, where)
+    return tags
+
+
+def user_tags(tag_args: Iterable[str] = (), meta_file: Path | str | None = None) -> dict[str, str]:
+    """The tags of one extraction: `--meta FILE` first, then `--tag` arguments over it.
+
+    Examples:
+        >>> user_tags(["precision=fp8", "team=rl"])
+        {'precision': 'fp8', 'team': 'rl'}
+    """
+    tags = load_meta_file(meta_file) if meta_file is not None else {}
+    tags.update(parse_tags(tag_args))
+    return tags
+
+
+def change_tags(
+    current: Mapping[str, str], set_tags: Mapping[str, str], remove: Iterable[str] = ()
+) -> dict[str, str]:
+    """`current` with `remove` dropped and `set_tags` applied (for `tokenlake tag`).
+
+    Examples:
+        >>> change_tags({"a": "1", "b": "2"}, {"c": "3"}, remove=["a"])
+        {'b': '2', 'c': '3'}
+    """
+    removed = [check_key(key, "--remove") for key in remove]
+    clash = sorted(set(removed) & set(set_tags))
+    if clash:
+        raise UsageError(f"Tag `{clash[0]}` is both set and removed; give one of the two.")
+    tags = {key: value for key, value in current.items() if key not in removed}
+    tags.update(set_tags)
+    return tags
+
+
+def tags_json(tags: Mapping[str, str]) -> str | None:
+    """The `runs.tags_json` text of a run's tags (keys sorted), or None when it has none.
+
+    Examples:
+        >>> tags_json({"team": "rl", "precision": "fp8"})
+        '{"precision": "fp8", "team": "rl"}'
+    """
+    return json.dumps(dict(tags), sort_keys=True, ensure_ascii=False) if tags else None

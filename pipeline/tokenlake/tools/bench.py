@@ -1,0 +1,359 @@
+"""`make bench`: generate realistic dumps in a temporary directory and print throughput figures.
+
+Each measured pipeline runs in a fresh subprocess so that its wall time, CPU time and peak RSS
+(its own and its workers') are its alone. Figures printed:
+- generation time of each dump (context, not a goal);
+- extraction: response tokens/s by wall clock and per CPU second, peak RSS of the main process
+  and of the largest worker, bytes per token on disk — for tokenlake with 1 and 2 workers, and
+  for a baseline pipeline (torch.load each file + concatenate + write with the same Parquet
+  settings), with the ratios;
+- every aggregate view's time as a ratio to a plain aggregate scan of `tokens` in the same\n  DuckDB process (interleaved, best of 5), so a busy machine slows both sides alike.
+
+Usage: python -m tokenlake.tools.bench [--scale 1.0] [--keep DIR]\n       python -m tokenlake.tools.bench --views LAKE   (only the view ratios of an existing lake)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tokenlake import extras, schema
+from tokenlake.load import write
+from tokenlake.read import dump
+from tokenlake.serve import catalog
+from tokenlake.tools import synth
+from tokenlake.transform.flatten import first_occurrence_column, turn_index_column
+
+BASE_PROMPTS_PER_STEP = 64  # x 8 samples per prompt = 512 samples per step at scale 1
+
+
+def scaled_spec(preset: str, scale: float) -> synth.DumpSpec:
+    """The bench preset with its samples per step multiplied by `scale`."""
+    spec = synth.PRESETS[preset]
+    prompts = max(1, round(BASE_PROMPTS_PER_STEP * scale))
+    return dataclasses.replace(spec, prompts_per_step=prompts)
+
+
+def _high_water_mb() -> float:
+    """This process's peak RSS since exec (VmHWM; ru_maxrss would include the parent's peak
+    inherited through fork)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _usage() -> dict[str, float]:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "cpu": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+        "rss_main_mb": _high_water_mb(),
+        "rss_worker_mb": kids.ru_maxrss / 1024,  # largest worker (spawned: fresh processes)
+    }
+
+
+def measure_extract(dump_dir: Path, lake: Path, workers: int) -> dict[str, Any]:
+    """Child process: tokenlake's extraction."""
+    from tokenlake.load.extract import extract_run
+
+    started = time.perf_counter()
+    summary = extract_run(dump_dir, lake, "bench", workers=workers)
+    wall = time.perf_counter() - started
+    if summary.failed:
+        raise SystemExit(f"bench extraction failed: {summary.failed}")
+    return {"wall": wall, "tokens": summary.tokens, **_usage()}
+
+
+def measure_baseline(dump_dir: Path, out: Path) -> dict[str, Any]:
+    """Child process: the straightforward pipeline (no CP/PP resolution; TP de-duplicated)."""
+    started = time.perf_counter()
+    tokens = 0
+    for files in dump.discover(dump_dir).steps:
+        table = _baseline_step(files)
+        tokens += table.num_rows
+        path = out / f"{files.label}.parquet"
+        write.write_parquet(path, schema.TOKENS, table, {})
+    return {"wall": time.perf_counter() - started, "tokens": tokens, **_usage()}
+
+
+def _baseline_step(files: dump.StepFiles) -> pa.Table:
+    import torch
+
+    rollout = torch.load(files.rollout_file, weights_only=True, mmap=True, map_location="cpu")
+    position_of = {s["index"]: i for i, s in enumerate(rollout["samples"])}
+    shards: dict[tuple[int, ...], dict[str, Any]] = {}
+    for _, path in files.train_files:
+        data = torch.load(path, weights_only=True, mmap=True, map_location="cpu")["rollout_data"]
+        shards.setdefault(tuple(data["sample_indices"]), data)  # lowest rank of a TP group
+    if not shards:
+        return _baseline_rollout_only(files, rollout["samples"])
+    return pa.concat_tables([_baseline_shard(files, data, position_of) for data in shards.values()])
+
+
+def _baseline_shard(files: dump.StepFiles, data: dict[str, Any], position_of: dict) -> pa.Table:
+    import torch
+
+    lengths = torch.tensor(data["response_lengths"], dtype=torch.int64)
+    positions = torch.tensor([position_of[i] for i in data["sample_indices"]], dtype=torch.int32)
+    total = int(lengths.sum())
+    starts = torch.cumsum(lengths, 0) - lengths
+    mask = torch.cat(data["loss_masks"]).numpy() > 0
+    response_ids = torch.cat(
+        [t[len(t) - r :] for t, r in zip(data["tokens"], lengths.tolist(), strict=True)]
+    )
+    columns: dict[str, Any] = {
+        schema.EVALUATION: pa.array(np.zeros(total, dtype=bool)),
+        schema.BATCH_POSITION: pa.array(torch.repeat_interleave(positions, lengths).numpy()),
+        schema.SAMPLE_INDEX: pa.array(
+            torch.repeat_interleave(torch.tensor(data["sample_indices"]), lengths).numpy()
+        ),
+        schema.POSITION: pa.array(
+            (torch.arange(total) - torch.repeat_interleave(starts, lengths)).int().numpy()
+        ),
+        schema.TOKEN_ID: pa.array(response_ids.numpy()),
+        schema.LOSS_MASK: pa.array(mask.astype(np.int8)),
+    }
+    columns[schema.TURN_INDEX] = turn_index_column(columns[schema.LOSS_MASK], starts.numpy())
+    fields = {"rollout_log_probs": schema.ROLLOUT_LOG_PROB, **schema.TRAIN_TOKEN_FIELDS}
+    for name, column in fields.items():
+        values = torch.cat(data[name]).float().numpy() if name in data else None
+        columns[column] = (
+            pa.array(values, mask=~mask) if values is not None else pa.nulls(total, pa.float32())
+        )
+    lp, rlp = data.get("log_probs"), data.get("rollout_log_probs")
+    diff = (torch.cat(lp) - torch.cat(rlp)).numpy() if lp and rlp else None
+    columns[schema.LP_DIFF] = (
+        pa.array(diff, mask=~mask) if diff is not None else pa.nulls(total, pa.float32())
+    )
+    columns[schema.FIRST_OCCURRENCE] = first_occurrence_column(columns, lengths.numpy())
+    return pa.table(columns, schema=schema.TOKENS_SCHEMA)
+
+
+def _baseline_rollout_only(files: dump.StepFiles, samples: list[dict[str, Any]]) -> pa.Table:
+    rows: dict[str, list[Any]] = {name: [] for name in schema.TOKENS_SCHEMA.names}
+    for position, sample in enumerate(samples):
+        r = int(sample["response_length"])
+        rows[schema.TOKEN_ID].extend(sample["tokens"][len(sample["tokens"]) - r :])
+        rows[schema.ROLLOUT_LOG_PROB].extend(sample["rollout_log_probs"] or [None] * r)
+        rows[schema.BATCH_POSITION].extend([position] * r)
+        rows[schema.SAMPLE_INDEX].extend([sample["index"]] * r)
+        rows[schema.POSITION].extend(range(r))
+    total = len(rows[schema.TOKEN_ID])
+    rows[schema.EVALUATION] = [files.evaluation] * total
+    for name in schema.TOKENS_SCHEMA.names:
+        if not rows[name]:
+            rows[name] = [None] * total
+    return pa.table(rows, schema=schema.TOKENS_SCHEMA)
+
+
+def _run_child(*args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "tokenlake.tools.bench", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _spin(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+def machine_ceiling(repeat: int = 3, n: int = 20_000_000) -> list[float]:
+    """Throughput of 2 processes over 1 on pure-Python work: the most `--workers 2` can gain.
+
+    On shared 2-vCPU machines this is often well under 2 (measured here: 1.33-1.60).
+    """
+    from multiprocessing import get_context
+
+    ratios = []
+    with get_context("spawn").Pool(2) as pool:
+        pool.map(_spin, [1, 1])  # both processes started
+        for _ in range(repeat):
+            started = time.perf_counter()
+            _spin(n)
+            one = time.perf_counter() - started
+            started = time.perf_counter()
+            pool.map(_spin, [n, n])
+            ratios.append(2 * one / (time.perf_counter() - started))
+    return ratios
+
+
+def _disk_bytes(paths: list[Path]) -> int:
+    return sum(p.stat().st_size for p in paths)
+
+
+# The yardstick every view is compared with: one plain aggregate pass over `tokens`.
+SCAN_SQL = (
+    "SELECT run, rollout_id, count(*), avg(lp_diff), max(abs(lp_diff)) FROM tokens"
+    " WHERE NOT evaluation GROUP BY ALL"
+)
+# Views that return one row per token or a constant row are not aggregates; they are not timed.
+_NOT_AGGREGATES = ("drift_settings", "drift_tokens")
+
+
+def view_ratios(lake: Path, repeat: int = 5) -> list[tuple[str, float, float]]:
+    """Each aggregate view's time over the time of `SCAN_SQL`, in one DuckDB process.
+
+    Runs are interleaved (scan, every view, scan, every view, ...) and the best of `repeat`
+    is kept for each, so a busy shared machine slows both sides of a ratio alike.
+
+    Returns:
+        (view, best seconds, best seconds / best scan seconds), in view-file order.
+    """
+    names = [p.stem for p in catalog.iter_view_files() if p.stem not in _NOT_AGGREGATES]
+    queries = {"scan": SCAN_SQL, **{n: f"SELECT * FROM {n}" for n in names}}
+    con = catalog.connect(lake)
+    best = dict.fromkeys(queries, float("inf"))
+    try:
+        for sql in queries.values():
+            con.execute(sql).fetchall()  # warm the file cache and DuckDB's metadata
+        for _ in range(repeat):
+            for name, sql in queries.items():
+                started = time.perf_counter()
+                con.execute(sql).fetchall()
+                best[name] = min(best[name], time.perf_counter() - started)
+    finally:
+        con.close()
+    return [(n, best[n], best[n] / best["scan"]) for n in ["scan", *names]]
+
+
+def print_view_ratios(lake: Path, repeat: int = 5) -> None:
+    """One line per aggregate view: best time and its ratio to the plain scan of `tokens`."""
+    for name, seconds, ratio in view_ratios(lake, repeat):
+        print(f"  view {name:<20} {seconds:7.3f} s  {ratio:6.1f}x the plain scan")
+
+
+def _fmt_run(name: str, fig: dict[str, Any], token_bytes: int | None) -> str:
+    per_cpu = fig["tokens"] / fig["cpu"] if fig["cpu"] else float("nan")
+    line = (
+        f"  {name:<22} {fig['wall']:7.2f} s  {fig['tokens'] / fig['wall'] / 1e6:6.2f} M tok/s wall"
+        f"  {per_cpu / 1e6:6.2f} M tok/CPU-s  peak RSS main {fig['rss_main_mb']:6.0f} MB,"
+        f" worker {fig['rss_worker_mb']:6.0f} MB"
+    )
+    if token_bytes is not None:
+        line += f"  {token_bytes / fig['tokens']:5.1f} B/token"
+    return line
+
+
+def _wait_until_settled(dump_dir: Path) -> None:
+    """Measure a finished run: files younger than `ptread.FRESH_SECONDS` are read into memory
+    (a live writer may still truncate them), older ones memory-mapped; mixing both would make
+    the first runs of a figure slower than the rest."""
+    from tokenlake.read import ptread
+
+    newest = max(p.stat().st_mtime for p in dump_dir.rglob("*.pt"))
+    time.sleep(max(0.0, newest + ptread.FRESH_SECONDS + 1 - time.time()))
+
+
+def _best_extract(dump_dir: Path, lake: Path, workers: int, repeat: int) -> dict[str, Any]:
+    """The fastest of `repeat` extractions into a fresh lake (the machine is shared and noisy)."""
+    runs = []
+    for attempt in range(repeat):
+        target = lake if attempt == repeat - 1 else lake.with_name(f"{lake.name}-try{attempt}")
+        runs.append(_run_child("_extract", str(dump_dir), str(target), str(workers)))
+        if target != lake:
+            shutil.rmtree(target, ignore_errors=True)
+    return min(runs, key=lambda fig: fig["wall"])
+
+
+def bench_variant(root: Path, preset: str, scale: float, baseline: bool, repeat: int) -> None:
+    """Generate one dump and print its figures."""
+    spec = scaled_spec(preset, scale)
+    dump_dir = root / preset
+    started = time.perf_counter()
+    synth.write_dump(dump_dir, spec)
+    generated = time.perf_counter() - started
+    dump_mb = _disk_bytes([p for p in dump_dir.rglob("*.pt")]) / 1e6
+    _wait_until_settled(dump_dir)
+    print(
+        f"\n{preset}: {spec.steps} steps x {spec.samples_per_step} samples, R in"
+        f" {spec.response_length[0]}..{spec.response_length[1]}, DP {spec.dp} x TP {spec.tp}"
+        f" x CP {spec.cp}; {dump_mb:,.0f} MB of .pt written in {generated:.1f} s"
+    )
+    figures: dict[str, dict[str, Any]] = {}
+    for workers in (1, 2):
+        lake = root / f"lake-{preset}-{workers}"
+        fig = _best_extract(dump_dir, lake, workers, repeat)
+        size = _disk_bytes([Path(p) for p in catalog.table_files(lake, schema.TOKENS)])
+        figures[f"tokenlake --workers {workers}"] = fig
+        print(_fmt_run(f"tokenlake --workers {workers}", fig, size))
+    if baseline:
+        out = root / f"baseline-{preset}"
+        fig = _run_child("_baseline", str(dump_dir), str(out))
+        figures["baseline"] = fig
+        print(_fmt_run("baseline (torch.load)", fig, _disk_bytes(list(out.glob("*.parquet")))))
+        base = fig["tokens"] / fig["wall"]
+        for name in ("tokenlake --workers 1", "tokenlake --workers 2"):
+            ours = figures[name]["tokens"] / figures[name]["wall"]
+            print(f"  {name} vs baseline: {ours / base:.2f}x")
+    one, two = figures["tokenlake --workers 1"], figures["tokenlake --workers 2"]
+    print(f"  2 workers vs 1: {one['wall'] / two['wall']:.2f}x")
+    print(f"  views vs a plain aggregate scan of tokens ({one['tokens']:,} token rows), best of 5:")
+    print_view_ratios(root / f"lake-{preset}-2")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tokenlake.tools.bench")
+    parser.add_argument("--scale", type=float, default=1.0, help="samples per step x this")
+    parser.add_argument("--keep", type=Path, help="keep dumps and lakes in this directory")
+    parser.add_argument(
+        "--repeat", type=int, default=2, help="tokenlake runs per figure; the best is shown"
+    )
+    parser.add_argument("--views", type=Path, help="only print the view ratios of this lake")
+    args, rest = parser.parse_known_args(argv)
+    if args.views is not None:
+        print_view_ratios(args.views)
+        return
+    if rest and rest[0] in ("_extract", "_baseline"):
+        mode, dump_dir, out = rest[0], Path(rest[1]), Path(rest[2])
+        fig = (
+            measure_extract(dump_dir, out, int(rest[3]))
+            if mode == "_extract"
+            else measure_baseline(dump_dir, out)
+        )
+        print(json.dumps(fig))
+        return
+    try:
+        extras.require_torch("The benchmark (its dumps and baseline)")
+    except extras.MissingDependencyError as exc:
+        sys.exit(f"Error: {exc}")
+    root = args.keep or Path(tempfile.mkdtemp(prefix="tokenlake-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    print(
+        f"tokenlake bench, scale {args.scale:g}, in {root}. Parquet: {write.COMPRESSION}"
+        f" level {write.COMPRESSION_LEVEL}, row groups {write.ROW_GROUP_SIZE:,} rows;"
+        f" DuckDB default threads; tokenlake best of {args.repeat} runs, baseline 1 run."
+    )
+    ratios = sorted(machine_ceiling(repeat=5))
+    print(
+        "Machine ceiling for 2 workers (2 processes vs 1 on a pure-Python loop):"
+        f" median {ratios[2]:.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x"
+    )
+    try:
+        bench_variant(root, "bench", args.scale, baseline=True, repeat=args.repeat)
+        bench_variant(root, "bench-cp", args.scale, baseline=False, repeat=args.repeat)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Ground truth of a generated dump: every sample's full-length values before CP slicing and
+file dropping, and whether a reader must flag `alignment_failed`. The layout tests compare the
+extracted lake with it; it is computed from the same arrays `tokenlake.tools.synth` writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenlake.tools.synth_spec import (
+    TRAINER_FIELDS,
+    DumpSpec,
+    StepBatch,
+    dropped_cp_rank,
+    eval_count,
+    padded_length,
+    train_rollout_log_probs,
+    trainer_fields,
+)
+from tokenlake.transform.cp_layout import rank_width, slice_for_rank
+
+
+@dataclass
+class SampleTruth:
+    """Full-length ground truth of one sample, before any CP slicing or file dropping.
+
+    Per-token arrays are response-aligned (length R). Trainer arrays are float32, or None where
+    the layout has no such field (no train row, field switched off, step without it).
+    """
+
+    rollout_id: int
+    evaluation: bool
+    batch_position: int
+    sample_index: int
+    group_index: int
+    status: str
+    remove_sample: bool
+    token_ids: np.ndarray  # int64, T = P + R
+    prompt_length: int
+    response_length: int
+    loss_mask: np.ndarray | None  # train-side mask (int32), None without a train row
+    rollout_loss_mask: np.ndarray | None  # rollout dump's own `loss_mask`, None when None
+    rollout_log_probs: np.ndarray  # float64, as the rollout dump stores them
+    train_rollout_log_probs: np.ndarray | None  # train-side copy (its dtype's values, float32)
+    log_probs: np.ndarray | None
+    ref_log_probs: np.ndarray | None
+    entropy: np.ndarray | None
+    ref_entropy: np.ndarray | None
+    advantages: np.ndarray | None
+    returns: np.ndarray | None
+    reward: float  # Sample.reward
+    raw_reward: float | None  # train-side raw_reward[batch position]
+    normalized_reward: float | None  # train-side `rewards` value
+    has_train_row: bool
+    alignment_fails: bool  # the reader must flag alignment_failed (CP layout unreadable)
+
+
+@dataclass
+class Truth:
+    """Ground truth of a generated dump, keyed by (rollout_id, evaluation, batch_position)."""
+
+    spec: DumpSpec
+    samples: dict[tuple[int, bool, int], SampleTruth]
+
+
+def legacy_layout_ok(slices: list[np.ndarray], total_length: int, response_length: int) -> bool:
+    """Whether the legacy CP inference (dump-format.md 4.6) accepts these probe slices.
+
+    `slices` are the `rollout_log_probs` slices of the present CP ranks in ascending rank
+    order. Identical slices fall into one inferred rank; widths are checked with the thd rule.
+
+    Examples:
+        >>> full = np.arange(12, dtype=np.float32)
+        >>> legacy_layout_ok([slice_for_rank(full, 20, s, 2) for s in range(2)], 20, 12)
+        True
+        >>> legacy_layout_ok([slice_for_rank(full, 20, 1, 2)], 20, 12)
+        False
+    """
+    distinct: list[np.ndarray] = []
+    for part in slices:
+        if not any(d.tobytes() == part.tobytes() and len(d) == len(part) for d in distinct):
+            distinct.append(part)
+    if len(distinct) == 1:
+        return len(distinct[0]) == response_length
+    k = len(distinct)
+    widths = [rank_width(total_length, response_length, s, k) for s in range(k)]
+    return [len(d) for d in distinct] == widths and sum(widths) == response_length
+
+
+def alignment_fails(spec: DumpSpec, step: StepBatch, i: int, probe: np.ndarray) -> bool:
+    """Whether a reader must flag `alignment_failed` for train row of batch position `i`."""
+    if spec.cp == 1:
+        return False
+    dp = i % spec.dp
+    present = [s for s in range(spec.cp) if not dropped_cp_rank(spec, step.rid, dp, s)]
+    if spec.record_cp:
+        return len(present) != spec.cp
+    rows = np.arange(dp, step.n, spec.dp)
+    padded = padded_length(step, rows) if spec.qkv_format == "bshd" else None
+    total, full = int(step.t_off[i + 1] - step.t_off[i]), step.resp(probe, i)
+    slices = [slice_for_rank(full, total, s, spec.cp, padded) for s in present]
+    return not legacy_layout_ok(slices, total, int(step.rlen[i]))
+
+
+def _sample_truth(
+    spec: DumpSpec, step: StepBatch, i: int, evaluation: bool, has_train: bool, probe: np.ndarray
+) -> SampleTruth:
+    fields = trainer_fields(spec, step.rid) if has_train else ()
+    trainer = {
+        f: step.resp(step.trainer[f], i).copy() if f in fields else None for f in TRAINER_FIELDS
+    }
+    multi = bool(step.multi[i])
+    return SampleTruth(
+        rollout_id=step.rid, evaluation=evaluation, batch_position=i,
+        sample_index=i if evaluation else int(step.index[i]),
+        group_index=int(step.group[i]),
+        status="truncated" if step.truncated[i] else "completed",
+        remove_sample=bool(step.removed[i]) and not evaluation,
+        token_ids=step.tok(i).copy(), prompt_length=int(step.plen[i]),
+        response_length=int(step.rlen[i]),
+        loss_mask=step.resp(step.train_mask, i).copy() if has_train else None,
+        rollout_loss_mask=step.resp(step.gen_mask, i).copy() if multi else None,
+        rollout_log_probs=step.resp(step.rlp, i).copy(),
+        train_rollout_log_probs=step.resp(probe, i).copy() if has_train else None,
+        **trainer, reward=float(step.reward[i]),
+        raw_reward=float(step.reward[i]) if has_train else None,
+        normalized_reward=float(step.norm[i]) if has_train else None,
+        has_train_row=has_train,
+        alignment_fails=has_train and alignment_fails(spec, step, i, probe),
+    )  # fmt: skip
+
+
+def step_truth(
+    spec: DumpSpec, step: StepBatch, evaluation: bool, has_train: bool
+) -> dict[tuple[int, bool, int], SampleTruth]:
+    probe = train_rollout_log_probs(spec, step)
+    count = eval_count(step) if evaluation else step.n
+    return {
+        (step.rid, evaluation, i): _sample_truth(spec, step, i, evaluation, has_train, probe)
+        for i in range(count)
+    }

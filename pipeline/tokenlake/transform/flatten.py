@@ -1,0 +1,320 @@
+"""Turn one resolved step into Arrow tables: pure functions over whole columns.
+
+Per-sample work is a handful of numpy calls; nothing loops per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tokenlake import schema
+from tokenlake.read.validate import CheckedSample
+from tokenlake.transform.resolve import TrainRow
+from tokenlake.transform.summary import sample_summary
+
+
+@dataclass(frozen=True)
+class SampleTokens:
+    """The response-aligned arrays of one sample, before masking."""
+
+    token_ids: np.ndarray  # int64 [R]
+    mask: np.ndarray | None  # int8 [R]: train mask, else the rollout dump's, else None
+    has_train: bool
+    columns: dict[str, np.ndarray | None]  # tokens column -> float32 [R] or None
+    # tokens column -> bool [R] of positions whose value is unknown (CP holes): NULL there
+    unknown: dict[str, np.ndarray] = field(default_factory=dict)
+    # an array (rollout or train side) did not fit the response: NULL there, and the sample
+    # is `alignment_failed` in `samples` (besides what resolve found for its train row)
+    misaligned: bool = False
+
+
+def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleTokens:
+    """Collect one sample's per-token values under the masking rules of section 5.3.
+
+    Reads the arrays validation checked (`validate.check_sample`), never the sample dict, and
+    changes neither `checked` nor `train`.
+    """
+    token_ids = checked.response_tokens
+    response_length = checked.response_length
+    rollout_lp = _rollout_side(checked.rollout_log_probs, response_length)
+    if train is None:
+        mask = _rollout_side(checked.loss_mask, response_length)
+        columns: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
+        columns[schema.ROLLOUT_LOG_PROB] = _f32(rollout_lp.values)
+        misaligned = rollout_lp.misaligned or mask.misaligned
+        return SampleTokens(token_ids, _i8(mask.values), False, columns, {}, misaligned)
+    if train.response_length != response_length:
+        # Media expansion (section 8.13): the train arrays (mask included) do not fit the
+        # rollout token grid, so nothing of the train side is placed on it.
+        empty: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
+        return SampleTokens(token_ids, None, True, empty, {}, misaligned=True)
+    columns = _train_columns(train, rollout_lp.values)
+    return SampleTokens(
+        token_ids,
+        _i8(train.loss_mask),
+        True,
+        columns,
+        _unknown(train, columns),
+        rollout_lp.misaligned,
+    )
+
+
+def _train_columns(train: TrainRow, rollout_lp: np.ndarray | None) -> dict[str, np.ndarray | None]:
+    fields = train.fields
+    columns: dict[str, np.ndarray | None] = {
+        column: _f32(fields[name]) for name, column in schema.TRAIN_TOKEN_FIELDS.items()
+    }
+    train_rlp = _f32(fields[schema.ROLLOUT_LOG_PROBS_FIELD])
+    # The trainer compared its log-probs with the train-side copy: lp_diff uses that pair.
+    lp = columns[schema.TRAIN_LOG_PROB]
+    columns[schema.LP_DIFF] = None if lp is None or train_rlp is None else lp - train_rlp
+    columns[schema.ROLLOUT_LOG_PROB] = train_rlp if train_rlp is not None else _f32(rollout_lp)
+    return columns
+
+
+def _unknown(train: TrainRow, columns: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+    """Positions no CP rank stored, in every column built from a CP-sliced field."""
+    if train.holes is None:
+        return {}
+    from_cp = set(schema.TRAIN_TOKEN_FIELDS.values()) | {schema.LP_DIFF}
+    if train.fields[schema.ROLLOUT_LOG_PROBS_FIELD] is not None:
+        from_cp.add(schema.ROLLOUT_LOG_PROB)
+    return {column: train.holes for column in from_cp if columns.get(column) is not None}
+
+
+@dataclass
+class _RolloutArray:
+    values: np.ndarray | None
+    misaligned: bool = False
+
+
+def _rollout_side(values: np.ndarray | None, response_length: int) -> _RolloutArray:
+    """A response-aligned rollout-side array; one that does not fit the response is NULL and
+    flags the sample, as a train-side field of the wrong length does (section 4.5)."""
+    if values is None:
+        return _RolloutArray(None)
+    if values.ndim != 1 or len(values) != response_length:
+        return _RolloutArray(None, misaligned=True)
+    return _RolloutArray(values)
+
+
+def _f32(values: np.ndarray | None) -> np.ndarray | None:
+    return None if values is None else np.asarray(values, dtype=np.float32)
+
+
+def _i8(values: np.ndarray | None) -> np.ndarray | None:
+    return None if values is None else (np.asarray(values) > 0).astype(np.int8)
+
+
+def tokens_table(
+    evaluation: bool, sample_indices: Sequence[int | None], parts: list[SampleTokens]
+) -> pa.Table:
+    """One row per response token of the step, sorted by (batch_position, position)."""
+    lengths = np.fromiter((len(p.token_ids) for p in parts), dtype=np.int64, count=len(parts))
+    total = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    positions = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+    index_values = np.array([-1 if i is None else i for i in sample_indices], dtype=np.int64)
+    index_valid = np.array([i is not None for i in sample_indices], dtype=bool)
+    arrays: dict[str, pa.Array] = {
+        schema.EVALUATION: pa.array(np.full(total, evaluation, dtype=bool)),
+        schema.BATCH_POSITION: pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), lengths)),
+        schema.SAMPLE_INDEX: _with_validity(
+            np.repeat(index_values, lengths), np.repeat(index_valid, lengths)
+        ),
+        schema.POSITION: pa.array(positions.astype(np.int32)),
+        schema.TOKEN_ID: pa.array(_concat([p.token_ids for p in parts], np.int64, total)),
+        schema.LOSS_MASK: _mask_column(parts, total),
+    }
+    arrays[schema.TURN_INDEX] = turn_index_column(arrays[schema.LOSS_MASK], starts)
+    covered = _covered(parts, total)
+    for column in schema.TOKEN_STAT_COLUMNS:
+        arrays[column] = _stat_column(parts, column, covered, total)
+    arrays[schema.FIRST_OCCURRENCE] = first_occurrence_column(arrays, lengths)
+    return pa.Table.from_pydict(arrays, schema=schema.TOKENS_SCHEMA)
+
+
+def turn_index_column(loss_mask: pa.Array, starts: np.ndarray) -> pa.Array:
+    """`turn_index` of every row: the 0-based number of the loss-covered run it is in.
+
+    Rows are the step's tokens in (batch_position, position) order and `starts` the row where
+    each sample begins. A run is a maximal stretch of `loss_mask > 0` within one sample; rows
+    outside a run (mask 0 or NULL) are NULL. One cumulative sum over the run starts of the
+    whole step, minus the count before each sample's first row: no loop per token or sample.
+    """
+    covered = np.asarray(loss_mask.fill_null(0).to_numpy(zero_copy_only=False)) > 0
+    total = len(covered)
+    if total == 0:
+        return pa.array(np.zeros(0, dtype=np.int32), type=pa.int32())
+    previous = np.concatenate(([False], covered[:-1]))
+    previous[starts[starts < total]] = False  # a sample's first row never continues a run
+    run_starts = np.cumsum(covered & ~previous, dtype=np.int64)
+    before = np.concatenate(([0], run_starts))[starts]  # run starts before each sample
+    lengths = np.diff(np.append(starts, total))
+    turn = run_starts - np.repeat(before, lengths) - 1
+    return pa.array(turn.astype(np.int32), mask=~covered)
+
+
+def first_occurrence_column(arrays: dict[str, pa.Array], lengths: np.ndarray) -> pa.Array:
+    """`first_occurrence` of every row: true on the first of a sample's drift rows with its
+    token id, false on that id's later drift rows, NULL on the rows that are not drift rows.
+
+    `arrays` holds the step's `tokens` columns in (batch_position, position) order and
+    `lengths` the rows of each sample. Drift rows are the rows `drift_tokens` keeps (its
+    `drift_covered` and `drift_finite` macros): loss_mask > 0 and lp_diff, train_log_prob and
+    rollout_log_prob all finite. With it, `drift_by_token` counts the samples holding a token
+    as a sum instead of a distinct count over a step's ~30 k token ids.
+    """
+    kept = drift_rows(arrays)
+    token = np.asarray(arrays[schema.TOKEN_ID].to_numpy(zero_copy_only=False))
+    first = np.zeros(len(kept), dtype=bool)
+    ends = np.cumsum(lengths, dtype=np.int64)
+    # Whole samples at a time, about CHUNK_ROWS rows each: the sort's memory stays a few MB
+    # instead of several step-long int64 arrays (~100 MB on a 2.4 M-token step).
+    cuts = np.unique(np.searchsorted(ends, np.arange(CHUNK_ROWS, len(kept), CHUNK_ROWS), "right"))
+    for first_sample, last_sample in zip(
+        np.concatenate(([0], cuts)), np.concatenate((cuts, [len(lengths)])), strict=True
+    ):
+        if first_sample < last_sample:
+            _mark_first(
+                kept, token, lengths[first_sample:last_sample], ends[last_sample - 1], first
+            )
+    bits = [pa.py_buffer(np.packbits(b, bitorder="little")) for b in (kept, first)]
+    return pa.Array.from_buffers(pa.bool_(), len(kept), bits)  # validity, values
+
+
+CHUNK_ROWS = 1 << 18
+
+
+def _mark_first(
+    kept: np.ndarray, token: np.ndarray, lengths: np.ndarray, end: int, first: np.ndarray
+) -> None:
+    """Set `first` on the first drift row of each (sample, token id) of consecutive samples
+    (`lengths`) whose rows end at `end`."""
+    start = end - int(lengths.sum())
+    rows = np.flatnonzero(kept[start:end])
+    ends = np.cumsum(lengths, dtype=np.int64)
+    kept_before = np.concatenate(([0], np.cumsum(kept[start:end], dtype=np.int64)))
+    per_sample = kept_before[ends] - kept_before[ends - lengths]
+    sample = np.repeat(np.arange(len(lengths), dtype=np.int64), per_sample)
+    first[start + rows[_first_of_each_pair(sample, token[start:end][rows])]] = True
+
+
+def drift_rows(arrays: dict[str, pa.Array]) -> np.ndarray:
+    """The rows the drift statistics keep: loss_mask > 0 and lp_diff, train_log_prob and
+    rollout_log_prob finite (a NULL is not finite). Keep in step with the macros
+    `drift_covered` and `drift_finite` (sql/macros/drift_macros.sql)."""
+    kept = np.asarray(arrays[schema.LOSS_MASK].fill_null(0).to_numpy(zero_copy_only=False)) > 0
+    for column in (schema.LP_DIFF, schema.TRAIN_LOG_PROB, schema.ROLLOUT_LOG_PROB):
+        kept &= np.isfinite(arrays[column].to_numpy(zero_copy_only=False))  # NULL reads as NaN
+    return kept
+
+
+def _first_of_each_pair(sample: np.ndarray, token: np.ndarray) -> np.ndarray:
+    """Index of the first element of each distinct (sample, token) pair; `sample` ascends
+    (int64; it is overwritten)."""
+    n = len(token)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    low, span = int(token.min()), int(token.max()) - int(token.min()) + 1
+    new = np.ones(n, dtype=bool)
+    if (int(sample[-1]) + 1) * span * n < 2**63:
+        # One int64 per element, pair key * n + index: all distinct, so a plain sort (twice as
+        # fast as a stable argsort) orders the pairs, and each pair's elements by index. Built
+        # in place in `sample`'s buffer (the caller's own copy): two step-long arrays at most.
+        key = sample
+        key *= span
+        key += token
+        key -= low
+        key *= n
+        key += np.arange(n, dtype=np.int64)
+        key.sort()
+        index = key % n
+        key //= n  # the pair of each element, ascending
+        new[1:] = key[1:] != key[:-1]
+        return index[new]
+    order = np.lexsort((token, sample))  # ids spread too wide to combine (a hostile dump)
+    s, t = sample[order], token[order]
+    new[1:] = (s[1:] != s[:-1]) | (t[1:] != t[:-1])
+    return order[new]
+
+
+def _concat(chunks: list[np.ndarray], dtype: type, total: int) -> np.ndarray:
+    return np.concatenate(chunks).astype(dtype, copy=False) if chunks else np.zeros(total, dtype)
+
+
+def _with_validity(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    return pa.array(values, mask=~valid) if not valid.all() else pa.array(values)
+
+
+def _mask_column(parts: list[SampleTokens], total: int) -> pa.Array:
+    values = np.zeros(total, dtype=np.int8)
+    valid = np.zeros(total, dtype=bool)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        if part.mask is not None:
+            values[offset : offset + n] = part.mask
+            valid[offset : offset + n] = True
+        offset += n
+    return _with_validity(values, valid)
+
+
+def _covered(parts: list[SampleTokens], total: int) -> np.ndarray:
+    """Positions whose values are shown: mask on, or no mask known for the sample."""
+    covered = np.ones(total, dtype=bool)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        if part.mask is not None:
+            covered[offset : offset + n] = part.mask > 0
+        offset += n
+    return covered
+
+
+def _stat_column(
+    parts: list[SampleTokens], column: str, covered: np.ndarray, total: int
+) -> pa.Array:
+    values = np.zeros(total, dtype=np.float32)
+    valid = np.zeros(total, dtype=bool)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        source = part.columns.get(column)
+        if source is not None:
+            values[offset : offset + n] = source
+            unknown = part.unknown.get(column)
+            valid[offset : offset + n] = True if unknown is None else ~unknown
+        offset += n
+    return _with_validity(values, valid & covered)
+
+
+def samples_table(
+    rollout_id: int,
+    evaluation: bool,
+    samples: list[dict[str, Any]],
+    train_rows: dict[int, TrainRow],
+    train_files: int,
+    messages: list[str | None],
+    parts: Sequence[SampleTokens],
+) -> pa.Table:
+    """One row per rollout-dump sample with the reference summary's scalar columns.
+
+    `parts` (the samples' `SampleTokens`, one per sample) adds what did not fit the response
+    when flattening to `alignment_failed`.
+    """
+    rows = [
+        sample_summary(
+            rollout_id, evaluation, position, sample, train_rows.get(position), train_files
+        )
+        | {"messages_json": messages[position]}
+        for position, sample in enumerate(samples)
+    ]
+    for row, part in zip(rows, parts, strict=True):
+        row["alignment_failed"] = bool(row["alignment_failed"]) or part.misaligned
+    return pa.Table.from_pylist(rows, schema=schema.SAMPLES_SCHEMA)

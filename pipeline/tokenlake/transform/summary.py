@@ -1,0 +1,240 @@
+"""Per-sample scalar columns of the `samples` table (dump-format.md 6.2), from one sample dict
+and its resolved train row. Pure Python over one sample; no tokens are touched here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from tokenlake.errors import SampleValueError, shown
+from tokenlake.read import validate
+from tokenlake.read.jsontext import clean_text, to_json
+from tokenlake.read.ptglobals import SpecInfo
+from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int
+from tokenlake.transform.resolve import TrainRow
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def sample_summary(
+    rollout_id: int,
+    evaluation: bool,
+    position: int,
+    sample: dict[str, Any],
+    train: TrainRow | None,
+    step_train_files: int = 0,
+) -> dict[str, Any]:
+    """One `samples` row (column names from `tokenlake.schema.SAMPLES_SCHEMA`).
+
+    Raises:
+        SampleValueError: a value is out of its type or range; `position` is set on it.
+    """
+    try:
+        row = _rollout_side(rollout_id, sample)
+    except SampleValueError as exc:
+        exc.position = position
+        raise
+    status = row["status"]
+    return {
+        "evaluation": evaluation,
+        "batch_position": position,
+        **row,
+        "step_train_files": step_train_files,
+        **_train_side(train, status),
+    }
+
+
+def _rollout_side(rollout_id: int, sample: dict[str, Any]) -> dict[str, Any]:
+    tokens = sample.get("tokens")
+    tokens = [] if tokens is None else tokens  # checked by `validate.check_sample` already
+    response_length = validate.response_length(sample, len(tokens))
+    prompt_length = len(tokens) - response_length
+    versions = _weight_versions(sample.get("weight_versions"))
+    version_min = _min_numeric_version(versions)
+    reward = sample.get("reward")
+    return {
+        "sample_index": validate.optional_int64(sample.get("index"), "index"),
+        "group_index": validate.optional_int64(sample.get("group_index"), "group_index"),
+        "rollout_execution_id": validate.optional_int64(sample.get("rollout_id"), "rollout_id"),
+        "status": _optional_text(sample.get("status"), "status"),
+        "remove_sample": _flag(sample.get("remove_sample"), "remove_sample"),
+        "response_length": response_length,
+        "total_length": len(tokens),
+        "prompt_length": prompt_length,
+        "reward": reference_reward(reward),
+        "reward_json": None if reward is None or _is_number(reward) else to_json(reward, "reward"),
+        "weight_versions": versions,
+        "weight_version": versions[-1] if versions else None,
+        "weight_version_min": version_min,
+        "mixed_version": len(set(versions)) > 1 if versions else None,
+        "staleness": rollout_id - version_min if version_min is not None else None,
+        "turns": len(versions) if versions else None,
+        "tool_calls": _tool_calls(sample.get("prompt")),
+        "non_generation_time": _optional_float(
+            sample.get("non_generation_time", 0.0), "non_generation_time"
+        ),
+        "spec_accept_rate": _ratio(
+            sample.get("spec_info"), "spec_info", "spec_accept_token_num", "spec_draft_token_num"
+        ),
+        "prefix_cache_hit_rate": _ratio(
+            sample.get("prefix_cache_info"),
+            "prefix_cache_info",
+            "cached_tokens",
+            "total_prompt_tokens",
+        ),
+        "label": _text_or_json(sample.get("label"), "label"),
+        "prompt_text": _text_or_json(sample.get("prompt"), "prompt"),
+        "response_text": _text_or_json(sample.get("response"), "response"),
+        "prompt_token_ids": list(tokens[:prompt_length]),
+        "metadata_json": to_json(_or_empty(sample.get("metadata")), "metadata"),
+    }
+
+
+def _train_side(train: TrainRow | None, status: str | None) -> dict[str, Any]:
+    status_truncated = status == "truncated"
+    if train is None:
+        return {
+            "has_train_row": False,
+            "raw_reward": None,
+            "normalized_reward": None,
+            "truncated": status_truncated,
+            "dumped_rank": None,
+            "alignment_failed": False,
+            "train_total_length": None,
+            "train_response_length": None,
+        }
+    return {
+        "has_train_row": True,
+        "raw_reward": train.raw_reward,
+        "normalized_reward": train.normalized_reward,
+        "truncated": status_truncated if train.truncated is None else train.truncated,
+        "dumped_rank": train.dumped_rank,
+        "alignment_failed": train.alignment_failed,
+        "train_total_length": train.total_length,
+        "train_response_length": train.response_length,
+    }
+
+
+def reference_reward(reward: Any) -> float | None:
+    """float(reward) when the reference accepts it: Python int/float (bool, numpy.float64).
+
+    Examples:
+        >>> reference_reward(True), reference_reward(2), reference_reward({"acc": 1.0})
+        (1.0, 2.0, None)
+    """
+    if not _is_number(reward):
+        return None
+    try:
+        return float(reward)
+    except OverflowError:  # an int beyond float64, such as 10**400
+        raise SampleValueError("reward", f"is {shown(reward)}, beyond the float64 range") from None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float)
+
+
+def _weight_versions(value: Any) -> list[str]:
+    """`weight_versions`: strings (engine-reported), or integers written as their digits."""
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise SampleValueError("weight_versions", f"is {shown(value)}, not a list of strings")
+    versions = []
+    for entry, version in enumerate(value):
+        if is_int(version) and INT64_MIN <= version <= INT64_MAX:
+            version = str(int(version))
+        if not isinstance(version, str):
+            problem = f"entry {entry} is {shown(version)}, not a string"
+            raise SampleValueError("weight_versions", problem)
+        # An all-digit version is a number (`weight_version_min`), so it must fit int64.
+        if _DIGITS.fullmatch(version) and (len(version) > 19 or int(version) > INT64_MAX):
+            problem = f"entry {entry} is {shown(version)}, a number outside the int64 range"
+            raise SampleValueError("weight_versions", problem)
+        versions.append(clean_text(version))
+    return versions
+
+
+def _min_numeric_version(versions: list[str]) -> int | None:
+    numeric = [int(v) for v in versions if _DIGITS.fullmatch(v)]
+    return min(numeric) if numeric else None
+
+
+def _tool_calls(prompt: Any) -> int | None:
+    if not isinstance(prompt, list):
+        return None
+    return sum(
+        1
+        for message in prompt
+        if isinstance(message, dict) and _is_text(message.get("role"), "tool")
+    )
+
+
+def _is_text(value: Any, text: str) -> bool:
+    """`value == text` for strings only: `==` on an array would compare element-wise."""
+    return isinstance(value, str) and value == text
+
+
+def _ratio(info: Any, field: str, numerator: str, denominator: str) -> float | None:
+    """A counter ratio from a dict or an old-style object (spec_info before 2025-12)."""
+    if info is None:
+        return None
+    if isinstance(info, SpecInfo):
+        info = info.to_dict()
+    if not isinstance(info, dict):
+        raise SampleValueError(field, f"is {shown(info)}, not a dict of counters")
+    num = _count(info.get(numerator), f"{field}.{numerator}")
+    den = _count(info.get(denominator), f"{field}.{denominator}")
+    return num / den if den else None
+
+
+def _count(value: Any, field: str) -> int:
+    """A counter: an integer from 0 (missing or None: 0)."""
+    number = validate.optional_int64(value, field) or 0
+    if number < 0:
+        raise SampleValueError(field, f"is {number}; a count cannot be negative")
+    return number
+
+
+def _flag(value: Any, field: str) -> bool:
+    """A bool (Python or numpy); missing or None is False."""
+    if value is None:
+        return False
+    if not isinstance(value, bool | np.bool_):
+        raise SampleValueError(field, f"is {shown(value)}, not a bool")
+    return bool(value)
+
+
+def _optional_text(value: Any, field: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SampleValueError(field, f"is {shown(value)}, not a string")
+    return clean_text(value)
+
+
+def _optional_float(value: Any, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.number):
+        raise SampleValueError(field, f"is {shown(value)}, not a number")
+    try:
+        return float(value)
+    except (OverflowError, TypeError):  # an int beyond float64; a complex number
+        raise SampleValueError(field, f"is {shown(value)}, not a float64 number") from None
+
+
+def _text_or_json(value: Any, field: str) -> str | None:
+    """Text as it is; anything else (a chat prompt, a dict label) as JSON."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return clean_text(value)
+    return to_json(value, field)
+
+
+def _or_empty(value: Any) -> Any:
+    return {} if value is None else value
