@@ -109,8 +109,13 @@ def _run_in_pool(
         pending.clear()
         if running:  # stopped early (Ctrl-C, --strict): say what the shutdown waits for
             stopping([held[f][0].label for f in running])
-        for each in (*pools, *alone, local):
-            each.shutdown(wait=True, cancel_futures=True)
+        # A Ctrl-C inside the shutdown would land in one of multiprocessing's finalizers,
+        # which swallow it half-done and leave the pool's threads waiting forever.
+        with sigint_deferred() as interrupted:
+            for each in (*pools, *alone, local):
+                each.shutdown(wait=True, cancel_futures=True)
+        if interrupted:
+            raise KeyboardInterrupt
 
 
 @contextmanager
