@@ -22,6 +22,22 @@ from typing import Any
 
 import numpy as np
 
+from tokenlake.read.ptopcodes import (
+    ATOMS,
+    COUNTED,
+    GETS,
+    HASH_MODULUS,
+    LINE,
+    MAX_HUGE_INTS,
+    MEMO,
+    PUT_GET,
+    SHARED_TEXT,
+    SINGLE,
+    TEXTS,
+    TWO_LINES,
+    WIDTH,
+)
+from tokenlake.read.ptvector import vector_scan
 from tokenlake.read.ptzip import Corrupt
 
 ITEMS_PER_BYTE = 4  # expanded items (container slots, array elements, 8 characters) per byte
@@ -29,44 +45,21 @@ ITEMS_SLACK = 1 << 20  # so that tiny files may still hold ordinary small values
 NODE_ITEMS = 16  # a container weighs as much as 16 items: its Python object costs ~128 bytes
 MAX_DEPTH = 100  # nesting deeper than this breaks json/repr in later stages; dumps use < 10
 
-_SINGLE = b"()]}NR0125abdelostu\x81\x85\x86\x87\x88\x89\x8f\x90\x91\x92\x93\x97\x98Q"
-_SINGLE = _SINGLE.replace(b"2", b"")  # DUP shares the top object: handled one by one
 # Runs of fixed-size opcodes but BINFLOAT (counted by `_Scan._run`); `*+` never backtracks.
 # Memo opcodes are left out: each is checked. (A capture group to learn the run's last opcode
 # would slow every iteration; what a run pushed last counts as not shareable.)
 _RUN = re.compile(
-    rb"(?:M..|J....|K.|[" + re.escape(_SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
+    rb"(?:M..|J....|K.|[" + re.escape(SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
     re.DOTALL,
 )
 # All fixed-size opcodes, BINFLOAT too: for runs that mix floats with other opcodes.
 _MIXED = re.compile(
-    rb"(?:G.{8}|M..|J....|K.|[" + re.escape(_SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
+    rb"(?:G.{8}|M..|J....|K.|[" + re.escape(SINGLE) + rb"]|\x82.|\x84....|\x83..)*+",
     re.DOTALL,
 )
-# The width of each opcode a run may hold (0: not one of them). One opcode alone is stepped over
-# in Python (a regex call costs more); two or more go to the regex.
-_WIDTH = [0] * 256
-for _op, _w in [
-    *zip(b"GMJK\x82\x83\x84", (9, 3, 5, 2, 2, 3, 5), strict=True),
-    *((o, 1) for o in _SINGLE),
-]:
-    _WIDTH[_op] = _w
 _FLOATS = 4096  # BINFLOATs checked per strided slice (torch.save appends 1000 at a time)
 _FEW = 128  # fewer floats in a row cost less through the regex than a slice and a regex call
-_COUNTED = {0x55: 1, 0x43: 1, 0x8C: 1, 0x8A: 1, 0x54: 4, 0x42: 4, 0x58: 4, 0x8B: 4}
 _COUNTED8 = {0x8D, 0x8E, 0x96, 0x95}  # BINUNICODE8, BINBYTES8, BYTEARRAY8, FRAME
-_LINE = {ord(c) for c in "ILFSVPg"}  # one newline-terminated argument
-_TWO_LINES = {ord("c"), ord("i")}  # GLOBAL, INST
-# Objects a pickle may reference many times without any risk of amplification: numbers,
-# globals and strings of at most SHARED_TEXT bytes (those pushed by the opcodes handled one by
-# one; the rest count as not shareable).
-_ATOMS = set(b"KMJG\x8a\x8bILFN\x88\x89c\x93)")
-_TEXTS = set(b"XU\x8cTBC\x8d\x8eSV")
-SHARED_TEXT = 64
-# Integers at least sys.hash_info.modulus (2**61 - 1) in size can be chosen to share one hash:
-# n of them as dict keys take n**2 / 2 comparisons (20 000 in 380 KB: 3 s). Dumps hold few.
-MAX_HUGE_INTS = 4096
-_HASH_MODULUS = (1 << 61) - 1
 # `tokenlake.read.ptvector` decides pickles up to this size whose BINFLOATs fill less than a
 # quarter (runs of floats cost `_Scan` far less than a vectorised pass over every byte).
 VECTOR_MAX = 1 << 20  # its pass takes ~40 bytes per pickle byte for a moment
@@ -86,8 +79,6 @@ def check_opcodes(payload: Any) -> bool:
     """
     data = bytes(payload) if not isinstance(payload, bytes) else payload
     if len(data) <= VECTOR_MAX and data.count(b"G") * 36 < len(data):
-        from tokenlake.read.ptvector import vector_scan  # it builds its tables from this module's
-
         verdict = vector_scan(data)
         if verdict is not None:
             return verdict
@@ -106,7 +97,7 @@ class _Scan:
         self.limit = max(self.end, 1 << 16)  # the largest memo index allowed
 
     def run(self) -> bool:
-        data, end, pos, atom, width, limit = self.data, self.end, 0, self.atom, _WIDTH, self.limit
+        data, end, pos, atom, width, limit = self.data, self.end, 0, self.atom, WIDTH, self.limit
         match = _RUN.match
         top = shares = False  # self.top and self.shares, as locals while inline
         while pos < end:
@@ -119,8 +110,8 @@ class _Scan:
                 if after == pos or after > end:  # cut off by the end: the unpickler reports it
                     break
                 top, pos = False, after
-            elif op in _PUT_GET and pos + _PUT_GET[op] < end:  # the most frequent memo opcodes
-                size = _PUT_GET[op]
+            elif op in PUT_GET and pos + PUT_GET[op] < end:  # the most frequent memo opcodes
+                size = PUT_GET[op]
                 index = (
                     data[pos + 1]
                     if size == 1
@@ -128,7 +119,7 @@ class _Scan:
                 )
                 if index > limit:
                     self._memo(pos, op)  # raises: the index is out of bounds
-                if op in _GETS:
+                if op in GETS:
                     top = atom.get(index, False)
                     shares |= not top
                 else:
@@ -138,7 +129,7 @@ class _Scan:
                 break
             else:
                 self.top, self.shares = top, shares
-                pos = self._memo(pos, op) if op in _MEMO else self._skip(pos, op)
+                pos = self._memo(pos, op) if op in MEMO else self._skip(pos, op)
                 top, shares = self.top, self.shares
         return shares  # at the end of a truncated pickle the unpickler reports EOFError
 
@@ -156,7 +147,7 @@ class _Scan:
                     return _MIXED.match(data, pos).end()  # type: ignore[union-attr]
             else:
                 pos = _RUN.match(data, pos).end()  # type: ignore[union-attr]
-            if pos == start or pos >= end or not _WIDTH[data[pos]]:  # run over, or cut off
+            if pos == start or pos >= end or not WIDTH[data[pos]]:  # run over, or cut off
                 return pos
 
     def _floats(self, pos: int) -> int:
@@ -175,7 +166,7 @@ class _Scan:
         """PUT/GET/MEMOIZE/DUP: bound the index (the C unpickler grows its table to 2 × it)
         and note when a non-shareable object is referenced again."""
         data = self.data
-        width = _MEMO[op]
+        width = MEMO[op]
         if op == 0x32:  # DUP
             self.shares |= not self.top
             return pos + 1
@@ -194,7 +185,7 @@ class _Scan:
             raise Corrupt(
                 f"its pickle is corrupt (memo index {index} is larger than the whole pickle)"
             )
-        if op in _GETS:
+        if op in GETS:
             self.top = self.atom.get(index, False)
             self.shares |= not self.top
         else:
@@ -202,7 +193,7 @@ class _Scan:
         return after
 
     def _huge(self, value: int) -> None:
-        if abs(value) >= _HASH_MODULUS:
+        if abs(value) >= HASH_MODULUS:
             self.huge_ints += 1
             if self.huge_ints > MAX_HUGE_INTS:
                 raise Corrupt(
@@ -216,33 +207,27 @@ class _Scan:
         data, end = self.data, self.end
         if op == 0x80:  # PROTO
             return pos + 2
-        if op in _COUNTED or op in _COUNTED8:
-            width = _COUNTED.get(op, 8)
+        if op in COUNTED or op in _COUNTED8:
+            width = COUNTED.get(op, 8)
             size = int.from_bytes(data[pos + 1 : pos + 1 + width], "little", signed=width == 4)
             if op == 0x95:  # FRAME: a hint, no object
                 return pos + 9
-            self.top = op in _ATOMS or size <= SHARED_TEXT
+            self.top = op in ATOMS or size <= SHARED_TEXT
             after = _counted(pos + 1 + width, size, end)
             if op in (0x8A, 0x8B) and size >= 8:
                 self._huge(int.from_bytes(data[pos + 1 + width : after], "little", signed=True))
             return after
-        if op in _LINE or op in _TWO_LINES:
+        if op in LINE or op in TWO_LINES:
             stop = data.find(b"\n", pos + 1)
-            if op in _TWO_LINES and stop >= 0:
+            if op in TWO_LINES and stop >= 0:
                 stop = data.find(b"\n", stop + 1)
             if stop < 0:
                 raise Corrupt("its pickle is corrupt (an opcode's text argument has no end)")
-            self.top = op in _ATOMS or (op in _TEXTS and stop - pos <= SHARED_TEXT)
+            self.top = op in ATOMS or (op in TEXTS and stop - pos <= SHARED_TEXT)
             if op in (0x49, 0x4C) and stop - pos > 19:  # INT / LONG as text, 19+ digits
-                self._huge(_HASH_MODULUS)
+                self._huge(HASH_MODULUS)
             return stop + 1
         raise Corrupt(f"its pickle is corrupt (unknown opcode 0x{op:02x} at byte {pos})")
-
-
-_MEMO = {0x71: 1, 0x72: 4, 0x70: 0, 0x68: 1, 0x6A: 4, 0x67: 0, 0x94: 0, 0x32: 0}
-_GETS = {0x68, 0x6A, 0x67}
-_PUT_GET = {0x68: 1, 0x71: 1, 0x6A: 4, 0x72: 4}  # BINGET, BINPUT, LONG_BINGET, LONG_BINPUT
-_LINE.discard(ord("g"))
 
 
 def _counted(start: int, size: int, end: int) -> int:

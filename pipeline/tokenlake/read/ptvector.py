@@ -15,19 +15,19 @@ from typing import Any
 
 import numpy as np
 
-from tokenlake.read.ptcheck import (
-    _ATOMS,
-    _COUNTED,
-    _GETS,
-    _HASH_MODULUS,
-    _LINE,
-    _MEMO,
-    _PUT_GET,
-    _TEXTS,
-    _TWO_LINES,
-    _WIDTH,
+from tokenlake.read.ptopcodes import (
+    ATOMS,
+    COUNTED,
+    GETS,
+    HASH_MODULUS,
+    LINE,
     MAX_HUGE_INTS,
+    MEMO,
+    PUT_GET,
     SHARED_TEXT,
+    TEXTS,
+    TWO_LINES,
+    WIDTH,
 )
 
 _PAST = 1 << 40  # a step past any end: the opcode ends the path
@@ -36,17 +36,17 @@ _FIX, _MEMO1, _STOP, _PASS, _C1, _C4, _LINE1, _LINE2 = range(1, 9)  # 0: left to
 
 def _kind_of(op: int) -> tuple[int, int]:
     """How `_Scan` handles `op` (in the order it tests an opcode) and its own width."""
-    if _WIDTH[op]:
-        return _FIX, _WIDTH[op]
-    if op in _PUT_GET:
-        return _MEMO1, 1 + _PUT_GET[op]
-    if op == 0x2E or op in _MEMO:
+    if WIDTH[op]:
+        return _FIX, WIDTH[op]
+    if op in PUT_GET:
+        return _MEMO1, 1 + PUT_GET[op]
+    if op == 0x2E or op in MEMO:
         return (_STOP if op == 0x2E else 0), _PAST  # ends the path
     if op in (0x80, 0x95):  # PROTO, FRAME: push nothing
         return _PASS, 2 if op == 0x80 else 9
-    if op in _COUNTED:
-        return (_C1 if _COUNTED[op] == 1 else _C4), 0
-    kind = _LINE1 if op in _LINE else _LINE2 if op in _TWO_LINES else 0
+    if op in COUNTED:
+        return (_C1 if COUNTED[op] == 1 else _C4), 0
+    kind = _LINE1 if op in LINE else _LINE2 if op in TWO_LINES else 0
     return kind, 0 if kind else _PAST
 
 
@@ -60,7 +60,7 @@ def _flags(ops: Any) -> np.ndarray:
     return table
 
 
-_IS_ATOM, _IS_TEXT, _IS_GET = _flags(_ATOMS), _flags(_TEXTS), _flags(_GETS)
+_IS_ATOM, _IS_TEXT, _IS_GET = _flags(ATOMS), _flags(TEXTS), _flags(GETS)
 _IS_LONG, _IS_INT_TEXT = _flags([0x8A, 0x8B]), _flags([0x49, 0x4C])
 
 
@@ -145,7 +145,7 @@ def _huge_ints(data: bytes, code: Any, size: Any, ops: Any, nxt: Any) -> int:
     for pos in longs.tolist():
         start = pos + (2 if data[pos] == 0x8A else 5)
         value = int.from_bytes(data[start : int(nxt[pos])], "little", signed=True)
-        count += abs(value) >= _HASH_MODULUS
+        count += abs(value) >= HASH_MODULUS
     return count
 
 
