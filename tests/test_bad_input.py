@@ -280,7 +280,7 @@ def test_rollout_log_probs_of_the_wrong_length(tmp_path: Path) -> None:
     bad = dump / "rollout_data" / "1.pt"
     rewrite_pt(bad, lambda d: d["samples"][3]["rollout_log_probs"].pop())
     code, _, err = extract(dump, tmp_path / "lake")
-    # Issue 9: flagged like a train-side field of the wrong length, not a skipped step; the
+    # Flagged like a train-side field of the wrong length, not a skipped step; the
     # train-side copy (the one the lake shows) is intact, so the values stay.
     assert (code, err) == (0, [])
     import duckdb

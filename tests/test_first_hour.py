@@ -1,4 +1,4 @@
-"""A new user's first hour (issues 8 §4, 9, 10): every mistake is one line with the exact text a
+"""A new user's first hour: every mistake is one line with the exact text a
 user sees, nothing a dump carries can steer the terminal, and nothing is silently a no-op."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The lake stays whole, and every mistake with a lake is one line (issues 8.3 and 9).
+"""The lake stays whole, and every mistake with a lake is one line.
 
 A full disk (a tiny tmpfs where mounting is allowed), a broken catalog, lakes under paths
 that look like partitions, hostile run names, a broken tokenizer, foreign files beside and

@@ -1,5 +1,5 @@
 """Hand-forged `.pt` files cannot crash the reader, leak memory into it, or blow up its memory
-or time (issue 8, part 1). Every file is written opcode by opcode with `tests.forge`.
+or time. Every file is written opcode by opcode with `tests.forge`.
 
 Amplification cases run in a subprocess under `RLIMIT_AS` and a time limit: the process must
 exit normally and print the one-line error, never die of a signal or a MemoryError.

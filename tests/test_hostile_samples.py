@@ -1,4 +1,4 @@
-"""One bad rollout sample, or a bug, or a dying worker costs its step only (issue 8, part 2).
+"""One bad rollout sample, or a bug, or a dying worker costs its step only.
 
 Each case takes a copy of the real `basic` dump (steps 0 and 1, `eval_0`), rewrites one value of
 one sample with `torch.save`, runs `tokenlake extract`, and asserts the exact line the user sees,

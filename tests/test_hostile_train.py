@@ -1,5 +1,5 @@
 """Broken train files and trajectory sidecars: one line for the step, never a crash or a
-silently coerced value (issue 8, section 2).
+silently coerced value.
 
 Each case is a one-step dump held in memory (`tests.memdump`) run through `extract_step`; the
 asserted text is what the CLI prints after `Skipped step 0: `.

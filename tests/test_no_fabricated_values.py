@@ -1,4 +1,4 @@
-"""A masked, missing or unaligned value is NULL, never a made-up number (issue 9).
+"""A masked, missing or unaligned value is NULL, never a made-up number.
 
 Each case is a one-step dump held in memory (`tests.memdump`), run through the real step path,
 and checked value by value: which positions are NULL and what `alignment_failed` says.

@@ -1,4 +1,4 @@
-"""Issue 11: run metadata and tags in `runs`, the `metrics` table, user views (LAKE/views)."""
+"""Run metadata and tags in `runs`, the `metrics` table, user views (LAKE/views)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 # Bumped whenever a table's columns or their meaning change; stamped into every Parquet file's
 # key-value metadata and into the `runs` table.
-# 2: `runs` gained the run metadata columns, and the `metrics` table (issue 11); `tokens`
+# 2: `runs` gained the run metadata columns, and the `metrics` table; `tokens`
 #    gained `turn_index`.
 # 3: `tokens` gained `first_occurrence`.
 SCHEMA_VERSION = 3
@@ -220,7 +220,7 @@ TABLE_PARTITIONS: dict[str, tuple[str, ...]] = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Run metadata (issue 11): `runs` columns from `DUMP/dashboard/meta.json` (pipeline/tokenlake/read/dashboard.py)
+# Run metadata: `runs` columns from `DUMP/dashboard/meta.json` (pipeline/tokenlake/read/dashboard.py)
 # and the user's tags (pipeline/tokenlake/tags.py), appended to the `runs` columns (schema version 2;
 # `runs` files of version 1 lack them and read as NULL there, see catalog.base_view_sql).
 # ---------------------------------------------------------------------------------------------
