@@ -121,6 +121,13 @@ def reserved_names(sandbox: duckdb.DuckDBPyConnection) -> dict[str, str]:
     return taken
 
 
+def lake_relations(sandbox: duckdb.DuckDBPyConnection) -> set[str]:
+    """Lower-cased names of what a user view may read besides other user views: the lake's
+    tables and tokenlake's views (all views in the sandbox, before any user view)."""
+    rows = sandbox.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
+    return {str(name).lower() for (name,) in rows}
+
+
 def view_query(sandbox: duckdb.DuckDBPyConnection, stem: str, text: str) -> str:
     """The query of a file that holds one `CREATE [OR REPLACE] VIEW <stem> AS <query>`.
 

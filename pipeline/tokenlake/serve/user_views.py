@@ -30,6 +30,7 @@ from tokenlake.serve.user_view_check import (
     check_tree,
     create_checked,
     first_line,
+    lake_relations,
     open_sandbox,
     query_tree,
     reserved_names,
@@ -165,8 +166,7 @@ def _create_checked_views(
             candidates.append(_candidate(sandbox, path, reserved))
         except Refused as refused:
             skipped[path] = refused.reason
-    relations = {name for name, what in reserved.items() if what == "one of tokenlake's views"}
-    relations |= {c.file.stem.lower() for c in candidates}
+    relations = lake_relations(sandbox) | {c.file.stem.lower() for c in candidates}
     macros = _table_macros(sandbox)
     checked = []
     for candidate in candidates:
