@@ -221,6 +221,10 @@ def test_install_from_a_url_and_reading_a_url_make_no_request(
 
 
 NOT_THE_LAKE = "which is not a table or view of the lake nor another user view"
+READ_TEXT = (
+    "it calls table function `read_text`; a user view may read only the lake's tables and views"
+    " (and generate_series, range, unnest)"
+)
 
 
 # What a well-formed view may not read or call, and why it is refused.
@@ -266,6 +270,21 @@ HOSTILE_QUERIES = [
         " tables and views without one",
     ),
     ("SELECT * FROM duckdb_secrets", f"it reads `duckdb_secrets`, {NOT_THE_LAKE}"),
+    (
+        "SELECT list_transform([1], x -> (SELECT content FROM read_text('/etc/passwd'))) AS l",
+        READ_TEXT,
+    ),
+    ("SELECT * FROM (VALUES (1)) AS v(x), LATERAL read_text('/etc/passwd')", READ_TEXT),
+    (
+        "SELECT * FROM tokens LIMIT (SELECT count(*) FROM glob('/*'))",
+        "it calls table function `glob`; a user view may read only the lake's tables and views"
+        " (and generate_series, range, unnest)",
+    ),
+    (  # a CTE is visible inside its own query only: outside, `x` could be anything
+        "SELECT * FROM (WITH x AS (SELECT 1) SELECT * FROM x) AS s, x",
+        f"it reads `x`, {NOT_THE_LAKE}",
+    ),
+    ("SELECT * FROM range(3) AS t, drift_breakdown(t)", f"it reads `t`, {NOT_THE_LAKE}"),
     ("DESCRIBE tokens", "it reads from a `SHOW_REF`, which a user view may not"),
     ("SELECT " + "abs(" * 900 + "1" + ")" * 900, "it nests too deeply to be checked"),
 ]
@@ -316,6 +335,22 @@ def test_a_view_created_with_anything_else_is_rolled_back() -> None:
         ).fetchall() == [(0,)]
     finally:
         sandbox.close()
+
+
+def test_tokenlake_macros_shadow_no_builtin() -> None:
+    """tokenlake's own macros are stored in the catalog too: none may take a built-in's name."""
+    with duckdb.connect() as con:
+        builtins = {
+            n for (n,) in con.execute("SELECT function_name FROM duckdb_functions()").fetchall()
+        }
+    sandbox = open_sandbox()
+    try:
+        rows = sandbox.execute("SELECT function_name FROM duckdb_functions() WHERE NOT internal")
+        macros = {name for (name,) in rows.fetchall()}
+    finally:
+        sandbox.close()
+    assert macros == TOKENLAKE_MACROS
+    assert macros & builtins == set()
 
 
 def test_names_that_are_taken_or_odd_are_refused(tmp_path: Path) -> None:
