@@ -146,7 +146,10 @@ def view_query(sandbox: duckdb.DuckDBPyConnection, stem: str, text: str) -> str:
     if len(statements) != 1 or statements[0].type != duckdb.StatementType.CREATE:
         raise form
     raw = text.encode("utf-8")
-    words = list(itertools.islice(_words(raw), 7))  # the head and the query's first token
+    try:
+        words = list(itertools.islice(_words(raw), 7))  # the head and the query's first token
+    except duckdb.Error as exc:
+        raise Refused(first_line(exc)) from None
     head = [word.upper() for word, _ in words[:6]]
     start = 5 if head[:3] == ["CREATE", "OR", "REPLACE"] else 3
     if head[:1] != ["CREATE"] or head[start - 2 : start - 1] != ["VIEW"]:
@@ -181,16 +184,22 @@ def query_tree(sandbox: duckdb.DuckDBPyConnection, query: str) -> dict[str, Any]
     Raises:
         Refused: It is not exactly one SELECT, or nests too deeply to inspect.
     """
-    (serialized,) = sandbox.execute("SELECT json_serialize_sql(?)", [query]).fetchone() or ("",)
+    import duckdb
+
     try:
-        tree = json.loads(serialized)
+        found = sandbox.execute("SELECT json_serialize_sql(?)", [query]).fetchone()
+    except duckdb.Error as exc:
+        raise Refused(first_line(exc)) from None
+    try:
+        tree = json.loads(found[0] if found else "{}")
     except RecursionError:
         raise Refused("it nests too deeply to be checked") from None
     if tree.get("error"):
         raise Refused(f"its query is not one SELECT ({str(tree.get('error_message'))[:200]})")
-    if len(tree["statements"]) != 1:
+    statements = tree.get("statements") or []
+    if len(statements) != 1:
         raise Refused("its query is not one SELECT")
-    return dict(tree["statements"][0])
+    return dict(statements[0])
 
 
 def check_tree(tree: dict[str, Any], relations: set[str], table_macros: set[str]) -> None:
@@ -234,11 +243,10 @@ def _check_node(
     node: dict[str, Any], readable: frozenset[str] | set[str], macros: set[str]
 ) -> None:
     kind = node.get("type")
-    if "class" in node:  # an expression
-        pass
-    elif "cte_map" in node and kind not in _QUERY_NODES:
+    is_expression = "class" in node
+    if not is_expression and "cte_map" in node and kind not in _QUERY_NODES:
         raise Refused(f"it holds a `{_shown(kind)}` query, which a user view may not")
-    elif "sample" in node and "alias" in node and kind not in _TABLE_REFS:  # a FROM item
+    if not is_expression and "sample" in node and "alias" in node and kind not in _TABLE_REFS:
         raise Refused(f"it reads from a `{_shown(kind)}`, which a user view may not")
     if kind == "BASE_TABLE":
         _check_relation(node, readable)
