@@ -474,6 +474,7 @@ def test_a_reader_of_a_bucket_never_runs_its_views(tmp_path: Path) -> None:
             f" read_text('/proc/self/environ')) TO 's3://{bucket}/loot.txt'",
             "peek.sql": "CREATE VIEW peek AS SELECT content FROM read_text('/proc/self/environ')",
             "mine.sql": "CREATE VIEW mine AS SELECT count(*) AS n FROM step_stats",
+            "huge.sql": "CREATE VIEW huge AS SELECT 1 AS x" + " " * (1 << 20),  # only 64 KiB read
         }
         fs = fsspec.filesystem("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
         for name, text in views.items():
@@ -494,6 +495,7 @@ def test_a_reader_of_a_bucket_never_runs_its_views(tmp_path: Path) -> None:
             f"WARNING tokenlake.serve.catalog: User view `{url}/views/{name}` skipped: {why}."
             for name, why in (
                 ("a.sql", FORM.format("a")),
+                ("huge.sql", "it is larger than 65536 bytes"),
                 ("loot.sql", FORM.format("loot")),
                 ("peek.sql", read_text),
             )

@@ -73,7 +73,7 @@ def iter_user_view_files(lake: LakeRoot) -> list[UserViewFile]:
         try:
             content, problem = layout.read_head(name, MAX_USER_VIEW_BYTES + 1), None
         except LakeError as exc:
-            content, problem = b"", f"it cannot be read ({exc.problem})"
+            content, problem = b"", f"it {exc.problem}"  # `does not exist`, `cannot be read (...)`
         files.append(UserViewFile(layout.url(name), Path(name).stem, content, problem))
     return files
 
