@@ -380,8 +380,8 @@ def test_a_broken_user_view_is_one_warning_line_of_the_cli(dump, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert result.stderr == (
-        f"Warning: User view `{lake / 'views' / 'x.sql'}` skipped: Catalog"
-        " Error: Table with name nowhere does not exist!.\n"
+        f"Warning: User view `{lake / 'views' / 'x.sql'}` skipped: it reads `nowhere`, which"
+        " is not a table or view of the lake nor another user view.\n"
     )
     assert _query(lake, "SELECT count(*) FROM step_stats") == [(3,)]
     result = CliRunner().invoke(main, ["views", str(lake)])

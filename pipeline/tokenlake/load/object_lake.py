@@ -132,6 +132,16 @@ class ObjectLake:
         """Relative names of the user's `views/*.sql`."""
         return [n for n in self._list(USER_VIEWS_DIR) if n.endswith(".sql") and n.count("/") == 1]
 
+    def read_head(self, relative: str, limit: int) -> bytes:
+        """At most the first `limit` bytes of an object: an object that is larger (or grew
+        since it was listed) costs no more memory than that."""
+        try:
+            return bytes(self.fs.cat_file(self.key(relative), start=0, end=limit))
+        except FileNotFoundError as exc:
+            raise LakeError(self.url(relative), "does not exist") from exc
+        except OSError as exc:
+            raise self._error(relative, "cannot be read", exc) from exc
+
     def size(self, relative: str) -> int:
         return int(self.fs.size(self.key(relative)))
 

@@ -1,150 +1,263 @@
 """The user's own views, `LAKE/views/*.sql`, created after tokenlake's on every catalog build.
 
 The rules of `sql/`: one `CREATE [OR REPLACE] VIEW <file stem> AS ...` per file (its leading
-`--` comment becomes the view's comment); a view may build on tokenlake's views and on other
-user views. A file that breaks the rules, would replace one of tokenlake's views, or does not
-bind is skipped with one warning line; the rest of the catalog is built all the same.
+`--` comment becomes the view's comment); a view may build on the lake's tables, tokenlake's
+views and other user views. Whoever can write to a shared lake wrote these files, and every
+build of the catalog (on an object store: every reader) creates them, so a file's SQL is
+created only once DuckDB's parser shows that it is such a view and reads nothing else
+(user_view_check.py). A file that breaks the rules, takes a name that is already taken, or
+does not bind is skipped with one warning line; the rest of the catalog is built all the same.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
-import re
-from collections.abc import Callable
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, shown
 from tokenlake.load.lake import USER_VIEWS_DIR, LakeRoot, lake_at
 from tokenlake.load.local_lake import Lake
+from tokenlake.serve.user_view_check import (
+    NAME_RULE,
+    PLAIN_NAME,
+    Refused,
+    catalog_objects,
+    check_tree,
+    create_checked,
+    first_line,
+    lake_relations,
+    open_sandbox,
+    query_tree,
+    reserved_names,
+    view_query,
+)
 
 if TYPE_CHECKING:
     import duckdb
 
 log = logging.getLogger(__name__)
 
-MAX_USER_VIEW_BYTES = 1 << 20
-_USER_VIEW_STATEMENT = re.compile(
-    r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\w+)\s+AS\s", re.IGNORECASE
-)
+# DuckDB's syntax tree of a query is up to ~50 times its text, and Python's copy of it ~10
+# times that: 64 KiB (7 times tokenlake's largest view) keeps a hostile file's check to about
+# 150 MB and a second or two, where 1 MiB took 21 s and gigabytes.
+MAX_USER_VIEW_BYTES = 1 << 16
+# DuckDB's messages quote the user's SQL: room for a whole first line, no more.
+_SHOWN_PROBLEM_CHARS = 500
 
 
 @dataclass(frozen=True)
 class UserViewFile:
-    """One `views/*.sql` of a lake, local or on an object store."""
+    """One `views/*.sql` of a lake, local or on an object store, as read: at most
+    `MAX_USER_VIEW_BYTES + 1` bytes of it, or why it could not be read."""
 
     shown: str  # how messages name it (its path or URL)
     stem: str
-    size: Callable[[], int]
-    read: Callable[[], bytes]
+    content: bytes
+    problem: str | None = None
 
 
 def iter_user_view_files(lake: LakeRoot) -> list[UserViewFile]:
-    """The user's view files, `LAKE/views/*.sql`, by name."""
+    """The user's view files, `LAKE/views/*.sql`, by name, each read once."""
     layout = lake_at(lake)
     if isinstance(layout, Lake):
-        folder = layout.user_views_dir
-        paths = sorted(p for p in folder.glob("*.sql") if p.is_file()) if folder.is_dir() else []
-        return [UserViewFile(str(p), p.stem, _size_of(p), p.read_bytes) for p in paths]
-    return [
-        UserViewFile(
-            layout.url(name),
-            Path(name).stem,
-            lambda name=name: layout.size(name),  # type: ignore[misc]
-            lambda name=name: layout.read_bytes(name),  # type: ignore[misc]
+        return _local_view_files(layout.user_views_dir)
+    files = []
+    for name in layout.user_view_names():
+        if not name.startswith(f"{USER_VIEWS_DIR}/"):
+            continue
+        try:
+            content, problem = layout.read_head(name, MAX_USER_VIEW_BYTES + 1), None
+        except LakeError as exc:
+            content, problem = b"", f"it {exc.problem}"  # `does not exist`, `cannot be read (...)`
+        files.append(UserViewFile(layout.url(name), Path(name).stem, content, problem))
+    return files
+
+
+def _local_view_files(folder: Path) -> list[UserViewFile]:
+    """The folder's `*.sql` entries, read through the folder's descriptor: no symbolic link
+    is followed (neither the folder nor a file), and a FIFO or device is never opened for
+    reading, so nothing outside the folder is read and nothing hangs."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        descriptor = os.open(folder, flags)
+    except OSError as exc:
+        if folder.is_symlink():
+            problem = "it is a symbolic link; user views are read only from a real folder"
+            return [UserViewFile(str(folder), "", b"", problem)]
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return []  # no folder of views
+        return [UserViewFile(str(folder), "", b"", f"it cannot be read ({exc.strerror})")]
+    try:
+        names = sorted(
+            entry.name for entry in os.scandir(descriptor) if entry.name.endswith(".sql")
         )
-        for name in layout.user_view_names()
-        if name.startswith(f"{USER_VIEWS_DIR}/")
-    ]
+        return [_read_local(folder, descriptor, name) for name in names]
+    finally:
+        os.close(descriptor)
 
 
-def _size_of(path: Path) -> Callable[[], int]:
-    return lambda: path.stat().st_size
+def _read_local(folder: Path, descriptor: int, name: str) -> UserViewFile:
+    path, stem = str(folder / name), name[: -len(".sql")]
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        handle = os.open(name, flags, dir_fd=descriptor)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            problem = "it is a symbolic link; tokenlake reads only regular files in `views/`"
+        else:
+            problem = f"it cannot be read ({exc.strerror})"
+        return UserViewFile(path, stem, b"", problem)
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            return UserViewFile(path, stem, b"", "it is not a regular file")
+        chunks, left = [], MAX_USER_VIEW_BYTES + 1
+        while left > 0 and (chunk := os.read(handle, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return UserViewFile(path, stem, b"".join(chunks))
+    except OSError as exc:
+        return UserViewFile(path, stem, b"", f"it cannot be read ({exc.strerror})")
+    finally:
+        os.close(handle)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    file: UserViewFile
+    text: str  # the whole file (its header becomes the view's comment)
+    query: str  # what follows `AS`, as DuckDB's parser delimits it
 
 
 def create_user_views(con: duckdb.DuckDBPyConnection, lake: LakeRoot) -> list[str]:
-    """Create the user's views after tokenlake's; a broken one is one warning and skipped.
+    """Create the user's views after tokenlake's; a refused one is one warning and skipped.
 
-    The rules of `sql/`: one `CREATE [OR REPLACE] VIEW <file stem> AS ...` per file (its
-    leading `--` comment becomes the view's comment); a view may build on tokenlake's views
-    and on other user views. A file that breaks the rules, would replace one of tokenlake's
-    views, or does not bind is skipped; the rest of the catalog is built all the same.
+    Each is checked and bound on a sandbox first (user_view_check.py), then created on `con`.
 
     Returns:
         One line per skipped file (`User view `FILE` skipped: ...`), in file name order.
     """
+    files = iter_user_view_files(lake)
+    if not files:
+        return []
+    sandbox = open_sandbox()
+    try:
+        skipped = _create_checked_views(con, sandbox, files)
+    finally:
+        sandbox.close()
+    return [_skip_line(path.shown, skipped[path]) for path in sorted(skipped, key=_by_name)]
+
+
+def _create_checked_views(
+    con: duckdb.DuckDBPyConnection,
+    sandbox: duckdb.DuckDBPyConnection,
+    files: list[UserViewFile],
+) -> dict[UserViewFile, str]:
+    """Create every file that passes; returns why each other one was skipped."""
+    reserved = reserved_names(sandbox)
+    skipped: dict[UserViewFile, str] = {}
+    candidates: list[_Candidate] = []
+    for path in files:
+        try:
+            candidates.append(_candidate(sandbox, path, reserved))
+        except Refused as refused:
+            skipped[path] = refused.reason
+    relations = lake_relations(sandbox) | {c.file.stem.lower() for c in candidates}
+    macros = _table_macros(sandbox)
+    checked = []
+    for candidate in candidates:
+        try:
+            check_tree(query_tree(sandbox, candidate.query), relations, macros)
+            checked.append(candidate)
+        except Refused as refused:
+            skipped[candidate.file] = refused.reason
+    created = _create_in_order(con, sandbox, checked, skipped)
+    log.info("user views created: %s", ", ".join(created) or "none")
+    return skipped
+
+
+def _candidate(
+    sandbox: duckdb.DuckDBPyConnection, path: UserViewFile, reserved: dict[str, str]
+) -> _Candidate:
+    """A file's text and query, if it is one `CREATE VIEW` under a name that is free."""
+    if path.problem is not None:
+        raise Refused(path.problem)
+    if not PLAIN_NAME.fullmatch(path.stem):
+        raise Refused(f"its file name is not a plain SQL name ({NAME_RULE}) with `.sql`")
+    taken = reserved.get(path.stem.lower())
+    if taken is not None:
+        raise Refused(f"`{path.stem}` is {taken}; give the file another name")
+    if len(path.content) > MAX_USER_VIEW_BYTES:
+        raise Refused(f"it is larger than {MAX_USER_VIEW_BYTES} bytes")
+    try:
+        text = path.content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refused(f"it is not UTF-8 text (byte {exc.start})") from None
+    return _Candidate(path, text, view_query(sandbox, path.stem, text))
+
+
+def _table_macros(sandbox: duckdb.DuckDBPyConnection) -> set[str]:
+    rows = sandbox.execute(
+        "SELECT function_name FROM duckdb_functions()"
+        " WHERE NOT internal AND function_type = 'table_macro'"
+    ).fetchall()
+    return {str(name).lower() for (name,) in rows}
+
+
+def _create_in_order(
+    con: duckdb.DuckDBPyConnection,
+    sandbox: duckdb.DuckDBPyConnection,
+    pending: list[_Candidate],
+    skipped: dict[UserViewFile, str],
+) -> list[str]:
+    """Create the checked views, each after the user views it reads (rounds, by file name)."""
     import duckdb
 
-    from tokenlake.serve.catalog import expected_views, header_comment, quote_literal
+    from tokenlake.serve.catalog import header_comment, quote_literal
 
-    pending: dict[UserViewFile, str] = {}
-    skipped: dict[UserViewFile, str] = {}
-    for path in iter_user_view_files(lake):
-        text, problem = _read_user_view(con, path, expected_views())
-        if problem is None:
-            pending[path] = text
-        else:
-            skipped[path] = problem
     created: list[str] = []
+    objects = catalog_objects(con)
     while pending:
-        waiting: dict[UserViewFile, str] = {}
-        for path, text in pending.items():
+        waiting: list[_Candidate] = []
+        for candidate in pending:
+            stem = candidate.file.stem
             try:
-                con.execute(text)
-            except duckdb.CatalogException as exc:  # may build on a user view not created yet
-                waiting[path] = _first_line(exc)
+                sandbox.execute(f"CREATE VIEW {stem} AS {candidate.query}")
+            except duckdb.CatalogException as exc:  # may read a user view not created yet
+                skipped[candidate.file] = first_line(exc)
+                waiting.append(candidate)
                 continue
             except duckdb.Error as exc:
-                skipped[path] = _first_line(exc)
+                skipped[candidate.file] = first_line(exc)
                 continue
-            con.execute(f"COMMENT ON VIEW {path.stem} IS {quote_literal(header_comment(text))}")
-            created.append(path.stem)
+            try:
+                objects = create_checked(con, stem, candidate.query, objects)
+            except (duckdb.Error, Refused) as exc:
+                skipped[candidate.file] = _reason(exc)
+                continue
+            skipped.pop(candidate.file, None)
+            comment = quote_literal(header_comment(candidate.text))
+            con.execute(f"COMMENT ON VIEW {stem} IS {comment}")
+            created.append(stem)
         if len(waiting) == len(pending):  # a round without progress: what waits is broken
-            skipped.update(waiting)
             break
-        pending = {path: pending[path] for path in waiting}
-    log.info("user views created: %s", ", ".join(created) or "none")
-    return [_skip_line(path.shown, skipped[path]) for path in sorted(skipped, key=_by_name)]
+        pending = waiting
+    return created
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.reason if isinstance(exc, Refused) else first_line(exc)
 
 
 def _by_name(view: UserViewFile) -> str:
     return view.shown
 
 
-def _read_user_view(
-    con: duckdb.DuckDBPyConnection, path: UserViewFile, reserved: list[str]
-) -> tuple[str, str | None]:
-    """A user view file's text, or why it is refused."""
-    import duckdb
-
-    from tokenlake.errors import LakeError
-
-    try:
-        if path.size() > MAX_USER_VIEW_BYTES:
-            return "", f"it is larger than {MAX_USER_VIEW_BYTES} bytes"
-        text = path.read().decode("utf-8")
-        statements = con.extract_statements(text)
-    except (OSError, UnicodeDecodeError, LakeError) as exc:
-        return "", f"it cannot be read ({getattr(exc, 'strerror', None) or exc})"
-    except duckdb.Error as exc:
-        return "", _first_line(exc)
-    match = _USER_VIEW_STATEMENT.match(_strip_comments(text))
-    if len(statements) != 1 or match is None or match.group(1) != path.stem:
-        return "", f"it must hold one `CREATE OR REPLACE VIEW {path.stem} AS ...` and nothing else"
-    if path.stem.lower() in {name.lower() for name in reserved}:
-        return "", f"`{path.stem}` is one of tokenlake's views; give the file another name"
-    return text, None
-
-
-def _strip_comments(text: str) -> str:
-    return re.sub(r"--[^\n]*|/\*.*?\*/", " ", text, flags=re.DOTALL)
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
-
-
 def _skip_line(path: str, problem: str) -> str:
     """One line, whatever the file name or DuckDB's message holds."""
-    return re.sub(r"[\x00-\x1f\x7f]", " ", f"User view `{path}` skipped: {problem}.")
+    where = shown(path, SHOWN_PATH_CHARS, literal=False)
+    return f"User view `{where}` skipped: {shown(problem, _SHOWN_PROBLEM_CHARS, literal=False)}."
