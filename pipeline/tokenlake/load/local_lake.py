@@ -239,6 +239,7 @@ class Lake:
     def _make_folders(self, folder: Path) -> None:
         """Create a folder of the lake and its parents, never through a link (OSError as
         `mkdir` raises it, LakeError for a link)."""
+        self.root.mkdir(parents=True, exist_ok=True)  # the user's path: followed as given
         parts = folder.relative_to(self.root).parts
         for depth in range(1, len(parts) + 1):
             path = self.root.joinpath(*parts[:depth])
