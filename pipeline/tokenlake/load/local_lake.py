@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from tokenlake import schema
-from tokenlake.errors import LakeError, shown
+from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, shown
 from tokenlake.load.lake import (
     DUMP_MARKER,
     LOCK_FILE,
@@ -207,7 +207,7 @@ class Lake:
     def _link_error(self, relative: str) -> LakeError:
         return LakeError(
             self.root,
-            f"`{shown(PurePosixPath(relative))}` is a symbolic link; tokenlake never follows"
+            f"`{shown(PurePosixPath(relative), SHOWN_PATH_CHARS)}` is a symbolic link; tokenlake never follows"
             " a link inside a lake. Remove the link (what it points to is not touched)",
         )
 
@@ -266,7 +266,8 @@ class Lake:
                 try:
                     folders.append(os.open(name, _FOLDER_FLAGS, dir_fd=folders[-1]))
                 except OSError as exc:
-                    if exc.errno == errno.ELOOP:
+                    # a link gives ELOOP, or ENOTDIR (Linux checks O_DIRECTORY first)
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(folders[-1], name):
                         raise self._link_error("/".join(walked)) from None
                     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                         break
@@ -449,6 +450,13 @@ def _unlink(folder: int, name: str) -> int:
     except FileNotFoundError:
         return 0
     return 1
+
+
+def _is_link(folder: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def _rmdir(folder: int, name: str) -> bool:

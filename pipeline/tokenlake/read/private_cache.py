@@ -20,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from tokenlake.errors import CacheError, shown
+from tokenlake.errors import SHOWN_PATH_CHARS, CacheError, shown
 
 CACHE_VARIABLE = "TOKENLAKE_CACHE"
 PRIVATE_MODE = 0o700
@@ -66,7 +66,7 @@ def _advice(path: Path, problem: str, root: bool) -> str:
         return "remove it (tokenlake makes it again), then extract again"
     own = f"set {CACHE_VARIABLE} to a folder only you can write (tokenlake creates it)"
     if problem.startswith("may be written"):
-        return f"run `chmod go-w {shown(path)}` or {own}"
+        return f"run `chmod go-w {shown(path, SHOWN_PATH_CHARS)}` or {own}"
     return own
 
 
@@ -90,7 +90,8 @@ def foreign_entry(top: Path) -> tuple[str, str] | None:
     pending = [top]
     while pending:
         folder = pending.pop()
-        with os.scandir(folder) as entries:
+        with os.scandir(folder) as listed:
+            entries = sorted(listed, key=lambda entry: entry.name)  # the same one named each time
             for entry in entries:
                 info = entry.stat(follow_symlinks=False)
                 what = _foreign(info)
