@@ -20,7 +20,8 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from tokenlake import schema
-from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, shown
+from tokenlake.errors import LakeError
+from tokenlake.load import nofollow
 from tokenlake.load.lake import (
     DUMP_MARKER,
     LOCK_FILE,
@@ -29,9 +30,7 @@ from tokenlake.load.lake import (
     FileWriter,
     atomic_write,
     check_relative,
-    is_partition_folder,
     local_path,
-    made_here,
     manifest_name,
     new_name,
     process_alive,
@@ -43,8 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A folder opened without following a link: a sweep walks only what it opened this way.
-_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # The lock never follows a link and never waits on a FIFO (which `open` would, for a writer).
 _LOCK_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _KINDS = {
@@ -93,7 +90,7 @@ class Lake:
     def put_bytes(self, relative: str, data: bytes, *, durable: bool = False, problem: str) -> None:
         """Write a whole small file (manifest): temporary name, fsync if `durable`, rename."""
         path = self.file(relative)
-        self._make_folders(path.parent)
+        nofollow.make_folders(self.root, path.parent.relative_to(self.root).parts)
 
         def write(tmp: Path) -> None:
             tmp.write_bytes(data)
@@ -106,7 +103,7 @@ class Lake:
         """Write a file through `write(where, filesystem)`: never half a file under its name."""
         path = self.file(relative)
         try:
-            self._make_folders(path.parent)
+            nofollow.make_folders(self.root, path.parent.relative_to(self.root).parts)
         except OSError as exc:
             raise LakeError(path, f"{problem} ({exc.strerror or exc})") from exc
         atomic_write(path, lambda tmp: write(str(tmp), None), problem=problem)
@@ -123,13 +120,14 @@ class Lake:
         for relative in relatives:
             self.file(relative)  # outside the lake, or through a link: refused
             parts = PurePosixPath(relative).parts
-            with self._opened(parts[:-1]) as folders:
+            with nofollow.opened(self.root, parts[:-1]) as folders:
                 if len(folders) < len(parts):
                     continue  # its folder is gone: so is the file
-                _unlink(folders[-1], parts[-1])
+                nofollow.unlink_in(folders[-1], parts[-1])
                 # rollout_id=…, then run=…; never `_manifest/` or a table folder
                 for depth in range(len(parts) - 2, 0, -1):
-                    if "=" not in parts[depth] or not _rmdir(folders[depth], parts[depth]):
+                    gone = "=" in parts[depth] and nofollow.rmdir_in(folders[depth], parts[depth])
+                    if not gone:
                         break
 
     def manifest_runs(self) -> list[str]:
@@ -191,25 +189,8 @@ class Lake:
             check_relative(relative)
         except ValueError:
             raise LakeError(path, "is listed by a manifest but lies outside the lake") from None
-        self._refuse_links(PurePosixPath(relative).parts)
+        nofollow.refuse_links(self.root, PurePosixPath(relative).parts)
         return path
-
-    def _refuse_links(self, parts: tuple[str, ...]) -> None:
-        """A LakeError naming the first of `root/parts[0]/parts[1]/…` that is a link."""
-        for depth in range(1, len(parts) + 1):
-            try:
-                info = os.lstat(self.root.joinpath(*parts[:depth]))
-            except OSError:  # missing (or unreadable): nothing below it is reached
-                return
-            if stat.S_ISLNK(info.st_mode):
-                raise self._link_error("/".join(parts[:depth]))
-
-    def _link_error(self, relative: str) -> LakeError:
-        return LakeError(
-            self.root,
-            f"`{shown(PurePosixPath(relative), SHOWN_PATH_CHARS)}` is a symbolic link; tokenlake never follows"
-            " a link inside a lake. Remove the link (what it points to is not touched)",
-        )
 
     def check_links(self, run: str) -> None:
         """Refuse the run if any folder or file of it in the lake is a symbolic link.
@@ -217,65 +198,13 @@ class Lake:
         Checked before a command writes, reads or deletes the run's files, so that nothing
         is done through a planted link (`tokens/run=x -> /other/lake/tokens/run=y`).
         """
-        self._refuse_links(PurePosixPath(manifest_name(run)).parts)
+        nofollow.refuse_links(self.root, PurePosixPath(manifest_name(run)).parts)
         for table in schema.TABLES:
             run_dir = (table, f"{schema.RUN}={run}")
-            self._refuse_links(run_dir)
-            with self._opened(run_dir) as folders:
+            nofollow.refuse_links(self.root, run_dir)
+            with nofollow.opened(self.root, run_dir) as folders:
                 if len(folders) == 3:
-                    self._refuse_links_in(folders[-1], "/".join(run_dir), depth=2)
-
-    def _refuse_links_in(self, folder: int, where: str, depth: int) -> None:
-        """Every entry of an opened folder (and of its partition folders) is no link."""
-        for entry in _entries(folder):
-            if entry.is_symlink():
-                raise self._link_error(f"{where}/{entry.name}")
-            if depth > 1 and entry.is_dir(follow_symlinks=False):
-                if is_partition_folder(entry.name):
-                    with _opened_in(folder, entry.name) as inner:
-                        if inner is not None:
-                            self._refuse_links_in(inner, f"{where}/{entry.name}", depth - 1)
-
-    def _make_folders(self, folder: Path) -> None:
-        """Create a folder of the lake and its parents, never through a link (OSError as
-        `mkdir` raises it, LakeError for a link)."""
-        self.root.mkdir(parents=True, exist_ok=True)  # the user's path: followed as given
-        parts = folder.relative_to(self.root).parts
-        for depth in range(1, len(parts) + 1):
-            path = self.root.joinpath(*parts[:depth])
-            try:
-                path.mkdir()
-            except FileExistsError:
-                if stat.S_ISLNK(os.lstat(path).st_mode):
-                    raise self._link_error("/".join(parts[:depth])) from None
-                if not path.is_dir():
-                    raise
-
-    @contextmanager
-    def _opened(self, parts: Iterable[str]) -> Iterator[list[int]]:
-        """The lake's root, then its folders `p0`, `p0/p1`, … opened without following a
-        link, as far as they exist (none: no lake yet); closed afterwards."""
-        try:
-            folders = [os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
-        except (FileNotFoundError, NotADirectoryError):
-            folders = []
-        try:
-            walked: list[str] = []
-            for name in parts if folders else ():
-                walked.append(name)
-                try:
-                    folders.append(os.open(name, _FOLDER_FLAGS, dir_fd=folders[-1]))
-                except OSError as exc:
-                    # a link gives ELOOP, or ENOTDIR (Linux checks O_DIRECTORY first)
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(folders[-1], name):
-                        raise self._link_error("/".join(walked)) from None
-                    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                        break
-                    raise
-            yield folders
-        finally:
-            for descriptor in folders:
-                os.close(descriptor)
+                    nofollow.refuse_links_in(self.root, folders[-1], "/".join(run_dir), depth=2)
 
     @property
     def catalog_name(self) -> str:
@@ -328,7 +257,7 @@ class Lake:
     def lock(self) -> Iterator[None]:
         """One writer per lake at a time; a second one fails at once with a clear error."""
         try:
-            self._make_folders(self.manifest_dir)
+            nofollow.make_folders(self.root, (MANIFEST_DIR,))
             handle = open(self.manifest_dir / LOCK_FILE, "a", opener=_open_lock)  # noqa: SIM115
         except OSError as exc:  # e.g. a read-only lake, or `_manifest` is a file
             raise self._lock_error(exc) from exc
@@ -354,7 +283,7 @@ class Lake:
         except OSError:
             mode = stat.S_IFREG
         if stat.S_ISLNK(mode):
-            return self._link_error(relative)
+            return nofollow.link_error(self.root, relative)
         if not stat.S_ISREG(mode):
             return LakeError(
                 self.root,
@@ -384,11 +313,11 @@ class Lake:
         deleted = 0
         for table in schema.TABLES:
             run_name = f"{schema.RUN}={record.run}"
-            with self._opened((table, run_name)) as folders:
+            with nofollow.opened(self.root, (table, run_name)) as folders:
                 if len(folders) < 3:
                     continue
-                deleted += _sweep_run(folders[2], f"{table}/{run_name}", listed)
-                _rmdir(folders[1], run_name)
+                deleted += nofollow.sweep_run(folders[2], f"{table}/{run_name}", listed)
+                nofollow.rmdir_in(folders[1], run_name)
         if deleted:
             log.info("deleted %d files of run %s that no manifest lists", deleted, record.run)
         return deleted
@@ -397,75 +326,15 @@ class Lake:
         """Delete tokenlake's temporary files whose writer (pid in the name) no longer runs."""
         deleted = 0
         for parts in ((), (MANIFEST_DIR,)):
-            with self._opened(parts) as folders:
+            with nofollow.opened(self.root, parts) as folders:
                 if len(folders) <= len(parts):
                     continue
-                for entry in _entries(folders[-1]):
+                for entry in nofollow.entries(folders[-1]):
                     owner = temporary_owner(entry.name)
                     stale = owner is not None and not process_alive(owner)
                     if stale and entry.is_file(follow_symlinks=False):
-                        deleted += _unlink(folders[-1], entry.name)
+                        deleted += nofollow.unlink_in(folders[-1], entry.name)
         return deleted
-
-
-def _sweep_run(folder: int, where: str, listed: set[str]) -> int:
-    """Delete unlisted files of the scheme in a run's opened folder and its step folders."""
-    deleted = 0
-    for entry in _entries(folder):
-        name = f"{where}/{entry.name}"
-        if entry.is_dir(follow_symlinks=False) and is_partition_folder(entry.name):
-            with _opened_in(folder, entry.name) as step:
-                if step is not None:
-                    deleted += _sweep_run(step, name, listed)
-            _rmdir(folder, entry.name)
-        elif entry.is_file(follow_symlinks=False) and made_here(entry.name) and name not in listed:
-            deleted += _unlink(folder, entry.name)
-    return deleted
-
-
-def _entries(folder: int) -> list[os.DirEntry[str]]:
-    """The entries of an opened folder, by name."""
-    with os.scandir(folder) as found:
-        return sorted(found, key=lambda entry: entry.name)
-
-
-@contextmanager
-def _opened_in(folder: int, name: str) -> Iterator[int | None]:
-    """A subfolder opened without following a link (None: gone, or it is a link now)."""
-    try:
-        inner = os.open(name, _FOLDER_FLAGS, dir_fd=folder)
-    except OSError:
-        yield None
-        return
-    try:
-        yield inner
-    finally:
-        os.close(inner)
-
-
-def _unlink(folder: int, name: str) -> int:
-    """Remove a name in an opened folder; 1 if it was there."""
-    try:
-        os.unlink(name, dir_fd=folder)
-    except FileNotFoundError:
-        return 0
-    return 1
-
-
-def _is_link(folder: int, name: str) -> bool:
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
-def _rmdir(folder: int, name: str) -> bool:
-    """Remove an empty folder in an opened folder; False if it is not empty (or gone)."""
-    try:
-        os.rmdir(name, dir_fd=folder)
-    except OSError:  # not empty (other steps or runs live there): keep it
-        return False
-    return True
 
 
 def _open_lock(path: str, flags: int) -> int:
