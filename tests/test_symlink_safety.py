@@ -112,6 +112,15 @@ def test_verify_reports_a_linked_run_and_reads_nothing_through_it(
     )
 
 
+def test_the_catalog_is_never_built_over_a_linked_run_folder(lakes: tuple[Path, Path]) -> None:
+    lake, other = lakes
+    before, catalog = snapshot(other), (lake / "tokenlake.duckdb").read_bytes()
+    plant_link(lake, "tokens/run=evil", other / "tokens" / "run=basic")
+    assert cli("views", str(lake)) == (1, "", [link_error(lake, "tokens/run=evil")])
+    assert (lake / "tokenlake.duckdb").read_bytes() == catalog  # the old one is kept
+    assert snapshot(other) == before
+
+
 def test_a_linked_manifest_folder_is_never_written_through(
     lakes: tuple[Path, Path],
 ) -> None:
