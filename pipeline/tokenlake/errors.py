@@ -155,6 +155,15 @@ class LakeError(PipelineError):
         super().__init__(f"Lake `{self.path}`: {problem}")
 
 
+class CacheError(PipelineError):
+    """A folder of tokenlake's cache (`$TOKENLAKE_CACHE`) is not one only the user can write."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"Cache `{self.path}`: {problem}")
+
+
 class DamagedManifestError(LakeError):
     """A run manifest (`_manifest/<run>.json`) cannot be read as one."""
 

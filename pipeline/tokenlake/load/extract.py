@@ -126,6 +126,7 @@ def extract_run(
     summary = ExtractSummary(run=run, lake=lake, ignored_files=list(listing.ignored))
     reporter = as_reporter(progress)
     with lake_at(lake).lock():
+        lake_at(lake).check_links(run)  # nothing is written or swept through a planted link
         _check_other_manifests(lake, run)
         record = _current_manifest(lake, run, listing.source, replace)
         retagged = {**record.tags, **(tags or {})}
@@ -163,6 +164,7 @@ def drop_run(lake: LakeRoot, run: str) -> None:
         runs = ", ".join(f"`{name}`" for name in layout.manifest_runs()) or "none"
         raise LakeError(layout.location, f"has no run `{run}` (runs: {runs})")
     with layout.lock():
+        layout.check_links(run)  # refused before anything is deleted
         layout.delete([manifest_name(run)])
         catalog.build_catalog(layout.location)
         layout.delete_unlisted(manifest.RunManifest(run=run, source_dir=""))

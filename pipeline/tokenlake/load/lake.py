@@ -60,6 +60,7 @@ _GLOB_CHARACTERS = re.compile(r"[?*\[\]{}]")
 # What `new_file` names, and temporary names of `atomic_write` (DuckDB adds `.wal`).
 _DATA_FILE = re.compile(r"^(?:train|eval|run|vocab|metrics)(?:-[0-9a-f]{8})?\.parquet$")
 _TEMPORARY = re.compile(r"^\.tokenlake-(\d+)-[0-9a-f]{8}\.tmp(?:\.wal)?$")
+_STEP_FOLDER = re.compile(rf"^{schema.ROLLOUT_ID}=-?\d+$")
 # Temporary names of tokenlake before 0.2: `.<catalog or data file>.<pid>.tmp`.
 _OLD_TEMPORARY = re.compile(
     r"^\.(?:tokenlake\.duckdb|(?:train|eval|run|vocab)-[0-9a-f]{8}\.parquet)\.(\d+)\.tmp(?:\.wal)?$"
@@ -244,6 +245,17 @@ def check_relative(relative: object) -> str:
 def is_data_file(name: str) -> bool:
     """Whether a file name in a partition is one `new_name` makes."""
     return bool(_DATA_FILE.match(name))
+
+
+def is_partition_folder(name: str) -> bool:
+    """Whether a folder name is one `partition_dir` makes below a run's folder
+    (`rollout_id=<n>`): the only folders a sweep enters or removes there.
+
+    Examples:
+        >>> is_partition_folder("rollout_id=12"), is_partition_folder("backup")
+        (True, False)
+    """
+    return bool(_STEP_FOLDER.match(name))
 
 
 def made_here(name: str) -> bool:

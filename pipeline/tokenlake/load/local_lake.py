@@ -9,15 +9,19 @@ offer the same methods.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
+import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from tokenlake import schema
 from tokenlake.errors import LakeError
+from tokenlake.load import nofollow
 from tokenlake.load.lake import (
     DUMP_MARKER,
     LOCK_FILE,
@@ -27,7 +31,6 @@ from tokenlake.load.lake import (
     atomic_write,
     check_relative,
     local_path,
-    made_here,
     manifest_name,
     new_name,
     process_alive,
@@ -38,6 +41,16 @@ if TYPE_CHECKING:
     from tokenlake.load.manifest import RunManifest
 
 log = logging.getLogger(__name__)
+
+# The lock never follows a link and never waits on a FIFO (which `open` would, for a writer).
+_LOCK_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+}
 
 
 class Lake:
@@ -77,7 +90,7 @@ class Lake:
     def put_bytes(self, relative: str, data: bytes, *, durable: bool = False, problem: str) -> None:
         """Write a whole small file (manifest): temporary name, fsync if `durable`, rename."""
         path = self.file(relative)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        nofollow.make_folders(self.root, path.parent.relative_to(self.root).parts)
 
         def write(tmp: Path) -> None:
             tmp.write_bytes(data)
@@ -90,7 +103,7 @@ class Lake:
         """Write a file through `write(where, filesystem)`: never half a file under its name."""
         path = self.file(relative)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            nofollow.make_folders(self.root, path.parent.relative_to(self.root).parts)
         except OSError as exc:
             raise LakeError(path, f"{problem} ({exc.strerror or exc})") from exc
         atomic_write(path, lambda tmp: write(str(tmp), None), problem=problem)
@@ -100,17 +113,22 @@ class Lake:
         atomic_write(self.file(relative), build)
 
     def delete(self, relatives: Iterable[str]) -> None:
-        """Delete uncommitted files, and their partition folders if that leaves them empty."""
+        """Delete uncommitted files, and their partition folders if that leaves them empty.
+
+        Each file is removed relative to its folder, opened without following a link.
+        """
         for relative in relatives:
-            path = self.file(relative)
-            path.unlink(missing_ok=True)
-            for folder in (path.parent, path.parent.parent):  # rollout_id=…, then run=…
-                if "=" not in folder.name:  # only partition folders, never `_manifest/`
-                    break
-                try:
-                    folder.rmdir()
-                except OSError:  # not empty (other steps or runs live there): keep it
-                    break
+            self.file(relative)  # outside the lake, or through a link: refused
+            parts = PurePosixPath(relative).parts
+            with nofollow.opened(self.root, parts[:-1]) as folders:
+                if len(folders) < len(parts):
+                    continue  # its folder is gone: so is the file
+                nofollow.unlink_in(folders[-1], parts[-1])
+                # rollout_id=…, then run=…; never `_manifest/` or a table folder
+                for depth in range(len(parts) - 2, 0, -1):
+                    gone = "=" in parts[depth] and nofollow.rmdir_in(folders[depth], parts[depth])
+                    if not gone:
+                        break
 
     def manifest_runs(self) -> list[str]:
         """The runs that have a manifest, by name."""
@@ -164,13 +182,29 @@ class Lake:
         return str(path.relative_to(self.root))
 
     def file(self, relative: str) -> Path:
-        """The path of a file a manifest lists; refuses one outside the lake."""
+        """The path of a file a manifest lists; refuses one outside the lake or reached
+        through a symbolic link."""
         path = self.root / relative
         try:
             check_relative(relative)
         except ValueError:
             raise LakeError(path, "is listed by a manifest but lies outside the lake") from None
+        nofollow.refuse_links(self.root, PurePosixPath(relative).parts)
         return path
+
+    def check_links(self, run: str) -> None:
+        """Refuse the run if any folder or file of it in the lake is a symbolic link.
+
+        Checked before a command writes, reads or deletes the run's files, so that nothing
+        is done through a planted link (`tokens/run=x -> /other/lake/tokens/run=y`).
+        """
+        nofollow.refuse_links(self.root, PurePosixPath(manifest_name(run)).parts)
+        for table in schema.TABLES:
+            run_dir = (table, f"{schema.RUN}={run}")
+            nofollow.refuse_links(self.root, run_dir)
+            with nofollow.opened(self.root, run_dir) as folders:
+                if len(folders) == 3:
+                    nofollow.refuse_links_in(self.root, folders[-1], "/".join(run_dir), depth=2)
 
     @property
     def catalog_name(self) -> str:
@@ -222,14 +256,14 @@ class Lake:
     @contextmanager
     def lock(self) -> Iterator[None]:
         """One writer per lake at a time; a second one fails at once with a clear error."""
-        path = self.manifest_dir / LOCK_FILE
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(path, "a")  # noqa: SIM115 - held for the whole extraction
+            nofollow.make_folders(self.root, (MANIFEST_DIR,))
+            handle = open(self.manifest_dir / LOCK_FILE, "a", opener=_open_lock)  # noqa: SIM115
         except OSError as exc:  # e.g. a read-only lake, or `_manifest` is a file
-            where = f"`{exc.filename}`: " if exc.filename else ""
-            raise LakeError(self.root, f"cannot be written ({where}{exc.strerror or exc})") from exc
+            raise self._lock_error(exc) from exc
         try:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise self._lock_error(OSError(errno.EINVAL, "not a regular file"))
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as exc:
@@ -241,6 +275,24 @@ class Lake:
         finally:
             handle.close()
 
+    def _lock_error(self, exc: OSError) -> LakeError:
+        """Why the lock file cannot be opened: a link or not a file (planted), or the OSError."""
+        relative = f"{MANIFEST_DIR}/{LOCK_FILE}"
+        try:
+            mode = os.lstat(self.manifest_dir / LOCK_FILE).st_mode
+        except OSError:
+            mode = stat.S_IFREG
+        if stat.S_ISLNK(mode):
+            return nofollow.link_error(self.root, relative)
+        if not stat.S_ISREG(mode):
+            return LakeError(
+                self.root,
+                f"`{relative}` is {_KINDS.get(stat.S_IFMT(mode), 'not a file')}, not the lock"
+                " file tokenlake makes (a regular file); remove it",
+            )
+        where = f"`{exc.filename}`: " if exc.filename else ""
+        return LakeError(self.root, f"cannot be written ({where}{exc.strerror or exc})")
+
     def catalog_is_stale(self) -> bool:
         """Whether some manifest is newer than the catalog (or there is no catalog)."""
         if not self.catalog_path.is_file():
@@ -251,21 +303,21 @@ class Lake:
     def delete_unlisted(self, record: RunManifest) -> int:
         """Delete the run's files, named by this scheme, that its manifest does not list.
 
+        Only regular files with the scheme's names, in the run's folder and its
+        `rollout_id=<n>` folders, are deleted; links and other folders are never entered.
         Safe only under `lock`: then no other writer has files in flight.
         """
-        listed = {self.root / name for table in schema.TABLES for name in record.files(table)}
+        listed = {
+            str(PurePosixPath(name)) for table in schema.TABLES for name in record.files(table)
+        }
         deleted = 0
         for table in schema.TABLES:
-            run_dir = self.root / table / f"{schema.RUN}={record.run}"
-            if not run_dir.is_dir():
-                continue
-            for path in sorted(run_dir.rglob("*"), reverse=True):  # files before their folders
-                if path.is_dir():
-                    _remove_if_empty_partition(path)
-                elif path not in listed and made_here(path.name):
-                    path.unlink()
-                    deleted += 1
-            _remove_if_empty_partition(run_dir)
+            run_name = f"{schema.RUN}={record.run}"
+            with nofollow.opened(self.root, (table, run_name)) as folders:
+                if len(folders) < 3:
+                    continue
+                deleted += nofollow.sweep_run(folders[2], f"{table}/{run_name}", listed)
+                nofollow.rmdir_in(folders[1], run_name)
         if deleted:
             log.info("deleted %d files of run %s that no manifest lists", deleted, record.run)
         return deleted
@@ -273,17 +325,17 @@ class Lake:
     def delete_stale_temporaries(self) -> int:
         """Delete tokenlake's temporary files whose writer (pid in the name) no longer runs."""
         deleted = 0
-        for folder in (self.root, self.manifest_dir):
-            if not folder.is_dir():
-                continue
-            for path in folder.iterdir():
-                owner = temporary_owner(path.name)
-                if owner is not None and path.is_file() and not process_alive(owner):
-                    path.unlink(missing_ok=True)
-                    deleted += 1
+        for parts in ((), (MANIFEST_DIR,)):
+            with nofollow.opened(self.root, parts) as folders:
+                if len(folders) <= len(parts):
+                    continue
+                for entry in nofollow.entries(folders[-1]):
+                    owner = temporary_owner(entry.name)
+                    stale = owner is not None and not process_alive(owner)
+                    if stale and entry.is_file(follow_symlinks=False):
+                        deleted += nofollow.unlink_in(folders[-1], entry.name)
         return deleted
 
 
-def _remove_if_empty_partition(path: Path) -> None:
-    if "=" in path.name and not any(path.iterdir()):
-        path.rmdir()
+def _open_lock(path: str, flags: int) -> int:
+    return os.open(path, flags | _LOCK_FLAGS, 0o666)

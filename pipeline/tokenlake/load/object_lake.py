@@ -229,6 +229,9 @@ class ObjectLake:
             except OSError as exc:
                 log.warning("%s", self._error(relative, "cannot be deleted", exc))
 
+    def check_links(self, run: str) -> None:
+        """Nothing to check: an object store has no symbolic links."""
+
     def delete_unlisted(self, record: RunManifest) -> int:
         """Delete the run's objects, named by this scheme, that its manifest does not list."""
         listed = {name for table in schema.TABLES for name in record.files(table)}

@@ -32,6 +32,7 @@ from tokenlake.errors import DumpNotFoundError, LakeError
 from tokenlake.load.lake import MANIFEST_DIR, is_url
 from tokenlake.read.dump import Dump, RemoteFiles, StepFiles
 from tokenlake.read.dump import discover as discover_local
+from tokenlake.read.private_cache import PRIVATE_MODE, make_folders
 from tokenlake.read.remote_stage import (
     CACHE_VARIABLE,
     DumpLocation,
@@ -40,6 +41,7 @@ from tokenlake.read.remote_stage import (
     dump_name,
     filesystem,
     is_remote,
+    private_folders,
     stage,
     stage_root,
     temporary_name,
@@ -144,10 +146,12 @@ def hydrated(files: StepFiles) -> Iterator[StepFiles]:
     if remote is None:
         yield files
         return
-    private = stage_root(remote.url).parent / temporary_name()
+    private = private_folders(stage_root(remote.url).parent) / temporary_name()
     try:
         fs, base = filesystem(remote.url)
+        os.mkdir(private, PRIVATE_MODE)  # a new name: never one planted before
         for name, size, mtime_ns in remote.objects:
+            make_folders(private, Path(name).parent)
             try:
                 download(fs, f"{base}/{name}", private / name, size, f"{remote.url}/{name}")
             except RemoteObjectError as exc:

@@ -14,6 +14,12 @@ never inside the lake or the dump:
 
 Every file appears by rename (temporary names `.tokenlake-<pid>-<hex8>.tmp`), so two processes
 staging one URL never see half a file. Only LIST and GET on the prefix.
+
+The cache root, `dumps/`, `dumps/<hash>/` and the stage are folders only the user can write
+(pipeline/tokenlake/read/private_cache.py); one that is not is an error and is not touched. A
+stage holding an entry tokenlake did not make (a link, a FIFO, another user's file, whatever
+its recorded size, mtime or `.tokenlake-remote.json` claim) is not trusted: it is deleted and
+staged again from the listing, with a warning.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -31,10 +38,15 @@ from typing import Any
 from tokenlake.errors import DumpNotFoundError, PipelineError
 from tokenlake.load.lake import is_url, process_alive, temporary_path
 from tokenlake.read.dump import DASHBOARD_DIR, ROLLOUT_DIR, TOKENIZER_DIR, TRAIN_DIR, TRAJECTORY_DIR
+from tokenlake.read.private_cache import (
+    CACHE_VARIABLE,
+    foreign_entry,
+    make_folders,
+    private_folder,
+)
 
 log = logging.getLogger(__name__)
 
-CACHE_VARIABLE = "TOKENLAKE_CACHE"
 STATE_FILE = ".tokenlake-remote.json"  # in the stage root: the URL and what was staged
 PLACEHOLDER_DIRS = (ROLLOUT_DIR, TRAIN_DIR, TRAJECTORY_DIR)  # read per step, downloaded then
 COPIED_DIRS = (TOKENIZER_DIR, DASHBOARD_DIR)  # read by the driver: downloaded whole
@@ -118,8 +130,9 @@ def stage(url: str) -> Path:
         raise DumpNotFoundError(url, "holds no objects (is the prefix right?)")
     root = stage_root(url)
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        private_folders(root)
         _sweep_private(root.parent)
+        _rebuild_if_foreign(root, url)
         staged = _update(fs, base, url, root, listed)
         _remove_unlisted(root, set(staged))
         _save_state(root, url, staged)
@@ -132,6 +145,34 @@ def stage(url: str) -> Path:
     return root
 
 
+def private_folders(folder: Path) -> Path:
+    """The cache root and its folders down to `folder` (a stage, or its `dumps/<hash>/`),
+    each one only the user can write (created so, or a CacheError); returns `folder`."""
+    top = cache_root()
+    private_folder(top, root=True)
+    make = top
+    for name in folder.relative_to(top).parts:
+        make = private_folder(make / name)
+    return folder
+
+
+def _rebuild_if_foreign(root: Path, url: str) -> None:
+    """A stage holding anything tokenlake did not make is emptied: staged again in full."""
+    found = foreign_entry(root)
+    if found is None:
+        return
+    name, what = found
+    log.warning(
+        "The stage `%s` of `%s` held `%s` (%s), which tokenlake did not make; staging it again",
+        root,
+        url,
+        name,
+        what,
+    )
+    shutil.rmtree(root)  # a checked folder of ours; rmtree never follows a link inside it
+    private_folder(root)
+
+
 def _update(
     fs: Any, base: str, url: str, root: Path, listed: dict[str, tuple[int, int]]
 ) -> dict[str, list[int]]:
@@ -142,6 +183,7 @@ def _update(
         target = root / name
         try:
             if known.get(name) != [size, mtime_ns] or not _same(target, size, mtime_ns):
+                make_folders(root, Path(name).parent)
                 placeholder = name.split("/", 1)[0] in PLACEHOLDER_DIRS
                 _stage_one(fs, f"{base}/{name}", target, size, mtime_ns, placeholder)
             staged[name] = [size, mtime_ns]
@@ -197,21 +239,20 @@ def _mtime_ns(info: dict[str, Any]) -> int:
 
 def _same(path: Path, size: int, mtime_ns: int) -> bool:
     try:
-        info = path.stat()
+        info = os.lstat(path)
     except OSError:
         return False
-    return info.st_size == size and info.st_mtime_ns == mtime_ns
+    return stat.S_ISREG(info.st_mode) and (info.st_size, info.st_mtime_ns) == (size, mtime_ns)
 
 
 def _stage_one(
     fs: Any, key: str, target: Path, size: int, mtime_ns: int, placeholder: bool
 ) -> None:
     """A placeholder (`.pt`, trajectories) or a whole copy (tokenizer, dashboard)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.parent / temporary_name()
     try:
         if placeholder:
-            with open(temporary, "wb") as handle:
+            with open(temporary, "wb", opener=_new_file) as handle:
                 handle.truncate(size)  # sparse: no block is allocated
         else:
             download(fs, key, temporary, size)
@@ -221,9 +262,14 @@ def _stage_one(
         temporary.unlink(missing_ok=True)
 
 
+def _new_file(path: str, flags: int) -> int:
+    """A file that did not exist, never opened through a link."""
+    return os.open(path, flags | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+
+
 def _remove_unlisted(root: Path, listed: set[str]) -> None:
     """The stage is ours: anything in it that is not (or no longer) listed goes."""
-    for folder, _, names in os.walk(root):
+    for folder, _, names in os.walk(root):  # never into a link (and none is left by now)
         for name in names:
             path = Path(folder) / name
             relative = path.relative_to(root).as_posix()
@@ -264,18 +310,22 @@ def _in_use(name: str) -> bool:
 
 
 def _sweep_private(folder: Path) -> None:
-    """Private download folders of processes that are gone (killed mid-step)."""
+    """Private download folders of processes that are gone (killed mid-step), in a checked
+    folder of ours; a link of that name is removed, never followed."""
     for path in folder.glob(f"{_PRIVATE_PREFIX}*"):
-        if not _in_use(path.name):
+        if _in_use(path.name):
+            continue
+        if stat.S_ISDIR(os.lstat(path).st_mode):
             shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def download(fs: Any, key: str, target: Path, size: int, shown: str | None = None) -> None:
     """GET one object; one line naming its URL when that fails or its size changed."""
     where = shown or key
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fs.get_file(key, str(target))
+        fs.get_file(key, str(target))  # a new name in a folder of ours
         got = target.stat().st_size
     except FileNotFoundError:
         raise RemoteObjectError(

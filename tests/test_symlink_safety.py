@@ -1,0 +1,195 @@
+"""A shared lake's writer plants symbolic links and special files: tokenlake never follows one.
+
+A partition folder that is a link to another lake (`tokens/run=evil -> /other/lake/...`), a
+step folder that is one, and a lock file that is a FIFO or a link: each command refuses with
+one line, and the link's target keeps every file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixture_paths import REAL_DUMPS
+from tests.test_hostile_lake import cli, extract, snapshot
+from tokenlake.errors import LakeError
+from tokenlake.load import manifest
+from tokenlake.load.local_lake import Lake
+
+pytestmark = pytest.mark.slow  # each test extracts a real fixture dump
+
+LINK_RULE = (
+    "is a symbolic link; tokenlake never follows a link inside a lake. Remove the link (what it"
+    " points to is not touched)"
+)
+
+
+def link_error(lake: Path, relative: str) -> str:
+    return f"Error: Lake `{lake}`: `{relative}` {LINK_RULE}"
+
+
+@pytest.fixture
+def lakes(tmp_path: Path) -> tuple[Path, Path]:
+    """A lake with runs `basic` and `evil`, and another lake with run `basic`."""
+    lake, other = tmp_path / "lake", tmp_path / "other"
+    assert extract(REAL_DUMPS / "basic", lake)[0] == 0
+    assert extract(REAL_DUMPS / "basic", lake, "--run-name", "evil")[0] == 0
+    assert extract(REAL_DUMPS / "basic", other)[0] == 0
+    return lake, other
+
+
+def plant_link(lake: Path, relative: str, target: Path) -> None:
+    shutil.rmtree(lake / relative)
+    (lake / relative).symlink_to(target, target_is_directory=True)
+
+
+def parquet_files(folder: Path) -> list[str]:
+    found = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.parquet"))
+    assert found  # a check over no files would pass whatever happened
+    return found
+
+
+def test_drop_through_a_linked_run_folder_deletes_nothing(lakes: tuple[Path, Path]) -> None:
+    lake, other = lakes
+    before = snapshot(other)
+    assert len(parquet_files(other / "tokens")) == 3
+    plant_link(lake, "tokens/run=evil", other / "tokens" / "run=basic")
+    assert cli("drop", str(lake), "evil") == (1, "", [link_error(lake, "tokens/run=evil")])
+    assert snapshot(other) == before
+    assert (lake / "_manifest" / "evil.json").is_file()  # refused before anything is deleted
+    (lake / "tokens" / "run=evil").unlink()  # what the line says to do
+    assert cli("drop", str(lake), "evil") == (0, f"Dropped run `evil` from {lake}\n", [])
+    assert snapshot(other) == before
+
+
+def test_the_extraction_sweep_never_enters_a_linked_run_folder(lakes: tuple[Path, Path]) -> None:
+    lake, other = lakes
+    before = snapshot(other)
+    plant_link(lake, "tokens/run=basic", other / "tokens" / "run=basic")
+    assert extract(REAL_DUMPS / "basic", lake) == (1, "", [link_error(lake, "tokens/run=basic")])
+    assert snapshot(other) == before
+
+
+def test_a_linked_step_folder_is_refused_and_never_swept(lakes: tuple[Path, Path]) -> None:
+    lake, other = lakes
+    before = snapshot(other)
+    step = "samples/run=evil/rollout_id=1"
+    plant_link(lake, step, other / "samples" / "run=basic" / "rollout_id=1")
+    assert cli("drop", str(lake), "evil") == (1, "", [link_error(lake, step)])
+    # the sweep itself (were it reached some other way) deletes nothing behind the link
+    assert Lake(lake).delete_unlisted(manifest.RunManifest(run="evil", source_dir="")) == 7
+    assert (lake / step).is_symlink()  # the other 7 files of the run are gone
+    assert snapshot(other) == before
+
+
+def test_a_sweep_reached_without_the_check_refuses_a_linked_run_folder(
+    lakes: tuple[Path, Path],
+) -> None:
+    lake, other = lakes
+    before = snapshot(other)
+    plant_link(lake, "tokens/run=evil", other / "tokens" / "run=basic")
+    with pytest.raises(LakeError) as info:
+        Lake(lake).delete_unlisted(manifest.RunManifest(run="evil", source_dir=""))
+    assert f"Error: {info.value}" == link_error(lake, "tokens/run=evil")
+    assert snapshot(other) == before
+
+
+def test_verify_reports_a_linked_run_and_reads_nothing_through_it(
+    lakes: tuple[Path, Path],
+) -> None:
+    lake, other = lakes
+    plant_link(lake, "tokens/run=evil", other / "tokens" / "run=basic")
+    code, out, err = cli("verify", str(lake))
+    assert (code, err) == (1, [])
+    assert out == (
+        f"run `evil`: not checked: Lake `{lake}`: `tokens/run=evil` {LINK_RULE}\n"
+        "3 steps checked, 1 problem\n"
+    )
+
+
+def test_the_catalog_is_never_built_over_a_linked_run_folder(lakes: tuple[Path, Path]) -> None:
+    lake, other = lakes
+    before, catalog = snapshot(other), (lake / "tokenlake.duckdb").read_bytes()
+    plant_link(lake, "tokens/run=evil", other / "tokens" / "run=basic")
+    assert cli("views", str(lake)) == (1, "", [link_error(lake, "tokens/run=evil")])
+    assert (lake / "tokenlake.duckdb").read_bytes() == catalog  # the old one is kept
+    assert snapshot(other) == before
+
+
+def test_a_linked_manifest_folder_is_never_written_through(
+    lakes: tuple[Path, Path],
+) -> None:
+    lake, other = lakes
+    before = snapshot(other)
+    plant_link(lake, "_manifest", other / "_manifest")
+    assert extract(REAL_DUMPS / "basic", lake) == (1, "", [link_error(lake, "_manifest")])
+    assert snapshot(other) == before
+
+
+def run_views(lake: Path) -> tuple[int, str, str]:
+    """`tokenlake views` in its own process, bounded: a lock that blocks must fail the test."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenlake", "views", str(lake)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_a_lock_file_that_is_a_fifo_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    assert extract(REAL_DUMPS / "basic", lake)[0] == 0
+    lock = lake / "_manifest" / ".tokenlake.lock"
+    lock.unlink()
+    os.mkfifo(lock)
+    assert run_views(lake) == (
+        1,
+        "",
+        f"Error: Lake `{lake}`: `_manifest/.tokenlake.lock` is a FIFO, not the lock file"
+        " tokenlake makes (a regular file); remove it\n",
+    )
+    lock.unlink()
+    assert run_views(lake)[0] == 0
+
+
+def test_a_lock_file_that_is_a_link_creates_nothing_outside_the_lake(tmp_path: Path) -> None:
+    lake, outside = tmp_path / "lake", tmp_path / "outside" / "created-by-tokenlake"
+    assert extract(REAL_DUMPS / "basic", lake)[0] == 0
+    outside.parent.mkdir()
+    lock = lake / "_manifest" / ".tokenlake.lock"
+    lock.unlink()
+    lock.symlink_to(outside)
+    assert run_views(lake) == (
+        1,
+        "",
+        f"{link_error(lake, '_manifest/.tokenlake.lock')}\n",
+    )
+    assert not outside.exists() and list(outside.parent.iterdir()) == []
+    assert extract(REAL_DUMPS / "basic", lake) == (
+        1,
+        "",
+        [link_error(lake, "_manifest/.tokenlake.lock")],
+    )
+    assert not outside.exists()
+
+
+def test_a_lock_file_that_is_a_directory_is_one_line(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    assert extract(REAL_DUMPS / "basic", lake)[0] == 0
+    lock = lake / "_manifest" / ".tokenlake.lock"
+    lock.unlink()
+    lock.mkdir()
+    assert cli("views", str(lake)) == (
+        1,
+        "",
+        [
+            f"Error: Lake `{lake}`: `_manifest/.tokenlake.lock` is a directory, not the lock"
+            " file tokenlake makes (a regular file); remove it"
+        ],
+    )
