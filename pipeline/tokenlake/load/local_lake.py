@@ -241,13 +241,6 @@ class Lake:
         finally:
             handle.close()
 
-    def catalog_is_stale(self) -> bool:
-        """Whether some manifest is newer than the catalog (or there is no catalog)."""
-        if not self.catalog_path.is_file():
-            return True
-        built = self.catalog_path.stat().st_mtime_ns
-        return any(p.stat().st_mtime_ns >= built for p in self.manifest_paths())
-
     def delete_unlisted(self, record: RunManifest) -> int:
         """Delete the run's files, named by this scheme, that its manifest does not list.
 
