@@ -237,6 +237,8 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
             for name, source in _object(data.get("metrics_sources", {}), "metrics_sources").items()
         },
     )
+    if not isinstance(record.source_dir, str):  # verify reads it as a place
+        raise TypeError("`source_dir` is not a string")
     if record.run != path.stem:
         raise ValueError(f"its `run` is not `{path.stem}`, the name of the file")
     _check_own_files(record)
@@ -249,13 +251,13 @@ def _check_own_files(record: RunManifest) -> None:
     for step in record.steps.values():
         for table, name in step.files.items():
             if table not in (schema.TOKENS, schema.SAMPLES):
-                raise ValueError(f"a step lists a file for `{str(table)[:60]}`, not a step table")
+                raise ValueError(f"a step lists a file for {shown(table)}, not a step table")
             listed.append(check_listed(name, table, record.run, step.rollout_id))
     for table in (schema.RUNS, schema.VOCAB, schema.METRICS):
         listed += [check_listed(name, table, record.run) for name in record.files(table)]
     seen: set[str] = set()
     for name in listed:  # the same file twice would count its rows twice
-        if name in seen:
+        if name in seen:  # a path: shown whole, as the user must find it
             raise ValueError(f"it lists `{shown(name, SHOWN_PATH_CHARS, literal=False)}` twice")
         seen.add(name)
 

@@ -80,6 +80,7 @@ def _dump_root(record: manifest.RunManifest) -> tuple[Path | None, str | None]:
     """
     source = record.source_dir
     if is_remote(source) and not is_object_store_url(source):
+        # A location: shown whole, as the user must find which dump the manifest names.
         return None, (
             f"its dump `{shown(source, SHOWN_PATH_CHARS, literal=False)}` is neither a directory"
             " nor an object-store URL (s3://, gs://, az://); verify contacts nothing else"
