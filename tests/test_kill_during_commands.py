@@ -190,3 +190,14 @@ def test_views_killed_before_the_new_catalog_is_in_place(lake: Path) -> None:
     assert list(lake.glob(".tokenlake-*")) == []  # the killed build's temporary is swept
     assert query_runs(lake) == BOTH
     assert leftovers(lake) == []
+
+
+def test_a_manifest_deleted_behind_the_catalogs_back(lake: Path) -> None:
+    """The state a `drop` that deletes the manifest first leaves when killed: found, never
+    served, and repaired by the next extraction even if nothing changed."""
+    (lake / "_manifest" / "basic.json").unlink()
+    assert verify(lake) == (1, f"{BEHIND}\n3 steps checked, 1 problem\n")
+    assert query_runs(lake) == PP2_ONLY
+    done = tokenlake("extract", str(REAL_DUMPS / "pp2"), "--lake", str(lake), "--silent")
+    assert done.returncode == 0 and "0 new, 0 updated, 3 unchanged" in done.stdout
+    assert verify(lake) == (0, "3 steps checked, 0 problems\n")
