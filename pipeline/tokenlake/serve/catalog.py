@@ -329,9 +329,9 @@ def create_all_views(con: duckdb.DuckDBPyConnection, lake: LakeRoot) -> list[str
     return create_user_views(con, lake)
 
 
-# Where a catalog records the digest of the file lists it was built from (a schema of its
-# own, apart from the views).
-_BUILT_FROM = "tokenlake_internal.built_from"
+# How a catalog records the digest of the file lists it was built from: a macro, like the
+# views' own, so the catalog still holds views only (what BI tools list).
+_BUILT_FROM = "tokenlake_listed_digest"
 
 
 def listed_digest(lake: LakeRoot) -> str:
@@ -351,9 +351,7 @@ def listed_digest(lake: LakeRoot) -> str:
 
 
 def _record_listed(con: duckdb.DuckDBPyConnection, digest: str) -> None:
-    schema_name = _BUILT_FROM.split(".")[0]
-    con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema_name}")
-    con.execute(f"CREATE OR REPLACE TABLE {_BUILT_FROM} AS SELECT ? AS listed_digest", [digest])
+    con.execute(f"CREATE OR REPLACE MACRO {_BUILT_FROM}() AS {quote_literal(digest)}")
 
 
 def recorded_digest(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -361,7 +359,7 @@ def recorded_digest(con: duckdb.DuckDBPyConnection) -> str | None:
     import duckdb
 
     try:
-        rows = con.execute(f"SELECT listed_digest FROM {_BUILT_FROM}").fetchall()
+        rows = con.execute(f"SELECT {_BUILT_FROM}()").fetchall()
     except duckdb.Error:  # a catalog of an older tokenlake
         return None
     return str(rows[0][0]) if rows else None
