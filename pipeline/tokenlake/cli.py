@@ -301,8 +301,8 @@ def verify(lake: LakeRoot, run_name: str | None) -> None:
     from tokenlake.load.verify import verify_lake
 
     checked, problems = verify_lake(lake, run_name)
-    for problem in problems:
-        click.echo(str(problem))
+    for problem in problems:  # names from a manifest: never raw to the terminal
+        say(str(problem), one_line=True)
     click.echo(f"{plural(checked, 'step')} checked, {plural(len(problems), 'problem')}")
     if problems:
         sys.exit(1)
@@ -324,7 +324,8 @@ def views(lake: LakeRoot) -> None:
     layout = lake_at(lake).require()  # never a catalog in a dump or a stray folder
     warnings: list[str] = []
     with layout.lock():  # not while an extraction writes the lake
-        click.echo(f"Rebuilt {build_catalog(layout.location, warnings)}")
+        layout.delete_stale_temporaries()  # a catalog half-built by a killed command
+        say(f"Rebuilt {build_catalog(layout.location, warnings)}", one_line=True)
     for warning in warnings:
         say(f"Warning: {warning}", err=True, one_line=True)
 
@@ -343,7 +344,7 @@ def drop(lake: LakeRoot, run_name: str) -> None:
     from tokenlake.load.extract import drop_run
 
     drop_run(lake, run_name)
-    click.echo(f"Dropped run `{run_name}` from {lake}")
+    say(f"Dropped run `{run_name}` from {lake}", one_line=True)
 
 
 @main.command()

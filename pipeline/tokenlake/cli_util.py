@@ -22,7 +22,7 @@ MAX_LINE = 2000
 MAX_LINES = 40
 # Control characters, and surrogates (bytes of a non-UTF-8 file name, which no terminal
 # encoding can print): both shown as escapes.
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def _escape(char: str) -> str:
@@ -30,6 +30,17 @@ def _escape(char: str) -> str:
     if 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's surrogateescape: the original byte
         return f"\\x{code - 0xDC00:02x}"
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_controls(text: str) -> str:
+    r"""Control characters (newlines too) and surrogates as `\x..` escapes: the one guard of
+    text a terminal must not interpret, for `safe_text` and each cell of `query`'s table.
+
+    Examples:
+        >>> escape_controls("a\x1b]0;pwned\x07\rb\n")
+        'a\\x1b]0;pwned\\x07\\x0db\\x0a'
+    """
+    return _CONTROL.sub(lambda m: _escape(m.group()), text)
 
 
 def safe_text(text: str, *, one_line: bool = False, limit: int = MAX_LINE) -> str:
@@ -52,7 +63,7 @@ def safe_text(text: str, *, one_line: bool = False, limit: int = MAX_LINE) -> st
         lines = [*lines[:MAX_LINES], f"... ({len(lines) - MAX_LINES:,} more lines)"]
     out = []
     for line in lines:
-        line = _CONTROL.sub(lambda m: _escape(m.group()), line)
+        line = escape_controls(line)  # lines are split at newlines already
         if len(line) > limit:
             line = f"{line[:limit]}... ({len(line) - limit:,} more characters)"
         out.append(line)

@@ -21,7 +21,7 @@ from pathlib import Path
 from tokenlake import schema
 from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError
 from tokenlake.load import lake_files, manifest
-from tokenlake.load.lake import LakeRoot, check_run_name, lake_at, manifest_name
+from tokenlake.load.lake import LakeRoot, check_run_name, crash_point, lake_at, manifest_name
 from tokenlake.load.scheduler import Todo, run_steps, sigint_deferred
 from tokenlake.progress import ProgressCallback, Reporter, as_reporter
 from tokenlake.read import dump, remote_dump
@@ -157,17 +157,28 @@ def extract_run(
 
 
 def drop_run(lake: LakeRoot, run: str) -> None:
-    """Remove a run from the lake: its manifest first (the commit point), then the catalog,
-    then its files. Other runs are untouched."""
+    """Remove a run from the lake; other runs are untouched.
+
+    Each step leaves a consistent lake, so a kill at any point is repaired by dropping again:
+    the manifest is first replaced by an empty one (the commit point: from then on no reader
+    gets a row of the run, see `catalog.connect`), then the catalog is rebuilt, then the
+    run's files are deleted, and the manifest last (so the run is still there to drop).
+    """
     layout = lake_at(lake).require()
     if not layout.exists(manifest_name(run)):
         runs = ", ".join(f"`{name}`" for name in layout.manifest_runs()) or "none"
         raise LakeError(layout.location, f"has no run `{run}` (runs: {runs})")
     with layout.lock():
         layout.check_links(run)  # refused before anything is deleted
-        layout.delete([manifest_name(run)])
+        layout.delete_stale_temporaries()  # of a command killed earlier
+        emptied = manifest.RunManifest(run=run, source_dir="")  # lists no file
+        manifest.save_manifest(layout.location, emptied)
+        crash_point("drop:emptied")
         catalog.build_catalog(layout.location)
-        layout.delete_unlisted(manifest.RunManifest(run=run, source_dir=""))
+        crash_point("drop:catalog")
+        layout.delete_unlisted(emptied)
+        crash_point("drop:files")
+        layout.delete([manifest_name(run)])
 
 
 def _sweep(lake: LakeRoot, run: str) -> None:
@@ -187,14 +198,18 @@ def _changed(summary: ExtractSummary) -> bool:
 
 
 def catalog_is_stale(lake: LakeRoot) -> bool:
-    """Whether the catalog must be rebuilt: some manifest is newer than it, or it is broken.
+    """Whether the catalog must be rebuilt: it lists other files than the manifests, or it
+    is broken.
 
-    An extraction killed after committing steps but before rebuilding the catalog leaves the
-    catalog behind its manifests; a catalog left without its views (a full disk) or that
-    cannot be opened is repaired too: the next extraction rebuilds it even if every step is
-    unchanged by then.
+    A command killed after changing a manifest but before rebuilding the catalog (a step
+    committed, a run dropped or tagged) leaves the catalog behind its manifests; a catalog
+    left without its views (a full disk) or that cannot be opened is repaired too: the next
+    extraction rebuilds it even if every step is unchanged by then.
     """
-    return lake_at(lake).catalog_is_stale() or catalog.catalog_problem(lake) is not None
+    try:
+        return catalog.catalog_problem(lake) is not None
+    except DamagedManifestError:  # the run's own manifest: publishing replaces it
+        return True
 
 
 def _lake_failure(path: str, problem: str) -> LakeError:

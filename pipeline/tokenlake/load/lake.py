@@ -29,12 +29,13 @@ import logging
 import os
 import re
 import secrets
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenlake import schema
-from tokenlake.errors import LakeError, UsageError, shown
+from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, UsageError, shown
 
 if TYPE_CHECKING:
     from tokenlake.load.local_lake import Lake
@@ -104,6 +105,18 @@ def check_run_name(name: str) -> str:
             " Choose another with --run-name."
         )
     return name
+
+
+# Test-only: the name of a crash point (`crash_point`) at which the process kills itself, so
+# that tests can stop `drop`, `tag` and `views` at each step. Never set it otherwise.
+KILL_VARIABLE = "TOKENLAKE_TEST_KILL_AT"
+
+
+def crash_point(name: str) -> None:
+    """Test-only: SIGKILL this process here when `$TOKENLAKE_TEST_KILL_AT` is `name`
+    (e.g. `drop:emptied`); a no-op otherwise. Marks each step of a multi-file operation."""
+    if os.environ.get(KILL_VARIABLE) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def temporary_path(folder: Path) -> Path:
@@ -229,6 +242,34 @@ def new_name(
     """
     folder = partition_dir(table, check_run_name(run), rollout_id)
     return f"{folder}/{stem}-{generation or secrets.token_hex(4)}.parquet"
+
+
+def check_listed(name: object, table: str, run: str, rollout_id: int | None = None) -> str:
+    """A file name as a manifest of `run` lists it for `table`, or ValueError unless it is a
+    name `new_name` makes in that run's own partition (the step's, for tokens and samples).
+
+    A manifest is shared storage: one that lists another run's file would double its rows,
+    and one that lists a path outside the lake would make readers open it.
+
+    Examples:
+        >>> check_listed("tokens/run=a/rollout_id=3/train-0a1b2c3d.parquet", "tokens", "a", 3)
+        'tokens/run=a/rollout_id=3/train-0a1b2c3d.parquet'
+        >>> check_listed("tokens/run=b/rollout_id=3/train-0a1b2c3d.parquet", "tokens", "a", 3)
+        Traceback (most recent call last):
+        ...
+        ValueError: it lists `tokens/run=b/rollout_id=3/train-0a1b2c3d.parquet` for `tokens`, which is not a file of this run's partition `tokens/run=a/rollout_id=3`
+    """
+    check_relative(name)
+    assert isinstance(name, str)
+    folder = partition_dir(table, run, rollout_id)
+    folder_of, _, file_name = name.rpartition("/")
+    if folder_of != folder or not _DATA_FILE.match(file_name):
+        # Path-length limits: the user must see which file and which partition.
+        raise ValueError(
+            f"it lists `{shown(name, SHOWN_PATH_CHARS, literal=False)}` for `{table}`, which is"
+            f" not a file of this run's partition `{shown(folder, SHOWN_PATH_CHARS, literal=False)}`"
+        )
+    return name
 
 
 def check_relative(relative: object) -> str:

@@ -16,7 +16,7 @@ import pyarrow as pa
 from tokenlake import __version__, schema, tags
 from tokenlake.errors import SHOWN_PATH_CHARS, DumpFormatError, LakeError, shown
 from tokenlake.load import manifest, write
-from tokenlake.load.lake import LakeRoot, lake_at, new_name
+from tokenlake.load.lake import LakeRoot, crash_point, lake_at, new_name
 from tokenlake.read import dashboard
 from tokenlake.read.dump import Dump
 from tokenlake.read.remote_dump import local_root, shown_path, urls_in
@@ -104,6 +104,10 @@ def tag_run(
     """Change a run's tags without reading its dump: runs row, manifest, catalog, under the
     writer lock. Returns the run's tags after the change; `warnings` as in `build_catalog`.
 
+    Each step leaves a consistent lake (a new runs row is unlisted until the manifest, the
+    commit point, lists it; readers follow the manifest until the catalog is rebuilt), so a
+    kill at any point is repaired by tagging again.
+
     Raises:
         LakeError: Not a lake, no such run, or another writer holds the lake.
         UsageError: A bad key, or a key both set and removed.
@@ -116,10 +120,14 @@ def tag_run(
         if record is None:
             runs = ", ".join(f"`{name}`" for name in layout.manifest_runs()) or "none"
             raise LakeError(layout.location, f"has no run `{run}` (runs: {runs})")
+        layout.delete_stale_temporaries()  # of a command killed earlier
         record.tags = tags.change_tags(record.tags, set_tags, remove)
         write_run_row(layout.location, record, keep=stored_run_row(layout.location, record))
+        crash_point("tag:row")
         manifest.save_manifest(layout.location, record)
+        crash_point("tag:manifest")
         catalog.build_catalog(layout.location, warnings)
+        crash_point("tag:catalog")
         layout.delete_unlisted(record)
     return record.tags
 

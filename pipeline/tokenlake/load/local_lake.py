@@ -293,13 +293,6 @@ class Lake:
         where = f"`{exc.filename}`: " if exc.filename else ""
         return LakeError(self.root, f"cannot be written ({where}{exc.strerror or exc})")
 
-    def catalog_is_stale(self) -> bool:
-        """Whether some manifest is newer than the catalog (or there is no catalog)."""
-        if not self.catalog_path.is_file():
-            return True
-        built = self.catalog_path.stat().st_mtime_ns
-        return any(p.stat().st_mtime_ns >= built for p in self.manifest_paths())
-
     def delete_unlisted(self, record: RunManifest) -> int:
         """Delete the run's files, named by this scheme, that its manifest does not list.
 

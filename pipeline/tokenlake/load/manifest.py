@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenlake import schema
-from tokenlake.errors import DamagedManifestError, LakeError
+from tokenlake.errors import SHOWN_PATH_CHARS, DamagedManifestError, LakeError, shown
 from tokenlake.load.lake import MANIFEST_DIR as MANIFEST_DIR
-from tokenlake.load.lake import LakeRoot, check_relative, lake_at, manifest_name
+from tokenlake.load.lake import LakeRoot, check_listed, lake_at, manifest_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -237,12 +237,29 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
             for name, source in _object(data.get("metrics_sources", {}), "metrics_sources").items()
         },
     )
+    if not isinstance(record.source_dir, str):  # verify reads it as a place
+        raise TypeError("`source_dir` is not a string")
     if record.run != path.stem:
         raise ValueError(f"its `run` is not `{path.stem}`, the name of the file")
-    for table in schema.TABLES:  # a listed file must lie inside the lake
-        for name in record.files(table):
-            check_relative(name)
+    _check_own_files(record)
     return record
+
+
+def _check_own_files(record: RunManifest) -> None:
+    """A manifest lists only files of its own run's partitions, each once (ValueError)."""
+    listed: list[str] = []
+    for step in record.steps.values():
+        for table, name in step.files.items():
+            if table not in (schema.TOKENS, schema.SAMPLES):
+                raise ValueError(f"a step lists a file for {shown(table)}, not a step table")
+            listed.append(check_listed(name, table, record.run, step.rollout_id))
+    for table in (schema.RUNS, schema.VOCAB, schema.METRICS):
+        listed += [check_listed(name, table, record.run) for name in record.files(table)]
+    seen: set[str] = set()
+    for name in listed:  # the same file twice would count its rows twice
+        if name in seen:  # a path: shown whole, as the user must find it
+            raise ValueError(f"it lists `{shown(name, SHOWN_PATH_CHARS, literal=False)}` twice")
+        seen.add(name)
 
 
 def fingerprint(files: StepFiles) -> list[SourceFile]:

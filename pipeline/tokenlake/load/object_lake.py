@@ -39,7 +39,6 @@ from tokenlake.load.lake import (
     FileWriter,
     check_relative,
     is_data_file,
-    manifest_name,
 )
 
 if TYPE_CHECKING:
@@ -251,22 +250,6 @@ class ObjectLake:
         cut short leaves an incomplete multipart upload, which the store's lifecycle rule
         `AbortIncompleteMultipartUpload` removes: docs/scale.md.)"""
         return 0
-
-    def catalog_is_stale(self) -> bool:
-        """Whether some manifest is newer than the catalog (or there is no catalog).
-
-        S3 stamps objects to the whole second: a manifest written in the catalog's second
-        counts as newer (`>=`), so the price of that coarseness is an extra rebuild, never a
-        catalog that misses a commit.
-        """
-        self.fs.invalidate_cache()
-        try:
-            built = self.fs.modified(self.key(self.catalog_name))
-        except FileNotFoundError:
-            return True
-        return any(
-            self.fs.modified(self.key(manifest_name(run))) >= built for run in self.manifest_runs()
-        )
 
     def _error(self, relative: str, problem: str, exc: BaseException) -> LakeError:
         text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

@@ -12,8 +12,10 @@ Ray is the optional extra `tokenlake[ray]`: this module imports it only when ste
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from tokenlake import extras
@@ -96,7 +98,48 @@ def _connect(ray: Any, address: str | None) -> None:
     options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
     if address is None:
         options["include_dashboard"] = False  # only for a Ray started here; needs ray[default]
-    ray.init(address=address, **options)
+    if not starts_private_ray(address):
+        ray.init(address=address, **options)
+        return
+    with _loopback_only(ray):
+        ray.init(address=address, _node_ip_address=LOOPBACK, **options)
+
+
+LOOPBACK = "127.0.0.1"
+# Ray turns a node address of 127.0.0.1 into the machine's network address, unless clusters
+# are off (its rule for macOS and Windows): then its services listen on 127.0.0.1 only.
+_CLUSTERS_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def starts_private_ray(address: str | None) -> bool:
+    """Whether `ray.init(address)` starts a new Ray on this machine rather than joining one
+    (Ray's own rule: `RAY_ADDRESS`, else a cluster started here with `ray start`)."""
+    from ray._private import services
+
+    if address not in (None, "local"):
+        return False
+    # Ray's type hint says `str`; None is its documented "no address given".
+    return services.canonicalize_bootstrap_address(address) is None  # type: ignore[arg-type]
+
+
+@contextmanager
+def _loopback_only(ray: Any) -> Iterator[None]:
+    """Start Ray's services bound to 127.0.0.1: nothing of a private Ray (which has no
+    authentication of its own) is reachable from the network. The processes Ray starts
+    inherit the setting; this process gets its own back afterwards."""
+    from ray._private import ray_constants
+
+    saved_env, saved_flag = os.environ.get(_CLUSTERS_VARIABLE), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_CLUSTERS_VARIABLE] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(_CLUSTERS_VARIABLE, None)
+        else:
+            os.environ[_CLUSTERS_VARIABLE] = saved_env
 
 
 def _outcome(

@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokenlake import schema
-from tokenlake.errors import LakeError, PipelineError
+from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, PipelineError, shown
 from tokenlake.load import manifest
-from tokenlake.load.lake import LakeRoot, check_run_name, lake_at
-from tokenlake.read.remote_dump import is_remote, local_root, shown_path
+from tokenlake.load.lake import LakeRoot, check_relative, check_run_name, lake_at
+from tokenlake.read.remote_dump import is_object_store_url, is_remote, local_root, shown_path
 from tokenlake.serve import catalog
 
 
@@ -59,19 +59,43 @@ def verify_lake(lake: LakeRoot, run: str | None = None) -> tuple[int, list[Probl
         except LakeError as exc:
             problems.append(Problem("", "", f"run `{record.run}`: not checked: {exc}"))
             continue
-        try:  # a dump on an object store: listed afresh, into its stage
-            root = local_root(record.source_dir, refresh=True)
-        except PipelineError as exc:  # cannot be listed, or holds nothing any more
-            root = None
-            problems.append(Problem("", "", f"run `{record.run}`: sources not checked: {exc}"))
+        root, unchecked = _dump_root(record)
+        if unchecked is not None:
+            problems.append(
+                Problem("", "", f"run `{record.run}`: sources not checked: {unchecked}")
+            )
         for key, step in sorted(record.steps.items(), key=lambda kv: (kv[1].rollout_id, kv[0])):
             checked += 1
             found = check_step(lake, record, step, root)
             problems += [Problem(record.run, key, m) for m in found]
-    broken = catalog.catalog_problem(lake) if runs else None
-    if broken is not None:
-        problems.append(Problem("", "", broken))
+    layout = lake_at(lake)
+    if runs or layout.exists(layout.catalog_name):  # a catalog may outlive the last run
+        broken = catalog.catalog_problem(lake)
+        if broken is not None:
+            problems.append(Problem("", "", broken))
     return checked, problems
+
+
+def _dump_root(record: manifest.RunManifest) -> tuple[Path | None, str | None]:
+    """Where the run's dump is read, or why its sources are not checked.
+
+    The manifest names the dump (`source_dir`), so verify contacts only a directory or an
+    object store tokenlake lists (`remote_dump.OBJECT_STORE_SCHEMES`), never another kind of
+    URL: a manifest must not make it send requests elsewhere.
+    """
+    source = record.source_dir
+    if is_remote(source) and not is_object_store_url(source):
+        # A location: shown whole, as the user must find which dump the manifest names.
+        return None, (
+            f"its dump `{shown(source, SHOWN_PATH_CHARS, literal=False)}` is neither a directory"
+            " nor an object-store URL (s3://, gs://, az://); verify contacts nothing else"
+        )
+    if not is_remote(source):
+        return local_root(source), None
+    try:  # a dump on an object store: listed afresh, into its stage
+        return local_root(source, refresh=True), None
+    except PipelineError as exc:  # cannot be listed, or holds nothing any more
+        return None, str(exc)
 
 
 def check_step(
@@ -125,12 +149,17 @@ def check_step(
 def _check_sources(source_dir: str, root: Path, step: manifest.StepRecord) -> list[str]:
     problems = []
     for source in step.sources:
+        try:
+            check_relative(source.name)  # verify looks only inside the dump
+        except ValueError:
+            problems.append(f"source `{shown(source.name, literal=False)}` lies outside its dump")
+            continue
         path = root / source.name
-        shown = shown_path(source_dir, path)  # a remote dump's object: its URL
+        named = shown_path(source_dir, path)  # a remote dump's object: its URL
         if not path.is_file():
-            problems.append(f"source `{shown}` no longer exists")
+            problems.append(f"source `{named}` no longer exists")
             continue
         current = manifest.SourceFile.of(path, root)
         if current != source:
-            problems.append(f"source `{shown}` changed since extraction; extract again")
+            problems.append(f"source `{named}` changed since extraction; extract again")
     return problems

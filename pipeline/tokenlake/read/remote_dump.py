@@ -51,10 +51,12 @@ __all__ = [
     "CACHE_VARIABLE",
     "RemoteObjectError",
     "as_urls",
+    "OBJECT_STORE_SCHEMES",
     "check_apart",
     "discover",
     "dump_name",
     "hydrated",
+    "is_object_store_url",
     "is_remote",
     "local_root",
     "shown_path",
@@ -105,22 +107,63 @@ def discover(location: DumpLocation) -> Dump:
     return replace(listing, steps=steps, ignored=ignored, url=url)
 
 
-def check_apart(listing: Dump, lake: Path | str) -> None:
-    """A lake URL inside a remote dump's prefix (or one whose tables would hold the dump) is
-    refused, as for directories: tokenlake never writes into a dump.
+# Schemes that name one kind of store (Hadoop's `s3a://` and `s3n://` are S3 buckets too).
+_STORE_FAMILIES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "abfs": "az", "abfss": "az"}
+# The object stores a manifest's `source_dir` may name for `tokenlake verify` to list (with
+# the user's credentials); it contacts no other kind of URL (http://, ftp://, ...).
+OBJECT_STORE_SCHEMES = frozenset({"s3", "gs", "az", *_STORE_FAMILIES})
+
+
+def store_location(url: str) -> tuple[str, str, tuple[str, ...]]:
+    """(store family, bucket, key segments) of an object-store URL, for comparing locations:
+    `s3a://b//run/` and `s3://b/run` are one place.
 
     Examples:
-        >>> check_apart(Dump(Path("stage"), url="s3://b/run"), "s3://b/run/lake")
+        >>> store_location("s3a://b//run/lake/")
+        ('s3', 'b', ('run', 'lake'))
+    """
+    scheme, _, rest = url.partition("://")
+    bucket, _, key = rest.partition("/")
+    family = scheme.lower()
+    return (
+        _STORE_FAMILIES.get(family, family),
+        bucket.lower(),
+        tuple(part for part in key.split("/") if part not in ("", ".")),
+    )
+
+
+def is_object_store_url(location: str) -> bool:
+    """Whether a location is a URL of an object store tokenlake lists (`s3://`, `gs://`, ...).
+
+    Examples:
+        >>> is_object_store_url("s3a://b/run"), is_object_store_url("http://127.0.0.1/x")
+        (True, False)
+    """
+    return is_remote(location) and location.partition("://")[0].lower() in OBJECT_STORE_SCHEMES
+
+
+def check_apart(listing: Dump, lake: Path | str) -> None:
+    """A lake URL inside a remote dump's prefix (or one whose tables would hold the dump) is
+    refused, as for directories: tokenlake never writes into a dump. Locations are compared
+    as (store, bucket, key prefix), not as text.
+
+    Examples:
+        >>> check_apart(Dump(Path("stage"), url="s3://b/run"), "s3a://b/run/lake")
         Traceback (most recent call last):
         ...
-        tokenlake.errors.LakeError: Lake `s3://b/run/lake`: is inside the dump `s3://b/run`; tokenlake never writes there
+        tokenlake.errors.LakeError: Lake `s3a://b/run/lake`: is inside the dump `s3://b/run`; tokenlake never writes there
     """
     if listing.url is None or not is_url(lake):
         return
     dump, where = listing.url.rstrip("/"), str(lake).rstrip("/")
-    if where == dump or where.startswith(f"{dump}/"):
+    dump_at, lake_at = store_location(dump), store_location(where)
+    if dump_at[:2] != lake_at[:2]:
+        return
+    dump_key, lake_key = dump_at[2], lake_at[2]
+    if lake_key[: len(dump_key)] == dump_key:
         raise LakeError(where, f"is inside the dump `{dump}`; tokenlake never writes there")
-    if any(dump.startswith(f"{where}/{name}/") for name in (*schema.TABLES, MANIFEST_DIR)):
+    own = [(*lake_key, name) for name in (*schema.TABLES, MANIFEST_DIR)]
+    if any(dump_key[: len(folder)] == folder for folder in own):
         raise LakeError(where, f"would write into the dump `{dump}`; choose another --lake")
 
 

@@ -9,10 +9,17 @@ files, and a path with quotes cannot break or inject into the SQL. The partition
 parsed from the end of each path by the lake's layout: DuckDB's own Hive parsing reads every
 `key=value` of the whole path, so a lake under `/data/run=ghost/lake` would read as run
 `ghost`. The catalog is rebuilt by every extract, so the lists stay current.
+
+The catalog also records a digest of the file lists it was built from (`listed_digest`). A
+command killed between changing a manifest and rebuilding the catalog (`drop`, `tag`, an
+extraction) leaves a catalog that lists other files than the manifests: readers then build
+their base views from the manifests for that connection, `verify` reports it, and the next
+extraction rebuilds it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import logging
 import re
@@ -26,7 +33,7 @@ import pyarrow as pa
 from tokenlake import schema
 from tokenlake.errors import InstallError, LakeError
 from tokenlake.load import manifest
-from tokenlake.load.lake import LakeRoot, lake_at, partition_patterns
+from tokenlake.load.lake import LakeRoot, crash_point, lake_at, partition_patterns
 from tokenlake.load.local_lake import Lake
 from tokenlake.serve.user_views import create_user_views
 
@@ -322,6 +329,42 @@ def create_all_views(con: duckdb.DuckDBPyConnection, lake: LakeRoot) -> list[str
     return create_user_views(con, lake)
 
 
+# How a catalog records the digest of the file lists it was built from: a macro, like the
+# views' own, so the catalog still holds views only (what BI tools list).
+_BUILT_FROM = "tokenlake_listed_digest"
+
+
+def listed_digest(lake: LakeRoot) -> str:
+    """blake2b of every file the lake's manifests list, by run and table (relative names, so
+    a moved lake has the same digest).
+
+    Raises:
+        LakeError: A manifest is damaged or cannot be read.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    for record in manifest.load_all(lake):
+        for table in schema.TABLES:
+            for name in record.files(table):
+                line = f"{record.run}\0{table}\0{name}\n"
+                digest.update(line.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def _record_listed(con: duckdb.DuckDBPyConnection, digest: str) -> None:
+    con.execute(f"CREATE OR REPLACE MACRO {_BUILT_FROM}() AS {quote_literal(digest)}")
+
+
+def recorded_digest(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The digest a catalog recorded when it was built (None: it recorded none)."""
+    import duckdb
+
+    try:
+        rows = con.execute(f"SELECT {_BUILT_FROM}()").fetchall()
+    except duckdb.Error:  # a catalog of an older tokenlake
+        return None
+    return str(rows[0][0]) if rows else None
+
+
 def _write_catalog(tmp: Path, lake: LakeRoot, problems: list[str]) -> None:
     import duckdb
 
@@ -330,7 +373,9 @@ def _write_catalog(tmp: Path, lake: LakeRoot, problems: list[str]) -> None:
         # views, so nothing newer is needed).
         con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
         try:
+            digest = listed_digest(lake)  # under the writer lock: the manifests hold still
             problems[:] = create_all_views(con, lake)
+            _record_listed(con, digest)
             con.execute("CHECKPOINT")  # write everything into the file now, errors included
         finally:
             con.close()
@@ -345,6 +390,7 @@ def _write_catalog(tmp: Path, lake: LakeRoot, problems: list[str]) -> None:
             _catalog_url(lake),
             f"catalog lacks views {', '.join(f'`{v}`' for v in missing)} after its build",
         )
+    crash_point("catalog:built")  # built in full, not yet in place
 
 
 def _catalog_error(lake: LakeRoot, exc: Exception) -> LakeError:
@@ -393,10 +439,28 @@ def connect(lake: LakeRoot, *, read_only: bool = True) -> duckdb.DuckDBPyConnect
         if read_only and not points_at(con, layout.root):
             log.warning("the lake moved; views rebuilt for this command (run `tokenlake views`)")
             create_base_views(con, lake, temp=True)
+        elif read_only and _behind(con, lake):  # never a row a manifest no longer lists
+            log.info("the catalog is behind the manifests; views rebuilt for this command")
+            create_base_views(con, lake, temp=True)
     except BaseException:
         con.close()
         raise
     return con
+
+
+def _behind(con: duckdb.DuckDBPyConnection, lake: LakeRoot) -> bool:
+    """Whether the catalog lists other files than the manifests do now (a command was
+    killed before rebuilding it, or an extraction is between commit and rebuild).
+
+    A damaged manifest is warned about and the catalog used as it was built: it was built
+    before the damage, so it serves nothing the damaged manifest names.
+    """
+    try:
+        current = listed_digest(lake)
+    except LakeError as exc:
+        log.warning("%s", exc)
+        return False
+    return recorded_digest(con) != current
 
 
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
@@ -449,25 +513,32 @@ def points_at(con: duckdb.DuckDBPyConnection, root: Path) -> bool:
 
 
 def catalog_problem(lake: LakeRoot) -> str | None:
-    """Why the lake's catalog is unusable (cannot be opened, lacks views), or None."""
+    """Why the lake's catalog is unusable (cannot be opened, lacks views) or out of date
+    (lists other files than the manifests), or None.
+
+    Raises:
+        LakeError: A manifest is damaged or cannot be read.
+    """
     layout = lake_at(lake)
     rebuild = "run `tokenlake views LAKE` or extract again"
     if not layout.exists(layout.catalog_name):
         return f"catalog `{schema.CATALOG_FILE}` is missing; {rebuild}"
+    current = listed_digest(lake)
     if isinstance(layout, Lake):
-        return _file_problem(layout.catalog_path, rebuild)
+        return _file_problem(layout.catalog_path, rebuild, current)
     with tempfile.TemporaryDirectory(prefix="tokenlake-") as folder:  # a copy to open
         copy = Path(folder) / schema.CATALOG_FILE
         copy.write_bytes(layout.read_bytes(layout.catalog_name))
-        return _file_problem(copy, rebuild)
+        return _file_problem(copy, rebuild, current)
 
 
-def _file_problem(path: Path, rebuild: str) -> str | None:
+def _file_problem(path: Path, rebuild: str, current: str) -> str | None:
     import duckdb
 
     try:
         with duckdb.connect(str(path), read_only=True) as con:
             missing = missing_views(con)
+            recorded = recorded_digest(con)
     except duckdb.Error as exc:
         if "Could not set lock" in str(exc):
             return None  # a client holds it for writing: it cannot be checked, nor is broken
@@ -476,4 +547,11 @@ def _file_problem(path: Path, rebuild: str) -> str | None:
     if missing:
         names = ", ".join(f"`{v}`" for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
         return f"catalog `{schema.CATALOG_FILE}` lacks views {names}; {rebuild}"
+    if recorded is None:
+        return f"catalog `{schema.CATALOG_FILE}` does not record which files it lists; {rebuild}"
+    if recorded != current:
+        return (
+            f"catalog `{schema.CATALOG_FILE}` lists other files than the manifests (a command"
+            f" was interrupted before rebuilding it); {rebuild}"
+        )
     return None

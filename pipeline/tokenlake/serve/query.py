@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from tokenlake.cli_util import escape_controls
 from tokenlake.errors import UsageError
 from tokenlake.load.lake import LakeRoot
 from tokenlake.serve import catalog
@@ -130,13 +131,15 @@ def format_table(table: pa.Table, fmt: str) -> str | bytes:
 
 
 def _cell(value: Any) -> str:
+    """A table cell's text; a string from the lake shows its control characters escaped
+    (a token text must not retitle or clear the user's terminal)."""
     if value is None:
         return "NULL"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:.6g}"
-    return str(value)
+    return escape_controls(str(value))
 
 
 def _is_numeric(type_: pa.DataType) -> bool:
@@ -145,13 +148,14 @@ def _is_numeric(type_: pa.DataType) -> bool:
 
 def _format_text(table: pa.Table) -> str:
     columns = [[_cell(v) for v in column.to_pylist()] for column in table.columns]
+    names = [escape_controls(name) for name in table.column_names]
     lines = []
     widths = [
         max([len(name), *(len(c) for c in cells)])
-        for name, cells in zip(table.column_names, columns, strict=True)
+        for name, cells in zip(names, columns, strict=True)
     ]
     right = [_is_numeric(field.type) for field in table.schema]
-    rows = [table.column_names, ["-" * w for w in widths], *zip(*columns, strict=True)]
+    rows = [names, ["-" * w for w in widths], *zip(*columns, strict=True)]
     for row in rows:
         cells = [
             cell.rjust(width) if align else cell.ljust(width)

@@ -2,7 +2,8 @@
 
 The page inlines its style sheet, its script and the Vega/Vega-Lite/Vega-Embed bundle that
 the `vl-convert-python` package ships, so it opens with no network and no server. Text from
-the lake (run names, token texts, audit rows) is escaped; JSON in `<script>` has `</` escaped.
+the lake (run names, token texts, audit rows) is escaped; JSON in `<script>` has `<`, `>` and `&`
+as `\\u` escapes.
 """
 
 from __future__ import annotations
@@ -81,15 +82,32 @@ def section(anchor: str, title: str, body: Sequence[str]) -> str:
     return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>' + "\n".join(body) + "</section>"
 
 
+# Characters that could end or confuse a `<script>` element (`</script>`, `<!--`), or an
+# entity, and the two line terminators older JavaScript refuses: as JSON's `\uXXXX` escapes,
+# which JSON.parse turns back into the same text.
+_SCRIPT_ESCAPES = {
+    "<": "\\u003c",
+    ">": "\\u003e",
+    "&": "\\u0026",
+    "\u2028": "\\u2028",
+    "\u2029": "\\u2029",
+}
+
+
 def script_json(payload: Any) -> str:
-    """JSON safe inside a `<script>` element.
+    """JSON safe inside a `<script>` element: valid JSON (`JSON.parse` reads it back
+    exactly) in which no `<`, `>` or `&` appears.
 
     Examples:
-        >>> script_json({"a": "</script>"})
-        '{"a": "<\\\\/script>"}'
+        >>> print(script_json({"a": "</script><!--&"}))
+        {"a": "\\u003c/script\\u003e\\u003c!--\\u0026"}
+        >>> json.loads(script_json({"a": "</script><!--"})) == {"a": "</script><!--"}
+        True
     """
     text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
-    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+    for char, escape in _SCRIPT_ESCAPES.items():
+        text = text.replace(char, escape)
+    return text
 
 
 def page(title: str, header: str, sections: Sequence[str], payload: Any, bundle: str) -> str:

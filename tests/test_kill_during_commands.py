@@ -1,0 +1,203 @@
+"""`drop`, `tag` and `views` killed (SIGKILL) at each of their steps leave a consistent lake.
+
+Each command runs as `python -m tokenlake` in a subprocess with `TOKENLAKE_TEST_KILL_AT`
+naming the step where it kills itself (`tokenlake.load.lake.crash_point`). Then: `verify` says
+what is true, a query never serves a row the manifests no longer list, running the command
+again completes, and nothing of the killed command is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixture_paths import REAL_DUMPS
+from tokenlake import schema
+from tokenlake.load import manifest
+from tokenlake.load.extract import extract_run
+from tokenlake.load.lake import KILL_VARIABLE
+from tokenlake.serve import catalog
+
+pytestmark = pytest.mark.slow  # extracts two real fixture dumps, runs the CLI many times
+
+BEHIND = (
+    "catalog `tokenlake.duckdb` lists other files than the manifests (a command was"
+    " interrupted before rebuilding it); run `tokenlake views LAKE` or extract again"
+)
+RUNS_SQL = "SELECT run, count(*) AS n FROM tokens GROUP BY run ORDER BY run"
+
+
+def tokenlake(*args: str, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != KILL_VARIABLE}
+    if kill_at is not None:
+        env[KILL_VARIABLE] = kill_at
+    command = [sys.executable, "-m", "tokenlake", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    lake = tmp_path_factory.mktemp("template") / "lake"
+    extract_run(REAL_DUMPS / "basic", lake, workers=1)
+    extract_run(REAL_DUMPS / "pp2", lake, workers=1)
+    return lake
+
+
+@pytest.fixture
+def lake(template: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "lake"
+    shutil.copytree(template, copy)
+    catalog.build_catalog(copy)  # its views point at the copy
+    return copy
+
+
+def query_runs(lake: Path) -> str:
+    done = tokenlake("query", str(lake), RUNS_SQL)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    return done.stdout
+
+
+def verify(lake: Path) -> tuple[int, str]:
+    done = tokenlake("verify", str(lake))
+    assert done.stderr == ""
+    return done.returncode, done.stdout
+
+
+def leftovers(lake: Path) -> list[str]:
+    """Files no manifest lists, besides the lock, the manifests and the catalog."""
+    listed = {
+        name
+        for record in manifest.load_all(lake)
+        for table in schema.TABLES
+        for name in record.files(table)
+    }
+    kept = {schema.CATALOG_FILE, "_manifest/.tokenlake.lock"}
+    found = []
+    for path in sorted(lake.rglob("*")):
+        name = str(path.relative_to(lake))
+        if path.is_file() and name not in listed and name not in kept:
+            if not (name.startswith("_manifest/") and name.endswith(".json")):
+                found.append(name)
+    return found
+
+
+BOTH = "run      n\n-----  ---\nbasic  206\npp2    194\n(2 rows)\n"
+PP2_ONLY = "run    n\n---  ---\npp2  194\n(1 row)\n"
+
+
+def test_the_lake_before_any_kill(lake: Path) -> None:
+    assert query_runs(lake) == BOTH
+    assert verify(lake) == (0, "6 steps checked, 0 problems\n")
+
+
+@pytest.mark.parametrize(
+    ("point", "problems"),
+    [
+        ("drop:emptied", [BEHIND]),  # committed: the catalog still lists the run's files
+        ("catalog:built", [BEHIND]),  # killed inside the rebuild: a temporary catalog left
+        ("drop:catalog", []),  # the run's files are unlisted leftovers now
+        ("drop:files", []),  # only the empty manifest is left
+    ],
+)
+def test_drop_killed_at_each_step(lake: Path, point: str, problems: list[str]) -> None:
+    killed = tokenlake("drop", str(lake), "basic", kill_at=point)
+    assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, "")
+    code = 1 if problems else 0
+    # basic's manifest lists nothing now: only pp2's 3 steps are checked
+    assert verify(lake) == (code, "".join(p + "\n" for p in problems) + "3 steps checked, "
+                            f"{len(problems)} problem{'s' if len(problems) != 1 else ''}\n")  # fmt: skip
+    assert query_runs(lake) == PP2_ONLY  # never a row of the dropped run
+    again = tokenlake("drop", str(lake), "basic")
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0,
+        f"Dropped run `basic` from {lake}\n",
+        "",
+    )
+    assert verify(lake) == (0, "3 steps checked, 0 problems\n")
+    assert query_runs(lake) == PP2_ONLY
+    assert not (lake / "_manifest" / "basic.json").exists()
+    assert [p for p in lake.rglob("run=basic")] == []
+    assert leftovers(lake) == []
+
+
+def test_an_unchanged_extraction_after_a_killed_drop_rebuilds_the_catalog(lake: Path) -> None:
+    killed = tokenlake("drop", str(lake), "basic", kill_at="drop:emptied")
+    assert killed.returncode == -signal.SIGKILL
+    done = tokenlake("extract", str(REAL_DUMPS / "pp2"), "--lake", str(lake), "--silent")
+    assert done.returncode == 0 and "0 new, 0 updated, 3 unchanged" in done.stdout
+    assert verify(lake) == (0, "3 steps checked, 0 problems\n")
+    import duckdb  # a plain DuckDB client (BI) reads the rebuilt catalog
+
+    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+        assert con.execute("SELECT DISTINCT run FROM tokens").fetchall() == [("pp2",)]
+
+
+TAGS_SQL = "SELECT run, tags_json FROM runs ORDER BY run"
+TAGGED = (
+    'run    tags_json\n-----  --------------------\nbasic  {"precision": "fp8"}\npp2    NULL\n'
+    "(2 rows)\n"
+)
+UNTAGGED = "run    tags_json\n-----  ---------\nbasic  NULL\npp2    NULL\n(2 rows)\n"
+
+
+@pytest.mark.parametrize(
+    ("point", "problems", "seen"),
+    [
+        ("tag:row", [], UNTAGGED),  # a new runs row, not listed yet
+        ("tag:manifest", [BEHIND], TAGGED),  # committed; readers follow the manifest
+        ("catalog:built", [BEHIND], TAGGED),
+        ("tag:catalog", [], TAGGED),  # the old runs row is an unlisted leftover
+    ],
+)
+def test_tag_killed_at_each_step(lake: Path, point: str, problems: list[str], seen: str) -> None:
+    killed = tokenlake("tag", str(lake), "basic", "precision=fp8", kill_at=point)
+    assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, "")
+    code = 1 if problems else 0
+    assert verify(lake) == (code, "".join(p + "\n" for p in problems) + "6 steps checked, "
+                            f"{len(problems)} problem{'s' if len(problems) != 1 else ''}\n")  # fmt: skip
+    done = tokenlake("query", str(lake), TAGS_SQL)
+    assert (done.returncode, done.stdout, done.stderr) == (0, seen, "")
+    again = tokenlake("tag", str(lake), "basic", "precision=fp8")
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0,
+        "Run `basic` tags: precision=fp8\n",
+        "",
+    )
+    assert verify(lake) == (0, "6 steps checked, 0 problems\n")
+    assert tokenlake("query", str(lake), TAGS_SQL).stdout == TAGGED
+    assert leftovers(lake) == []
+
+
+def test_views_killed_before_the_new_catalog_is_in_place(lake: Path) -> None:
+    before = (lake / schema.CATALOG_FILE).read_bytes()
+    killed = tokenlake("views", str(lake), kill_at="catalog:built")
+    assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, "")
+    assert (lake / schema.CATALOG_FILE).read_bytes() == before  # the old one, whole
+    assert verify(lake) == (0, "6 steps checked, 0 problems\n")
+    assert [p.name.endswith(".tmp") for p in lake.glob(".tokenlake-*")] == [True]
+    again = tokenlake("views", str(lake))
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0,
+        f"Rebuilt {lake / schema.CATALOG_FILE}\n",
+        "",
+    )
+    assert list(lake.glob(".tokenlake-*")) == []  # the killed build's temporary is swept
+    assert query_runs(lake) == BOTH
+    assert leftovers(lake) == []
+
+
+def test_a_manifest_deleted_behind_the_catalogs_back(lake: Path) -> None:
+    """The state a `drop` that deletes the manifest first leaves when killed: found, never
+    served, and repaired by the next extraction even if nothing changed."""
+    (lake / "_manifest" / "basic.json").unlink()
+    assert verify(lake) == (1, f"{BEHIND}\n3 steps checked, 1 problem\n")
+    assert query_runs(lake) == PP2_ONLY
+    done = tokenlake("extract", str(REAL_DUMPS / "pp2"), "--lake", str(lake), "--silent")
+    assert done.returncode == 0 and "0 new, 0 updated, 3 unchanged" in done.stdout
+    assert verify(lake) == (0, "3 steps checked, 0 problems\n")

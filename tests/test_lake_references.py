@@ -1,0 +1,246 @@
+"""What a lake may reference, whom `verify` contacts, and what reaches the user's terminal.
+
+A manifest may list only files of its own run's partitions, each once: another run's file
+(rows doubled) or a path outside the lake is a damaged manifest, and its rows are never
+served. `verify` reads a `source_dir` only as a directory or an object-store URL: a manifest
+naming `http://127.0.0.1:PORT/...` makes no request. Names and values from the lake reach the
+terminal with control characters escaped. A lake URL inside a dump's prefix is refused
+whatever the scheme spelling (`s3a://` for `s3://`).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.fixture_paths import REAL_DUMPS
+from tokenlake.cli import main
+from tokenlake.errors import LakeError
+from tokenlake.load.extract import extract_run
+from tokenlake.read.dump import Dump
+from tokenlake.read.remote_dump import check_apart
+from tokenlake.serve import catalog
+
+ROWS_SQL = "SELECT run, count(*) AS n FROM tokens GROUP BY run ORDER BY run"
+ROWS = "run      n\n-----  ---\nbasic  206\npp2    194\n(2 rows)\n"
+WAY_OUT = ". Remove the run with `tokenlake drop LAKE pp2` or extract it again"
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    lake = tmp_path_factory.mktemp("refs") / "lake"
+    extract_run(REAL_DUMPS / "basic", lake, workers=1)
+    extract_run(REAL_DUMPS / "pp2", lake, workers=1)
+    return lake
+
+
+@pytest.fixture
+def lake(template: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "lake"
+    shutil.copytree(template, copy)
+    catalog.build_catalog(copy)  # its views point at the copy
+    return copy
+
+
+def forge(lake: Path, run: str, change) -> Path:
+    path = lake / "_manifest" / f"{run}.json"
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def basic_tokens_file(lake: Path) -> str:
+    data = json.loads((lake / "_manifest" / "basic.json").read_text())
+    return data["steps"]["0"]["files"]["tokens"]
+
+
+@pytest.mark.slow
+def test_a_manifest_listing_another_runs_file_is_damaged(lake: Path) -> None:
+    stolen = basic_tokens_file(lake)
+
+    def steal(data):
+        data["steps"]["0"]["files"]["tokens"] = stolen
+
+    path = forge(lake, "pp2", steal)
+    line = (
+        f"Error: Lake `{path}`: manifest is damaged: it lists `{stolen}` for `tokens`, which is"
+        f" not a file of this run's partition `tokens/run=pp2/rollout_id=0`{WAY_OUT}\n"
+    )
+    assert cli("views", str(lake)) == (1, "", line)
+    assert cli("verify", str(lake)) == (1, "", line)
+    # A query serves the catalog as built before the forgery: no row counted twice.
+    assert cli("query", str(lake), ROWS_SQL)[:2] == (0, ROWS)
+
+
+@pytest.mark.slow
+def test_a_manifest_listing_a_file_outside_the_lake_is_damaged(lake: Path) -> None:
+    def point_outside(data):
+        data["runs_file"] = "/etc/passwd"
+
+    path = forge(lake, "pp2", point_outside)
+    line = (
+        f"Error: Lake `{path}`: manifest is damaged: it lists `/etc/passwd`, which lies outside"
+        f" the lake{WAY_OUT}\n"
+    )
+    assert cli("views", str(lake)) == (1, "", line)
+    assert cli("verify", str(lake)) == (1, "", line)
+
+
+@pytest.mark.slow
+def test_a_manifest_listing_one_file_twice_is_damaged(lake: Path) -> None:
+    def twice(data):
+        data["metrics_files"] = [data["runs_file"].replace("runs/", "metrics/")] * 2
+
+    path = forge(lake, "pp2", twice)
+    code, out, err = cli("verify", str(lake))
+    name = json.loads(path.read_text())["metrics_files"][0]
+    assert (code, out, err) == (
+        1,
+        "",
+        f"Error: Lake `{path}`: manifest is damaged: it lists `{name}` twice{WAY_OUT}\n",
+    )
+
+
+@pytest.fixture
+def http_server() -> Iterator[tuple[int, list[str]]]:
+    """A local HTTP server that records every request it gets."""
+    seen: list[str] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            seen.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        do_HEAD = do_GET  # noqa: N815
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow
+def test_verify_contacts_no_url_a_manifest_names(lake: Path, http_server) -> None:
+    port, seen = http_server
+    url = f"http://127.0.0.1:{port}/internal/admin"
+
+    def elsewhere(data):
+        data["source_dir"] = url
+
+    forge(lake, "pp2", elsewhere)
+    code, out, err = cli("verify", str(lake))
+    assert (code, err) == (1, "")
+    assert out == (
+        f"run `pp2`: sources not checked: its dump `{url}` is neither a directory nor an"
+        " object-store URL (s3://, gs://, az://); verify contacts nothing else\n"
+        "6 steps checked, 1 problem\n"
+    )
+    assert seen == []
+
+
+@pytest.mark.slow
+def test_verify_escapes_control_characters_of_manifest_names(lake: Path) -> None:
+    run = "evil\x1b]0;pwned\x07\rX"
+    shown = "evil\\x1b]0;pwned\\x07\\x0dX"
+    folder = f"run={run}/rollout_id=0"
+    record = {
+        "run": run,
+        "source_dir": str(lake / "nowhere"),
+        "version": 1,
+        "steps": {
+            "0\x1b[2J": {
+                "rollout_id": 0,
+                "evaluation": False,
+                "sources": [],
+                "files": {
+                    "tokens": f"tokens/{folder}/train-00000000.parquet",
+                    "samples": f"samples/{folder}/train-00000000.parquet",
+                },
+                "samples": 1,
+                "tokens": 1,
+                "train_files": 1,
+                "checksum": "",
+            }
+        },
+    }
+    (lake / "_manifest" / f"{run}.json").write_text(json.dumps(record))
+    code, out, err = cli("verify", str(lake))
+    assert (code, err) == (1, "")
+    assert out == (
+        f"run `{shown}` step 0\\x1b[2J: file `tokens/run={shown}/rollout_id=0/"
+        "train-00000000.parquet` is missing\n"
+        f"run `{shown}` step 0\\x1b[2J: file `samples/run={shown}/rollout_id=0/"
+        "train-00000000.parquet` is missing\n"
+        "catalog `tokenlake.duckdb` lists other files than the manifests (a command was"
+        " interrupted before rebuilding it); run `tokenlake views LAKE` or extract again\n"
+        "7 steps checked, 3 problems\n"
+    )
+
+
+@pytest.mark.slow
+def test_query_table_cells_escape_control_characters(lake: Path) -> None:
+    sql = "SELECT 'a' || chr(27) || ']0;pwned' || chr(7) || chr(13) || 'b' AS \"t\x1b[2J\""
+    assert cli("query", str(lake), sql) == (
+        0,
+        "t\\x1b[2J\n" + "-" * 22 + "\na\\x1b]0;pwned\\x07\\x0db\n(1 row)\n",
+        "",
+    )
+    # Data formats stay data: JSON escapes by itself, CSV keeps the bytes.
+    code, out, _ = cli("query", str(lake), sql, "--format", "json")
+    assert (code, out) == (0, '{"t\\u001b[2J": "a\\u001b]0;pwned\\u0007\\rb"}\n')
+
+
+@pytest.mark.parametrize(
+    "lake_url",
+    [
+        "s3://b/run/lake",
+        "s3a://b/run/lake",
+        "s3n://b/run/lake",
+        "S3A://b//run/lake/",
+        "s3a://b/run",
+    ],
+)
+def test_a_lake_inside_the_dump_is_refused_whatever_the_scheme(lake_url: str) -> None:
+    with pytest.raises(LakeError) as caught:
+        check_apart(Dump(Path("stage"), url="s3://b/run"), lake_url)
+    assert str(caught.value) == (
+        f"Lake `{lake_url.rstrip('/')}`: is inside the dump `s3://b/run`; tokenlake never writes"
+        " there"
+    )
+
+
+@pytest.mark.parametrize("lake_url", ["s3a://b/runs", "s3://c/run/lake", "gs://b/run/lake"])
+def test_a_lake_beside_the_dump_is_accepted(lake_url: str) -> None:
+    assert check_apart(Dump(Path("stage"), url="s3://b/run"), lake_url) is None
+
+
+def test_a_dump_inside_the_lakes_tables_is_refused() -> None:
+    with pytest.raises(LakeError) as caught:
+        check_apart(Dump(Path("stage"), url="s3://b/lake/tokens/run"), "s3a://b/lake")
+    assert str(caught.value) == (
+        "Lake `s3a://b/lake`: would write into the dump `s3://b/lake/tokens/run`; choose another"
+        " --lake"
+    )
