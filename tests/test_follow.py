@@ -20,19 +20,17 @@ from pathlib import Path
 import pytest
 
 from tests.fixture_paths import REAL_DUMPS
+from tests.follower import ROUND_WAIT, Follower
 from tokenlake import schema
 from tokenlake.load import manifest
 from tokenlake.load.extract import ExtractSummary, extract_run
-from tokenlake.load.follow import FollowState, follow_round, follow_run
+from tokenlake.load.follow import FollowState, follow_round
 from tokenlake.load.verify import verify_lake
 
 pytestmark = pytest.mark.slow  # every test extracts real dump files
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REAL_DUMPS
-# Longer than any real pause: a step settles only when the test moves the follower's clock.
-SETTLE = 3600.0
-ROUND_WAIT = 120.0  # generous: a round takes well under a second on an idle machine
 # (file, whether the files written so far settle after it). Each file is written in two parts,
 # with a whole round between them. Step 1 settles as rollout-only before its train files arrive.
 # miles' order: the conversation sidecar, then the rollout file, then (later) every rank.
@@ -93,73 +91,9 @@ def write_in_two_parts(source: Path, target: Path, between: Callable[[], None]) 
         handle.write(data[len(data) // 2 :])
 
 
-class Follower:
-    """`follow_run` in a thread, on a clock the test moves forward to let files settle; the
-    test waits for the follower's rounds instead of for time to pass."""
-
-    def __init__(self, live: Path, lake: Path) -> None:
-        self.rounds: list[ExtractSummary] = []
-        self.errors: list[BaseException] = []
-        self.offset = 0.0
-        self._stop = threading.Event()
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._follow, args=(live, lake), daemon=True)
-        self._thread.start()
-
-    def _follow(self, live: Path, lake: Path) -> None:
-        try:
-            follow_run(
-                live, lake, "live", poll_seconds=0.01, settle_seconds=SETTLE, workers=1,
-                on_round=self._record, should_stop=self._stop.is_set, clock=self._clock,
-            )  # fmt: skip
-        except BaseException as exc:  # surfaced by the test's assertions
-            self.errors.append(exc)
-        with self._changed:
-            self._changed.notify_all()
-
-    def _clock(self) -> float:
-        return time.time() + self.offset
-
-    def _record(self, summary: ExtractSummary) -> None:
-        with self._changed:
-            self.rounds.append(summary)
-            self._changed.notify_all()
-
-    def _wait(self, done: Callable[[], bool]) -> None:
-        with self._changed:
-            finished = self._changed.wait_for(
-                lambda: done() or self.errors or not self._thread.is_alive(), ROUND_WAIT
-            )
-        assert finished and self.errors == [], (finished, self.errors)
-
-    def whole_round(self) -> None:
-        """Wait until a round that began after this call has ended (the round under way may
-        have listed the directory before the caller's last write)."""
-        target = len(self.rounds) + 2
-        self._wait(lambda: len(self.rounds) >= target)
-
-    def settle(self) -> None:
-        """Every file written so far counts as settled from the next round on."""
-        self.offset += 2 * SETTLE
-        self.whole_round()
-
-    def quiet(self) -> None:
-        """Wait for three rounds in a row with nothing to do."""
-
-        def idle(summary: ExtractSummary) -> bool:
-            return counts(summary)[:2] == (0, 0) and counts(summary)[3:] == (0, 0)
-
-        self._wait(lambda: len(self.rounds) >= 3 and all(map(idle, self.rounds[-3:])))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=ROUND_WAIT)
-        assert not self._thread.is_alive()
-
-
 def test_follow_a_run_while_it_is_written(tmp_path: Path) -> None:
     live, lake = empty_dump(tmp_path / "live"), tmp_path / "lake"
-    follower = Follower(live, lake)
+    follower = Follower(live, lake, "live", poll_seconds=0.01)
     for name, settles in WRITE_ORDER:
         write_in_two_parts(FIXTURES / "basic" / name, live / name, follower.whole_round)
         if settles:
