@@ -13,8 +13,8 @@ EXAMPLE_DUMP ?= example-dump
 BENCH_SCALE ?= 1
 # pytest-xdist workers for `make test`/`test-fast` (`auto`: one per CPU; 0 runs in one process).
 TEST_WORKERS ?= auto
-# tests/conftest.py groups the modules that share an expensive fixture onto one worker.
-PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+# tests/conftest.py schedules: a module with a module-scoped fixture on one worker, longest first.
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS)
 # Relative RUN and LAKE mean the directory make was called from, also with `make -C DIR`
 # (which changes into DIR; PWD still names the caller's directory).
 CALLER_DIR := $(or $(PWD),$(CURDIR))
