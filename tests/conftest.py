@@ -50,6 +50,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_rank)  # stable: each module's tests stay together and in order
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: without xdist, pytest runs as ever
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
