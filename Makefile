@@ -11,6 +11,10 @@ Q ?=
 OUT ?= report.html
 EXAMPLE_DUMP ?= example-dump
 BENCH_SCALE ?= 1
+# pytest-xdist workers for `make test`/`test-fast` (`auto`: one per CPU; 0 runs in one process).
+TEST_WORKERS ?= auto
+# tests/conftest.py schedules: a module with a module-scoped fixture on one worker, longest first.
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS)
 # Relative RUN and LAKE mean the directory make was called from, also with `make -C DIR`
 # (which changes into DIR; PWD still names the caller's directory).
 CALLER_DIR := $(or $(PWD),$(CURDIR))
@@ -33,7 +37,7 @@ GENERATOR := pipeline/tokenlake/tools/synth.py pipeline/tokenlake/tools/synth_sp
 help: ## list the targets (with the defaults in force)
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
 	  | sed -e 's|\$$(LAKE)|$(LAKE)|g' -e 's|\$$(EXAMPLE_DUMP)|$(EXAMPLE_DUMP)|g' \
-	        -e 's|\$$(BENCH_SCALE)|$(BENCH_SCALE)|g' \
+	        -e 's|\$$(BENCH_SCALE)|$(BENCH_SCALE)|g' -e 's|\$$(TEST_WORKERS)|$(TEST_WORKERS)|g' \
 	  | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 setup: $(VENV)/.installed ## create .venv and install tokenlake (torch==2.13.0, CPU build)
@@ -99,11 +103,11 @@ fmt: setup ## format and fix what ruff can
 	$(VENV)/bin/ruff format pipeline tests
 	$(VENV)/bin/ruff check --fix pipeline tests
 
-test: lint ## lint, then the whole test suite (what CI runs)
-	$(PY) -m pytest -q --doctest-modules pipeline tests
+test: lint ## [TEST_WORKERS=$(TEST_WORKERS)]: lint, then the whole test suite in parallel (what CI runs)
+	$(PYTEST) --doctest-modules pipeline tests
 
-test-fast: setup ## tests not marked slow
-	$(PY) -m pytest -q -m "not slow" --doctest-modules pipeline tests
+test-fast: setup ## [TEST_WORKERS=$(TEST_WORKERS)]: tests not marked slow, in parallel
+	$(PYTEST) -m "not slow" --doctest-modules pipeline tests
 
 bench: setup ## BENCH_SCALE=$(BENCH_SCALE): generate big dumps in a temp dir and print throughput figures
 	$(PY) -m tokenlake.tools.bench --scale $(BENCH_SCALE)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from click.testing import CliRunner
 
@@ -12,7 +13,10 @@ from tokenlake.cli import main
 from tokenlake.serve import catalog
 from tokenlake.tools.s3server import list_keys, moto_server, new_bucket
 
-__all__ = ["cli", "list_keys", "moto_server", "new_bucket", "rows"]
+if TYPE_CHECKING:
+    import duckdb
+
+__all__ = ["cli", "list_keys", "moto_server", "new_bucket", "rows", "text_rows"]
 
 SUMMARY_TIME = re.compile(r" in \d+\.\d s -> ")
 
@@ -27,7 +31,12 @@ def rows(lake: Path | str, sql: str) -> list[tuple[str, ...]]:
     """A query's rows through the lake's catalog, sorted, compared as text (NaN-safe)."""
     con = catalog.connect(lake)
     try:
-        found = con.execute(sql).fetchall()
+        return text_rows(con, sql)
     finally:
         con.close()
-    return sorted(tuple(map(repr, row)) for row in found)
+
+
+def text_rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[tuple[str, ...]]:
+    """A query's rows on an open catalog (an object-store lake's is built anew by every
+    `catalog.connect`, so a test comparing many tables opens it once), sorted, as text."""
+    return sorted(tuple(map(repr, row)) for row in con.execute(sql).fetchall())

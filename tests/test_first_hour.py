@@ -158,7 +158,7 @@ def test_a_huge_step_range_is_tested_not_expanded(tmp_path):
     )
     assert code == 0
     assert out.startswith("Run `basic`: 1 new, 0 updated, 0 unchanged, 0 removed, 0 skipped")
-    assert time.perf_counter() - started < 30
+    assert time.perf_counter() - started < 300  # expanding the range would take hours
 
 
 def test_fifo_device_directory_and_broken_link_named_like_dump_files(tmp_path):

@@ -14,35 +14,35 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.fixture_paths import REAL_DUMPS
+from tests.follower import ROUND_WAIT, Follower
 from tokenlake import schema
 from tokenlake.load import manifest
 from tokenlake.load.extract import ExtractSummary, extract_run
-from tokenlake.load.follow import FollowState, follow_round, follow_run
+from tokenlake.load.follow import FollowState, follow_round
 from tokenlake.load.verify import verify_lake
 
 pytestmark = pytest.mark.slow  # every test extracts real dump files
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REAL_DUMPS
-SETTLE = 0.3
-# (file, pause after it). Each file is written in two parts, PART_PAUSE apart. The long pause
-# after `1.pt` lets step 1 settle as rollout-only before its train files arrive.
+# (file, whether the files written so far settle after it). Each file is written in two parts,
+# with a whole round between them. Step 1 settles as rollout-only before its train files arrive.
 # miles' order: the conversation sidecar, then the rollout file, then (later) every rank.
 WRITE_ORDER = [
-    ("trajectory/0.jsonl", 0.0),
-    ("rollout_data/0.pt", 0.05),
-    *((f"train_data/0_{rank}.pt", 0.05) for rank in range(4)),
-    ("rollout_data/eval_0.pt", 0.05),
-    ("trajectory/1.jsonl", 0.0),
-    ("rollout_data/1.pt", SETTLE + 1.5),
-    *((f"train_data/1_{rank}.pt", 0.1) for rank in range(4)),
+    ("trajectory/0.jsonl", False),
+    ("rollout_data/0.pt", False),
+    *((f"train_data/0_{rank}.pt", rank == 3) for rank in range(4)),
+    ("rollout_data/eval_0.pt", False),
+    ("trajectory/1.jsonl", False),
+    ("rollout_data/1.pt", True),
+    *((f"train_data/1_{rank}.pt", False) for rank in range(4)),
 ]
-PART_PAUSE = 0.15
 OLD = 7200.0
 
 
@@ -82,52 +82,26 @@ def counts(summary: ExtractSummary) -> tuple[int, ...]:
     return tuple(summary.counts.values())  # new, updated, unchanged, removed, skipped
 
 
-def write_in_two_parts(source: Path, target: Path, pause: float) -> None:
+def write_in_two_parts(source: Path, target: Path, between: Callable[[], None]) -> None:
     data = source.read_bytes()
     with open(target, "wb") as handle:
         handle.write(data[: len(data) // 2])
         handle.flush()
-        time.sleep(pause)  # a reader now sees a young, truncated file
+        between()  # a reader now sees a young, truncated file
         handle.write(data[len(data) // 2 :])
 
 
 def test_follow_a_run_while_it_is_written(tmp_path: Path) -> None:
     live, lake = empty_dump(tmp_path / "live"), tmp_path / "lake"
-    stop = threading.Event()
-    rounds: list[ExtractSummary] = []
-    errors: list[BaseException] = []
-
-    def follow() -> None:
-        try:
-            follow_run(
-                live, lake, "live", poll_seconds=0.05, settle_seconds=SETTLE, workers=1,
-                on_round=rounds.append, should_stop=stop.is_set,
-            )  # fmt: skip
-        except BaseException as exc:  # surfaced by the assertion below
-            errors.append(exc)
-
-    follower = threading.Thread(target=follow, daemon=True)
-    follower.start()
-    for name, pause in WRITE_ORDER:
-        write_in_two_parts(FIXTURES / "basic" / name, live / name, PART_PAUSE)
-        time.sleep(pause)
-    written = time.monotonic()
-
-    # Quiet: settle time over, then three rounds in a row with nothing to do.
-    deadline = written + 20
-    while time.monotonic() < deadline and not errors:
-        recent = rounds[-3:]
-        if (
-            time.monotonic() > written + 0.5
-            and len(recent) == 3
-            and all(counts(r)[:2] == (0, 0) and counts(r)[3:] == (0, 0) for r in recent)
-        ):
-            break
-        time.sleep(0.05)
-    stop.set()
-    follower.join(timeout=10)
-    assert errors == []
-    assert not follower.is_alive()
+    follower = Follower(live, lake, "live", poll_seconds=0.01)
+    for name, settles in WRITE_ORDER:
+        write_in_two_parts(FIXTURES / "basic" / name, live / name, follower.whole_round)
+        if settles:
+            follower.settle()
+    follower.quiet()
+    follower.stop()
+    assert follower.errors == []
+    rounds = follower.rounds
     assert sum(r.counts["new"] for r in rounds) == 3
     # Step 1 went in rollout-only first, and was extracted again once its ranks were complete.
     step_1 = [(r.train_files, r.samples) for s in rounds for r in s.steps if r.rollout_id == 1]
@@ -271,19 +245,25 @@ def _ctrl_c(process: subprocess.Popen[str]) -> tuple[str, str]:
     return process.communicate(timeout=60)
 
 
+def _killed_if_stuck(process: subprocess.Popen[str]) -> threading.Timer:
+    """A blocking read of the child's output ends (with EOF) if the child hangs."""
+    timer = threading.Timer(ROUND_WAIT, process.kill)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def test_ctrl_c_ends_follow_cleanly(tmp_path: Path) -> None:
     dump = tmp_path / "run 'a'"
     shutil.copytree(FIXTURES / "basic", dump)
     lake = tmp_path / "lake"
     process = _start_follow(dump, lake, workers=1)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # wait until every step is in the lake
-        record = manifest.load_manifest(lake.resolve(), dump.name) if lake.exists() else None
-        if record is not None and len(record.steps) == 3 and catalog_ready(lake):
-            break
-        time.sleep(0.1)
-    time.sleep(0.3)
+    assert process.stdout is not None
+    with_deadline = _killed_if_stuck(process)
+    first = process.stdout.readline()  # the first round's summary: every step is in the lake
+    with_deadline.cancel()
     out, err = _ctrl_c(process)
+    out = first + out
     assert process.returncode == 0
     assert err.splitlines() == [
         f"Following {dump} every 0.1 s; Ctrl-C stops.",
@@ -294,14 +274,6 @@ def test_ctrl_c_ends_follow_cleanly(tmp_path: Path) -> None:
     assert verify_lake(lake) == (3, [])
 
 
-def catalog_ready(lake: Path) -> bool:
-    catalog = lake / schema.CATALOG_FILE
-    record = lake / "_manifest"
-    return catalog.is_file() and all(
-        p.stat().st_mtime_ns < catalog.stat().st_mtime_ns for p in record.glob("*.json")
-    )
-
-
 def test_ctrl_c_during_a_parallel_extraction_leaves_a_consistent_lake(tmp_path: Path) -> None:
     dump = tmp_path / "run"
     shutil.copytree(FIXTURES / "cp2", dump)
@@ -309,7 +281,10 @@ def test_ctrl_c_during_a_parallel_extraction_leaves_a_consistent_lake(tmp_path: 
     process = _start_follow(dump, lake, workers=2)
     assert process.stderr is not None
     assert process.stderr.readline() == f"Following {dump} every 0.1 s; Ctrl-C stops.\n"
-    time.sleep(0.4)  # the first round is starting its workers or extracting
+    deadline = time.monotonic() + ROUND_WAIT
+    while not (lake / "_manifest").exists():  # the first round is extracting (or has done)
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.01)
     out, err = _ctrl_c(process)
     assert process.returncode == 0
     assert "Traceback" not in err

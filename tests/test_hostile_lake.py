@@ -381,10 +381,11 @@ def test_a_catalog_held_read_write_names_the_holder(tmp_path: Path, command: str
     lake = tmp_path / "lake"
     extract(REAL_DUMPS / "basic", lake)
     catalog = lake / "tokenlake.duckdb"
+    # Holds the catalog open for writing until killed, however long the command takes.
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]);"
-         " print('ready', flush=True); time.sleep(60)", str(catalog)],
-        stdout=subprocess.PIPE,
+        [sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]);"
+         " print('ready', flush=True); sys.stdin.read()", str(catalog)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
     )  # fmt: skip
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,12 +24,12 @@ import pytest
 
 import tokenlake
 from tests.fixture_paths import REAL_DUMPS
-from tests.s3server import cli, list_keys, moto_server, new_bucket, rows
+from tests.follower import Follower
+from tests.s3server import cli, list_keys, moto_server, new_bucket, rows, text_rows
 from tokenlake import schema
 from tokenlake.errors import LakeError
-from tokenlake.load import manifest
+from tokenlake.load import manifest, object_lock
 from tokenlake.load.extract import extract_run
-from tokenlake.load.follow import follow_run
 from tokenlake.load.object_lake import ObjectLake
 from tokenlake.load.verify import verify_lake
 from tokenlake.serve import catalog
@@ -53,29 +52,27 @@ def bucket(s3: dict[str, str]) -> str:
     return new_bucket()
 
 
-def close_rows(lake: Path | str, sql: str) -> list[tuple[object, ...]]:
-    con = catalog.connect(lake)
-    try:
-        return con.execute(f"{sql} ORDER BY ALL").fetchall()
-    finally:
-        con.close()
-
-
 def same_content(remote: str, local: Path) -> None:
     """Base tables equal row for row; aggregate views equal to the last bits DuckDB's
     parallel sums leave to chance (it adds in thread order, on either lake)."""
-    for table in ("tokens", "samples", "vocab"):
-        assert rows(remote, f"SELECT * FROM {table}") == rows(local, f"SELECT * FROM {table}")
-    for view in ("step_stats", "drift_steps"):
-        found = close_rows(remote, f"SELECT * FROM {view}")
-        expected = close_rows(local, f"SELECT * FROM {view}")
-        assert len(found) == len(expected)
-        for got, want in zip(found, expected, strict=True):
-            for x, y in zip(got, want, strict=True):
-                if isinstance(y, float):
-                    assert x == pytest.approx(y, rel=1e-12, nan_ok=True), view
-                else:
-                    assert x == y, view
+    far, near = catalog.connect(remote), catalog.connect(local)
+    try:
+        for table in ("tokens", "samples", "vocab"):
+            sql = f"SELECT * FROM {table}"
+            assert text_rows(far, sql) == text_rows(near, sql), table
+        for view in ("step_stats", "drift_steps"):
+            found = far.execute(f"SELECT * FROM {view} ORDER BY ALL").fetchall()
+            expected = near.execute(f"SELECT * FROM {view} ORDER BY ALL").fetchall()
+            assert len(found) == len(expected)
+            for got, want in zip(found, expected, strict=True):
+                for x, y in zip(got, want, strict=True):
+                    if isinstance(y, float):
+                        assert x == pytest.approx(y, rel=1e-12, nan_ok=True), view
+                    else:
+                        assert x == y, view
+    finally:
+        far.close()
+        near.close()
 
 
 def listed_keys(bucket: str, prefix: str, lake: str) -> list[str]:
@@ -194,31 +191,15 @@ def test_follow_a_run_into_an_object_store_lake(bucket: str, tmp_path: Path) -> 
     rest += [f"train_data/1_{r}.pt" for r in range(4)]
     for name in first:
         shutil.copy(BASIC / name, live / name)
-    stop, rounds, errors = threading.Event(), [], []
-
-    def follow() -> None:
-        try:
-            follow_run(
-                live, url, "live", poll_seconds=0.05, settle_seconds=0.3,
-                on_round=rounds.append, should_stop=stop.is_set,
-            )  # fmt: skip
-        except BaseException as exc:  # surfaced by the assertion below
-            errors.append(exc)
-
-    follower = threading.Thread(target=follow, daemon=True)
-    follower.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(s.counts["new"] for s in rounds):
-        time.sleep(0.05)
+    follower = Follower(live, url, "live", poll_seconds=0.05)
+    follower.settle()
+    assert follower.new_steps() == [1]  # step 0 first
     for name in rest:
         shutil.copy(BASIC / name, live / name)
-    while time.monotonic() < deadline and sum(s.counts["new"] for s in rounds) < 3:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    stop.set()
-    follower.join(timeout=30)
-    assert errors == [] and not follower.is_alive()
-    new = [s.counts["new"] for s in rounds if s.counts["new"]]
+    follower.settle()  # eval 0 and step 1, whose ranks are complete
+    follower.stop()
+    assert follower.errors == []
+    new = follower.new_steps()
     assert new[0] == 1 and sum(new) == 3  # step 0 first, then eval 0 and step 1
     assert verify_lake(url) == (3, [])
     local = tmp_path / "local"
@@ -272,12 +253,15 @@ def test_second_writer_is_refused_while_the_first_holds_the_lock(bucket: str) ->
 def test_a_writer_that_lost_its_lease_commits_nothing_more(
     bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TOKENLAKE_LOCK_LEASE_SECONDS", "1.5")
+    # A lease the renewal thread never renews during the test: it renews here, in order.
+    monkeypatch.setenv("TOKENLAKE_LOCK_LEASE_SECONDS", "86400")
     url = f"s3://{bucket}/lake"
     layout = ObjectLake(url)
     with layout.lock():
+        held = object_lock._HELD[layout.location]
+        assert held.renew() is True  # our own lock: renewed
         forge_lock(bucket, "build-7", 4242, time.time() + 600)  # another took it over
-        time.sleep(1.2)  # the next renewal (every 0.5 s) fails on the changed ETag
+        assert held.renew() is False  # the renewal fails on the changed ETag
         with pytest.raises(LakeError) as info:
             layout.put_bytes("_manifest/x.json", b"{}", problem="manifest cannot be written")
     assert str(info.value).startswith(

@@ -16,7 +16,6 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from ray.cluster_utils import Cluster
 
 from tests.s3server import list_keys, moto_server, new_bucket
 from tokenlake import schema
@@ -45,6 +44,8 @@ def s3():
 
 @pytest.fixture(scope="module")
 def cluster(s3):
+    from ray.cluster_utils import Cluster  # imported by the tests that run one, not at collection
+
     head = {"num_cpus": 0, "object_store_memory": OBJECT_STORE}  # tasks run on workers only
     ray_cluster = Cluster(initialize_head=True, head_node_args=head)
     for _ in range(2):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,13 +19,14 @@ from click.testing import CliRunner
 
 import tokenlake
 from tests.fixture_paths import REAL_DUMPS
-from tests.s3server import cli, list_keys, moto_server, new_bucket, rows
+from tests.follower import Follower
+from tests.s3server import cli, list_keys, moto_server, new_bucket, rows, text_rows
 from tokenlake.cli import main
 from tokenlake.load import manifest
 from tokenlake.load.extract import extract_run
-from tokenlake.load.follow import follow_run
 from tokenlake.load.verify import verify_lake
 from tokenlake.read import remote_dump
+from tokenlake.serve import catalog
 from tokenlake.transform.step import StepStatus, extract_step
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
@@ -65,8 +65,14 @@ def upload(bucket: str, prefix: str, source: Path = BASIC, names: list[str] | No
 
 
 def same_tables(found: Path | str, expected: Path | str) -> None:
-    for table in ("tokens", "samples", "vocab"):
-        assert rows(found, f"SELECT * FROM {table}") == rows(expected, f"SELECT * FROM {table}")
+    far, near = catalog.connect(found), catalog.connect(expected)
+    try:
+        for table in ("tokens", "samples", "vocab"):
+            sql = f"SELECT * FROM {table}"
+            assert text_rows(far, sql) == text_rows(near, sql), table
+    finally:
+        far.close()
+        near.close()
 
 
 def staged_pt_files(url: str) -> list[os.stat_result]:
@@ -208,29 +214,14 @@ def test_follow_an_s3_dump_as_its_objects_arrive(bucket: str, tmp_path: Path) ->
     rest = ["trajectory/1.jsonl", *(f"train_data/1_{r}.pt" for r in range(4))]
     rest += ["rollout_data/eval_0.pt", "rollout_data/1.pt"]
     url, lake = upload(bucket, "live", names=first), tmp_path / "lake"
-    stop, rounds, errors = threading.Event(), [], []
-
-    def follow() -> None:
-        try:
-            follow_run(
-                url, lake, poll_seconds=0.05, settle_seconds=0.3,
-                on_round=rounds.append, should_stop=stop.is_set,
-            )  # fmt: skip
-        except BaseException as exc:  # surfaced by the assertion below
-            errors.append(exc)
-
-    follower = threading.Thread(target=follow, daemon=True)
-    follower.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(s.counts["new"] for s in rounds):
-        time.sleep(0.05)
+    follower = Follower(url, lake, None, poll_seconds=0.05)
+    follower.settle()
+    assert follower.new_steps() == [1]  # step 0 first
     upload(bucket, "live", names=rest)
-    while time.monotonic() < deadline and sum(s.counts["new"] for s in rounds) < 3:
-        time.sleep(0.05)
-    stop.set()
-    follower.join(timeout=30)
-    assert errors == [] and not follower.is_alive()
-    new = [s.counts["new"] for s in rounds if s.counts["new"]]
+    follower.settle()  # eval 0 and step 1, whose ranks are complete
+    follower.stop()
+    assert follower.errors == []
+    new = follower.new_steps()
     assert new[0] == 1 and sum(new) == 3  # step 0 first, then eval 0 and step 1
     assert verify_lake(lake) == (3, [])
     local = tmp_path / "local"

@@ -49,11 +49,14 @@ def follow_run(
     should_stop: Callable[[], bool] = lambda: False,
     replace: bool = False,
     tags: Mapping[str, str] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> FollowState:
     """Extract complete steps every `poll_seconds` until `should_stop()` or Ctrl-C.
 
     With `replace`, a run of the same name extracted from another directory is replaced (by
-    the first round that extracts a step); without it that is an error.
+    the first round that extracts a step); without it that is an error. `clock` is the time,
+    in seconds since the epoch like a file's mtime, that `settle_seconds` is counted against:
+    a test moves it forward instead of waiting.
 
     Returns:
         The final state (rank set learnt, failures pending a change).
@@ -63,7 +66,7 @@ def follow_run(
     try:
         while not should_stop():
             summary = follow_round(
-                dump_dir, lake, run, state, settle_seconds, workers, progress, replace, tags
+                dump_dir, lake, run, state, settle_seconds, workers, progress, replace, tags, clock
             )
             if on_round is not None:
                 on_round(summary)
@@ -87,9 +90,10 @@ def follow_round(
     progress: ProgressCallback | None,
     replace: bool = False,
     tags: Mapping[str, str] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> ExtractSummary:
-    """One pass: extract what is complete now, remember what failed."""
-    now = time.time()
+    """One pass: extract what is complete at `clock()`, remember what failed."""
+    now = clock()
     # Stamps taken before reading: a file completed while it was read must count as changed
     # (a stamp taken after the failure would match the finished file and never retry it).
     attempted: dict[str, tuple[tuple[str, int, int], ...]] = {}

@@ -150,12 +150,18 @@ class _LeaseLock:
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.lease / 3):
-            try:
-                self.lake.fs.pipe_file(self.key, self._body(), IfMatch=self.etag)
-                self.etag = self._info()["ETag"]
-            except Exception as exc:  # noqa: BLE001 - any failure means the lease may be lost
-                self.lost = f"its lease could not be renewed ({str(exc)[:200]})"
+            if not self.renew():
                 return
+
+    def renew(self) -> bool:
+        """Extend the lease once, on the lock's own ETag; False (and `lost` says why) if not."""
+        try:
+            self.lake.fs.pipe_file(self.key, self._body(), IfMatch=self.etag)
+            self.etag = self._info()["ETag"]
+        except Exception as exc:  # noqa: BLE001 - any failure means the lease may be lost
+            self.lost = f"its lease could not be renewed ({str(exc)[:200]})"
+            return False
+        return True
 
     def check(self) -> None:
         if self.lost is not None:

@@ -1,0 +1,66 @@
+"""How the suite is spread over pytest-xdist workers (`make test` runs `pytest -n auto`).
+
+A module that defines a module-scoped fixture (a lake built once, an S3 server, a Ray cluster,
+a Spark session, a browser) runs whole on one worker, so the fixture is built once; every
+other test is scheduled on its own. The modules that take longest start first, so the short
+tests fill in around them instead of one worker finishing a long module alone at the end.
+
+The grouping is a scheduler of our own (`pytest_xdist_make_scheduler`) rather than
+`xdist_group` marks: xdist 3.8 renames a marked test's node id, which pytest 9 ignores, so
+`--dist loadgroup` groups nothing there.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The longest modules, longest first (each one worker's work for a minute or more).
+LONGEST_FIRST = (
+    "test_object_lake",
+    "test_spark",
+    "test_ray",
+    "test_report",
+    "test_crash",
+    "test_remote_dump",
+)
+MODULE_FIXTURE = 'scope="module"'  # as ruff formats `@pytest.fixture(scope="module")`
+
+
+@cache
+def runs_whole(path: Path) -> bool:
+    """Whether the tests of the module at `path` go to one worker together."""
+    if path.stem in LONGEST_FIRST:
+        return True
+    try:
+        return path.suffix == ".py" and MODULE_FIXTURE in path.read_text(encoding="utf-8")
+    except OSError:  # a node id that names no file here: schedule its tests one by one
+        return False
+
+
+def _rank(item: pytest.Item) -> int:
+    name = item.path.stem
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: each module's tests stay together and in order
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: without xdist, pytest runs as ever
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesWholeTestsApart(LoadScopeScheduling):
+        """Work units: a whole module where `runs_whole`, else a single test; in collection
+        order (longest modules first), not xdist's largest-unit-first."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if runs_whole(config.rootpath / module) else nodeid
+
+    config.option.loadscopereorder = False
+    return ModulesWholeTestsApart(config, log)
