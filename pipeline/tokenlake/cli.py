@@ -319,11 +319,12 @@ def views(lake: LakeRoot) -> None:
         tokenlake views lake
     """
     from tokenlake.load.lake import lake_at
-    from tokenlake.serve.catalog import build_catalog
+    from tokenlake.serve.catalog import build_catalog, refuse_if_held
 
     layout = lake_at(lake).require()  # never a catalog in a dump or a stray folder
     warnings: list[str] = []
     with layout.lock():  # not while an extraction writes the lake
+        refuse_if_held(layout.location)
         click.echo(f"Rebuilt {build_catalog(layout.location, warnings)}")
     for warning in warnings:
         say(f"Warning: {warning}", err=True, one_line=True)

@@ -126,6 +126,7 @@ def extract_run(
     summary = ExtractSummary(run=run, lake=lake, ignored_files=list(listing.ignored))
     reporter = as_reporter(progress)
     with lake_at(lake).lock():
+        catalog.refuse_if_held(lake)
         _check_other_manifests(lake, run)
         record = _current_manifest(lake, run, listing.source, replace)
         retagged = {**record.tags, **(tags or {})}
@@ -190,9 +191,13 @@ def catalog_is_stale(lake: LakeRoot) -> bool:
     An extraction killed after committing steps but before rebuilding the catalog leaves the
     catalog behind its manifests; a catalog left without its views (a full disk) or that
     cannot be opened is repaired too: the next extraction rebuilds it even if every step is
-    unchanged by then.
+    unchanged by then. So is one with another program's write-ahead log beside it.
     """
-    return lake_at(lake).catalog_is_stale() or catalog.catalog_problem(lake) is not None
+    return (
+        lake_at(lake).catalog_is_stale()
+        or catalog.has_foreign_log(lake)  # first: no reader's warning about it then
+        or catalog.catalog_problem(lake) is not None
+    )
 
 
 def _lake_failure(path: str, problem: str) -> LakeError:
