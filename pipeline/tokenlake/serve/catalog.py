@@ -330,8 +330,8 @@ def _write_catalog(tmp: Path, lake: LakeRoot, problems: list[str]) -> None:
     import duckdb
 
     try:
-        # Storage format 1.0: DuckDB clients from 1.0 on can open the catalog (it holds only
-        # views, so nothing newer is needed).
+        # Storage format 1.0: DuckDB clients from 1.0 on can open the file (it holds only
+        # views); reading the views needs 1.2 (docs/bi.md, tests/test_duckdb_oldest.py).
         con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
         try:
             problems[:] = create_all_views(con, lake)
