@@ -426,7 +426,7 @@ def _open_file(path: Path) -> duckdb.DuckDBPyConnection:
 
     if not os.path.lexists(foreign_log(path)):
         return duckdb.connect(str(path), read_only=True)
-    duckdb.connect(str(path), read_only=True).close()  # a writer still holding it: its line
+    _raise_if_held(path)  # the writer may still be there: then the line that names it
     log.warning(
         "ignored `%s` beside the catalog (another program's changes; tokenlake writes none);"
         " `tokenlake views LAKE` removes it",
@@ -454,10 +454,21 @@ def refuse_if_held(lake: LakeRoot) -> None:
     if not isinstance(layout, Lake) or not layout.catalog_path.is_file():
         return
     try:
-        duckdb.connect(str(layout.catalog_path), read_only=True).close()
+        _raise_if_held(layout.catalog_path)
+    except duckdb.Error as exc:
+        raise _open_error(lake, exc) from exc
+
+
+def _raise_if_held(path: Path) -> None:
+    """Re-raise DuckDB's lock error if a writer holds the file; any other failure to open it
+    (a damaged file, a log that does not fit it) is left to whoever opens or rebuilds it."""
+    import duckdb
+
+    try:
+        duckdb.connect(str(path), read_only=True).close()
     except duckdb.Error as exc:
         if "Could not set lock" in str(exc):
-            raise _open_error(lake, exc) from exc
+            raise
 
 
 def _connect_in_memory(lake: LakeRoot) -> duckdb.DuckDBPyConnection:
