@@ -29,10 +29,24 @@ export TL_EXAMPLE_DUMP := $(value EXAMPLE_DUMP)
 export CALLER_DIR
 # `abs PATH`: PATH made absolute against the caller's directory.
 ABS := abs() { case "$$1" in /*) printf '%s' "$$1";; *) printf '%s/%s' "$$CALLER_DIR" "$$1";; esac; }
+comma := ,
+LOCK := pipeline/requirements-lock.txt
+# What `make extract` installs: torch for the example generator (synth), the `duckdb` shell.
+RUN_EXTRAS := synth,duckdb-cli
+# What `make test` adds: lint and test tools, the Ray executor, Spark, S3 and its test server.
+TEST_EXTRAS := $(RUN_EXTRAS),dev,ray,spark,s3,moto
+# `$(call install,EXTRAS)`: the venv with tokenlake editable and those extras at the locked
+# versions, then the torch build it got (the CPU one: no CUDA).
+define install
+python3 -m venv $(VENV)
+$(PY) -m pip install -q -c $(LOCK) -e '.[$(1)]'
+@$(PY) -c 'import torch; cuda = torch.version.cuda; print("Set-up done: torch", torch.__version__, f"(CUDA {cuda})" if cuda else "(the CPU build, no CUDA)")'
+touch $@
+endef
 # The files the example dump is generated from: `make example` rewrites it only when they change.
 GENERATOR := pipeline/tokenlake/tools/synth.py pipeline/tokenlake/tools/synth_spec.py pipeline/tokenlake/transform/cp_layout.py
 
-.PHONY: help setup extract example follow verify views audit sql report test test-fast lint fmt bench bench-formats clean
+.PHONY: help setup setup-test lock extract example follow verify views audit sql report test test-fast lint fmt bench bench-formats clean
 
 help: ## list the targets (with the defaults in force)
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
@@ -40,25 +54,29 @@ help: ## list the targets (with the defaults in force)
 	        -e 's|\$$(BENCH_SCALE)|$(BENCH_SCALE)|g' -e 's|\$$(TEST_WORKERS)|$(TEST_WORKERS)|g' \
 	  | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed ## create .venv and install tokenlake (torch==2.13.0, CPU build)
+setup: $(VENV)/.installed-run ## create .venv with what extraction needs (tokenlake, torch==2.13.0 CPU build, the duckdb shell)
 
-$(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# Pin the CPU build that lies on these machines; a bare `torch` would pull GBs of CUDA.
-	# torch is the `synth` extra (generator, bench, tests); extraction itself needs none.
-	$(PY) -m pip install -q torch==2.13.0
-	# ray, spark, s3, moto: the Ray executor, lakes on S3, and the tests that run a Ray
-	# cluster, read with Spark and run an S3 server (moto) on 127.0.0.1.
-	$(PY) -m pip install -q -e '.[dev,synth,ray,spark,s3,moto]'
-	touch $@
+setup-test: $(VENV)/.installed-test ## setup, plus what the tests need (dev tools, Ray, Spark, S3, moto)
+
+# Every version comes from the lock (the tested set; `make lock` refreshes it), so pip never
+# backtracks into a newer torch, whose CUDA build is GBs.
+$(VENV)/.installed-run: pyproject.toml $(LOCK)
+	$(call install,$(RUN_EXTRAS))
+
+$(VENV)/.installed-test: pyproject.toml $(LOCK)
+	$(call install,$(TEST_EXTRAS))
+
+lock: setup ## refresh pipeline/requirements-lock.txt after a dependency in pyproject.toml changed (keeps the other pins)
+	$(PY) -m pip install -q pip-tools
+	$(VENV)/bin/pip-compile -q --strip-extras --no-emit-find-links --no-emit-index-url \
+	  $(foreach e,$(subst $(comma), ,$(TEST_EXTRAS)),--extra=$(e)) -o $(LOCK) pyproject.toml
 
 example: setup $(EXAMPLE_DUMP)/.generated ## write the small built-in example dump to $(EXAMPLE_DUMP)/ (once)
 	@:
 
 # A stamp: regenerating an unchanged example would give its files new times, and the next
 # `make extract` would re-read every step.
-$(EXAMPLE_DUMP)/.generated: $(GENERATOR) $(VENV)/.installed
+$(EXAMPLE_DUMP)/.generated: $(GENERATOR) $(VENV)/.installed-run
 	$(PY) -m tokenlake generate "$$TL_EXAMPLE_DUMP" --preset example --force
 	touch "$@"
 
@@ -94,25 +112,25 @@ report: setup ## [LAKE=$(LAKE)] [RUN_NAME=name] [OUT=report.html]: one self-cont
 	@$(ABS); $(PY) -m tokenlake report "$$(abs "$$TL_LAKE")" $${TL_RUN_NAME:+--run "$$TL_RUN_NAME"} \
 	  -o "$$(abs "$$TL_OUT")"
 
-lint: setup ## ruff check + format check + mypy (strict defs in pipeline/)
+lint: setup-test ## ruff check + format check + mypy (strict defs in pipeline/)
 	$(VENV)/bin/ruff check pipeline tests
 	$(VENV)/bin/ruff format --check pipeline tests
 	$(VENV)/bin/mypy pipeline
 
-fmt: setup ## format and fix what ruff can
+fmt: setup-test ## format and fix what ruff can
 	$(VENV)/bin/ruff format pipeline tests
 	$(VENV)/bin/ruff check --fix pipeline tests
 
 test: lint ## [TEST_WORKERS=$(TEST_WORKERS)]: lint, then the whole test suite in parallel (what CI runs)
 	$(PYTEST) --doctest-modules pipeline tests
 
-test-fast: setup ## [TEST_WORKERS=$(TEST_WORKERS)]: tests not marked slow, in parallel
+test-fast: setup-test ## [TEST_WORKERS=$(TEST_WORKERS)]: tests not marked slow, in parallel
 	$(PYTEST) -m "not slow" --doctest-modules pipeline tests
 
 bench: setup ## BENCH_SCALE=$(BENCH_SCALE): generate big dumps in a temp dir and print throughput figures
 	$(PY) -m tokenlake.tools.bench --scale $(BENCH_SCALE)
 
-bench-formats: setup ## our S3 commit protocol vs Delta Lake and Iceberg on a local S3 server (docs/table-formats.md)
+bench-formats: setup-test ## our S3 commit protocol vs Delta Lake and Iceberg on a local S3 server (docs/table-formats.md)
 	$(PY) -m pip install -q -e '.[formats]'
 	$(PY) -m tokenlake.tools.bench_formats
 

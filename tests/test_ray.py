@@ -216,7 +216,7 @@ def test_without_ray_the_error_names_the_extra(tmp_path, monkeypatch):
     assert (result.exit_code, result.stderr) == (
         1,
         "Error: Extraction with `--executor ray` needs `ray`, which is not installed: run"
-        " `pip install 'tokenlake[ray]'` (`make setup` installs it).\n",
+        " `pip install 'tokenlake[ray]'` (`make setup-test` installs it).\n",
     )
     assert not (tmp_path / "lake").exists()  # refused before any work
 

@@ -319,11 +319,12 @@ def views(lake: LakeRoot) -> None:
         tokenlake views lake
     """
     from tokenlake.load.lake import lake_at
-    from tokenlake.serve.catalog import build_catalog
+    from tokenlake.serve.catalog import build_catalog, refuse_if_held
 
     layout = lake_at(lake).require()  # never a catalog in a dump or a stray folder
     warnings: list[str] = []
     with layout.lock():  # not while an extraction writes the lake
+        refuse_if_held(layout.location)
         layout.delete_stale_temporaries()  # a catalog half-built by a killed command
         say(f"Rebuilt {build_catalog(layout.location, warnings)}", one_line=True)
     for warning in warnings:

@@ -18,10 +18,15 @@ class MissingDependencyError(PipelineError):
         self.module = module
         self.extra = extra
         self.purpose = purpose
+        target = "setup" if extra in SETUP_EXTRAS else "setup-test"
         super().__init__(
             f"{purpose} needs `{module}`, which is not installed: run"
-            f" `pip install 'tokenlake[{extra}]'` (`make setup` installs it)."
+            f" `pip install 'tokenlake[{extra}]'` (`make {target}` installs it)."
         )
+
+
+# The extras `make setup` installs (the Makefile's RUN_EXTRAS); `make setup-test` has all.
+SETUP_EXTRAS = frozenset({"synth", "duckdb-cli"})
 
 
 def require(module: str, extra: str, purpose: str) -> None:

@@ -127,6 +127,7 @@ def extract_run(
     reporter = as_reporter(progress)
     with lake_at(lake).lock():
         lake_at(lake).check_links(run)  # nothing is written or swept through a planted link
+        catalog.refuse_if_held(lake)
         _check_other_manifests(lake, run)
         record = _current_manifest(lake, run, listing.source, replace)
         retagged = {**record.tags, **(tags or {})}
@@ -204,8 +205,11 @@ def catalog_is_stale(lake: LakeRoot) -> bool:
     A command killed after changing a manifest but before rebuilding the catalog (a step
     committed, a run dropped or tagged) leaves the catalog behind its manifests; a catalog
     left without its views (a full disk) or that cannot be opened is repaired too: the next
-    extraction rebuilds it even if every step is unchanged by then.
+    extraction rebuilds it even if every step is unchanged by then. So is one with another
+    program's write-ahead log beside it.
     """
+    if catalog.has_foreign_log(lake):  # first: no reader's warning about it then
+        return True
     try:
         return catalog.catalog_problem(lake) is not None
     except DamagedManifestError:  # the run's own manifest: publishing replaces it

@@ -22,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import logging
+import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -302,6 +304,8 @@ def build_catalog(lake: LakeRoot, warnings: list[str] | None = None) -> Path | s
     layout.publish_built(
         layout.catalog_name, lambda tmp: _write_catalog(tmp, layout.location, problems)
     )
+    if isinstance(layout, Lake):  # tokenlake leaves no log: one there is another program's
+        foreign_log(layout.catalog_path).unlink(missing_ok=True)
     if warnings is None:
         for problem in problems:
             log.warning("%s", problem)
@@ -369,8 +373,8 @@ def _write_catalog(tmp: Path, lake: LakeRoot, problems: list[str]) -> None:
     import duckdb
 
     try:
-        # Storage format 1.0: DuckDB clients from 1.0 on can open the catalog (it holds only
-        # views, so nothing newer is needed).
+        # Storage format 1.0: DuckDB clients from 1.0 on can open the file (it holds only
+        # views); reading the views needs 1.2 (docs/bi.md, tests/test_duckdb_oldest.py).
         con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
         try:
             digest = listed_digest(lake)  # under the writer lock: the manifests hold still
@@ -432,7 +436,7 @@ def connect(lake: LakeRoot, *, read_only: bool = True) -> duckdb.DuckDBPyConnect
             layout.require()  # says what the path is instead
         raise LakeError(lake, f"has no `{schema.CATALOG_FILE}`; run `tokenlake extract` first")
     try:
-        con = duckdb.connect(str(path), read_only=read_only)
+        con = _open_file(path) if read_only else duckdb.connect(str(path))
     except duckdb.Error as exc:
         raise _open_error(lake, exc) from exc
     try:
@@ -464,6 +468,71 @@ def _behind(con: duckdb.DuckDBPyConnection, lake: LakeRoot) -> bool:
 
 
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
+
+
+def foreign_log(catalog_file: Path) -> Path:
+    """Where DuckDB keeps a write-ahead log for the catalog. tokenlake never leaves one (it
+    checkpoints every build); one there was written by another program that opened the catalog
+    for writing, and DuckDB would replay it into every reader's view of the catalog."""
+    return catalog_file.with_name(f"{catalog_file.name}.wal")
+
+
+def has_foreign_log(lake: LakeRoot) -> bool:
+    """Whether another program's write-ahead log lies beside a local lake's catalog."""
+    layout = lake_at(lake)
+    return isinstance(layout, Lake) and os.path.lexists(foreign_log(layout.catalog_path))
+
+
+def _open_file(path: Path) -> duckdb.DuckDBPyConnection:
+    """The catalog opened read-only as tokenlake built it: with another program's write-ahead
+    log beside it, a private copy of the file (views only, small) is opened instead."""
+    import duckdb
+
+    if not os.path.lexists(foreign_log(path)):
+        return duckdb.connect(str(path), read_only=True)
+    _raise_if_held(path)  # the writer may still be there: then the line that names it
+    log.warning(
+        "ignored `%s` beside the catalog (another program's changes; tokenlake writes none);"
+        " `tokenlake views LAKE` removes it",
+        foreign_log(path).name,
+    )
+    with tempfile.TemporaryDirectory(prefix="tokenlake-") as folder:
+        copy = Path(folder) / path.name
+        shutil.copyfile(path, copy)
+        return duckdb.connect(str(copy), read_only=True)  # the open file outlives its name
+
+
+def refuse_if_held(lake: LakeRoot) -> None:
+    """Raise the line `query` gives if another program holds the catalog open for writing.
+
+    Rebuilding the catalog under such a program would leave its write-ahead log beside the new
+    file, so the extraction stops before it reads anything. A damaged catalog passes: the
+    rebuild replaces it.
+
+    Raises:
+        LakeError: Another program holds the catalog for writing (its name and PID).
+    """
+    import duckdb
+
+    layout = lake_at(lake)
+    if not isinstance(layout, Lake) or not layout.catalog_path.is_file():
+        return
+    try:
+        _raise_if_held(layout.catalog_path)
+    except duckdb.Error as exc:
+        raise _open_error(lake, exc) from exc
+
+
+def _raise_if_held(path: Path) -> None:
+    """Re-raise DuckDB's lock error if a writer holds the file; any other failure to open it
+    (a damaged file, a log that does not fit it) is left to whoever opens or rebuilds it."""
+    import duckdb
+
+    try:
+        duckdb.connect(str(path), read_only=True).close()
+    except duckdb.Error as exc:
+        if "Could not set lock" in str(exc):
+            raise
 
 
 def _connect_in_memory(lake: LakeRoot) -> duckdb.DuckDBPyConnection:
@@ -536,7 +605,7 @@ def _file_problem(path: Path, rebuild: str, current: str) -> str | None:
     import duckdb
 
     try:
-        with duckdb.connect(str(path), read_only=True) as con:
+        with _open_file(path) as con:
             missing = missing_views(con)
             recorded = recorded_digest(con)
     except duckdb.Error as exc:
