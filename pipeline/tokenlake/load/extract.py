@@ -45,7 +45,7 @@ class ExtractSummary:
     counts: dict[StepStatus, int] = field(default_factory=lambda: dict.fromkeys(StepStatus, 0))
     failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
     ignored_files: list[tuple[Path | str, str]] = field(default_factory=list)  # (path, why)
-    warnings: list[str] = field(default_factory=list)  # dashboard/ problems, one line each
+    warnings: list[str] = field(default_factory=list)  # sidecar problems, one line each
     seconds: float = 0.0
 
     @property
@@ -362,5 +362,6 @@ def _commit(
             record.steps[outcome.label] = previous
         raise _lake_failure(exc.path, exc.problem) from exc
     summary.steps.append(outcome.result)
+    summary.warnings.extend(outcome.result.warnings)
     summary.counts[outcome.status] += 1
     reporter.done(outcome.result)

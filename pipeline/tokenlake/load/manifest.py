@@ -75,6 +75,8 @@ class MetricsSource:
 
     offset: int
     head: str
+    # The offset lies inside a line skipped as too long (no newline yet): skip on to it.
+    inside_long: bool = False
 
 
 @dataclass
