@@ -28,14 +28,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tokenlake.errors import DumpNotFoundError, PipelineError
+from tokenlake.errors import BoundedReadError, DumpNotFoundError, PipelineError
 from tokenlake.load.lake import is_url, process_alive, temporary_path
+from tokenlake.read import bounded
 from tokenlake.read.dump import DASHBOARD_DIR, ROLLOUT_DIR, TOKENIZER_DIR, TRAIN_DIR, TRAJECTORY_DIR
 
 log = logging.getLogger(__name__)
 
 CACHE_VARIABLE = "TOKENLAKE_CACHE"
 STATE_FILE = ".tokenlake-remote.json"  # in the stage root: the URL and what was staged
+MAX_STATE_BYTES = 64 << 20  # ~100 bytes per staged object
 PLACEHOLDER_DIRS = (ROLLOUT_DIR, TRAIN_DIR, TRAJECTORY_DIR)  # read per step, downloaded then
 COPIED_DIRS = (TOKENIZER_DIR, DASHBOARD_DIR)  # read by the driver: downloaded whole
 _PRIVATE_PREFIX = ".tokenlake-"  # temporaries and private download folders
@@ -233,10 +235,11 @@ def _remove_unlisted(root: Path, listed: set[str]) -> None:
 
 def _load_state(root: Path, url: str) -> dict[str, list[int]]:
     try:
-        state = json.loads((root / STATE_FILE).read_text())
+        raw = bounded.read_file(root / STATE_FILE, MAX_STATE_BYTES, "a stage state", follow=False)
+        state = bounded.loads(raw, 8)
         files = state["files"] if state.get("url") == url else {}
         return {str(k): list(v) for k, v in files.items()}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (BoundedReadError, ValueError, TypeError, KeyError, AttributeError):
         return {}  # a missing or damaged state only costs downloads
 
 
