@@ -159,8 +159,10 @@ def drop_run(lake: LakeRoot, run: str) -> None:
     """Remove a run from the lake: its manifest first (the commit point), then the catalog,
     then its files. Other runs are untouched."""
     layout = lake_at(lake).require()
-    if not layout.exists(manifest_name(run)):
-        runs = ", ".join(f"`{name}`" for name in layout.manifest_runs()) or "none"
+    manifest_name(run)  # a bad run name is refused before anything is listed
+    listed = layout.manifest_runs()  # a damaged manifest too (a FIFO, a link): it is dropped
+    if run not in listed:
+        runs = ", ".join(f"`{name}`" for name in listed) or "none"
         raise LakeError(layout.location, f"has no run `{run}` (runs: {runs})")
     with layout.lock():
         layout.delete([manifest_name(run)])

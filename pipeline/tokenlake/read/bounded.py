@@ -236,7 +236,8 @@ def lines(
     after the last newline, if any, with `complete` False.
 
     A line longer than `max_line` bytes comes with `text` None: it is skipped chunk by chunk,
-    never buffered, so memory stays below `READ_CHUNK + max_line` whatever the file holds.
+    never buffered, so memory stays below `READ_CHUNK + max_line` whatever the file holds;
+    the holes of a sparse file (zeros never written) are skipped without reading them.
     With `inside_long`, the range starts inside such a line (skipped on an earlier read): its
     rest comes as a first line with `text` None.
     """
@@ -244,6 +245,10 @@ def lines(
     buffer, buffer_offset, line_start, position = b"", start, start, start
     oversize = inside_long
     while position < end:
+        if oversize and not buffer:  # inside a skipped line: a sparse file's holes hold no newline
+            position = buffer_offset = _after_hole(handle, position, end)
+            if position >= end:
+                break
         chunk = handle.read(min(READ_CHUNK, end - position))
         if not chunk:
             break
@@ -252,10 +257,22 @@ def lines(
         cursor = 0  # an index, not re-slicing per line: slicing would copy the chunk per line
         while (newline := buffer.find(b"\n", cursor)) >= 0:
             after = buffer_offset + newline + 1
-            yield Line(line_start, after, None if oversize else buffer[cursor:newline], True)
+            long = oversize or newline - cursor > max_line
+            yield Line(line_start, after, None if long else buffer[cursor:newline], True)
             cursor, line_start, oversize = newline + 1, after, False
         buffer, buffer_offset = buffer[cursor:], buffer_offset + cursor
         if len(buffer) > max_line:
             buffer, buffer_offset, oversize = b"", buffer_offset + len(buffer), True
     if oversize or buffer:
         yield Line(line_start, position, None if oversize else buffer, False)
+
+
+def _after_hole(handle: BinaryIO, position: int, end: int) -> int:
+    """Where the next written data of the file starts at or after `position` (at most
+    `end`); `position` itself where the file system cannot say. The handle is moved there."""
+    try:
+        after = min(os.lseek(handle.fileno(), position, os.SEEK_DATA), end)
+    except OSError as exc:  # ENXIO: only a hole follows; EINVAL: no SEEK_DATA here
+        after = end if exc.errno == errno.ENXIO else position
+    handle.seek(after)
+    return after

@@ -247,14 +247,15 @@ class _Columns:
     def add(self, record: dict[str, Any]) -> int:
         """Append the numeric values of one validated record; returns the count skipped."""
         skipped = 0
-        key = None if record["step_key"] is None else clean_text(record["step_key"])
+        key = record.get("step_key")  # absent is null, as `_record_problem` allows
+        key = None if key is None else clean_text(key)
         for name, raw in record["metrics"].items():
             value = _as_double(raw)
             if value is None:
                 skipped += 1
                 continue
             self.step_key.append(key)
-            self.step.append(record["step"])
+            self.step.append(record.get("step"))
             self.metric.append(clean_text(name))
             self.value.append(value)
             self.ts.append(record["ts"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -85,20 +86,22 @@ def _records_by_index(
     assignment exists), so at most one line per sample is kept."""
     kept: dict[int, list[_Record]] = defaultdict(list)
     overfull: set[int] = set()
-    for record in read_records(path, warnings):
-        if record.index not in positions or record.index in overfull:
+    for line in read_records(path, warnings):
+        index = line["sample_index"]
+        if index not in positions or index in overfull:
             continue
-        kept[record.index].append(record)
-        if len(kept[record.index]) > len(positions[record.index]):
-            overfull.add(record.index)
-            del kept[record.index]
+        keys = {key: _kept(line[key]) for key in _MATCHED_KEYS if key in line}
+        kept[index].append(_Record(index, keys, _json_text(line["messages"])))
+        if len(kept[index]) > len(positions[index]):
+            overfull.add(index)
+            del kept[index]
     return kept
 
 
-def read_records(path: Path, warnings: list[str] | None = None) -> list[_Record]:
-    """The file's records, read line by line; a line that is not UTF-8 JSON with an integer
-    `sample_index` and a `messages` list fails the step with one line naming the file and
-    the line. Beyond the size bounds: a warning in `warnings`, and no record (see
+def read_records(path: Path, warnings: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """The file's records, parsed one line at a time; a line that is not UTF-8 JSON with an
+    integer `sample_index` and a `messages` list fails the step with one line naming the
+    file and the line. Beyond the size bounds: a warning in `warnings`, and no record (see
     `messages_by_position`)."""
     notes = warnings if warnings is not None else []
     where = shown(path, SHOWN_PATH_CHARS)
@@ -106,23 +109,23 @@ def read_records(path: Path, warnings: list[str] | None = None) -> list[_Record]
         handle = bounded.open_regular(path)
     except BoundedReadError as exc:
         notes.append(f"`{where}` {exc.problem}; the step's conversations are NULL.")
-        return []
+        return
     with handle:
         size = os.fstat(handle.fileno()).st_size
         if size > MAX_FILE_BYTES:
             problem = bounded.too_large(path, size, MAX_FILE_BYTES, "a trajectory file").problem
             notes.append(f"`{where}` {problem}; the step's conversations are NULL.")
-            return []
-        return _parse_lines(path, handle, size, notes)
+            return
+        yield from _parse_lines(path, handle, size, notes)
 
 
-def _parse_lines(path: Path, handle: Any, size: int, notes: list[str]) -> list[_Record]:
-    records, long_lines = [], []
+def _parse_lines(path: Path, handle: Any, size: int, notes: list[str]) -> Iterator[dict[str, Any]]:
+    long_lines = []
     for number, line in enumerate(bounded.lines(handle, 0, size, MAX_LINE_BYTES), start=1):
         if line.text is None:
             long_lines.append(number)
         elif line.text.strip():
-            records.append(_record(path, number, line.text))
+            yield _record(path, number, line.text)
     if long_lines:
         numbers = ", ".join(str(n) for n in long_lines[:5]) + (
             ", ..." if len(long_lines) > 5 else ""
@@ -132,10 +135,9 @@ def _parse_lines(path: Path, handle: Any, size: int, notes: list[str]) -> list[_
             f" {bounded.amount(MAX_LINE_BYTES)} skipped (line {numbers}); their samples'"
             " conversations are NULL."
         )
-    return records
 
 
-def _record(path: Path, number: int, raw: bytes) -> _Record:
+def _record(path: Path, number: int, raw: bytes) -> dict[str, Any]:
     try:
         record = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -150,8 +152,7 @@ def _record(path: Path, number: int, raw: bytes) -> _Record:
         _bad_line(path, number, "no integer `sample_index`")
     if not isinstance(record.get("messages"), list):
         _bad_line(path, number, f"sample_index {index} has no `messages` list")
-    keys = {key: _kept(record[key]) for key in _MATCHED_KEYS if key in record}
-    return _Record(index, keys, _json_text(record["messages"]))
+    return record
 
 
 def _kept(value: Any) -> Any:
