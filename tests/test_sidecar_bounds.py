@@ -136,6 +136,31 @@ def test_a_16_gib_metrics_line_without_newline_is_skipped_once(tmp_path: Path) -
     ]
 
 
+META_NULL = "its run metadata is left NULL."
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (sparse, "is 8,589,934,592 bytes; a dashboard `meta.json` may be at most 1 MiB"),
+        (os.mkfifo, "is a FIFO (named pipe), not a regular file"),
+        (lambda path: path.symlink_to("/dev/zero"), "is a character device, not a regular file"),
+    ],
+    ids=["8-gib", "fifo", "dev-zero"],
+)
+def test_a_hostile_meta_json_is_one_warning_and_the_run_publishes(
+    tmp_path: Path, make: Any, problem: str
+) -> None:
+    dump, lake = copy_dump(tmp_path), tmp_path / "lake"
+    meta = dump / "dashboard" / "meta.json"
+    meta.parent.mkdir()
+    make(meta)
+    code, out, err = extract(dump, lake)
+    assert (code, out, err) == (0, summary(lake), [f"Warning: `{meta}` {problem}; {META_NULL}"])
+    assert landed(lake) == BASIC_STEPS
+    assert rows(lake, "SELECT run, start_ts, args_json FROM runs") == [("basic", None, None)]
+
+
 # --- manifests: one damaged-manifest line -----------------------------------------------------
 
 
