@@ -27,9 +27,9 @@ from tokenlake.read import trajectory
 
 pytestmark = pytest.mark.slow  # each test extracts a real fixture dump
 
-# The CLI imports pyarrow and DuckDB, which reserve ~1.5 GiB of address space between them;
-# 3 GiB leaves room for that and nothing near an 8 GiB file.
-MEMORY_LIMIT = 3 << 30
+# Writable memory (RLIMIT_DATA, see tests/limits.py): an extraction of `basic` needs ~200 MB,
+# reading one of the files whole would need 8 GiB.
+MEMORY_LIMIT = 1 << 30
 TIME_LIMIT = 180.0
 HUGE = 8 << 30
 BASIC_STEPS = [(0, False, 82), (0, True, 42), (1, False, 82)]
@@ -58,7 +58,7 @@ def extract(dump: Path, lake: Path, *extra: str) -> tuple[int, str, list[str]]:
 
 
 def cli(*args: str) -> tuple[int, str, list[str]]:
-    done = run_cli_limited(list(args), MEMORY_LIMIT, TIME_LIMIT)
+    done = run_cli_limited(list(args), MEMORY_LIMIT, TIME_LIMIT, "RLIMIT_DATA")
     out = re.sub(r" in \d+\.\d s ", " in T s ", done.stdout)
     return done.returncode, out, done.stderr.splitlines()
 

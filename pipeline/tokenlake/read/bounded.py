@@ -164,7 +164,8 @@ def loads(data: bytes | str, max_depth: int, **options: Any) -> Any:
 
 def json_depth(data: bytes, stop: int | None = None) -> int:
     """The deepest nesting of `[`/`{` in JSON text, brackets inside strings not counted; the
-    scan ends early once it passes `stop`. Vectorised: about 1 s per 100 MB.
+    scan ends early once it passes `stop`. Vectorised: ~60 MB/s, ~16 MB/s for text full of
+    backslashes (measured on a busy 2-core machine).
 
     Exact for valid JSON, and for any text up to where a JSON parser would stop, so a parser
     never nests deeper than this says.
