@@ -61,8 +61,8 @@ META_SCHEMA_VERSION = 1
 MAX_META_BYTES = 1 << 20  # meta.json is a few hundred bytes; anything past 1 MiB is not miles'
 MAX_META_DEPTH = 64  # miles' meta.json nests 2 levels
 MAX_LINE_BYTES = 1 << 20  # one tracking payload is a few KiB
-# Lines taken by one read: its rows (at most ~6 x these bytes in Arrow, for `"a":1` metrics;
-# ~1.5 x for real payloads) are written to the lake before the next read.
+# Lines taken by one read: its rows (at most ~6 x these bytes of memory, measured with
+# `"m1":1` metrics; ~3 x for real payloads) are written to the lake before the next read.
 MAX_READ_BYTES = 128 << 20
 BATCH_ROWS = 65536  # rows per Arrow batch: bounds the Python objects alive at once
 MAX_LINE_WARNINGS = 5  # per file; the rest is one "... more" line
