@@ -31,7 +31,14 @@ from typing import Any
 from tokenlake.errors import BoundedReadError, DumpNotFoundError, PipelineError
 from tokenlake.load.lake import is_url, process_alive, temporary_path
 from tokenlake.read import bounded
-from tokenlake.read.dump import DASHBOARD_DIR, ROLLOUT_DIR, TOKENIZER_DIR, TRAIN_DIR, TRAJECTORY_DIR
+from tokenlake.read.dump import (
+    DASHBOARD_DIR,
+    ROLLOUT_DIR,
+    TOKENIZER_DIR,
+    TOKENIZER_FILE,
+    TRAIN_DIR,
+    TRAJECTORY_DIR,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,12 +151,24 @@ def _update(
         target = root / name
         try:
             if known.get(name) != [size, mtime_ns] or not _same(target, size, mtime_ns):
-                placeholder = name.split("/", 1)[0] in PLACEHOLDER_DIRS
+                placeholder = name.split("/", 1)[0] in PLACEHOLDER_DIRS or _too_large(name, size)
                 _stage_one(fs, f"{base}/{name}", target, size, mtime_ns, placeholder)
             staged[name] = [size, mtime_ns]
         except (OSError, RemoteObjectError) as exc:  # e.g. a name both a file and a folder
             log.warning("`%s/%s` is not staged: %s", url, name, exc)
     return staged
+
+
+def _too_large(name: str, size: int) -> bool:
+    """A copied file larger than its reader's bound: staged as a placeholder (never
+    downloaded), which the reader refuses by its size with the usual line."""
+    from tokenlake.read import dashboard, vocab
+
+    limits = {
+        f"{TOKENIZER_DIR}/{TOKENIZER_FILE}": vocab.MAX_TOKENIZER_BYTES,
+        f"{DASHBOARD_DIR}/{dashboard.META_FILE}": dashboard.MAX_META_BYTES,
+    }
+    return size > limits.get(name, size)
 
 
 def _listing(fs: Any, base: str, url: str) -> dict[str, tuple[int, int]]:
