@@ -12,7 +12,7 @@ import pytest
 
 from tokenlake import schema
 from tokenlake.errors import UsageError
-from tokenlake.read import dashboard
+from tokenlake.read import bounded, dashboard
 from tokenlake.tools import synth, synth_dashboard
 
 NONE_META = {
@@ -73,7 +73,7 @@ def test_meta_in_miles_format(tmp_path):
         ),
         ("[1, 2]", "holds a JSON list, not an object"),
         (b"\xff\xfe\x00", "is not valid JSON"),
-        ("[" * 100_000 + "]" * 100_000, "is not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, "is nested more than 64 levels deep"),
     ],
 )
 def test_meta_malformed_is_one_warning(tmp_path, content, problem):
@@ -89,12 +89,13 @@ def test_meta_too_large_or_not_a_file(tmp_path, monkeypatch):
     path = _write(tmp_path, "meta.json", json.dumps({"args": {"x": "y" * 100}}))
     monkeypatch.setattr(dashboard, "MAX_META_BYTES", 50)
     assert dashboard.read_run_meta(tmp_path)[1] == [
-        f"`{path}` is larger than 50 bytes; its run metadata is left NULL."
+        f"`{path}` is 119 bytes; a dashboard `meta.json` may be at most 50 bytes;"
+        " its run metadata is left NULL."
     ]
     path.unlink()
     path.mkdir()
     assert dashboard.read_run_meta(tmp_path)[1] == [
-        f"`{path}` is not a regular file; its run metadata is left NULL."
+        f"`{path}` is a directory, not a regular file; its run metadata is left NULL."
     ]
 
 
@@ -247,7 +248,7 @@ def test_bad_lines_are_skipped_named_and_counted(tmp_path):
 def test_chunk_boundaries_do_not_change_the_result(tmp_path, monkeypatch, chunk):
     lines = [_line(step=i, metrics={"a": i, "b": -i}) for i in range(20)]
     path = _write(tmp_path, "metrics.jsonl", "".join(lines) + lines[0][:10])
-    monkeypatch.setattr(dashboard, "READ_CHUNK", chunk)
+    monkeypatch.setattr(bounded, "READ_CHUNK", chunk)
     read = dashboard.read_metrics(path)
     assert len(_rows(read)) == 40
     assert read.end_offset == sum(len(line) for line in lines)
@@ -255,7 +256,7 @@ def test_chunk_boundaries_do_not_change_the_result(tmp_path, monkeypatch, chunk)
 
 def test_oversize_line_is_refused_and_the_rest_read(tmp_path, monkeypatch):
     monkeypatch.setattr(dashboard, "MAX_LINE_BYTES", 100)
-    monkeypatch.setattr(dashboard, "READ_CHUNK", 32)
+    monkeypatch.setattr(bounded, "READ_CHUNK", 32)
     long_line = _line(metrics={f"m{i}": i for i in range(40)})
     path = _write(tmp_path, "metrics.jsonl", _line(step=1) + long_line + _line(step=2))
     read = dashboard.read_metrics(path)
@@ -267,7 +268,7 @@ def test_oversize_line_is_refused_and_the_rest_read(tmp_path, monkeypatch):
 
 def test_oversize_line_memory_is_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(dashboard, "MAX_LINE_BYTES", 1 << 16)
-    monkeypatch.setattr(dashboard, "READ_CHUNK", 1 << 16)
+    monkeypatch.setattr(bounded, "READ_CHUNK", 1 << 16)
     path = tmp_path / "metrics.jsonl"
     with open(path, "wb") as handle:
         handle.write(b'{"ts": 1, "metrics": {"x": "' + b"y" * (8 << 20) + b'"}}\n')

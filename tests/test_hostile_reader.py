@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tests.forge import BZIP2, DEFLATED, NATIVE, Member, Pickle, laughs, write_pt
+from tests.limits import run_limited
 from tokenlake.errors import DumpFileError
 from tokenlake.read import ptcheck, ptread, ptvector, ptzip
 
@@ -143,8 +144,6 @@ def test_genuine_numpy_objects_still_load(tmp_path: Path) -> None:
 def _limited_load(path: Path) -> subprocess.CompletedProcess[str]:
     """`ptread.load(path)` in a child limited to MEMORY_LIMIT bytes of address space."""
     code = (
-        "import resource, sys\n"
-        f"resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT}, {MEMORY_LIMIT}))\n"
         "from tokenlake.read import ptread\n"
         "from tokenlake.errors import PipelineError\n"
         "try:\n"
@@ -154,16 +153,7 @@ def _limited_load(path: Path) -> subprocess.CompletedProcess[str]:
         "else:\n"
         "    print('loaded', type(value).__name__)\n"
     )
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIME_LIMIT,
-        check=False,
-    )
+    return run_limited(code, MEMORY_LIMIT, TIME_LIMIT)
 
 
 def _bf16_tensors(count: int) -> Pickle:

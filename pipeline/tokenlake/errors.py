@@ -146,6 +146,21 @@ class SampleValueError(PipelineError):
         super().__init__(f"`{field}` {problem}")
 
 
+class BoundedReadError(PipelineError):
+    """A small file tokenlake reads whole (a sidecar, a manifest, a tags file) is not a regular
+    file, is larger than its stated limit, or holds JSON nested deeper than its limit; nothing
+    of it was used. `size` and `limit` are set when it is too large."""
+
+    def __init__(
+        self, path: Path | str, problem: str, *, size: int | None = None, limit: int | None = None
+    ) -> None:
+        self.path = str(path)
+        self.problem = problem
+        self.size = size
+        self.limit = limit
+        super().__init__(f"`{self.path}` {problem}")
+
+
 class LakeError(PipelineError):
     """The lake directory cannot be written or its content is inconsistent."""
 

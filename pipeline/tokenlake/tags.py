@@ -5,7 +5,9 @@ A tag is a (key, value) pair of strings that the user attaches to a run ("precis
 64 characters), so they are safe as SQL identifiers after quoting and as BI filter names;
 values are one line of at most 1,000 characters. `--meta FILE` is a JSON object (or a YAML
 mapping, when PyYAML is installed) of such keys; numbers and booleans are kept as their JSON
-text (`true`, `3`, `0.5`), null, lists and objects are refused. `--tag` overrides the file.
+text (`true`, `3`, `0.5`), null, lists and objects are refused; an integer longer than a value
+may be is refused before Python converts it (which it refuses past 4 300 digits), and so is
+JSON nested more than `MAX_META_DEPTH` levels. `--tag` overrides the file.
 
 Every problem is one `UsageError` line naming the tag or the file.
 """
@@ -19,11 +21,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tokenlake.errors import SHOWN_PATH_CHARS, UsageError, shown
+from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, UsageError, shown
+from tokenlake.read import bounded
 
 MAX_KEY_CHARS = 64
 MAX_VALUE_CHARS = 1000
 MAX_META_FILE_BYTES = 1 << 20
+MAX_META_DEPTH = 16  # a tags file is one flat object
 YAML_SUFFIXES = (".yaml", ".yml")
 _KEY = re.compile(rf"[A-Za-z_][A-Za-z0-9_.\-/]{{0,{MAX_KEY_CHARS - 1}}}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -107,6 +111,27 @@ def _value_text(value: Any, key: str, where: str) -> str:
     raise UsageError(f"{where}: value of `{name}` is a {kind}; give a string, number or boolean.")
 
 
+class _LongInteger(ValueError):
+    def __init__(self, digits: int) -> None:
+        super().__init__(
+            f"an integer of {digits:,} digits is longer than a tag value may be"
+            f" ({MAX_VALUE_CHARS} characters)"
+        )
+
+
+def _check_digits(text: str) -> str:
+    """An integer's text, refused when it could not be a tag value anyway."""
+    digits = len(text.lstrip("+-").replace("_", ""))
+    if digits > MAX_VALUE_CHARS:
+        raise _LongInteger(digits)
+    return text
+
+
+def _integer(text: str) -> int:
+    """`parse_int` of a JSON tags file."""
+    return int(_check_digits(text))
+
+
 def _parse_yaml(text: str, where: str) -> Any:
     try:
         import yaml
@@ -114,8 +139,19 @@ def _parse_yaml(text: str, where: str) -> Any:
         raise UsageError(
             f"{where}: reading YAML needs PyYAML (`pip install pyyaml`); or give the file as JSON."
         ) from None
+
+    class Loader(yaml.SafeLoader):  # safe_load's loader: plain data only, never objects
+        def construct_yaml_int(self, node: Any) -> Any:
+            _check_digits(str(self.construct_scalar(node)))
+            return super().construct_yaml_int(node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
     try:
-        return yaml.safe_load(text)  # safe_load builds plain data only, never objects
+        return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
+    except _LongInteger as exc:
+        raise UsageError(f"{where}: {exc}.") from None
+    except RecursionError:
+        raise UsageError(f"{where} is not valid YAML (nested too deeply).") from None
     except yaml.YAMLError as exc:
         raise UsageError(f"{where} is not valid YAML ({str(exc).splitlines()[0]}).") from None
 
@@ -124,8 +160,10 @@ def _parse_text(text: str, path: Path, where: str) -> Any:
     if path.suffix.lower() in YAML_SUFFIXES:
         return _parse_yaml(text, where)
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        return bounded.loads(text, MAX_META_DEPTH, parse_int=_integer)
+    except _LongInteger as exc:
+        raise UsageError(f"{where}: {exc}.") from None
+    except ValueError as exc:  # also JsonTooDeep: `nested more than 16 levels deep`
         raise UsageError(f"{where} is not valid JSON ({str(exc).splitlines()[0]}).") from None
 
 
@@ -141,9 +179,11 @@ def load_meta_file(path: Path | str) -> dict[str, str]:
     try:
         if not path.is_file():
             raise UsageError(f"{where} is not a file.")
-        if path.stat().st_size > MAX_META_FILE_BYTES:
-            raise UsageError(f"{where} is larger than {MAX_META_FILE_BYTES} bytes.")
-        text = path.read_text(encoding="utf-8")
+        text = bounded.read_file(path, MAX_META_FILE_BYTES, "a `--meta` file").decode("utf-8")
+    except BoundedReadError as exc:
+        if exc.limit is not None:
+            raise UsageError(f"{where} is larger than {exc.limit} bytes.") from None
+        raise UsageError(f"{where} {exc.problem}.") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{where} cannot be read ({exc}).") from None
     data = _parse_text(text, path, where)

@@ -45,7 +45,7 @@ class ExtractSummary:
     counts: dict[StepStatus, int] = field(default_factory=lambda: dict.fromkeys(StepStatus, 0))
     failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
     ignored_files: list[tuple[Path | str, str]] = field(default_factory=list)  # (path, why)
-    warnings: list[str] = field(default_factory=list)  # dashboard/ problems, one line each
+    warnings: list[str] = field(default_factory=list)  # sidecar problems, one line each
     seconds: float = 0.0
 
     @property
@@ -166,8 +166,10 @@ def drop_run(lake: LakeRoot, run: str) -> None:
     run's files are deleted, and the manifest last (so the run is still there to drop).
     """
     layout = lake_at(lake).require()
-    if not layout.exists(manifest_name(run)):
-        runs = ", ".join(f"`{name}`" for name in layout.manifest_runs()) or "none"
+    manifest_name(run)  # a bad run name is refused before anything is listed
+    listed = layout.manifest_runs()  # a damaged manifest too (a FIFO, a link): it is dropped
+    if run not in listed:
+        runs = ", ".join(f"`{name}`" for name in listed) or "none"
         raise LakeError(layout.location, f"has no run `{run}` (runs: {runs})")
     with layout.lock():
         layout.check_links(run)  # refused before anything is deleted
@@ -383,5 +385,6 @@ def _commit(
             record.steps[outcome.label] = previous
         raise _lake_failure(exc.path, exc.problem) from exc
     summary.steps.append(outcome.result)
+    summary.warnings.extend(outcome.result.warnings)
     summary.counts[outcome.status] += 1
     reporter.done(outcome.result)

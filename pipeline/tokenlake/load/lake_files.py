@@ -14,10 +14,10 @@ from typing import Any
 import pyarrow as pa
 
 from tokenlake import __version__, schema, tags
-from tokenlake.errors import SHOWN_PATH_CHARS, DumpFormatError, LakeError, shown
+from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, DumpFormatError, LakeError, shown
 from tokenlake.load import manifest, write
 from tokenlake.load.lake import LakeRoot, crash_point, lake_at, new_name
-from tokenlake.read import dashboard
+from tokenlake.read import bounded, dashboard
 from tokenlake.read.dump import Dump
 from tokenlake.read.remote_dump import local_root, shown_path, urls_in
 
@@ -140,9 +140,9 @@ def tag_run(
 def _head(path: Path, offset: int) -> str:
     """blake2b of the first `min(offset, HEAD_BYTES)` bytes of a metrics stream."""
     try:
-        with open(path, "rb") as handle:
+        with bounded.open_regular(path) as handle:
             return hashlib.blake2b(handle.read(min(offset, HEAD_BYTES)), digest_size=16).hexdigest()
-    except OSError:
+    except (OSError, BoundedReadError):
         return ""
 
 
@@ -158,7 +158,8 @@ def _rewritten(record: manifest.RunManifest, files: dict[str, Path]) -> list[str
 def refresh_metrics(lake: LakeRoot, record: manifest.RunManifest) -> tuple[bool, list[str]]:
     """Read the lines the dump's metrics streams gained since the last extraction.
 
-    New rows go into one new `metrics` file listed in `record`; the offsets move on (a
+    New rows go into new `metrics` files listed in `record`, one per
+    `dashboard.MAX_READ_BYTES` of lines (so memory stays bounded); the offsets move on (a
     half-written last line waits for later). A stream that shrank, was rewritten or removed
     makes every stream read again from byte 0 (the old files are then unlisted).
 
@@ -173,26 +174,36 @@ def refresh_metrics(lake: LakeRoot, record: manifest.RunManifest) -> tuple[bool,
         " since it was read; the run's metrics are read again from the start."
         for name in gone
     ]
-    starts = {} if gone else {n: s.offset for n, s in record.metrics_sources.items()}
-    read = dashboard.read_metrics(root, starts)
-    if read.restarted and not gone:  # a stream shrank: nothing read before can be trusted
-        gone, read = read.restarted, dashboard.read_metrics(root, {})
-    warnings += read.warnings
-    if read.skipped:
-        warnings.append(
-            f"`{shown(Dump(root).dashboard_dir, SHOWN_PATH_CHARS)}`: {read.skipped} non-numeric"
-            " metric values skipped (strings, null, lists, objects)."
-        )
-    sources = {
-        name: manifest.MetricsSource(offset, _head(files[name], offset))
-        for name, offset in read.offsets.items()
-    }
-    changed = bool(gone and record.metrics_files) or sources != record.metrics_sources
+    sources = {} if gone else dict(record.metrics_sources)
+    changed, skipped = bool(gone and record.metrics_files), 0
     if gone:
         record.metrics_files = []
-    if read.table.num_rows:
-        record.metrics_files.append(_write_metrics(lake, record, read.table))
-        changed = True
+    while True:
+        starts = {name: source.offset for name, source in sources.items()}
+        long_lines = {name for name, source in sources.items() if source.inside_long}
+        read = dashboard.read_metrics(root, starts, long_lines)
+        if read.restarted:  # a stream shrank: nothing read before can be trusted
+            changed, record.metrics_files = changed or bool(record.metrics_files), []
+            read = dashboard.read_metrics(root, {})
+        warnings += read.warnings
+        skipped += read.skipped
+        sources = {
+            name: manifest.MetricsSource(
+                offset, _head(files[name], offset), name in read.inside_long
+            )
+            for name, offset in read.offsets.items()
+        }
+        if read.table.num_rows:
+            record.metrics_files.append(_write_metrics(lake, record, read.table))
+            changed = True
+        if not read.more:
+            break
+    if skipped:
+        warnings.append(
+            f"`{shown(Dump(root).dashboard_dir, SHOWN_PATH_CHARS)}`: {skipped} non-numeric"
+            " metric values skipped (strings, null, lists, objects)."
+        )
+    changed = changed or sources != record.metrics_sources
     record.metrics_sources = sources
     if len(record.metrics_files) > MAX_METRICS_FILES:
         record.metrics_files = [_merge_metrics(lake, record)]

@@ -36,6 +36,7 @@ from tokenlake.load.lake import (
     process_alive,
     temporary_owner,
 )
+from tokenlake.read import bounded
 
 if TYPE_CHECKING:
     from tokenlake.load.manifest import RunManifest
@@ -80,8 +81,13 @@ class Lake:
     def exists(self, relative: str) -> bool:
         return self.file(relative).is_file()
 
-    def read_bytes(self, relative: str) -> bytes:
+    def read_bytes(self, relative: str, limit: int | None = None, what: str = "a file") -> bytes:
+        """A lake file's bytes; with `limit`, only a regular file tokenlake wrote (no symbolic
+        link, FIFO or device) of at most `limit` bytes (`what` names it), else a
+        BoundedReadError."""
         path = self.file(relative)
+        if limit is not None:
+            return bounded.read_file(path, limit, what, follow=False)
         try:
             return path.read_bytes()
         except OSError as exc:

@@ -11,14 +11,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenlake import schema
-from tokenlake.errors import SHOWN_PATH_CHARS, DamagedManifestError, LakeError, shown
+from tokenlake.errors import (
+    SHOWN_PATH_CHARS,
+    BoundedReadError,
+    DamagedManifestError,
+    LakeError,
+    shown,
+)
 from tokenlake.load.lake import MANIFEST_DIR as MANIFEST_DIR
 from tokenlake.load.lake import LakeRoot, check_listed, lake_at, manifest_name
+from tokenlake.read import bounded
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -26,6 +34,11 @@ if TYPE_CHECKING:
     from tokenlake.read.dump import StepFiles
 
 MANIFEST_VERSION = 1
+# A manifest is ~250 bytes per step: 64 MiB holds ~250 000 steps, more than any run has.
+MAX_MANIFEST_BYTES = 64 * bounded.MiB
+MAX_MANIFEST_DEPTH = 16  # a manifest nests 4 levels (run, steps, step, sources)
+MAX_MANIFEST_INT_DIGITS = 20  # every integer in a manifest fits int64 (19 digits and a sign)
+_WHAT = "a run manifest"
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,8 @@ class MetricsSource:
 
     offset: int
     head: str
+    # The offset lies inside a line skipped as too long (no newline yet): skip on to it.
+    inside_long: bool = False
 
 
 @dataclass
@@ -113,7 +128,7 @@ def load_manifest(lake: LakeRoot, run: str) -> RunManifest | None:
     name = manifest_name(run)
     if not layout.exists(name):
         return None
-    return parse_manifest(layout.url(name), layout.read_bytes(name))
+    return _load(layout.url(name), lambda: layout.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
 
 
 def load_all(lake: LakeRoot) -> list[RunManifest]:
@@ -125,7 +140,19 @@ def load_listed(lake: LakeRoot, run: str) -> RunManifest:
     """A manifest `manifest_runs` listed (a hand-made bad file name fails in parsing)."""
     layout = lake_at(lake)
     name = f"{MANIFEST_DIR}/{run}.json"
-    return parse_manifest(layout.url(name), layout.read_bytes(name))
+    return _load(layout.url(name), lambda: layout.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
+
+
+def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
+    """Parse what `read` returns; a file that is not a regular file, or too large, is a
+    damaged manifest."""
+    try:
+        raw = read()
+    except BoundedReadError as exc:
+        if exc.problem.startswith("cannot be read"):
+            raise LakeError(where, exc.problem) from exc
+        raise DamagedManifestError(where, f"it {exc.problem}") from exc
+    return parse_manifest(where, raw)
 
 
 def save_manifest(lake: LakeRoot, manifest: RunManifest) -> None:
@@ -139,25 +166,41 @@ def save_manifest(lake: LakeRoot, manifest: RunManifest) -> None:
 
 def read_manifest(path: Path) -> RunManifest:
     """One manifest file; a damaged one is a DamagedManifestError naming what is wrong."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise LakeError(path, f"cannot be read ({exc.strerror or exc})") from exc
-    return parse_manifest(str(path), data)
+    return _load(
+        str(path), lambda: bounded.read_file(path, MAX_MANIFEST_BYTES, _WHAT, follow=False)
+    )
+
+
+class _LongInteger(ValueError):
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+        super().__init__(f"it holds an integer of {digits:,} digits")
+
+
+def _manifest_int(text: str) -> int:
+    """`parse_int` of a manifest: Python refuses more than 4 300 digits with a ValueError
+    that advises `sys.set_int_max_str_digits`; no manifest integer has more than 20."""
+    if len(text) > MAX_MANIFEST_INT_DIGITS:
+        raise _LongInteger(len(text.lstrip("-")))
+    return int(text)
 
 
 def parse_manifest(where: str, raw: bytes) -> RunManifest:
     """A manifest's bytes (`where` names it in messages)."""
     path = Path(where)
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = bounded.loads(raw.decode("utf-8"), MAX_MANIFEST_DEPTH, parse_int=_manifest_int)
+    except bounded.JsonTooDeep as exc:
+        raise DamagedManifestError(where, f"it is {exc}") from exc
+    except _LongInteger as exc:
+        raise DamagedManifestError(where, str(exc)) from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DamagedManifestError(where, f"it is not JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise DamagedManifestError(where, "it is not a JSON object")
     if data.get("version") != MANIFEST_VERSION:
         raise LakeError(
-            where, f"manifest version {data.get('version')!r} is not {MANIFEST_VERSION}"
+            where, f"manifest version {shown(data.get('version'))} is not {MANIFEST_VERSION}"
         )
     try:
         return _from_json(path, data)

@@ -40,6 +40,7 @@ from tokenlake.load.lake import (
     check_relative,
     is_data_file,
 )
+from tokenlake.read import bounded
 
 if TYPE_CHECKING:
     from tokenlake.load.manifest import RunManifest
@@ -102,9 +103,21 @@ class ObjectLake:
         except OSError as exc:
             raise self._error(relative, "cannot be read", exc) from exc
 
-    def read_bytes(self, relative: str) -> bytes:
+    def read_bytes(self, relative: str, limit: int | None = None, what: str = "a file") -> bytes:
+        """An object's bytes; with `limit`, at most `limit` bytes (`what` names the object),
+        else a BoundedReadError (its size is asked first, and at most `limit` + 1 bytes are
+        fetched in case it grew)."""
+        key = self.key(relative)
         try:
-            return bytes(self.fs.cat_file(self.key(relative)))
+            if limit is None:
+                return bytes(self.fs.cat_file(key))
+            size = int(self.fs.size(key))
+            if size > limit:
+                raise bounded.too_large(self.url(relative), size, limit, what)
+            data = bytes(self.fs.cat_file(key, start=0, end=limit + 1))
+            if len(data) > limit:
+                raise bounded.too_large(self.url(relative), len(data), limit, what)
+            return data
         except FileNotFoundError as exc:
             raise LakeError(self.url(relative), "does not exist") from exc
         except OSError as exc:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import LakeError
 from tokenlake.load.lake import LOCK_FILE, MANIFEST_DIR, process_alive
+from tokenlake.read import bounded
 
 if TYPE_CHECKING:
     from tokenlake.load.object_lake import ObjectLake
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 # How long a writer's lock holds without renewal; renewed every third of it.
 LEASE_SECONDS_VARIABLE = "TOKENLAKE_LOCK_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0
+MAX_LOCK_BYTES = 64 << 10  # a lock object is ~200 bytes of JSON
 
 
 def lease_seconds() -> float:
@@ -118,15 +120,23 @@ class _LeaseLock:
         self.lake.fs.invalidate_cache()
         return dict(self.lake.fs.info(self.key))
 
+    def _held(self) -> Any:
+        """The lock object's JSON; one larger than `MAX_LOCK_BYTES` (ours are ~200 bytes) or
+        nested past 8 levels is a ValueError, as unreadable JSON is."""
+        size = int(self.lake.fs.size(self.key))
+        if size > MAX_LOCK_BYTES:
+            raise ValueError(f"it is {size:,} bytes, more than {MAX_LOCK_BYTES:,}")
+        return bounded.loads(self.lake.fs.cat_file(self.key, start=0, end=MAX_LOCK_BYTES + 1), 8)
+
     def _take_over_if_stale(self) -> None:
+        info: dict[str, Any] = {}
         try:
             info = self._info()
-            held = json.loads(self.lake.fs.cat_file(self.key))
+            held = self._held()
         except FileNotFoundError:  # released meanwhile: try once more from the start
             return self.acquire()
-        except (OSError, ValueError) as exc:
-            held = {"holder": f"an unreadable lock ({exc})", "expires": 0}
-            info = {"ETag": None}
+        except (OSError, ValueError) as exc:  # its ETag (if known) still guards the take-over
+            held = {"holder": f"an unreadable lock ({str(exc)[:200]})", "expires": 0}
         if not isinstance(held, dict):
             held = {"holder": "an unreadable lock", "expires": 0}
         expires = float(held.get("expires", 0) or 0)
@@ -139,6 +149,8 @@ class _LeaseLock:
                 f" until {until}); wait for it to finish",
             )
         try:  # only one of several takers can match the stale lock's ETag
+            if not info.get("ETag"):
+                raise OSError("its ETag cannot be read")
             self.lake.fs.pipe_file(self.key, self._body(), IfMatch=info["ETag"])
         except (OSError, TypeError) as exc:
             raise LakeError(
@@ -178,7 +190,7 @@ class _LeaseLock:
         if self.lost is not None:
             return
         try:  # delete only our own lock
-            held = json.loads(self.lake.fs.cat_file(self.key))
+            held = self._held()
             if isinstance(held, dict) and held.get("token") == self.token:
                 self.lake.fs.rm_file(self.key)
         except (OSError, ValueError) as exc:

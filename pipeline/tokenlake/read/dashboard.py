@@ -24,7 +24,13 @@ A line is refused whole (counted in `bad_lines`, the first few named in `warning
 offset) when it is not a JSON object, is longer than `MAX_LINE_BYTES`, or its `ts` (finite,
 1970..9999), `step_key` (string or null), `step` (int64 or null) or `metrics` (object) has
 the wrong type. A half-written last line (no newline yet) is not an error: it is left for a
-later read, and the offsets returned point just after the last complete line.
+later read, and the offsets returned point just after the last complete line; once it is
+longer than `MAX_LINE_BYTES` it is skipped (one warning) and the offset moves past it, so it is
+never read again (`MetricsRead.inside_long`: the rest of it, up to its newline, is skipped too).
+One read takes at most `MAX_READ_BYTES` of lines; the caller reads on from the offsets.
+
+Text that UTF-8 cannot hold (a lone surrogate `\\udcff` escape in a metric name, a `step_key`
+or meta.json) is stored with U+FFFD in its place, as everywhere in tokenlake.
 """
 
 from __future__ import annotations
@@ -32,18 +38,20 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from tokenlake import schema
-from tokenlake.errors import SHOWN_PATH_CHARS, UsageError, shown
+from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, UsageError, shown
+from tokenlake.read import bounded
 from tokenlake.read.dump import Dump
+from tokenlake.read.jsontext import clean_text
 
 META_FILE = "meta.json"
 METRICS_FILE = "metrics.jsonl"
@@ -51,8 +59,11 @@ METRICS_PARTITION_DIR = "metrics"
 META_SCHEMA_VERSION = 1
 
 MAX_META_BYTES = 1 << 20  # meta.json is a few hundred bytes; anything past 1 MiB is not miles'
+MAX_META_DEPTH = 64  # miles' meta.json nests 2 levels
 MAX_LINE_BYTES = 1 << 20  # one tracking payload is a few KiB
-READ_CHUNK = 1 << 20
+# Lines taken by one read: its rows (at most ~6 x these bytes of memory, measured with
+# `"m1":1` metrics; ~3 x for real payloads) are written to the lake before the next read.
+MAX_READ_BYTES = 128 << 20
 BATCH_ROWS = 65536  # rows per Arrow batch: bounds the Python objects alive at once
 MAX_LINE_WARNINGS = 5  # per file; the rest is one "... more" line
 MAX_TS = 253402300800.0  # 10000-01-01: past it a timestamp does not fit TIMESTAMPTZ readers
@@ -81,15 +92,17 @@ def _empty_meta() -> dict[str, Any]:
 
 def _load_meta(path: Path) -> tuple[Any, str | None]:
     """The parsed JSON of meta.json, or the reason it cannot be read."""
-    if not path.is_file():
-        return None, "is not a regular file"
     try:
-        with open(path, "rb") as handle:
-            text = handle.read(MAX_META_BYTES + 1)  # bounded even if it grows meanwhile
-        if len(text) > MAX_META_BYTES:
-            return None, f"is larger than {MAX_META_BYTES} bytes"
-        return json.loads(text, parse_float=_finite_float, parse_constant=_no_constant), None
-    except (OSError, ValueError, RecursionError) as exc:
+        text = bounded.read_file(path, MAX_META_BYTES, "a dashboard `meta.json`")
+    except BoundedReadError as exc:
+        return None, exc.problem
+    try:
+        return bounded.loads(
+            text, MAX_META_DEPTH, parse_float=_finite_float, parse_constant=_no_constant
+        ), None
+    except bounded.JsonTooDeep as exc:
+        return None, f"is {exc}"
+    except ValueError as exc:
         return None, f"is not valid JSON ({str(exc).splitlines()[0][:120]})"
 
 
@@ -152,9 +165,9 @@ def _fill_meta(meta: dict[str, Any], data: dict[str, Any], path: Path) -> list[s
         if value is not None and not isinstance(value, str):
             problems.append(f"`args.{name}` is not a string; left NULL")
             value = None
-        meta[name] = value
+        meta[name] = None if value is None else clean_text(value)
     if "args" in data and isinstance(data["args"], dict):
-        meta[schema.ARGS_JSON] = json.dumps(args, sort_keys=True, ensure_ascii=False)
+        meta[schema.ARGS_JSON] = clean_text(json.dumps(args, sort_keys=True, ensure_ascii=False))
     return [f"`{shown(path, SHOWN_PATH_CHARS)}`: {problem}." for problem in problems]
 
 
@@ -177,6 +190,10 @@ class MetricsRead:
         restarted: Files that were shorter than the offset given, so read from byte 0 again
             (the file was replaced; rows read from it before must be dropped).
         warnings: One line per problem, naming the file and byte offset.
+        inside_long: Files whose offset lies inside a line skipped as too long (no newline
+            yet): pass them back as `inside_long` so that its rest is skipped too.
+        more: Files that hold complete lines past their offset that this read left for the
+            next (`MAX_READ_BYTES`).
     """
 
     table: pa.Table
@@ -185,6 +202,8 @@ class MetricsRead:
     offsets: dict[str, int] = field(default_factory=dict)
     restarted: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    inside_long: set[str] = field(default_factory=set)
+    more: set[str] = field(default_factory=set)
 
     @property
     def end_offset(self) -> int:
@@ -211,33 +230,6 @@ def metrics_files(dump_root: Path | str) -> dict[str, Path]:
     return found
 
 
-def _complete_lines(
-    handle: BinaryIO, start: int, size: int
-) -> Iterator[tuple[int, int, bytes | None]]:
-    """(line start, offset after its newline, line) of each complete line in [start, size).
-
-    The line is None when it is longer than `MAX_LINE_BYTES`: it is skipped chunk by chunk,
-    never buffered, so memory stays below `READ_CHUNK + MAX_LINE_BYTES` whatever the file
-    holds. A trailing piece without a newline is not yielded (its writer is not done).
-    """
-    handle.seek(start)
-    buffer, buffer_offset, line_start, oversize, position = b"", start, start, False, start
-    while position < size:
-        chunk = handle.read(min(READ_CHUNK, size - position))
-        if not chunk:
-            break
-        position += len(chunk)
-        buffer += chunk
-        cursor = 0  # an index, not re-slicing per line: slicing would copy the chunk per line
-        while (newline := buffer.find(b"\n", cursor)) >= 0:
-            end = buffer_offset + newline + 1
-            yield line_start, end, None if oversize else buffer[cursor:newline]
-            cursor, line_start, oversize = newline + 1, end, False
-        buffer, buffer_offset = buffer[cursor:], buffer_offset + cursor
-        if len(buffer) > MAX_LINE_BYTES:
-            buffer, buffer_offset, oversize = b"", buffer_offset + len(buffer), True
-
-
 class _Columns:
     """The rows read so far: Python lists, turned into Arrow every `BATCH_ROWS` rows."""
 
@@ -255,14 +247,16 @@ class _Columns:
     def add(self, record: dict[str, Any]) -> int:
         """Append the numeric values of one validated record; returns the count skipped."""
         skipped = 0
+        key = record.get("step_key")  # absent is null, as `_record_problem` allows
+        key = None if key is None else clean_text(key)
         for name, raw in record["metrics"].items():
             value = _as_double(raw)
             if value is None:
                 skipped += 1
                 continue
-            self.step_key.append(record["step_key"])
-            self.step.append(record["step"])
-            self.metric.append(name)
+            self.step_key.append(key)
+            self.step.append(record.get("step"))
+            self.metric.append(clean_text(name))
             self.value.append(value)
             self.ts.append(record["ts"])
         if len(self.metric) >= BATCH_ROWS:
@@ -336,13 +330,13 @@ def _take_line(line: bytes | None, columns: _Columns, out: MetricsRead) -> str |
     return problem
 
 
-def _read_file(path: Path, name: str, start: int, columns: _Columns, out: MetricsRead) -> None:
-    """Read the complete lines of one metrics file from byte `start` on."""
-    bad: list[str] = []
-    end = start
-    where = shown(path, SHOWN_PATH_CHARS)
+def _read_file(path: Path, name: str, start: int, budget: int, state: _Reading) -> int:
+    """Read the complete lines of one metrics file from byte `start` on, at most `budget`
+    bytes of them; returns how many bytes were consumed."""
+    out, bad, where = state.out, [], shown(path, SHOWN_PATH_CHARS)
+    end, resumed = start, name in state.inside_long
     try:
-        with open(path, "rb") as handle:
+        with bounded.open_regular(path) as handle:
             size = os.fstat(handle.fileno()).st_size  # lines appended meanwhile wait for later
             if start > size:
                 out.warnings.append(
@@ -351,11 +345,23 @@ def _read_file(path: Path, name: str, start: int, columns: _Columns, out: Metric
                 )
                 out.restarted.append(name)
                 start = end = 0
-            for line_start, line_end, line in _complete_lines(handle, start, size):
-                end = line_end
-                problem = _take_line(line, columns, out)
+                resumed = False
+            stop = min(size, start + budget)
+            for line in bounded.lines(handle, start, stop, MAX_LINE_BYTES, inside_long=resumed):
+                if line.text is not None and not line.complete:
+                    break  # not written to its end yet (or cut by the budget): a later read
+                end = line.end
+                if line.text is None and not line.complete:
+                    out.inside_long.add(name)  # its rest, when written, is skipped too
+                if line.text is None and line.start == start and resumed:
+                    continue  # the rest of a line already reported
+                problem = _take_line(line.text, state.columns, out)
                 if problem:
-                    bad.append(f"`{where}` at byte {line_start}: {problem}; line skipped.")
+                    bad.append(f"`{where}` at byte {line.start}: {problem}; line skipped.")
+            if end < size and stop < size:
+                out.more.add(name)
+    except BoundedReadError as exc:
+        out.warnings.append(f"`{where}` {exc.problem}; skipped.")
     except OSError as exc:
         out.warnings.append(f"`{where}` cannot be read ({exc.strerror}); skipped.")
     out.offsets[name] = end
@@ -363,9 +369,24 @@ def _read_file(path: Path, name: str, start: int, columns: _Columns, out: Metric
     out.warnings.extend(bad[:MAX_LINE_WARNINGS])
     if len(bad) > MAX_LINE_WARNINGS:
         out.warnings.append(f"`{where}`: {len(bad) - MAX_LINE_WARNINGS} more bad lines skipped.")
+    return max(0, end - start)
 
 
-def read_metrics(source: Path | str, start_offset: int | Mapping[str, int] = 0) -> MetricsRead:
+@dataclass
+class _Reading:
+    """One `read_metrics` call: its rows, its result, and the files it resumes inside a long
+    line."""
+
+    columns: _Columns
+    out: MetricsRead
+    inside_long: Container[str]
+
+
+def read_metrics(
+    source: Path | str,
+    start_offset: int | Mapping[str, int] = 0,
+    inside_long: Container[str] = (),
+) -> MetricsRead:
     """The logged metrics of a dump (or of one metrics file) in long format.
 
     Args:
@@ -374,6 +395,7 @@ def read_metrics(source: Path | str, start_offset: int | Mapping[str, int] = 0) 
         start_offset: Where to resume: for a file, a byte offset; for a dump directory, a
             mapping from names under `dashboard/` to offsets (`MetricsRead.offsets` of the
             previous read; files not in it are read from the start).
+        inside_long: `MetricsRead.inside_long` of the previous read.
 
     Returns:
         A `MetricsRead`; an absent source gives an empty table and no warning.
@@ -397,8 +419,16 @@ def read_metrics(source: Path | str, start_offset: int | Mapping[str, int] = 0) 
     else:
         files = {source.name: source} if source.is_file() else {}
         starts = {source.name: start_offset if isinstance(start_offset, int) else 0}
-    columns, out = _Columns(), MetricsRead(table=schema.METRICS_SCHEMA.empty_table())
+    state = _Reading(_Columns(), MetricsRead(schema.METRICS_SCHEMA.empty_table()), inside_long)
+    budget = MAX_READ_BYTES
     for name, path in files.items():
-        _read_file(path, name, max(0, starts.get(name, 0)), columns, out)
-    out.table = columns.table()
-    return out
+        start = max(0, starts.get(name, 0))
+        if budget <= 0:  # the next read goes on from here
+            state.out.offsets[name] = start
+            state.out.more.add(name)
+            if name in inside_long:
+                state.out.inside_long.add(name)
+            continue
+        budget -= _read_file(path, name, start, budget, state)
+    state.out.table = state.columns.table()
+    return state.out

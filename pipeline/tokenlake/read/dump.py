@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import logging
 import re
-import stat
 from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tokenlake.errors import DumpFileError, DumpFormatError, DumpNotFoundError, UsageError, shown
-from tokenlake.read import ptread, train_checks
+from tokenlake.read import bounded, ptread, train_checks
 from tokenlake.read.values import INT64_MAX
 
 log = logging.getLogger(__name__)
@@ -214,19 +213,9 @@ def _not_a_dump_file(
 def _file_kind(path: Path) -> str | None:
     """`a FIFO`, `a directory`, ... for anything but a regular file (following links)."""
     try:
-        mode = path.stat().st_mode
+        return bounded.kind_of(path.stat().st_mode)
     except OSError as exc:
         return f"unreadable ({exc.strerror or exc})"
-    for test, kind in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return kind
-    return None if stat.S_ISREG(mode) else "not a regular file"
 
 
 def _refuse_duplicate(earlier: StepFiles | Path | None, path: Path, what: str = "step") -> None:

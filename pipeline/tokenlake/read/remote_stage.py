@@ -35,9 +35,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tokenlake.errors import DumpNotFoundError, PipelineError
+from tokenlake.errors import BoundedReadError, DumpNotFoundError, PipelineError
 from tokenlake.load.lake import is_url, process_alive, temporary_path
-from tokenlake.read.dump import DASHBOARD_DIR, ROLLOUT_DIR, TOKENIZER_DIR, TRAIN_DIR, TRAJECTORY_DIR
+from tokenlake.read import bounded
+from tokenlake.read.dump import (
+    DASHBOARD_DIR,
+    ROLLOUT_DIR,
+    TOKENIZER_DIR,
+    TOKENIZER_FILE,
+    TRAIN_DIR,
+    TRAJECTORY_DIR,
+)
 from tokenlake.read.private_cache import (
     CACHE_VARIABLE,
     foreign_entry,
@@ -48,6 +56,7 @@ from tokenlake.read.private_cache import (
 log = logging.getLogger(__name__)
 
 STATE_FILE = ".tokenlake-remote.json"  # in the stage root: the URL and what was staged
+MAX_STATE_BYTES = 64 << 20  # ~100 bytes per staged object
 PLACEHOLDER_DIRS = (ROLLOUT_DIR, TRAIN_DIR, TRAJECTORY_DIR)  # read per step, downloaded then
 COPIED_DIRS = (TOKENIZER_DIR, DASHBOARD_DIR)  # read by the driver: downloaded whole
 _PRIVATE_PREFIX = ".tokenlake-"  # temporaries and private download folders
@@ -184,12 +193,24 @@ def _update(
         try:
             if known.get(name) != [size, mtime_ns] or not _same(target, size, mtime_ns):
                 make_folders(root, Path(name).parent)
-                placeholder = name.split("/", 1)[0] in PLACEHOLDER_DIRS
+                placeholder = name.split("/", 1)[0] in PLACEHOLDER_DIRS or _too_large(name, size)
                 _stage_one(fs, f"{base}/{name}", target, size, mtime_ns, placeholder)
             staged[name] = [size, mtime_ns]
         except (OSError, RemoteObjectError) as exc:  # e.g. a name both a file and a folder
             log.warning("`%s/%s` is not staged: %s", url, name, exc)
     return staged
+
+
+def _too_large(name: str, size: int) -> bool:
+    """A copied file larger than its reader's bound: staged as a placeholder (never
+    downloaded), which the reader refuses by its size with the usual line."""
+    from tokenlake.read import dashboard, vocab
+
+    limits = {
+        f"{TOKENIZER_DIR}/{TOKENIZER_FILE}": vocab.MAX_TOKENIZER_BYTES,
+        f"{DASHBOARD_DIR}/{dashboard.META_FILE}": dashboard.MAX_META_BYTES,
+    }
+    return size > limits.get(name, size)
 
 
 def _listing(fs: Any, base: str, url: str) -> dict[str, tuple[int, int]]:
@@ -279,10 +300,11 @@ def _remove_unlisted(root: Path, listed: set[str]) -> None:
 
 def _load_state(root: Path, url: str) -> dict[str, list[int]]:
     try:
-        state = json.loads((root / STATE_FILE).read_text())
+        raw = bounded.read_file(root / STATE_FILE, MAX_STATE_BYTES, "a stage state", follow=False)
+        state = bounded.loads(raw, 8)
         files = state["files"] if state.get("url") == url else {}
         return {str(k): list(v) for k, v in files.items()}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (BoundedReadError, ValueError, TypeError, KeyError, AttributeError):
         return {}  # a missing or damaged state only costs downloads
 
 

@@ -11,20 +11,47 @@ it there. An ambiguous line, or one no sample fits, is left out (NULL), never gu
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 
-from tokenlake.errors import DumpFormatError
+from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, DumpFormatError, shown
+from tokenlake.read import bounded
 
 # Keys a line shares with its sample; a key the line lacks does not constrain the match.
 _MATCHED_KEYS = ("group_index", "status", "reward", "prompt")
+# One sample's conversation: the longest contexts (1M tokens) are ~4 MB of text.
+MAX_LINE_BYTES = 16 * bounded.MiB
+# A step's conversations: 4096 samples of 256 KB each (a long agentic trace with tool output).
+MAX_FILE_BYTES = 1 << 30
 
 
-def messages_by_position(path: Path | None, samples: list[dict[str, Any]]) -> list[str | None]:
+@dataclass(frozen=True)
+class _Record:
+    """What is kept of a line: its index, the values it is matched on (containers as their
+    JSON text, so a line costs about its size in memory) and its conversation as JSON text."""
+
+    index: int
+    keys: dict[str, Any]
+    messages: str
+
+
+class _JsonText(str):
+    """A matched value that is a list or an object, kept as its JSON text (keys sorted)."""
+
+
+def messages_by_position(
+    path: Path | None, samples: list[dict[str, Any]], warnings: list[str] | None = None
+) -> list[str | None]:
     """Each sample's conversation as JSON text, or None (no line for it, ambiguous, no file).
+
+    A file larger than `MAX_FILE_BYTES` or not a regular file is not read, and a line longer
+    than `MAX_LINE_BYTES` is skipped: one line each in `warnings`, the step still lands.
 
     Examples:
         >>> import tempfile
@@ -34,49 +61,105 @@ def messages_by_position(path: Path | None, samples: list[dict[str, Any]]) -> li
         ...     messages_by_position(p, [{"index": 4}, {"index": 5}])
         [None, '[{"role": "user"}]']
     """
+    out: list[str | None] = [None] * len(samples)
     if path is None:
-        return [None] * len(samples)
-    lines: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for record in read_records(path):
-        lines[record["sample_index"]].append(record)
+        return out
     positions: dict[int, list[int]] = defaultdict(list)
     for position, sample in enumerate(samples):
         index = sample.get("index")
         if isinstance(index, int | np.integer) and not isinstance(index, bool | np.bool_):
             positions[int(index)].append(position)
-    out: list[str | None] = [None] * len(samples)
-    for index, records in lines.items():
-        candidates = positions.get(index, [])
-        fits = [[_fits(r, samples[p]) for p in candidates] for r in records]
+    for index, records in _records_by_index(path, positions, warnings).items():
+        candidates = positions[index]
+        fits = [[_fits(r.keys, samples[p]) for p in candidates] for r in records]
         for line, slot in enumerate(forced_slots(fits)):
             if slot is not None:
-                out[candidates[slot]] = _json_text(records[line]["messages"])
+                out[candidates[slot]] = records[line].messages
     return out
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The file's records; a line that is not UTF-8 JSON with an integer `sample_index` and a
-    `messages` list fails the step with one line naming the file and the line."""
-    records = []
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        if not raw.strip():
+def _records_by_index(
+    path: Path, positions: dict[int, list[int]], warnings: list[str] | None
+) -> dict[int, list[_Record]]:
+    """The lines that may go to a sample, by index. A line for an index no sample has is
+    dropped at once, and so are all lines of an index with more lines than samples (no
+    assignment exists), so at most one line per sample is kept."""
+    kept: dict[int, list[_Record]] = defaultdict(list)
+    overfull: set[int] = set()
+    for line in read_records(path, warnings):
+        index = line["sample_index"]
+        if index not in positions or index in overfull:
             continue
-        try:
-            record = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            why = f"byte {exc.start + 1} of the line is not UTF-8"
-            _bad_line(path, number, f"{_index_hint(raw)}{why}")
-        except RecursionError:
-            _bad_line(path, number, "JSON nested too deeply to read")
-        except ValueError as exc:
-            _bad_line(path, number, str(exc))
-        index = record.get("sample_index") if isinstance(record, dict) else None
-        if not isinstance(index, int) or isinstance(index, bool):
-            _bad_line(path, number, "no integer `sample_index`")
-        if not isinstance(record.get("messages"), list):
-            _bad_line(path, number, f"sample_index {index} has no `messages` list")
-        records.append(record)
-    return records
+        keys = {key: _kept(line[key]) for key in _MATCHED_KEYS if key in line}
+        kept[index].append(_Record(index, keys, _json_text(line["messages"])))
+        if len(kept[index]) > len(positions[index]):
+            overfull.add(index)
+            del kept[index]
+    return kept
+
+
+def read_records(path: Path, warnings: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """The file's records, parsed one line at a time; a line that is not UTF-8 JSON with an
+    integer `sample_index` and a `messages` list fails the step with one line naming the
+    file and the line. Beyond the size bounds: a warning in `warnings`, and no record (see
+    `messages_by_position`)."""
+    notes = warnings if warnings is not None else []
+    where = shown(path, SHOWN_PATH_CHARS)
+    try:
+        handle = bounded.open_regular(path)
+    except BoundedReadError as exc:
+        notes.append(f"`{where}` {exc.problem}; the step's conversations are NULL.")
+        return
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > MAX_FILE_BYTES:
+            problem = bounded.too_large(path, size, MAX_FILE_BYTES, "a trajectory file").problem
+            notes.append(f"`{where}` {problem}; the step's conversations are NULL.")
+            return
+        yield from _parse_lines(path, handle, size, notes)
+
+
+def _parse_lines(path: Path, handle: Any, size: int, notes: list[str]) -> Iterator[dict[str, Any]]:
+    long_lines = []
+    for number, line in enumerate(bounded.lines(handle, 0, size, MAX_LINE_BYTES), start=1):
+        if line.text is None:
+            long_lines.append(number)
+        elif line.text.strip():
+            yield _record(path, number, line.text)
+    if long_lines:
+        numbers = ", ".join(str(n) for n in long_lines[:5]) + (
+            ", ..." if len(long_lines) > 5 else ""
+        )
+        notes.append(
+            f"`{shown(path, SHOWN_PATH_CHARS)}`: {len(long_lines)} line(s) longer than"
+            f" {bounded.amount(MAX_LINE_BYTES)} skipped (line {numbers}); their samples'"
+            " conversations are NULL."
+        )
+
+
+def _record(path: Path, number: int, raw: bytes) -> dict[str, Any]:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        why = f"byte {exc.start + 1} of the line is not UTF-8"
+        _bad_line(path, number, f"{_index_hint(raw)}{why}")
+    except RecursionError:
+        _bad_line(path, number, "JSON nested too deeply to read")
+    except ValueError as exc:
+        _bad_line(path, number, str(exc))
+    index = record.get("sample_index") if isinstance(record, dict) else None
+    if not isinstance(index, int) or isinstance(index, bool):
+        _bad_line(path, number, "no integer `sample_index`")
+    if not isinstance(record.get("messages"), list):
+        _bad_line(path, number, f"sample_index {index} has no `messages` list")
+    return record
+
+
+def _kept(value: Any) -> Any:
+    """A line's matched value as kept: a list or object as its JSON text, others as they are."""
+    if isinstance(value, list | dict):
+        return _JsonText(json.dumps(value, sort_keys=True, ensure_ascii=False))
+    return value
 
 
 def _index_hint(raw: bytes) -> str:
@@ -129,6 +212,8 @@ def _same(line_value: Any, sample_value: Any) -> bool:
     """Equal as JSON would carry them (so a tuple equals a list, 1 equals 1.0)."""
     try:
         carried = json.loads(json.dumps(sample_value, allow_nan=True))
+        if isinstance(line_value, _JsonText):
+            return line_value == json.dumps(carried, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):
         return False
     if isinstance(carried, float) and carried != carried:  # NaN reward written as NaN

@@ -11,11 +11,18 @@ from pathlib import Path
 import pyarrow as pa
 
 from tokenlake import schema
-from tokenlake.errors import DumpFormatError
+from tokenlake.errors import BoundedReadError, DumpFormatError
+from tokenlake.read import bounded
+
+# The largest published tokenizer.json files are ~35 MB (Gemma 3: 33 MB, 262k tokens).
+MAX_TOKENIZER_BYTES = 64 * bounded.MiB
 
 
 def vocab_table(path: Path) -> pa.Table:
     """One row per token id of the tokenizer: its id and its text decoded alone.
+
+    A file that is not a regular file, or larger than `MAX_TOKENIZER_BYTES`, is a
+    `DumpFormatError` before anything is parsed.
 
     Examples:
         >>> import json, tempfile
@@ -30,7 +37,11 @@ def vocab_table(path: Path) -> pa.Table:
     from tokenizers import Tokenizer
 
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        data = bounded.read_file(path, MAX_TOKENIZER_BYTES, "a `tokenizer.json`")
+    except BoundedReadError as exc:
+        raise DumpFormatError(path, exc.problem) from exc
+    try:
+        tokenizer = Tokenizer.from_buffer(data)
         size = tokenizer.get_vocab_size(with_added_tokens=True)
         texts = tokenizer.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
     except (KeyboardInterrupt, SystemExit):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,8 @@ class StepResult:
     train_files: int
     samples_with_train_row: int  # kept: tests build results positionally (unused otherwise)
     nonfinite_values: int
+    # One line each: a sidecar of the step beyond its size bounds (its values are NULL).
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,8 @@ def _extract_step(
             # later (a remote step's: as listed, before the download).
             sources = _fingerprint(files)
             tokens, samples_table, result = build_step_tables(read)
+        warnings = tuple(remote_dump.as_urls(files, read, w) for w in result.warnings)
+        result = replace(result, warnings=warnings)
     except PipelineError as exc:
         text = remote_dump.as_urls(files, read, input_error_text(read, exc))
         return StepOutcome(files.label, status, error=text)
@@ -237,7 +241,8 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     ]
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
     tokens = flatten.tokens_table(files.evaluation, indices, parts)
-    messages = trajectory.messages_by_position(files.trajectory_file, samples)
+    warnings: list[str] = []
+    messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
     try:
         samples_table = flatten.samples_table(
             files.rollout_id,
@@ -258,6 +263,7 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
         train_files=len(train_files),
         samples_with_train_row=len(train_rows),
         nonfinite_values=count_nonfinite(tokens),
+        warnings=tuple(warnings),
     )
     return tokens, samples_table, result
 

@@ -1,0 +1,279 @@
+"""Bounded reads of the files tokenlake reads whole or line by line: dump sidecars (trajectory,
+tokenizer, dashboard), run manifests, `--meta` tag files. Every byte of them, and what kind
+of file they are, is attacker-controlled.
+
+- `read_file` returns the bytes of a regular file of at most a stated number of bytes. A
+  FIFO, a device, a socket or a directory is refused before it is read and without blocking
+  (checked by `stat`, opened with `O_NONBLOCK`, checked again by `fstat` on what was opened);
+  where tokenlake wrote the file itself (a manifest), a symbolic link is refused too.
+- `json_depth` finds how deeply JSON text nests, so that a parser never recurses into
+  200 000 open brackets (`RecursionError`); `loads` refuses JSON beyond a stated depth.
+- `lines` yields the lines of a byte range, each at most a stated length: a longer one is
+  skipped chunk by chunk, never buffered.
+
+Every refusal is a `BoundedReadError` naming the file and, for a file too large, its size and
+the limit.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from tokenlake.errors import BoundedReadError
+
+MiB = 1 << 20
+READ_CHUNK = MiB  # bytes read at a time by `lines`
+_DEPTH_CHUNK = 256 << 10  # bytes scanned at a time by `json_depth`: ~10 MB of numpy temporaries
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def amount(size: int) -> str:
+    """A limit as the docs state it.
+
+    Examples:
+        >>> amount(64 << 20), amount(1 << 30), amount(1000)
+        ('64 MiB', '1 GiB', '1,000 bytes')
+    """
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size:,} bytes"
+
+
+def kind_of(mode: int) -> str | None:
+    """`a FIFO (named pipe)`, `a directory`, ... for a mode that is not a regular file's."""
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+def open_regular(path: Path | str, *, follow: bool = True) -> BinaryIO:
+    """`path` opened for reading, if it is a regular file (a symbolic link to one unless
+    `follow` is False); never blocks on a FIFO and never opens a device."""
+    try:
+        mode = os.stat(path, follow_symlinks=follow).st_mode
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+    if stat.S_ISLNK(mode):
+        raise BoundedReadError(path, "is a symbolic link; tokenlake reads only a file it wrote")
+    _require_regular(path, mode)
+    nofollow = 0 if follow else os.O_NOFOLLOW
+    try:  # O_NONBLOCK: a file swapped for a FIFO since the stat must not block the open
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | nofollow)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise BoundedReadError(
+                path, "is a symbolic link; tokenlake reads only a file it wrote"
+            ) from exc
+        raise _unreadable(path, exc) from exc
+    try:
+        _require_regular(path, os.fstat(descriptor).st_mode)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return os.fdopen(descriptor, "rb")
+
+
+def _require_regular(path: Path | str, mode: int) -> None:
+    kind = kind_of(mode)
+    if kind is not None:
+        raise BoundedReadError(path, f"is {kind}, not a regular file")
+
+
+def _unreadable(path: Path | str, exc: OSError) -> BoundedReadError:
+    return BoundedReadError(path, f"cannot be read ({exc.strerror or exc})")
+
+
+def too_large(path: Path | str, size: int, limit: int, what: str) -> BoundedReadError:
+    """The refusal of a file of `size` bytes over its `limit` (`what`: `a run manifest`)."""
+    return BoundedReadError(
+        path, f"is {size:,} bytes; {what} may be at most {amount(limit)}", size=size, limit=limit
+    )
+
+
+def read_file(path: Path | str, limit: int, what: str, *, follow: bool = True) -> bytes:
+    """The whole content of a regular file of at most `limit` bytes (memory: its size).
+
+    Args:
+        what: The kind of file, as messages name it (`a run manifest`).
+        follow: Whether a symbolic link to a regular file is read (False where tokenlake
+            wrote the file itself).
+
+    Raises:
+        BoundedReadError: Not a regular file, unreadable, or larger than `limit` (also when
+            it grows past `limit` while it is read).
+    """
+    with open_regular(path, follow=follow) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > limit:
+            raise too_large(path, size, limit, what)
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise _unreadable(path, exc) from exc
+    if len(data) > limit:
+        raise too_large(path, len(data), limit, what)
+    return data
+
+
+class JsonTooDeep(ValueError):
+    """JSON text nested deeper than its stated limit (refused before it is parsed)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"nested more than {limit} levels deep")
+
+
+def loads(data: bytes | str, max_depth: int, **options: Any) -> Any:
+    """`json.loads(data, **options)`, refusing JSON nested deeper than `max_depth` first.
+
+    Raises:
+        JsonTooDeep: Nested deeper than `max_depth` (a ValueError, as json's own errors).
+        ValueError: Not JSON (`json.JSONDecodeError`, `UnicodeDecodeError`).
+
+    Examples:
+        >>> loads(b'{"a": [1, "]]]"]}', 2)
+        {'a': [1, ']]]']}
+        >>> loads("[" * 200_000, 64)
+        Traceback (most recent call last):
+        ...
+        tokenlake.read.bounded.JsonTooDeep: nested more than 64 levels deep
+    """
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if json_depth(raw, max_depth) > max_depth:
+        raise JsonTooDeep(max_depth)
+    try:
+        return json.loads(data, **options)
+    except RecursionError:  # below max_depth but deeper than this thread's stack allows
+        raise JsonTooDeep(max_depth) from None
+
+
+def json_depth(data: bytes, stop: int | None = None) -> int:
+    """The deepest nesting of `[`/`{` in JSON text, brackets inside strings not counted; the
+    scan ends early once it passes `stop`. Vectorised: ~60 MB/s, ~16 MB/s for text full of
+    backslashes (measured on a busy 2-core machine).
+
+    Exact for valid JSON, and for any text up to where a JSON parser would stop, so a parser
+    never nests deeper than this says.
+
+    Examples:
+        >>> json_depth(b'[{"a": "[[[\\\\"[["}, [[]]]')
+        3
+    """
+    import numpy as np
+
+    depth = deepest = 0
+    in_string, escaping = False, False
+    structural = np.zeros(256, bool)  # the only bytes that change string or nesting state
+    structural[list(b'[]{}"\\')] = True
+    for begin in range(0, len(data), _DEPTH_CHUNK):
+        chunk = np.frombuffer(data, np.uint8, min(_DEPTH_CHUNK, len(data) - begin), begin)
+        if escaping or data.find(b"\\", begin, begin + len(chunk)) >= 0:
+            escaped, escaping = _escaped(chunk, escaping)
+            chunk = chunk[structural[chunk] & ~escaped]
+        else:  # no backslash: only the structural bytes matter (a tenth of real JSON)
+            chunk = chunk[structural[chunk]]
+        quotes = chunk == ord('"')
+        inside = (np.cumsum(quotes, dtype=np.int32) + in_string) % 2 == 1
+        opens = ((chunk == ord("[")) | (chunk == ord("{"))) & ~inside
+        closes = ((chunk == ord("]")) | (chunk == ord("}"))) & ~inside
+        steps = opens.astype(np.int32) - closes.astype(np.int32)
+        levels = np.cumsum(steps, dtype=np.int32)
+        if len(levels):
+            deepest = max(deepest, depth + int(levels.max()))
+            depth, in_string = depth + int(levels[-1]), bool(inside[-1])
+        if stop is not None and deepest > stop:
+            break
+    return deepest
+
+
+def _escaped(chunk: Any, escaping: bool) -> tuple[Any, bool]:
+    """Which bytes of `chunk` a backslash escapes (the byte after an odd run of backslashes),
+    given whether the previous chunk ended escaping; and whether this one does."""
+    import numpy as np
+
+    backslash = (chunk == ord("\\")).view(np.int8)
+    edges = np.flatnonzero(np.diff(backslash, prepend=np.int8(0), append=np.int8(0)))
+    starts, ends = edges[0::2], edges[1::2]  # each run of backslashes: [start, end)
+    lengths = ends - starts
+    if len(starts) and starts[0] == 0:
+        lengths[0] += escaping
+    odd = lengths % 2 == 1
+    escaped = np.zeros(len(chunk), bool)
+    escaped[ends[odd & (ends < len(chunk))]] = True
+    if escaping and not (len(starts) and starts[0] == 0):
+        escaped[0] = True  # the previous chunk ended on an odd run
+    return escaped, bool(len(ends) and ends[-1] == len(chunk) and odd[-1])
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of a file: where it starts, where the next begins, and its bytes."""
+
+    start: int
+    end: int  # just after its newline; for a last piece without one, the end of the range
+    text: bytes | None  # None: longer than the cap, skipped unread
+    complete: bool  # it ends with a newline (a last piece without one may still be written)
+
+
+def lines(
+    handle: BinaryIO, start: int, end: int, max_line: int, *, inside_long: bool = False
+) -> Iterator[Line]:
+    """The lines of bytes [start, end) of `handle` (newline not included), then the piece
+    after the last newline, if any, with `complete` False.
+
+    A line longer than `max_line` bytes comes with `text` None: it is skipped chunk by chunk,
+    never buffered, so memory stays below `READ_CHUNK + max_line` whatever the file holds;
+    the holes of a sparse file (zeros never written) are skipped without reading them.
+    With `inside_long`, the range starts inside such a line (skipped on an earlier read): its
+    rest comes as a first line with `text` None.
+    """
+    handle.seek(start)
+    buffer, buffer_offset, line_start, position = b"", start, start, start
+    oversize = inside_long
+    while position < end:
+        if oversize and not buffer:  # inside a skipped line: a sparse file's holes hold no newline
+            position = buffer_offset = _after_hole(handle, position, end)
+            if position >= end:
+                break
+        chunk = handle.read(min(READ_CHUNK, end - position))
+        if not chunk:
+            break
+        position += len(chunk)
+        buffer += chunk
+        cursor = 0  # an index, not re-slicing per line: slicing would copy the chunk per line
+        while (newline := buffer.find(b"\n", cursor)) >= 0:
+            after = buffer_offset + newline + 1
+            long = oversize or newline - cursor > max_line
+            yield Line(line_start, after, None if long else buffer[cursor:newline], True)
+            cursor, line_start, oversize = newline + 1, after, False
+        buffer, buffer_offset = buffer[cursor:], buffer_offset + cursor
+        if len(buffer) > max_line:
+            buffer, buffer_offset, oversize = b"", buffer_offset + len(buffer), True
+    if oversize or buffer:
+        yield Line(line_start, position, None if oversize else buffer, False)
+
+
+def _after_hole(handle: BinaryIO, position: int, end: int) -> int:
+    """Where the next written data of the file starts at or after `position` (at most
+    `end`); `position` itself where the file system cannot say. The handle is moved there."""
+    try:
+        after = min(os.lseek(handle.fileno(), position, os.SEEK_DATA), end)
+    except OSError as exc:  # ENXIO: only a hole follows; EINVAL: no SEEK_DATA here
+        after = end if exc.errno == errno.ENXIO else position
+    handle.seek(after)
+    return after

@@ -1,0 +1,137 @@
+"""The bounded reader (`tokenlake.read.bounded`): regular files only, never blocking, at most
+a stated size; JSON depth found before a parser recurses; lines at most a stated length."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tokenlake.errors import BoundedReadError
+from tokenlake.read import bounded
+
+
+def refusal(path: Path, limit: int = 100, *, follow: bool = True) -> BoundedReadError:
+    with pytest.raises(BoundedReadError) as caught:
+        bounded.read_file(path, limit, "a test file", follow=follow)
+    assert str(caught.value) == f"`{path}` {caught.value.problem}"
+    return caught.value
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)  # no writer: an open without O_NONBLOCK would wait forever
+    assert refusal(fifo).problem == "is a FIFO (named pipe), not a regular file"
+
+
+def test_devices_directories_and_links_are_refused(tmp_path: Path) -> None:
+    assert refusal(Path("/dev/zero")).problem == "is a character device, not a regular file"
+    assert refusal(tmp_path).problem == "is a directory, not a regular file"
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    assert bounded.read_file(link, 100, "a test file") == b"{}"  # a dump may link its files
+    problem = "is a symbolic link; tokenlake reads only a file it wrote"
+    assert refusal(link, follow=False).problem == problem
+    assert refusal(tmp_path / "none").problem == "cannot be read (No such file or directory)"
+
+
+def test_a_file_over_its_limit_names_its_size_and_the_limit(tmp_path: Path) -> None:
+    path = tmp_path / "big.json"
+    path.write_bytes(b"x" * 101)
+    error = refusal(path)
+    assert error.problem == "is 101 bytes; a test file may be at most 100 bytes"
+    assert (error.size, error.limit) == (101, 100)
+    os.truncate(path, 8 << 30)  # sparse: refused by its size, never read
+    assert refusal(path, 64 << 20).problem == (
+        "is 8,589,934,592 bytes; a test file may be at most 64 MiB"
+    )
+    path.write_bytes(b"x" * 100)
+    assert bounded.read_file(path, 100, "a test file") == b"x" * 100
+
+
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [
+        (b"", 0),
+        (b"1", 0),
+        (b'"[[["', 0),
+        (b'["\\\\", [["\\"]"]]]', 3),  # an escaped backslash ends the string, an escaped quote not
+        (b'{"a": {"b": [1, {"c": "}}}}"}]}}', 4),
+        (b"]]]][[", 0),  # more closing than opening: not JSON, never negative depth
+    ],
+)
+def test_json_depth_counts_brackets_outside_strings(text: bytes, depth: int) -> None:
+    assert bounded.json_depth(text) == depth
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5])
+def test_json_depth_is_the_same_across_chunk_boundaries(
+    monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    value = {"a\\": ['\\\\"[', {"b": [[["]]\\\\"]]]}], "c": "\\"}
+    text = json.dumps(value).encode()
+    whole = bounded.json_depth(text)
+    monkeypatch.setattr(bounded, "_DEPTH_CHUNK", chunk)
+    assert bounded.json_depth(text) == whole == 6
+
+
+def test_loads_refuses_deep_json_before_parsing() -> None:
+    with pytest.raises(bounded.JsonTooDeep, match="^nested more than 16 levels deep$"):
+        bounded.loads("[" * 200_000 + "]" * 200_000, 16)
+    assert bounded.loads(b"[" * 16 + b"]" * 16, 16) == json.loads("[" * 16 + "]" * 16)
+
+
+def test_lines_skips_a_long_line_and_resumes_inside_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bounded, "READ_CHUNK", 4)
+    data = b"ab\n" + b"x" * 20 + b"\ncd\n" + b"y" * 20
+    got = [
+        (line.start, line.end, line.text, line.complete)
+        for line in bounded.lines(io.BytesIO(data), 0, len(data), 5)
+    ]
+    assert got == [
+        (0, 3, b"ab", True),
+        (3, 24, None, True),
+        (24, 27, b"cd", True),
+        (27, 47, None, False),
+    ]
+    rest = data + b"zz\nok\n"
+    resumed = list(bounded.lines(io.BytesIO(rest), 47, len(rest), 5, inside_long=True))
+    assert [(line.text, line.complete) for line in resumed] == [(None, True), (b"ok", True)]
+
+
+def test_lines_skips_the_holes_of_a_sparse_file(tmp_path: Path) -> None:
+    path = tmp_path / "sparse.jsonl"
+    path.write_bytes(b"a\n{")
+    os.truncate(path, 16 << 30)
+    with open(path, "ab") as handle:
+        handle.write(b"}\nb\n")
+    with open(path, "rb") as raw:
+        handle = Counting(raw)
+        size = os.fstat(handle.fileno()).st_size
+        got = [(line.text, line.end) for line in bounded.lines(handle, 0, size, 1 << 20)]  # type: ignore[arg-type]
+    assert got == [(b"a", 2), (None, size - 2), (b"b", size)]
+    assert handle.bytes_read < 4 << 20  # the 16 GiB hole was never read
+
+
+class Counting:
+    """A file handle that counts the bytes read through it."""
+
+    def __init__(self, handle: io.BufferedReader) -> None:
+        self.handle = handle
+        self.bytes_read = 0
+
+    def read(self, size: int) -> bytes:
+        data = self.handle.read(size)
+        self.bytes_read += len(data)
+        return data
+
+    def seek(self, offset: int) -> int:
+        return self.handle.seek(offset)
+
+    def fileno(self) -> int:
+        return self.handle.fileno()
