@@ -74,6 +74,10 @@ class Lake:
         """The name DuckDB and pyarrow read a lake file by."""
         return str(self.file(relative))
 
+    def label(self, relative: str) -> str:
+        """How messages name a lake file, whatever it is (a planted link included)."""
+        return str(self.root / relative)
+
     def arrow_source(self, relative: str) -> tuple[str, None]:
         """Where pyarrow reads a lake file: (path, filesystem)."""
         return str(self.file(relative)), None
@@ -85,17 +89,18 @@ class Lake:
         """A lake file's bytes; with `limit`, only a regular file tokenlake wrote (no symbolic
         link, FIFO or device) of at most `limit` bytes (`what` names it), else a
         BoundedReadError."""
+        if limit is not None:  # a link, a FIFO, a device: the bounded reader's own line
+            return bounded.read_file(self.file(relative, itself=False), limit, what, follow=False)
         path = self.file(relative)
-        if limit is not None:
-            return bounded.read_file(path, limit, what, follow=False)
         try:
             return path.read_bytes()
         except OSError as exc:
             raise LakeError(path, f"cannot be read ({exc.strerror or exc})") from exc
 
     def put_bytes(self, relative: str, data: bytes, *, durable: bool = False, problem: str) -> None:
-        """Write a whole small file (manifest): temporary name, fsync if `durable`, rename."""
-        path = self.file(relative)
+        """Write a whole small file (manifest): temporary name, fsync if `durable`, rename (which
+        replaces a planted link by the file, never writes through it)."""
+        path = self.file(relative, itself=False)
         nofollow.make_folders(self.root, path.parent.relative_to(self.root).parts)
 
         def write(tmp: Path) -> None:
@@ -187,15 +192,17 @@ class Lake:
         """How a manifest records a file of the lake."""
         return str(path.relative_to(self.root))
 
-    def file(self, relative: str) -> Path:
+    def file(self, relative: str, *, itself: bool = True) -> Path:
         """The path of a file a manifest lists; refuses one outside the lake or reached
-        through a symbolic link."""
+        through a symbolic link (with `itself` False, only its folders are checked: the
+        caller judges the file itself)."""
         path = self.root / relative
         try:
             check_relative(relative)
         except ValueError:
             raise LakeError(path, "is listed by a manifest but lies outside the lake") from None
-        nofollow.refuse_links(self.root, PurePosixPath(relative).parts)
+        parts = PurePosixPath(relative).parts
+        nofollow.refuse_links(self.root, parts if itself else parts[:-1])
         return path
 
     def check_links(self, run: str) -> None:
@@ -204,7 +211,9 @@ class Lake:
         Checked before a command writes, reads or deletes the run's files, so that nothing
         is done through a planted link (`tokens/run=x -> /other/lake/tokens/run=y`).
         """
-        nofollow.refuse_links(self.root, PurePosixPath(manifest_name(run)).parts)
+        # The manifest's folder: a manifest that is itself a link is a damaged manifest, which
+        # drop removes (the link, never what it points to).
+        nofollow.refuse_links(self.root, PurePosixPath(manifest_name(run)).parts[:-1])
         for table in schema.TABLES:
             run_dir = (table, f"{schema.RUN}={run}")
             nofollow.refuse_links(self.root, run_dir)

@@ -128,7 +128,7 @@ def load_manifest(lake: LakeRoot, run: str) -> RunManifest | None:
     name = manifest_name(run)
     if not layout.exists(name):
         return None
-    return _load(layout.url(name), lambda: layout.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
+    return _load(layout.label(name), lambda: layout.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
 
 
 def load_all(lake: LakeRoot) -> list[RunManifest]:
@@ -140,7 +140,7 @@ def load_listed(lake: LakeRoot, run: str) -> RunManifest:
     """A manifest `manifest_runs` listed (a hand-made bad file name fails in parsing)."""
     layout = lake_at(lake)
     name = f"{MANIFEST_DIR}/{run}.json"
-    return _load(layout.url(name), lambda: layout.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
+    return _load(layout.label(name), lambda: layout.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
 
 
 def _load(where: str, read: Callable[[], bytes]) -> RunManifest:

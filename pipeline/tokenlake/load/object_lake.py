@@ -91,6 +91,10 @@ class ObjectLake:
     def url(self, relative: str) -> str:
         return f"{self._scheme}://{self.key(relative)}"
 
+    def label(self, relative: str) -> str:
+        """How messages name a lake object."""
+        return self.url(relative)
+
     # -- reading ---------------------------------------------------------------------------
 
     def arrow_source(self, relative: str) -> tuple[str, Any]:
