@@ -72,7 +72,7 @@ def test_run_query_error_names_duckdb_problem(lake):
 
 
 def test_run_query_is_read_only(lake):
-    with pytest.raises(UsageError, match="read-only"):
+    with pytest.raises(UsageError, match="read-only mode"):
         run_query(lake, "CREATE VIEW x AS SELECT 1")
 
 

@@ -123,7 +123,7 @@ class TokenLake:
         stamp = _catalog_stamp(self._layout)
         if self._con is None or stamp != self._con_stamp:
             self.close()  # one connection per file: DuckDB caches databases by path
-            self._con = catalog.connect(self.root, read_only=True)
+            self._con = catalog.connect(self.root)
             self._con_stamp = stamp
         return self._con
 

@@ -283,7 +283,8 @@ def expected_views() -> list[str]:
 
 
 def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
-    present = {row[0] for row in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+    listed = con.execute("SELECT view_name FROM system.main.duckdb_views()").fetchall()
+    present = {row[0] for row in listed}
     return [name for name in expected_views() if name not in present]
 
 
@@ -359,14 +360,19 @@ def _record_listed(con: duckdb.DuckDBPyConnection, digest: str) -> None:
 
 
 def recorded_digest(con: duckdb.DuckDBPyConnection) -> str | None:
-    """The digest a catalog recorded when it was built (None: it recorded none)."""
-    import duckdb
-
-    try:
-        rows = con.execute(f"SELECT {_BUILT_FROM}()").fetchall()
-    except duckdb.Error:  # a catalog of an older tokenlake
+    """The digest a catalog recorded when it was built (None: it recorded none), read from the
+    macro's definition, never by running it (the file may be anybody's)."""
+    rows = con.execute(
+        "SELECT macro_definition FROM system.main.duckdb_functions()"
+        " WHERE function_name = ? AND function_type = 'macro'",
+        [_BUILT_FROM],
+    ).fetchall()
+    if len(rows) != 1 or not _DIGEST_LITERAL.fullmatch(str(rows[0][0])):
         return None
-    return str(rows[0][0]) if rows else None
+    return str(rows[0][0])[1:-1]
+
+
+_DIGEST_LITERAL = re.compile(r"'[0-9a-f]{32}'")
 
 
 def _write_catalog(tmp: Path, lake: LakeRoot, problems: list[str]) -> None:
@@ -416,55 +422,44 @@ def _catalog_error(lake: LakeRoot, exc: Exception) -> LakeError:
     return LakeError(_catalog_url(lake), f"catalog cannot be built ({first[:300]})")
 
 
-def connect(lake: LakeRoot, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
-    """Open the lake's catalog; a moved lake gets its base views rebuilt for this connection.
+def connect(lake: LakeRoot) -> duckdb.DuckDBPyConnection:
+    """A read-only connection with every view of the lake, built now from its manifests, `sql/`
+    and its checked user views: tokenlake's readers never run what the catalog file holds.
 
-    A lake on an object store gets an in-memory catalog, built from its manifests now and
-    reading the objects through fsspec (no DuckDB extension needed).
+    Whoever may write a shared lake's folder may replace `tokenlake.duckdb` with a database of
+    their own (views that read the reader's files, macros that shadow built-ins); the file is
+    for other DuckDB clients and BI tools (docs/security.md). Built afresh, the connection also
+    always lists exactly the files the manifests name, wherever the lake has moved, whoever
+    holds the file open. A local lake's views are built into a private temporary file (so the
+    connection is read-only, as the catalog file's would be); a lake on an object store gets
+    them in memory and reads its objects through fsspec (no DuckDB extension needed).
 
     Raises:
-        LakeError: No catalog, or another program holds it open for writing.
+        LakeError: Not a lake, or no catalog yet (nothing was extracted).
     """
-    import duckdb
-
     layout = lake_at(lake)
-    if not isinstance(layout, Lake):
-        return _connect_in_memory(layout.require().location)
-    path = layout.catalog_path
-    if not path.is_file():
+    if isinstance(layout, Lake) and not layout.catalog_path.is_file():
         if not layout.root.is_dir() or layout.is_dump():
             layout.require()  # says what the path is instead
         raise LakeError(lake, f"has no `{schema.CATALOG_FILE}`; run `tokenlake extract` first")
-    try:
-        con = _open_file(path) if read_only else duckdb.connect(str(path))
-    except duckdb.Error as exc:
-        raise _open_error(lake, exc) from exc
-    try:
-        if read_only and not points_at(con, layout.root):
-            log.warning("the lake moved; views rebuilt for this command (run `tokenlake views`)")
-            create_base_views(con, lake, temp=True)
-        elif read_only and _behind(con, lake):  # never a row a manifest no longer lists
-            log.info("the catalog is behind the manifests; views rebuilt for this command")
-            create_base_views(con, lake, temp=True)
-    except BaseException:
-        con.close()
-        raise
+    if isinstance(layout, Lake):
+        return _connect_private_build(layout.require().location)
+    return _connect_in_memory(layout.require().location)
+
+
+def _connect_private_build(lake: LakeRoot) -> duckdb.DuckDBPyConnection:
+    """The lake's catalog built now into a private temporary file, opened read-only: the views
+    `LAKE/tokenlake.duckdb` would hold, in a database named `tokenlake` as there."""
+    import duckdb
+
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="tokenlake-") as folder:
+        built = Path(folder) / schema.CATALOG_FILE
+        _write_catalog(built, lake, problems)
+        con = duckdb.connect(str(built), read_only=True)  # the open file outlives its name
+    for problem in problems:
+        log.warning("%s", problem)
     return con
-
-
-def _behind(con: duckdb.DuckDBPyConnection, lake: LakeRoot) -> bool:
-    """Whether the catalog lists other files than the manifests do now (a command was
-    killed before rebuilding it, or an extraction is between commit and rebuild).
-
-    A damaged manifest is warned about and the catalog used as it was built: it was built
-    before the damage, so it serves nothing the damaged manifest names.
-    """
-    try:
-        current = listed_digest(lake)
-    except LakeError as exc:
-        log.warning("%s", exc)
-        return False
-    return recorded_digest(con) != current
 
 
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
@@ -484,12 +479,12 @@ def has_foreign_log(lake: LakeRoot) -> bool:
 
 
 def _open_file(path: Path) -> duckdb.DuckDBPyConnection:
-    """The catalog opened read-only as tokenlake built it: with another program's write-ahead
-    log beside it, a private copy of the file (views only, small) is opened instead."""
-    import duckdb
-
+    """The catalog file opened read-only to check it (never to query it): locked down, since
+    anybody who may write the lake may have written it, so nothing it holds can read a file,
+    load an extension or change a setting. With another program's write-ahead log beside it,
+    a private copy of the file (views only, small) is opened instead."""
     if not os.path.lexists(foreign_log(path)):
-        return duckdb.connect(str(path), read_only=True)
+        return _locked_down(path)
     _raise_if_held(path)  # the writer may still be there: then the line that names it
     log.warning(
         "ignored `%s` beside the catalog (another program's changes; tokenlake writes none);"
@@ -499,7 +494,20 @@ def _open_file(path: Path) -> duckdb.DuckDBPyConnection:
     with tempfile.TemporaryDirectory(prefix="tokenlake-") as folder:
         copy = Path(folder) / path.name
         shutil.copyfile(path, copy)
-        return duckdb.connect(str(copy), read_only=True)  # the open file outlives its name
+        return _locked_down(copy)  # the open file outlives its name
+
+
+def _locked_down(path: Path) -> duckdb.DuckDBPyConnection:
+    import duckdb
+
+    con = duckdb.connect(
+        str(path),
+        read_only=True,
+        config={"autoload_known_extensions": False, "autoinstall_known_extensions": False},
+    )
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
 
 
 def refuse_if_held(lake: LakeRoot) -> None:
@@ -566,19 +574,6 @@ def _open_error(lake: LakeRoot, exc: Exception) -> LakeError:
     return LakeError(
         path, f"catalog cannot be opened ({first[:300]}); run `tokenlake views LAKE` to rebuild it"
     )
-
-
-def points_at(con: duckdb.DuckDBPyConnection, root: Path) -> bool:
-    """Whether the catalog's base views read files of the lake at `root` (or no file at all).
-
-    The views hold absolute paths: after the lake is moved they point at the old place.
-    """
-    prefix = quote_literal(f"{root}/")[:-1]
-    names = ", ".join(quote_literal(t) for t in schema.TABLES)
-    rows = con.execute(
-        f"SELECT sql FROM duckdb_views() WHERE view_name IN ({names}) AND NOT temporary"
-    ).fetchall()
-    return all(prefix in sql or "read_parquet" not in sql for (sql,) in rows)
 
 
 def catalog_problem(lake: LakeRoot) -> str | None:
