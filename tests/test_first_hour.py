@@ -316,7 +316,7 @@ def test_docs_say_what_staleness_the_fixtures_show():
 
 
 def _result(step: int, tokens: int, evaluation: bool = False) -> StepResult:
-    return StepResult(step, evaluation, 4, tokens, 2, 4, 0)
+    return StepResult(step, evaluation, samples=4, tokens=tokens, train_files=2, nonfinite_values=0)
 
 
 class _Tty(io.StringIO):

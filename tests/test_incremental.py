@@ -208,7 +208,7 @@ def test_rerun_after_a_crash_before_publishing_repairs_the_catalog(
         extract_run(dump, lake, steps=None, workers=1)  # "killed" before publishing
     partition = lake / "tokens" / "run=basic" / "rollout_id=1"
     leftovers = [
-        partition / ".train-0bad0bad.parquet.123.tmp",
+        partition / f".tokenlake-{2**22 + 17}-0bad0bad.tmp",  # of a writer that died
         partition / "train-0bad0bad.parquet",
     ]
     for path in leftovers:  # a half-written file and a written but never committed one

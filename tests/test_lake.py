@@ -140,14 +140,14 @@ def test_sweeps_delete_only_what_the_scheme_made(tmp_path: Path) -> None:
     ours = [
         partition / "train-feedbeef.parquet",  # written, never committed
         partition / f".tokenlake-{DEAD_PID}-0a1b2c3d.tmp",
-        partition / ".eval-0bad0bad.parquet.123.tmp",  # a temporary of tokenlake < 0.2
         tmp_path / f".tokenlake-{DEAD_PID}-0a1b2c3d.tmp.wal",
-        tmp_path / f".tokenlake.duckdb.{DEAD_PID}.tmp",
     ]
     theirs = [
         partition / "notes.txt",
         partition / ".name.123.tmp",
         tmp_path / ".name.123.tmp",
+        partition / ".eval-0bad0bad.parquet.123.tmp",  # not a name of tokenlake's scheme
+        tmp_path / f".tokenlake.duckdb.{DEAD_PID}.tmp",
         tmp_path / f".report.{DEAD_PID}.tmp",
         tmp_path / "_manifest" / f".x.json.{DEAD_PID}.tmp",
         tmp_path / f".tokenlake-{os.getpid()}-0a1b2c3d.tmp",  # its writer still runs
@@ -158,8 +158,8 @@ def test_sweeps_delete_only_what_the_scheme_made(tmp_path: Path) -> None:
     record.steps["0"] = manifest.StepRecord(
         0, False, [], {"tokens": lake.relative(listed)}, 1, 1, 0, ""
     )
-    assert lake.delete_unlisted(record) == 3
-    assert lake.delete_stale_temporaries() == 2
+    assert lake.delete_unlisted(record) == 2
+    assert lake.delete_stale_temporaries() == 1
     assert [p for p in ours if p.exists()] == []
     assert [p for p in [listed, *theirs] if not p.exists()] == []
 

@@ -24,7 +24,6 @@ and offer the same methods; modules outside them use only those: relative names 
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
@@ -62,10 +61,6 @@ _GLOB_CHARACTERS = re.compile(r"[?*\[\]{}]")
 _DATA_FILE = re.compile(r"^(?:train|eval|run|vocab|metrics)(?:-[0-9a-f]{8})?\.parquet$")
 _TEMPORARY = re.compile(r"^\.tokenlake-(\d+)-[0-9a-f]{8}\.tmp(?:\.wal)?$")
 _STEP_FOLDER = re.compile(rf"^{schema.ROLLOUT_ID}=-?\d+$")
-# Temporary names of tokenlake before 0.2: `.<catalog or data file>.<pid>.tmp`.
-_OLD_TEMPORARY = re.compile(
-    r"^\.(?:tokenlake\.duckdb|(?:train|eval|run|vocab)-[0-9a-f]{8}\.parquet)\.(\d+)\.tmp(?:\.wal)?$"
-)
 
 
 def check_run_name(name: str) -> str:
@@ -301,12 +296,12 @@ def is_partition_folder(name: str) -> bool:
 
 def made_here(name: str) -> bool:
     """Whether a file name in a partition is one this scheme makes (data or temporary)."""
-    return bool(_DATA_FILE.match(name) or _TEMPORARY.match(name) or _OLD_TEMPORARY.match(name))
+    return bool(_DATA_FILE.match(name) or _TEMPORARY.match(name))
 
 
 def temporary_owner(name: str) -> int | None:
-    """The pid in one of tokenlake's temporary names (this scheme's or before 0.2), else None."""
-    match = _TEMPORARY.match(name) or _OLD_TEMPORARY.match(name)
+    """The pid in one of tokenlake's temporary names, else None."""
+    match = _TEMPORARY.match(name)
     return int(match.group(1)) if match else None
 
 
@@ -327,8 +322,3 @@ def process_alive(pid: object) -> bool:
     except OSError:  # e.g. another user's process
         return True
     return True
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether an error says the disk is full (DuckDB gives only text)."""
-    return getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc)

@@ -164,13 +164,6 @@ def save_manifest(lake: LakeRoot, manifest: RunManifest) -> None:
     )
 
 
-def read_manifest(path: Path) -> RunManifest:
-    """One manifest file; a damaged one is a DamagedManifestError naming what is wrong."""
-    return _load(
-        str(path), lambda: bounded.read_file(path, MAX_MANIFEST_BYTES, _WHAT, follow=False)
-    )
-
-
 class _LongInteger(ValueError):
     def __init__(self, digits: int) -> None:
         self.digits = digits

@@ -59,7 +59,6 @@ class StepResult:
     samples: int
     tokens: int
     train_files: int
-    samples_with_train_row: int  # kept: tests build results positionally (unused otherwise)
     nonfinite_values: int
     # One line each: a sidecar of the step beyond its size bounds (its values are NULL).
     warnings: tuple[str, ...] = ()
@@ -261,7 +260,6 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
         samples=len(samples),
         tokens=tokens.num_rows,
         train_files=len(train_files),
-        samples_with_train_row=len(train_rows),
         nonfinite_values=count_nonfinite(tokens),
         warnings=tuple(warnings),
     )
