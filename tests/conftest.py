@@ -64,3 +64,28 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     config.option.loadscopereorder = False
     return ModulesWholeTestsApart(config, log)
+
+
+@pytest.fixture(scope="module")
+def basic_and_pp2_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A lake holding the real `basic` and `pp2` fixture runs, extracted once per module."""
+    from tests.fixture_paths import REAL_DUMPS
+    from tokenlake.load.extract import extract_run
+
+    lake = tmp_path_factory.mktemp("two-runs") / "lake"
+    extract_run(REAL_DUMPS / "basic", lake, workers=1)
+    extract_run(REAL_DUMPS / "pp2", lake, workers=1)
+    return lake
+
+
+@pytest.fixture
+def basic_and_pp2_lake(basic_and_pp2_template: Path, tmp_path: Path) -> Path:
+    """A private copy of `basic_and_pp2_template` for one test to change."""
+    import shutil
+
+    from tokenlake.serve import catalog
+
+    copy = tmp_path / "lake"
+    shutil.copytree(basic_and_pp2_template, copy)
+    catalog.build_catalog(copy)  # its views point at the copy
+    return copy

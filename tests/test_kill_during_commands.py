@@ -9,7 +9,6 @@ again completes, and nothing of the killed command is left behind.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,9 +19,7 @@ import pytest
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake import schema
 from tokenlake.load import manifest
-from tokenlake.load.extract import extract_run
 from tokenlake.load.lake import KILL_VARIABLE
-from tokenlake.serve import catalog
 
 pytestmark = pytest.mark.slow  # extracts two real fixture dumps, runs the CLI many times
 
@@ -41,20 +38,9 @@ def tokenlake(*args: str, kill_at: str | None = None) -> subprocess.CompletedPro
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    lake = tmp_path_factory.mktemp("template") / "lake"
-    extract_run(REAL_DUMPS / "basic", lake, workers=1)
-    extract_run(REAL_DUMPS / "pp2", lake, workers=1)
-    return lake
-
-
 @pytest.fixture
-def lake(template: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "lake"
-    shutil.copytree(template, copy)
-    catalog.build_catalog(copy)  # its views point at the copy
-    return copy
+def lake(basic_and_pp2_lake: Path) -> Path:
+    return basic_and_pp2_lake
 
 
 def query_runs(lake: Path) -> str:

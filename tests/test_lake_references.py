@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,13 +19,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.fixture_paths import REAL_DUMPS
 from tokenlake.cli import main
 from tokenlake.errors import LakeError
-from tokenlake.load.extract import extract_run
 from tokenlake.read.dump import Dump
 from tokenlake.read.remote_dump import check_apart
-from tokenlake.serve import catalog
 
 ROWS_SQL = "SELECT run, count(*) AS n FROM tokens GROUP BY run ORDER BY run"
 WAY_OUT = ". Remove the run with `tokenlake drop LAKE pp2` or extract it again"
@@ -39,20 +35,9 @@ def cli(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    lake = tmp_path_factory.mktemp("refs") / "lake"
-    extract_run(REAL_DUMPS / "basic", lake, workers=1)
-    extract_run(REAL_DUMPS / "pp2", lake, workers=1)
-    return lake
-
-
 @pytest.fixture
-def lake(template: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "lake"
-    shutil.copytree(template, copy)
-    catalog.build_catalog(copy)  # its views point at the copy
-    return copy
+def lake(basic_and_pp2_lake: Path) -> Path:
+    return basic_and_pp2_lake
 
 
 def forge(lake: Path, run: str, change) -> Path:

@@ -244,14 +244,19 @@ def _problems(events: list[dict]) -> list[str]:
     return found
 
 
+def _open_offline(tools, page: Path) -> None:
+    """Navigate to `page` with the network switched off, recording console and requests."""
+    for domain in ("Runtime", "Log", "Network", "Page"):
+        tools.send(f"{domain}.enable")
+    tools.send("Network.emulateNetworkConditions", offline=True, latency=0,
+               downloadThroughput=-1, uploadThroughput=-1)  # fmt: skip
+    tools.send("Page.navigate", url=page.as_uri())
+
+
 @pytest.mark.slow
 def test_report_draws_in_headless_chromium_offline(two_runs, report_file, tmp_path):
     with _browser(tmp_path / "profile") as tools:
-        for domain in ("Runtime", "Log", "Network", "Page"):
-            tools.send(f"{domain}.enable")
-        tools.send("Network.emulateNetworkConditions", offline=True, latency=0,
-                   downloadThroughput=-1, uploadThroughput=-1)  # fmt: skip
-        tools.send("Page.navigate", url=report_file.as_uri())
+        _open_offline(tools, report_file)
         assert _wait_rendered(tools) == "done", _problems(tools.events)
         drawn = json.loads(tools.evaluate(_DRAWN))
         shot = tools.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)

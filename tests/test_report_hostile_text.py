@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tests.test_report import _DRAWN, _browser, _problems, _wait_rendered
+from tests.test_report import _DRAWN, _browser, _open_offline, _problems, _wait_rendered
 from tokenlake import schema
 from tokenlake.load import manifest, write
 from tokenlake.load.extract import extract_run
@@ -65,11 +65,7 @@ def test_a_report_of_hostile_names_draws_in_headless_chromium(tmp_path: Path) ->
     assert data is not None and "<" not in data.group(1)
 
     with _browser(tmp_path / "profile") as tools:
-        for domain in ("Runtime", "Log", "Network", "Page"):
-            tools.send(f"{domain}.enable")
-        tools.send("Network.emulateNetworkConditions", offline=True, latency=0,
-                   downloadThroughput=-1, uploadThroughput=-1)  # fmt: skip
-        tools.send("Page.navigate", url=out.as_uri())
+        _open_offline(tools, out)
         assert _wait_rendered(tools) == "done", _problems(tools.events)
         drawn = json.loads(tools.evaluate(_DRAWN))
         parsed = tools.evaluate(

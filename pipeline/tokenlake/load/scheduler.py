@@ -8,8 +8,10 @@ function of the same shape as `run_steps`.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -54,11 +56,9 @@ def _run_in_pool(
 ) -> Iterator[StepOutcome]:
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
-    from multiprocessing import get_context
 
     pending = deque(todo)
     processes = min(workers, len(todo)) - 1
-    # spawn, not fork: the parent may hold Arrow/DuckDB thread pools that fork would corrupt.
     # Workers start with SIGINT blocked (see `sigint_blocked`; all start during the first
     # submits), so a Ctrl-C to the process group stops only the parent: running steps finish,
     # queued ones are not started, and no worker prints a KeyboardInterrupt traceback.
@@ -69,7 +69,7 @@ def _run_in_pool(
     # is retried alone in a one-process pool, so only the step that kills its worker fails.
     alone: list[ProcessPoolExecutor] = []
     with sigint_blocked():
-        pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
+        pool = _worker_pool(processes)
     pools = [pool]  # the shared pool and those it replaced
 
     def hand_out(
@@ -94,9 +94,9 @@ def _run_in_pool(
                     executor.shutdown(wait=False)
                 elif broken:
                     if executor is pool:
-                        pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
+                        pool = _worker_pool(processes)
                         pools.append(pool)
-                    alone.append(ProcessPoolExecutor(1, mp_context=get_context("spawn")))
+                    alone.append(_worker_pool(1))
                     hand_out(alone[-1], (files, status))
                     continue
                 if pending:
@@ -116,6 +116,33 @@ def _run_in_pool(
                 each.shutdown(wait=True, cancel_futures=True)
         if interrupted:
             raise KeyboardInterrupt
+
+
+def _worker_pool(processes: int) -> ProcessPoolExecutor:
+    """Spawned worker processes (not forked: the parent may hold Arrow/DuckDB thread pools
+    that fork would corrupt) that end when the parent does."""
+    from multiprocessing import get_context
+
+    return ProcessPoolExecutor(
+        processes,
+        mp_context=get_context("spawn"),
+        initializer=_exit_with_parent,
+        initargs=(os.getpid(),),
+    )
+
+
+def _exit_with_parent(parent: int, poll_seconds: float = 1.0) -> None:
+    """In a worker: end the process once its parent (pid `parent`) is gone, a killed
+    extraction. A worker holds both ends of its task pipe, so without this it would wait for
+    work forever. The parent may have died while the worker was still starting, so it is
+    named, not asked for."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tokenlake-parent-watch", daemon=True).start()
 
 
 @contextmanager
