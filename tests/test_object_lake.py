@@ -271,6 +271,28 @@ def test_a_writer_that_lost_its_lease_commits_nothing_more(
     assert list_keys(bucket) == ["lake/_manifest/.tokenlake.lock"]  # the other's lock stays
 
 
+def test_a_renewal_keeps_its_own_etag_when_another_put_follows(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOKENLAKE_LOCK_LEASE_SECONDS", "86400")  # renewed here, in order
+    layout = ObjectLake(f"s3://{bucket}/lake")
+    with layout.lock():
+        held = object_lock._HELD[layout.location]
+        put = layout.fs.pipe_file
+
+        def put_then_taken_over(*args, **kwargs):  # another writer's PUT lands right after
+            answer = put(*args, **kwargs)
+            forge_lock(bucket, "build-7", 4242, time.time() + 600)
+            return answer
+
+        monkeypatch.setattr(layout.fs, "pipe_file", put_then_taken_over)
+        assert held.renew() is True  # our PUT matched our ETag
+        monkeypatch.setattr(layout.fs, "pipe_file", put)
+        assert held.renew() is False  # the lock is the other writer's now
+        assert held.lost is not None and held.lost.startswith("its lease could not be renewed")
+        held.lost = None  # let the block end without a commit check
+
+
 def test_a_writer_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_it(
     bucket: str, tmp_path: Path
 ) -> None:

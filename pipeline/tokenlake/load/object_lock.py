@@ -96,11 +96,20 @@ class _LeaseLock:
         ).encode()
 
     def acquire(self) -> None:
+        self._claim()
+        self._thread = threading.Thread(
+            target=self._renew_loop, daemon=True, name="tokenlake-lease"
+        )
+        self._thread.start()
+
+    def _claim(self) -> None:
+        """Create the lock object, or take over a stale one; `etag` is then ours."""
         try:
             with self.lake.fs.open(self.key, "xb") as handle:
                 handle.write(self._body())
         except FileExistsError:
             self._take_over_if_stale()
+            return
         except (NotImplementedError, ValueError, TypeError) as exc:
             raise LakeError(
                 self.lake.location,
@@ -111,10 +120,14 @@ class _LeaseLock:
         except OSError as exc:
             raise self.lake._error(f"{MANIFEST_DIR}/{LOCK_FILE}", "cannot be written", exc) from exc
         self.etag = self._info()["ETag"]
-        self._thread = threading.Thread(
-            target=self._renew_loop, daemon=True, name="tokenlake-lease"
-        )
-        self._thread.start()
+
+    def _own_etag(self, put: Any) -> str:
+        """The ETag of the lock as this writer's PUT left it: the PUT's own answer where the
+        store gives one (S3), so another writer's PUT that lands right after ours is never
+        taken for ours; else asked for."""
+        if isinstance(put, dict) and put.get("ETag"):
+            return str(put["ETag"])
+        return str(self._info()["ETag"])
 
     def _info(self) -> dict[str, Any]:
         self.lake.fs.invalidate_cache()
@@ -134,7 +147,7 @@ class _LeaseLock:
             info = self._info()
             held = self._held()
         except FileNotFoundError:  # released meanwhile: try once more from the start
-            return self.acquire()
+            return self._claim()
         except (OSError, ValueError) as exc:  # its ETag (if known) still guards the take-over
             held = {"holder": f"an unreadable lock ({str(exc)[:200]})", "expires": 0}
         if not isinstance(held, dict):
@@ -151,7 +164,9 @@ class _LeaseLock:
         try:  # only one of several takers can match the stale lock's ETag
             if not info.get("ETag"):
                 raise OSError("its ETag cannot be read")
-            self.lake.fs.pipe_file(self.key, self._body(), IfMatch=info["ETag"])
+            self.etag = self._own_etag(
+                self.lake.fs.pipe_file(self.key, self._body(), IfMatch=info["ETag"])
+            )
         except (OSError, TypeError) as exc:
             raise LakeError(
                 self.lake.location,
@@ -168,8 +183,9 @@ class _LeaseLock:
     def renew(self) -> bool:
         """Extend the lease once, on the lock's own ETag; False (and `lost` says why) if not."""
         try:
-            self.lake.fs.pipe_file(self.key, self._body(), IfMatch=self.etag)
-            self.etag = self._info()["ETag"]
+            self.etag = self._own_etag(
+                self.lake.fs.pipe_file(self.key, self._body(), IfMatch=self.etag)
+            )
         except Exception as exc:  # noqa: BLE001 - any failure means the lease may be lost
             self.lost = f"its lease could not be renewed ({str(exc)[:200]})"
             return False
