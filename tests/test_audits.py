@@ -21,7 +21,7 @@ from tests.fixture_paths import REAL_DUMPS
 from tests.lakes import build_lake
 from tokenlake.cli import main
 from tokenlake.errors import LakeError
-from tokenlake.serve import catalog
+from tokenlake.serve import sql_views
 from tokenlake.serve.audit import AuditResult, format_audit_report, has_errors, run_audits, severity
 
 AUDITS = [
@@ -323,7 +323,7 @@ def test_audits_fire_on_generated_dumps_built_to_trip_them(tmp_path, preset, aud
 def test_every_audit_file_declares_its_severity():
     declared = {
         path.stem: severity(path, path.read_text(encoding="utf-8"))
-        for path in catalog.iter_audit_files()
+        for path in sql_views.iter_audit_files()
     }
     assert declared == SEVERITY
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.lakes import build_lake
-from tokenlake.serve import catalog
+from tokenlake.serve import sql_views
 from tokenlake.tools import bench
 
 
@@ -24,7 +24,7 @@ def test_view_ratios_cover_every_aggregate_view(tmp_path, capsys):
     ]
     build_lake(tmp_path, tokens=tokens)
     ratios = bench.view_ratios(tmp_path, repeat=1)
-    views = [p.stem for p in catalog.iter_view_files()]
+    views = [p.stem for p in sql_views.iter_view_files()]
     expected = [v for v in views if v not in ("drift_settings", "drift_tokens")]
     assert [name for name, _, _ in ratios] == ["scan", *expected]
     assert ratios[0][2] == 1.0

@@ -10,7 +10,7 @@ import pytest
 
 from tokenlake import schema
 from tokenlake.cli import main
-from tokenlake.serve.catalog import iter_view_files
+from tokenlake.serve.sql_views import iter_view_files
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 README = DOCS.parent / "README.md"

@@ -16,7 +16,7 @@ import pytest
 
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake import schema
-from tokenlake.serve.catalog import iter_view_files
+from tokenlake.serve.sql_views import iter_view_files
 
 pytestmark = pytest.mark.slow  # installs an old DuckDB and extracts a real fixture dump
 

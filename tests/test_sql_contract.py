@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenlake.serve import catalog
+from tokenlake.serve import catalog, sql_views
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "views.md"
 
@@ -78,7 +78,7 @@ EXPECTED_COLUMNS: dict[str, list[tuple[str, str]]] = {
     ],
 }
 
-VIEW_FILES = list(catalog.iter_view_files())
+VIEW_FILES = list(sql_views.iter_view_files())
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_every_view_binds_and_runs_on_an_empty_lake(empty_catalog, path):
 
 @pytest.mark.parametrize("path", VIEW_FILES, ids=lambda p: p.name)
 def test_every_view_file_has_a_header_with_grain(path):
-    header = catalog.header_comment(path.read_text(encoding="utf-8"))
+    header = sql_views.header_comment(path.read_text(encoding="utf-8"))
     assert header, f"{path.name} must start with a `--` comment header"
     assert any(line.startswith("Grain: ") for line in header.splitlines()), (
         f"{path.name} header lacks a `Grain: ...` line"

@@ -5,17 +5,19 @@ from __future__ import annotations
 import pytest
 
 from tokenlake.errors import LakeError
-from tokenlake.serve import catalog
+from tokenlake.serve import sql_views
 
 
 def test_each_view_comes_after_the_views_it_reads() -> None:
-    order = catalog.view_order({"c": ("b", "tokens"), "b": ("a",), "a": (), "d": ("samples",)})
+    order = sql_views.view_order({"c": ("b", "tokens"), "b": ("a",), "a": (), "d": ("samples",)})
     assert order == ["a", "d", "b", "c"]
 
 
 def test_every_shipped_view_declares_inputs_that_exist() -> None:
-    texts = {p.stem: p.read_text(encoding="utf-8") for p in catalog.iter_view_files()}
-    order = catalog.view_order({name: catalog.view_inputs(text) for name, text in texts.items()})
+    texts = {p.stem: p.read_text(encoding="utf-8") for p in sql_views.iter_view_files()}
+    order = sql_views.view_order(
+        {name: sql_views.view_inputs(text) for name, text in texts.items()}
+    )
     assert sorted(order) == sorted(texts)
     assert order.index("drift_samples") < order.index("drift_steps")
     assert order.index("sample_stats") < order.index("step_stats")
@@ -30,8 +32,8 @@ def test_inputs_continue_on_indented_lines_and_notes_are_not_inputs() -> None:
         "-- Columns:\n"
         "CREATE OR REPLACE VIEW v AS SELECT 1"
     )
-    assert catalog.view_inputs(text) == ("tokens", "drift_settings", "samples")
-    assert catalog.view_inputs("-- Purpose only.\nSELECT 1") is None
+    assert sql_views.view_inputs(text) == ("tokens", "drift_settings", "samples")
+    assert sql_views.view_inputs("-- Purpose only.\nSELECT 1") is None
 
 
 @pytest.mark.parametrize(
@@ -51,5 +53,5 @@ def test_inputs_continue_on_indented_lines_and_notes_are_not_inputs() -> None:
 )
 def test_a_wrong_header_is_one_clear_error(inputs, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(LakeError) as caught:
-        catalog.view_order(inputs)
+        sql_views.view_order(inputs)
     assert caught.value.problem == message

@@ -222,7 +222,7 @@ TABLE_PARTITIONS: dict[str, tuple[str, ...]] = {
 # ---------------------------------------------------------------------------------------------
 # Run metadata: `runs` columns from `DUMP/dashboard/meta.json` (pipeline/tokenlake/read/dashboard.py)
 # and the user's tags (pipeline/tokenlake/tags.py), appended to the `runs` columns (schema version 2;
-# `runs` files of version 1 lack them and read as NULL there, see catalog.base_view_sql).
+# `runs` files of version 1 lack them and read as NULL there, see sql_views.base_view_sql).
 # ---------------------------------------------------------------------------------------------
 START_TS = "start_ts"
 WANDB_PROJECT = "wandb_project"

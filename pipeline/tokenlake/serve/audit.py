@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from tokenlake.errors import LakeError
 from tokenlake.load.lake import LakeRoot
-from tokenlake.serve import catalog
+from tokenlake.serve import sql_views
 from tokenlake.serve.query import format_table, open_lake
 
 # Offending rows shown per failed audit; the rest are counted, not printed.
@@ -72,7 +72,7 @@ def severity(path: Path, sql_text: str) -> str:
         >>> severity(Path("a.sql"), "-- Rows.\\n-- Severity: warning\\nSELECT 1")
         'warning'
     """
-    match = _SEVERITY_LINE.search(catalog.header_comment(sql_text))
+    match = _SEVERITY_LINE.search(sql_views.header_comment(sql_text))
     if match is None or match.group(1) not in SEVERITIES:
         raise LakeError(path, "needs a header line `-- Severity: error|warning|info`")
     return match.group(1)
@@ -85,7 +85,7 @@ def describe(sql_text: str) -> str:
         >>> describe("-- Samples without a train row. More text.\\n-- Grain: x\\nSELECT 1")
         'Samples without a train row.'
     """
-    header = " ".join(catalog.header_comment(sql_text).split())
+    header = " ".join(sql_views.header_comment(sql_text).split())
     match = _FIRST_SENTENCE.match(header)
     return match.group(1) if match else header
 
@@ -108,7 +108,7 @@ def run_audits(lake: LakeRoot, settings: Mapping[str, float] | None = None) -> l
     con = open_lake(lake, settings)
     results = []
     try:
-        for path in catalog.iter_audit_files():
+        for path in sql_views.iter_audit_files():
             text = path.read_text(encoding="utf-8")
             level = severity(path, text)
             try:

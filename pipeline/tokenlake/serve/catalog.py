@@ -20,23 +20,26 @@ extraction rebuilds it.
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import logging
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from tokenlake import schema
-from tokenlake.errors import InstallError, LakeError
+from tokenlake.errors import LakeError
 from tokenlake.load import manifest
-from tokenlake.load.lake import LakeRoot, crash_point, lake_at, partition_patterns
+from tokenlake.load.lake import LakeRoot, crash_point, lake_at
 from tokenlake.load.local_lake import Lake
+from tokenlake.serve.sql_views import (
+    base_view_sql,
+    create_sql_views,
+    expected_views,
+    iter_macro_files,
+    quote_literal,
+)
 from tokenlake.serve.user_views import create_user_views
 
 if TYPE_CHECKING:
@@ -44,121 +47,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_VIEW_STATEMENT = re.compile(r"CREATE\s+OR\s+REPLACE\s+VIEW\s+(\w+)\s", re.IGNORECASE)
-
-_ARROW_TO_DUCKDB: dict[pa.DataType, str] = {
-    pa.bool_(): "BOOLEAN",
-    pa.int8(): "TINYINT",
-    pa.int32(): "INTEGER",
-    pa.int64(): "BIGINT",
-    pa.float32(): "FLOAT",
-    pa.float64(): "DOUBLE",
-    pa.string(): "VARCHAR",
-    pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
-    pa.list_(pa.string()): "VARCHAR[]",
-    pa.list_(pa.int64()): "BIGINT[]",
-}
-
-
-def sql_dir() -> Path:
-    """The one place that knows where the SQL files live: the folder of the package
-    `tokenlake.sql` (the repository's top-level `sql/`, shipped inside the wheel)."""
-    return Path(str(importlib.resources.files("tokenlake.sql")))
-
-
-def _sql_files(folder: Path, what: str) -> list[Path]:
-    """The `.sql` files of one folder, sorted; none at all means a broken installation, which
-    must stop the command rather than pass as "0 audits" or a catalog without views."""
-    files = sorted(folder.glob("*.sql"))
-    if not files:
-        raise InstallError(what, folder)
-    return files
-
-
-def iter_view_files() -> Iterator[Path]:
-    """Every view definition, one `CREATE OR REPLACE VIEW <file stem>` per file."""
-    yield from _sql_files(sql_dir(), "SQL views")
-
-
-def iter_macro_files() -> Iterator[Path]:
-    """Scalar macros the views use; created before every view."""
-    yield from _sql_files(sql_dir() / "macros", "SQL macros")
-
-
-def iter_audit_files() -> Iterator[Path]:
-    """Every audit query (returns the offending rows; zero rows means healthy)."""
-    yield from _sql_files(sql_dir() / "audits", "SQL audits")
-
-
-def quote_literal(text: str) -> str:
-    """A SQL string literal for DuckDB.
-
-    Examples:
-        >>> quote_literal("it's")
-        "'it''s'"
-    """
-    return "'" + text.replace("'", "''") + "'"
-
-
-def duckdb_type(arrow_type: pa.DataType) -> str:
-    """DuckDB type name of a schema column type."""
-    return _ARROW_TO_DUCKDB[arrow_type]
-
 
 def table_files(lake: LakeRoot, table: str) -> list[str]:
     """The Parquet files (paths or URLs) of one table that the runs' manifests list, by run
     then step."""
     layout = lake_at(lake)
     return [layout.url(name) for run in manifest.load_all(lake) for name in run.files(table)]
-
-
-def base_view_sql(table: str, files: list[str]) -> str:
-    """`SELECT` over a table's files with the partition columns first, typed from the schema.
-
-    The partition values are parsed from the end of each file's path by the lake's layout
-    (`lake.partition_patterns`), not by DuckDB's Hive parsing of the whole path. DuckDB
-    still prunes files on them: a filter on `rollout_id` reads only that step's files.
-    """
-    table_schema = schema.TABLE_SCHEMAS[table]
-    partitions = schema.TABLE_PARTITIONS[table]
-    types = {col: duckdb_type(schema.PARTITION_TYPES[col]) for col in partitions}
-    if not files:
-        columns = [f"NULL::{types[col]} AS {col}" for col in partitions]
-        columns += [f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in table_schema]
-        return "SELECT " + ", ".join(columns) + " WHERE false"
-    file_list = ", ".join(quote_literal(str(p)) for p in files)
-    parsed = [
-        f"CAST(regexp_extract(filename, {quote_literal(pattern)}, 1) AS {types[col]}) AS {col}"
-        for col, pattern in partition_patterns(table).items()
-    ]
-    selected = ", ".join([*parsed, *(f.name for f in table_schema)])
-    source = f"read_parquet([{file_list}], hive_partitioning = false, filename = true)"
-    if table in _GROWN_TABLES:
-        source = _with_added_columns(table, file_list)
-    return f"SELECT {selected} FROM {source}"
-
-
-# Tables that gained columns since schema version 1 (`runs`: the run metadata). Files written
-# before lack them: they read as NULL there (and the next extraction rewrites the row).
-_GROWN_TABLES = frozenset({schema.RUNS})
-
-
-def _with_added_columns(table: str, file_list: str) -> str:
-    """The files read by name, unioned with a typed empty row set that has every column, so a
-    column absent from every file is still there (NULL) with the schema's type."""
-    typed = ", ".join(
-        f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in schema.TABLE_SCHEMAS[table]
-    )
-    return (
-        f"(SELECT * FROM read_parquet([{file_list}], hive_partitioning = false, filename = true,"
-        f" union_by_name = true) UNION ALL BY NAME SELECT {typed}, NULL::VARCHAR AS filename"
-        " WHERE false)"
-    )
-
-
-def header_comment(sql_text: str) -> str:
-    """The leading `--` comment block of a view file, used as the view's COMMENT."""
-    return "\n".join(line[2:].strip() for line in header_comment_lines(sql_text)).strip()
 
 
 def create_base_views(
@@ -172,114 +66,6 @@ def create_base_views(
     for table in schema.TABLES:
         sql = base_view_sql(table, table_files(lake, table))
         con.execute(f"CREATE OR REPLACE {kind} {table} AS {sql}")
-
-
-def create_sql_views(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Create every `sql/*.sql` view, each after the views its `Inputs:` header names.
-
-    Returns:
-        The view names in the order they were created.
-    """
-    import duckdb
-
-    texts = {path.stem: path.read_text(encoding="utf-8") for path in iter_view_files()}
-    for name, text in texts.items():
-        _check_view_file(sql_dir() / f"{name}.sql", text)
-    created = view_order({name: view_inputs(text) for name, text in texts.items()})
-    for name in created:
-        try:
-            con.execute(texts[name])
-        except duckdb.CatalogException as exc:  # it reads something its header does not name
-            first = str(exc).splitlines()[0]
-            raise LakeError(sql_dir() / f"{name}.sql", f"view cannot be created: {first}") from exc
-        con.execute(f"COMMENT ON VIEW {name} IS {quote_literal(header_comment(texts[name]))}")
-    return created
-
-
-_INPUTS_LINE = re.compile(r"^--\s*Inputs:(.*)$", re.IGNORECASE)
-_HEADER_CONTINUATION = re.compile(r"^--\s{2,}(\S.*)$")
-
-
-def view_inputs(sql_text: str) -> tuple[str, ...] | None:
-    """The tables and views a view file's header declares under `Inputs:` (None: no such line).
-
-    Parenthesised notes and what follows a `;` (the macros) are not inputs.
-
-    Examples:
-        >>> view_inputs("-- Inputs: tokens (for the masks), drift_tokens; macro k3_term.")
-        ('tokens', 'drift_tokens')
-        >>> view_inputs("-- Inputs: none.")
-        ()
-    """
-    lines = header_comment_lines(sql_text)
-    start = next((i for i, line in enumerate(lines) if _INPUTS_LINE.match(line)), None)
-    if start is None:
-        return None
-    match = _INPUTS_LINE.match(lines[start])
-    assert match is not None
-    text = match.group(1)
-    for line in lines[start + 1 :]:  # continuation lines are indented further
-        more = _HEADER_CONTINUATION.match(line)
-        if more is None:
-            break
-        text += " " + more.group(1)
-    text = re.sub(r"\([^)]*\)", "", text).split(";")[0].strip().rstrip(".")
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    return () if names == ("none",) else names
-
-
-def header_comment_lines(sql_text: str) -> list[str]:
-    """The leading `--` lines of a view file, as written."""
-    lines = []
-    for line in sql_text.splitlines():
-        if not line.startswith("--"):
-            break
-        lines.append(line)
-    return lines
-
-
-def view_order(inputs: dict[str, tuple[str, ...] | None]) -> list[str]:
-    """The views in an order that creates each after its inputs (by name among equals).
-
-    Raises:
-        LakeError: A view declares no inputs, an input that is neither a table nor a view,
-            or views that read each other in a cycle.
-    """
-    known = set(schema.TABLES) | set(inputs)
-    for name, needs in sorted(inputs.items()):
-        if needs is None:
-            raise LakeError(sql_dir() / f"{name}.sql", "has no `-- Inputs:` line in its header")
-        unknown = [n for n in needs if n not in known]
-        if unknown:
-            raise LakeError(
-                sql_dir() / f"{name}.sql",
-                f"names unknown input `{unknown[0]}` in its `Inputs:` header (tables:"
-                f" {', '.join(schema.TABLES)}; or a view under sql/)",
-            )
-    waiting = {name: {n for n in needs or () if n in inputs} for name, needs in inputs.items()}
-    order: list[str] = []
-    while waiting:
-        ready = sorted(name for name, needs in waiting.items() if not needs)
-        if not ready:
-            cycle = ", ".join(f"`{n}`" for n in sorted(waiting))
-            raise LakeError(sql_dir(), f"views {cycle} name each other as inputs in a cycle")
-        for name in ready:
-            del waiting[name]
-            for rest in waiting.values():
-                rest.discard(name)
-        order.extend(ready)
-    return order
-
-
-def _check_view_file(path: Path, text: str) -> None:
-    match = _VIEW_STATEMENT.search(text)
-    if match is None or match.group(1) != path.stem:
-        raise LakeError(path, f"must hold one `CREATE OR REPLACE VIEW {path.stem} AS ...`")
-
-
-def expected_views() -> list[str]:
-    """Every view a complete catalog holds."""
-    return [*schema.TABLES, *(path.stem for path in iter_view_files())]
 
 
 def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenlake import schema
 from tokenlake.errors import UsageError
-from tokenlake.serve import audit, catalog
+from tokenlake.serve import audit, sql_views
 
 if TYPE_CHECKING:
     import duckdb
@@ -67,7 +67,7 @@ class Selection:
             "run IN ('a', 'b''c') AND (rollout_id BETWEEN 1 AND 2 OR rollout_id BETWEEN 7 AND 7)"
         """
         prefix = f"{alias}." if alias else ""
-        names = ", ".join(catalog.quote_literal(run) for run in self.runs) or "NULL"
+        names = ", ".join(sql_views.quote_literal(run) for run in self.runs) or "NULL"
         condition = f"{prefix}run IN ({names})"
         if steps and self.steps is not None:
             ranges = [f"{prefix}rollout_id BETWEEN {lo} AND {hi}" for lo, hi in self.steps]
@@ -177,7 +177,7 @@ def runs_overview(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
 def audits(con: duckdb.DuckDBPyConnection, sel: Selection) -> list[AuditSection]:
     """Every audit under `sql/audits/`, its offending rows restricted to the selection."""
     results = []
-    for path in catalog.iter_audit_files():
+    for path in sql_views.iter_audit_files():
         text = path.read_text(encoding="utf-8").strip().rstrip(";")
         columns = [c[0] for c in con.sql(f"SELECT * FROM ({text}) LIMIT 0").description]
         keep = sel.where(steps="rollout_id" in columns) if "run" in columns else "true"
@@ -340,7 +340,7 @@ def strip_tokens(con: duckdb.DuckDBPyConnection, samples: Rows) -> list[dict[str
         rows = con.sql(
             f"SELECT {arrays} FROM tokens AS t LEFT JOIN vocab AS v "
             "ON v.run = t.run AND v.token_id = t.token_id "
-            f"WHERE t.run = {catalog.quote_literal(sample['run'])} "
+            f"WHERE t.run = {sql_views.quote_literal(sample['run'])} "
             f"AND t.rollout_id = {int(sample['rollout_id'])} AND NOT t.evaluation "
             f"AND t.batch_position = {int(sample['batch_position'])}"
         ).fetchall()

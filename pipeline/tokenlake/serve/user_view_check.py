@@ -86,7 +86,7 @@ def open_sandbox() -> duckdb.DuckDBPyConnection:
     import duckdb
 
     from tokenlake import schema
-    from tokenlake.serve.catalog import base_view_sql, create_sql_views, iter_macro_files
+    from tokenlake.serve.sql_views import base_view_sql, create_sql_views, iter_macro_files
 
     con = duckdb.connect(":memory:", config=SANDBOX_CONFIG)
     try:

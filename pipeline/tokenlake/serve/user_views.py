@@ -217,7 +217,7 @@ def _create_in_order(
     """Create the checked views, each after the user views it reads (rounds, by file name)."""
     import duckdb
 
-    from tokenlake.serve.catalog import header_comment, quote_literal
+    from tokenlake.serve.sql_views import header_comment, quote_literal
 
     created: list[str] = []
     objects = catalog_objects(con)

@@ -32,7 +32,7 @@ import pyarrow as pa
 from tokenlake import extras, schema
 from tokenlake.load import write
 from tokenlake.read import dump
-from tokenlake.serve import catalog
+from tokenlake.serve import catalog, sql_views
 from tokenlake.tools import synth
 from tokenlake.transform.flatten import first_occurrence_column, turn_index_column
 
@@ -218,7 +218,7 @@ def view_ratios(lake: Path, repeat: int = 5) -> list[tuple[str, float, float]]:
     Returns:
         (view, best seconds, best seconds / best scan seconds), in view-file order.
     """
-    names = [p.stem for p in catalog.iter_view_files() if p.stem not in _NOT_AGGREGATES]
+    names = [p.stem for p in sql_views.iter_view_files() if p.stem not in _NOT_AGGREGATES]
     queries = {"scan": SCAN_SQL, **{n: f"SELECT * FROM {n}" for n in names}}
     con = catalog.connect(lake)
     best = dict.fromkeys(queries, float("inf"))
