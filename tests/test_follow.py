@@ -282,8 +282,8 @@ def test_ctrl_c_during_a_parallel_extraction_leaves_a_consistent_lake(tmp_path: 
     assert process.stderr is not None
     assert process.stderr.readline() == f"Following {dump} every 0.1 s; Ctrl-C stops.\n"
     deadline = time.monotonic() + ROUND_WAIT
-    # The first step is committed: the round is extracting its other steps (or has done).
-    while not (lake / "_manifest" / "run.json").exists():
+    # The lake is made: the first round is starting (importing its engines), extracting or done.
+    while not (lake / "_manifest").exists():
         assert time.monotonic() < deadline and process.poll() is None
         time.sleep(0.01)
     out, err = _ctrl_c(process)

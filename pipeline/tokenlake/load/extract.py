@@ -12,6 +12,7 @@ manifests; files no manifest lists (superseded or left by a crash) are deleted l
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from collections.abc import Callable, Container, Iterator, Mapping
@@ -69,6 +70,16 @@ class ExtractInterrupted(KeyboardInterrupt):
         self.summary = summary
 
 
+def _import_engines() -> None:
+    """Import DuckDB (the catalog's engine) with a Ctrl-C held until it is done: one that lands
+    inside the import of its C extension leaves the module half made, and the process then
+    dies by SIGINT or SIGABRT at exit instead of stopping cleanly."""
+    with sigint_deferred() as interrupted:
+        importlib.import_module("duckdb")
+    if interrupted:
+        raise KeyboardInterrupt
+
+
 def extract_run(
     dump_dir: Path | str,
     lake: LakeRoot,
@@ -118,6 +129,7 @@ def extract_run(
         from tokenlake.load.ray_executor import require_ray
 
         require_ray()
+    _import_engines()
     listing = remote_dump.discover(dump_dir)
     remote_dump.check_apart(listing, lake)
     run = check_run_name(run_name if run_name is not None else listing.root.name)
