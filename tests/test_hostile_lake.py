@@ -298,8 +298,10 @@ def test_a_dump_folder_named_like_a_table_never_receives_files(tmp_path: Path) -
 
 
 def test_other_programs_temporary_files_are_never_deleted(tmp_path: Path) -> None:
+    dump = tmp_path / "basic"  # a copy: the real fixture is shared with tests running meanwhile
+    shutil.copytree(REAL_DUMPS / "basic", dump)
     lake = tmp_path / "lake"
-    extract(REAL_DUMPS / "basic", lake)
+    extract(dump, lake)
     theirs = [
         lake / ".notes.123.tmp",
         lake / "_manifest" / ".basic.json.1.tmp",
@@ -308,12 +310,9 @@ def test_other_programs_temporary_files_are_never_deleted(tmp_path: Path) -> Non
     ]
     for path in theirs:
         path.write_text("theirs")
-    extract(REAL_DUMPS / "basic", lake, "--run-name", "other")
-    os.utime(REAL_DUMPS / "basic" / "rollout_data" / "1.pt")  # step 1 is rewritten
-    try:
-        assert extract(REAL_DUMPS / "basic", lake)[0] == 0
-    finally:
-        os.utime(REAL_DUMPS / "basic" / "rollout_data" / "1.pt")
+    extract(dump, lake, "--run-name", "other")
+    os.utime(dump / "rollout_data" / "1.pt", ns=(1, 1))  # step 1 is rewritten
+    assert extract(dump, lake)[0] == 0
     assert cli("drop", str(lake), "basic")[0] == 0
     assert [p.read_text() for p in theirs] == ["theirs"] * 4
 
