@@ -244,6 +244,15 @@ def _problems(events: list[dict]) -> list[str]:
     return found
 
 
+def _charts_drawn(drawn: list[dict]) -> list[dict]:
+    """Check that every section's charts drew marks; returns the token strips drawn."""
+    charts = [d for d in drawn if d["cells"] is None]
+    assert {d["section"] for d in charts} == {"reward", "drift", "where", "worst"}
+    for chart in charts:
+        assert chart["marks"] > 0 and (chart["svgPaths"] > 0 or chart["canvas"] > 0), chart
+    return [d for d in drawn if d["cells"] is not None]
+
+
 def _open_offline(tools, page: Path) -> None:
     """Navigate to `page` with the network switched off, recording console and requests."""
     for domain in ("Runtime", "Log", "Network", "Page"):
@@ -269,11 +278,7 @@ def test_report_draws_in_headless_chromium_offline(two_runs, report_file, tmp_pa
         assert _wait_rendered(tools) == "done"
         assert _problems(tools.events) == []
 
-    charts = [d for d in drawn if d["cells"] is None]
-    assert {d["section"] for d in charts} == {"reward", "drift", "where", "worst"}
-    for chart in charts:
-        assert chart["marks"] > 0 and (chart["svgPaths"] > 0 or chart["canvas"] > 0), chart
-    strips = [d for d in drawn if d["cells"] is not None]
+    strips = _charts_drawn(drawn)
     assert len(strips) == 6
     for strip in strips:
         expected = (
