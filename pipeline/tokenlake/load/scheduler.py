@@ -166,14 +166,20 @@ def sigint_deferred() -> Iterator[list[bool]]:
 
 @contextmanager
 def sigint_blocked() -> Iterator[None]:
-    """Block SIGINT in this thread while worker processes start.
+    """Block SIGINT in this thread while worker processes start, and hold a Ctrl-C until then.
 
     Children inherit the signal mask through fork and exec, so they never see a Ctrl-C sent
-    to the process group; here a Ctrl-C that arrives meanwhile stays pending and is raised as
-    KeyboardInterrupt once unblocked (ignoring it instead would lose it).
+    to the process group. Masking this thread alone does not stop Python from raising
+    KeyboardInterrupt here: another thread (Arrow's, DuckDB's) may take the signal and
+    Python then raises it in the main thread, which would cut a worker's start-up data short
+    (the worker prints an EOFError traceback). So a Ctrl-C that comes meanwhile is held and
+    raised once the workers are started.
     """
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        yield
+        with sigint_deferred() as received:
+            yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    if received:
+        raise KeyboardInterrupt
