@@ -23,7 +23,7 @@ from tokenlake import schema
 from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError
 from tokenlake.load import lake_files, manifest
 from tokenlake.load.lake import LakeRoot, check_run_name, crash_point, lake_at, manifest_name
-from tokenlake.load.scheduler import Todo, run_steps, sigint_deferred
+from tokenlake.load.scheduler import Todo, run_steps, sigint_deferred, sigint_held
 from tokenlake.progress import ProgressCallback, Reporter, as_reporter
 from tokenlake.read import dump, remote_dump
 from tokenlake.serve import catalog
@@ -74,10 +74,8 @@ def _import_engines() -> None:
     """Import DuckDB (the catalog's engine) with a Ctrl-C held until it is done: one that lands
     inside the import of its C extension leaves the module half made, and the process then
     dies by SIGINT or SIGABRT at exit instead of stopping cleanly."""
-    with sigint_deferred() as interrupted:
+    with sigint_held():
         importlib.import_module("duckdb")
-    if interrupted:
-        raise KeyboardInterrupt
 
 
 def extract_run(

@@ -111,11 +111,9 @@ def _run_in_pool(
             stopping([held[f][0].label for f in running])
         # A Ctrl-C inside the shutdown would land in one of multiprocessing's finalizers,
         # which swallow it half-done and leave the pool's threads waiting forever.
-        with sigint_deferred() as interrupted:
+        with sigint_held():
             for each in (*pools, *alone, local):
                 each.shutdown(wait=True, cancel_futures=True)
-        if interrupted:
-            raise KeyboardInterrupt
 
 
 def _worker_pool(processes: int) -> ProcessPoolExecutor:
@@ -165,6 +163,16 @@ def sigint_deferred() -> Iterator[list[bool]]:
 
 
 @contextmanager
+def sigint_held() -> Iterator[None]:
+    """Run the block to its end with a Ctrl-C held, then raise it (KeyboardInterrupt) if one
+    came: for work a Ctrl-C must not cut in the middle of, whose caller still stops."""
+    with sigint_deferred() as received:
+        yield
+    if received:
+        raise KeyboardInterrupt
+
+
+@contextmanager
 def sigint_blocked() -> Iterator[None]:
     """Block SIGINT in this thread while worker processes start, and hold a Ctrl-C until then.
 
@@ -177,9 +185,7 @@ def sigint_blocked() -> Iterator[None]:
     """
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        with sigint_deferred() as received:
+        with sigint_held():
             yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-    if received:
-        raise KeyboardInterrupt

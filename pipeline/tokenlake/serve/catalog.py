@@ -12,9 +12,9 @@ parsed from the end of each path by the lake's layout: DuckDB's own Hive parsing
 
 The catalog also records a digest of the file lists it was built from (`listed_digest`). A
 command killed between changing a manifest and rebuilding the catalog (`drop`, `tag`, an
-extraction) leaves a catalog that lists other files than the manifests: readers then build
-their base views from the manifests for that connection, `verify` reports it, and the next
-extraction rebuilds it.
+extraction) leaves a catalog that lists other files than the manifests: `verify` reports it
+and the next extraction rebuilds it. tokenlake's own readers never read the file: `connect`
+builds the same views for each command from the manifests.
 """
 
 from __future__ import annotations
@@ -51,21 +51,22 @@ log = logging.getLogger(__name__)
 def table_files(lake: LakeRoot, table: str) -> list[str]:
     """The Parquet files (paths or URLs) of one table that the runs' manifests list, by run
     then step."""
+    return _listed_files(lake, manifest.load_all(lake), table)
+
+
+def _listed_files(lake: LakeRoot, records: list[manifest.RunManifest], table: str) -> list[str]:
     layout = lake_at(lake)
-    return [layout.url(name) for run in manifest.load_all(lake) for name in run.files(table)]
+    return [layout.url(name) for run in records for name in run.files(table)]
 
 
 def create_base_views(
-    con: duckdb.DuckDBPyConnection, lake: LakeRoot, *, temp: bool = False
+    con: duckdb.DuckDBPyConnection, lake: LakeRoot, records: list[manifest.RunManifest]
 ) -> None:
-    """`tokens`, `samples`, `runs`, `vocab` over the lake's Parquet files.
-
-    With `temp`, as TEMP views of this connection only: they shadow the catalog's own.
-    """
-    kind = "TEMP VIEW" if temp else "VIEW"
+    """`tokens`, `samples`, `runs`, `vocab`, `metrics` over the Parquet files `records` (the
+    lake's manifests, read once for the whole build) list."""
     for table in schema.TABLES:
-        sql = base_view_sql(table, table_files(lake, table))
-        con.execute(f"CREATE OR REPLACE {kind} {table} AS {sql}")
+        sql = base_view_sql(table, _listed_files(lake, records, table))
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
 
 
 def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -108,12 +109,15 @@ def _catalog_url(lake: LakeRoot) -> str:
     return layout.url(layout.catalog_name)
 
 
-def create_all_views(con: duckdb.DuckDBPyConnection, lake: LakeRoot) -> list[str]:
-    """Base views, macros, tokenlake's views and the user's; returns the skipped user views."""
+def create_all_views(
+    con: duckdb.DuckDBPyConnection, lake: LakeRoot, records: list[manifest.RunManifest]
+) -> list[str]:
+    """Base views over the files `records` list, macros, tokenlake's views and the user's;
+    returns the skipped user views."""
     layout = lake_at(lake)
     if layout.filesystem is not None:  # an object store: DuckDB reads it through fsspec
         con.register_filesystem(layout.filesystem)
-    create_base_views(con, lake)
+    create_base_views(con, lake, records)
     for path in iter_macro_files():
         con.execute(path.read_text(encoding="utf-8"))
     create_sql_views(con)
@@ -132,8 +136,12 @@ def listed_digest(lake: LakeRoot) -> str:
     Raises:
         LakeError: A manifest is damaged or cannot be read.
     """
+    return _digest_of(manifest.load_all(lake))
+
+
+def _digest_of(records: list[manifest.RunManifest]) -> str:
     digest = hashlib.blake2b(digest_size=16)
-    for record in manifest.load_all(lake):
+    for record in records:
         for table in schema.TABLES:
             for name in record.files(table):
                 line = f"{record.run}\0{table}\0{name}\n"
@@ -169,9 +177,9 @@ def _write_catalog(tmp: Path, lake: LakeRoot, problems: list[str]) -> None:
         # views); reading the views needs 1.2 (docs/bi.md, tests/test_duckdb_oldest.py).
         con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
         try:
-            digest = listed_digest(lake)  # under the writer lock: the manifests hold still
-            problems[:] = create_all_views(con, lake)
-            _record_listed(con, digest)
+            records = manifest.load_all(lake)  # once: the views and the digest agree
+            problems[:] = create_all_views(con, lake, records)
+            _record_listed(con, _digest_of(records))
             con.execute("CHECKPOINT")  # write everything into the file now, errors included
         finally:
             con.close()
@@ -334,7 +342,7 @@ def _connect_in_memory(lake: LakeRoot) -> duckdb.DuckDBPyConnection:
 
     con = duckdb.connect()
     try:
-        for problem in create_all_views(con, lake):
+        for problem in create_all_views(con, lake, manifest.load_all(lake)):
             log.warning("%s", problem)
     except duckdb.Error as exc:
         con.close()
