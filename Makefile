@@ -44,7 +44,7 @@ $(PY) -m pip install -q -c $(LOCK) -e '.[$(1)]'
 touch $@
 endef
 # The files the example dump is generated from: `make example` rewrites it only when they change.
-GENERATOR := pipeline/tokenlake/tools/synth.py pipeline/tokenlake/tools/synth_spec.py pipeline/tokenlake/transform/cp_layout.py
+GENERATOR := pipeline/tokenlake/generator/synth.py pipeline/tokenlake/generator/synth_spec.py pipeline/tokenlake/transform/cp_layout.py
 
 .PHONY: help setup setup-test lock extract example follow verify views audit sql report test test-fast lint fmt bench bench-formats clean
 
@@ -128,11 +128,11 @@ test-fast: setup-test ## [TEST_WORKERS=$(TEST_WORKERS)]: tests not marked slow, 
 	$(PYTEST) -m "not slow" --doctest-modules pipeline tests
 
 bench: setup ## BENCH_SCALE=$(BENCH_SCALE): generate big dumps in a temp dir and print throughput figures
-	$(PY) -m tokenlake.tools.bench --scale $(BENCH_SCALE)
+	PYTHONPATH=pipeline $(PY) -m benchmarks.bench --scale $(BENCH_SCALE)
 
 bench-formats: setup-test ## our S3 commit protocol vs Delta Lake and Iceberg on a local S3 server (docs/table-formats.md)
 	$(PY) -m pip install -q -e '.[formats]'
-	$(PY) -m tokenlake.tools.bench_formats
+	PYTHONPATH=pipeline $(PY) -m benchmarks.bench_formats
 
 clean: ## remove $(EXAMPLE_DUMP)/ and the default lake (never touches RUN)
 	rm -rf "$$TL_EXAMPLE_DUMP" lake

@@ -70,11 +70,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def basic_and_pp2_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A lake holding the real `basic` and `pp2` fixture runs, extracted once per module."""
     from tests.fixture_paths import REAL_DUMPS
-    from tokenlake.load.extract import extract_run
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     lake = tmp_path_factory.mktemp("two-runs") / "lake"
-    extract_run(REAL_DUMPS / "basic", lake, workers=1)
-    extract_run(REAL_DUMPS / "pp2", lake, workers=1)
+    extract_run(REAL_DUMPS / "basic", lake, ExtractOptions(workers=1))
+    extract_run(REAL_DUMPS / "pp2", lake, ExtractOptions(workers=1))
     return lake
 
 

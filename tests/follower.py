@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tokenlake.load.extract import ExtractSummary
-from tokenlake.load.follow import follow_run
+from tokenlake.orchestrate.extract import ExtractOptions, ExtractSummary
+from tokenlake.orchestrate.follow import follow_run
 
 # Longer than any real pause: a step settles only when the test moves the follower's clock.
 SETTLE = 3600.0
@@ -42,10 +42,17 @@ class Follower:
 
     def _follow(self, dump: Path | str, lake: Path | str, run: str | None, poll: float) -> None:
         try:
+            options = ExtractOptions(
+                run_name=run, follow=True, poll_seconds=poll, settle_seconds=SETTLE
+            )
             follow_run(
-                dump, lake, run, poll_seconds=poll, settle_seconds=SETTLE, workers=1,
-                on_round=self._record, should_stop=self._stop.is_set, clock=self._clock,
-            )  # fmt: skip
+                dump,
+                lake,
+                options,
+                on_round=self._record,
+                should_stop=self._stop.is_set,
+                clock=self._clock,
+            )
         except BaseException as exc:  # surfaced by the test's assertions
             self.errors.append(exc)
         with self._changed:

@@ -16,9 +16,10 @@ from typing import Any
 import pyarrow as pa
 
 from tokenlake import schema
-from tokenlake.load import manifest, write
-from tokenlake.load.lake import partition_dir
+from tokenlake.layout import partition_dir
+from tokenlake.load import write
 from tokenlake.serve import catalog
+from tokenlake.store import manifest
 
 
 def _defaults(table: str) -> dict[str, Any]:

@@ -16,9 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tokenlake.orchestrate import step
 from tokenlake.read import dump as dump_module
 from tokenlake.read import ptread
-from tokenlake.transform import step
+from tokenlake.transform import tables
 
 
 class MemDump:
@@ -65,7 +66,7 @@ class MemDump:
         )
 
     def tables(self) -> tuple[pa.Table, pa.Table]:
-        tokens, samples, _ = step.build_step_tables(self.files())
+        tokens, samples, _ = tables.build_step_tables(self.files())
         return tokens, samples
 
     def error(self) -> str | None:

@@ -1,4 +1,4 @@
-"""What the S3 tests share: moto's server (pipeline/tokenlake/tools/s3server.py), the CLI's output with
+"""What the S3 tests share: moto's server (pipeline/benchmarks/s3server.py), the CLI's output with
 its timing blanked, and a query's rows through a lake's catalog."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from click.testing import CliRunner
 
+from benchmarks.s3server import list_keys, moto_server, new_bucket
 from tokenlake.cli import main
 from tokenlake.serve import catalog
-from tokenlake.tools.s3server import list_keys, moto_server, new_bucket
 
 if TYPE_CHECKING:
     import duckdb

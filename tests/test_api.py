@@ -1,4 +1,4 @@
-"""tokenlake.open_lake / tokenlake.TokenLake: the frames equal the catalog's views, exactly."""
+"""tokenlake.open_lake / tokenlake.Lake: the frames equal the catalog's views, exactly."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import polars as pl
 import pytest
 
 import tokenlake
+from tokenlake import lake as api
 from tokenlake import schema
 from tokenlake.errors import LakeError
-from tokenlake.load import manifest
-from tokenlake.load.local_lake import Lake
-from tokenlake.serve import api
-from tokenlake.tools import synth
+from tokenlake.generator import synth
+from tokenlake.store import manifest
+from tokenlake.store.local import LocalStore
 
 SPEC = replace(synth.PRESETS["example"], miles_dashboard=True)
 KEYS = {
@@ -27,7 +27,7 @@ KEYS = {
 
 
 @pytest.fixture(scope="module")
-def lake(tmp_path_factory) -> tokenlake.TokenLake:
+def lake(tmp_path_factory) -> tokenlake.Lake:
     folder = tmp_path_factory.mktemp("api")
     synth.write_dump(folder / "dump", SPEC)
     opened = tokenlake.open_lake(folder / "lake", create=True)
@@ -37,7 +37,7 @@ def lake(tmp_path_factory) -> tokenlake.TokenLake:
 
 
 def test_open_lake_is_the_api_class():
-    assert tokenlake.open_lake is api.open_lake and tokenlake.TokenLake is api.TokenLake
+    assert tokenlake.open_lake is api.open_lake and tokenlake.Lake is api.Lake
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         tokenlake.nope  # noqa: B018
 
@@ -79,7 +79,7 @@ def test_selections_read_only_the_listed_files(lake):
 
 @pytest.mark.slow
 def test_reading_takes_no_lock(lake):
-    with Lake(lake.root).lock():  # an extraction holds the writer lock meanwhile
+    with LocalStore(lake.root).lock():  # an extraction holds the writer lock meanwhile
         assert lake.tokens(steps=[0]).collect().height == 1943
         assert lake.sql("SELECT count(*) FROM samples").fetchall() == [(176,)]
 

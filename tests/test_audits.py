@@ -295,11 +295,11 @@ def test_report_truncates_long_row_lists(tripped):
 )
 def test_audits_fire_on_generated_dumps_built_to_trip_them(tmp_path, preset, audit, rows):
     """Whole pipeline: a generated dump with the defect, extracted, then audited."""
-    from tokenlake.load.extract import extract_run
-    from tokenlake.tools import synth
+    from tokenlake.generator import synth
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
-    extract_run(tmp_path / "dump", tmp_path / "lake", run_name=preset)
+    extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name=preset))
     results = {r.name: r for r in run_audits(tmp_path / "lake")}
     assert not results[audit].passed
     if rows is None:  # count the non-finite tokens independently, with numpy
@@ -377,15 +377,15 @@ def test_cli_exits_0_when_only_warnings_and_info_fire(tmp_path):
 @pytest.mark.parametrize("case", ["basic", "cp2", "pp2", "removed", "example"])
 def test_healthy_runs_pass_the_audit(tmp_path, case):
     """The built-in example and every real miles fixture: exit 0, no error audit fires."""
-    from tokenlake.load.extract import extract_run
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     dump = REAL_DUMPS / case
     if case == "example":
-        from tokenlake.tools import synth
+        from tokenlake.generator import synth
 
         dump = tmp_path / "dump"
         synth.write_dump(dump, synth.PRESETS["example"])
-    extract_run(dump, tmp_path / "lake", run_name=case)
+    extract_run(dump, tmp_path / "lake", ExtractOptions(run_name=case))
     result = CliRunner().invoke(main, ["audit", str(tmp_path / "lake")])
     assert result.exit_code == 0, result.output
     assert [

@@ -23,9 +23,9 @@ import pytest
 from click.testing import CliRunner
 
 from tests.fixture_paths import REAL_DUMPS
-from tokenlake import schema
+from tokenlake import layout
 from tokenlake.cli import main
-from tokenlake.load.verify import verify_lake
+from tokenlake.orchestrate.verify import verify_lake
 
 FIXTURES = REAL_DUMPS
 OLD = 7200.0  # seconds: older than ptread.FRESH_SECONDS, so a bad file is not "still written"
@@ -79,7 +79,7 @@ def lake_steps(lake: Path, run: str) -> list[tuple[int, bool, int]]:
     """(rollout_id, evaluation, samples) per step, through the catalog."""
     import duckdb
 
-    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         return con.execute(
             "SELECT rollout_id, evaluation, count(*)::INT FROM samples WHERE run = ?"
             " GROUP BY ALL ORDER BY ALL",
@@ -285,7 +285,7 @@ def test_rollout_log_probs_of_the_wrong_length(tmp_path: Path) -> None:
     assert (code, err) == (0, [])
     import duckdb
 
-    with duckdb.connect(str(tmp_path / "lake" / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(tmp_path / "lake" / layout.CATALOG_FILE), read_only=True) as con:
         flags = con.execute(
             "SELECT batch_position FROM samples WHERE rollout_id = 1 AND NOT evaluation"
             " AND alignment_failed"
@@ -315,7 +315,7 @@ def test_trainer_field_of_the_wrong_length_is_an_alignment_failure(tmp_path: Pat
         )
     code, _, err = extract(dump, tmp_path / "lake")
     assert (code, err) == (0, [])
-    with duckdb.connect(str(tmp_path / "lake" / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(tmp_path / "lake" / layout.CATALOG_FILE), read_only=True) as con:
         flags = con.execute(
             "SELECT batch_position, alignment_failed FROM samples WHERE rollout_id = 1"
             " AND NOT evaluation AND alignment_failed"
@@ -347,7 +347,7 @@ def test_nan_and_inf_are_kept_and_counted(tmp_path: Path) -> None:
     line = summary_line("basic", tmp_path / "lake", counts, 20, 206)
     # NaN and inf in train_log_prob, and so in lp_diff: 4 values.
     assert (code, err, out) == (0, [], line[:-1] + " (4 NaN/inf values kept)\n")
-    with duckdb.connect(str(tmp_path / "lake" / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(tmp_path / "lake" / layout.CATALOG_FILE), read_only=True) as con:
         rows = con.execute(
             "SELECT position, isnan(train_log_prob), isinf(train_log_prob), isinf(lp_diff)"
             " FROM tokens WHERE rollout_id = 1 AND NOT evaluation AND batch_position = 2"
@@ -465,7 +465,7 @@ def test_full_lake_is_a_clear_error_and_leaves_the_lake_intact(
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", full_disk)
-    monkeypatch.setattr("tokenlake.transform.step.secrets.token_hex", lambda n: "feedbeef")
+    monkeypatch.setattr("tokenlake.orchestrate.step.secrets.token_hex", lambda n: "feedbeef")
     code, out, err = extract(dump, lake)
     monkeypatch.undo()
     target = (
@@ -503,7 +503,7 @@ def test_quotes_spaces_and_unicode_in_paths_and_run_names(tmp_path: Path) -> Non
     name = "qwen 'grpo' \"v2\" ü"
     code, out, _ = extract(FIXTURES / "removed", lake, "--run-name", name)
     assert code == 0 and out.startswith(f"Run `{name}`: 4 new")
-    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         runs = con.execute("SELECT run, count(*) FROM tokens GROUP BY run ORDER BY run").fetchall()
     assert [r for r, _ in runs] == sorted([dump.name, name])
     assert verify_lake(lake) == (3 + 4, [])

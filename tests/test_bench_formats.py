@@ -1,4 +1,4 @@
-"""`make bench-formats` (pipeline/tokenlake/tools/bench_formats.py): its arguments, the partition columns
+"""`make bench-formats` (pipeline/benchmarks/bench_formats.py): its arguments, the partition columns
 it adds for the table formats, and how it picks and prints the best repetition. The measuring
 itself needs the `formats` extra and a server; `make bench-formats` runs it."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tokenlake.tools import bench_formats
-from tokenlake.tools import bench_formats_writers as bw
+from benchmarks import bench_formats
+from benchmarks import bench_formats_writers as bw
 
 
 @pytest.mark.parametrize("args", [["--steps", "0"], ["--repeat", "0"], ["--scale", "0"]])
@@ -17,7 +17,7 @@ def test_bad_arguments_are_refused_before_anything_runs(args, capsys):
         bench_formats.main(args)
     assert stop.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "python -m tokenlake.tools.bench_formats: error:"
+        "python -m benchmarks.bench_formats: error:"
         " --steps, --repeat and --tiny must be at least 1, --scale above 0"
     )
 

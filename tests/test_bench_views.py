@@ -1,10 +1,10 @@
-"""`tokenlake.tools.bench` times every aggregate view against a plain scan of `tokens`."""
+"""`benchmarks.bench` times every aggregate view against a plain scan of `tokens`."""
 
 from __future__ import annotations
 
+from benchmarks import bench
 from tests.lakes import build_lake
 from tokenlake.serve import sql_views
-from tokenlake.tools import bench
 
 
 def test_view_ratios_cover_every_aggregate_view(tmp_path, capsys):

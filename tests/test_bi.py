@@ -13,8 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.fixture_paths import REAL_DUMPS
-from tokenlake import schema
-from tokenlake.load.extract import extract_run
+from tokenlake import layout, schema
+from tokenlake.orchestrate.extract import extract_run
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
@@ -52,7 +52,7 @@ def lake(tmp_path_factory) -> Path:
 
 def _engine(lake: Path) -> sa.Engine:
     return sa.create_engine(
-        f"duckdb:///{lake / schema.CATALOG_FILE}", connect_args={"read_only": True}
+        f"duckdb:///{lake / layout.CATALOG_FILE}", connect_args={"read_only": True}
     )
 
 
@@ -100,7 +100,7 @@ def test_sqlalchemy_runs_the_readme_queries_read_only(lake):
     # DuckDB refuses a second connection to one file with another configuration in the same
     # process (duckdb-engine sets its own), so the reference answers come from a copy.
     copy = lake.parent / "reference.duckdb"
-    shutil.copyfile(lake / schema.CATALOG_FILE, copy)
+    shutil.copyfile(lake / layout.CATALOG_FILE, copy)
     with duckdb.connect(str(copy), read_only=True) as con:
         expected = [con.execute(q).fetchall() for q in queries]
     engine = _engine(lake)
@@ -114,7 +114,7 @@ def test_sqlalchemy_runs_the_readme_queries_read_only(lake):
     assert actual == expected
     # The URL form of the flag (what a Superset user types); on a copy, see above.
     url_copy = lake.parent / "url.duckdb"
-    shutil.copyfile(lake / schema.CATALOG_FILE, url_copy)
+    shutil.copyfile(lake / layout.CATALOG_FILE, url_copy)
     url_engine = sa.create_engine(f"duckdb:///{url_copy}?access_mode=read_only")
     try:
         with url_engine.connect() as con:
@@ -135,7 +135,7 @@ def test_attach_the_lake_from_a_users_database(lake, tmp_path):
     con = duckdb.connect(str(tmp_path / "mine.duckdb"))
     try:
         con.execute(f"CREATE TABLE eval_scores AS SELECT * FROM read_csv('{scores}')")
-        con.execute(f"ATTACH '{lake / schema.CATALOG_FILE}' AS tl (READ_ONLY)")
+        con.execute(f"ATTACH '{lake / layout.CATALOG_FILE}' AS tl (READ_ONLY)")
         rows = con.execute(
             """
             SELECT e.run, e.rollout_id, e.gsm8k, s.n_samples, s.reward_mean, s.mean_abs_lp_diff
@@ -165,7 +165,7 @@ def test_plain_parquet_readers_read_the_manifest_listed_files(lake):
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    from tokenlake.load import manifest
+    from tokenlake.store import manifest
 
     files = [str(lake / name) for run in manifest.load_all(lake) for name in run.files("tokens")]
     partitioning = ds.partitioning(
@@ -178,7 +178,7 @@ def test_plain_parquet_readers_read_the_manifest_listed_files(lake):
         files, hive_partitioning=True, hive_schema={"run": pl.String, "rollout_id": pl.Int64}
     ).collect()
     copy = lake.parent / "plain.duckdb"
-    shutil.copyfile(lake / schema.CATALOG_FILE, copy)
+    shutil.copyfile(lake / layout.CATALOG_FILE, copy)
     with duckdb.connect(str(copy), read_only=True) as con:
         per_step = con.execute(
             "SELECT run, rollout_id, count(*) FROM tokens GROUP BY ALL ORDER BY ALL"

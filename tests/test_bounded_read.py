@@ -1,4 +1,4 @@
-"""The bounded reader (`tokenlake.read.bounded`): regular files only, never blocking, at most
+"""The bounded reader (`tokenlake.bounded`): regular files only, never blocking, at most
 a stated size; JSON depth found before a parser recurses; lines at most a stated length."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tokenlake import bounded
 from tokenlake.errors import BoundedReadError
-from tokenlake.read import bounded
 
 
 def refusal(path: Path, limit: int = 100, *, follow: bool = True) -> BoundedReadError:

@@ -123,7 +123,7 @@ def test_drop_removes_one_run_and_nothing_else(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_prints_what_was_committed(tmp_path, monkeypatch):
-    from tokenlake.progress import PlainReporter
+    from tokenlake.orchestrate.progress import PlainReporter
 
     done = PlainReporter.done
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tokenlake import schema
-from tokenlake.load import manifest
-from tokenlake.load.extract import extract_run
-from tokenlake.load.verify import verify_lake
-from tokenlake.tools import synth
+from tokenlake import layout, schema
+from tokenlake.generator import synth
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.orchestrate.verify import verify_lake
+from tokenlake.store import manifest
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def table_rows(lake: Path, table: str) -> list[tuple]:
     """Every row of a base view through the catalog, sorted (NaN-safe: compared as text)."""
     import duckdb
 
-    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         rows = con.execute(f"SELECT * FROM {table}").fetchall()
     return sorted(tuple(map(repr, row)) for row in rows)
 
@@ -63,7 +63,7 @@ def catalog_scans(lake: Path) -> int:
     """Open the catalog and read every file it lists; returns the token rows."""
     import duckdb
 
-    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         tokens = con.execute("SELECT count(*), sum(token_id) FROM tokens").fetchone()
         con.execute("SELECT count(*), sum(response_length) FROM samples").fetchone()
         con.execute("SELECT * FROM runs").fetchall()
@@ -84,7 +84,7 @@ def unlisted_files(lake: Path) -> list[str]:
         if path.is_file() and str(path) not in listed:
             name = str(path.relative_to(lake))
             if name not in (
-                schema.CATALOG_FILE,
+                layout.CATALOG_FILE,
                 "_manifest/.tokenlake.lock",
                 "_manifest/dump.json",
             ):
@@ -96,9 +96,11 @@ def test_kill_at_random_moments_then_rerun(tmp_path: Path) -> None:
     dump = tmp_path / "dump"
     synth.write_dump(dump, SPEC)
     reference = tmp_path / "reference"
-    extract_run(dump, reference, workers=1)
+    extract_run(dump, reference, ExtractOptions(workers=1))
     lake = tmp_path / "lake"
-    extract_run(dump, lake, steps=[0], workers=1)  # a catalog exists before the first kill
+    extract_run(
+        dump, lake, ExtractOptions(steps=[0], workers=1)
+    )  # a catalog exists before the first kill
 
     rng = random.Random(SEED)
     train_files = sorted((dump / "train_data").iterdir())

@@ -10,10 +10,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tokenlake import schema
+from tokenlake import bounded, layout, schema
 from tokenlake.errors import UsageError
-from tokenlake.read import bounded, dashboard
-from tokenlake.tools import synth, synth_dashboard
+from tokenlake.generator import synth, synth_dashboard
+from tokenlake.orchestrate.extract import ExtractOptions
+from tokenlake.read import dashboard
 
 NONE_META = {
     "start_ts": None,
@@ -335,13 +336,13 @@ def test_generated_raw_reward_joins_step_stats(tmp_path):
     """The worked join of docs (metrics on step = rollout_id for one step_key) on a real lake."""
     import duckdb
 
-    from tokenlake.load.extract import extract_run
+    from tokenlake.orchestrate.extract import extract_run
 
     spec = replace(synth.PRESETS["example"], miles_dashboard=True)
     synth.write_dump(tmp_path / "dump", spec)
-    extract_run(tmp_path / "dump", tmp_path / "lake", "example")
+    extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name="example"))
     metrics = dashboard.read_metrics(tmp_path / "dump").table  # noqa: F841 (read by DuckDB)
-    with duckdb.connect(str(tmp_path / "lake" / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(tmp_path / "lake" / layout.CATALOG_FILE), read_only=True) as con:
         rows = con.execute(
             """
             SELECT s.rollout_id, s.reward_mean, m.value

@@ -630,9 +630,11 @@ FIXTURES = MILES_REAL
 def test_drift_steps_on_real_basic_dump(tmp_path):
     import pyarrow.parquet as pq
 
-    from tokenlake.load.extract import extract_run
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
-    extract_run(FIXTURES / "dumps" / "basic", tmp_path, run_name="basic", strict=True)
+    extract_run(
+        FIXTURES / "dumps" / "basic", tmp_path, ExtractOptions(run_name="basic", strict=True)
+    )
     tokens = run_query(tmp_path, "SELECT * FROM tokens").to_pylist()
     samples = run_query(tmp_path, "SELECT * FROM samples").to_pylist()
     expected = expected_steps(tokens, samples)
@@ -653,11 +655,11 @@ def test_drift_steps_on_real_basic_dump(tmp_path):
 def test_drift_steps_on_generated_dumps(tmp_path, preset):
     """The generator's layouts (masked tool runs, NaN/inf, CP reassembly, removed samples)
     through the whole pipeline, checked against numpy over the same tokens."""
-    from tokenlake.load.extract import extract_run
-    from tokenlake.tools import synth
+    from tokenlake.generator import synth
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
-    extract_run(tmp_path / "dump", tmp_path / "lake", run_name=preset, strict=True)
+    extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name=preset, strict=True))
     lake = tmp_path / "lake"
     tokens = run_query(lake, "SELECT * FROM tokens").to_pylist()
     samples = run_query(lake, "SELECT * FROM samples").to_pylist()

@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tokenlake import schema
-from tokenlake.tools import synth
-from tokenlake.tools.synth import PRESETS
-from tokenlake.tools.synth_truth import SampleTruth, Truth
+from tokenlake import layout, schema
+from tokenlake.generator import synth
+from tokenlake.generator.synth import PRESETS
+from tokenlake.generator.synth_truth import SampleTruth, Truth
 
 LAYOUT_PRESETS = sorted(name for name in PRESETS if not name.startswith("bench"))
 KEY_COLUMNS = (schema.ROLLOUT_ID, schema.EVALUATION, schema.BATCH_POSITION)
@@ -140,13 +140,13 @@ def _check_samples(con: Any, truth: Truth) -> None:
 def test_lake_matches_truth(preset: str, tmp_path: Path) -> None:
     import duckdb
 
-    from tokenlake.load.extract import extract_run
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     dump, lake = tmp_path / "dump", tmp_path / "lake"
     truth = synth.write_dump(dump, PRESETS[preset], keep_truth=True)
     assert truth is not None
-    extract_run(dump, lake, "synth")
-    con = duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True)
+    extract_run(dump, lake, ExtractOptions(run_name="synth"))
+    con = duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True)
     want = expected_tokens(truth)
     columns = ", ".join(want)
     got = _fetch(

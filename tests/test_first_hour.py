@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake.cli import main
-from tokenlake.cli_util import safe_text
-from tokenlake.progress import BarReporter, PlainReporter
-from tokenlake.transform.step import StepResult
+from tokenlake.orchestrate.progress import BarReporter, PlainReporter
+from tokenlake.terminal import safe_text
+from tokenlake.transform.tables import StepResult
 
 ROOT = Path(__file__).resolve().parent.parent
 BASIC = REAL_DUMPS / "basic"
@@ -416,7 +416,7 @@ def test_make_example_regenerates_only_when_the_generator_changes(tmp_path):
     stamp.touch()
     target = ("-q", f"EXAMPLE_DUMP={example}", str(stamp))
     assert make(*target).returncode == 0  # up to date: `make extract` keeps the files as they are
-    os.utime(stamp, (0, 0))  # older than pipeline/tokenlake/tools/synth.py: regenerate
+    os.utime(stamp, (0, 0))  # older than pipeline/tokenlake/generator/synth.py: regenerate
     assert make(*target).returncode == 1
 
 
@@ -480,7 +480,7 @@ def test_the_generator_without_torch_names_the_extra(tmp_path):
 
 @pytest.mark.slow
 def test_a_stop_names_the_steps_still_in_flight(tmp_path):
-    from tokenlake.load.scheduler import run_steps
+    from tokenlake.orchestrate.scheduler import run_steps
     from tokenlake.read import dump
 
     todo = [(files, "new") for files in dump.discover(BASIC).steps]

@@ -82,12 +82,12 @@ def test_empty_step_and_empty_sample() -> None:
 @pytest.mark.parametrize("preset", ["nonfinite", "multi-turn", "cp-thd"])
 def test_flags_mark_exactly_the_drift_tokens_rows(tmp_path, preset):
     """Extraction's drift rows are drift_tokens' rows, and the flags count distinct samples."""
-    from tokenlake.load.extract import extract_run
-    from tokenlake.tools import synth
+    from tokenlake.generator import synth
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
     lake = tmp_path / "lake"
-    extract_run(tmp_path / "dump", lake, run_name=preset, strict=True)
+    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name=preset, strict=True))
     counts = run_query(
         lake,
         "SELECT count(*), count(*) FILTER (WHERE first_occurrence IS NULL) FROM drift_tokens",

@@ -21,11 +21,11 @@ import pytest
 
 from tests.fixture_paths import REAL_DUMPS
 from tests.follower import ROUND_WAIT, Follower
-from tokenlake import schema
-from tokenlake.load import manifest
-from tokenlake.load.extract import ExtractSummary, extract_run
-from tokenlake.load.follow import FollowState, follow_round
-from tokenlake.load.verify import verify_lake
+from tokenlake import layout, schema
+from tokenlake.orchestrate.extract import ExtractOptions, ExtractSummary, extract_run
+from tokenlake.orchestrate.follow import FollowState, follow_round
+from tokenlake.orchestrate.verify import verify_lake
+from tokenlake.store import manifest
 
 pytestmark = pytest.mark.slow  # every test extracts real dump files
 
@@ -57,21 +57,21 @@ def empty_dump(path: Path) -> Path:
 def rows(lake: Path, table: str) -> list[tuple]:
     import duckdb
 
-    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         found = con.execute(f"SELECT * FROM {table}").fetchall()
     return sorted(tuple(map(repr, row)) for row in found)
 
 
 def one_shot(tmp_path: Path, run: str) -> Path:
     lake = tmp_path / "one-shot"
-    extract_run(FIXTURES / "basic", lake, run, workers=1)
+    extract_run(FIXTURES / "basic", lake, ExtractOptions(run_name=run, workers=1))
     return lake
 
 
 def step_train_files(lake: Path) -> list[tuple]:
     import duckdb
 
-    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         return con.execute(
             "SELECT rollout_id, evaluation, min(step_train_files), bool_and(has_train_row)"
             " FROM samples GROUP BY ALL ORDER BY ALL"
@@ -121,7 +121,7 @@ def test_young_truncated_file_is_picked_up_once_complete(tmp_path: Path) -> None
     partial.write_bytes(full[:1000])  # being written now
     state = FollowState()
 
-    summary = follow_round(live, lake, "live", state, 0.0, 1, None)
+    summary = follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
     assert counts(summary) == (2, 0, 0, 0, 1)
     assert summary.failed == [
         (
@@ -131,11 +131,13 @@ def test_young_truncated_file_is_picked_up_once_complete(tmp_path: Path) -> None
             " ago and is probably still being written; extract again later.",
         )
     ]
-    summary = follow_round(live, lake, "live", state, 0.0, 1, None)  # unchanged: not retried
+    summary = follow_round(
+        live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None
+    )  # unchanged: not retried
     assert (counts(summary), summary.failed) == ((0, 0, 2, 0, 0), [])
 
     partial.write_bytes(full)  # the writer finishes
-    summary = follow_round(live, lake, "live", state, 0.0, 1, None)
+    summary = follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
     assert counts(summary) == (1, 0, 2, 0, 0)
     reference = one_shot(tmp_path, "live")
     for table in (schema.TOKENS, schema.SAMPLES):
@@ -147,7 +149,7 @@ def test_file_completed_while_its_failed_read_was_reported_is_retried(
 ) -> None:
     """The writer finishes the file between the failed read and the end of the round: the
     step was judged on the old content, so the next round must try it again."""
-    from tokenlake.load import scheduler as extract_module
+    from tokenlake.orchestrate import scheduler as extract_module
 
     live, lake = tmp_path / "live", tmp_path / "lake"
     shutil.copytree(FIXTURES / "basic", live)
@@ -165,8 +167,12 @@ def test_file_completed_while_its_failed_read_was_reported_is_retried(
     state = FollowState()
     with monkeypatch.context() as patched:
         patched.setattr(extract_module, "extract_step", extract_then_finish_writing)
-        assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (2, 0, 0, 0, 1)
-    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (1, 0, 2, 0, 0)
+        assert counts(
+            follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+        ) == (2, 0, 0, 0, 1)
+    assert counts(
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    ) == (1, 0, 2, 0, 0)
 
 
 def test_old_unreadable_file_is_an_error_until_it_changes(tmp_path: Path) -> None:
@@ -177,7 +183,7 @@ def test_old_unreadable_file_is_an_error_until_it_changes(tmp_path: Path) -> Non
     stamp = time.time() - OLD
     os.utime(bad, (stamp, stamp))
     state = FollowState()
-    summary = follow_round(live, lake, "live", state, 0.0, 1, None)
+    summary = follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
     assert summary.failed == [
         (
             "1",
@@ -185,10 +191,12 @@ def test_old_unreadable_file_is_an_error_until_it_changes(tmp_path: Path) -> Non
             " file, then extract again.",
         )
     ]
-    summary = follow_round(live, lake, "live", state, 0.0, 1, None)
+    summary = follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
     assert (counts(summary), summary.failed) == ((0, 0, 2, 0, 0), [])  # reported once
     shutil.copy(FIXTURES / "basic" / "rollout_data" / "1.pt", bad)
-    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (1, 0, 2, 0, 0)
+    assert counts(
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    ) == (1, 0, 2, 0, 0)
 
 
 def test_rollout_only_step_is_extracted_again_when_all_ranks_appear(tmp_path: Path) -> None:
@@ -199,7 +207,9 @@ def test_rollout_only_step_is_extracted_again_when_all_ranks_appear(tmp_path: Pa
     for path in sorted((live / "train_data").glob("1_*.pt")):
         shutil.move(path, parked / path.name)
     state = FollowState()
-    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (3, 0, 0, 0, 0)
+    assert counts(
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    ) == (3, 0, 0, 0, 0)
     assert state.expected_ranks == frozenset({0, 1, 2, 3})  # learnt from step 0
     assert step_train_files(lake) == [
         (0, False, 4, True),
@@ -209,12 +219,16 @@ def test_rollout_only_step_is_extracted_again_when_all_ranks_appear(tmp_path: Pa
 
     for rank in (0, 1):  # half the ranks: not complete, the lake keeps the rollout-only step
         shutil.move(parked / f"1_{rank}.pt", live / "train_data" / f"1_{rank}.pt")
-    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (0, 0, 2, 0, 0)
+    assert counts(
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    ) == (0, 0, 2, 0, 0)
     assert step_train_files(lake)[2] == (1, False, 0, False)
 
     for rank in (2, 3):
         shutil.move(parked / f"1_{rank}.pt", live / "train_data" / f"1_{rank}.pt")
-    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (0, 1, 2, 0, 0)
+    assert counts(
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    ) == (0, 1, 2, 0, 0)
     assert step_train_files(lake)[2] == (1, False, 4, True)
     assert verify_lake(lake) == (3, [])
 
@@ -223,10 +237,12 @@ def test_step_deleted_from_a_followed_run_is_removed(tmp_path: Path) -> None:
     live, lake = tmp_path / "live", tmp_path / "lake"
     shutil.copytree(FIXTURES / "basic", live)
     state = FollowState()
-    follow_round(live, lake, "live", state, 0.0, 1, None)
+    follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
     for path in [live / "rollout_data" / "1.pt", *(live / "train_data").glob("1_*.pt")]:
         path.unlink()
-    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (0, 0, 2, 1, 0)
+    assert counts(
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    ) == (0, 0, 2, 1, 0)
     assert sorted(manifest.load_manifest(lake.resolve(), "live").steps) == ["0", "eval_0"]
 
 
@@ -292,6 +308,6 @@ def test_ctrl_c_during_a_parallel_extraction_leaves_a_consistent_lake(tmp_path: 
     assert err.endswith("Stopped; the lake holds every step extracted so far.\n")
     checked, problems = verify_lake(lake)
     assert problems == []
-    summary = extract_run(dump, lake, workers=1)  # an ordinary run completes it
+    summary = extract_run(dump, lake, ExtractOptions(workers=1))  # an ordinary run completes it
     assert summary.counts["unchanged"] == checked
     assert summary.counts["new"] == 3 - checked

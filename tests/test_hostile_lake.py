@@ -25,8 +25,9 @@ from click.testing import CliRunner
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake.cli import main
 from tokenlake.errors import UsageError
-from tokenlake.load.follow import follow_run
-from tokenlake.load.local_lake import Lake
+from tokenlake.orchestrate.extract import ExtractOptions
+from tokenlake.orchestrate.follow import follow_run
+from tokenlake.store.local import LocalStore
 
 pytestmark = pytest.mark.slow  # each test extracts a real fixture dump
 
@@ -241,7 +242,12 @@ def test_every_command_validates_run_names_alike(tmp_path: Path, command: tuple[
 
 def test_follow_validates_run_names_alike(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"^Run name `r\*` holds `\*`"):
-        follow_run(REAL_DUMPS / "basic", tmp_path / "lake", "r*", should_stop=lambda: True)
+        follow_run(
+            REAL_DUMPS / "basic",
+            tmp_path / "lake",
+            ExtractOptions(follow=True, run_name="r*"),
+            should_stop=lambda: True,
+        )
 
 
 def test_a_260_character_run_name_states_the_limit(tmp_path: Path) -> None:
@@ -346,7 +352,7 @@ def test_views_on_a_read_only_lake_is_one_line(
 def test_views_while_an_extraction_writes_is_one_line(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     extract(REAL_DUMPS / "basic", lake)
-    with Lake(lake).lock():  # what a running extraction holds
+    with LocalStore(lake).lock():  # what a running extraction holds
         assert cli("views", str(lake)) == (
             1,
             "",

@@ -28,10 +28,10 @@ from tests.test_bad_input import (
     lake_steps,
     summary_line,
 )
-from tokenlake import schema
+from tokenlake import layout
 from tokenlake.errors import SampleValueError
+from tokenlake.orchestrate import step
 from tokenlake.read import dump, jsontext
-from tokenlake.transform import step
 
 SKIPPED_ONE = "2 new, 0 updated, 0 unchanged, 0 removed, 1 skipped"
 BIG = 2**70  # 1180591620717411303424
@@ -234,7 +234,7 @@ def test_lone_surrogates_are_stored_as_replacement_characters(
     hostile: tuple[Path, Path, int, str, list[str]],
 ) -> None:
     lake = hostile[1]
-    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         row = con.execute(
             "SELECT response_text, prompt_text, metadata_json, weight_versions FROM samples"
             f" WHERE rollout_id = {SURROGATE_STEP} AND batch_position = 3"
@@ -257,7 +257,7 @@ DIVIDE_LINE = _load_rollout_or_divide.__code__.co_firstlineno + 2
 
 
 def extract_step_with_a_bug(*args: Any) -> step.StepOutcome:
-    """`tokenlake.transform.step.extract_step`, with step 1's load raising ZeroDivisionError.
+    """`tokenlake.orchestrate.step.extract_step`, with step 1's load raising ZeroDivisionError.
 
     Stands in for it in every process: workers are spawned, so they import this module
     rather than inherit a monkeypatch of the test process."""
@@ -269,7 +269,7 @@ def extract_step_with_a_bug(*args: Any) -> step.StepOutcome:
 
 
 def extract_step_that_dies(files: dump.StepFiles, *args: Any) -> step.StepOutcome:
-    """`tokenlake.transform.step.extract_step`, except that a worker process given step 0 is killed."""
+    """`tokenlake.orchestrate.step.extract_step`, except that a worker process given step 0 is killed."""
     if files.label == "0" and multiprocessing.parent_process() is not None:
         os.kill(os.getpid(), signal.SIGKILL)
     return step.extract_step(files, *args)
@@ -280,7 +280,7 @@ def extract_step_that_dies(files: dump.StepFiles, *args: Any) -> step.StepOutcom
 def test_unexpected_exception_is_its_steps_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
-    monkeypatch.setattr("tokenlake.load.scheduler.extract_step", extract_step_with_a_bug)
+    monkeypatch.setattr("tokenlake.orchestrate.scheduler.extract_step", extract_step_with_a_bug)
     dump_dir = copy_dump(tmp_path)
     lake = tmp_path / "lake"
     code, out, err = extract(dump_dir, lake, "--workers", str(workers))
@@ -300,7 +300,7 @@ def test_worker_killed_mid_step_fails_that_step_only(
 ) -> None:
     """With 2 workers step 0 runs in the only process; with 3 it shares the pool with eval_0,
     which the kill interrupts too: eval_0 is retried alone and lands."""
-    monkeypatch.setattr("tokenlake.load.scheduler.extract_step", extract_step_that_dies)
+    monkeypatch.setattr("tokenlake.orchestrate.scheduler.extract_step", extract_step_that_dies)
     dump_dir = copy_dump(tmp_path)
     lake = tmp_path / "lake"
     code, out, err = extract(dump_dir, lake, "--workers", str(workers))

@@ -1,4 +1,4 @@
-"""The package's import graph has no cycle but the one the typed store will remove.
+"""The package's import graph has no cycle, and every import runs down a floor.
 
 Read from the source (every `import` and `from ... import`, function-local ones included), so
 an import that hides inside a function to dodge a cycle still counts.
@@ -10,18 +10,30 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeline" / "tokenlake"
-# `load/lake.py` names the files and gives the store of a location (`lake_at`), which imports
-# the stores, which import the names back; manifest.py and the stores use each other too.
-KNOWN_CYCLE = frozenset(
-    {
-        "tokenlake.load.lake",
-        "tokenlake.load.local_lake",
-        "tokenlake.load.manifest",
-        "tokenlake.load.nofollow",
-        "tokenlake.load.object_lake",
-        "tokenlake.load.object_lock",
-    }
-)
+# The floors, lowest first: a module imports only lower floors, or its own folder on its floor.
+# Names and errors at the ground; storage; the stages in pipeline order; orchestration and the
+# generator over them; the user's lake object; the command line on top.
+FLOORS: list[tuple[str, ...]] = [
+    (
+        "tokenlake.errors",
+        "tokenlake.schema",
+        "tokenlake.layout",
+        "tokenlake.bounded",
+        "tokenlake.extras",
+        "tokenlake.processes",
+        "tokenlake.tags",
+        "tokenlake.terminal",
+        "tokenlake.steps",
+    ),
+    ("tokenlake.store",),
+    ("tokenlake.read",),
+    ("tokenlake.transform",),
+    ("tokenlake.load",),
+    ("tokenlake.serve", "tokenlake.sql"),
+    ("tokenlake.orchestrate", "tokenlake.generator"),
+    ("tokenlake.lake",),
+    ("tokenlake.cli", "tokenlake.cli_util", "tokenlake.__main__", "tokenlake"),
+]
 
 
 def _modules() -> dict[str, Path]:
@@ -76,11 +88,63 @@ def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     return found
 
 
-def test_no_import_cycle_but_the_known_one() -> None:
+# The folders (packages): a package's `__init__` is in its own folder.
+_PACKAGES = {
+    ".".join(("tokenlake", *path.relative_to(PACKAGE).parent.parts))
+    for path in PACKAGE.rglob("__init__.py")
+}
+
+
+def _graph() -> dict[str, set[str]]:
     modules = _modules()
     assert len(modules) > 50  # the package was found
-    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
-    assert sorted(sorted(c) for c in _cycles(graph)) == [sorted(KNOWN_CYCLE)]
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def _floor(module: str) -> tuple[int, str]:
+    """(floor, the folder the module is in) by the longest prefix FLOORS names."""
+    best: tuple[int, int] | None = None
+    for number, prefixes in enumerate(FLOORS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (number, len(prefix))
+    assert best is not None, f"{module} is on no floor: add it to FLOORS"
+    return best[0], module if module in _PACKAGES else module.rpartition(".")[0]
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, imported in sorted(graph.items()):
+        floor, folder = _floor(module)
+        for other in sorted(imported):
+            other_floor, other_folder = _floor(other)
+            if other_floor > floor or (other_floor == floor and other_folder != folder):
+                found.append(f"{module} (floor {floor}) imports {other} (floor {other_floor})")
+    return found
+
+
+def test_no_import_cycle() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_imports_run_downward() -> None:
+    assert _upward(_graph()) == []
+
+
+def test_the_floor_check_finds_an_upward_import() -> None:
+    graph = {"tokenlake.read.dump": {"tokenlake.serve.catalog"}, "tokenlake.serve.catalog": set()}
+    assert _upward(graph) == [
+        "tokenlake.read.dump (floor 2) imports tokenlake.serve.catalog (floor 5)"
+    ]
+
+
+def test_the_benchmarks_stay_out_of_the_package() -> None:
+    assert not (PACKAGE / "tools").exists()
+    benchmarks = sorted(PACKAGE.parent.joinpath("benchmarks").glob("*.py"))
+    assert len(benchmarks) >= 3
+    for module, imported in _graph().items():
+        assert not any(name.startswith("benchmarks") for name in imported), module
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

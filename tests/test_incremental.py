@@ -17,11 +17,11 @@ import pytest
 from click.testing import CliRunner
 
 from tests.fixture_paths import REAL_DUMPS
-from tokenlake import schema
+from tokenlake import layout, schema
 from tokenlake.cli import main
-from tokenlake.load import extract as extract_module
-from tokenlake.load.extract import extract_run
-from tokenlake.load.verify import verify_lake
+from tokenlake.orchestrate import extract as extract_module
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.orchestrate.verify import verify_lake
 
 pytestmark = pytest.mark.slow  # every test extracts real dump files
 
@@ -82,7 +82,7 @@ def contents(lake: Path, run: str) -> dict[str, str]:
 def catalog_rows(lake: Path, sql: str) -> list[tuple]:
     import duckdb
 
-    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         return con.execute(sql).fetchall()
 
 
@@ -205,7 +205,7 @@ def test_rerun_after_a_crash_before_publishing_repairs_the_catalog(
     with monkeypatch.context() as patched:
         patched.setattr(extract_module, "_publish", lambda lake, record: None)
         patched.setattr(extract_module, "_sweep", lambda lake, run: None)
-        extract_run(dump, lake, steps=None, workers=1)  # "killed" before publishing
+        extract_run(dump, lake, ExtractOptions(steps=None, workers=1))  # "killed" before publishing
     partition = lake / "tokens" / "run=basic" / "rollout_id=1"
     leftovers = [
         partition / f".tokenlake-{2**22 + 17}-0bad0bad.tmp",  # of a writer that died
@@ -293,28 +293,32 @@ def test_a_run_whose_only_step_fails_is_not_published(tmp_path: Path) -> None:
     os.utime(dump / "rollout_data" / "0.pt", (1, 1))  # old: corruption, not a live write
     lake = tmp_path / "lake"
     with pytest.raises(PipelineError):
-        extract_run(dump, lake, "broken", strict=True)
-    summary = extract_run(dump, lake, "broken")
+        extract_run(dump, lake, ExtractOptions(run_name="broken", strict=True))
+    summary = extract_run(dump, lake, ExtractOptions(run_name="broken"))
     assert summary.counts["skipped"] == 1
     assert sorted(p.name for p in lake.iterdir()) == ["_manifest"]
     assert sorted(p.name for p in (lake / "_manifest").iterdir()) == [".tokenlake.lock"]
 
 
 def test_ctrl_c_mid_run_reports_what_was_committed(tmp_path: Path) -> None:
-    from tokenlake.load.follow import follow_run
+    from tokenlake.orchestrate.follow import follow_run
 
     def stop_after_first(result) -> None:  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
 
     dump = FIXTURES / "basic"
     with pytest.raises(KeyboardInterrupt) as caught:
-        extract_run(dump, tmp_path / "a", "basic", workers=1, progress=stop_after_first)
+        extract_run(
+            dump,
+            tmp_path / "a",
+            ExtractOptions(run_name="basic", workers=1),
+            progress=stop_after_first,
+        )
     summary = caught.value.summary  # type: ignore[attr-defined]
     assert [(s.rollout_id, s.evaluation) for s in summary.steps] == [(0, False)]
     assert summary.counts["new"] == 1
     assert verify_lake(tmp_path / "a") == (1, [])  # the committed step is published
 
     rounds = []
-    follow_run(dump, tmp_path / "b", "basic", settle_seconds=0, progress=stop_after_first,
-               on_round=rounds.append)  # fmt: skip
+    follow_run(dump, tmp_path / "b", ExtractOptions(follow=True, run_name="basic", settle_seconds=0), progress=stop_after_first, on_round=rounds.append)  # fmt: skip
     assert [r.counts["new"] for r in rounds] == [1]  # the cut-short round is still reported

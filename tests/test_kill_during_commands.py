@@ -1,7 +1,7 @@
 """`drop`, `tag` and `views` killed (SIGKILL) at each of their steps leave a consistent lake.
 
 Each command runs as `python -m tokenlake` in a subprocess with `TOKENLAKE_TEST_KILL_AT`
-naming the step where it kills itself (`tokenlake.load.lake.crash_point`). Then: `verify` says
+naming the step where it kills itself (`tokenlake.processes.crash_point`). Then: `verify` says
 what is true, a query never serves a row the manifests no longer list, running the command
 again completes, and nothing of the killed command is left behind.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.fixture_paths import REAL_DUMPS
-from tokenlake import schema
-from tokenlake.load import manifest
-from tokenlake.load.lake import KILL_VARIABLE
+from tokenlake import layout, schema
+from tokenlake.processes import KILL_VARIABLE
+from tokenlake.store import manifest
 
 pytestmark = pytest.mark.slow  # extracts two real fixture dumps, runs the CLI many times
 
@@ -63,7 +63,7 @@ def leftovers(lake: Path) -> list[str]:
         for table in schema.TABLES
         for name in record.files(table)
     }
-    kept = {schema.CATALOG_FILE, "_manifest/.tokenlake.lock"}
+    kept = {layout.CATALOG_FILE, "_manifest/.tokenlake.lock"}
     found = []
     for path in sorted(lake.rglob("*")):
         name = str(path.relative_to(lake))
@@ -120,7 +120,7 @@ def test_an_unchanged_extraction_after_a_killed_drop_rebuilds_the_catalog(lake: 
     assert verify(lake) == (0, "3 steps checked, 0 problems\n")
     import duckdb  # a plain DuckDB client (BI) reads the rebuilt catalog
 
-    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         assert con.execute("SELECT DISTINCT run FROM tokens").fetchall() == [("pp2",)]
 
 
@@ -161,16 +161,16 @@ def test_tag_killed_at_each_step(lake: Path, point: str, problems: list[str], se
 
 
 def test_views_killed_before_the_new_catalog_is_in_place(lake: Path) -> None:
-    before = (lake / schema.CATALOG_FILE).read_bytes()
+    before = (lake / layout.CATALOG_FILE).read_bytes()
     killed = tokenlake("views", str(lake), kill_at="catalog:built")
     assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, "")
-    assert (lake / schema.CATALOG_FILE).read_bytes() == before  # the old one, whole
+    assert (lake / layout.CATALOG_FILE).read_bytes() == before  # the old one, whole
     assert verify(lake) == (0, "6 steps checked, 0 problems\n")
     assert [p.name.endswith(".tmp") for p in lake.glob(".tokenlake-*")] == [True]
     again = tokenlake("views", str(lake))
     assert (again.returncode, again.stdout, again.stderr) == (
         0,
-        f"Rebuilt {lake / schema.CATALOG_FILE}\n",
+        f"Rebuilt {lake / layout.CATALOG_FILE}\n",
         "",
     )
     assert list(lake.glob(".tokenlake-*")) == []  # the killed build's temporary is swept

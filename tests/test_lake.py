@@ -1,4 +1,4 @@
-"""The lake's layout has one owner (pipeline/tokenlake/load/lake.py): naming, run names, atomic writes, sweeps."""
+"""The lake's layout has one owner (pipeline/tokenlake/layout.py): naming, run names, atomic writes, sweeps."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from tokenlake import layout as lake_module
 from tokenlake import schema
 from tokenlake.errors import LakeError, UsageError
-from tokenlake.load import lake as lake_module
-from tokenlake.load import manifest
-from tokenlake.load.lake import atomic_write, check_run_name
-from tokenlake.load.local_lake import Lake
+from tokenlake.layout import check_run_name
+from tokenlake.store import manifest
+from tokenlake.store.local import LocalStore, atomic_write
 
 ROOT = Path(__file__).resolve().parents[1]
 DEAD_PID = 2**22 + 17  # above Linux's pid_max default: never a running process
 
 
 def test_files_are_named_by_the_layout(tmp_path: Path) -> None:
-    lake = Lake(tmp_path)
+    lake = LocalStore(tmp_path)
     path = lake.new_file(schema.TOKENS, "qwen", schema.TRAIN_STEM, 3, "0a1b2c3d")
     assert lake.relative(path) == "tokens/run=qwen/rollout_id=3/train-0a1b2c3d.parquet"
     assert re.fullmatch(
@@ -36,7 +36,7 @@ def test_files_are_named_by_the_layout(tmp_path: Path) -> None:
 
 def test_a_listed_file_outside_the_lake_is_refused(tmp_path: Path) -> None:
     with pytest.raises(LakeError) as info:
-        Lake(tmp_path).file("../../x/important")
+        LocalStore(tmp_path).file("../../x/important")
     assert str(info.value) == (
         f"Lake `{tmp_path}/../../x/important`: is listed by a manifest but lies outside the lake"
     )
@@ -86,7 +86,7 @@ def test_a_run_name_in_another_encoding_is_refused() -> None:
 @pytest.mark.parametrize("name", ["../../x/important", "..", ".hidden", "a/b", "a\x1bb"])
 def test_a_run_name_that_leaves_its_folder_is_refused(name: str) -> None:
     with pytest.raises(UsageError, match="cannot be a partition directory"):
-        Lake("/tmp/l").manifest_path(name)
+        LocalStore("/tmp/l").manifest_path(name)
 
 
 def test_atomic_write_uses_a_name_only_tokenlake_makes(tmp_path: Path) -> None:
@@ -121,18 +121,18 @@ def test_atomic_write_on_a_full_disk_leaves_nothing(
 def test_every_writer_goes_through_the_one_atomic_write() -> None:
     """Nothing else in the package renames files into place or builds a partition path."""
     # synth writes dumps, remote_stage a remote dump's local stage: neither writes a lake
-    owners = {"lake.py", "synth.py", "remote_stage.py"}
+    owners = {"layout.py", "local.py", "synth.py", "remote_stage.py"}
     for path in sorted((ROOT / "pipeline").rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         if path.name not in owners:
             assert "os.replace(" not in text, path.name
             assert '.tmp"' not in text, path.name
-        if path.name != "lake.py":
+        if path.name != "layout.py":
             assert "def partition_dir" not in text and '"_manifest' not in text, path.name
 
 
 def test_sweeps_delete_only_what_the_scheme_made(tmp_path: Path) -> None:
-    lake = Lake(tmp_path)
+    lake = LocalStore(tmp_path)
     partition = tmp_path / "tokens" / "run=r" / "rollout_id=0"
     partition.mkdir(parents=True)
     (tmp_path / "_manifest").mkdir()
@@ -165,7 +165,7 @@ def test_sweeps_delete_only_what_the_scheme_made(tmp_path: Path) -> None:
 
 
 def test_empty_partitions_are_removed_and_foreign_folders_kept(tmp_path: Path) -> None:
-    lake = Lake(tmp_path)
+    lake = LocalStore(tmp_path)
     (tmp_path / "tokens" / "run=r" / "rollout_id=0").mkdir(parents=True)
     (tmp_path / "tokens" / "run=r" / "backup").mkdir()
     (tmp_path / "tokens" / "run=r" / "rollout_id=0" / "train-0a1b2c3d.parquet").write_text("x")
@@ -174,8 +174,8 @@ def test_empty_partitions_are_removed_and_foreign_folders_kept(tmp_path: Path) -
 
 
 def test_the_lock_admits_one_writer(tmp_path: Path) -> None:
-    with Lake(tmp_path).lock():
-        with pytest.raises(LakeError) as info, Lake(tmp_path).lock():
+    with LocalStore(tmp_path).lock():
+        with pytest.raises(LakeError) as info, LocalStore(tmp_path).lock():
             pass
     assert str(info.value) == (
         f"Lake `{tmp_path}`: another tokenlake extraction is writing to it; wait for it to finish"
@@ -197,4 +197,4 @@ def test_a_stale_temporary_of_a_killed_process_is_recognised(tmp_path: Path) -> 
     )
     pid = int(child.stdout)
     (tmp_path / f".tokenlake-{pid}-0a1b2c3d.tmp").write_text("x")
-    assert Lake(tmp_path).delete_stale_temporaries() == 1
+    assert LocalStore(tmp_path).delete_stale_temporaries() == 1

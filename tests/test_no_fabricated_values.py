@@ -185,8 +185,8 @@ def test_rollout_log_prob_is_the_half_precision_train_side_copy(preset: str, tmp
     import duckdb
     import torch
 
-    from tokenlake.load.extract import extract_run
-    from tokenlake.tools import synth
+    from tokenlake.generator import synth
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     truth = synth.write_dump(tmp_path / "dump", synth.PRESETS[preset], keep_truth=True)
     assert truth is not None
@@ -197,7 +197,7 @@ def test_rollout_log_prob_is_the_half_precision_train_side_copy(preset: str, tmp
         dtype
         == {"true-on-policy-bf16": torch.bfloat16, "true-on-policy-fp16": torch.float16}[preset]
     )
-    extract_run(tmp_path / "dump", tmp_path / "lake", "r")
+    extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name="r"))
     con = duckdb.connect(str(tmp_path / "lake" / "tokenlake.duckdb"), read_only=True)
     rows = con.execute(
         "SELECT batch_position, rollout_log_prob, lp_diff, loss_mask FROM tokens"

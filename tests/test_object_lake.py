@@ -26,14 +26,14 @@ import tokenlake
 from tests.fixture_paths import REAL_DUMPS
 from tests.follower import Follower
 from tests.s3server import cli, list_keys, moto_server, new_bucket, rows, text_rows
-from tokenlake import schema
+from tokenlake import layout, schema
 from tokenlake.errors import LakeError
-from tokenlake.load import manifest, object_lock
-from tokenlake.load.extract import extract_run
-from tokenlake.load.object_lake import ObjectLake
-from tokenlake.load.verify import verify_lake
+from tokenlake.generator import synth
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.orchestrate.verify import verify_lake
 from tokenlake.serve import catalog
-from tokenlake.tools import synth
+from tokenlake.store import manifest, object_lock
+from tokenlake.store.object import ObjectStore
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
 
@@ -77,7 +77,7 @@ def same_content(remote: str, local: Path) -> None:
 
 def listed_keys(bucket: str, prefix: str, lake: str) -> list[str]:
     """The keys the manifests list, plus the manifests and the catalog."""
-    keys = [f"{prefix}/{schema.CATALOG_FILE}"]
+    keys = [f"{prefix}/{layout.CATALOG_FILE}"]
     for record in manifest.load_all(lake):
         keys.append(f"{prefix}/_manifest/{record.run}.json")
         keys += [f"{prefix}/{name}" for table in schema.TABLES for name in record.files(table)]
@@ -99,7 +99,7 @@ def test_extract_reextract_verify_query_drop_as_on_a_local_lake(
         f" samples and 206 tokens in T s -> {url}\n",
     )
     local = tmp_path / "local"
-    extract_run(dump, local, "basic")
+    extract_run(dump, local, ExtractOptions(run_name="basic"))
     same_content(url, local)
     assert list_keys(bucket) == listed_keys(bucket, "lake", url)  # no lock, nothing else
 
@@ -110,7 +110,7 @@ def test_extract_reextract_verify_query_drop_as_on_a_local_lake(
     assert code == 0
     assert out.startswith("Run `basic`: 0 new, 1 updated, 2 unchanged, 0 removed, 0 skipped")
     assert list_keys(bucket) == listed_keys(bucket, "lake", url)
-    extract_run(dump, local, "basic")
+    extract_run(dump, local, ExtractOptions(run_name="basic"))
     same_content(url, local)
 
     assert cli("verify", url) == (0, "3 steps checked, 0 problems\n")
@@ -136,7 +136,7 @@ def test_extract_reextract_verify_query_drop_as_on_a_local_lake(
     )
 
     assert cli("drop", url, "basic") == (0, f"Dropped run `basic` from {url}\n")
-    assert list_keys(bucket) == [f"lake/{schema.CATALOG_FILE}"]
+    assert list_keys(bucket) == [f"lake/{layout.CATALOG_FILE}"]
 
 
 def test_python_api_reads_an_object_store_lake(bucket: str, tmp_path: Path) -> None:
@@ -164,7 +164,7 @@ def test_catalog_object_lists_exactly_the_manifest_objects(bucket: str) -> None:
     import duckdb
 
     url = f"s3://{bucket}/lake"
-    extract_run(BASIC, url, "basic")
+    extract_run(BASIC, url, ExtractOptions(run_name="basic"))
     listed = {
         f"{url}/{name}"
         for record in manifest.load_all(url)
@@ -172,8 +172,8 @@ def test_catalog_object_lists_exactly_the_manifest_objects(bucket: str) -> None:
         for name in record.files(table)
     }
     with tempfile.TemporaryDirectory() as folder:
-        copy = Path(folder) / schema.CATALOG_FILE
-        copy.write_bytes(ObjectLake(url).read_bytes(schema.CATALOG_FILE))
+        copy = Path(folder) / layout.CATALOG_FILE
+        copy.write_bytes(ObjectStore(url).read_bytes(layout.CATALOG_FILE))
         with duckdb.connect(str(copy), read_only=True) as con:
             sql = con.execute(
                 "SELECT string_agg(sql, ' ') FROM duckdb_views()"
@@ -203,7 +203,7 @@ def test_follow_a_run_into_an_object_store_lake(bucket: str, tmp_path: Path) -> 
     assert new[0] == 1 and sum(new) == 3  # step 0 first, then eval 0 and step 1
     assert verify_lake(url) == (3, [])
     local = tmp_path / "local"
-    extract_run(live, local, "live")
+    extract_run(live, local, ExtractOptions(run_name="live"))
     same_content(url, local)
 
 
@@ -238,8 +238,8 @@ def test_a_live_writer_on_another_host_holds_the_lake(bucket: str) -> None:
 
 def test_second_writer_is_refused_while_the_first_holds_the_lock(bucket: str) -> None:
     url = f"s3://{bucket}/lake"
-    extract_run(BASIC, url, "basic")
-    with ObjectLake(url).lock():
+    extract_run(BASIC, url, ExtractOptions(run_name="basic"))
+    with ObjectStore(url).lock():
         code, out = cli("extract", str(BASIC), "--lake", url, "--run-name", "other", "--silent")
         assert code == 1
         assert out.startswith(
@@ -256,7 +256,7 @@ def test_a_writer_that_lost_its_lease_commits_nothing_more(
     # A lease the renewal thread never renews during the test: it renews here, in order.
     monkeypatch.setenv("TOKENLAKE_LOCK_LEASE_SECONDS", "86400")
     url = f"s3://{bucket}/lake"
-    layout = ObjectLake(url)
+    layout = ObjectStore(url)
     with layout.lock():
         held = object_lock._HELD[layout.location]
         assert held.renew() is True  # our own lock: renewed
@@ -275,7 +275,7 @@ def test_a_renewal_keeps_its_own_etag_when_another_put_follows(
     bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TOKENLAKE_LOCK_LEASE_SECONDS", "86400")  # renewed here, in order
-    layout = ObjectLake(f"s3://{bucket}/lake")
+    layout = ObjectStore(f"s3://{bucket}/lake")
     with layout.lock():
         held = object_lock._HELD[layout.location]
         put = layout.fs.pipe_file
@@ -319,7 +319,7 @@ def test_a_writer_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_
     assert verify_lake(url) == (7, [])
     assert list_keys(bucket) == listed_keys(bucket, "lake", url)  # leftovers swept
     local = tmp_path / "local"
-    extract_run(dump, local, "dump")
+    extract_run(dump, local, ExtractOptions(run_name="dump"))
     same_content(url, local)
 
 
@@ -347,9 +347,9 @@ def test_a_store_without_conditional_writes_is_refused_for_writing(tmp_path: Pat
 
 def test_views_audit_and_report_read_an_object_store_lake(bucket: str, tmp_path: Path) -> None:
     url, local = f"s3://{bucket}/lake", tmp_path / "local"
-    extract_run(BASIC, url, "basic")
-    extract_run(BASIC, local, "basic")
-    assert cli("views", url) == (0, f"Rebuilt {url}/{schema.CATALOG_FILE}\n")
+    extract_run(BASIC, url, ExtractOptions(run_name="basic"))
+    extract_run(BASIC, local, ExtractOptions(run_name="basic"))
+    assert cli("views", url) == (0, f"Rebuilt {url}/{layout.CATALOG_FILE}\n")
     remote_audit, local_audit = cli("audit", url), cli("audit", str(local))
     assert remote_audit == local_audit
     assert remote_audit[1].splitlines()[-1] == "0 of 9 audits failed; 2 warnings, 1 info."

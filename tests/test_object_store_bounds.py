@@ -12,8 +12,8 @@ import pytest
 from tests.fixture_paths import REAL_DUMPS
 from tests.s3server import cli, moto_server, new_bucket
 from tests.test_remote_dump import upload
-from tokenlake.load import manifest, object_lock
 from tokenlake.read import remote_dump, vocab
+from tokenlake.store import manifest, object_lock
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
 

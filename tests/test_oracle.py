@@ -44,11 +44,11 @@ TOKEN_COLUMNS = ["token_id", "loss_mask", *TOKEN_ARRAYS.values()]
 def con(tmp_path_factory):
     import duckdb
 
-    from tokenlake.load.extract import extract_run
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     lake = tmp_path_factory.mktemp("oracle_lake")
     for case in CASES:
-        extract_run(FIXTURES / "dumps" / case, lake, run_name=case, strict=True)
+        extract_run(FIXTURES / "dumps" / case, lake, ExtractOptions(run_name=case, strict=True))
     connection = duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True)
     yield connection
     connection.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenlake.tools import synth
+from tokenlake.generator import synth
 
 pytestmark = pytest.mark.slow  # generates a dump and starts worker processes
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.s3server import cli, rows
 from tests.test_remote_dump import BASIC, bucket, s3, upload  # noqa: F401 - fixtures
-from tokenlake.load.extract import extract_run
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.read import remote_dump, remote_stage
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
@@ -49,7 +49,7 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def local_vocab(tmp_path: Path) -> list[tuple[str, ...]]:
-    extract_run(BASIC, tmp_path / "local", "basic")
+    extract_run(BASIC, tmp_path / "local", ExtractOptions(run_name="basic"))
     return rows(tmp_path / "local", "SELECT * FROM vocab")
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_ptread import assert_same, load_torch_reference
+from tokenlake.generator import synth
 from tokenlake.read import ptread
-from tokenlake.tools import synth
 
 # Small copies of every preset; the bench ones shrunk to one step of two prompts.
 LAYOUTS = {

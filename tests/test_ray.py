@@ -20,12 +20,13 @@ from click.testing import CliRunner
 from tests.s3server import list_keys, moto_server, new_bucket
 from tokenlake import schema
 from tokenlake.cli import main
-from tokenlake.load import manifest, ray_executor
-from tokenlake.load.extract import extract_run
-from tokenlake.load.verify import verify_lake
-from tokenlake.progress import Reporter
+from tokenlake.generator import synth
+from tokenlake.orchestrate import ray_executor
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.orchestrate.progress import Reporter
+from tokenlake.orchestrate.verify import verify_lake
 from tokenlake.serve import catalog
-from tokenlake.tools import synth
+from tokenlake.store import manifest
 
 OBJECT_STORE = 80 * 2**20  # bytes per node; outcomes are a few kB, Ray's floor is ~75 MB
 NODE = {"num_cpus": 1, "object_store_memory": OBJECT_STORE}
@@ -65,7 +66,7 @@ def dump(tmp_path_factory):
 @pytest.fixture(scope="module")
 def serial(dump, tmp_path_factory):
     lake = tmp_path_factory.mktemp("serial") / "lake"
-    extract_run(dump, lake, "ex", workers=1)
+    extract_run(dump, lake, ExtractOptions(run_name="ex", workers=1))
     return lake
 
 
@@ -106,7 +107,9 @@ def test_cli_on_a_cluster_writes_what_one_process_writes(cluster, dump, serial, 
 def test_tasks_write_an_object_store_lake_the_driver_commits(cluster, dump, serial):
     bucket = new_bucket()
     url = f"s3://{bucket}/lake"
-    summary = extract_run(dump, url, "ex", executor="ray", ray_address=cluster.address)
+    summary = extract_run(
+        dump, url, ExtractOptions(run_name="ex", executor="ray", ray_address=cluster.address)
+    )
     assert summary.counts["new"] == STEPS and summary.failed == []
     con = catalog.connect(url)
     try:
@@ -167,7 +170,10 @@ def test_a_node_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_it
         lake = tmp_path / f"lake{attempt}"
         reporter = _KillOnFirstCommit(cluster, victim)
         first = extract_run(
-            dump, lake, "ex", executor="ray", ray_address=cluster.address, progress=reporter
+            dump,
+            lake,
+            ExtractOptions(run_name="ex", executor="ray", ray_address=cluster.address),
+            progress=reporter,
         )
         if reporter.busy:
             break
@@ -179,7 +185,9 @@ def test_a_node_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_it
     assert first.counts["new"] + first.counts["skipped"] == STEPS
     checked, problems = verify_lake(lake)
     assert (checked, problems) == (first.counts["new"], [])
-    second = extract_run(dump, lake, "ex", executor="ray", ray_address=cluster.address)
+    second = extract_run(
+        dump, lake, ExtractOptions(run_name="ex", executor="ray", ray_address=cluster.address)
+    )
     assert second.failed == []
     assert (second.counts["new"], second.counts["unchanged"]) == (len(first.failed), checked)
     assert verify_lake(lake) == (STEPS, [])
@@ -193,7 +201,10 @@ def test_a_task_whose_node_dies_is_retried_elsewhere(cluster, dump, serial, tmp_
     lake = tmp_path / "lake"
     reporter = _KillOnFirstCommit(cluster, victim)
     summary = extract_run(
-        dump, lake, "ex", executor="ray", ray_address=cluster.address, progress=reporter
+        dump,
+        lake,
+        ExtractOptions(run_name="ex", executor="ray", ray_address=cluster.address),
+        progress=reporter,
     )
     assert reporter.busy  # a step was in flight on the node when it died
     assert (summary.counts["new"], summary.failed) == (STEPS, [])
@@ -234,6 +245,6 @@ def test_ray_options_misused(tmp_path, options, message):
 
 
 def test_importing_tokenlake_does_not_import_ray():
-    code = "import sys, tokenlake.cli, tokenlake.load.extract, tokenlake.load.ray_executor; print('ray' in sys.modules)"
+    code = "import sys, tokenlake.cli, tokenlake.orchestrate.extract, tokenlake.orchestrate.ray_executor; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "False\n"

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # starts a Ray instance
 SCRIPT = textwrap.dedent(
     """
     import json, os, sys
-    from tokenlake.load.extract import extract_run
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     def descendants(root):
         children = {}
@@ -81,14 +81,14 @@ SCRIPT = textwrap.dedent(
         if not seen:
             seen.append(listening())
 
-    extract_run(sys.argv[1], sys.argv[2], "ex", executor="ray", progress=on_step)
+    extract_run(sys.argv[1], sys.argv[2], ExtractOptions(run_name="ex", executor="ray"), progress=on_step)
     print(json.dumps(seen[0]))
     """
 )
 
 
 def test_a_private_ray_listens_on_loopback_only(tmp_path: Path) -> None:
-    from tokenlake.tools import synth
+    from tokenlake.generator import synth
 
     dump = tmp_path / "dump"
     synth.write_dump(dump, synth.PRESETS["example"])

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from tokenlake.cli import main
-from tokenlake.tools import synth
+from tokenlake.generator import synth
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

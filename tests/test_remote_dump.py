@@ -22,12 +22,12 @@ from tests.fixture_paths import REAL_DUMPS
 from tests.follower import Follower
 from tests.s3server import cli, list_keys, moto_server, new_bucket, rows, text_rows
 from tokenlake.cli import main
-from tokenlake.load import manifest
-from tokenlake.load.extract import extract_run
-from tokenlake.load.verify import verify_lake
-from tokenlake.read import remote_dump
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.orchestrate.step import StepStatus, extract_step
+from tokenlake.orchestrate.verify import verify_lake
+from tokenlake.read import dump, remote_dump
 from tokenlake.serve import catalog
-from tokenlake.transform.step import StepStatus, extract_step
+from tokenlake.store import manifest
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
 
@@ -90,7 +90,7 @@ def test_extract_an_s3_dump_as_its_local_copy(bucket: str, tmp_path: Path) -> No
         f" samples and 206 tokens in T s -> {lake}\n",
     )
     local = tmp_path / "local"
-    extract_run(BASIC, local, "basic")
+    extract_run(BASIC, local, ExtractOptions(run_name="basic"))
     same_tables(lake, local)
     assert rows(lake, "SELECT source_dir FROM runs") == [(repr(url),)]
     stats = staged_pt_files(url)
@@ -133,7 +133,7 @@ def test_two_workers_into_an_s3_lake_leave_every_staged_file_sparse(
         f" samples and 206 tokens in T s -> {lake}\n",
     )
     local = tmp_path / "local"
-    extract_run(BASIC, local, "basic")
+    extract_run(BASIC, local, ExtractOptions(run_name="basic"))
     same_tables(lake, local)
     assert all(s.st_blocks == 0 for s in staged_pt_files(url))
     # nothing but the stage is left in the cache: the private download folders are gone
@@ -189,7 +189,7 @@ def test_a_step_extracts_where_no_stage_exists_as_a_ray_task_on_another_node(
 ) -> None:
     url = upload(bucket, "basic")
     step = remote_dump.discover(url).steps[0]
-    expected = manifest.fingerprint(step)  # what the driver plans with, from its stage
+    expected = dump.fingerprint(step)  # what the driver plans with, from its stage
     shutil.rmtree(tmp_path / "cache")
     monkeypatch.setenv(remote_dump.CACHE_VARIABLE, str(tmp_path / "node-cache"))
     outcome = extract_step(step, tmp_path / "lake", "basic", StepStatus.NEW)
@@ -225,7 +225,7 @@ def test_follow_an_s3_dump_as_its_objects_arrive(bucket: str, tmp_path: Path) ->
     assert new[0] == 1 and sum(new) == 3  # step 0 first, then eval 0 and step 1
     assert verify_lake(lake) == (3, [])
     local = tmp_path / "local"
-    extract_run(BASIC, local, "live")
+    extract_run(BASIC, local, ExtractOptions(run_name="live"))
     same_tables(lake, local)
 
 
@@ -270,9 +270,9 @@ def test_what_is_not_extracted_is_named_by_its_url(bucket: str, tmp_path: Path) 
 
 def test_lines_about_dead_workers_and_ray_tasks_name_a_remote_dump_by_its_url() -> None:
     """Lines built outside the step (the scheduler's, the Ray executor's) name URLs too."""
-    from tokenlake.load import ray_executor
+    from tokenlake.orchestrate import ray_executor
+    from tokenlake.orchestrate.step import worker_died_text
     from tokenlake.read.dump import RemoteFiles, StepFiles
-    from tokenlake.transform.step import worker_died_text
 
     stage = Path("/cache/tokenlake/dumps/ab12/qwen")
     files = StepFiles(

@@ -23,10 +23,10 @@ from click.testing import CliRunner
 
 from tests.lakes import build_lake
 from tokenlake.cli import main
-from tokenlake.load.extract import extract_run
+from tokenlake.generator import synth
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve.query import run_query
 from tokenlake.serve.report import build_report
-from tokenlake.tools import synth
 
 SECTIONS = ["runs", "audits", "reward", "drift", "where", "worst"]
 
@@ -43,8 +43,8 @@ def two_runs(tmp_path_factory) -> Path:
     synth.write_dump(root / "example", synth.PRESETS["example"])
     cp_multi_turn = dataclasses.replace(synth.PRESETS["cp-thd"], multi_turn=True, steps=3)
     synth.write_dump(root / "cp", cp_multi_turn)
-    extract_run(root / "example", lake, "example", workers=1)
-    extract_run(root / "cp", lake, "cp-multi-turn", workers=1)
+    extract_run(root / "example", lake, ExtractOptions(run_name="example", workers=1))
+    extract_run(root / "cp", lake, ExtractOptions(run_name="cp-multi-turn", workers=1))
     return lake
 
 

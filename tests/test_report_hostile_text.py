@@ -21,13 +21,14 @@ from tests.test_report import (
     _wait_rendered,
 )
 from tokenlake import schema
-from tokenlake.load import manifest, write
-from tokenlake.load.extract import extract_run
-from tokenlake.load.lake import new_name
+from tokenlake.generator import synth
+from tokenlake.layout import new_name
+from tokenlake.load import write
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve import catalog
 from tokenlake.serve.report import build_report
 from tokenlake.serve.report_html import script_json
-from tokenlake.tools import synth
+from tokenlake.store import manifest
 
 RUN = "r<!--x"
 TEXT = "</script><!--<b>&amp;\u2028"
@@ -63,7 +64,7 @@ def _with_hostile_vocab(lake: Path, run: str) -> None:
 def test_a_report_of_hostile_names_draws_in_headless_chromium(tmp_path: Path) -> None:
     synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
     lake = tmp_path / "lake"
-    extract_run(tmp_path / "dump", lake, RUN, workers=1)
+    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name=RUN, workers=1))
     _with_hostile_vocab(lake, RUN)
     out = tmp_path / "report.html"
     build_report(lake, out, worst=2)

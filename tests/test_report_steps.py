@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tokenlake.cli_util import parse_steps
 from tokenlake.serve import report
 from tokenlake.serve.report_data import Selection
+from tokenlake.steps import parse_steps
 
 
 def test_a_range_selection_becomes_ranges_not_a_list():

@@ -15,13 +15,14 @@ import pytest
 from click.testing import CliRunner
 
 import tokenlake
-from tokenlake import schema
+from tokenlake import layout, schema
 from tokenlake.cli import main
-from tokenlake.load import lake_files, manifest, write
-from tokenlake.load.extract import extract_run
-from tokenlake.load.follow import FollowState, follow_round
+from tokenlake.generator import synth, synth_dashboard
+from tokenlake.load import lake_files, write
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.orchestrate.follow import FollowState, follow_round
 from tokenlake.serve import catalog
-from tokenlake.tools import synth, synth_dashboard
+from tokenlake.store import manifest
 
 SPEC = replace(synth.PRESETS["example"], miles_dashboard=True)
 
@@ -40,7 +41,7 @@ def own_dump(dump, tmp_path) -> Path:
 
 
 def _query(lake: Path, sql: str) -> list[tuple]:
-    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         return con.execute(sql).fetchall()
 
 
@@ -63,7 +64,7 @@ def _metrics_rows(lake):
 
 @pytest.mark.slow
 def test_runs_row_holds_the_dashboard_meta(dump, tmp_path):
-    summary = extract_run(dump, tmp_path / "lake", "r")
+    summary = extract_run(dump, tmp_path / "lake", ExtractOptions(run_name="r"))
     assert summary.warnings == []
     [row] = _query(
         tmp_path / "lake",
@@ -89,7 +90,7 @@ def test_absent_meta_is_null_and_malformed_meta_is_one_warning(own_dump, tmp_pat
     meta = own_dump / "dashboard" / "meta.json"
     meta.unlink()
     lake = tmp_path / "lake"
-    extract_run(own_dump, lake, "r")
+    extract_run(own_dump, lake, ExtractOptions(run_name="r"))
     columns = "start_ts, wandb_project, wandb_group, wandb_run_id, hf_checkpoint, args_json"
     assert _query(lake, f"SELECT {columns} FROM runs") == [(None,) * 6]
     meta.write_text("{broken")
@@ -120,7 +121,7 @@ def test_absent_meta_is_null_and_malformed_meta_is_one_warning(own_dump, tmp_pat
 @pytest.mark.slow
 def test_a_runs_file_of_schema_version_1_reads_then_is_rewritten(dump, tmp_path):
     lake = tmp_path / "lake"
-    extract_run(dump, lake, "r")
+    extract_run(dump, lake, ExtractOptions(run_name="r"))
     record = manifest.load_manifest(lake, "r")
     old = pa.Table.from_pylist(
         [
@@ -148,7 +149,7 @@ def test_a_runs_file_of_schema_version_1_reads_then_is_rewritten(dump, tmp_path)
     assert frame.rows() == [(1, 3, None, None)]
     assert _query(lake, "SELECT count(*) FROM run_tags") == [(0,)]
     # The next extraction sees a meta.json the row was not made from: it rewrites the row.
-    summary = extract_run(dump, lake, "r")
+    summary = extract_run(dump, lake, ExtractOptions(run_name="r"))
     assert summary.counts["unchanged"] == 4
     assert _query(lake, sql) == [(schema.SCHEMA_VERSION, 3, "tokenlake-synth", None)]
 
@@ -194,7 +195,7 @@ def test_tags_are_set_kept_and_changed(dump, tmp_path):
 @pytest.mark.slow
 def test_tag_errors_are_one_line(dump, tmp_path):
     lake = tmp_path / "lake"
-    extract_run(dump, lake, "r")
+    extract_run(dump, lake, ExtractOptions(run_name="r"))
     runner = CliRunner()
     result = runner.invoke(main, ["tag", str(lake), "nope", "a=b"])
     assert (result.exit_code, result.stderr) == (
@@ -220,7 +221,7 @@ def test_tag_errors_are_one_line(dump, tmp_path):
 @pytest.mark.slow
 def test_metrics_hold_every_logged_value_and_join_drift_steps(dump, tmp_path):
     lake = tmp_path / "lake"
-    extract_run(dump, lake, "r")
+    extract_run(dump, lake, ExtractOptions(run_name="r"))
     payloads = synth_dashboard.write_miles_dashboard(tmp_path / "again", SPEC)
     assert _metrics_rows(lake) == _payload_rows(payloads)
     # The worked join of docs/drift.md, with exact values.
@@ -265,17 +266,19 @@ def _line(step: int, value: float) -> str:
 def test_metrics_read_only_new_lines_and_restart_on_a_rewrite(own_dump, tmp_path):
     lake = tmp_path / "lake"
     stream = own_dump / "dashboard" / "metrics.jsonl"
-    extract_run(own_dump, lake, "r")
+    extract_run(own_dump, lake, ExtractOptions(run_name="r"))
     count = "SELECT count(*) FROM metrics"
     (before,) = _query(lake, count)[0]
     _append(stream, _line(7, 1.5) + _line(8, 2.5)[:20])  # the second line is half-written
-    summary = extract_run(own_dump, lake, "r")
+    summary = extract_run(own_dump, lake, ExtractOptions(run_name="r"))
     assert summary.counts["unchanged"] == 4 and summary.warnings == []
     assert _query(lake, count) == [(before + 1,)]
     assert len(manifest.load_manifest(lake, "r").metrics_files) == 2
     _append(stream, _line(8, 2.5)[20:])  # its writer finishes it
     state = FollowState()
-    follow_round(own_dump, lake, "r", state, 0.0, 1, None)  # --follow picks it up too
+    follow_round(
+        own_dump, lake, "r", state, ExtractOptions(settle_seconds=0.0), None
+    )  # --follow picks it up too
     assert _query(
         lake, "SELECT step, value FROM metrics WHERE metric = 'late/x' ORDER BY step"
     ) == [
@@ -283,7 +286,7 @@ def test_metrics_read_only_new_lines_and_restart_on_a_rewrite(own_dump, tmp_path
         (8, 2.5),
     ]
     stream.write_text(_line(1, 9.0) + "not json\n")  # rewritten shorter: read again from 0
-    summary = extract_run(own_dump, lake, "r")
+    summary = extract_run(own_dump, lake, ExtractOptions(run_name="r"))
     assert summary.warnings == [
         f"`{stream}` was rewritten or removed since it was read; the run's metrics are read"
         " again from the start.",
@@ -385,7 +388,7 @@ def test_a_broken_user_view_is_one_warning_line_of_the_cli(dump, tmp_path):
     )
     assert _query(lake, "SELECT count(*) FROM step_stats") == [(3,)]
     result = CliRunner().invoke(main, ["views", str(lake)])
-    assert (result.exit_code, result.stdout) == (0, f"Rebuilt {lake / schema.CATALOG_FILE}\n")
+    assert (result.exit_code, result.stdout) == (0, f"Rebuilt {lake / layout.CATALOG_FILE}\n")
     assert result.stderr.startswith(f"Warning: User view `{lake / 'views' / 'x.sql'}` skipped:")
 
 

@@ -19,9 +19,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from tokenlake import schema
-from tokenlake.load import manifest
-from tokenlake.load.extract import extract_run
-from tokenlake.tools import synth
+from tokenlake.generator import synth
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.store import manifest
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def lake(tmp_path_factory):
     root = tmp_path_factory.mktemp("spark")
     for run in RUNS:
         synth.write_dump(root / run, synth.PRESETS[run])
-        extract_run(root / run, root / "lake", run, workers=1)
+        extract_run(root / run, root / "lake", ExtractOptions(run_name=run, workers=1))
     # A file no manifest lists (as a crashed extraction leaves): reading the folders would
     # count its rows twice, reading the listed files does not.
     listed = root / "lake" / manifest.load_manifest(root / "lake", "example").files("tokens")[0]

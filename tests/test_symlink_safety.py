@@ -18,8 +18,8 @@ import pytest
 from tests.fixture_paths import REAL_DUMPS
 from tests.test_hostile_lake import cli, extract, snapshot
 from tokenlake.errors import LakeError
-from tokenlake.load import manifest
-from tokenlake.load.local_lake import Lake
+from tokenlake.store import manifest
+from tokenlake.store.local import LocalStore
 
 pytestmark = pytest.mark.slow  # each test extracts a real fixture dump
 
@@ -82,7 +82,7 @@ def test_a_linked_step_folder_is_refused_and_never_swept(lakes: tuple[Path, Path
     plant_link(lake, step, other / "samples" / "run=basic" / "rollout_id=1")
     assert cli("drop", str(lake), "evil") == (1, "", [link_error(lake, step)])
     # the sweep itself (were it reached some other way) deletes nothing behind the link
-    assert Lake(lake).delete_unlisted(manifest.RunManifest(run="evil", source_dir="")) == 7
+    assert LocalStore(lake).delete_unlisted(manifest.RunManifest(run="evil", source_dir="")) == 7
     assert (lake / step).is_symlink()  # the other 7 files of the run are gone
     assert snapshot(other) == before
 
@@ -94,7 +94,7 @@ def test_a_sweep_reached_without_the_check_refuses_a_linked_run_folder(
     before = snapshot(other)
     plant_link(lake, "tokens/run=evil", other / "tokens" / "run=basic")
     with pytest.raises(LakeError) as info:
-        Lake(lake).delete_unlisted(manifest.RunManifest(run="evil", source_dir=""))
+        LocalStore(lake).delete_unlisted(manifest.RunManifest(run="evil", source_dir=""))
     assert f"Error: {info.value}" == link_error(lake, "tokens/run=evil")
     assert snapshot(other) == before
 

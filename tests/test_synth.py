@@ -14,8 +14,8 @@ import pytest
 
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake.errors import UsageError
-from tokenlake.tools import synth, synth_truth
-from tokenlake.tools.synth import PRESETS, DumpSpec, write_dump
+from tokenlake.generator import synth, synth_truth
+from tokenlake.generator.synth import PRESETS, DumpSpec, write_dump
 from tokenlake.transform import cp_layout
 
 FIXTURES = REAL_DUMPS

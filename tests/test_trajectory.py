@@ -9,7 +9,7 @@ import pytest
 
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake.errors import DumpFormatError
-from tokenlake.load.extract import extract_run
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.read.trajectory import messages_by_position
 
 REAL = REAL_DUMPS
@@ -17,7 +17,7 @@ REAL = REAL_DUMPS
 
 @pytest.mark.slow
 def test_real_conversations_reach_the_samples_table(tmp_path):
-    extract_run(REAL / "basic", tmp_path, "basic")
+    extract_run(REAL / "basic", tmp_path, ExtractOptions(run_name="basic"))
     con = duckdb.connect(str(tmp_path / "tokenlake.duckdb"), read_only=True)
     got = con.execute(
         "SELECT rollout_id, evaluation, sample_index, messages_json FROM samples"

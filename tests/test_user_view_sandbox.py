@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.lakes import write_rows
-from tokenlake import schema
+from tokenlake import layout, schema
 from tokenlake.cli import main
 from tokenlake.serve import catalog, user_views
 from tokenlake.serve.user_view_check import Refused, catalog_objects, create_checked, open_sandbox
@@ -78,7 +78,7 @@ def skipped(lake: Path, name: str, reason: str) -> str:
 
 def query(lake: Path, sql: str) -> list[tuple[object, ...]]:
     """Through a plain DuckDB client, as `duckdb -readonly LAKE/tokenlake.duckdb` would."""
-    with duckdb.connect(str(lake / schema.CATALOG_FILE), read_only=True) as con:
+    with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         return con.execute(sql).fetchall()
 
 
@@ -106,7 +106,7 @@ def test_a_copy_behind_nested_comments_writes_nothing(tmp_path: Path) -> None:
         },
     )
     result = CliRunner().invoke(main, ["views", str(lake)])
-    assert (result.exit_code, result.stdout) == (0, f"Rebuilt {lake / schema.CATALOG_FILE}\n")
+    assert (result.exit_code, result.stdout) == (0, f"Rebuilt {lake / layout.CATALOG_FILE}\n")
     assert result.stderr == f"Warning: {skipped(lake, 'a.sql', FORM.format('a'))}\n"
     assert not target.exists()
     assert query(lake, "SELECT one FROM A") == [(1,)]
@@ -462,13 +462,13 @@ def test_a_reader_of_a_bucket_never_runs_its_views(tmp_path: Path) -> None:
 
     from tests.fixture_paths import REAL_DUMPS
     from tests.s3server import list_keys, moto_server, new_bucket
-    from tokenlake.load.extract import extract_run
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     written = tmp_path / "written.txt"
     with moto_server():
         bucket = new_bucket()
         url = f"s3://{bucket}/lake"
-        extract_run(REAL_DUMPS / "basic", url, "basic")
+        extract_run(REAL_DUMPS / "basic", url, ExtractOptions(run_name="basic"))
         views = {
             "a.sql": f"/* /* */ CREATE VIEW a AS SELECT 1 */ COPY (SELECT 42) TO '{written}'",
             "loot.sql": "/* /* */ CREATE VIEW loot AS SELECT 1 */ COPY (SELECT content FROM"

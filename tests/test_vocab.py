@@ -8,8 +8,8 @@ import duckdb
 import pytest
 
 from tests.fixture_paths import MILES_REAL
-from tokenlake.load import manifest
-from tokenlake.load.extract import extract_run
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.store import manifest
 
 REAL = MILES_REAL
 
@@ -17,8 +17,10 @@ REAL = MILES_REAL
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory):
     root = tmp_path_factory.mktemp("lake")
-    extract_run(REAL / "dumps" / "basic", root, "basic")
-    extract_run(REAL / "dumps" / "pp2", root, "pp2")  # pp2 saved no tokenizer/
+    extract_run(REAL / "dumps" / "basic", root, ExtractOptions(run_name="basic"))
+    extract_run(
+        REAL / "dumps" / "pp2", root, ExtractOptions(run_name="pp2")
+    )  # pp2 saved no tokenizer/
     return root
 
 
@@ -49,6 +51,6 @@ def test_no_tokenizer_means_no_vocab_and_null_texts(lake):
 @pytest.mark.slow
 def test_vocab_is_rebuilt_only_when_the_tokenizer_changes(lake):
     before = manifest.load_manifest(lake, "basic").vocab_file
-    extract_run(REAL / "dumps" / "basic", lake, "basic")
+    extract_run(REAL / "dumps" / "basic", lake, ExtractOptions(run_name="basic"))
     assert manifest.load_manifest(lake, "basic").vocab_file == before
     assert (lake / before).is_file()

@@ -1,6 +1,6 @@
-"""The `tokenlake` command line: a thin layer over the library.
+"""The `tokenlake` command line: a thin layer over `tokenlake.Lake`.
 
-Each command parses options, calls one library function, and prints. Errors raised as
+Each command parses options, calls one method of the lake, and prints. Errors raised as
 `PipelineError` become one line, `Error: ...`, and exit code 1; `--debug` (or TOKENLAKE_DEBUG=1)
 shows the traceback instead.
 """
@@ -23,16 +23,25 @@ from tokenlake.cli_util import (
     MAX_WORKERS,
     bounded,
     parse_settings,
-    parse_steps,
-    plural,
     read_sql,
-    safe_text,
     say,
 )
 from tokenlake.errors import PipelineError, UsageError
+from tokenlake.steps import parse_steps
+from tokenlake.terminal import plural, safe_text
 
 if TYPE_CHECKING:
-    from tokenlake.load.lake import LakeRoot
+    from tokenlake.lake import Lake
+    from tokenlake.layout import Location
+    from tokenlake.orchestrate.extract import ExtractOptions
+
+
+def _lake(location: Location) -> Lake:
+    """The lake every command is a method of (imported when a command runs: `--help` stays
+    light)."""
+    from tokenlake.lake import Lake
+
+    return Lake(location)
 
 
 class _Command(click.Group):
@@ -150,7 +159,7 @@ class _SafeFormatter(logging.Formatter):
 )
 def extract(
     dump_dir: Path | str,
-    lake: LakeRoot,
+    lake: Location,
     run_name: str | None,
     steps: str | None,
     strict: bool,
@@ -178,40 +187,30 @@ def extract(
         tokenlake extract s3://bucket/runs/qwen --lake lake
         tokenlake extract /data/runs/fp8 --lake lake --tag precision=fp8 --meta run.yaml
     """
-    from tokenlake.load.extract import ExtractInterrupted, extract_run
-    from tokenlake.progress import cli_reporter
+    from tokenlake.orchestrate.extract import ExtractInterrupted, ExtractOptions
+    from tokenlake.orchestrate.progress import cli_reporter
     from tokenlake.tags import user_tags
 
     tags = user_tags(tag_args, meta_file) if tag_args or meta_file is not None else None
-
-    if ray_address is not None and executor != "ray":
-        raise UsageError("--ray-address needs --executor ray.")
+    options = ExtractOptions(
+        run_name=run_name,
+        steps=parse_steps(steps),
+        strict=strict,
+        workers=workers,
+        replace=replace,
+        tags=tags,
+        executor=executor,
+        ray_address=ray_address,
+        follow=follow,
+        poll_seconds=poll,
+        settle_seconds=settle,
+    ).check()
     if follow:
-        if executor == "ray":
-            raise UsageError("--executor ray cannot be combined with --follow yet.")
-        if steps is not None or strict:  # not silently ignored
-            option = "--steps" if steps is not None else "--strict"
-            raise UsageError(
-                f"{option} cannot be combined with --follow, which extracts every"
-                " complete step and retries a bad one when it changes."
-            )
-        _follow(dump_dir, lake, run_name, workers, poll, settle, silent, replace, tags)
+        _follow(_lake(lake), dump_dir, options, silent)
         return
     reporter = None if silent else cli_reporter(sys.stderr)
     try:
-        summary = extract_run(
-            dump_dir,
-            lake,
-            run_name,
-            steps=parse_steps(steps),
-            strict=strict,
-            workers=workers,
-            progress=reporter,
-            replace=replace,
-            tags=tags,
-            executor=executor,
-            ray_address=ray_address,
-        )
+        summary = _lake(lake).extract(dump_dir, options, progress=reporter)
     except ExtractInterrupted as exc:
         say(_summary_line(exc.summary), one_line=True)
         say("Interrupted; the lake holds every step committed so far.", err=True)
@@ -229,19 +228,7 @@ def extract(
         sys.exit(1)
 
 
-def _follow(
-    dump_dir: Path | str,
-    lake: LakeRoot,
-    run_name: str | None,
-    workers: int,
-    poll: float,
-    settle: float,
-    silent: bool,
-    replace: bool,
-    tags: dict[str, str] | None = None,
-) -> None:
-    from tokenlake.load.follow import follow_run
-
+def _follow(lake: Lake, dump_dir: Path | str, options: ExtractOptions, silent: bool) -> None:
     def on_round(summary: Any) -> None:
         for label, message in summary.failed:
             say(f"Not yet: step {label}: {message}", err=True, one_line=True)
@@ -250,19 +237,9 @@ def _follow(
             say(_summary_line(summary), one_line=True)
 
     if not silent:
-        say(f"Following {dump_dir} every {poll:g} s; Ctrl-C stops.", err=True)
+        say(f"Following {dump_dir} every {options.poll_seconds:g} s; Ctrl-C stops.", err=True)
     try:
-        follow_run(
-            dump_dir,
-            lake,
-            run_name,
-            poll_seconds=poll,
-            settle_seconds=settle,
-            workers=workers,
-            on_round=on_round,
-            replace=replace,
-            tags=tags,
-        )
+        lake.follow(dump_dir, options, on_round=on_round)
     except KeyboardInterrupt:  # before its first round started: nothing was written yet
         pass
     say("Stopped; the lake holds every step extracted so far.", err=True)
@@ -287,7 +264,7 @@ def _summary_line(summary: Any) -> str:
 @main.command()
 @click.argument("lake", type=LAKE, default=Path("lake"))
 @click.option("--run", "run_name", help="Check only this run.")
-def verify(lake: LakeRoot, run_name: str | None) -> None:
+def verify(lake: Location, run_name: str | None) -> None:
     """Reconcile the lake with its manifests and the dumps it came from; exit 1 on a mismatch.
 
     Checks every extracted step: files present, every sample once, token rows = sum of
@@ -298,9 +275,7 @@ def verify(lake: LakeRoot, run_name: str | None) -> None:
     \b
         tokenlake verify lake --run qwen
     """
-    from tokenlake.load.verify import verify_lake
-
-    checked, problems = verify_lake(lake, run_name)
+    checked, problems = _lake(lake).verify(run_name)
     for problem in problems:  # names from a manifest: never raw to the terminal
         say(str(problem), one_line=True)
     click.echo(f"{plural(checked, 'step')} checked, {plural(len(problems), 'problem')}")
@@ -310,7 +285,7 @@ def verify(lake: LakeRoot, run_name: str | None) -> None:
 
 @main.command()
 @click.argument("lake", type=LAKE, default=Path("lake"))
-def views(lake: LakeRoot) -> None:
+def views(lake: Location) -> None:
     """Rebuild LAKE/tokenlake.duckdb from the lake's Parquet files and the sql/ views.
 
     Example:
@@ -318,15 +293,8 @@ def views(lake: LakeRoot) -> None:
     \b
         tokenlake views lake
     """
-    from tokenlake.load.lake import lake_at
-    from tokenlake.serve.catalog import build_catalog, refuse_if_held
-
-    layout = lake_at(lake).require()  # never a catalog in a dump or a stray folder
     warnings: list[str] = []
-    with layout.lock():  # not while an extraction writes the lake
-        refuse_if_held(layout.location)
-        layout.delete_stale_temporaries()  # a catalog half-built by a killed command
-        say(f"Rebuilt {build_catalog(layout.location, warnings)}", one_line=True)
+    say(f"Rebuilt {_lake(lake).build_views(warnings)}", one_line=True)
     for warning in warnings:
         say(f"Warning: {warning}", err=True, one_line=True)
 
@@ -334,7 +302,7 @@ def views(lake: LakeRoot) -> None:
 @main.command()
 @click.argument("lake", type=LAKE)
 @click.argument("run_name")
-def drop(lake: LakeRoot, run_name: str) -> None:
+def drop(lake: Location, run_name: str) -> None:
     """Remove one run from the lake: its files, manifest and rows in every view.
 
     Example:
@@ -342,9 +310,7 @@ def drop(lake: LakeRoot, run_name: str) -> None:
     \b
         tokenlake drop lake qwen-grpo-old
     """
-    from tokenlake.load.extract import drop_run
-
-    drop_run(lake, run_name)
+    _lake(lake).drop(run_name)
     say(f"Dropped run `{run_name}` from {lake}", one_line=True)
 
 
@@ -374,7 +340,7 @@ def generate(out: Path, preset: str, seed: int | None, force: bool, miles_dashbo
     """
     import dataclasses
 
-    from tokenlake.tools import synth
+    from tokenlake.generator import synth
 
     if preset not in synth.PRESETS:
         raise UsageError(f"Unknown preset `{preset}`; choose one of: {', '.join(synth.PRESETS)}.")
@@ -392,7 +358,7 @@ def generate(out: Path, preset: str, seed: int | None, force: bool, miles_dashbo
 @click.argument("run_name")
 @click.argument("tag_args", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--remove", multiple=True, metavar="KEY", help="Remove this tag (repeatable).")
-def tag(lake: LakeRoot, run_name: str, tag_args: tuple[str, ...], remove: tuple[str, ...]) -> None:
+def tag(lake: Location, run_name: str, tag_args: tuple[str, ...], remove: tuple[str, ...]) -> None:
     """Set or remove a run's tags without re-reading its dump; prints the tags after.
 
     Rewrites the run's `runs` row (`tags_json`), its manifest and the catalog (`run_tags`).
@@ -403,13 +369,12 @@ def tag(lake: LakeRoot, run_name: str, tag_args: tuple[str, ...], remove: tuple[
         tokenlake tag lake qwen-fp8 precision=fp8 team=rl
         tokenlake tag lake qwen-fp8 --remove team
     """
-    from tokenlake.load.lake_files import tag_run
     from tokenlake.tags import parse_tags
 
     if not tag_args and not remove:
         raise UsageError("Give tags to set (`key=value`) or --remove KEY.")
     warnings: list[str] = []
-    tags = tag_run(lake, run_name, parse_tags(tag_args), remove, warnings)
+    tags = _lake(lake).tag(run_name, parse_tags(tag_args), remove, warnings)
     for warning in warnings:
         say(f"Warning: {warning}", err=True, one_line=True)
     shown = ", ".join(f"{k}={v}" for k, v in sorted(tags.items())) or "none"
@@ -450,7 +415,7 @@ _settings_option = click.option(
 )
 @_settings_option
 def query(
-    lake: LakeRoot,
+    lake: Location,
     sql: str | None,
     sql_file: Path | None,
     fmt: str,
@@ -470,10 +435,10 @@ def query(
         tokenlake query lake --file report.sql
         echo "SELECT count(*) FROM tokens" | tokenlake query lake -
     """
-    from tokenlake.serve.query import format_table, run_query
+    from tokenlake.serve.query import format_table
 
     text = read_sql(sql, sql_file)
-    rendered = format_table(run_query(lake, text, parse_settings(settings)), fmt)
+    rendered = format_table(_lake(lake).query(text, parse_settings(settings)), fmt)
     if output is not None:
         mode = "wb" if isinstance(rendered, bytes) else "w"
         with open(output, mode) as handle:
@@ -489,7 +454,7 @@ def query(
 @main.command()
 @click.argument("lake", type=LAKE, default=Path("lake"))
 @_settings_option
-def audit(lake: LakeRoot, settings: tuple[str, ...]) -> None:
+def audit(lake: Location, settings: tuple[str, ...]) -> None:
     """Run the health checks in sql/audits/; print them and exit 1 if an error audit fails.
 
     Each audit is a query returning the offending rows (zero rows = healthy) with a severity:
@@ -501,9 +466,9 @@ def audit(lake: LakeRoot, settings: tuple[str, ...]) -> None:
     \b
         tokenlake audit lake --set alarm_mean_abs_lp_diff_smtm=0.2
     """
-    from tokenlake.serve.audit import format_audit_report, has_errors, run_audits
+    from tokenlake.serve.audit import format_audit_report, has_errors
 
-    results = run_audits(lake, parse_settings(settings))
+    results = _lake(lake).audit(parse_settings(settings))
     click.echo(format_audit_report(results))
     if has_errors(results):
         sys.exit(1)
@@ -535,7 +500,7 @@ def audit(lake: LakeRoot, settings: tuple[str, ...]) -> None:
     help="Worst samples (by mean |lp_diff|) per run shown with a per-token strip.",
 )
 def report(
-    lake: LakeRoot, runs: tuple[str, ...], steps: str | None, output: Path, worst: int
+    lake: Location, runs: tuple[str, ...], steps: str | None, output: Path, worst: int
 ) -> None:
     """Write one self-contained HTML report of the lake's health and drift, with charts.
 
@@ -548,9 +513,7 @@ def report(
         tokenlake report lake -o report.html
         tokenlake report lake --run qwen-fp16 --run qwen-bf16 --steps 0-99
     """
-    from tokenlake.serve.report import build_report
-
-    summary = build_report(lake, output, runs, parse_steps(steps), worst)
+    summary = _lake(lake).report(output, runs, parse_steps(steps), worst)
     click.echo(
         f"Wrote {summary.path} ({summary.size / 1e6:.1f} MB, {len(summary.runs)} runs)"
         f" in {summary.seconds:.1f} s"

@@ -12,6 +12,8 @@ step, so both live in one partition and are told apart by the ``evaluation`` col
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
 # Bumped whenever a table's columns or their meaning change; stamped into every Parquet file's
@@ -275,3 +277,14 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     VOCAB: VOCAB_SCHEMA,
     METRICS: METRICS_SCHEMA,
 }
+
+
+def polars_types(table: str) -> dict[str, Any]:
+    """Column -> polars dtype of a table, partition columns included (from tokenlake.schema)."""
+    import polars as pl
+    import pyarrow as pa
+
+    fields = [pa.field(c, PARTITION_TYPES[c]) for c in TABLE_PARTITIONS[table]]
+    empty = pl.from_arrow(pa.schema([*fields, *TABLE_SCHEMAS[table]]).empty_table())
+    assert isinstance(empty, pl.DataFrame)
+    return dict(empty.schema)

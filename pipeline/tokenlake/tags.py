@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tokenlake import bounded
 from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, UsageError, shown
-from tokenlake.read import bounded
 
 MAX_KEY_CHARS = 64
 MAX_VALUE_CHARS = 1000

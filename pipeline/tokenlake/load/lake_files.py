@@ -1,6 +1,6 @@
 """The lake's per-run side files: the `runs` row, the `vocab` table and the `metrics` table.
 
-Names and storage come from `tokenlake.load.lake.lake_at`; this module only decides what the files hold.
+Names and storage come from `tokenlake.layout.store_at`; this module only decides what the files hold.
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from tokenlake import __version__, schema, tags
+from tokenlake import __version__, bounded, schema, tags
 from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, DumpFormatError, LakeError, shown
-from tokenlake.load import manifest, write
-from tokenlake.load.lake import LakeRoot, crash_point, lake_at, new_name
-from tokenlake.read import bounded, dashboard
+from tokenlake.layout import Location, new_name
+from tokenlake.load import write
+from tokenlake.read import dashboard
 from tokenlake.read.dump import Dump
 from tokenlake.read.remote_dump import local_root, shown_path, urls_in
+from tokenlake.store import manifest, store_at
+from tokenlake.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ MAX_METRICS_FILES = 32  # past this many, a run's metrics files are merged into 
 
 
 def write_run_row(
-    lake: LakeRoot, record: manifest.RunManifest, keep: dict[str, Any] | None = None
+    lake: Location | Store, record: manifest.RunManifest, keep: dict[str, Any] | None = None
 ) -> list[str]:
     """Write the run's `runs` row under a fresh name and list it in the manifest record.
 
@@ -76,60 +78,22 @@ def meta_source(record: manifest.RunManifest) -> manifest.SourceFile | None:
         return None
 
 
-def stored_run_row(lake: LakeRoot, record: manifest.RunManifest) -> dict[str, Any]:
+def stored_run_row(lake: Location | Store, record: manifest.RunManifest) -> dict[str, Any]:
     """The run's current `runs` row as a dict (a file of schema version 1 lacks the metadata
     columns: absent keys), so it can be rewritten without reading the dump."""
     import pyarrow.parquet as pq
 
     if record.runs_file is None:
         return {}
-    layout = lake_at(lake)
-    where, filesystem = layout.arrow_source(record.runs_file)
+    store = store_at(lake)
+    where, filesystem = store.arrow_source(record.runs_file)
     try:
         table = pq.read_table(where, filesystem=filesystem)
     except (OSError, pa.ArrowException) as exc:
         raise LakeError(
-            layout.url(record.runs_file), f"cannot be read ({exc}); extract the run again"
+            store.url(record.runs_file), f"cannot be read ({exc}); extract the run again"
         ) from exc
     return table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
-
-
-def tag_run(
-    lake: LakeRoot,
-    run: str,
-    set_tags: dict[str, str],
-    remove: list[str] | tuple[str, ...] = (),
-    warnings: list[str] | None = None,
-) -> dict[str, str]:
-    """Change a run's tags without reading its dump: runs row, manifest, catalog, under the
-    writer lock. Returns the run's tags after the change; `warnings` as in `build_catalog`.
-
-    Each step leaves a consistent lake (a new runs row is unlisted until the manifest, the
-    commit point, lists it; readers follow the manifest until the catalog is rebuilt), so a
-    kill at any point is repaired by tagging again.
-
-    Raises:
-        LakeError: Not a lake, no such run, or another writer holds the lake.
-        UsageError: A bad key, or a key both set and removed.
-    """
-    from tokenlake.serve import catalog
-
-    layout = lake_at(lake).require()
-    with layout.lock():
-        record = manifest.load_manifest(layout.location, run)
-        if record is None:
-            runs = ", ".join(f"`{name}`" for name in layout.manifest_runs()) or "none"
-            raise LakeError(layout.location, f"has no run `{run}` (runs: {runs})")
-        layout.delete_stale_temporaries()  # of a command killed earlier
-        record.tags = tags.change_tags(record.tags, set_tags, remove)
-        write_run_row(layout.location, record, keep=stored_run_row(layout.location, record))
-        crash_point("tag:row")
-        manifest.save_manifest(layout.location, record)
-        crash_point("tag:manifest")
-        catalog.build_catalog(layout.location, warnings)
-        crash_point("tag:catalog")
-        layout.delete_unlisted(record)
-    return record.tags
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,7 +119,7 @@ def _rewritten(record: manifest.RunManifest, files: dict[str, Path]) -> list[str
     ]
 
 
-def refresh_metrics(lake: LakeRoot, record: manifest.RunManifest) -> tuple[bool, list[str]]:
+def refresh_metrics(lake: Location | Store, record: manifest.RunManifest) -> tuple[bool, list[str]]:
     """Read the lines the dump's metrics streams gained since the last extraction.
 
     New rows go into new `metrics` files listed in `record`, one per
@@ -194,7 +158,7 @@ def refresh_metrics(lake: LakeRoot, record: manifest.RunManifest) -> tuple[bool,
             for name, offset in read.offsets.items()
         }
         if read.table.num_rows:
-            record.metrics_files.append(_write_metrics(lake, record, read.table))
+            record.metrics_files.append(_write_metrics(store_at(lake), record, read.table))
             changed = True
         if not read.more:
             break
@@ -206,29 +170,28 @@ def refresh_metrics(lake: LakeRoot, record: manifest.RunManifest) -> tuple[bool,
     changed = changed or sources != record.metrics_sources
     record.metrics_sources = sources
     if len(record.metrics_files) > MAX_METRICS_FILES:
-        record.metrics_files = [_merge_metrics(lake, record)]
+        record.metrics_files = [_merge_metrics(store_at(lake), record)]
     return changed, [urls_in(record.source_dir, warning) for warning in warnings]
 
 
-def _write_metrics(lake: LakeRoot, record: manifest.RunManifest, table: pa.Table) -> str:
+def _write_metrics(store: Store, record: manifest.RunManifest, table: pa.Table) -> str:
     name = new_name(schema.METRICS, record.run, "metrics")
     metadata = write.file_metadata(schema.METRICS, record.run, record.source_dir)
-    write.write_lake_file(lake, name, schema.METRICS, table, metadata)
+    write.write_lake_file(store, name, schema.METRICS, table, metadata)
     return name
 
 
-def _merge_metrics(lake: LakeRoot, record: manifest.RunManifest) -> str:
+def _merge_metrics(store: Store, record: manifest.RunManifest) -> str:
     """One file for all of the run's metrics files (a long `--follow` writes one per round)."""
     import pyarrow.parquet as pq
 
-    layout = lake_at(lake)
     try:
-        sources = [layout.arrow_source(name) for name in record.metrics_files]
+        sources = [store.arrow_source(name) for name in record.metrics_files]
         parts = [pq.read_table(where, filesystem=fs) for where, fs in sources]
     except (OSError, pa.ArrowException) as exc:
-        raise LakeError(layout.location, f"metrics files cannot be merged ({exc})") from exc
+        raise LakeError(store.location, f"metrics files cannot be merged ({exc})") from exc
     merged = pa.concat_tables([p.replace_schema_metadata(None) for p in parts])
-    return _write_metrics(lake, record, merged)
+    return _write_metrics(store, record, merged)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +200,7 @@ def _merge_metrics(lake: LakeRoot, record: manifest.RunManifest) -> str:
 
 
 def refresh_vocab(
-    lake: LakeRoot, record: manifest.RunManifest
+    lake: Location | Store, record: manifest.RunManifest
 ) -> tuple[bool, tuple[Path | str, str] | None]:
     """Write the run's `vocab` file when the dump's tokenizer is new or changed.
 
@@ -255,11 +218,11 @@ def refresh_vocab(
         changed = record.vocab_file is not None
         record.vocab_file, record.vocab_source = None, None
         return changed, None
-    layout = lake_at(lake)
+    store = store_at(lake)
     # Identified like every other source (name, size, mtime): no re-reading on each round.
     stamp = manifest.SourceFile.of(source, root)
     if stamp == record.vocab_source and (
-        record.vocab_file is None or layout.exists(record.vocab_file)
+        record.vocab_file is None or store.exists(record.vocab_file)
     ):
         return False, None  # unchanged (a broken one was reported when it was first seen)
     try:
@@ -271,6 +234,6 @@ def refresh_vocab(
         return changed, (shown_source, f"{exc.problem}; token texts are NULL until it is fixed")
     name = new_name(schema.VOCAB, record.run, "vocab")
     metadata = write.file_metadata(schema.VOCAB, record.run, shown_path(record.source_dir, source))
-    write.write_lake_file(layout, name, schema.VOCAB, table, metadata)
+    write.write_lake_file(store, name, schema.VOCAB, table, metadata)
     record.vocab_file, record.vocab_source = name, stamp
     return True, None

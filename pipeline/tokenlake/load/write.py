@@ -16,11 +16,13 @@ import pyarrow.parquet as pq
 
 from tokenlake import schema
 from tokenlake.errors import LakeError
-from tokenlake.load.lake import LakeRoot, lake_at
-from tokenlake.load.local_lake import Lake
+from tokenlake.layout import Location
+from tokenlake.store import store_at
+from tokenlake.store.base import Store
+from tokenlake.store.local import LocalStore
 
 if TYPE_CHECKING:
-    from tokenlake.load.object_lake import ObjectLake
+    pass
 
 # 128 Ki rows per row group, measured (docs/performance.md): against 1 Mi, a plain scan of a
 # 0.6 M-token step ran 2x faster (DuckDB splits a file's work by row group, and 1 Mi left one
@@ -71,11 +73,11 @@ def file_metadata(table: str, run: str, source: str) -> dict[bytes, bytes]:
 
 def write_parquet(path: Path, table: str, data: pa.Table, metadata: dict[bytes, bytes]) -> int:
     """`write_lake_file` for a local file outside a lake's naming (benchmarks, tests)."""
-    return write_lake_file(Lake(path.parent), path.name, table, data, metadata)
+    return write_lake_file(LocalStore(path.parent), path.name, table, data, metadata)
 
 
 def write_lake_file(
-    lake: LakeRoot | Lake | ObjectLake,
+    lake: Location | Store,
     relative: str,
     table: str,
     data: pa.Table,
@@ -87,15 +89,15 @@ def write_lake_file(
     whereas writing many small batches would make one tiny row group per batch.
 
     Args:
-        lake: A lake (`lake_at`) or its location.
+        lake: A lake (`store_at`) or its location.
 
     Returns:
         The number of rows written.
     """
-    layout = lake_at(lake)
+    store = store_at(lake)
     table_schema = schema.TABLE_SCHEMAS[table].with_metadata(metadata)
     if data.schema.remove_metadata() != table_schema.remove_metadata():
-        where = layout.url(relative)
+        where = store.url(relative)
         raise LakeError(where, f"rows do not match the `{table}` schema: {data.schema}")
 
     def write(where: str, filesystem: object) -> None:
@@ -104,5 +106,5 @@ def write_lake_file(
         ) as writer:
             writer.write_table(data.replace_schema_metadata(metadata), ROW_GROUP_SIZE)
 
-    layout.write_with(relative, write)
+    store.write_with(relative, write)
     return data.num_rows

@@ -47,9 +47,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tokenlake import schema
+from tokenlake import bounded, schema
 from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, UsageError, shown
-from tokenlake.read import bounded
 from tokenlake.read.dump import Dump
 from tokenlake.read.jsontext import clean_text
 

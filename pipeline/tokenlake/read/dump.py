@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenlake import bounded
 from tokenlake.errors import DumpFileError, DumpFormatError, DumpNotFoundError, UsageError, shown
-from tokenlake.read import bounded, ptread, train_checks
+from tokenlake.layout import step_label
+from tokenlake.read import ptread, train_checks
 from tokenlake.read.values import INT64_MAX
+from tokenlake.store import manifest
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +34,6 @@ DASHBOARD_DIR = "dashboard"  # miles' dashboard telemetry (see pipeline/tokenlak
 _ROLLOUT_NAME = re.compile(r"^(eval_)?(\d+)\.pt$")
 _TRAIN_NAME = re.compile(r"^(\d+)_(\d+)\.pt$")
 NOT_A_DUMP_FILE = "not a rollout or train dump file name"
-
-
-def step_label(rollout_id: int, evaluation: bool) -> str:
-    """`eval_3` or `3`: how a step is named in file names, the manifest and messages."""
-    return f"eval_{rollout_id}" if evaluation else str(rollout_id)
 
 
 def rank_of(name: str) -> int | None:
@@ -339,3 +337,12 @@ __all__ = [
     "load_rollout",
     "load_train",
 ]
+
+
+def fingerprint(files: StepFiles) -> list[manifest.SourceFile]:
+    """The identity of a step's source files (name, size, modification time)."""
+    paths = files.paths
+    sidecar = files.trajectory_file
+    if sidecar is not None:  # a rewritten conversation file re-extracts the step too
+        paths.append(sidecar)
+    return [manifest.SourceFile.of(path, files.dump.root) for path in paths]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tokenlake import schema
 from tokenlake.errors import DumpNotFoundError, LakeError
-from tokenlake.load.lake import MANIFEST_DIR, is_url
+from tokenlake.layout import MANIFEST_DIR, is_url
 from tokenlake.read.dump import Dump, RemoteFiles, StepFiles
 from tokenlake.read.dump import discover as discover_local
 from tokenlake.read.private_cache import PRIVATE_MODE, make_folders
@@ -156,10 +156,10 @@ def check_apart(listing: Dump, lake: Path | str) -> None:
     if listing.url is None or not is_url(lake):
         return
     dump, where = listing.url.rstrip("/"), str(lake).rstrip("/")
-    dump_at, lake_at = store_location(dump), store_location(where)
-    if dump_at[:2] != lake_at[:2]:
+    dump_at, store_at = store_location(dump), store_location(where)
+    if dump_at[:2] != store_at[:2]:
         return
-    dump_key, lake_key = dump_at[2], lake_at[2]
+    dump_key, lake_key = dump_at[2], store_at[2]
     if lake_key[: len(dump_key)] == dump_key:
         raise LakeError(where, f"is inside the dump `{dump}`; tokenlake never writes there")
     own = [(*lake_key, name) for name in (*schema.TABLES, MANIFEST_DIR)]

@@ -35,9 +35,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tokenlake import bounded
 from tokenlake.errors import BoundedReadError, DumpNotFoundError, PipelineError
-from tokenlake.load.lake import is_url, process_alive, temporary_path
-from tokenlake.read import bounded
+from tokenlake.layout import is_url, temporary_path
+from tokenlake.processes import process_alive
 from tokenlake.read.dump import (
     DASHBOARD_DIR,
     ROLLOUT_DIR,

@@ -20,8 +20,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from tokenlake import bounded
 from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, DumpFormatError, shown
-from tokenlake.read import bounded
 
 # Keys a line shares with its sample; a key the line lacks does not constrain the match.
 _MATCHED_KEYS = ("group_index", "status", "reward", "prompt")

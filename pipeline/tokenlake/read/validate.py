@@ -22,7 +22,6 @@ import numpy as np
 
 from tokenlake.errors import DumpFormatError, SampleValueError, shown
 from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int
-from tokenlake.transform.resolve import sample_label
 
 
 @dataclass(frozen=True)
@@ -38,6 +37,11 @@ class CheckedSample:
     def response_tokens(self) -> np.ndarray:
         """The last R token ids: the response."""
         return self.tokens[len(self.tokens) - self.response_length :]
+
+
+def sample_label(position: int, sample: dict[str, Any]) -> str:
+    """How errors name a sample: its batch position and `Sample.index`."""
+    return f"batch position {position}, sample_index {sample.get('index')}"
 
 
 def check_samples(path: Path, samples: list[dict[str, Any]]) -> list[CheckedSample]:

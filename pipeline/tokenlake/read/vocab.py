@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from tokenlake import schema
+from tokenlake import bounded, schema
 from tokenlake.errors import BoundedReadError, DumpFormatError
-from tokenlake.read import bounded
 
 # The largest published tokenizer.json files are ~35 MB (Gemma 3: 33 MB, 262k tokens).
 MAX_TOKENIZER_BYTES = 64 * bounded.MiB

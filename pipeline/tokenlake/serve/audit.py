@@ -17,9 +17,10 @@ from pathlib import Path
 import pyarrow as pa
 
 from tokenlake.errors import LakeError
-from tokenlake.load.lake import LakeRoot
+from tokenlake.layout import Location
 from tokenlake.serve import sql_views
 from tokenlake.serve.query import format_table, open_lake
+from tokenlake.store.base import Store
 
 # Offending rows shown per failed audit; the rest are counted, not printed.
 REPORT_ROWS = 10
@@ -90,7 +91,9 @@ def describe(sql_text: str) -> str:
     return match.group(1) if match else header
 
 
-def run_audits(lake: LakeRoot, settings: Mapping[str, float] | None = None) -> list[AuditResult]:
+def run_audits(
+    lake: Location | Store, settings: Mapping[str, float] | None = None
+) -> list[AuditResult]:
     """Run every `sql/audits/*.sql` against the lake's catalog, in file-name order.
 
     Args:
@@ -114,7 +117,7 @@ def run_audits(lake: LakeRoot, settings: Mapping[str, float] | None = None) -> l
             try:
                 rows = con.sql(text).to_arrow_table()
             except duckdb.Error as exc:
-                raise LakeError(lake, f"audit `{path.stem}` cannot run: {exc}") from exc
+                raise LakeError(str(lake), f"audit `{path.stem}` cannot run: {exc}") from exc
             results.append(AuditResult(path.stem, describe(text), rows, level))
     finally:
         con.close()

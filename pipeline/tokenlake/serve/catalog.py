@@ -3,10 +3,10 @@ every view under `sql/`, each after the inputs its header declares. This is the 
 that creates or opens the catalog file; the readers (query.py, audit.py, report_data.py) import
 duckdb only to query the connection `connect` gives them (through `query.open_lake`).
 
-The base views list the Parquet files that the run manifests name (pipeline/tokenlake/load/manifest.py),
+The base views list the Parquet files that the run manifests name (pipeline/tokenlake/store/manifest.py),
 with absolute paths, so the catalog works from any working directory, shows only committed
 files, and a path with quotes cannot break or inject into the SQL. The partition columns are
-parsed from the end of each path by the lake's layout: DuckDB's own Hive parsing reads every
+parsed from the end of each path by the lake's store: DuckDB's own Hive parsing reads every
 `key=value` of the whole path, so a lake under `/data/run=ghost/lake` would read as run
 `ghost`. The catalog is rebuilt by every extract, so the lists stay current.
 
@@ -28,11 +28,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tokenlake import schema
+from tokenlake import layout, schema
 from tokenlake.errors import LakeError
-from tokenlake.load import manifest
-from tokenlake.load.lake import LakeRoot, crash_point, lake_at
-from tokenlake.load.local_lake import Lake
+from tokenlake.layout import Location
+from tokenlake.processes import crash_point
 from tokenlake.serve.sql_views import (
     base_view_sql,
     create_sql_views,
@@ -41,6 +40,8 @@ from tokenlake.serve.sql_views import (
     quote_literal,
 )
 from tokenlake.serve.user_views import create_user_views
+from tokenlake.store import manifest, store_at
+from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
     import duckdb
@@ -48,24 +49,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def table_files(lake: LakeRoot, table: str) -> list[str]:
+def table_files(lake: Location | Store, table: str) -> list[str]:
     """The Parquet files (paths or URLs) of one table that the runs' manifests list, by run
     then step."""
-    return _listed_files(lake, manifest.load_all(lake), table)
+    store = store_at(lake)
+    return _listed_files(store, manifest.load_all(store), table)
 
 
-def _listed_files(lake: LakeRoot, records: list[manifest.RunManifest], table: str) -> list[str]:
-    layout = lake_at(lake)
-    return [layout.url(name) for run in records for name in run.files(table)]
+def _listed_files(store: Store, records: list[manifest.RunManifest], table: str) -> list[str]:
+    return [store.url(name) for run in records for name in run.files(table)]
 
 
 def create_base_views(
-    con: duckdb.DuckDBPyConnection, lake: LakeRoot, records: list[manifest.RunManifest]
+    con: duckdb.DuckDBPyConnection, lake: Location | Store, records: list[manifest.RunManifest]
 ) -> None:
     """`tokens`, `samples`, `runs`, `vocab`, `metrics` over the Parquet files `records` (the
     lake's manifests, read once for the whole build) list."""
     for table in schema.TABLES:
-        sql = base_view_sql(table, _listed_files(lake, records, table))
+        sql = base_view_sql(table, _listed_files(store_at(lake), records, table))
         con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
 
 
@@ -75,7 +76,7 @@ def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [name for name in expected_views() if name not in present]
 
 
-def build_catalog(lake: LakeRoot, warnings: list[str] | None = None) -> Path | str:
+def build_catalog(lake: Location | Store, warnings: list[str] | None = None) -> Path | str:
     """(Re)build `LAKE/tokenlake.duckdb`; replaced atomically so readers never see half of it
     (on an object store: built locally, then uploaded in one PUT).
 
@@ -87,36 +88,33 @@ def build_catalog(lake: LakeRoot, warnings: list[str] | None = None) -> Path | s
     Returns:
         The path (or URL) of the catalog file.
     """
-    layout = lake_at(lake)
+    store = store_at(lake)
     problems: list[str] = []
-    layout.publish_built(
-        layout.catalog_name, lambda tmp: _write_catalog(tmp, layout.location, problems)
-    )
-    if isinstance(layout, Lake):  # tokenlake leaves no log: one there is another program's
-        foreign_log(layout.catalog_path).unlink(missing_ok=True)
+    store.publish_built(store.catalog_name, lambda tmp: _write_catalog(tmp, store, problems))
+    if store.local_catalog is not None:  # tokenlake leaves no log: one is another program's
+        foreign_log(store.local_catalog).unlink(missing_ok=True)
     if warnings is None:
         for problem in problems:
             log.warning("%s", problem)
     else:
         warnings.extend(problems)
-    where = layout.catalog_path if isinstance(layout, Lake) else layout.url(layout.catalog_name)
+    where = store.local_catalog or store.url(store.catalog_name)
     log.info("catalog %s rebuilt", where)
     return where
 
 
-def _catalog_url(lake: LakeRoot) -> str:
-    layout = lake_at(lake)
-    return layout.url(layout.catalog_name)
+def _catalog_url(store: Store) -> str:
+    return store.url(store.catalog_name)
 
 
 def create_all_views(
-    con: duckdb.DuckDBPyConnection, lake: LakeRoot, records: list[manifest.RunManifest]
+    con: duckdb.DuckDBPyConnection, lake: Location | Store, records: list[manifest.RunManifest]
 ) -> list[str]:
     """Base views over the files `records` list, macros, tokenlake's views and the user's;
     returns the skipped user views."""
-    layout = lake_at(lake)
-    if layout.filesystem is not None:  # an object store: DuckDB reads it through fsspec
-        con.register_filesystem(layout.filesystem)
+    store = store_at(lake)
+    if store.filesystem is not None:  # an object store: DuckDB reads it through fsspec
+        con.register_filesystem(store.filesystem)
     create_base_views(con, lake, records)
     for path in iter_macro_files():
         con.execute(path.read_text(encoding="utf-8"))
@@ -129,7 +127,7 @@ def create_all_views(
 _BUILT_FROM = "tokenlake_listed_digest"
 
 
-def listed_digest(lake: LakeRoot) -> str:
+def listed_digest(lake: Location | Store) -> str:
     """blake2b of every file the lake's manifests list, by run and table (relative names, so
     a moved lake has the same digest).
 
@@ -169,7 +167,7 @@ def recorded_digest(con: duckdb.DuckDBPyConnection) -> str | None:
 _DIGEST_LITERAL = re.compile(r"'[0-9a-f]{32}'")
 
 
-def _write_catalog(tmp: Path, lake: LakeRoot, problems: list[str]) -> None:
+def _write_catalog(tmp: Path, store: Store, problems: list[str]) -> None:
     import duckdb
 
     try:
@@ -177,46 +175,46 @@ def _write_catalog(tmp: Path, lake: LakeRoot, problems: list[str]) -> None:
         # views); reading the views needs 1.2 (docs/bi.md, tests/test_duckdb_oldest.py).
         con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
         try:
-            records = manifest.load_all(lake)  # once: the views and the digest agree
-            problems[:] = create_all_views(con, lake, records)
+            records = manifest.load_all(store)  # once: the views and the digest agree
+            problems[:] = create_all_views(con, store, records)
             _record_listed(con, _digest_of(records))
             con.execute("CHECKPOINT")  # write everything into the file now, errors included
         finally:
             con.close()
         if Path(f"{tmp}.wal").exists():  # DuckDB could not fold its log into the file
-            raise LakeError(_catalog_url(lake), "catalog could not be written in full")
+            raise LakeError(_catalog_url(store), "catalog could not be written in full")
         with duckdb.connect(str(tmp), read_only=True) as check:
             missing = missing_views(check)
     except duckdb.Error as exc:
-        raise _catalog_error(lake, exc) from exc
+        raise _catalog_error(store, exc) from exc
     if missing:
         raise LakeError(
-            _catalog_url(lake),
+            _catalog_url(store),
             f"catalog lacks views {', '.join(f'`{v}`' for v in missing)} after its build",
         )
     crash_point("catalog:built")  # built in full, not yet in place
 
 
-def _catalog_error(lake: LakeRoot, exc: Exception) -> LakeError:
+def _catalog_error(store: Store, exc: Exception) -> LakeError:
     """One line for a DuckDB failure while building the catalog."""
     text = str(exc)
     if "No space left" in text:
         return LakeError(
-            _catalog_url(lake),
+            _catalog_url(store),
             "catalog cannot be written (No space left on device); free space, then run"
             " `tokenlake views LAKE`",
         )
     if "No files found" in text or "No such file" in text:
         return LakeError(
-            lake,
+            str(store),
             "a Parquet file vanished while the catalog was built (an extraction running?);"
             " run `tokenlake views LAKE` once it has finished",
         )
     first = text.splitlines()[0] if text else type(exc).__name__
-    return LakeError(_catalog_url(lake), f"catalog cannot be built ({first[:300]})")
+    return LakeError(_catalog_url(store), f"catalog cannot be built ({first[:300]})")
 
 
-def connect(lake: LakeRoot) -> duckdb.DuckDBPyConnection:
+def connect(lake: Location | Store) -> duckdb.DuckDBPyConnection:
     """A read-only connection with every view of the lake, built now from its manifests, `sql/`
     and its checked user views: tokenlake's readers never run what the catalog file holds.
 
@@ -231,25 +229,26 @@ def connect(lake: LakeRoot) -> duckdb.DuckDBPyConnection:
     Raises:
         LakeError: Not a lake, or no catalog yet (nothing was extracted).
     """
-    layout = lake_at(lake)
-    if isinstance(layout, Lake) and not layout.catalog_path.is_file():
-        if not layout.root.is_dir() or layout.is_dump():
-            layout.require()  # says what the path is instead
-        raise LakeError(lake, f"has no `{schema.CATALOG_FILE}`; run `tokenlake extract` first")
-    if isinstance(layout, Lake):
-        return _connect_private_build(layout.require().location)
-    return _connect_in_memory(layout.require().location)
+    store = store_at(lake)
+    catalog = store.local_catalog
+    if catalog is None:  # an object store: readers never download its catalog
+        return _connect_in_memory(store.require())
+    if not catalog.is_file():
+        if not catalog.parent.is_dir() or store.is_dump():
+            store.require()  # says what the path is instead
+        raise LakeError(str(lake), f"has no `{layout.CATALOG_FILE}`; run `tokenlake extract` first")
+    return _connect_private_build(store.require())
 
 
-def _connect_private_build(lake: LakeRoot) -> duckdb.DuckDBPyConnection:
-    """The lake's catalog built now into a private temporary file, opened read-only: the views
+def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
+    """The store's catalog built now into a private temporary file, opened read-only: the views
     `LAKE/tokenlake.duckdb` would hold, in a database named `tokenlake` as there."""
     import duckdb
 
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tokenlake-") as folder:
-        built = Path(folder) / schema.CATALOG_FILE
-        _write_catalog(built, lake, problems)
+        built = Path(folder) / layout.CATALOG_FILE
+        _write_catalog(built, store, problems)
         con = duckdb.connect(str(built), read_only=True)  # the open file outlives its name
     for problem in problems:
         log.warning("%s", problem)
@@ -266,10 +265,10 @@ def foreign_log(catalog_file: Path) -> Path:
     return catalog_file.with_name(f"{catalog_file.name}.wal")
 
 
-def has_foreign_log(lake: LakeRoot) -> bool:
+def has_foreign_log(lake: Location | Store) -> bool:
     """Whether another program's write-ahead log lies beside a local lake's catalog."""
-    layout = lake_at(lake)
-    return isinstance(layout, Lake) and os.path.lexists(foreign_log(layout.catalog_path))
+    catalog = store_at(lake).local_catalog
+    return catalog is not None and os.path.lexists(foreign_log(catalog))
 
 
 def _open_file(path: Path) -> duckdb.DuckDBPyConnection:
@@ -304,7 +303,7 @@ def _locked_down(path: Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def refuse_if_held(lake: LakeRoot) -> None:
+def refuse_if_held(lake: Location | Store) -> None:
     """Raise the line `query` gives if another program holds the catalog open for writing.
 
     Rebuilding the catalog under such a program would leave its write-ahead log beside the new
@@ -316,13 +315,13 @@ def refuse_if_held(lake: LakeRoot) -> None:
     """
     import duckdb
 
-    layout = lake_at(lake)
-    if not isinstance(layout, Lake) or not layout.catalog_path.is_file():
+    catalog = store_at(lake).local_catalog
+    if catalog is None or not catalog.is_file():
         return
     try:
-        _raise_if_held(layout.catalog_path)
+        _raise_if_held(catalog)
     except duckdb.Error as exc:
-        raise _open_error(lake, exc) from exc
+        raise _open_error(catalog, exc) from exc
 
 
 def _raise_if_held(path: Path) -> None:
@@ -337,25 +336,25 @@ def _raise_if_held(path: Path) -> None:
             raise
 
 
-def _connect_in_memory(lake: LakeRoot) -> duckdb.DuckDBPyConnection:
+def _connect_in_memory(store: Store) -> duckdb.DuckDBPyConnection:
     import duckdb
 
     con = duckdb.connect()
     try:
-        for problem in create_all_views(con, lake, manifest.load_all(lake)):
+        for problem in create_all_views(con, store, manifest.load_all(store)):
             log.warning("%s", problem)
     except duckdb.Error as exc:
         con.close()
-        raise _catalog_error(lake, exc) from exc
+        raise _catalog_error(store, exc) from exc
     except BaseException:
         con.close()
         raise
     return con
 
 
-def _open_error(lake: LakeRoot, exc: Exception) -> LakeError:
+def _open_error(path: Path, exc: Exception) -> LakeError:
+    """Why a local lake's catalog file cannot be opened, and what to do."""
     text = str(exc)
-    path = Lake(lake).catalog_path
     if "Could not set lock" in text:
         holder = _LOCK_HOLDER.search(text)
         who = f"{holder.group(1)} (PID {holder.group(2)})" if holder else "another program"
@@ -370,23 +369,23 @@ def _open_error(lake: LakeRoot, exc: Exception) -> LakeError:
     )
 
 
-def catalog_problem(lake: LakeRoot) -> str | None:
+def catalog_problem(lake: Location | Store) -> str | None:
     """Why the lake's catalog is unusable (cannot be opened, lacks views) or out of date
     (lists other files than the manifests), or None.
 
     Raises:
         LakeError: A manifest is damaged or cannot be read.
     """
-    layout = lake_at(lake)
+    store = store_at(lake)
     rebuild = "run `tokenlake views LAKE` or extract again"
-    if not layout.exists(layout.catalog_name):
-        return f"catalog `{schema.CATALOG_FILE}` is missing; {rebuild}"
-    current = listed_digest(lake)
-    if isinstance(layout, Lake):
-        return _file_problem(layout.catalog_path, rebuild, current)
+    if not store.exists(store.catalog_name):
+        return f"catalog `{layout.CATALOG_FILE}` is missing; {rebuild}"
+    current = listed_digest(store)
+    if store.local_catalog is not None:
+        return _file_problem(store.local_catalog, rebuild, current)
     with tempfile.TemporaryDirectory(prefix="tokenlake-") as folder:  # a copy to open
-        copy = Path(folder) / schema.CATALOG_FILE
-        copy.write_bytes(layout.read_bytes(layout.catalog_name))
+        copy = Path(folder) / layout.CATALOG_FILE
+        copy.write_bytes(store.read_bytes(store.catalog_name))
         return _file_problem(copy, rebuild, current)
 
 
@@ -401,15 +400,15 @@ def _file_problem(path: Path, rebuild: str, current: str) -> str | None:
         if "Could not set lock" in str(exc):
             return None  # a client holds it for writing: it cannot be checked, nor is broken
         first = str(exc).splitlines()[0][:200]
-        return f"catalog `{schema.CATALOG_FILE}` cannot be opened ({first}); {rebuild}"
+        return f"catalog `{layout.CATALOG_FILE}` cannot be opened ({first}); {rebuild}"
     if missing:
         names = ", ".join(f"`{v}`" for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
-        return f"catalog `{schema.CATALOG_FILE}` lacks views {names}; {rebuild}"
+        return f"catalog `{layout.CATALOG_FILE}` lacks views {names}; {rebuild}"
     if recorded is None:
-        return f"catalog `{schema.CATALOG_FILE}` does not record which files it lists; {rebuild}"
+        return f"catalog `{layout.CATALOG_FILE}` does not record which files it lists; {rebuild}"
     if recorded != current:
         return (
-            f"catalog `{schema.CATALOG_FILE}` lists other files than the manifests (a command"
+            f"catalog `{layout.CATALOG_FILE}` lists other files than the manifests (a command"
             f" was interrupted before rebuilding it); {rebuild}"
         )
     return None

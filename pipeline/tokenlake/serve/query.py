@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tokenlake.cli_util import escape_controls
 from tokenlake.errors import UsageError
-from tokenlake.load.lake import LakeRoot
+from tokenlake.layout import Location
 from tokenlake.serve import catalog
+from tokenlake.store.base import Store
+from tokenlake.terminal import escape_controls
 
 if TYPE_CHECKING:
     import duckdb
@@ -28,7 +29,7 @@ SETTINGS_VIEW = "drift_settings"
 
 
 def open_lake(
-    lake: LakeRoot, settings: Mapping[str, float] | None = None
+    lake: Location | Store, settings: Mapping[str, float] | None = None
 ) -> duckdb.DuckDBPyConnection:
     """A read-only connection to the catalog, with `settings` overriding `drift_settings`.
 
@@ -78,7 +79,9 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def run_query(lake: LakeRoot, sql: str, settings: Mapping[str, float] | None = None) -> pa.Table:
+def run_query(
+    lake: Location | Store, sql: str, settings: Mapping[str, float] | None = None
+) -> pa.Table:
     """Run SQL (one or more `;`-separated statements) and return the last statement's result.
 
     Args:

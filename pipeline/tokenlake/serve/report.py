@@ -16,13 +16,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tokenlake.cli_util import StepSelection as StepRanges
 from tokenlake.errors import LakeError, OutputError
-from tokenlake.load.lake import LakeRoot, atomic_write, lake_at, temporary_path
+from tokenlake.layout import Location, temporary_path
 from tokenlake.serve import report_charts as rc
 from tokenlake.serve import report_data as rd
 from tokenlake.serve import report_html as rh
 from tokenlake.serve.query import open_lake
+from tokenlake.steps import StepSelection
+from tokenlake.store import store_at
+from tokenlake.store.base import Store
+from tokenlake.store.local import atomic_write
 
 WORST_SAMPLES = 10  # samples with a per-token strip, per run
 TOP_TOKENS = 10  # tokens per step in "Top drifting tokens"
@@ -54,10 +57,10 @@ class _Page:
 
 
 def build_report(
-    lake: LakeRoot,
+    lake: Location | Store,
     out: Path,
     runs: Sequence[str] = (),
-    steps: Sequence[int] | StepRanges | None = None,
+    steps: Sequence[int] | StepSelection | None = None,
     worst: int = WORST_SAMPLES,
 ) -> ReportSummary:
     """Write the report of `runs` (default: all) and `steps` (default: all) to `out`.
@@ -108,7 +111,7 @@ def _check_output(out: Path) -> None:
     probe.unlink(missing_ok=True)
 
 
-def _step_ranges(steps: Sequence[int] | StepRanges | None) -> tuple[tuple[int, int], ...] | None:
+def _step_ranges(steps: Sequence[int] | StepSelection | None) -> tuple[tuple[int, int], ...] | None:
     """Inclusive ranges from step ids or a `--steps` selection (never expanded: `0-10**10`).
 
     Examples:
@@ -124,7 +127,10 @@ def _step_ranges(steps: Sequence[int] | StepRanges | None) -> tuple[tuple[int, i
 
 
 def _collect(
-    lake: LakeRoot, runs: Sequence[str], steps: Sequence[int] | StepRanges | None, worst: int
+    lake: Location | Store,
+    runs: Sequence[str],
+    steps: Sequence[int] | StepSelection | None,
+    worst: int,
 ) -> _Page:
     con = open_lake(lake)
     try:
@@ -149,11 +155,11 @@ def _collect(
     return page
 
 
-def _header(lake: LakeRoot, sel: rd.Selection) -> str:
+def _header(lake: Location | Store, sel: rd.Selection) -> str:
     steps = "all steps" if sel.steps is None else f"steps {_ranges(sel.steps)}"
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
-        f"<h1>tokenlake report</h1><p>Lake {rh.cell(str(lake_at(lake).location))}; runs "
+        f"<h1>tokenlake report</h1><p>Lake {rh.cell(str(store_at(lake).location))}; runs "
         f"{rh.cell(', '.join(sel.runs) or 'none')}; {steps}; generated {now}.</p>"
         "<p>δ = train − rollout log-prob of a loss-covered token (nats). Click a legend entry"
         " to pick a run (shift-click for more); hover for values.</p>"

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from tokenlake import schema
 from tokenlake.errors import InstallError, LakeError
-from tokenlake.load.lake import partition_patterns
+from tokenlake.layout import partition_patterns
 
 if TYPE_CHECKING:
     import duckdb

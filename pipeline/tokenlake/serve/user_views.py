@@ -11,17 +11,12 @@ does not bind is skipped with one warning line; the rest of the catalog is built
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, shown
-from tokenlake.load.lake import USER_VIEWS_DIR, LakeRoot, lake_at
-from tokenlake.load.local_lake import Lake
+from tokenlake.errors import SHOWN_PATH_CHARS, shown
+from tokenlake.layout import Location
 from tokenlake.serve.user_view_check import (
     NAME_RULE,
     PLAIN_NAME,
@@ -36,6 +31,8 @@ from tokenlake.serve.user_view_check import (
     reserved_names,
     view_query,
 )
+from tokenlake.store import store_at
+from tokenlake.store.base import Store, ViewFile
 
 if TYPE_CHECKING:
     import duckdb
@@ -50,80 +47,13 @@ MAX_USER_VIEW_BYTES = 1 << 16
 _SHOWN_PROBLEM_CHARS = 500
 
 
-@dataclass(frozen=True)
-class UserViewFile:
-    """One `views/*.sql` of a lake, local or on an object store, as read: at most
-    `MAX_USER_VIEW_BYTES + 1` bytes of it, or why it could not be read."""
-
-    shown: str  # how messages name it (its path or URL)
-    stem: str
-    content: bytes
-    problem: str | None = None
+# One `views/*.sql` of a lake, as its store read it.
+UserViewFile = ViewFile
 
 
-def iter_user_view_files(lake: LakeRoot) -> list[UserViewFile]:
+def iter_user_view_files(lake: Location | Store) -> list[UserViewFile]:
     """The user's view files, `LAKE/views/*.sql`, by name, each read once."""
-    layout = lake_at(lake)
-    if isinstance(layout, Lake):
-        return _local_view_files(layout.user_views_dir)
-    files = []
-    for name in layout.user_view_names():
-        if not name.startswith(f"{USER_VIEWS_DIR}/"):
-            continue
-        try:
-            content, problem = layout.read_head(name, MAX_USER_VIEW_BYTES + 1), None
-        except LakeError as exc:
-            content, problem = b"", f"it {exc.problem}"  # `does not exist`, `cannot be read (...)`
-        files.append(UserViewFile(layout.url(name), Path(name).stem, content, problem))
-    return files
-
-
-def _local_view_files(folder: Path) -> list[UserViewFile]:
-    """The folder's `*.sql` entries, read through the folder's descriptor: no symbolic link
-    is followed (neither the folder nor a file), and a FIFO or device is never opened for
-    reading, so nothing outside the folder is read and nothing hangs."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        descriptor = os.open(folder, flags)
-    except OSError as exc:
-        if folder.is_symlink():
-            problem = "it is a symbolic link; user views are read only from a real folder"
-            return [UserViewFile(str(folder), "", b"", problem)]
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return []  # no folder of views
-        return [UserViewFile(str(folder), "", b"", f"it cannot be read ({exc.strerror})")]
-    try:
-        names = sorted(
-            entry.name for entry in os.scandir(descriptor) if entry.name.endswith(".sql")
-        )
-        return [_read_local(folder, descriptor, name) for name in names]
-    finally:
-        os.close(descriptor)
-
-
-def _read_local(folder: Path, descriptor: int, name: str) -> UserViewFile:
-    path, stem = str(folder / name), name[: -len(".sql")]
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        handle = os.open(name, flags, dir_fd=descriptor)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            problem = "it is a symbolic link; tokenlake reads only regular files in `views/`"
-        else:
-            problem = f"it cannot be read ({exc.strerror})"
-        return UserViewFile(path, stem, b"", problem)
-    try:
-        if not stat.S_ISREG(os.fstat(handle).st_mode):
-            return UserViewFile(path, stem, b"", "it is not a regular file")
-        chunks, left = [], MAX_USER_VIEW_BYTES + 1
-        while left > 0 and (chunk := os.read(handle, min(left, 1 << 16))):
-            chunks.append(chunk)
-            left -= len(chunk)
-        return UserViewFile(path, stem, b"".join(chunks))
-    except OSError as exc:
-        return UserViewFile(path, stem, b"", f"it cannot be read ({exc.strerror})")
-    finally:
-        os.close(handle)
+    return store_at(lake).read_user_views(MAX_USER_VIEW_BYTES + 1)
 
 
 @dataclass(frozen=True)
@@ -133,7 +63,7 @@ class _Candidate:
     query: str  # what follows `AS`, as DuckDB's parser delimits it
 
 
-def create_user_views(con: duckdb.DuckDBPyConnection, lake: LakeRoot) -> list[str]:
+def create_user_views(con: duckdb.DuckDBPyConnection, lake: Location | Store) -> list[str]:
     """Create the user's views after tokenlake's; a refused one is one warning and skipped.
 
     Each is checked and bound on a sandbox first (user_view_check.py), then created on `con`.

@@ -28,6 +28,7 @@ from tokenlake.read.train_checks import (
     number_or_none,
     numbers,
 )
+from tokenlake.read.validate import sample_label
 from tokenlake.read.values import is_int
 from tokenlake.transform import cp_layout
 
@@ -75,11 +76,6 @@ class TrainRow:
     alignment_failed: bool
     # bool [R]: positions no CP rank stores (prompt length 0); unknown in every CP-sliced field
     holes: np.ndarray | None = None
-
-
-def sample_label(position: int, sample: dict[str, Any]) -> str:
-    """How errors name a sample: its batch position and `Sample.index`."""
-    return f"batch position {position}, sample_index {sample.get('index')}"
 
 
 def locate_rows(

@@ -1,6 +1,6 @@
 """Extract steps on a Ray cluster: one Ray task per step, the driver commits.
 
-Each task runs `tokenlake.transform.step.extract_step` where Ray places it: it reads the step's files and
+Each task runs `tokenlake.orchestrate.step.extract_step` where Ray places it: it reads the step's files and
 writes the step's Parquet files under fresh names, on a file system every node sees (a shared
 mount), and returns a plain `StepOutcome`. Only the driver (`extract_run`) lists files in a
 manifest and builds the catalog, so the commit protocol is the same as with local workers: a
@@ -20,10 +20,11 @@ from typing import Any
 
 from tokenlake import extras
 from tokenlake.errors import shown
-from tokenlake.load.lake import LakeRoot
-from tokenlake.load.scheduler import Todo
+from tokenlake.layout import Location
+from tokenlake.orchestrate.scheduler import Todo
+from tokenlake.orchestrate.step import StepOutcome, StepStatus, extract_step
 from tokenlake.read import dump, remote_dump
-from tokenlake.transform.step import StepOutcome, StepStatus, extract_step
+from tokenlake.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def require_ray() -> None:
 
 def run_steps_on_ray(
     todo: list[Todo],
-    lake: LakeRoot,
+    lake: Location | Store,
     run: str,
     *,
     address: str | None = None,

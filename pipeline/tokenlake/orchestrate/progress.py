@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from tokenlake.cli_util import plural
-from tokenlake.transform.step import StepResult
+from tokenlake.terminal import plural
+from tokenlake.transform.tables import StepResult
 
 ProgressCallback = Callable[[StepResult], None]
 

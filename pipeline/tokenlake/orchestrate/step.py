@@ -1,4 +1,5 @@
-"""Extract one rollout file (and its train files) into two staged Parquet files.
+"""One step's job: read its files, build its tables (transform/tables.py), write them to the
+lake under fresh names (load/write.py), and say what became of it.
 
 Runs in a worker process when extraction is parallel, so everything it returns is plain,
 picklable data; errors come back as text instead of exceptions.
@@ -11,25 +12,22 @@ import traceback
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from tokenlake import schema
 from tokenlake.errors import (
-    DumpFormatError,
     DumpNotFoundError,
     LakeError,
     PipelineError,
-    SampleValueError,
     shown,
 )
-from tokenlake.load import manifest, write
-from tokenlake.load.lake import LakeRoot, lake_at, new_name
-from tokenlake.read import dump, remote_dump, trajectory, validate
-from tokenlake.transform import flatten
-from tokenlake.transform.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
+from tokenlake.layout import Location, new_name
+from tokenlake.load import write
+from tokenlake.read import dump, remote_dump
+from tokenlake.store import manifest, store_at
+from tokenlake.store.base import Store
+from tokenlake.transform.tables import StepResult, build_step_tables
 
 BUG_HINT = "This is a tokenlake bug: please report it with this line and `tokenlake --version`."
 
@@ -51,20 +49,6 @@ class StepStatus(str, Enum):
 
 
 @dataclass(frozen=True)
-class StepResult:
-    """What one rollout file became."""
-
-    rollout_id: int
-    evaluation: bool
-    samples: int
-    tokens: int
-    train_files: int
-    nonfinite_values: int
-    # One line each: a sidecar of the step beyond its size bounds (its values are NULL).
-    warnings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class StepOutcome:
     """A written step (result and manifest record) or the reason it could not be."""
 
@@ -79,7 +63,7 @@ class StepOutcome:
 
 
 def extract_step(
-    files: dump.StepFiles, lake: LakeRoot, run: str, status: StepStatus
+    files: dump.StepFiles, lake: Location | Store, run: str, status: StepStatus
 ) -> StepOutcome:
     """Load, resolve, flatten and write one step; never raises (except on Ctrl-C).
 
@@ -87,7 +71,7 @@ def extract_step(
     is a tokenlake bug, and it must cost this step only, never the whole extraction.
     """
     try:
-        return _extract_step(files, lake, run, status)
+        return _extract_step(files, store_at(lake), run, status)
     except Exception as exc:  # noqa: BLE001 - a bug in one step must not take down the run
         return StepOutcome(
             files.label, status, error=remote_dump.as_urls(files, files, bug_text(files, exc))
@@ -103,7 +87,7 @@ def bug_text(files: dump.StepFiles, exc: BaseException) -> str:
         ...     1 / 0
         ... except ZeroDivisionError as exc:
         ...     print(bug_text(step, exc))
-        `d/rollout_data/3.pt`: unexpected ZeroDivisionError('division by zero') at <doctest tokenlake.transform.step.bug_text[1]>:2 in <module>. This is a tokenlake bug: please report it with this line and `tokenlake --version`.
+        `d/rollout_data/3.pt`: unexpected ZeroDivisionError('division by zero') at <doctest tokenlake.orchestrate.step.bug_text[1]>:2 in <module>. This is a tokenlake bug: please report it with this line and `tokenlake --version`.
     """
     where = ""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -133,9 +117,7 @@ def _text_of(exc: BaseException) -> str:
         return "?"
 
 
-def _extract_step(
-    files: dump.StepFiles, lake: LakeRoot, run: str, status: StepStatus
-) -> StepOutcome:
+def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepStatus) -> StepOutcome:
     read = files  # a dump on an object store: the step's objects, downloaded while read
     try:
         with remote_dump.hydrated(files) as read:
@@ -152,12 +134,12 @@ def _extract_step(
         text = f"`{exc.filename}`: {exc.strerror}. Extract again once the file is readable."
         return StepOutcome(files.label, status, error=remote_dump.as_urls(files, read, text))
     try:
-        written = _write_step(files, lake, run, tokens, samples_table)
+        written = _write_step(files, store, run, tokens, samples_table)
     except LakeError as exc:
         return StepOutcome(files.label, status, lake_error=(exc.path, exc.problem))
     except OSError as exc:  # e.g. a partition directory cannot be created
         problem = f"cannot be written ({exc.strerror or exc})"
-        return StepOutcome(files.label, status, lake_error=(str(exc.filename or lake), problem))
+        return StepOutcome(files.label, status, lake_error=(str(exc.filename or store), problem))
     record = manifest.StepRecord(
         rollout_id=files.rollout_id,
         evaluation=files.evaluation,
@@ -176,7 +158,7 @@ def _fingerprint(files: dump.StepFiles) -> list[manifest.SourceFile]:
     """The step's source identities; a remote step's come with it (a Ray node elsewhere has
     no stage), equal to what `manifest.fingerprint` reads from the stage's placeholders."""
     if files.remote is None:
-        return manifest.fingerprint(files)
+        return dump.fingerprint(files)
     return [manifest.SourceFile(*source) for source in files.remote.objects]
 
 
@@ -186,6 +168,7 @@ def input_error_text(files: dump.StepFiles, exc: PipelineError) -> str:
 
     Examples:
         >>> step = dump.StepFiles(3, False, Path("d/rollout_data/3.pt"), ((1, Path("d/train_data/3_1.pt")),))
+        >>> from tokenlake.errors import DumpFormatError
         >>> input_error_text(step, DumpFormatError("d/train_data/3_1.pt", "bad"))
         'rank 1: `d/train_data/3_1.pt`: bad. Replace or remove the file, then extract again.'
     """
@@ -201,10 +184,13 @@ def input_error_text(files: dump.StepFiles, exc: PipelineError) -> str:
 
 
 def _write_step(
-    files: dump.StepFiles, lake: LakeRoot, run: str, tokens: pa.Table, samples_table: pa.Table
+    files: dump.StepFiles,
+    store: Store,
+    run: str,
+    tokens: pa.Table,
+    samples_table: pa.Table,
 ) -> dict[str, str]:
-    """Write the step's files under fresh names; returns table -> name relative to the lake."""
-    layout = lake_at(lake)
+    """Write the step's files under fresh names; returns table -> name relative to the store."""
     stem = schema.EVAL_STEM if files.evaluation else schema.TRAIN_STEM
     generation = secrets.token_hex(4)  # fresh names: the manifest decides when they count
     written: dict[str, str] = {}
@@ -212,9 +198,9 @@ def _write_step(
         for table, data in ((schema.TOKENS, tokens), (schema.SAMPLES, samples_table)):
             written[table] = new_name(table, run, stem, files.rollout_id, generation)
             metadata = write.file_metadata(table, run, _source_name(files))
-            write.write_lake_file(layout, written[table], table, data, metadata)
+            write.write_lake_file(store, written[table], table, data, metadata)
     except BaseException:
-        layout.delete(written.values())  # half a step must not linger (full or read-only lake)
+        store.delete(written.values())  # half a step must not linger (full or read-only store)
         raise
     return written
 
@@ -223,84 +209,3 @@ def _source_name(files: dump.StepFiles) -> str:
     """The rollout file as Parquet metadata records it: its URL for a remote dump."""
     text = str(files.rollout_file)
     return remote_dump.as_urls(files, files, text)
-
-
-def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepResult]:
-    """The step's `tokens` and `samples` tables, in memory."""
-    rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
-    samples: list[dict[str, Any]] = rollout["samples"]
-    checked = validate.check_samples(files.rollout_file, samples)  # before anything reads them
-    train_files = [
-        TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
-    ]
-    train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
-    parts = [
-        flatten.sample_tokens(arrays, train_rows.get(position))
-        for position, arrays in enumerate(checked)
-    ]
-    indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
-    tokens = flatten.tokens_table(files.evaluation, indices, parts)
-    warnings: list[str] = []
-    messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
-    try:
-        samples_table = flatten.samples_table(
-            files.rollout_id,
-            files.evaluation,
-            samples,
-            train_rows,
-            len(train_files),
-            messages,
-            parts,
-        )
-    except SampleValueError as exc:  # raised where the value is read, which knows no file
-        raise validate.located(exc, files.rollout_file, samples) from None
-    result = StepResult(
-        rollout_id=files.rollout_id,
-        evaluation=files.evaluation,
-        samples=len(samples),
-        tokens=tokens.num_rows,
-        train_files=len(train_files),
-        nonfinite_values=count_nonfinite(tokens),
-        warnings=tuple(warnings),
-    )
-    return tokens, samples_table, result
-
-
-def resolve_train_rows(
-    rollout_path: Path, samples: list[dict[str, Any]], train_files: list[TrainFile]
-) -> dict[int, TrainRow]:
-    """Batch position → resolved train row, for every sample some train file holds."""
-    if not train_files:
-        return {}
-    raw_reward = _raw_reward(rollout_path, samples, train_files)
-    located = locate_rows(samples, train_files)
-    return {
-        position: resolve_sample(position, samples[position], locations, raw_reward)
-        for position, locations in sorted(located.items())
-    }
-
-
-def _raw_reward(
-    rollout_path: Path, samples: list[dict[str, Any]], train_files: list[TrainFile]
-) -> list[Any] | None:
-    for train_file in train_files:
-        raw = train_file.columns.get("raw_reward")
-        if raw is None:
-            continue
-        if len(raw) != len(samples):
-            raise DumpFormatError(
-                train_file.path,
-                f"`raw_reward` has {len(raw)} entries but `{rollout_path.name}` has"
-                f" {len(samples)} samples (it is batch-global)",
-            )
-        return list(raw)
-    return None
-
-
-def count_nonfinite(tokens: pa.Table) -> int:
-    """NaN/inf values in the per-token float columns (kept in Parquet, reported to the user)."""
-    total = 0
-    for column in schema.TOKEN_STAT_COLUMNS:
-        values = tokens.column(column).fill_null(0.0).to_numpy()
-        total += int(np.count_nonzero(~np.isfinite(values)))
-    return total

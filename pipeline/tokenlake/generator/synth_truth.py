@@ -1,6 +1,6 @@
 """Ground truth of a generated dump: every sample's full-length values before CP slicing and
 file dropping, and whether a reader must flag `alignment_failed`. The layout tests compare the
-extracted lake with it; it is computed from the same arrays `tokenlake.tools.synth` writes.
+extracted lake with it; it is computed from the same arrays `tokenlake.generator.synth` writes.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenlake.tools.synth_spec import (
+from tokenlake.generator.synth_spec import (
     TRAINER_FIELDS,
     DumpSpec,
     StepBatch,

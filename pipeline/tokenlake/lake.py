@@ -1,6 +1,7 @@
-"""The Python API for notebooks: `tokenlake.open_lake(path)` returns a `TokenLake`.
+"""The lake, as its user holds it: `tokenlake.Lake`, which every CLI command is a few lines
+over, and `tokenlake.open_lake(path)`, a notebook's checked way in.
 
-`TokenLake` reads a lake: SQL through its DuckDB catalog (`.sql`), and the tables as polars
+Reading: SQL through its DuckDB catalog (`.sql`), and the tables as polars
 LazyFrames over exactly the Parquet files the run manifests list (`.tokens`, `.samples`,
 `.runs`, `.metrics`), never a glob, so leftovers of a crashed extraction are never read. It
 takes no lock to read: an extraction may run meanwhile, in this process (`.extract`) or
@@ -16,7 +17,7 @@ Examples:
     >>> import tempfile
     >>> from pathlib import Path
     >>> import tokenlake
-    >>> from tokenlake.tools import synth
+    >>> from tokenlake.generator import synth
     >>> folder = Path(tempfile.mkdtemp())
     >>> synth.write_dump(folder / "dump", synth.PRESETS["example"])
     >>> lake = tokenlake.open_lake(folder / "lake", create=True)
@@ -35,36 +36,43 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenlake import schema
 from tokenlake.errors import LakeError
-from tokenlake.load import manifest
-from tokenlake.load.lake import lake_at
-from tokenlake.load.local_lake import Lake
+from tokenlake.layout import Location
+from tokenlake.store import manifest, store_at
+from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
     import duckdb
     import polars as pl
+    import pyarrow as pa
 
-    from tokenlake.load.extract import ExtractSummary
-    from tokenlake.load.object_lake import ObjectLake
+    from tokenlake.orchestrate.extract import ExtractOptions, ExtractSummary
+    from tokenlake.orchestrate.follow import FollowState
+    from tokenlake.orchestrate.progress import ProgressCallback, Reporter
+    from tokenlake.orchestrate.verify import Problem
+    from tokenlake.serve.audit import AuditResult
+    from tokenlake.serve.report import ReportSummary
+    from tokenlake.steps import StepSelection
 
 log = logging.getLogger(__name__)
 
 
-def open_lake(path: Path | str, *, create: bool = False) -> TokenLake:
-    """Open the lake at `path` for reading (and for `.extract`).
+def open_lake(location: Location, *, create: bool = False) -> Lake:
+    """The lake at `location`, checked: a notebook's way in (and for `.extract`).
 
     Args:
-        path: The lake root (the `--lake` directory of `tokenlake extract`).
+        location: The lake root (the `--lake` of `tokenlake extract`), or an object-store URL.
         create: Allow a folder that is not a lake yet (its first `.extract` makes it one).
 
     Raises:
-        LakeError: `path` is not a lake (and `create` is false), or is a dump.
+        LakeError: `location` is not a lake (and `create` is false), or is a dump.
 
     Examples:
         >>> open_lake("/nonexistent/lake")
@@ -72,32 +80,41 @@ def open_lake(path: Path | str, *, create: bool = False) -> TokenLake:
         ...
         tokenlake.errors.LakeError: Lake `/nonexistent/lake`: is not a lake: it has no `_manifest/`; run `tokenlake extract` first
     """
-    return TokenLake(path, create=create)
+    lake = Lake(location)
+    if not create or lake.store.is_dump():
+        lake.store.require()  # says what the location is instead
+    return lake
 
 
-class TokenLake:
-    """A lake, read through its manifests and catalog. Create it with `tokenlake.open_lake`.
+class Lake:
+    """A lake: the one object every `tokenlake` command and a Python user hold.
 
-    (`tokenlake.load.local_lake.Lake` and `ObjectLake` are other classes: the internal owners of
-    a lake's files, named by pipeline/tokenlake/load/lake.py.)
+    Its location is resolved once into a store (`tokenlake.store.store_at`: a directory or
+    an object-store prefix), which every operation is handed; nothing is read or checked until
+    an operation runs, and each says in its own words what is wrong (`open_lake` checks at
+    once). Reading takes no lock; writing (`extract`, `follow`, `drop`, `tag`, `build_views`)
+    takes the lake's writer lock while it runs. Use it as a context manager, or `close()` it,
+    to release the catalog connection of `sql`.
     """
 
-    def __init__(self, path: Path | str, *, create: bool = False) -> None:
-        self._layout = lake_at(path)
-        if not create:
-            self._layout.require()
-        elif self._layout.is_dump():
-            self._layout.require()  # says it is a dump
+    def __init__(self, location: Location | Store) -> None:
+        self.store = store_at(location)
         self._con: duckdb.DuckDBPyConnection | None = None
         self._con_stamp: object = None
 
     def __repr__(self) -> str:
-        return f"TokenLake({str(self.root)!r})"
+        return f"Lake({str(self.store)!r})"
+
+    def __enter__(self) -> Lake:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @property
     def root(self) -> Path | str:
         """The lake's absolute path (or its URL on an object store)."""
-        return self._layout.location
+        return self.store.location
 
     # --- SQL ---------------------------------------------------------------------------------
 
@@ -120,7 +137,7 @@ class TokenLake:
     def _connection(self) -> duckdb.DuckDBPyConnection:
         from tokenlake.serve import catalog
 
-        stamp = _catalog_stamp(self._layout)
+        stamp = self.store.catalog_stamp()
         if self._con is None or stamp != self._con_stamp:
             self.close()  # one connection per file: DuckDB caches databases by path
             self._con = catalog.connect(self.root)
@@ -173,31 +190,127 @@ class TokenLake:
         wanted = None if steps is None else set(steps)
         names = _columns(table, columns)
         for _attempt in (1, 2):
-            listed = _listed_files(self._layout, table, runs, wanted)
-            if all(self._layout.exists(name) for name, _ in listed):
-                if isinstance(self._layout, Lake):
-                    located = [(self._layout.file(n), v) for n, v in listed]
-                    return _scan(table, located, names, self._layout.root)
-                return _scan_objects(table, listed, names, self._layout)
+            listed = _listed_files(self.store, table, runs, wanted)
+            if all(self.store.exists(name) for name, _ in listed):
+                return self.store.scan(table, listed, names)
             log.info("a listed file vanished (an extraction committed meanwhile); reading again")
-        gone = next(name for name, _ in listed if not self._layout.exists(name))
+        gone = next(name for name, _ in listed if not self.store.exists(name))
         raise LakeError(
-            self._layout.url(gone), "is listed by its run's manifest but is gone; read again"
+            self.store.url(gone), "is listed by its run's manifest but is gone; read again"
         )
 
     # --- writing -----------------------------------------------------------------------------
 
     def extract(
-        self, dump: Path | str, run_name: str | None = None, **options: Any
+        self,
+        dump: Path | str,
+        options: ExtractOptions | None = None,
+        *,
+        progress: ProgressCallback | Reporter | None = None,
+        **fields: Any,
     ) -> ExtractSummary:
-        """Extract a dump into this lake: `tokenlake.load.extract.extract_run`, same options
-        (`steps`, `workers`, `replace`, `tags`, ...); takes the writer lock while it runs."""
-        from tokenlake.load.extract import extract_run
-        from tokenlake.read.remote_dump import is_remote
+        """Extract a dump into this lake (`tokenlake extract`): `options`, or its fields by
+        name (`run_name`, `steps`, `workers`, `replace`, `tags`, ...: `ExtractOptions`)."""
+        from tokenlake.orchestrate.extract import extract_run
 
         self.close()
-        source = dump if is_remote(dump) else Path(dump)  # a Path would fold a URL's `//`
-        return extract_run(source, self._layout.location, run_name, **options)
+        return extract_run(
+            _dump_source(dump), self.store, _options(options, fields), progress=progress
+        )
+
+    def follow(
+        self,
+        dump: Path | str,
+        options: ExtractOptions | None = None,
+        *,
+        on_round: Callable[[ExtractSummary], None] | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+        **fields: Any,
+    ) -> FollowState:
+        """Follow a live run (`tokenlake extract --follow`): extract each step once complete,
+        every `poll_seconds`, until `should_stop()` or Ctrl-C; `on_round` sees each round."""
+        from tokenlake.orchestrate.follow import follow_run
+
+        self.close()
+        chosen = _options(options, {"follow": True, **fields})
+        return follow_run(
+            _dump_source(dump), self.store, chosen, on_round=on_round, should_stop=should_stop
+        )
+
+    def drop(self, run: str) -> None:
+        """Remove one run: its files, its manifest and its rows in every view."""
+        from tokenlake.orchestrate.extract import drop_run
+
+        self.close()
+        drop_run(self.store, run)
+
+    def tag(
+        self,
+        run: str,
+        set_tags: dict[str, str],
+        remove: Sequence[str] = (),
+        warnings: list[str] | None = None,
+    ) -> dict[str, str]:
+        """Set or remove a run's tags without reading its dump; returns its tags after."""
+        from tokenlake.orchestrate.maintain import tag_run
+
+        self.close()
+        return tag_run(self.store, run, set_tags, tuple(remove), warnings)
+
+    def build_views(self, warnings: list[str] | None = None) -> Path | str:
+        """Rebuild `tokenlake.duckdb` from the manifests and the views (`tokenlake views`);
+        returns its path or URL. A skipped user view is a line in `warnings`."""
+        from tokenlake.orchestrate.maintain import rebuild_views
+
+        self.close()
+        return rebuild_views(self.store, warnings)
+
+    # --- checking ----------------------------------------------------------------------------
+
+    def verify(self, run: str | None = None) -> tuple[int, list[Problem]]:
+        """Reconcile the lake with its manifests and dumps (`tokenlake verify`): the number
+        of steps checked and the problems found."""
+        from tokenlake.orchestrate.verify import verify_lake
+
+        return verify_lake(self.store, run)
+
+    def audit(self, settings: Mapping[str, float] | None = None) -> list[AuditResult]:
+        """Run the health checks of sql/audits/ (`tokenlake audit`), with `drift_settings`
+        overrides."""
+        from tokenlake.serve.audit import run_audits
+
+        return run_audits(self.store, settings)
+
+    def report(
+        self,
+        output: Path,
+        runs: Sequence[str] = (),
+        steps: Sequence[int] | StepSelection | None = None,
+        worst: int = 10,
+    ) -> ReportSummary:
+        """Write the self-contained HTML report (`tokenlake report`)."""
+        from tokenlake.serve.report import build_report
+
+        return build_report(self.store, output, runs, steps, worst)
+
+    def query(self, sql: str, settings: Mapping[str, float] | None = None) -> pa.Table:
+        """Run one query with `drift_settings` overrides (`tokenlake query`): an Arrow table."""
+        from tokenlake.serve.query import run_query
+
+        return run_query(self.store, sql, settings)
+
+
+def _options(options: ExtractOptions | None, fields: Mapping[str, Any]) -> ExtractOptions:
+    """`options` with `fields` replaced (a misspelled field is a TypeError), checked."""
+    from tokenlake.orchestrate.extract import ExtractOptions
+
+    return dataclasses.replace(options or ExtractOptions(), **fields).check()
+
+
+def _dump_source(dump: Path | str) -> Path | str:
+    from tokenlake.read.remote_dump import is_remote
+
+    return dump if is_remote(dump) else Path(dump)  # a Path would fold a URL's `//`
 
 
 def _columns(table: str, columns: Sequence[str] | None) -> list[str]:
@@ -211,28 +324,13 @@ def _columns(table: str, columns: Sequence[str] | None) -> list[str]:
     return [c for c in names if c in columns]
 
 
-def _catalog_stamp(layout: Lake | ObjectLake) -> object:
-    """What changes when the catalog is replaced (None when there is none)."""
-    if isinstance(layout, Lake):
-        try:
-            stat = layout.catalog_path.stat()
-        except OSError:
-            return None
-        return (stat.st_ino, stat.st_mtime_ns)
-    try:
-        layout.fs.invalidate_cache()
-        return layout.fs.info(layout.key(layout.catalog_name)).get("ETag")
-    except OSError:
-        return None
-
-
 def _listed_files(
-    layout: Lake | ObjectLake, table: str, runs: set[str] | None, steps: set[int] | None
+    store: Store, table: str, runs: set[str] | None, steps: set[int] | None
 ) -> list[tuple[str, dict[str, Any]]]:
     """(file relative to the lake, partition values) of every file the manifests list: one
     read of each manifest."""
     listed: list[tuple[str, dict[str, Any]]] = []
-    for record in manifest.load_all(layout.location):
+    for record in manifest.load_all(store):
         if runs is not None and record.run not in runs:
             continue
         if schema.ROLLOUT_ID not in schema.TABLE_PARTITIONS[table]:
@@ -244,82 +342,3 @@ def _listed_files(
                 partition = {schema.RUN: record.run, schema.ROLLOUT_ID: step.rollout_id}
                 listed.append((step.files[table], partition))
     return listed
-
-
-_FILE_COLUMN = "__tokenlake_file"
-
-
-def _scan(
-    table: str, listed: list[tuple[Path, dict[str, Any]]], names: list[str], root: Path
-) -> pl.LazyFrame:
-    """One LazyFrame over exactly the listed files, partition columns first, typed as in the
-    catalog; a file lacking a column of the schema (a `runs` file of schema version 1) reads
-    NULL there.
-
-    The partition columns come from polars' Hive parsing, so a filter on them skips whole
-    files, except when the lake's own path holds a `key=value` folder (`/data/run=x/lake`),
-    which that parsing would read too: then they come from the manifests, file by file.
-    """
-    import polars as pl
-
-    partitions = schema.TABLE_PARTITIONS[table]
-    types = _polars_types(table)
-    if not listed:
-        return pl.LazyFrame(schema={c: types[c] for c in (*partitions, *names)})
-    options: dict[str, Any] = {
-        "schema": {n: types[n] for n in schema.TABLE_SCHEMAS[table].names},
-        "missing_columns": "insert",
-        "extra_columns": "ignore",
-        "glob": False,  # a path is a path, never a pattern
-    }
-    paths = [str(path) for path, _ in listed]
-    if "=" not in str(root):
-        hive = {c: types[c] for c in partitions}
-        frame = pl.scan_parquet(paths, hive_partitioning=True, hive_schema=hive, **options)
-    else:
-        frame = pl.scan_parquet(
-            paths, hive_partitioning=False, include_file_paths=_FILE_COLUMN, **options
-        )
-        frame = frame.with_columns(
-            pl.col(_FILE_COLUMN)
-            .replace_strict({str(p): v[c] for p, v in listed}, return_dtype=types[c])
-            .alias(c)
-            for c in partitions
-        )
-    return frame.select(*partitions, *names)
-
-
-def _scan_objects(
-    table: str, listed: list[tuple[str, dict[str, Any]]], names: list[str], layout: ObjectLake
-) -> pl.LazyFrame:
-    """`_scan` for a lake on an object store: a pyarrow dataset over exactly the listed
-    objects, read through the lake's fsspec filesystem, partition values from the manifests."""
-    import polars as pl
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-
-    partitions = schema.TABLE_PARTITIONS[table]
-    types = _polars_types(table)
-    if not listed:
-        return pl.LazyFrame(schema={c: types[c] for c in (*partitions, *names)})
-    fields = [pa.field(c, schema.PARTITION_TYPES[c]) for c in partitions]
-    dataset = ds.dataset(
-        [layout.key(name) for name, _ in listed],
-        schema=pa.schema([*schema.TABLE_SCHEMAS[table], *fields]),
-        format="parquet",
-        filesystem=layout.fs,
-        partitioning=ds.partitioning(pa.schema(fields), flavor="hive"),
-        partition_base_dir=f"{layout.base}/{table}",
-    )
-    return pl.scan_pyarrow_dataset(dataset).select(*partitions, *names)
-
-
-def _polars_types(table: str) -> dict[str, Any]:
-    """Column -> polars dtype of a table, partition columns included (from tokenlake.schema)."""
-    import polars as pl
-    import pyarrow as pa
-
-    fields = [pa.field(c, schema.PARTITION_TYPES[c]) for c in schema.TABLE_PARTITIONS[table]]
-    empty = pl.from_arrow(pa.schema([*fields, *schema.TABLE_SCHEMAS[table]]).empty_table())
-    assert isinstance(empty, pl.DataFrame)
-    return dict(empty.schema)

@@ -151,7 +151,7 @@ def loads(data: bytes | str, max_depth: int, **options: Any) -> Any:
         >>> loads("[" * 200_000, 64)
         Traceback (most recent call last):
         ...
-        tokenlake.read.bounded.JsonTooDeep: nested more than 64 levels deep
+        tokenlake.bounded.JsonTooDeep: nested more than 64 levels deep
     """
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if json_depth(raw, max_depth) > max_depth:

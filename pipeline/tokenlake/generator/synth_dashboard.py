@@ -23,7 +23,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from tokenlake.tools.synth_spec import DumpSpec, build_step
+from tokenlake.generator.synth_spec import DumpSpec, build_step
 
 START_TS = 1767225600.0  # 2026-01-01T00:00:00Z: fixed, so the same spec writes the same bytes
 STEP_SECONDS = 60.0

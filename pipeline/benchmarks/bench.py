@@ -9,7 +9,7 @@ Each measured pipeline runs in a fresh subprocess so that its wall time, CPU tim
   settings), with the ratios;
 - every aggregate view's time as a ratio to a plain aggregate scan of `tokens` in the same\n  DuckDB process (interleaved, best of 5), so a busy machine slows both sides alike.
 
-Usage: python -m tokenlake.tools.bench [--scale 1.0] [--keep DIR]\n       python -m tokenlake.tools.bench --views LAKE   (only the view ratios of an existing lake)
+Usage: python -m benchmarks.bench [--scale 1.0] [--keep DIR]\n       python -m benchmarks.bench --views LAKE   (only the view ratios of an existing lake)
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import numpy as np
 import pyarrow as pa
 
 from tokenlake import extras, schema
+from tokenlake.generator import synth
 from tokenlake.load import write
 from tokenlake.read import dump
 from tokenlake.serve import catalog, sql_views
-from tokenlake.tools import synth
 from tokenlake.transform.flatten import first_occurrence_column, turn_index_column
 
 BASE_PROMPTS_PER_STEP = 64  # x 8 samples per prompt = 512 samples per step at scale 1
@@ -67,10 +67,10 @@ def _usage() -> dict[str, float]:
 
 def measure_extract(dump_dir: Path, lake: Path, workers: int) -> dict[str, Any]:
     """Child process: tokenlake's extraction."""
-    from tokenlake.load.extract import extract_run
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     started = time.perf_counter()
-    summary = extract_run(dump_dir, lake, "bench", workers=workers)
+    summary = extract_run(dump_dir, lake, ExtractOptions(run_name="bench", workers=workers))
     wall = time.perf_counter() - started
     if summary.failed:
         raise SystemExit(f"bench extraction failed: {summary.failed}")
@@ -161,7 +161,7 @@ def _baseline_rollout_only(files: dump.StepFiles, samples: list[dict[str, Any]])
 
 def _run_child(*args: str) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "tokenlake.tools.bench", *args],
+        [sys.executable, "-m", "benchmarks.bench", *args],
         check=True,
         capture_output=True,
         text=True,
@@ -311,7 +311,7 @@ def bench_variant(root: Path, preset: str, scale: float, baseline: bool, repeat:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tokenlake.tools.bench")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench")
     parser.add_argument("--scale", type=float, default=1.0, help="samples per step x this")
     parser.add_argument("--keep", type=Path, help="keep dumps and lakes in this directory")
     parser.add_argument(

@@ -2,7 +2,7 @@
 
 The scheduler owns parallelism and signals, nothing else: it takes the steps to extract and
 yields each step's `StepOutcome` as it finishes. Committing and publishing the outcomes is the
-caller's (pipeline/tokenlake/load/extract.py). Another executor (e.g. a cluster) only has to provide a
+caller's (pipeline/tokenlake/orchestrate/extract.py). Another executor (e.g. a cluster) only has to provide a
 function of the same shape as `run_steps`.
 """
 
@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 
-from tokenlake.load.lake import LakeRoot
+from tokenlake.layout import Location
+from tokenlake.orchestrate.step import StepOutcome, StepStatus, extract_step, worker_died_text
 from tokenlake.read import dump
-from tokenlake.transform.step import StepOutcome, StepStatus, extract_step, worker_died_text
+from tokenlake.store.base import Store
 
 # A step to extract and its status (new or updated) as planned by extract.py.
 Todo = tuple[dump.StepFiles, StepStatus]
@@ -27,7 +28,7 @@ Todo = tuple[dump.StepFiles, StepStatus]
 
 def run_steps(
     todo: Sequence[Todo],
-    lake: LakeRoot,
+    lake: Location | Store,
     run: str,
     workers: int,
     stopping: Callable[[list[str]], None] = lambda labels: None,
@@ -49,7 +50,7 @@ def run_steps(
 
 def _run_in_pool(
     todo: list[Todo],
-    lake: LakeRoot,
+    lake: Location | Store,
     run: str,
     workers: int,
     stopping: Callable[[list[str]], None],

@@ -2,10 +2,10 @@
 
 Memory is bounded by one step per worker: a step's files are loaded, turned into two tables,
 written, and dropped before the next step is read. Running the steps (workers, signals,
-dead-worker retry) is pipeline/tokenlake/load/scheduler.py's; this module decides what to run and commits
+dead-worker retry) is pipeline/tokenlake/orchestrate/scheduler.py's; this module decides what to run and commits
 what comes back.
 
-Commit protocol (see pipeline/tokenlake/load/manifest.py): a step's two Parquet files are written under fresh
+Commit protocol (see pipeline/tokenlake/store/manifest.py): a step's two Parquet files are written under fresh
 names, then the run manifest is replaced to list them; the catalog is rebuilt from the
 manifests; files no manifest lists (superseded or left by a crash) are deleted last.
 """
@@ -21,17 +21,17 @@ from pathlib import Path
 
 from tokenlake import schema
 from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError
-from tokenlake.load import lake_files, manifest
-from tokenlake.load.lake import LakeRoot, check_run_name, crash_point, lake_at, manifest_name
-from tokenlake.load.scheduler import Todo, run_steps, sigint_deferred, sigint_held
-from tokenlake.progress import ProgressCallback, Reporter, as_reporter
+from tokenlake.layout import Location, check_run_name, manifest_name
+from tokenlake.load import lake_files
+from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_reporter
+from tokenlake.orchestrate.scheduler import Todo, run_steps, sigint_deferred, sigint_held
+from tokenlake.orchestrate.step import StepOutcome, StepStatus
+from tokenlake.processes import crash_point
 from tokenlake.read import dump, remote_dump
 from tokenlake.serve import catalog
-from tokenlake.transform.step import (
-    StepOutcome,
-    StepResult,
-    StepStatus,
-)
+from tokenlake.store import manifest, store_at
+from tokenlake.store.base import Store
+from tokenlake.transform.tables import StepResult
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class ExtractSummary:
     """What an extraction did; the CLI prints it."""
 
     run: str
-    lake: LakeRoot
+    lake: Location | Store
     steps: list[StepResult] = field(default_factory=list)  # written by this extraction
     counts: dict[StepStatus, int] = field(default_factory=lambda: dict.fromkeys(StepStatus, 0))
     failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
@@ -78,96 +78,133 @@ def _import_engines() -> None:
         importlib.import_module("duckdb")
 
 
+@dataclass(frozen=True)
+class ExtractOptions:
+    """How to extract a dump: the options of `tokenlake extract`, for the CLI and Python alike.
+
+    Attributes:
+        run_name: The run's name in the lake; default: the dump directory's base name.
+        steps: Step ids to extract (train and eval files of those steps); default: all.
+            Tested with `in` only, so a lazy range selection (`tokenlake.steps.parse_steps`)
+            costs nothing; selecting no step of the dump is an error.
+        strict: Raise on the first bad step instead of recording it and going on.
+        workers: Processes extracting steps in parallel.
+        replace: Allow replacing a run of the same name extracted from another directory.
+        tags: User tags set on the run (`tokenlake.tags.user_tags`); its other tags are kept.
+        executor: `local` (`workers` processes) or `ray` (one Ray task per step, see
+            pipeline/tokenlake/orchestrate/ray_executor.py; `workers` is then unused).
+        ray_address: With `ray`: the cluster to connect to.
+        follow: Keep watching a live run, extracting each step once complete (follow.py).
+        poll_seconds: With `follow`: seconds between looks at the dump.
+        settle_seconds: With `follow`: seconds without change after which a step whose rank
+            set is not known yet (the first step, eval files) counts as complete.
+    """
+
+    run_name: str | None = None
+    steps: Container[int] | None = None
+    strict: bool = False
+    workers: int = 1
+    replace: bool = False
+    tags: Mapping[str, str] | None = None
+    executor: str = "local"
+    ray_address: str | None = None
+    follow: bool = False
+    poll_seconds: float = 5.0
+    settle_seconds: float = 30.0
+
+    def check(self) -> ExtractOptions:
+        """These options, or a UsageError naming the two that cannot go together."""
+        if self.executor not in ("local", "ray"):
+            raise UsageError(f"Unknown executor `{self.executor}`; choose `local` or `ray`.")
+        if self.ray_address is not None and self.executor != "ray":
+            raise UsageError("--ray-address needs --executor ray.")
+        if self.follow:
+            if self.executor == "ray":
+                raise UsageError("--executor ray cannot be combined with --follow yet.")
+            if self.steps is not None or self.strict:  # not silently ignored
+                option = "--steps" if self.steps is not None else "--strict"
+                raise UsageError(
+                    f"{option} cannot be combined with --follow, which extracts every"
+                    " complete step and retries a bad one when it changes."
+                )
+        return self
+
+
 def extract_run(
     dump_dir: Path | str,
-    lake: LakeRoot,
-    run_name: str | None = None,
+    lake: Location | Store,
+    options: ExtractOptions | None = None,
     *,
-    steps: Container[int] | None = None,
-    strict: bool = False,
-    workers: int = 1,
     progress: ProgressCallback | Reporter | None = None,
     ready: Callable[[dump.StepFiles], bool] | None = None,
-    replace: bool = False,
-    tags: Mapping[str, str] | None = None,
-    executor: str = "local",
-    ray_address: str | None = None,
 ) -> ExtractSummary:
-    """Extract a miles dump directory into `lake` and rebuild the catalog.
+    """Extract a dump directory into `lake` and rebuild the catalog.
 
     Re-extracting a run re-reads only steps whose source files changed, removes steps whose
-    files disappeared, and touches no other run. With `steps`, only those steps are considered
-    and the run's other steps are kept as they are.
+    files disappeared, and touches no other run. With `options.steps`, only those steps are
+    considered and the run's other steps are kept as they are.
 
     Args:
         dump_dir: The `--dump-details` directory, or the URL of a dump on an object store
             (`s3://bucket/dump`, staged locally: pipeline/tokenlake/read/remote_dump.py). Only read.
-        lake: The lake root, or an object-store URL (`s3://bucket/lake`); created if missing.
-        run_name: The run's name in the lake; default: the dump directory's base name.
-        steps: Step ids to extract (train and eval files of those steps); default: all.
-            Tested with `in` only, so a lazy range selection costs nothing; selecting no
-            step of the dump is an error.
-        strict: Raise on the first bad step instead of recording it and going on.
-        workers: Processes extracting steps in parallel.
+        lake: The lake's store, or its location (a directory or an object-store URL, created
+            if missing).
+        options: How (`ExtractOptions`; its `follow` fields are follow.py's).
         progress: Called after each step is written, or a `Reporter`.
         ready: Only steps for which it returns true are considered (live runs, see follow.py);
             the run's other steps are kept as they are, except that steps whose rollout file
             is gone are removed.
-        replace: Allow replacing a run of the same name extracted from another directory.
-        tags: User tags set on the run (`tokenlake.tags.user_tags`); its other tags are kept.
-        executor: `local` (`workers` processes) or `ray` (one Ray task per step, see
-            pipeline/tokenlake/load/ray_executor.py; `workers` is then unused).
-        ray_address: With `ray`: the cluster to connect to.
 
     Returns:
         What was written, what was skipped and why.
     """
+    options = options or ExtractOptions()
     started = time.perf_counter()
-    if executor == "ray":
-        from tokenlake.load.ray_executor import require_ray
+    if options.executor == "ray":
+        from tokenlake.orchestrate.ray_executor import require_ray
 
         require_ray()
     _import_engines()
     listing = remote_dump.discover(dump_dir)
-    remote_dump.check_apart(listing, lake)
-    run = check_run_name(run_name if run_name is not None else listing.root.name)
-    chosen = dump.select_steps(listing, steps)
-    lake = prepare_lake(lake, listing.root)
-    summary = ExtractSummary(run=run, lake=lake, ignored_files=list(listing.ignored))
+    remote_dump.check_apart(listing, str(lake))
+    run = check_run_name(options.run_name if options.run_name is not None else listing.root.name)
+    chosen = dump.select_steps(listing, options.steps)
+    store = prepare_lake(lake, listing.root)
+    summary = ExtractSummary(run=run, lake=store.location, ignored_files=list(listing.ignored))
     reporter = as_reporter(progress)
-    with lake_at(lake).lock():
-        lake_at(lake).check_links(run)  # nothing is written or swept through a planted link
-        catalog.refuse_if_held(lake)
-        _check_other_manifests(lake, run)
-        record = _current_manifest(lake, run, listing.source, replace)
-        retagged = {**record.tags, **(tags or {})}
+    with store.lock():
+        store.check_links(run)  # nothing is written or swept through a planted link
+        catalog.refuse_if_held(store)
+        _check_other_manifests(store, run)
+        record = _current_manifest(store, run, listing.source, options.replace)
+        retagged = {**record.tags, **(options.tags or {})}
         tags_changed, record.tags = retagged != record.tags, retagged
         selected = [s for s in chosen if ready is None or ready(s)]
-        todo = _plan(lake, record, selected, summary)
-        if steps is None:  # `ready` only defers present steps; a vanished one is gone
+        todo = _plan(store, record, selected, summary)
+        if options.steps is None:  # `ready` only defers present steps; a vanished one is gone
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
         reporter.planned(len(todo))
         interrupted = False
         try:
             try:
-                for outcome in _outcomes(todo, lake, run, workers, reporter, executor, ray_address):
-                    _commit(lake, record, outcome, summary, strict, reporter)
+                for outcome in _outcomes(todo, store, run, options, reporter):
+                    _commit(store, record, outcome, summary, options.strict, reporter)
             except KeyboardInterrupt:
                 interrupted = True
                 reporter.stopping([])
         finally:  # also on Ctrl-C or an error: publish the steps committed so far
             with sigint_deferred() as deferred:  # a Ctrl-C now must not cut publishing short
-                _publish_if_needed(lake, record, summary, tags_changed)
+                _publish_if_needed(store, record, summary, tags_changed)
             interrupted = interrupted or bool(deferred)
         if interrupted:  # Ctrl-C still propagates, with what was committed so far
             summary.seconds = time.perf_counter() - started
             raise ExtractInterrupted(summary)
-        _sweep(lake, run)
+        _sweep(store, run)
     summary.seconds = time.perf_counter() - started
     return summary
 
 
-def drop_run(lake: LakeRoot, run: str) -> None:
+def drop_run(lake: Location | Store, run: str) -> None:
     """Remove a run from the lake; other runs are untouched.
 
     Each step leaves a consistent lake, so a kill at any point is repaired by dropping again:
@@ -175,42 +212,42 @@ def drop_run(lake: LakeRoot, run: str) -> None:
     gets a row of the run, see `catalog.connect`), then the catalog is rebuilt, then the
     run's files are deleted, and the manifest last (so the run is still there to drop).
     """
-    layout = lake_at(lake).require()
+    store = store_at(lake).require()
     manifest_name(run)  # a bad run name is refused before anything is listed
-    listed = layout.manifest_runs()  # a damaged manifest too (a FIFO, a link): it is dropped
+    listed = store.manifest_runs()  # a damaged manifest too (a FIFO, a link): it is dropped
     if run not in listed:
         runs = ", ".join(f"`{name}`" for name in listed) or "none"
-        raise LakeError(layout.location, f"has no run `{run}` (runs: {runs})")
-    with layout.lock():
-        layout.check_links(run)  # refused before anything is deleted
-        layout.delete_stale_temporaries()  # of a command killed earlier
+        raise LakeError(store.location, f"has no run `{run}` (runs: {runs})")
+    with store.lock():
+        store.check_links(run)  # refused before anything is deleted
+        store.delete_stale_temporaries()  # of a command killed earlier
         emptied = manifest.RunManifest(run=run, source_dir="")  # lists no file
-        manifest.save_manifest(layout.location, emptied)
+        manifest.save_manifest(store.location, emptied)
         crash_point("drop:emptied")
-        catalog.build_catalog(layout.location)
+        catalog.build_catalog(store.location)
         crash_point("drop:catalog")
-        layout.delete_unlisted(emptied)
+        store.delete_unlisted(emptied)
         crash_point("drop:files")
-        layout.delete([manifest_name(run)])
+        store.delete([manifest_name(run)])
 
 
-def _sweep(lake: LakeRoot, run: str) -> None:
+def _sweep(store: Store, run: str) -> None:
     """Delete leftovers of an interrupted extraction (temporary or never-committed files).
 
     Judged against the manifest on disk, which the catalog (not stale) agrees with: the
     in-memory record may differ when nothing was published.
     """
-    committed = manifest.load_manifest(lake, run)
+    committed = manifest.load_manifest(store, run)
     if committed is not None:
-        lake_at(lake).delete_unlisted(committed)
-    lake_at(lake).delete_stale_temporaries()
+        store.delete_unlisted(committed)
+    store.delete_stale_temporaries()
 
 
 def _changed(summary: ExtractSummary) -> bool:
     return any(summary.counts[k] for k in (StepStatus.NEW, StepStatus.UPDATED, StepStatus.REMOVED))
 
 
-def catalog_is_stale(lake: LakeRoot) -> bool:
+def catalog_is_stale(store: Store) -> bool:
     """Whether the catalog must be rebuilt: it lists other files than the manifests, or it
     is broken.
 
@@ -220,10 +257,10 @@ def catalog_is_stale(lake: LakeRoot) -> bool:
     extraction rebuilds it even if every step is unchanged by then. So is one with another
     program's write-ahead log beside it.
     """
-    if catalog.has_foreign_log(lake):  # first: no reader's warning about it then
+    if catalog.has_foreign_log(store):  # first: no reader's warning about it then
         return True
     try:
-        return catalog.catalog_problem(lake) is not None
+        return catalog.catalog_problem(store) is not None
     except DamagedManifestError:  # the run's own manifest: publishing replaces it
         return True
 
@@ -237,20 +274,20 @@ def _lake_failure(path: str, problem: str) -> LakeError:
 
 
 def _publish_if_needed(
-    lake: LakeRoot,
+    store: Store,
     record: manifest.RunManifest,
     summary: ExtractSummary,
     tags_changed: bool = False,
 ) -> None:
     """Publish when something changed; a run that has never had a step committed is not
     published at all (no empty run when its first step fails or is not complete yet)."""
-    known = bool(record.steps) or lake_at(lake).exists(manifest_name(record.run))
+    known = bool(record.steps) or store.exists(manifest_name(record.run))
     if not known:
         return
-    vocab_changed, warning = lake_files.refresh_vocab(lake, record)
+    vocab_changed, warning = lake_files.refresh_vocab(store, record)
     if warning is not None:  # a broken tokenizer never blocks the run: texts stay NULL
         summary.ignored_files.append(warning)
-    metrics_changed, warnings = lake_files.refresh_metrics(lake, record)
+    metrics_changed, warnings = lake_files.refresh_metrics(store, record)
     summary.warnings.extend(warnings)
     # A new or changed meta.json (or a runs row of schema version 1) rewrites the runs row.
     meta_changed = lake_files.meta_source(record) != record.meta_source
@@ -260,49 +297,49 @@ def _publish_if_needed(
         or meta_changed
         or tags_changed
         or _changed(summary)
-        or catalog_is_stale(lake)
+        or catalog_is_stale(store)
     ):
-        summary.warnings.extend(_publish(lake, record) or ())
+        summary.warnings.extend(_publish(store, record) or ())
 
 
-def _publish(lake: LakeRoot, record: manifest.RunManifest) -> list[str]:
+def _publish(store: Store, record: manifest.RunManifest) -> list[str]:
     """Record the run row, rebuild the catalog, then delete files no manifest lists.
 
     Returns the warnings (a malformed meta.json, a broken user view), one line each."""
-    warnings = lake_files.write_run_row(lake, record)
-    manifest.save_manifest(lake, record)
-    catalog.build_catalog(lake, warnings)
-    lake_at(lake).delete_unlisted(record)
+    warnings = lake_files.write_run_row(store, record)
+    manifest.save_manifest(store, record)
+    catalog.build_catalog(store, warnings)
+    store.delete_unlisted(record)
     return warnings
 
 
-def prepare_lake(lake: LakeRoot, dump_root: Path) -> LakeRoot:
-    """Create the lake directory; refuse one that would write into the dump or into folders
-    that are not a lake's (never write there)."""
-    layout = lake_at(lake)
-    layout.check_writable_for(dump_root)
-    layout.create()
-    return layout.location
+def prepare_lake(lake: Location | Store, dump_root: Path) -> Store:
+    """The lake's store, its directory created; refuses one that would write into the dump
+    or into folders that are not a lake's (never write there)."""
+    store = store_at(lake)
+    store.check_writable_for(dump_root)
+    store.create()
+    return store
 
 
-def _check_other_manifests(lake: LakeRoot, run: str) -> None:
+def _check_other_manifests(store: Store, run: str) -> None:
     """Fail before any work if another run's manifest is damaged: the catalog needs them all."""
-    for name in lake_at(lake).manifest_runs():
+    for name in store.manifest_runs():
         if name != run:
-            manifest.load_listed(lake, name)
+            manifest.load_listed(store, name)
 
 
 def _current_manifest(
-    lake: LakeRoot, run: str, source: Path | str, replace: bool = False
+    store: Store, run: str, source: Path | str, replace: bool = False
 ) -> manifest.RunManifest:
     try:
-        record = manifest.load_manifest(lake, run)
+        record = manifest.load_manifest(store, run)
     except DamagedManifestError as exc:  # extracting the run again is the repair
         log.warning("%s; extracting the run anew", exc)
         record = None
     if record is not None and record.source_dir != str(source) and not replace:
         raise UsageError(
-            f"Run `{run}` in the lake was extracted from `{record.source_dir}`, not from"
+            f"Run `{run}` in the store was extracted from `{record.source_dir}`, not from"
             f" `{source}`; give --replace to replace it, or another --run-name."
         )
     if record is None or record.source_dir != str(source):
@@ -313,7 +350,7 @@ def _current_manifest(
 
 
 def _plan(
-    lake: LakeRoot,
+    store: Store,
     record: manifest.RunManifest,
     selected: list[dump.StepFiles],
     summary: ExtractSummary,
@@ -325,9 +362,9 @@ def _plan(
         if previous is None:
             todo.append((files, StepStatus.NEW))
         elif (
-            previous.sources != manifest.fingerprint(files)
+            previous.sources != dump.fingerprint(files)
             or previous.schema_version != schema.SCHEMA_VERSION  # written by another tokenlake
-            or not all(lake_at(lake).exists(name) for name in previous.files.values())
+            or not all(store.exists(name) for name in previous.files.values())
         ):
             todo.append((files, StepStatus.UPDATED))
         else:
@@ -345,33 +382,33 @@ def _drop_vanished_steps(
 
 def _outcomes(
     todo: list[tuple[dump.StepFiles, StepStatus]],
-    lake: LakeRoot,
+    store: Store,
     run: str,
-    workers: int,
+    options: ExtractOptions,
     reporter: Reporter,
-    executor: str,
-    ray_address: str | None,
 ) -> Iterator[StepOutcome]:
-    """Local workers (pipeline/tokenlake/load/scheduler.py), or one Ray task per step. Returned, not bound to
-    a name: the loop holds the only reference, so an exception that leaves it closes the
-    scheduler at once."""
-    if executor == "ray":
-        from tokenlake.load.ray_executor import run_steps_on_ray
+    """Local workers (pipeline/tokenlake/orchestrate/scheduler.py), or one Ray task per step.
+    Workers get the lake's location (plain data; each resolves its own store). Returned, not
+    bound to a name: the loop holds the only reference, so an exception that leaves it closes
+    the scheduler at once."""
+    location = store.location
+    if options.executor == "ray":
+        from tokenlake.orchestrate.ray_executor import run_steps_on_ray
 
-        return run_steps_on_ray(todo, lake, run, address=ray_address)
-    return run_steps(todo, lake, run, workers, reporter.stopping)
+        return run_steps_on_ray(todo, location, run, address=options.ray_address)
+    return run_steps(todo, location, run, options.workers, reporter.stopping)
 
 
 def _commit(
-    lake: LakeRoot,
+    store: Store,
     record: manifest.RunManifest,
     outcome: StepOutcome,
     summary: ExtractSummary,
     strict: bool,
     reporter: Reporter,
 ) -> None:
-    """Make one step's files part of the lake by listing them in the manifest."""
-    if outcome.lake_error is not None:  # the lake, not the input, is at fault: stop here
+    """Make one step's files part of the store by listing them in the manifest."""
+    if outcome.lake_error is not None:  # the store, not the input, is at fault: stop here
         raise _lake_failure(*outcome.lake_error)
     if outcome.error is not None:
         if strict:
@@ -386,9 +423,9 @@ def _commit(
     previous = record.steps.get(outcome.label)
     record.steps[outcome.label] = outcome.record
     try:
-        manifest.save_manifest(lake, record)
+        manifest.save_manifest(store, record)
     except LakeError as exc:  # not committed: its files must not linger, the record stays
-        lake_at(lake).delete(outcome.record.files.values())
+        store.delete(outcome.record.files.values())
         if previous is None:
             del record.steps[outcome.label]
         else:

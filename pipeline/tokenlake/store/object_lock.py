@@ -21,14 +21,24 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from tokenlake import bounded
 from tokenlake.errors import LakeError
-from tokenlake.load.lake import LOCK_FILE, MANIFEST_DIR, process_alive
-from tokenlake.read import bounded
+from tokenlake.layout import LOCK_FILE, MANIFEST_DIR
+from tokenlake.processes import process_alive
 
-if TYPE_CHECKING:
-    from tokenlake.load.object_lake import ObjectLake
+
+class ObjectStore(Protocol):
+    """What the lock needs of the object store it guards (store/object.py's `ObjectStore`)."""
+
+    location: str
+    fs: Any
+
+    def key(self, relative: str) -> str: ...
+
+    def error(self, relative: str, problem: str, exc: BaseException) -> LakeError: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +58,7 @@ def lease_seconds() -> float:
 
 
 @contextmanager
-def held_lock(lake: ObjectLake, relative: str) -> Iterator[None]:
+def held_lock(lake: ObjectStore, relative: str) -> Iterator[None]:
     """Hold the lake's writer lock for the block; registered so `check_held` finds it."""
     lock = _LeaseLock(lake, relative)
     lock.acquire()
@@ -67,14 +77,14 @@ def check_held(location: str) -> None:
         held.check()
 
 
-# The locks this process holds, by lake URL: every `ObjectLake` of that URL checks them.
+# The locks this process holds, by lake URL: every `ObjectStore` of that URL checks them.
 _HELD: dict[str, _LeaseLock] = {}
 
 
 class _LeaseLock:
     """`_manifest/.tokenlake.lock`: holder, token and lease end, renewed by a thread."""
 
-    def __init__(self, lake: ObjectLake, relative: str) -> None:
+    def __init__(self, lake: ObjectStore, relative: str) -> None:
         self.lake = lake
         self.key = lake.key(relative)
         self.token = uuid.uuid4().hex
@@ -118,7 +128,7 @@ class _LeaseLock:
                 " stores with If-None-Match)",
             ) from exc
         except OSError as exc:
-            raise self.lake._error(f"{MANIFEST_DIR}/{LOCK_FILE}", "cannot be written", exc) from exc
+            raise self.lake.error(f"{MANIFEST_DIR}/{LOCK_FILE}", "cannot be written", exc) from exc
         self.etag = self._info()["ETag"]
 
     def _own_etag(self, put: Any) -> str:

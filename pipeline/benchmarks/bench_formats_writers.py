@@ -1,5 +1,5 @@
-"""The writers `make bench-formats` measures (pipeline/tokenlake/tools/bench_formats.py); they write to
-moto's S3 server (pipeline/tokenlake/tools/s3server.py).
+"""The writers `make bench-formats` measures (pipeline/benchmarks/bench_formats.py); they write to
+moto's S3 server (pipeline/benchmarks/s3server.py).
 
 Each `bench_*` function writes the same step tables, one commit per step, into a fresh bucket
 and returns its `Figures`: tokenlake's real code (`write_lake_file` under fresh names, then
@@ -22,11 +22,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks import s3server
 from tokenlake import schema
-from tokenlake.load import manifest, write
-from tokenlake.load.lake import new_name
+from tokenlake.layout import new_name
+from tokenlake.load import write
 from tokenlake.read import dump
-from tokenlake.tools import s3server
+from tokenlake.store import manifest
 
 RUN = "bench"
 STEP_TABLES = (schema.TOKENS, schema.SAMPLES)
@@ -57,7 +58,7 @@ class Figures:
         return sum(self.steps)
 
 
-# -- the S3 server: pipeline/tokenlake/tools/s3server.py --------------------------------------------
+# -- the S3 server: pipeline/benchmarks/s3server.py --------------------------------------------
 
 
 def new_bucket() -> str:
@@ -120,7 +121,7 @@ def timed(action: Callable[[], object]) -> float:
 
 
 def _put_step(lake: Any, step: Step) -> dict[str, str]:
-    """The step's objects under fresh names (what `transform/step.py` writes)."""
+    """The step's objects under fresh names (what `orchestrate/step.py` writes)."""
     names = {}
     for table, data in step.tables.items():
         names[table] = new_name(table, RUN, schema.TRAIN_STEM, step.files.rollout_id)
@@ -134,7 +135,7 @@ def _record(step: Step, names: dict[str, str]) -> manifest.StepRecord:
     return manifest.StepRecord(
         rollout_id=step.files.rollout_id,
         evaluation=False,
-        sources=manifest.fingerprint(step.files),
+        sources=dump.fingerprint(step.files),
         files=names,
         samples=step.tables[schema.SAMPLES].num_rows,
         tokens=tokens.num_rows,
@@ -146,9 +147,9 @@ def _record(step: Step, names: dict[str, str]) -> manifest.StepRecord:
 
 def bench_tokenlake(steps: list[Step], bucket: str, env: dict[str, str], folder: Path) -> Figures:
     """tokenlake's protocol with its own code; the lock is taken once, in the first step."""
-    from tokenlake.load.object_lake import ObjectLake
+    from tokenlake.store.object import ObjectStore
 
-    lake = ObjectLake(f"s3://{bucket}/tokenlake")
+    lake = ObjectStore(f"s3://{bucket}/tokenlake")
     record = manifest.RunManifest(run=RUN, source_dir=str(steps[0].files.root))
     figures = Figures("tokenlake (manifest)", [], [], 0.0)
     started = time.perf_counter()

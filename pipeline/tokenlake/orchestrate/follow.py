@@ -15,15 +15,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tokenlake.load import manifest
-from tokenlake.load.extract import ExtractInterrupted, ExtractSummary, check_run_name, extract_run
-from tokenlake.load.lake import LakeRoot
-from tokenlake.progress import ProgressCallback
+from tokenlake.layout import Location
+from tokenlake.orchestrate.extract import (
+    ExtractInterrupted,
+    ExtractOptions,
+    ExtractSummary,
+    check_run_name,
+    extract_run,
+)
+from tokenlake.orchestrate.progress import ProgressCallback
 from tokenlake.read import dump, remote_dump
+from tokenlake.store import manifest
+from tokenlake.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -38,41 +45,36 @@ class FollowState:
 
 def follow_run(
     dump_dir: Path | str,
-    lake: LakeRoot,
-    run_name: str | None = None,
+    lake: Location | Store,
+    options: ExtractOptions | None = None,
     *,
-    poll_seconds: float = 5.0,
-    settle_seconds: float = 30.0,
-    workers: int = 1,
     progress: ProgressCallback | None = None,
     on_round: Callable[[ExtractSummary], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
-    replace: bool = False,
-    tags: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.time,
 ) -> FollowState:
-    """Extract complete steps every `poll_seconds` until `should_stop()` or Ctrl-C.
+    """Extract complete steps every `options.poll_seconds` until `should_stop()` or Ctrl-C.
 
-    With `replace`, a run of the same name extracted from another directory is replaced (by
-    the first round that extracts a step); without it that is an error. `clock` is the time,
-    in seconds since the epoch like a file's mtime, that `settle_seconds` is counted against:
-    a test moves it forward instead of waiting.
+    With `options.replace`, a run of the same name extracted from another directory is
+    replaced (by the first round that extracts a step); without it that is an error. `clock`
+    is the time, in seconds since the epoch like a file's mtime, that `settle_seconds` is
+    counted against: a test moves it forward instead of waiting.
 
     Returns:
         The final state (rank set learnt, failures pending a change).
     """
+    options = options or ExtractOptions(follow=True)
+    run_name = options.run_name
     run = check_run_name(run_name if run_name is not None else remote_dump.dump_name(dump_dir))
     state = FollowState(expected_ranks=_known_ranks(lake, run))
     try:
         while not should_stop():
-            summary = follow_round(
-                dump_dir, lake, run, state, settle_seconds, workers, progress, replace, tags, clock
-            )
+            summary = follow_round(dump_dir, lake, run, state, options, progress, clock)
             if on_round is not None:
                 on_round(summary)
             if should_stop():
                 break
-            time.sleep(poll_seconds)
+            time.sleep(options.poll_seconds)
     except KeyboardInterrupt as exc:
         if isinstance(exc, ExtractInterrupted) and on_round is not None:  # a round cut short
             on_round(exc.summary)
@@ -82,14 +84,11 @@ def follow_run(
 
 def follow_round(
     dump_dir: Path | str,
-    lake: LakeRoot,
+    lake: Location | Store,
     run: str,
     state: FollowState,
-    settle_seconds: float,
-    workers: int,
+    options: ExtractOptions,
     progress: ProgressCallback | None,
-    replace: bool = False,
-    tags: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.time,
 ) -> ExtractSummary:
     """One pass: extract what is complete at `clock()`, remember what failed."""
@@ -102,18 +101,10 @@ def follow_round(
         stamp = attempted[files.label] = _stamp(files)
         if state.failed.get(files.label) == stamp:
             return False  # failed before and unchanged since: wait for the file to change
-        return is_complete(files, state.expected_ranks, now, settle_seconds)
+        return is_complete(files, state.expected_ranks, now, options.settle_seconds)
 
-    summary = extract_run(
-        dump_dir,
-        lake,
-        run,
-        workers=workers,
-        progress=progress,
-        ready=ready,
-        replace=replace,
-        tags=tags,
-    )
+    once = replace(options, run_name=run, steps=None, strict=False, follow=False)
+    summary = extract_run(dump_dir, lake, once, progress=progress, ready=ready)
     for label, message in summary.failed:
         state.failed[label] = attempted[label]
         # info: `on_round` shows the failure to the user (the CLI prints "Not yet: ...")
@@ -148,7 +139,7 @@ def _stamp(files: dump.StepFiles) -> tuple[tuple[str, int, int], ...]:
     return tuple(stamp)
 
 
-def _known_ranks(lake: LakeRoot, run: str) -> frozenset[int] | None:
+def _known_ranks(lake: Location | Store, run: str) -> frozenset[int] | None:
     """The largest rank set among the run's already-extracted train steps."""
     record = manifest.load_manifest(lake, run)
     if record is None:

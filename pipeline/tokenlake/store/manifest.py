@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenlake import schema
+from tokenlake import bounded, schema
 from tokenlake.errors import (
     SHOWN_PATH_CHARS,
     BoundedReadError,
@@ -24,14 +24,13 @@ from tokenlake.errors import (
     LakeError,
     shown,
 )
-from tokenlake.load.lake import MANIFEST_DIR as MANIFEST_DIR
-from tokenlake.load.lake import LakeRoot, check_listed, lake_at, manifest_name
-from tokenlake.read import bounded
+from tokenlake.layout import MANIFEST_DIR as MANIFEST_DIR
+from tokenlake.layout import Location, check_listed, manifest_name, step_label
+from tokenlake.store import store_at
+from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from tokenlake.read.dump import StepFiles
 
 MANIFEST_VERSION = 1
 # A manifest is ~250 bytes per step: 64 MiB holds ~250 000 steps, more than any run has.
@@ -73,8 +72,6 @@ class StepRecord:
 
     @property
     def key(self) -> str:
-        from tokenlake.read.dump import step_label
-
         return step_label(self.rollout_id, self.evaluation)
 
 
@@ -122,25 +119,25 @@ class RunManifest:
         return [s.files[table] for s in ordered if table in s.files]
 
 
-def load_manifest(lake: LakeRoot, run: str) -> RunManifest | None:
+def load_manifest(lake: Location | Store, run: str) -> RunManifest | None:
     """The run's manifest, or None if the run was never extracted into this lake."""
-    layout = lake_at(lake)
+    store = store_at(lake)
     name = manifest_name(run)
-    if not layout.exists(name):
+    if not store.exists(name):
         return None
-    return _load(layout.label(name), lambda: layout.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
+    return _load(store.label(name), lambda: store.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
 
 
-def load_all(lake: LakeRoot) -> list[RunManifest]:
+def load_all(lake: Location | Store) -> list[RunManifest]:
     """Every run's manifest, by run name."""
-    return [load_listed(lake, run) for run in lake_at(lake).manifest_runs()]
+    return [load_listed(lake, run) for run in store_at(lake).manifest_runs()]
 
 
-def load_listed(lake: LakeRoot, run: str) -> RunManifest:
+def load_listed(lake: Location | Store, run: str) -> RunManifest:
     """A manifest `manifest_runs` listed (a hand-made bad file name fails in parsing)."""
-    layout = lake_at(lake)
+    store = store_at(lake)
     name = f"{MANIFEST_DIR}/{run}.json"
-    return _load(layout.label(name), lambda: layout.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
+    return _load(store.label(name), lambda: store.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
 
 
 def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
@@ -155,11 +152,11 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
     return parse_manifest(where, raw)
 
 
-def save_manifest(lake: LakeRoot, manifest: RunManifest) -> None:
+def save_manifest(lake: Location | Store, manifest: RunManifest) -> None:
     """Replace the run's manifest atomically (temporary file, fsync, rename; one PUT on an
     object store)."""
     data = json.dumps(asdict(manifest), ensure_ascii=False, indent=1).encode("utf-8")
-    lake_at(lake).put_bytes(
+    store_at(lake).put_bytes(
         manifest_name(manifest.run), data, durable=True, problem="manifest cannot be written"
     )
 
@@ -296,15 +293,6 @@ def _check_own_files(record: RunManifest) -> None:
         if name in seen:  # a path: shown whole, as the user must find it
             raise ValueError(f"it lists `{shown(name, SHOWN_PATH_CHARS, literal=False)}` twice")
         seen.add(name)
-
-
-def fingerprint(files: StepFiles) -> list[SourceFile]:
-    """The identity of a step's source files (name, size, modification time)."""
-    paths = files.paths
-    sidecar = files.trajectory_file
-    if sidecar is not None:  # a rewritten conversation file re-extracts the step too
-        paths.append(sidecar)
-    return [SourceFile.of(path, files.dump.root) for path in paths]
 
 
 def tokens_checksum(tokens: pa.Table) -> str:

@@ -14,9 +14,9 @@ Every local file is written by `atomic_write` (a temporary name `.tokenlake-<pid
 that no other program uses, then `os.replace`), and the sweeps delete only names this scheme
 made (`made_here`): a lake may share its folder with other files, and they are never touched.
 
-`lake_at(location)` gives the lake at a directory (`Lake`, pipeline/tokenlake/load/local_lake.py) or at
-an object-store URL (`s3://bucket/prefix`, any fsspec URL: `ObjectLake`,
-pipeline/tokenlake/load/object_lake.py, committed without rename). Both turn these names into storage
+`store_at(location)` gives the lake at a directory (`LocalStore`, pipeline/tokenlake/store/local.py) or at
+an object-store URL (`s3://bucket/prefix`, any fsspec URL: `ObjectStore`,
+pipeline/tokenlake/store/object.py, committed without rename). Both turn these names into storage
 and offer the same methods; modules outside them use only those: relative names (`new_name`,
 `manifest_name`), `url`, `read_bytes`, `put_bytes`, `write_with`, `publish_built`, `delete`,
 `exists`, `lock`, and the sweeps.
@@ -24,32 +24,21 @@ and offer the same methods; modules outside them use only those: relative names 
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import secrets
-import signal
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from tokenlake import schema
-from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, UsageError, shown
+from tokenlake.errors import SHOWN_PATH_CHARS, UsageError, shown
 
-if TYPE_CHECKING:
-    from tokenlake.load.local_lake import Lake
-    from tokenlake.load.object_lake import ObjectLake
-
-# Where a lake is: a directory, or the URL of an object-store prefix (`s3://bucket/lake`).
-LakeRoot = Path | str
-# A writer of one file: given where to write and the pyarrow-usable filesystem (None: local).
-FileWriter = Callable[[str, Any], None]
-
-log = logging.getLogger(__name__)
+# Where a lake is, as a user gives it: a directory, or an object-store URL (`s3://bucket/lake`).
+Location = Path | str
 
 MANIFEST_DIR = "_manifest"
 USER_VIEWS_DIR = "views"
 LOCK_FILE = ".tokenlake.lock"
+CATALOG_FILE = "tokenlake.duckdb"
 DUMP_MARKER = "rollout_data"  # a folder holding it is a dump, never a lake
 # A run name is a file name (`<run>.json`, `run=<run>`); most file systems hold 255 bytes.
 MAX_RUN_NAME_BYTES = 250
@@ -102,53 +91,9 @@ def check_run_name(name: str) -> str:
     return name
 
 
-# Test-only: the name of a crash point (`crash_point`) at which the process kills itself, so
-# that tests can stop `drop`, `tag` and `views` at each step. Never set it otherwise.
-KILL_VARIABLE = "TOKENLAKE_TEST_KILL_AT"
-
-
-def crash_point(name: str) -> None:
-    """Test-only: SIGKILL this process here when `$TOKENLAKE_TEST_KILL_AT` is `name`
-    (e.g. `drop:emptied`); a no-op otherwise. Marks each step of a multi-file operation."""
-    if os.environ.get(KILL_VARIABLE) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def temporary_path(folder: Path) -> Path:
     """A temporary name in `folder` that is unmistakably tokenlake's."""
     return folder / f".tokenlake-{os.getpid()}-{secrets.token_hex(4)}.tmp"
-
-
-def atomic_write(
-    target: Path,
-    write: Callable[[Path], None],
-    *,
-    durable: bool = False,
-    problem: str = "cannot be written",
-) -> None:
-    """Write `target` through `write(temporary)` then `os.replace`: never half a file.
-
-    Args:
-        target: The final path; its folder must exist.
-        write: Writes the whole file at the path it is given.
-        durable: fsync the file before the rename (the commit point: manifests).
-        problem: How the LakeError raised on an OSError starts.
-    """
-    tmp = temporary_path(target.parent)
-    try:
-        write(tmp)
-        if durable:
-            descriptor = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise LakeError(target, f"{problem} ({exc.strerror or exc})") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
-        Path(f"{tmp}.wal").unlink(missing_ok=True)  # DuckDB's write-ahead log
 
 
 def partition_dir(table: str, run: str, rollout_id: int | None = None) -> str:
@@ -191,7 +136,7 @@ def partition_patterns(table: str) -> dict[str, str]:
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 
-def is_url(location: LakeRoot) -> bool:
+def is_url(location: Location) -> bool:
     """Whether a lake location names an object store (`s3://b/p`), not a local directory.
 
     `file://` URLs and plain paths are local.
@@ -204,23 +149,15 @@ def is_url(location: LakeRoot) -> bool:
     return match is not None and match.group(1).lower() != "file"
 
 
-def local_path(location: LakeRoot) -> Path:
+def local_path(location: Location) -> Path:
     """A local lake location as a Path (`file:///x` is `/x`)."""
     text = str(location)
     return Path(text[len("file://") :] if text.lower().startswith("file://") else text)
 
 
-def lake_at(location: LakeRoot | Lake | ObjectLake) -> Lake | ObjectLake:
-    """The lake at a directory or an object-store URL (a lake object is returned as it is)."""
-    if not isinstance(location, (str, Path)):
-        return location
-    if is_url(location):
-        from tokenlake.load.object_lake import ObjectLake
-
-        return ObjectLake(str(location))
-    from tokenlake.load.local_lake import Lake
-
-    return Lake(local_path(location))
+def step_label(rollout_id: int, evaluation: bool) -> str:
+    """`eval_3` or `3`: how a step is named in file names, the manifest and messages."""
+    return f"eval_{rollout_id}" if evaluation else str(rollout_id)
 
 
 def manifest_name(run: str) -> str:
@@ -303,22 +240,3 @@ def temporary_owner(name: str) -> int | None:
     """The pid in one of tokenlake's temporary names, else None."""
     match = _TEMPORARY.match(name)
     return int(match.group(1)) if match else None
-
-
-def process_alive(pid: object) -> bool:
-    """Whether a process of this host runs (a pid that is not one counts as running: the
-    safe answer for a sweep or a lock takeover).
-
-    Examples:
-        >>> process_alive(os.getpid()), process_alive("x")
-        (True, True)
-    """
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. another user's process
-        return True
-    return True

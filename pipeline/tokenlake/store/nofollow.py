@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, shown
-from tokenlake.load.lake import is_partition_folder, made_here
+from tokenlake.layout import is_partition_folder, made_here
 
 # A folder opened without following a link: a sweep walks only what it opened this way.
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

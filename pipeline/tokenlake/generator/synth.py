@@ -42,8 +42,8 @@ import pyarrow.parquet as pq
 
 from tokenlake import extras
 from tokenlake.errors import PipelineError, UsageError
-from tokenlake.tools import synth_dashboard
-from tokenlake.tools.synth_spec import (
+from tokenlake.generator import synth_dashboard
+from tokenlake.generator.synth_spec import (
     AGENTIC_PROMPT,
     DASHBOARD_ROW_GROUP,
     DUMP_SUBDIRS,
@@ -60,7 +60,7 @@ from tokenlake.tools.synth_spec import (
     train_rollout_log_probs,
     trainer_fields,
 )
-from tokenlake.tools.synth_truth import Truth, step_truth
+from tokenlake.generator.synth_truth import Truth, step_truth
 from tokenlake.transform.cp_layout import slice_for_rank
 
 logger = logging.getLogger(__name__)
@@ -372,9 +372,9 @@ def write_dump(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tokenlake.tools.synth OUT --preset NAME [--force] [--seed N]`."""
+    """`python -m tokenlake.generator.synth OUT --preset NAME [--force] [--seed N]`."""
     parser = argparse.ArgumentParser(
-        prog="python -m tokenlake.tools.synth", description="Write a synthetic miles dump."
+        prog="python -m tokenlake.generator.synth", description="Write a synthetic miles dump."
     )
     parser.add_argument("out", type=Path, help="dump directory to write")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="example")

@@ -2,7 +2,7 @@
 
 The same step tables (a synthetic dump of the `bench` preset, built by `build_step_tables`)
 go to a moto S3 server on 127.0.0.1 that this tool starts itself, once per writer and
-repetition, each into a fresh bucket (pipeline/tokenlake/tools/bench_formats_writers.py):
+repetition, each into a fresh bucket (pipeline/benchmarks/bench_formats_writers.py):
 
 - tokenlake: the real code (objects under fresh names, then the manifest PUT that commits);
 - Delta Lake (delta-rs, append per step), with our Parquet settings and with its defaults;
@@ -15,7 +15,7 @@ each writer's files, an aggregate scan of `tokens` by each reader, two writers a
 which DuckDB extensions load offline. Best of `--repeat` runs, interleaved, with the load
 average (other jobs share the machine). The figures and the decision: docs/table-formats.md.
 
-Usage: python -m tokenlake.tools.bench_formats [--steps 8] [--scale 0.0625] [--repeat 3]
+Usage: python -m benchmarks.bench_formats [--steps 8] [--scale 0.0625] [--repeat 3]
 Needs the `formats`, `moto`, `s3` and `synth` extras (`make setup` installs all but `formats`).
 """
 
@@ -36,11 +36,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from benchmarks import bench_formats_writers as bw
+from benchmarks import s3server
 from tokenlake import extras, schema
+from tokenlake.generator import synth
 from tokenlake.read import dump
-from tokenlake.tools import bench_formats_writers as bw
-from tokenlake.tools import s3server, synth
-from tokenlake.transform.step import build_step_tables
+from tokenlake.transform.tables import build_step_tables
 
 BASE_PROMPTS_PER_STEP = 64  # the `bench` preset: 64 prompts x 8 samples at scale 1
 RACE_APPENDS = 6  # appends per writer in the two-writer race
@@ -99,11 +100,11 @@ def readers(buckets: dict[str, str], env: dict[str, str], folder: Path) -> dict[
     import polars as pl
     from deltalake import DeltaTable
 
-    from tokenlake.load import manifest
-    from tokenlake.load.object_lake import ObjectLake
     from tokenlake.serve import catalog
+    from tokenlake.store import manifest
+    from tokenlake.store.object import ObjectStore
 
-    lake = ObjectLake(f"s3://{buckets['tokenlake (manifest)']}/tokenlake")
+    lake = ObjectStore(f"s3://{buckets['tokenlake (manifest)']}/tokenlake")
     delta = f"s3://{buckets['delta-rs our settings, table kept']}/delta/{schema.TOKENS}"
     options = bw.delta_options(env)
     iceberg = bw.iceberg_catalog(folder, buckets["pyiceberg, sqlite catalog"], env)
@@ -198,12 +199,12 @@ def race(env: dict[str, str], folder: Path) -> list[str]:
 def tokenlake_second_writer() -> str:
     """tokenlake allows one writer per lake: the second is refused at once, with this text."""
     from tokenlake.errors import LakeError
-    from tokenlake.load.object_lake import ObjectLake
+    from tokenlake.store.object import ObjectStore
 
     url = f"s3://{bw.new_bucket()}/lake"
-    with ObjectLake(url).lock():
+    with ObjectStore(url).lock():
         try:
-            with ObjectLake(url).lock():
+            with ObjectStore(url).lock():
                 return "the second writer got the lock (unexpected)"
         except LakeError as exc:
             return f"second writer refused: {str(exc)[:110]}..."
@@ -268,7 +269,7 @@ def _measure(
     steps: list[bw.Step], env: dict[str, str], folder: Path, repeat: int, *, real: bool
 ) -> dict:
     """Every writer `repeat` times, interleaved (a busier moment slows all of them alike)."""
-    from tokenlake.load.extract import extract_run
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     runs: dict[str, list[bw.Figures]] = {name: [] for name in WRITERS}
     buckets: dict[str, str] = {}
@@ -285,7 +286,11 @@ def _measure(
             dump_dir = steps[0].files.root
             assert dump_dir is not None
             url = f"s3://{buckets['extract_run']}/x"
-            extract.append(bw.timed(functools.partial(extract_run, dump_dir, url, bw.RUN)))
+            extract.append(
+                bw.timed(
+                    functools.partial(extract_run, dump_dir, url, ExtractOptions(run_name=bw.RUN))
+                )
+            )
     return {"runs": runs, "buckets": buckets, "places": places, "extract": extract}
 
 
@@ -319,7 +324,7 @@ def run_all(steps: list[bw.Step], folder: Path, repeat: int, tiny: int) -> list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tokenlake.tools.bench_formats")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_formats")
     parser.add_argument("--steps", type=int, default=8, help="training steps (one commit each)")
     parser.add_argument("--scale", type=float, default=1 / 16, help="bench preset samples x this")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (the best is shown)")

@@ -1,6 +1,6 @@
 """A lake on an object store (`s3://bucket/prefix`, or any URL fsspec resolves).
 
-Same layout as a local lake (pipeline/tokenlake/load/lake.py names every file), another commit protocol,
+Same layout as a local lake (pipeline/tokenlake/layout.py names every file), another commit protocol,
 because an object store has no rename and no file lock:
 
 - Parquet objects are written under fresh names (`new_name`): an object appears whole when
@@ -13,7 +13,7 @@ because an object store has no rename and no file lock:
   thread renews (`If-Match` on its own ETag). A lock whose lease ran out, or whose holder was
   a process on this host that is gone, is taken over by another conditional PUT; a writer
   that lost its lease stops before its next commit. A store without conditional writes is
-  refused for writing, with the reason. (The lock: pipeline/tokenlake/load/object_lock.py.)
+  refused for writing, with the reason. (The lock: pipeline/tokenlake/store/object_lock.py.)
 
 Credentials and endpoint come from the environment the store's library reads
 (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, ...), never from the command line.
@@ -26,33 +26,32 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from tokenlake import schema
+from tokenlake import bounded, schema
 from tokenlake.errors import LakeError
-from tokenlake.load.lake import (
+from tokenlake.layout import (
+    CATALOG_FILE,
     DUMP_MARKER,
     LOCK_FILE,
     MANIFEST_DIR,
     USER_VIEWS_DIR,
-    FileWriter,
     check_relative,
     is_data_file,
 )
-from tokenlake.read import bounded
+from tokenlake.store.base import FileWriter, RunListing, ViewFile
 
 if TYPE_CHECKING:
-    from tokenlake.load.manifest import RunManifest
+    import polars as pl
 
 log = logging.getLogger(__name__)
 
 
-class ObjectLake:
+class ObjectStore:
     """A lake under an object-store prefix: where each object lives, and who may write."""
 
     def __init__(self, url: str) -> None:
-
         from tokenlake import extras
 
         self.location = url.rstrip("/")
@@ -64,9 +63,13 @@ class ObjectLake:
             raise LakeError(self.location, f"cannot be opened ({exc})") from exc
         self.base = str(base).rstrip("/")
         self._scheme = self.location.split("://", 1)[0]
+        self._given = url
+
+    def __str__(self) -> str:  # as the user gave it: messages name the lake so
+        return self._given
 
     def __repr__(self) -> str:
-        return f"ObjectLake({self.location!r})"
+        return f"ObjectStore({self.location!r})"
 
     # -- names -----------------------------------------------------------------------------
 
@@ -76,7 +79,12 @@ class ObjectLake:
 
     @property
     def catalog_name(self) -> str:
-        return schema.CATALOG_FILE
+        return CATALOG_FILE
+
+    @property
+    def local_catalog(self) -> None:
+        """None: the catalog is an object, which readers never open (they build their own)."""
+        return None
 
     def key(self, relative: str) -> str:
         """The object's key in the filesystem (`bucket/prefix/relative`)."""
@@ -105,7 +113,7 @@ class ObjectLake:
         try:
             return bool(self.fs.isfile(self.key(relative)))
         except OSError as exc:
-            raise self._error(relative, "cannot be read", exc) from exc
+            raise self.error(relative, "cannot be read", exc) from exc
 
     def read_bytes(self, relative: str, limit: int | None = None, what: str = "a file") -> bytes:
         """An object's bytes; with `limit`, at most `limit` bytes (`what` names the object),
@@ -125,7 +133,7 @@ class ObjectLake:
         except FileNotFoundError as exc:
             raise LakeError(self.url(relative), "does not exist") from exc
         except OSError as exc:
-            raise self._error(relative, "cannot be read", exc) from exc
+            raise self.error(relative, "cannot be read", exc) from exc
 
     def _list(self, relative_dir: str) -> list[str]:
         """Relative names of every object under a folder (no caching: others write too)."""
@@ -136,7 +144,7 @@ class ObjectLake:
         except FileNotFoundError:
             return []
         except OSError as exc:
-            raise self._error(relative_dir, "cannot be listed", exc) from exc
+            raise self.error(relative_dir, "cannot be listed", exc) from exc
         return sorted(str(k)[len(self.base) + 1 :] for k in keys)
 
     def manifest_runs(self) -> list[str]:
@@ -144,9 +152,51 @@ class ObjectLake:
         stems = [n.split("/", 1)[1] for n in names if n.endswith(".json") and n.count("/") == 1]
         return sorted(s[: -len(".json")] for s in stems if not s.startswith("."))
 
-    def user_view_names(self) -> list[str]:
-        """Relative names of the user's `views/*.sql`."""
-        return [n for n in self._list(USER_VIEWS_DIR) if n.endswith(".sql") and n.count("/") == 1]
+    def catalog_stamp(self) -> object:
+        """What changes when the catalog is replaced: its ETag (None when there is none)."""
+        try:
+            self.fs.invalidate_cache()
+            return self.fs.info(self.key(self.catalog_name)).get("ETag")
+        except OSError:
+            return None
+
+    def scan(
+        self, table: str, listed: list[tuple[str, dict[str, Any]]], names: list[str]
+    ) -> pl.LazyFrame:
+        """One LazyFrame over exactly the listed objects: a pyarrow dataset read through the
+        lake's fsspec filesystem, partition values from the manifests."""
+        import polars as pl
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        partitions = schema.TABLE_PARTITIONS[table]
+        types = schema.polars_types(table)
+        if not listed:
+            return pl.LazyFrame(schema={c: types[c] for c in (*partitions, *names)})
+        fields = [pa.field(c, schema.PARTITION_TYPES[c]) for c in partitions]
+        dataset = ds.dataset(
+            [self.key(name) for name, _ in listed],
+            schema=pa.schema([*schema.TABLE_SCHEMAS[table], *fields]),
+            format="parquet",
+            filesystem=self.fs,
+            partitioning=ds.partitioning(pa.schema(fields), flavor="hive"),
+            partition_base_dir=f"{self.base}/{table}",
+        )
+        return pl.scan_pyarrow_dataset(dataset).select(*partitions, *names)
+
+    def read_user_views(self, limit: int) -> list[ViewFile]:
+        """The user's `views/*.sql`, by name, each at most `limit` bytes of it."""
+        names = [n for n in self._list(USER_VIEWS_DIR) if n.endswith(".sql") and n.count("/") == 1]
+        files = []
+        for name in names:
+            if not name.startswith(f"{USER_VIEWS_DIR}/"):
+                continue
+            try:
+                content, problem = self.read_head(name, limit), None
+            except LakeError as exc:  # `does not exist`, `cannot be read (...)`
+                content, problem = b"", f"it {exc.problem}"
+            files.append(ViewFile(self.url(name), PurePosixPath(name).stem, content, problem))
+        return files
 
     def read_head(self, relative: str, limit: int) -> bytes:
         """At most the first `limit` bytes of an object: an object that is larger (or grew
@@ -156,7 +206,7 @@ class ObjectLake:
         except FileNotFoundError as exc:
             raise LakeError(self.url(relative), "does not exist") from exc
         except OSError as exc:
-            raise self._error(relative, "cannot be read", exc) from exc
+            raise self.error(relative, "cannot be read", exc) from exc
 
     def size(self, relative: str) -> int:
         return int(self.fs.size(self.key(relative)))
@@ -172,7 +222,7 @@ class ObjectLake:
     def is_dump(self) -> bool:
         return bool(self._list(DUMP_MARKER)[:1])
 
-    def require(self) -> ObjectLake:
+    def require(self) -> ObjectStore:
         """This lake, or a one-line error saying why the prefix is not one."""
         if self.is_dump():
             raise LakeError(
@@ -213,7 +263,7 @@ class ObjectLake:
         try:
             self.fs.pipe_file(self.key(relative), data)
         except OSError as exc:
-            raise self._error(relative, problem, exc) from exc
+            raise self.error(relative, problem, exc) from exc
 
     def write_with(
         self, relative: str, write: FileWriter, *, problem: str = "cannot be written"
@@ -223,7 +273,7 @@ class ObjectLake:
             write(self.key(relative), self.fs)
         except OSError as exc:
             self.delete([relative])
-            raise self._error(relative, problem, exc) from exc
+            raise self.error(relative, problem, exc) from exc
 
     def publish_built(self, relative: str, build: Callable[[Path], None]) -> None:
         """Build a file in a local temporary folder, then upload it in one PUT."""
@@ -234,7 +284,7 @@ class ObjectLake:
             try:
                 self.fs.put_file(str(local), self.key(relative))
             except OSError as exc:
-                raise self._error(relative, "cannot be written", exc) from exc
+                raise self.error(relative, "cannot be written", exc) from exc
 
     def delete(self, relatives: Iterable[str]) -> None:
         for relative in relatives:
@@ -243,12 +293,12 @@ class ObjectLake:
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                log.warning("%s", self._error(relative, "cannot be deleted", exc))
+                log.warning("%s", self.error(relative, "cannot be deleted", exc))
 
     def check_links(self, run: str) -> None:
         """Nothing to check: an object store has no symbolic links."""
 
-    def delete_unlisted(self, record: RunManifest) -> int:
+    def delete_unlisted(self, record: RunListing) -> int:
         """Delete the run's objects, named by this scheme, that its manifest does not list."""
         listed = {name for table in schema.TABLES for name in record.files(table)}
         doomed = [
@@ -268,7 +318,8 @@ class ObjectLake:
         `AbortIncompleteMultipartUpload` removes: docs/scale.md.)"""
         return 0
 
-    def _error(self, relative: str, problem: str, exc: BaseException) -> LakeError:
+    def error(self, relative: str, problem: str, exc: BaseException) -> LakeError:
+        """The LakeError of a failed operation on one object (its URL, the store's reason)."""
         text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         return LakeError(f"{self.location}/{relative}", f"{problem} ({text[:300]})")
 
@@ -277,14 +328,14 @@ class ObjectLake:
     @contextmanager
     def lock(self) -> Iterator[None]:
         """One writer per lake at a time, by conditional PUT; a second one fails at once."""
-        from tokenlake.load.object_lock import held_lock
+        from tokenlake.store.object_lock import held_lock
 
         with held_lock(self, f"{MANIFEST_DIR}/{LOCK_FILE}"):
             yield
 
     def check_lease(self) -> None:
         """Raise if this process's writer lock on the lake was lost (its lease ran out)."""
-        from tokenlake.load.object_lock import check_held
+        from tokenlake.store.object_lock import check_held
 
         check_held(self.location)
 

@@ -1,9 +1,9 @@
 """A lake in a local directory (or one every node mounts at the same path).
 
-Names come from tokenlake/tokenlake/load/lake.py (the one owner of the layout); this class is where they
+Names come from tokenlake/tokenlake/layout.py (the one owner of the layout); this class is where they
 become paths: reading and writing files, the atomic write (temporary name, then rename), the
 writer lock (flock on `_manifest/.tokenlake.lock`) and the sweeps of what the naming scheme made.
-`lake_at` gives it for a path, and `ObjectLake` (pipeline/tokenlake/load/object_lake.py) for a URL; both
+`store_at` gives it for a path, and `ObjectStore` (pipeline/tokenlake/store/object.py) for a URL; both
 offer the same methods.
 """
 
@@ -17,29 +17,29 @@ import stat
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from tokenlake import schema
+from tokenlake import bounded, schema
 from tokenlake.errors import LakeError
-from tokenlake.load import nofollow
-from tokenlake.load.lake import (
+from tokenlake.layout import (
+    CATALOG_FILE,
     DUMP_MARKER,
     LOCK_FILE,
     MANIFEST_DIR,
     USER_VIEWS_DIR,
-    FileWriter,
-    atomic_write,
     check_relative,
     local_path,
     manifest_name,
     new_name,
-    process_alive,
     temporary_owner,
+    temporary_path,
 )
-from tokenlake.read import bounded
+from tokenlake.processes import process_alive
+from tokenlake.store import nofollow
+from tokenlake.store.base import FileWriter, RunListing, ViewFile
 
 if TYPE_CHECKING:
-    from tokenlake.load.manifest import RunManifest
+    import polars as pl
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +54,22 @@ _KINDS = {
 }
 
 
-class Lake:
+class LocalStore:
     """A lake directory: where each of its files lives, and who may write them."""
 
     def __init__(self, root: Path | str) -> None:
         self.root = local_path(root).resolve()
+        self._given = str(root)
+
+    def __str__(self) -> str:  # as the user gave it: messages name the lake so
+        return self._given
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self._given!r})"
 
     @property
     def location(self) -> Path:
-        """Where the lake is, as messages show it and as `lake_at` takes it back."""
+        """Where the lake is, as messages show it and as `store_at` takes it back."""
         return self.root
 
     @property
@@ -161,7 +168,12 @@ class Lake:
 
     @property
     def catalog_path(self) -> Path:
-        return self.root / schema.CATALOG_FILE
+        return self.root / CATALOG_FILE
+
+    @property
+    def local_catalog(self) -> Path:
+        """The catalog's path: a local lake's catalog is a file readers can check."""
+        return self.catalog_path
 
     @property
     def user_views_dir(self) -> Path:
@@ -223,7 +235,26 @@ class Lake:
 
     @property
     def catalog_name(self) -> str:
-        return schema.CATALOG_FILE
+        return CATALOG_FILE
+
+    def catalog_stamp(self) -> object:
+        """What changes when the catalog is replaced (None when there is none)."""
+        try:
+            stat = self.catalog_path.stat()
+        except OSError:
+            return None
+        return (stat.st_ino, stat.st_mtime_ns)
+
+    def scan(
+        self, table: str, listed: list[tuple[str, dict[str, Any]]], names: list[str]
+    ) -> pl.LazyFrame:
+        """One LazyFrame over exactly the listed files (name, partition values)."""
+        located = [(self.file(name), values) for name, values in listed]
+        return _scan(table, located, names, self.root)
+
+    def read_user_views(self, limit: int) -> list[ViewFile]:
+        """The user's `views/*.sql`, by name, read through the folder's descriptor."""
+        return _local_view_files(self.user_views_dir, limit)
 
     def is_lake(self) -> bool:
         return self.manifest_dir.is_dir()
@@ -231,7 +262,7 @@ class Lake:
     def is_dump(self) -> bool:
         return (self.root / DUMP_MARKER).is_dir()
 
-    def require(self) -> Lake:
+    def require(self) -> LocalStore:
         """This lake, or a one-line error saying why the directory is not one."""
         if self.root.exists() and not self.root.is_dir():
             raise LakeError(self.root, "is a file, not a lake directory")
@@ -308,7 +339,7 @@ class Lake:
         where = f"`{exc.filename}`: " if exc.filename else ""
         return LakeError(self.root, f"cannot be written ({where}{exc.strerror or exc})")
 
-    def delete_unlisted(self, record: RunManifest) -> int:
+    def delete_unlisted(self, record: RunListing) -> int:
         """Delete the run's files, named by this scheme, that its manifest does not list.
 
         Only regular files with the scheme's names, in the run's folder and its
@@ -347,3 +378,126 @@ class Lake:
 
 def _open_lock(path: str, flags: int) -> int:
     return os.open(path, flags | _LOCK_FLAGS, 0o666)
+
+
+def atomic_write(
+    target: Path,
+    write: Callable[[Path], None],
+    *,
+    durable: bool = False,
+    problem: str = "cannot be written",
+) -> None:
+    """Write `target` through `write(temporary)` then `os.replace`: never half a file.
+
+    Args:
+        target: The final path; its folder must exist.
+        write: Writes the whole file at the path it is given.
+        durable: fsync the file before the rename (the commit point: manifests).
+        problem: How the LakeError raised on an OSError starts.
+    """
+    tmp = temporary_path(target.parent)
+    try:
+        write(tmp)
+        if durable:
+            descriptor = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise LakeError(target, f"{problem} ({exc.strerror or exc})") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)  # DuckDB's write-ahead log
+
+
+def _local_view_files(folder: Path, limit: int) -> list[ViewFile]:
+    """The folder's `*.sql` entries, read through the folder's descriptor: no symbolic link
+    is followed (neither the folder nor a file), and a FIFO or device is never opened for
+    reading, so nothing outside the folder is read and nothing hangs."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        descriptor = os.open(folder, flags)
+    except OSError as exc:
+        if folder.is_symlink():
+            problem = "it is a symbolic link; user views are read only from a real folder"
+            return [ViewFile(str(folder), "", b"", problem)]
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return []  # no folder of views
+        return [ViewFile(str(folder), "", b"", f"it cannot be read ({exc.strerror})")]
+    try:
+        names = sorted(
+            entry.name for entry in os.scandir(descriptor) if entry.name.endswith(".sql")
+        )
+        return [_read_local(folder, descriptor, name, limit) for name in names]
+    finally:
+        os.close(descriptor)
+
+
+def _read_local(folder: Path, descriptor: int, name: str, limit: int) -> ViewFile:
+    path, stem = str(folder / name), name[: -len(".sql")]
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        handle = os.open(name, flags, dir_fd=descriptor)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            problem = "it is a symbolic link; tokenlake reads only regular files in `views/`"
+        else:
+            problem = f"it cannot be read ({exc.strerror})"
+        return ViewFile(path, stem, b"", problem)
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            return ViewFile(path, stem, b"", "it is not a regular file")
+        chunks, left = [], limit
+        while left > 0 and (chunk := os.read(handle, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return ViewFile(path, stem, b"".join(chunks))
+    except OSError as exc:
+        return ViewFile(path, stem, b"", f"it cannot be read ({exc.strerror})")
+    finally:
+        os.close(handle)
+
+
+_FILE_COLUMN = "__tokenlake_file"
+
+
+def _scan(
+    table: str, listed: list[tuple[Path, dict[str, Any]]], names: list[str], root: Path
+) -> pl.LazyFrame:
+    """One LazyFrame over exactly the listed files, partition columns first, typed as in the
+    catalog; a file lacking a column of the schema (a `runs` file of schema version 1) reads
+    NULL there.
+
+    The partition columns come from polars' Hive parsing, so a filter on them skips whole
+    files, except when the lake's own path holds a `key=value` folder (`/data/run=x/lake`),
+    which that parsing would read too: then they come from the manifests, file by file.
+    """
+    import polars as pl
+
+    partitions = schema.TABLE_PARTITIONS[table]
+    types = schema.polars_types(table)
+    if not listed:
+        return pl.LazyFrame(schema={c: types[c] for c in (*partitions, *names)})
+    options: dict[str, Any] = {
+        "schema": {n: types[n] for n in schema.TABLE_SCHEMAS[table].names},
+        "missing_columns": "insert",
+        "extra_columns": "ignore",
+        "glob": False,  # a path is a path, never a pattern
+    }
+    paths = [str(path) for path, _ in listed]
+    if "=" not in str(root):
+        hive = {c: types[c] for c in partitions}
+        frame = pl.scan_parquet(paths, hive_partitioning=True, hive_schema=hive, **options)
+    else:
+        frame = pl.scan_parquet(
+            paths, hive_partitioning=False, include_file_paths=_FILE_COLUMN, **options
+        )
+        frame = frame.with_columns(
+            pl.col(_FILE_COLUMN)
+            .replace_strict({str(p): v[c] for p, v in listed}, return_dtype=types[c])
+            .alias(c)
+            for c in partitions
+        )
+    return frame.select(*partitions, *names)

@@ -17,10 +17,11 @@ import pyarrow.parquet as pq
 
 from tokenlake import schema
 from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, PipelineError, UsageError, shown
-from tokenlake.load import manifest
-from tokenlake.load.lake import LakeRoot, check_relative, check_run_name, lake_at
+from tokenlake.layout import Location, check_relative, check_run_name
 from tokenlake.read.remote_dump import is_object_store_url, is_remote, local_root, shown_path
 from tokenlake.serve import catalog
+from tokenlake.store import manifest, store_at
+from tokenlake.store.base import Store
 
 
 @dataclass(frozen=True)
@@ -37,25 +38,25 @@ class Problem:
         return f"run `{self.run}` step {self.step}: {self.message}"
 
 
-def verify_lake(lake: LakeRoot, run: str | None = None) -> tuple[int, list[Problem]]:
+def verify_lake(lake: Location | Store, run: str | None = None) -> tuple[int, list[Problem]]:
     """Check every (or one) run of the lake.
 
     Returns:
         The number of steps checked and the problems found (empty when consistent).
     """
-    lake_at(lake).require()  # else a mistyped path would "pass"
+    store_at(lake).require()  # else a mistyped path would "pass"
     if run is not None:
         check_run_name(run)
     runs = manifest.load_all(lake)
     if run is not None:
         runs = [r for r in runs if r.run == run]
         if not runs:
-            raise LakeError(lake, f"has no run `{run}`")
+            raise LakeError(str(lake), f"has no run `{run}`")
     problems: list[Problem] = []
     checked = 0
     for record in runs:
         try:  # never read through a planted link (`tokens/run=x -> /other/lake/...`)
-            lake_at(lake).check_links(record.run)
+            store_at(lake).check_links(record.run)
         except LakeError as exc:
             problems.append(Problem("", "", f"run `{record.run}`: not checked: {exc}"))
             continue
@@ -70,8 +71,8 @@ def verify_lake(lake: LakeRoot, run: str | None = None) -> tuple[int, list[Probl
             checked += 1
             found = check_step(lake, record, step, root)
             problems += [Problem(record.run, key, m) for m in found]
-    layout = lake_at(lake)
-    if runs or layout.exists(layout.catalog_name):  # a catalog may outlive the last run
+    store = store_at(lake)
+    if runs or store.exists(store.catalog_name):  # a catalog may outlive the last run
         broken = catalog.catalog_problem(lake)
         if broken is not None:
             problems.append(Problem("", "", broken))
@@ -101,7 +102,7 @@ def _dump_root(record: manifest.RunManifest) -> tuple[Path | None, str | None]:
 
 
 def check_step(
-    lake: LakeRoot,
+    lake: Location | Store,
     record: manifest.RunManifest,
     step: manifest.StepRecord,
     root: Path | None = None,
@@ -112,8 +113,8 @@ def check_step(
         root: Where the run's dump is read (`remote_dump.local_root`); None: not checked
             when the dump is on an object store that could not be listed.
     """
-    layout = lake_at(lake)
-    missing = [name for name in step.files.values() if not layout.exists(name)]
+    store = store_at(lake)
+    missing = [name for name in step.files.values() if not store.exists(name)]
     if missing:
         return [f"file `{name}` is missing" for name in missing]
     if root is None and not is_remote(record.source_dir):
@@ -122,7 +123,7 @@ def check_step(
     tables: dict[str, pa.Table] = {}
     for table, name in step.files.items():
         try:
-            where, filesystem = layout.arrow_source(name)
+            where, filesystem = store.arrow_source(name)
             tables[table] = pq.read_table(where, filesystem=filesystem)
         except (pa.ArrowException, OSError) as exc:  # truncated or overwritten by something else
             # extract skips a step whose files exist and sources are unchanged: delete first

@@ -1,7 +1,7 @@
 """What the generator makes: the `DumpSpec`, its presets, one step's batch as flat arrays
 (`StepBatch`, built from a seeded generator), and the layout rules (ranks, CP files dropped,
 which stage holds which fields) that the file writers and the ground truth share.
-See `tokenlake.tools.synth` for the layout choices.
+See `tokenlake.generator.synth` for the layout choices.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The benchmark and table-format experiments: tools, not part of the installed package."""

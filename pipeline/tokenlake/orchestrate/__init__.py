@@ -1,0 +1,1 @@
+"""Orchestration: extraction, following, verification and the executors that run the stages."""

@@ -1,0 +1,114 @@
+"""One step's `tokens` and `samples` tables, built in memory from its rollout and train files:
+load (read/), check (read/validate.py), resolve the train rows (resolve.py), flatten
+(flatten.py). Nothing here writes: orchestrate/step.py writes what this returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tokenlake import schema
+from tokenlake.errors import DumpFormatError, SampleValueError
+from tokenlake.read import dump, trajectory, validate
+from tokenlake.transform import flatten
+from tokenlake.transform.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one rollout file became."""
+
+    rollout_id: int
+    evaluation: bool
+    samples: int
+    tokens: int
+    train_files: int
+    nonfinite_values: int
+    # One line each: a sidecar of the step beyond its size bounds (its values are NULL).
+    warnings: tuple[str, ...] = ()
+
+
+def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepResult]:
+    """The step's `tokens` and `samples` tables, in memory."""
+    rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
+    samples: list[dict[str, Any]] = rollout["samples"]
+    checked = validate.check_samples(files.rollout_file, samples)  # before anything reads them
+    train_files = [
+        TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
+    ]
+    train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
+    parts = [
+        flatten.sample_tokens(arrays, train_rows.get(position))
+        for position, arrays in enumerate(checked)
+    ]
+    indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
+    tokens = flatten.tokens_table(files.evaluation, indices, parts)
+    warnings: list[str] = []
+    messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
+    try:
+        samples_table = flatten.samples_table(
+            files.rollout_id,
+            files.evaluation,
+            samples,
+            train_rows,
+            len(train_files),
+            messages,
+            parts,
+        )
+    except SampleValueError as exc:  # raised where the value is read, which knows no file
+        raise validate.located(exc, files.rollout_file, samples) from None
+    result = StepResult(
+        rollout_id=files.rollout_id,
+        evaluation=files.evaluation,
+        samples=len(samples),
+        tokens=tokens.num_rows,
+        train_files=len(train_files),
+        nonfinite_values=count_nonfinite(tokens),
+        warnings=tuple(warnings),
+    )
+    return tokens, samples_table, result
+
+
+def resolve_train_rows(
+    rollout_path: Path, samples: list[dict[str, Any]], train_files: list[TrainFile]
+) -> dict[int, TrainRow]:
+    """Batch position → resolved train row, for every sample some train file holds."""
+    if not train_files:
+        return {}
+    raw_reward = _raw_reward(rollout_path, samples, train_files)
+    located = locate_rows(samples, train_files)
+    return {
+        position: resolve_sample(position, samples[position], locations, raw_reward)
+        for position, locations in sorted(located.items())
+    }
+
+
+def _raw_reward(
+    rollout_path: Path, samples: list[dict[str, Any]], train_files: list[TrainFile]
+) -> list[Any] | None:
+    for train_file in train_files:
+        raw = train_file.columns.get("raw_reward")
+        if raw is None:
+            continue
+        if len(raw) != len(samples):
+            raise DumpFormatError(
+                train_file.path,
+                f"`raw_reward` has {len(raw)} entries but `{rollout_path.name}` has"
+                f" {len(samples)} samples (it is batch-global)",
+            )
+        return list(raw)
+    return None
+
+
+def count_nonfinite(tokens: pa.Table) -> int:
+    """NaN/inf values in the per-token float columns (kept in Parquet, reported to the user)."""
+    total = 0
+    for column in schema.TOKEN_STAT_COLUMNS:
+        values = tokens.column(column).fill_null(0.0).to_numpy()
+        total += int(np.count_nonzero(~np.isfinite(values)))
+    return total
