@@ -45,7 +45,7 @@ WITH edges (dimension, bucket, bucket_low, bucket_high) AS (
 keyed AS (
     -- One read of drift_tokens: each token carries both buckets, by the lower edges of
     -- `edges` above written out as CASE (4x cheaper per token than searching a list of the
-    -- edges; tests/test_breakdown_samples.py checks that both agree at every edge).
+    -- edges; tests/transform/test_breakdown_samples.py checks that both agree at every edge).
     -- NULL entropy: no entropy bucket.
     SELECT
         run,

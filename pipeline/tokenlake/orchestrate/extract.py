@@ -339,7 +339,7 @@ def _current_manifest(
         record = None
     if record is not None and record.source_dir != str(source) and not replace:
         raise UsageError(
-            f"Run `{run}` in the store was extracted from `{record.source_dir}`, not from"
+            f"Run `{run}` in the lake was extracted from `{record.source_dir}`, not from"
             f" `{source}`; give --replace to replace it, or another --run-name."
         )
     if record is None or record.source_dir != str(source):
@@ -407,8 +407,8 @@ def _commit(
     strict: bool,
     reporter: Reporter,
 ) -> None:
-    """Make one step's files part of the store by listing them in the manifest."""
-    if outcome.lake_error is not None:  # the store, not the input, is at fault: stop here
+    """Make one step's files part of the lake by listing them in the manifest."""
+    if outcome.lake_error is not None:  # the lake, not the input, is at fault: stop here
         raise _lake_failure(*outcome.lake_error)
     if outcome.error is not None:
         if strict:

@@ -190,7 +190,7 @@ def _write_step(
     tokens: pa.Table,
     samples_table: pa.Table,
 ) -> dict[str, str]:
-    """Write the step's files under fresh names; returns table -> name relative to the store."""
+    """Write the step's files under fresh names; returns table -> name relative to the lake."""
     stem = schema.EVAL_STEM if files.evaluation else schema.TRAIN_STEM
     generation = secrets.token_hex(4)  # fresh names: the manifest decides when they count
     written: dict[str, str] = {}
@@ -200,7 +200,7 @@ def _write_step(
             metadata = write.file_metadata(table, run, _source_name(files))
             write.write_lake_file(store, written[table], table, data, metadata)
     except BaseException:
-        store.delete(written.values())  # half a step must not linger (full or read-only store)
+        store.delete(written.values())  # half a step must not linger (full or read-only lake)
         raise
     return written
 

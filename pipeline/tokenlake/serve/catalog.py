@@ -6,7 +6,7 @@ duckdb only to query the connection `connect` gives them (through `query.open_la
 The base views list the Parquet files that the run manifests name (pipeline/tokenlake/store/manifest.py),
 with absolute paths, so the catalog works from any working directory, shows only committed
 files, and a path with quotes cannot break or inject into the SQL. The partition columns are
-parsed from the end of each path by the lake's store: DuckDB's own Hive parsing reads every
+parsed from the end of each path by the lake's layout: DuckDB's own Hive parsing reads every
 `key=value` of the whole path, so a lake under `/data/run=ghost/lake` would read as run
 `ghost`. The catalog is rebuilt by every extract, so the lists stay current.
 
@@ -172,7 +172,7 @@ def _write_catalog(tmp: Path, store: Store, problems: list[str]) -> None:
 
     try:
         # Storage format 1.0: DuckDB clients from 1.0 on can open the file (it holds only
-        # views); reading the views needs 1.2 (docs/bi.md, tests/test_duckdb_oldest.py).
+        # views); reading the views needs 1.2 (docs/bi.md, tests/serve/test_duckdb_oldest.py).
         con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
         try:
             records = manifest.load_all(store)  # once: the views and the digest agree
@@ -241,7 +241,7 @@ def connect(lake: Location | Store) -> duckdb.DuckDBPyConnection:
 
 
 def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
-    """The store's catalog built now into a private temporary file, opened read-only: the views
+    """The lake's catalog built now into a private temporary file, opened read-only: the views
     `LAKE/tokenlake.duckdb` would hold, in a database named `tokenlake` as there."""
     import duckdb
 

@@ -22,7 +22,7 @@ from tokenlake.orchestrate.progress import BarReporter, PlainReporter
 from tokenlake.terminal import safe_text
 from tokenlake.transform.tables import StepResult
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASIC = REAL_DUMPS / "basic"
 
 

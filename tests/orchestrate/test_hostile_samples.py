@@ -18,7 +18,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from tests.test_bad_input import (
+from tests.e2e.test_bad_input import (
     EVAL_AND_STEP_1,
     REPLACE,
     STEP_0_AND_EVAL,

@@ -18,7 +18,7 @@ from tokenlake.layout import check_run_name
 from tokenlake.store import manifest
 from tokenlake.store.local import LocalStore, atomic_write
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEAD_PID = 2**22 + 17  # above Linux's pid_max default: never a running process
 
 

@@ -20,7 +20,7 @@ from tokenlake.serve.sql_views import iter_view_files
 
 pytestmark = pytest.mark.slow  # installs an old DuckDB and extracts a real fixture dump
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Each view is read in full into a temporary table: a bare SELECT would leave the binder's
 # work half done for unused columns, and fetching to Python needs pytz for timestamps.
 READ_EVERY_VIEW = """

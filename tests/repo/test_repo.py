@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.fixture_paths import MILES_REAL
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN_SUFFIXES = (".pt", ".parquet", ".duckdb", ".pkl")
 MAX_BYTES = 512 * 1024
 FIXTURE_LIST = MILES_REAL / "SHA256SUMS"

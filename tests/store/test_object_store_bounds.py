@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixture_paths import REAL_DUMPS
+from tests.read.test_remote_dump import upload
 from tests.s3server import cli, moto_server, new_bucket
-from tests.test_remote_dump import upload
 from tokenlake.read import remote_dump, vocab
 from tokenlake.store import manifest, object_lock
 

@@ -25,7 +25,7 @@ from tests.limits import run_limited
 from tokenlake.errors import DumpFileError
 from tokenlake.read import ptcheck, ptread, ptvector, ptzip
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MEMORY_LIMIT = 512 << 20  # address space of the child: numpy + the reader need ~100 MB
 TIME_LIMIT = 60.0
 STILL_WRITING = (
@@ -385,7 +385,7 @@ def test_truncating_a_file_in_a_reading_loop_never_kills_the_process(tmp_path: P
 
 @pytest.mark.slow
 def test_extract_skips_a_hostile_rollout_file_and_lands_the_rest(tmp_path: Path) -> None:
-    from tests.test_bad_input import (
+    from tests.e2e.test_bad_input import (
         REPLACE,
         STEP_0_AND_EVAL,
         copy_dump,
@@ -410,7 +410,7 @@ def test_extract_skips_a_hostile_rollout_file_and_lands_the_rest(tmp_path: Path)
 
 @pytest.mark.slow
 def test_extract_skips_a_forged_dtype_in_a_train_file(tmp_path: Path) -> None:
-    from tests.test_bad_input import EVAL_AND_STEP_1, REPLACE, copy_dump, extract, lake_steps
+    from tests.e2e.test_bad_input import EVAL_AND_STEP_1, REPLACE, copy_dump, extract, lake_steps
 
     dump = copy_dump(tmp_path)
     pickle, message = FORGED["dtype_with_object_field"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_ptread import assert_same, load_torch_reference
+from tests.read.test_ptread import assert_same, load_torch_reference
 from tokenlake.generator import synth
 from tokenlake.read import ptread
 

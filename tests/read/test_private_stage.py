@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.read.test_remote_dump import BASIC, bucket, s3, upload  # noqa: F401 - fixtures
 from tests.s3server import cli, rows
-from tests.test_remote_dump import BASIC, bucket, s3, upload  # noqa: F401 - fixtures
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.read import remote_dump, remote_stage
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tests.test_report import (
+from tests.serve.test_report import (
     _DRAWN,
     _browser,
     _charts_drawn,

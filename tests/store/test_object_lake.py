@@ -37,7 +37,7 @@ from tokenlake.store.object import ObjectStore
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASIC = REAL_DUMPS / "basic"
 
 

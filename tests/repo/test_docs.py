@@ -12,7 +12,7 @@ from tokenlake import schema
 from tokenlake.cli import main
 from tokenlake.serve.sql_views import iter_view_files
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 README = DOCS.parent / "README.md"
 
 

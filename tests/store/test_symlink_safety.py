@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixture_paths import REAL_DUMPS
-from tests.test_hostile_lake import cli, extract, snapshot
+from tests.store.test_hostile_lake import cli, extract, snapshot
 from tokenlake.errors import LakeError
 from tokenlake.store import manifest
 from tokenlake.store.local import LocalStore

@@ -11,7 +11,7 @@ import pytest
 
 from tokenlake.serve import catalog, sql_views
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "views.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "views.md"
 
 EXPECTED_COLUMNS: dict[str, list[tuple[str, str]]] = {
     "sample_stats": [

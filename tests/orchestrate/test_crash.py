@@ -29,7 +29,7 @@ from tokenlake.store import manifest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = synth.DumpSpec(
     steps=6, prompts_per_step=16, samples_per_prompt=4, response_length=(16, 512), seed=3
 )

@@ -16,8 +16,8 @@ from tests.fixture_paths import REAL_DUMPS
 from tokenlake import layout, schema
 from tokenlake.orchestrate.extract import extract_run
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+README = Path(__file__).resolve().parents[2] / "README.md"
+SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 
 # What duckdb-engine reflects for each DuckDB type of the catalog (class names of
 # SQLAlchemy types). LIST columns have no SQLAlchemy type: they reflect as NullType with a

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "pipeline" / "tokenlake"
+PACKAGE = Path(__file__).resolve().parents[2] / "pipeline" / "tokenlake"
 # The floors, lowest first: a module imports only lower floors, or its own folder on its floor.
 # Names and errors at the ground; storage; the stages in pipeline order; orchestration and the
 # generator over them; the user's lake object; the command line on top.

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tokenlake.cli import main
 from tokenlake.generator import synth
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.mark.slow

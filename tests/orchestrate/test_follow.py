@@ -29,7 +29,7 @@ from tokenlake.store import manifest
 
 pytestmark = pytest.mark.slow  # every test extracts real dump files
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = REAL_DUMPS
 # (file, whether the files written so far settle after it). Each file is written in two parts,
 # with a whole round between them. Step 1 settles as rollout-only before its train files arrive.
