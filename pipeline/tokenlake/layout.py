@@ -1,25 +1,15 @@
 """The lake's layout, owned in one place: the only module that names files inside a lake.
 
-```
-LAKE/_manifest/<run>.json                                  commit point of a run (manifest.py)
-LAKE/_manifest/.tokenlake.lock                             one writer at a time
-LAKE/tokenlake.duckdb                                      the catalog of views (catalog.py)
-LAKE/{tokens,samples}/run=<run>/rollout_id=<rid>/{train,eval}-<hex8>.parquet
-LAKE/runs/run=<run>/run-<hex8>.parquet, LAKE/vocab/run=<run>/vocab-<hex8>.parquet
-LAKE/metrics/run=<run>/metrics-<hex8>.parquet              logged metrics, one file per new batch
-LAKE/views/<name>.sql                                      user views (the user's, only read)
-```
+What these names look like is described once, for users, in docs/columns.md ("Layout");
+tests/store/test_lake.py checks that description against the names made here.
 
-Every local file is written by `atomic_write` (a temporary name `.tokenlake-<pid>-<hex8>.tmp`
+Every local file is written by `store.local.atomic_write` (a temporary name `.tokenlake-<pid>-<hex8>.tmp`
 that no other program uses, then `os.replace`), and the sweeps delete only names this scheme
 made (`made_here`): a lake may share its folder with other files, and they are never touched.
 
-`store_at(location)` gives the lake at a directory (`LocalStore`, pipeline/tokenlake/store/local.py) or at
-an object-store URL (`s3://bucket/prefix`, any fsspec URL: `ObjectStore`,
-pipeline/tokenlake/store/object.py, committed without rename). Both turn these names into storage
-and offer the same methods; modules outside them use only those: relative names (`new_name`,
-`manifest_name`), `url`, `read_bytes`, `put_bytes`, `write_with`, `publish_built`, `delete`,
-`exists`, `lock`, and the sweeps.
+The stores (pipeline/tokenlake/store/: `LocalStore` for a directory, `ObjectStore` for an
+object-store URL, both implementing `store.base.Store`) turn these names into storage; modules
+outside them use only relative names (`new_name`, `manifest_name`) and the store's methods.
 """
 
 from __future__ import annotations

@@ -3,11 +3,10 @@
 Every other module, every SQL view under ``sql/``, the docs and the tests use the names
 defined here. A column added to the lake is added here first.
 
-The lake is Hive-partitioned: ``{lake}/{table}/run={run}/rollout_id={rid}/{stem}.parquet``.
-The partition columns (``run``, ``rollout_id``) live in the directory names, not in the files;
-readers (DuckDB ``hive_partitioning``, Spark, Trino, polars) add them back. ``stem`` is
-``train`` for a training step's rollout file and ``eval`` for an evaluation file of the same
-step, so both live in one partition and are told apart by the ``evaluation`` column.
+The partition columns (``run``, ``rollout_id``, ``TABLE_PARTITIONS``) live in the directory
+names, not in the files (the layout: pipeline/tokenlake/layout.py); readers (DuckDB
+``hive_partitioning``, Spark, Trino, polars) add them back. A step's training rollout file and
+its evaluation file share one partition and are told apart by the ``evaluation`` column.
 """
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tokenlake import layout, schema
 from tokenlake import layout as lake_module
-from tokenlake import schema
 from tokenlake.errors import LakeError, UsageError
-from tokenlake.layout import check_run_name
+from tokenlake.layout import check_run_name, manifest_name, new_name
+from tokenlake.schema import METRICS, RUNS, SAMPLES, TOKENS, VOCAB
 from tokenlake.store import manifest
 from tokenlake.store.local import LocalStore, atomic_write
 
@@ -198,3 +199,29 @@ def test_a_stale_temporary_of_a_killed_process_is_recognised(tmp_path: Path) -> 
     pid = int(child.stdout)
     (tmp_path / f".tokenlake-{pid}-0a1b2c3d.tmp").write_text("x")
     assert LocalStore(tmp_path).delete_stale_temporaries() == 1
+
+
+def _documented_layout() -> list[str]:
+    text = (ROOT / "docs" / "columns.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    return [line.split()[0] for line in block.strip().splitlines()[1:]]  # after `LAKE/`
+
+
+def test_the_documented_layout_is_the_one_the_code_makes() -> None:
+    documented = _documented_layout()
+    made = {
+        new_name(table, "<run>", stem, 7 if table in (TOKENS, SAMPLES) else None, "0a1b2c3d")
+        .replace("rollout_id=7", "rollout_id=<step>")
+        .replace("0a1b2c3d", "<gen>")
+        for table, stem in [
+            (TOKENS, "train"),
+            (TOKENS, "eval"),
+            (RUNS, "run"),
+            (VOCAB, "vocab"),
+            (METRICS, "metrics"),
+        ]
+    }
+    made |= {"samples/run=<run>/rollout_id=<step>/{train,eval}-<gen>.parquet"}
+    made |= {manifest_name("<run>"), f"{layout.USER_VIEWS_DIR}/<name>.sql", layout.CATALOG_FILE}
+    made = {m.replace("_manifest/<run>.json", f"{layout.MANIFEST_DIR}/<run>.json") for m in made}
+    assert sorted(documented) == sorted(made)

@@ -1,4 +1,4 @@
-"""A local lake's folders, walked without following a symbolic link (used by local_lake.py).
+"""A local lake's folders, walked without following a symbolic link (used by store/local.py).
 
 A shared lake's writer can plant a link (`tokens/run=x -> /other/lake/tokens/run=y`). Paths
 are checked component by component with `lstat` before tokenlake reads or writes them
