@@ -5,6 +5,7 @@ The CLI turns any `PipelineError` into one line, ``Error: <message>``, and exit 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -22,28 +23,29 @@ _MAX_SHOWN_INT_BITS = 13_000
 def shown(value: Any, limit: int = SHOWN_CHARS, *, literal: bool = True) -> str:
     r"""A dump value as a message quotes it: escaped, and cut after `limit` characters.
 
-    The one way tokenlake quotes a value it did not choose (a dump's, a file name, a user's
-    argument) in a message. Strings and bytes appear as Python literals, so `'7'` and `7`
-    differ and control and unprintable characters are escaped (`\x1b`, `\n`, `\udc80`);
-    numbers as they are; containers and other objects by their kind only, since their repr
-    can be huge, slow or endlessly recursive. With `literal=False`, for a name the message
-    already puts in backticks, a string appears as its text with the same escapes but no
-    quotes; a path always does. A cut is marked `…`. Call sites pass a `limit` other than
-    `SHOWN_CHARS` only with a comment saying why.
+        The one way tokenlake quotes a value it did not choose (a dump's, a file name, a user's
+        argument) in a message. Strings and bytes appear as Python literals, so `'7'` and `7`
+        differ and control and unprintable characters are escaped (`\x1b`, `\n`, `\udc80`);
+        numbers as they are; containers and other objects by their kind only, since their repr
+        can be huge, slow or endlessly recursive. With `literal=False`, for a name the message
+        already puts in backticks, a string appears as its text with the same escapes but no
+        quotes; a path always does. A cut is marked `…`. Call sites pass a `limit` other than
+        `SHOWN_CHARS` only with a comment saying why.
 
-    Examples:
-        >>> print(shown("zero"), shown(6.7), shown(None), shown(2**70))
-        'zero' 6.7 None 1180591620717411303424
-        >>> print(shown("\x1b[2J" + "x" * 70))
-        '\x1b[2Jxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'…
-        >>> print(shown("run\n'1'\udce9", literal=False), shown("a" * 100, 5, literal=False))
-        run\n'1'\udce9 aaaaa…
-        >>> from pathlib import Path
-        >>> print(shown(Path("dump/x\r.pt")))
-        dump/x\r.pt
-        >>> import numpy as np
-        >>> print(shown([1, [2]]), "/", shown(np.zeros((2, 3))), "/", shown(10**5000))
-        a list of 2 entries / a float64 array of shape (2, 3) / an integer of 16610 bits
+        Examples:
+            >>> print(shown("zero"), shown(6.7), shown(None), shown(2**70))
+            'zero' 6.7 None 1180591620717411303424
+            >>> print(shown("\x1b[2J" + "x" * 70))
+            '\x1b[2Jxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'…
+            >>> print(shown("run\n'1'\udce9", literal=False), shown("a" * 100, 5, literal=False))
+            run\n'1'\udce9 aaaaa…
+            >>> from collections.abc import Sequence
+    from pathlib import Path
+            >>> print(shown(Path("dump/x\r.pt")))
+            dump/x\r.pt
+            >>> import numpy as np
+            >>> print(shown([1, [2]]), "/", shown(np.zeros((2, 3))), "/", shown(10**5000))
+            a list of 2 entries / a float64 array of shape (2, 3) / an integer of 16610 bits
     """
     import numpy as np  # here, not at the top: the CLI imports this module and starts fast
 
@@ -205,6 +207,16 @@ class InstallError(PipelineError):
 
 class UsageError(PipelineError):
     """An argument is malformed (a step range, a run name)."""
+
+
+class UnknownRunError(UsageError):
+    """A run asked for is not in the lake; `known` are the runs it has, by name."""
+
+    def __init__(self, run: str, known: Sequence[str]) -> None:
+        self.run = run
+        self.known = tuple(known)
+        listed = ", ".join(f"`{shown(name, literal=False)}`" for name in self.known) or "none"
+        super().__init__(f"Unknown run `{shown(run, literal=False)}`; the lake has runs: {listed}")
 
 
 class OutputError(PipelineError):

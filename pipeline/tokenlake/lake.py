@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenlake import schema
-from tokenlake.errors import LakeError
+from tokenlake.errors import LakeError, UnknownRunError, UsageError
 from tokenlake.layout import Location
+from tokenlake.steps import StepSelection, as_selection, describe_ids
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
 
@@ -59,7 +60,6 @@ if TYPE_CHECKING:
     from tokenlake.orchestrate.verify import Problem
     from tokenlake.serve.audit import AuditResult
     from tokenlake.serve.report import ReportSummary
-    from tokenlake.steps import StepSelection
 
 log = logging.getLogger(__name__)
 
@@ -118,15 +118,18 @@ class Lake:
 
     # --- SQL ---------------------------------------------------------------------------------
 
-    def sql(self, query: str) -> duckdb.DuckDBPyRelation:
-        """Run SQL against the catalog (every view of docs/views.md, and the user's views).
+    def sql(
+        self, query: str, params: Sequence[object] | Mapping[str, object] | None = None
+    ) -> duckdb.DuckDBPyRelation:
+        """Run SQL against the catalog (every view of docs/views.md, and the user's views),
+        with `params` bound to its `?` / `$1` / `$name` placeholders (never pasted in).
 
         Returns a DuckDB relation: `.pl()` (polars), `.df()` (pandas), `.arrow()`,
         `.fetchall()`. The catalog is opened read-only, and opened again when an extraction
         has replaced it since the last call (relations of earlier calls then stop working:
         run `.sql` again).
         """
-        return self._connection().sql(query)
+        return self._connection().sql(query, params=params)
 
     def close(self) -> None:
         """Close the catalog connection (the next `.sql` opens it again)."""
@@ -149,14 +152,17 @@ class Lake:
     def tokens(
         self,
         run: str | Iterable[str] | None = None,
-        steps: Iterable[int] | None = None,
+        steps: str | int | Iterable[int] | None = None,
         columns: Sequence[str] | None = None,
     ) -> pl.LazyFrame:
         """The `tokens` table (train and eval rows) as a polars LazyFrame.
 
         Args:
-            run: One run name, several, or None for every run.
-            steps: Only these `rollout_id`s (their train and eval files); None for all.
+            run: One run name, several, or None for every run; a run the lake lacks is an
+                `UnknownRunError`, as in the CLI.
+            steps: Only these `rollout_id`s (their train and eval files), as `--steps` takes
+                them (`"0-9,12"`) or as ints or a range; None for all. A selection of no
+                step of the lake is a `UsageError`.
             columns: Only these columns of `tokens` (besides `run`, `rollout_id`, always
                 first); None for all.
         """
@@ -165,7 +171,7 @@ class Lake:
     def samples(
         self,
         run: str | Iterable[str] | None = None,
-        steps: Iterable[int] | None = None,
+        steps: str | int | Iterable[int] | None = None,
         columns: Sequence[str] | None = None,
     ) -> pl.LazyFrame:
         """The `samples` table as a polars LazyFrame (arguments as in `tokens`)."""
@@ -182,21 +188,41 @@ class Lake:
     def _frame(
         self,
         table: str,
-        run: str | Iterable[str] | None,
-        steps: Iterable[int] | None,
+        run: object,
+        steps: object,
         columns: Sequence[str] | None,
     ) -> pl.LazyFrame:
-        runs = None if run is None else {run} if isinstance(run, str) else set(run)
-        wanted = None if steps is None else set(steps)
+        runs = self._known_runs(run)
+        wanted = as_selection(steps)
         names = _columns(table, columns)
         for _attempt in (1, 2):
             listed = _listed_files(self.store, table, runs, wanted)
+            if wanted is not None and not listed:
+                raise self._no_step_error(wanted, runs)
             if all(self.store.exists(name) for name, _ in listed):
                 return self.store.scan(table, listed, names)
             log.info("a listed file vanished (an extraction committed meanwhile); reading again")
         gone = next(name for name, _ in listed if not self.store.exists(name))
         raise LakeError(
             self.store.url(gone), "is listed by its run's manifest but is gone; read again"
+        )
+
+    def _known_runs(self, run: object) -> set[str] | None:
+        """The runs asked for, each one the lake has (else `UnknownRunError`, as the CLI's)."""
+        if run is None:
+            return None
+        names = [run] if isinstance(run, str) else list(run) if isinstance(run, Iterable) else [run]
+        known = self.store.manifest_runs()
+        for name in names:
+            if not isinstance(name, str) or name not in known:
+                raise UnknownRunError(str(name), known)
+        return set(names)
+
+    def _no_step_error(self, wanted: StepSelection, runs: set[str] | None) -> UsageError:
+        records = [r for r in manifest.load_all(self.store) if runs is None or r.run in runs]
+        ids = sorted({s.rollout_id for r in records for s in r.steps.values()})
+        return UsageError(
+            f"--steps `{wanted}` selects no step of the lake; its steps are {describe_ids(ids)}."
         )
 
     # --- writing -----------------------------------------------------------------------------
@@ -325,7 +351,7 @@ def _columns(table: str, columns: Sequence[str] | None) -> list[str]:
 
 
 def _listed_files(
-    store: Store, table: str, runs: set[str] | None, steps: set[int] | None
+    store: Store, table: str, runs: set[str] | None, steps: StepSelection | None
 ) -> list[tuple[str, dict[str, Any]]]:
     """(file relative to the lake, partition values) of every file the manifests list: one
     read of each manifest."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tokenlake.errors import UsageError
@@ -47,3 +48,65 @@ def parse_steps(text: str | None) -> StepSelection | None:
             )
         ranges.append((lo, hi))
     return StepSelection(text, tuple(ranges))
+
+
+def as_selection(steps: object) -> StepSelection | None:
+    """What the Python API takes as steps, as the CLI reads `--steps`: None (every step), a
+    string like `0-9,12`, one step id, a range, or step ids; anything else is a UsageError.
+
+    Examples:
+        >>> str(as_selection([3, 1, 2, 7])), str(as_selection(range(0, 4))), str(as_selection(5))
+        ('1-3,7', '0-3', '5')
+        >>> as_selection(["1"])
+        Traceback (most recent call last):
+        ...
+        tokenlake.errors.UsageError: steps: `'1'` is not a step id; give ints, a range, or a string like `0-9,12`.
+    """
+    if steps is None or isinstance(steps, StepSelection):
+        return steps
+    if isinstance(steps, str):
+        return parse_steps(steps)
+    if isinstance(steps, range) and steps.step == 1:
+        if not steps:
+            raise UsageError(f"steps: `{steps}` is empty; it selects no step.")
+        low, high = steps[0], steps[-1]
+        if low < 0 or high > INT64_MAX:
+            raise UsageError(_NOT_A_STEP.format(shown=low if low < 0 else high))
+        return StepSelection(str(low) if low == high else f"{low}-{high}", ((low, high),))
+    values = [steps] if isinstance(steps, int) else steps
+    if not isinstance(values, Iterable):
+        raise UsageError(_NOT_A_STEP.format(shown=repr(steps)[:80]))
+    ids = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
+            raise UsageError(_NOT_A_STEP.format(shown=repr(value)[:80]))
+        ids.append(value)
+    if not ids:
+        raise UsageError("steps: no step id given; it selects no step.")
+    return _of_ids(ids)
+
+
+_NOT_A_STEP = "steps: `{shown}` is not a step id; give ints, a range, or a string like `0-9,12`."
+
+
+def _of_ids(ids: Iterable[int]) -> StepSelection:
+    """The selection of exactly these step ids (a range: its two ends), as ranges."""
+    ordered = sorted(set(ids))
+    ranges: list[tuple[int, int]] = []
+    for step in ordered:
+        if ranges and step == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], step)
+        else:
+            ranges.append((step, step))
+    text = ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+    return StepSelection(text, tuple(ranges))
+
+
+def describe_ids(ids: Sequence[int]) -> str:
+    """`0-2, 5`: step ids as ranges, for a message.
+
+    Examples:
+        >>> describe_ids([5, 0, 1, 2])
+        '0-2, 5'
+    """
+    return _of_ids(ids).text.replace(",", ", ") if ids else "none"

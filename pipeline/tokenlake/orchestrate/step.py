@@ -44,6 +44,9 @@ class StepStatus(str, Enum):
     def __str__(self) -> str:  # "new", also in f-strings on every Python version
         return self.value
 
+    def __repr__(self) -> str:  # `summary.counts` prints as {'new': 4, ...}
+        return repr(self.value)
+
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
 

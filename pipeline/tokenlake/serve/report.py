@@ -22,7 +22,7 @@ from tokenlake.serve import report_charts as rc
 from tokenlake.serve import report_data as rd
 from tokenlake.serve import report_html as rh
 from tokenlake.serve.query import open_lake
-from tokenlake.steps import StepSelection
+from tokenlake.steps import StepSelection, as_selection
 from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.store.local import atomic_write
@@ -136,6 +136,7 @@ def _collect(
     try:
         con.execute("SET enable_progress_bar = false")  # no bar on the CLI's terminal
         sel = rd.Selection(rd.resolve_runs(con, runs), _step_ranges(steps))
+        rd.require_selected_steps(con, sel, str(as_selection(steps)))
         rd.restrict(con, sel)
         rd.cache_views(con)
         page = _Page(sel)

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tokenlake import schema
-from tokenlake.errors import UsageError
+from tokenlake.errors import UnknownRunError, UsageError
 from tokenlake.serve import audit, sql_views
+from tokenlake.steps import describe_ids
 
 if TYPE_CHECKING:
     import duckdb
@@ -116,9 +117,26 @@ def resolve_runs(con: duckdb.DuckDBPyConnection, requested: Sequence[str]) -> tu
     known = [row[0] for row in con.sql("SELECT run FROM runs ORDER BY run").fetchall()]
     for name in requested:
         if name not in known:
-            listed = ", ".join(f"`{run}`" for run in known) or "none"
-            raise UsageError(f"Unknown run `{name}`; the lake has runs: {listed}")
+            raise UnknownRunError(name, known)
     return tuple(sorted(set(requested))) if requested else tuple(known)
+
+
+def require_selected_steps(con: duckdb.DuckDBPyConnection, sel: Selection, text: str) -> None:
+    """Raise when the selection's steps hold no step of its runs, as `extract --steps` does
+    for a dump (an empty report would read as a healthy one).
+
+    Raises:
+        UsageError: No step of the selected runs is selected; the message lists their steps.
+    """
+    if sel.steps is None:
+        return
+    where = sel.where(steps=False)
+    rows = con.sql(f"SELECT DISTINCT rollout_id FROM samples WHERE {where} ORDER BY 1").fetchall()
+    ids = [row[0] for row in rows]
+    if not any(lo <= step <= hi for step in ids for lo, hi in sel.steps):
+        raise UsageError(
+            f"--steps `{text}` selects no step of the lake; its steps are {describe_ids(ids)}."
+        )
 
 
 def restrict(con: duckdb.DuckDBPyConnection, sel: Selection) -> None:
