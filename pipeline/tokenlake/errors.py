@@ -207,6 +207,50 @@ class UsageError(PipelineError):
     """An argument is malformed (a step range, a run name)."""
 
 
+class InternalError(AssertionError):
+    """tokenlake broke one of its own rules: a bug in tokenlake, never a fault of the input.
+
+    Deliberately not a `PipelineError`, so nothing presents it as a problem of the user's data
+    or lake; an extraction step that raises it is reported as a tokenlake bug
+    (`tokenlake.transform.step.bug_text`), and `--debug` shows its traceback.
+    """
+
+
+class RowKeysError(InternalError):
+    """Rows built for a table have a key that is not one of its schema's columns, or lack one.
+
+    `pa.Table.from_pylist(rows, schema=...)` would drop the key and fill its column with NULL
+    without a word; `tokenlake.schema.table_from_rows` raises this instead.
+    """
+
+    def __init__(self, table: str, row: int, unknown: list[str], missing: list[str]) -> None:
+        self.table = table
+        self.row = row
+        self.unknown = unknown
+        self.missing = missing
+        problems = [
+            _listed("unknown key", unknown),
+            _listed("missing column", missing),
+        ]
+        super().__init__(
+            f"Row {row} built for table `{table}` does not match the table's schema: "
+            + "; ".join(p for p in problems if p)
+        )
+
+
+def _listed(what: str, names: list[str]) -> str:
+    """`what` (plural for several) and the names in backticks; empty for no names.
+
+    Examples:
+        >>> _listed("missing column", ["a", "b"]), _listed("unknown key", [])
+        ('missing columns `a`, `b`', '')
+    """
+    if not names:
+        return ""
+    quoted = ", ".join(f"`{shown(name, literal=False)}`" for name in names)
+    return f"{what}{'s' if len(names) > 1 else ''} {quoted}"
+
+
 class OutputError(PipelineError):
     """An output file (e.g. the report) cannot be written."""
 
