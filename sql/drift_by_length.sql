@@ -35,6 +35,6 @@ SELECT
     length_bucket::INTEGER AS length_bucket,
     (2 ** length_bucket)::INTEGER AS length_low,
     (2 ** (length_bucket + 1) - 1)::INTEGER AS length_high,
-    * EXCLUDE (run, rollout_id, length_bucket)
+    * EXCLUDE (run, rollout_id, length_bucket)  -- the statistics, in drift_statistics' order
 FROM drift_statistics(grouped)
 ORDER BY run, rollout_id, length_bucket

@@ -34,6 +34,6 @@ SELECT
     position_bucket::INTEGER AS position_bucket,
     (2 ** position_bucket - 1)::INTEGER AS position_low,
     (2 ** (position_bucket + 1) - 2)::INTEGER AS position_high,
-    * EXCLUDE (run, rollout_id, position_bucket)
+    * EXCLUDE (run, rollout_id, position_bucket)  -- the statistics, in drift_statistics' order
 FROM drift_statistics(grouped)
 ORDER BY run, rollout_id, position_bucket

@@ -199,7 +199,7 @@ def header_comment_lines(sql_text: str) -> list[str]:
     return lines
 
 
-_COLUMNS_START = re.compile(r"^--\s*Columns\b[^:]*(\([^)]*\))?:$")
+_COLUMNS_START = re.compile(r"^--\s*Columns\b[^:]*:$")
 
 
 # `--   name[, name...]  TYPE  meaning`: three spaces, then the names and one DuckDB type word.
@@ -240,12 +240,15 @@ def macro_columns(name: str) -> list[tuple[str, str]]:
             `Columns:` block.
     """
     for path in iter_macro_files():
-        comment: list[str] = []
+        comment: list[str] = []  # the `--` lines right above the current line
         for line in path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("--"):
+                comment.append(line)
+                continue
             match = _MACRO_STATEMENT.match(line)
             if match is not None and match.group(1) == name:
                 return _columns_block(path, comment)
-            comment = [*comment, line] if line.startswith("--") else []
+            comment = []
     raise LakeError(sql_dir() / "macros", f"no file defines the macro `{name}`")
 
 
