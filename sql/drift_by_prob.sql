@@ -6,21 +6,17 @@
 --                  0.9 | 0.99 | inf   (buckets 0..9; bucket 9 includes probability 1)
 --   entropy (nats): -inf | 0.01 | 0.1 | 0.5 | 1 | 2 | 4 | inf   (buckets 0..6; tokens without
 --                  a dumped entropy are not in this dimension)
--- Inputs: drift_tokens; macros drift_parts, drift_rollup (sql/macros).
+-- Inputs: drift_tokens; macros drift_parts, drift_rollup, drift_statistics (sql/macros).
 -- Columns:
---   run, rollout_id          keys
---   dimension       VARCHAR  'rollout_prob' or 'entropy'
---   bucket          INTEGER  0-based bucket index within the dimension, ascending
---   bucket_low      DOUBLE   inclusive lower edge (probability or nats)
---   bucket_high     DOUBLE   exclusive upper edge
---   tokens          BIGINT   covered finite tokens in the bucket
---   samples         BIGINT   samples with a token in the bucket
---   mean_lp_diff    DOUBLE   mean delta (nats)
---   mean_abs_lp_diff DOUBLE  mean |delta| (nats)
---   max_abs_lp_diff DOUBLE   max |delta| (nats)
---   k3_kl           DOUBLE   mean of r - 1 - delta (nats)
---   k3_share        DOUBLE   bucket's k3 sum / the step's k3 sum in this dimension (fraction)
---   mult_prob_error DOUBLE   mean exp(|delta|) (ratio)
+--   run              VARCHAR  run name
+--   rollout_id       BIGINT   training step
+--   dimension        VARCHAR  'rollout_prob' or 'entropy'
+--   bucket           INTEGER  0-based bucket index within the dimension, ascending
+--   bucket_low       DOUBLE   inclusive lower edge (probability or nats)
+--   bucket_high      DOUBLE   exclusive upper edge
+--   + the columns of macro drift_statistics (sql/macros/drift_breakdown.sql): tokens,
+--     samples, mean_lp_diff, mean_abs_lp_diff, max_abs_lp_diff, k3_kl, k3_share (within the
+--     step and dimension), mult_prob_error
 CREATE OR REPLACE VIEW drift_by_prob AS
 WITH edges (dimension, bucket, bucket_low, bucket_high) AS (
     VALUES
@@ -108,20 +104,11 @@ grouped AS MATERIALIZED (
     FROM drift_rollup(dimensions) AS g
     JOIN edges AS e USING (dimension, bucket)
 )
-SELECT
-    run::VARCHAR AS run,  -- run name
-    rollout_id::BIGINT AS rollout_id,  -- training step
-    dimension::VARCHAR AS dimension,  -- 'rollout_prob' or 'entropy'
-    bucket::INTEGER AS bucket,  -- ascending bucket index
-    bucket_low::DOUBLE AS bucket_low,  -- inclusive lower edge
-    bucket_high::DOUBLE AS bucket_high,  -- exclusive upper edge
-    tokens::BIGINT AS tokens,  -- covered finite tokens
-    samples::BIGINT AS samples,  -- samples
-    mean_lp_diff::DOUBLE AS mean_lp_diff,  -- nats
-    mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,  -- nats
-    max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,  -- nats
-    k3_kl::DOUBLE AS k3_kl,  -- nats
-    step_share(k3_sum, run, rollout_id, share_scope)::DOUBLE AS k3_share,  -- fraction of the step's k3 sum in the dimension
-    mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
-FROM grouped
+SELECT * REPLACE (
+    dimension::VARCHAR AS dimension,
+    bucket::INTEGER AS bucket,
+    bucket_low::DOUBLE AS bucket_low,
+    bucket_high::DOUBLE AS bucket_high
+)
+FROM drift_statistics(grouped)
 ORDER BY run, rollout_id, dimension DESC, bucket

@@ -5,18 +5,19 @@
 -- `samples` adds up drift_tokens.first_occurrence (one true row per sample and token id, set
 -- at extraction): a distinct count over ~30 k ids a step cost twice the time.
 -- Columns:
---   run, rollout_id          keys
---   token_id        BIGINT   token id
---   token_text      VARCHAR  the token decoded alone (NULL without a tokenizer)
---   tokens          BIGINT   covered finite occurrences of the token in the step
---   samples         BIGINT   samples containing it
---   mean_lp_diff    DOUBLE   mean delta (nats)
---   mean_abs_lp_diff DOUBLE  mean |delta| (nats)
---   max_abs_lp_diff DOUBLE   max |delta| (nats)
---   k3_kl           DOUBLE   mean of r - 1 - delta (nats)
---   k3_share        DOUBLE   the token's sum of k3 / the step's sum of k3 (fraction)
---   k3_rank         BIGINT   1 = the token with the largest k3_share in the step (ties by id)
---   mult_prob_error DOUBLE   mean exp(|delta|) (ratio)
+--   run               VARCHAR  run name
+--   rollout_id        BIGINT   training step
+--   token_id          BIGINT   token id
+--   token_text        VARCHAR  the token decoded alone (NULL without a tokenizer)
+--   tokens            BIGINT   covered finite occurrences of the token in the step
+--   samples           BIGINT   samples containing it
+--   mean_lp_diff      DOUBLE   mean delta (nats)
+--   mean_abs_lp_diff  DOUBLE   mean |delta| (nats)
+--   max_abs_lp_diff   DOUBLE   max |delta| (nats)
+--   k3_kl             DOUBLE   mean of r - 1 - delta (nats)
+--   k3_share          DOUBLE   the token's sum of k3 / the step's sum of k3 (fraction)
+--   k3_rank           BIGINT   1 = the token with the largest k3_share in the step (ties by id)
+--   mult_prob_error   DOUBLE   mean exp(|delta|) (ratio)
 CREATE OR REPLACE VIEW drift_by_token AS
 WITH keyed AS (
     SELECT
@@ -44,19 +45,19 @@ ranked AS (
     FROM grouped
 )
 SELECT
-    r.run::VARCHAR AS run,  -- run name
-    r.rollout_id::BIGINT AS rollout_id,  -- training step
-    r.token_id::BIGINT AS token_id,  -- token id
-    v.token_text::VARCHAR AS token_text,  -- decoded token, NULL without a tokenizer
-    r.tokens::BIGINT AS tokens,  -- covered finite occurrences
-    r.samples::BIGINT AS samples,  -- samples containing the token
-    r.mean_lp_diff::DOUBLE AS mean_lp_diff,  -- nats
-    r.mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,  -- nats
-    r.max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,  -- nats
-    r.k3_kl::DOUBLE AS k3_kl,  -- nats
-    r.k3_share::DOUBLE AS k3_share,  -- fraction of the step's k3 sum
-    r.k3_rank::BIGINT AS k3_rank,  -- 1 = worst
-    r.mult_prob_error::DOUBLE AS mult_prob_error  -- ratio
+    r.run::VARCHAR AS run,
+    r.rollout_id::BIGINT AS rollout_id,
+    r.token_id::BIGINT AS token_id,
+    v.token_text::VARCHAR AS token_text,
+    r.tokens::BIGINT AS tokens,
+    r.samples::BIGINT AS samples,
+    r.mean_lp_diff::DOUBLE AS mean_lp_diff,
+    r.mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,
+    r.max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,
+    r.k3_kl::DOUBLE AS k3_kl,
+    r.k3_share::DOUBLE AS k3_share,
+    r.k3_rank::BIGINT AS k3_rank,
+    r.mult_prob_error::DOUBLE AS mult_prob_error
 FROM ranked AS r
 LEFT JOIN vocab AS v ON v.run = r.run AND v.token_id = r.token_id
 ORDER BY r.run, r.rollout_id, r.k3_rank

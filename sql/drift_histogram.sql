@@ -6,13 +6,14 @@
 --   k = -51: (-inf, -0.1); -50 <= k <= 49: [k / 500, (k + 1) / 500); k = 50: [0.1, +inf).
 -- Inputs: drift_tokens; macro clamp_to (sql/macros).
 -- Columns:
---   run, rollout_id              keys
---   bin                 INTEGER  k, -51..50
---   bin_low             DOUBLE   inclusive lower edge (nats; -inf for the low tail)
---   bin_high            DOUBLE   exclusive upper edge (nats; +inf for the high tail)
---   tokens              BIGINT   covered finite tokens in the bin
---   fraction            DOUBLE   tokens / the step's covered finite tokens
---   cumulative_fraction DOUBLE   fraction of the step's tokens in this bin or below
+--   run                  VARCHAR  run name
+--   rollout_id           BIGINT   training step
+--   bin                  INTEGER  k, -51..50
+--   bin_low              DOUBLE   inclusive lower edge (nats; -inf for the low tail)
+--   bin_high             DOUBLE   exclusive upper edge (nats; +inf for the high tail)
+--   tokens               BIGINT   covered finite tokens in the bin
+--   fraction             DOUBLE   tokens / the step's covered finite tokens
+--   cumulative_fraction  DOUBLE   fraction of the step's tokens in this bin or below
 CREATE OR REPLACE VIEW drift_histogram AS
 WITH bins AS (
     SELECT range::INTEGER AS bin FROM RANGE(-51, 51)
@@ -45,14 +46,14 @@ filled AS (
         ON c.run = st.run AND c.rollout_id = st.rollout_id AND c.bin = b.bin
 )
 SELECT
-    run::VARCHAR AS run,  -- run name
-    rollout_id::BIGINT AS rollout_id,  -- training step
-    bin::INTEGER AS bin,  -- floor(delta * 500), clamped to [-51, 50]
-    (CASE WHEN bin = -51 THEN '-inf'::DOUBLE ELSE bin / 500.0 END)::DOUBLE AS bin_low,  -- nats
-    (CASE WHEN bin = 50 THEN 'inf'::DOUBLE ELSE (bin + 1) / 500.0 END)::DOUBLE AS bin_high,  -- nats
-    tokens::BIGINT AS tokens,  -- covered finite tokens
-    (tokens / step_tokens)::DOUBLE AS fraction,  -- of the step's tokens
+    run::VARCHAR AS run,
+    rollout_id::BIGINT AS rollout_id,
+    bin::INTEGER AS bin,
+    (CASE WHEN bin = -51 THEN '-inf'::DOUBLE ELSE bin / 500.0 END)::DOUBLE AS bin_low,
+    (CASE WHEN bin = 50 THEN 'inf'::DOUBLE ELSE (bin + 1) / 500.0 END)::DOUBLE AS bin_high,
+    tokens::BIGINT AS tokens,
+    (tokens / step_tokens)::DOUBLE AS fraction,
     (SUM(tokens) OVER (PARTITION BY run, rollout_id ORDER BY bin) / step_tokens)::DOUBLE
-        AS cumulative_fraction  -- of the step's tokens
+        AS cumulative_fraction
 FROM filled
 ORDER BY run, rollout_id, bin

@@ -6,7 +6,8 @@
 -- One pass: max_by keeps each step's worst tokens, ordered by (|delta| desc, batch_position,
 -- position) through a struct key, instead of numbering every covered token.
 -- Columns:
---   run, rollout_id            keys
+--   run               VARCHAR  run name
+--   rollout_id        BIGINT   training step
 --   outlier_rank      BIGINT   1 = largest |delta| in the step (ties: batch_position, position)
 --   batch_position    INTEGER  sample's position in the rollout dump
 --   sample_index      BIGINT   Sample.index
@@ -53,18 +54,18 @@ ranked AS (
     FROM worst
 )
 SELECT
-    run::VARCHAR AS run,  -- run name
-    rollout_id::BIGINT AS rollout_id,  -- training step
-    outlier_rank::BIGINT AS outlier_rank,  -- 1 = worst
-    o.batch_position::INTEGER AS batch_position,  -- sample's position in the rollout dump
-    o.sample_index::BIGINT AS sample_index,  -- Sample.index
-    o.position::INTEGER AS position,  -- response position
-    o.token_id::BIGINT AS token_id,  -- token id
-    o.train_log_prob::DOUBLE AS train_log_prob,  -- nats
-    o.rollout_log_prob::DOUBLE AS rollout_log_prob,  -- nats
-    o.lp_diff::DOUBLE AS lp_diff,  -- nats
-    o.abs_lp_diff::DOUBLE AS abs_lp_diff,  -- nats
-    o.ratio::DOUBLE AS ratio,  -- exp(delta)
-    o.entropy::DOUBLE AS entropy  -- nats
+    run::VARCHAR AS run,
+    rollout_id::BIGINT AS rollout_id,
+    outlier_rank::BIGINT AS outlier_rank,
+    o.batch_position::INTEGER AS batch_position,
+    o.sample_index::BIGINT AS sample_index,
+    o.position::INTEGER AS position,
+    o.token_id::BIGINT AS token_id,
+    o.train_log_prob::DOUBLE AS train_log_prob,
+    o.rollout_log_prob::DOUBLE AS rollout_log_prob,
+    o.lp_diff::DOUBLE AS lp_diff,
+    o.abs_lp_diff::DOUBLE AS abs_lp_diff,
+    o.ratio::DOUBLE AS ratio,
+    o.entropy::DOUBLE AS entropy
 FROM ranked
 ORDER BY run, rollout_id, outlier_rank

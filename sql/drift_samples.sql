@@ -6,7 +6,10 @@
 --         seq_ratio_high, icepop_low, icepop_high); macro sample_drift (sql/macros), which
 --         holds every formula below.
 -- Columns:
---   run, rollout_id, batch_position, sample_index   keys
+--   run                    VARCHAR  run name
+--   rollout_id             BIGINT   training step
+--   batch_position         INTEGER  sample's position in the rollout dump
+--   sample_index           BIGINT   Sample.index
 --   tokens                 BIGINT   covered finite tokens of the sample
 --   sum_lp_diff            DOUBLE   sum of delta (nats) = log of the sequence ratio
 --   mean_lp_diff           DOUBLE   mean delta (nats) = log of the geometric-mean ratio
@@ -30,28 +33,28 @@
 --   seq_ratio_rejected     BOOLEAN  seq_ratio outside [seq_ratio_low, seq_ratio_high]
 CREATE OR REPLACE VIEW drift_samples AS
 SELECT
-    p.run::VARCHAR AS run,  -- run name
-    p.rollout_id::BIGINT AS rollout_id,  -- training step
-    p.batch_position::INTEGER AS batch_position,  -- sample's position in the rollout dump
-    p.sample_index::BIGINT AS sample_index,  -- Sample.index
-    p.tokens::BIGINT AS tokens,  -- covered finite tokens
-    p.sum_lp_diff::DOUBLE AS sum_lp_diff,  -- nats
-    p.mean_lp_diff::DOUBLE AS mean_lp_diff,  -- nats
-    p.mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,  -- nats
-    p.max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,  -- nats
-    p.k3_kl_clamped::DOUBLE AS k3_kl_clamped,  -- nats
-    p.mean_train_log_prob::DOUBLE AS mean_train_log_prob,  -- nats
-    p.mean_rollout_log_prob::DOUBLE AS mean_rollout_log_prob,  -- nats
-    p.log_ppl_diff::DOUBLE AS log_ppl_diff,  -- nats
-    p.chi2_seq_term::DOUBLE AS chi2_seq_term,  -- ratio
-    p.min_ratio::DOUBLE AS min_ratio,  -- ratio
-    p.max_ratio::DOUBLE AS max_ratio,  -- ratio
-    p.geo_mean_ratio::DOUBLE AS geo_mean_ratio,  -- ratio
-    p.seq_ratio::DOUBLE AS seq_ratio,  -- ratio
-    p.veto_tokens::BIGINT AS veto_tokens,  -- count
-    p.outlier_tokens::BIGINT AS outlier_tokens,  -- count
-    p.icepop_tokens::BIGINT AS icepop_tokens,  -- count
-    p.vetoed::BOOLEAN AS vetoed,  -- whole sample rejected
-    p.geo_rejected::BOOLEAN AS geo_rejected,  -- whole sample rejected
-    p.seq_ratio_rejected::BOOLEAN AS seq_ratio_rejected  -- whole sample rejected
+    p.run::VARCHAR AS run,
+    p.rollout_id::BIGINT AS rollout_id,
+    p.batch_position::INTEGER AS batch_position,
+    p.sample_index::BIGINT AS sample_index,
+    p.tokens::BIGINT AS tokens,
+    p.sum_lp_diff::DOUBLE AS sum_lp_diff,
+    p.mean_lp_diff::DOUBLE AS mean_lp_diff,
+    p.mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,
+    p.max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,
+    p.k3_kl_clamped::DOUBLE AS k3_kl_clamped,
+    p.mean_train_log_prob::DOUBLE AS mean_train_log_prob,
+    p.mean_rollout_log_prob::DOUBLE AS mean_rollout_log_prob,
+    p.log_ppl_diff::DOUBLE AS log_ppl_diff,
+    p.chi2_seq_term::DOUBLE AS chi2_seq_term,
+    p.min_ratio::DOUBLE AS min_ratio,
+    p.max_ratio::DOUBLE AS max_ratio,
+    p.geo_mean_ratio::DOUBLE AS geo_mean_ratio,
+    p.seq_ratio::DOUBLE AS seq_ratio,
+    p.veto_tokens::BIGINT AS veto_tokens,
+    p.outlier_tokens::BIGINT AS outlier_tokens,
+    p.icepop_tokens::BIGINT AS icepop_tokens,
+    p.vetoed::BOOLEAN AS vetoed,
+    p.geo_rejected::BOOLEAN AS geo_rejected,
+    p.seq_ratio_rejected::BOOLEAN AS seq_ratio_rejected
 FROM sample_drift(drift_tokens, drift_settings) AS p

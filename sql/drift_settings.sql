@@ -6,49 +6,51 @@
 --   CREATE OR REPLACE TEMP VIEW drift_settings AS
 --   SELECT * REPLACE (3.0::DOUBLE AS is_cap) FROM tokenlake.main.drift_settings;
 -- Columns:
---   is_cap                        DOUBLE  importance-weight cap C; weights clamp to [1/C, C] (2.0)
---   veto_min_ratio                DOUBLE  a token with r below this vetoes its sample (1e-4)
---   outlier_min_ratio             DOUBLE  lower edge of the accepted r range (1e-4)
---   outlier_max_ratio             DOUBLE  upper edge of the accepted r range (100)
---   geo_band_low                  DOUBLE  lower edge of the per-sample geometric-mean-r band (0.999)
---   geo_band_high                 DOUBLE  upper edge of that band (1.001)
---   seq_ratio_low                 DOUBLE  lower edge of the per-sample product of r (0.5)
---   seq_ratio_high                DOUBLE  upper edge of the per-sample product of r (2.0)
---   icepop_low                    DOUBLE  lower edge of the per-token icepop band on r (0.5)
---   icepop_high                   DOUBLE  upper edge of the per-token icepop band on r (2.0)
---   log_ratio_clamp               DOUBLE  |delta| clamp of the SMTM k3 and of chi2_seq's sum (20, nats)
---   k3_clamp                      DOUBLE  |k3| clamp of the SMTM k3, as miles logs it (10)
---   outliers_per_step             BIGINT  tokens kept per step by drift_outliers (20)
---   abs_lp_diff_limit             DOUBLE  audit large_lp_diff: |delta| at or above this (20, nats)
---   alarm_mean_abs_lp_diff_smtm   DOUBLE  drift_alarms: mean |delta| SMTM above this (0.94, nats)
---   alarm_k3_kl                   DOUBLE  drift_alarms: k3 TM above this (1.0, nats; a decade above
+--   is_cap                       DOUBLE   importance-weight cap C; weights clamp to [1/C, C] (2.0)
+--   veto_min_ratio               DOUBLE   a token with r below this vetoes its sample (1e-4)
+--   outlier_min_ratio            DOUBLE   lower edge of the accepted r range (1e-4)
+--   outlier_max_ratio            DOUBLE   upper edge of the accepted r range (100)
+--   geo_band_low                 DOUBLE   lower edge of the per-sample geometric-mean-r band
+--                                         (0.999)
+--   geo_band_high                DOUBLE   upper edge of that band (1.001)
+--   seq_ratio_low                DOUBLE   lower edge of the per-sample product of r (0.5)
+--   seq_ratio_high               DOUBLE   upper edge of the per-sample product of r (2.0)
+--   icepop_low                   DOUBLE   lower edge of the per-token icepop band on r (0.5)
+--   icepop_high                  DOUBLE   upper edge of the per-token icepop band on r (2.0)
+--   log_ratio_clamp              DOUBLE   |delta| clamp of the SMTM k3 and of chi2_seq's sum (20,
+--                                         nats)
+--   k3_clamp                     DOUBLE   |k3| clamp of the SMTM k3, as miles logs it (10)
+--   outliers_per_step            BIGINT   tokens kept per step by drift_outliers (20)
+--   abs_lp_diff_limit            DOUBLE   audit large_lp_diff: |delta| at or above this (20, nats)
+--   alarm_mean_abs_lp_diff_smtm  DOUBLE   drift_alarms: mean |delta| SMTM above this (0.94, nats)
+--   alarm_k3_kl                  DOUBLE   drift_alarms: k3 TM above this (1.0, nats; a decade above
 --                                         the published healthy range of MoE models, 1e-3..1e-1;
 --                                         dense models: 1e-5..1e-3, so 1e-2; docs/drift.md)
---   alarm_mult_prob_error         DOUBLE  drift_alarms: mean exp(|delta|) above this (3.5, ratio)
---   alarm_ess_min                 DOUBLE  drift_alarms: ess_raw below this (0.3, fraction)
---   alarm_zero_std_group_frac     DOUBLE  zero_std_groups: zero-std share of the groups with
+--   alarm_mult_prob_error        DOUBLE   drift_alarms: mean exp(|delta|) above this (3.5, ratio)
+--   alarm_ess_min                DOUBLE   drift_alarms: ess_raw below this (0.3, fraction)
+--   alarm_zero_std_group_frac    DOUBLE   zero_std_groups: zero-std share of the groups with
 --                                         reward data at or above this (0.5, the dashboard's)
---   alarm_truncated_frac          DOUBLE  truncated_steps: truncated sample fraction at or above
+--   alarm_truncated_frac         DOUBLE   truncated_steps: truncated sample fraction at or above
 --                                         this (0.25, the dashboard's)
 CREATE OR REPLACE VIEW drift_settings AS
 SELECT
-    2.0::DOUBLE AS is_cap,  -- C
-    1e-4::DOUBLE AS veto_min_ratio,  -- r below: sample vetoed
-    1e-4::DOUBLE AS outlier_min_ratio,  -- r below: outlier
-    100.0::DOUBLE AS outlier_max_ratio,  -- r above: outlier
-    0.999::DOUBLE AS geo_band_low,  -- exp(mean delta) below: rejected
-    1.001::DOUBLE AS geo_band_high,  -- exp(mean delta) above: rejected
-    0.5::DOUBLE AS seq_ratio_low,  -- exp(sum delta) below: rejected
-    2.0::DOUBLE AS seq_ratio_high,  -- exp(sum delta) above: rejected
-    0.5::DOUBLE AS icepop_low,  -- r below: token masked by icepop
-    2.0::DOUBLE AS icepop_high,  -- r above: token masked by icepop
-    20.0::DOUBLE AS log_ratio_clamp,  -- nats
-    10.0::DOUBLE AS k3_clamp,  -- nats
-    20::BIGINT AS outliers_per_step,  -- rows per step in drift_outliers
-    20.0::DOUBLE AS abs_lp_diff_limit,  -- nats
-    0.94::DOUBLE AS alarm_mean_abs_lp_diff_smtm,  -- nats
-    1.0::DOUBLE AS alarm_k3_kl,  -- nats
-    3.5::DOUBLE AS alarm_mult_prob_error,  -- ratio
-    0.3::DOUBLE AS alarm_ess_min,  -- fraction
-    0.5::DOUBLE AS alarm_zero_std_group_frac,  -- fraction
-    0.25::DOUBLE AS alarm_truncated_frac  -- fraction
+    2.0::DOUBLE AS is_cap,
+    1e-4::DOUBLE AS veto_min_ratio,
+    1e-4::DOUBLE AS outlier_min_ratio,
+    100.0::DOUBLE AS outlier_max_ratio,
+    0.999::DOUBLE AS geo_band_low,
+    1.001::DOUBLE AS geo_band_high,
+    0.5::DOUBLE AS seq_ratio_low,
+    2.0::DOUBLE AS seq_ratio_high,
+    0.5::DOUBLE AS icepop_low,
+    2.0::DOUBLE AS icepop_high,
+    20.0::DOUBLE AS log_ratio_clamp,
+    10.0::DOUBLE AS k3_clamp,
+    20::BIGINT AS outliers_per_step,
+    20.0::DOUBLE AS abs_lp_diff_limit,
+    0.94::DOUBLE AS alarm_mean_abs_lp_diff_smtm,
+    1.0::DOUBLE AS alarm_k3_kl,
+    3.5::DOUBLE AS alarm_mult_prob_error,
+    0.3::DOUBLE AS alarm_ess_min,
+    0.5::DOUBLE AS alarm_zero_std_group_frac,
+    0.25::DOUBLE AS alarm_truncated_frac

@@ -11,43 +11,53 @@
 --         values, with the sample's token sums, in one pass), drift_covered, drift_finite,
 --         ess_fraction (sql/macros).
 -- Columns (nats unless said otherwise; docs/drift.md gives every formula and framework name):
---   run, rollout_id                  keys
---   tokens                BIGINT     covered finite tokens
---   nonfinite_tokens      BIGINT     covered tokens with a NaN/inf value (excluded from stats)
---   samples               BIGINT     samples with at least one covered finite token
---   mean_lp_diff          DOUBLE     TM delta
---   mean_abs_lp_diff_tm   DOUBLE     TM |delta|
---   mean_abs_lp_diff_smtm DOUBLE     SMTM |delta| (slime/miles train_rollout_logprob_abs_diff)
---   max_abs_lp_diff       DOUBLE     max |delta|
---   p50/p90/p99/p999_abs_lp_diff DOUBLE  quantiles of |delta| (quantile_cont, linear)
---   k1_kl, k2_kl, k3_kl   DOUBLE     TM of -delta, delta^2/2, r - 1 - delta
---   k3_kl_smtm            DOUBLE     SMTM of clamped k3 (drift_samples.k3_kl_clamped)
---   mult_prob_error       DOUBLE     TM exp(|delta|) (ratio)
---   chi2_token            DOUBLE     TM r^2 - 1
---   chi2_seq              DOUBLE     mean over samples of exp(2 clamp(sum delta, +-20)) - 1
---   mean_abs_prob_diff, max_abs_prob_diff DOUBLE  |exp(train) - exp(rollout)| (probability)
---   prob_corr             DOUBLE     Pearson correlation of exp(train), exp(rollout); null when
---                                    undefined (fewer than 2 tokens or a constant side)
---   train_mean_log_prob, rollout_mean_log_prob DOUBLE  SMTM log-prob on each side
---   train_ppl, rollout_ppl DOUBLE    mean over samples of exp(-sample mean log-prob)
---   log_ppl_diff          DOUBLE     mean over samples of log ppl(train) - log ppl(rollout)
---   log_ppl_abs_diff, log_ppl_diff_max, log_ppl_diff_min DOUBLE  abs-mean / max / min of it
---   ppl_ratio             DOUBLE     mean over samples of ppl(train) / ppl(rollout)
---   is_ratio_mean, is_ratio_std, is_ratio_min, is_ratio_max DOUBLE  TM / population std /
---                                    min / max of the raw r
---   is_frac_above_cap, is_frac_below_inv_cap DOUBLE  token fraction r > C, r < 1/C
---   ess                   DOUBLE     1 / TM((w / TM(w))^2) = TM(w)^2 / TM(w^2) (fraction); with
---                                    C = 2 never below 4C^2 / (1 + C^2)^2 = 0.64
---   ess_raw               DOUBLE     the same for the raw ratio r: TM(r)^2 / TM(r^2) (fraction);
---                                    the one the audit drift_alarms watches
---   <rule>_token_frac, <rule>_seq_frac DOUBLE  fraction of tokens the rule removes from the
---       loss, and of samples it touches, for rule in veto (sample rejected if any r <
---       veto_min_ratio), outlier (token r outside [outlier_min, outlier_max]), geo_reject
---       (sample exp(mean delta) outside the geo band), seq_ratio_reject (sample exp(sum delta)
---       outside the band), icepop (token r outside the icepop band)
---   prev_rollout_id       BIGINT     the run's previous training step
---   <metric>_change       DOUBLE     value minus the previous step's, for mean_abs_lp_diff_tm,
---                                    mean_abs_lp_diff_smtm, k3_kl, mult_prob_error, ess
+--   run                    VARCHAR  run name
+--   rollout_id             BIGINT   training step
+--   tokens                 BIGINT   covered finite tokens
+--   nonfinite_tokens       BIGINT   covered tokens with a NaN/inf value (excluded from stats)
+--   samples                BIGINT   samples with at least one covered finite token
+--   mean_lp_diff           DOUBLE   TM delta
+--   mean_abs_lp_diff_tm    DOUBLE   TM |delta|
+--   mean_abs_lp_diff_smtm  DOUBLE   SMTM |delta| (slime/miles train_rollout_logprob_abs_diff)
+--   max_abs_lp_diff        DOUBLE   max |delta|
+--   p50_abs_lp_diff, p90_abs_lp_diff, p99_abs_lp_diff, p999_abs_lp_diff  DOUBLE  quantiles of
+--                                   |delta| (quantile_cont, linear)
+--   k1_kl, k2_kl, k3_kl    DOUBLE   TM of -delta, delta^2/2, r - 1 - delta
+--   k3_kl_smtm             DOUBLE   SMTM of clamped k3 (drift_samples.k3_kl_clamped)
+--   mult_prob_error        DOUBLE   TM exp(|delta|) (ratio)
+--   chi2_token             DOUBLE   TM r^2 - 1
+--   chi2_seq               DOUBLE   mean over samples of exp(2 clamp(sum delta, +-20)) - 1
+--   mean_abs_prob_diff, max_abs_prob_diff  DOUBLE  TM and max of |exp(train) - exp(rollout)|
+--                                   (probability)
+--   prob_corr              DOUBLE   Pearson correlation of exp(train), exp(rollout); null when
+--                                   undefined (fewer than 2 tokens or a constant side)
+--   train_mean_log_prob, rollout_mean_log_prob  DOUBLE  SMTM log-prob on each side
+--   train_ppl, rollout_ppl DOUBLE   mean over samples of exp(-sample mean log-prob)
+--   log_ppl_diff           DOUBLE   mean over samples of log ppl(train) - log ppl(rollout)
+--   log_ppl_abs_diff, log_ppl_diff_max, log_ppl_diff_min  DOUBLE  abs-mean / max / min of it
+--   ppl_ratio              DOUBLE   mean over samples of ppl(train) / ppl(rollout)
+--   is_ratio_mean, is_ratio_std, is_ratio_min, is_ratio_max  DOUBLE  TM / population std /
+--                                   min / max of the raw r
+--   is_frac_above_cap, is_frac_below_inv_cap  DOUBLE  token fraction r > C, r < 1/C
+--   ess                    DOUBLE   1 / TM((w / TM(w))^2) = TM(w)^2 / TM(w^2) (fraction); with
+--                                   C = 2 never below 4C^2 / (1 + C^2)^2 = 0.64
+--   ess_raw                DOUBLE   the same for the raw ratio r: TM(r)^2 / TM(r^2) (fraction);
+--                                   the one the audit drift_alarms watches
+--   veto_token_frac, veto_seq_frac  DOUBLE  fraction of the step's tokens a rule removes from
+--                                   the loss, and of its samples the rule touches; this rule:
+--                                   a sample is rejected if any r < veto_min_ratio
+--   outlier_token_frac, outlier_seq_frac  DOUBLE  the same for: token r outside [outlier_min,
+--                                   outlier_max]
+--   geo_reject_token_frac, geo_reject_seq_frac  DOUBLE  the same for: sample exp(mean delta)
+--                                   outside the geo band
+--   seq_ratio_reject_token_frac, seq_ratio_reject_seq_frac  DOUBLE  the same for: sample
+--                                   exp(sum delta) outside the seq_ratio band
+--   icepop_token_frac, icepop_seq_frac  DOUBLE  the same for: token r outside the icepop band
+--   prev_rollout_id        BIGINT   the run's previous training step
+--   mean_abs_lp_diff_tm_change, mean_abs_lp_diff_smtm_change, k3_kl_change  DOUBLE  the
+--                                   value minus the run's previous step's (nats)
+--   mult_prob_error_change DOUBLE   the same (ratio)
+--   ess_change             DOUBLE   the same (fraction)
 CREATE OR REPLACE VIEW drift_steps AS
 WITH step_tokens AS (
     -- One pass over the training tokens lists the steps that have tokens, counts the covered
@@ -168,61 +178,61 @@ joined AS (
     WINDOW run_steps AS (PARTITION BY st.run ORDER BY st.rollout_id)
 )
 SELECT
-    run::VARCHAR AS run,  -- run name
-    rollout_id::BIGINT AS rollout_id,  -- training step
-    tokens::BIGINT AS tokens,  -- covered finite tokens
-    nonfinite_tokens::BIGINT AS nonfinite_tokens,  -- covered tokens left out (NaN/inf)
-    samples::BIGINT AS samples,  -- samples with a covered finite token
-    mean_lp_diff::DOUBLE AS mean_lp_diff,  -- nats, TM
-    mean_abs_lp_diff_tm::DOUBLE AS mean_abs_lp_diff_tm,  -- nats, TM
-    mean_abs_lp_diff_smtm::DOUBLE AS mean_abs_lp_diff_smtm,  -- nats, SMTM
-    max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,  -- nats
-    abs_quantiles[1]::DOUBLE AS p50_abs_lp_diff,  -- nats
-    abs_quantiles[2]::DOUBLE AS p90_abs_lp_diff,  -- nats
-    abs_quantiles[3]::DOUBLE AS p99_abs_lp_diff,  -- nats
-    abs_quantiles[4]::DOUBLE AS p999_abs_lp_diff,  -- nats
-    k1_kl::DOUBLE AS k1_kl,  -- nats, TM
-    k2_kl::DOUBLE AS k2_kl,  -- nats, TM
-    k3_kl::DOUBLE AS k3_kl,  -- nats, TM
-    k3_kl_smtm::DOUBLE AS k3_kl_smtm,  -- nats, SMTM, clamped
-    mult_prob_error::DOUBLE AS mult_prob_error,  -- ratio, TM
-    chi2_token::DOUBLE AS chi2_token,  -- TM
-    chi2_seq::DOUBLE AS chi2_seq,  -- mean over samples
-    mean_abs_prob_diff::DOUBLE AS mean_abs_prob_diff,  -- probability, TM
-    max_abs_prob_diff::DOUBLE AS max_abs_prob_diff,  -- probability
-    prob_corr::DOUBLE AS prob_corr,  -- Pearson r
-    train_mean_log_prob::DOUBLE AS train_mean_log_prob,  -- nats, SMTM
-    rollout_mean_log_prob::DOUBLE AS rollout_mean_log_prob,  -- nats, SMTM
-    train_ppl::DOUBLE AS train_ppl,  -- perplexity, mean over samples
-    rollout_ppl::DOUBLE AS rollout_ppl,  -- perplexity, mean over samples
-    log_ppl_diff::DOUBLE AS log_ppl_diff,  -- nats, mean over samples
-    log_ppl_abs_diff::DOUBLE AS log_ppl_abs_diff,  -- nats
-    log_ppl_diff_max::DOUBLE AS log_ppl_diff_max,  -- nats
-    log_ppl_diff_min::DOUBLE AS log_ppl_diff_min,  -- nats
-    ppl_ratio::DOUBLE AS ppl_ratio,  -- ratio, mean over samples
-    is_ratio_mean::DOUBLE AS is_ratio_mean,  -- ratio, TM
-    is_ratio_std::DOUBLE AS is_ratio_std,  -- ratio, population std
-    is_ratio_min::DOUBLE AS is_ratio_min,  -- ratio
-    is_ratio_max::DOUBLE AS is_ratio_max,  -- ratio
-    is_frac_above_cap::DOUBLE AS is_frac_above_cap,  -- token fraction
-    is_frac_below_inv_cap::DOUBLE AS is_frac_below_inv_cap,  -- token fraction
-    ess::DOUBLE AS ess,  -- fraction in (0, 1], clamped weights
-    ess_raw::DOUBLE AS ess_raw,  -- fraction in (0, 1], raw ratios
-    veto_token_frac::DOUBLE AS veto_token_frac,  -- token fraction
-    veto_seq_frac::DOUBLE AS veto_seq_frac,  -- sample fraction
-    outlier_token_frac::DOUBLE AS outlier_token_frac,  -- token fraction
-    outlier_seq_frac::DOUBLE AS outlier_seq_frac,  -- sample fraction
-    geo_reject_token_frac::DOUBLE AS geo_reject_token_frac,  -- token fraction
-    geo_reject_seq_frac::DOUBLE AS geo_reject_seq_frac,  -- sample fraction
-    seq_ratio_reject_token_frac::DOUBLE AS seq_ratio_reject_token_frac,  -- token fraction
-    seq_ratio_reject_seq_frac::DOUBLE AS seq_ratio_reject_seq_frac,  -- sample fraction
-    icepop_token_frac::DOUBLE AS icepop_token_frac,  -- token fraction
-    icepop_seq_frac::DOUBLE AS icepop_seq_frac,  -- sample fraction
-    prev_rollout_id::BIGINT AS prev_rollout_id,  -- previous training step of the run
-    mean_abs_lp_diff_tm_change::DOUBLE AS mean_abs_lp_diff_tm_change,  -- nats
-    mean_abs_lp_diff_smtm_change::DOUBLE AS mean_abs_lp_diff_smtm_change,  -- nats
-    k3_kl_change::DOUBLE AS k3_kl_change,  -- nats
-    mult_prob_error_change::DOUBLE AS mult_prob_error_change,  -- ratio
-    ess_change::DOUBLE AS ess_change  -- fraction
+    run::VARCHAR AS run,
+    rollout_id::BIGINT AS rollout_id,
+    tokens::BIGINT AS tokens,
+    nonfinite_tokens::BIGINT AS nonfinite_tokens,
+    samples::BIGINT AS samples,
+    mean_lp_diff::DOUBLE AS mean_lp_diff,
+    mean_abs_lp_diff_tm::DOUBLE AS mean_abs_lp_diff_tm,
+    mean_abs_lp_diff_smtm::DOUBLE AS mean_abs_lp_diff_smtm,
+    max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,
+    abs_quantiles[1]::DOUBLE AS p50_abs_lp_diff,
+    abs_quantiles[2]::DOUBLE AS p90_abs_lp_diff,
+    abs_quantiles[3]::DOUBLE AS p99_abs_lp_diff,
+    abs_quantiles[4]::DOUBLE AS p999_abs_lp_diff,
+    k1_kl::DOUBLE AS k1_kl,
+    k2_kl::DOUBLE AS k2_kl,
+    k3_kl::DOUBLE AS k3_kl,
+    k3_kl_smtm::DOUBLE AS k3_kl_smtm,
+    mult_prob_error::DOUBLE AS mult_prob_error,
+    chi2_token::DOUBLE AS chi2_token,
+    chi2_seq::DOUBLE AS chi2_seq,
+    mean_abs_prob_diff::DOUBLE AS mean_abs_prob_diff,
+    max_abs_prob_diff::DOUBLE AS max_abs_prob_diff,
+    prob_corr::DOUBLE AS prob_corr,
+    train_mean_log_prob::DOUBLE AS train_mean_log_prob,
+    rollout_mean_log_prob::DOUBLE AS rollout_mean_log_prob,
+    train_ppl::DOUBLE AS train_ppl,
+    rollout_ppl::DOUBLE AS rollout_ppl,
+    log_ppl_diff::DOUBLE AS log_ppl_diff,
+    log_ppl_abs_diff::DOUBLE AS log_ppl_abs_diff,
+    log_ppl_diff_max::DOUBLE AS log_ppl_diff_max,
+    log_ppl_diff_min::DOUBLE AS log_ppl_diff_min,
+    ppl_ratio::DOUBLE AS ppl_ratio,
+    is_ratio_mean::DOUBLE AS is_ratio_mean,
+    is_ratio_std::DOUBLE AS is_ratio_std,
+    is_ratio_min::DOUBLE AS is_ratio_min,
+    is_ratio_max::DOUBLE AS is_ratio_max,
+    is_frac_above_cap::DOUBLE AS is_frac_above_cap,
+    is_frac_below_inv_cap::DOUBLE AS is_frac_below_inv_cap,
+    ess::DOUBLE AS ess,
+    ess_raw::DOUBLE AS ess_raw,
+    veto_token_frac::DOUBLE AS veto_token_frac,
+    veto_seq_frac::DOUBLE AS veto_seq_frac,
+    outlier_token_frac::DOUBLE AS outlier_token_frac,
+    outlier_seq_frac::DOUBLE AS outlier_seq_frac,
+    geo_reject_token_frac::DOUBLE AS geo_reject_token_frac,
+    geo_reject_seq_frac::DOUBLE AS geo_reject_seq_frac,
+    seq_ratio_reject_token_frac::DOUBLE AS seq_ratio_reject_token_frac,
+    seq_ratio_reject_seq_frac::DOUBLE AS seq_ratio_reject_seq_frac,
+    icepop_token_frac::DOUBLE AS icepop_token_frac,
+    icepop_seq_frac::DOUBLE AS icepop_seq_frac,
+    prev_rollout_id::BIGINT AS prev_rollout_id,
+    mean_abs_lp_diff_tm_change::DOUBLE AS mean_abs_lp_diff_tm_change,
+    mean_abs_lp_diff_smtm_change::DOUBLE AS mean_abs_lp_diff_smtm_change,
+    k3_kl_change::DOUBLE AS k3_kl_change,
+    mult_prob_error_change::DOUBLE AS mult_prob_error_change,
+    ess_change::DOUBLE AS ess_change
 FROM joined
 ORDER BY run, rollout_id

@@ -7,19 +7,24 @@
 -- (`nonfinite_tokens`) and the audit `nonfinite_log_probs` lists them.
 -- Inputs: tokens; macros drift_covered, drift_finite, k3_term (sql/macros).
 -- Columns:
---   run, rollout_id, batch_position, sample_index, position, token_id   keys, as in `tokens`
---   turn_index        INTEGER 0-based loss-covered run of the response, as in `tokens`
---   first_occurrence  BOOLEAN the sample's first row here with this token_id, as in `tokens`
---   train_log_prob    DOUBLE  trainer log-prob (nats)
---   rollout_log_prob  DOUBLE  engine log-prob (nats)
---   entropy           DOUBLE  actor entropy at the position (nats), null if not dumped
---   lp_diff           DOUBLE  delta = train - rollout (nats)
---   abs_lp_diff       DOUBLE  |delta| (nats)
---   ratio             DOUBLE  r = exp(delta)
---   k3                DOUBLE  r - 1 - delta (nats)
---   train_prob        DOUBLE  exp(train_log_prob)
---   rollout_prob      DOUBLE  exp(rollout_log_prob)
---   abs_prob_diff     DOUBLE  |train_prob - rollout_prob|
+--   run               VARCHAR  run name
+--   rollout_id        BIGINT   training step
+--   batch_position    INTEGER  sample's position in the rollout dump
+--   sample_index      BIGINT   Sample.index
+--   position          INTEGER  0-based response position
+--   token_id          BIGINT   token id
+--   turn_index        INTEGER  0-based loss-covered run of the response, as in `tokens`
+--   first_occurrence  BOOLEAN  the sample's first row here with this token_id, as in `tokens`
+--   train_log_prob    DOUBLE   trainer log-prob (nats)
+--   rollout_log_prob  DOUBLE   engine log-prob (nats)
+--   entropy           DOUBLE   actor entropy at the position (nats), null if not dumped
+--   lp_diff           DOUBLE   delta = train - rollout (nats)
+--   abs_lp_diff       DOUBLE   |delta| (nats)
+--   ratio             DOUBLE   r = exp(delta)
+--   k3                DOUBLE   r - 1 - delta (nats)
+--   train_prob        DOUBLE   exp(train_log_prob)
+--   rollout_prob      DOUBLE   exp(rollout_log_prob)
+--   abs_prob_diff     DOUBLE   |train_prob - rollout_prob|
 CREATE OR REPLACE VIEW drift_tokens AS
 WITH covered AS (
     SELECT
@@ -41,22 +46,22 @@ WITH covered AS (
         AND drift_finite(lp_diff, train_log_prob, rollout_log_prob)
 )
 SELECT
-    run::VARCHAR AS run,  -- run name
-    rollout_id::BIGINT AS rollout_id,  -- training step
-    batch_position::INTEGER AS batch_position,  -- sample's position in the rollout dump
-    sample_index::BIGINT AS sample_index,  -- Sample.index
-    position::INTEGER AS position,  -- 0-based response index
-    token_id::BIGINT AS token_id,  -- token id
-    turn_index::INTEGER AS turn_index,  -- loss-covered run of the response
-    first_occurrence::BOOLEAN AS first_occurrence,  -- first of the sample's rows with the id
-    train_lp::DOUBLE AS train_log_prob,  -- nats
-    rollout_lp::DOUBLE AS rollout_log_prob,  -- nats
-    entropy::DOUBLE AS entropy,  -- nats
-    delta::DOUBLE AS lp_diff,  -- nats
-    ABS(delta)::DOUBLE AS abs_lp_diff,  -- nats
-    EXP(delta)::DOUBLE AS ratio,  -- importance ratio r
-    k3_term(delta)::DOUBLE AS k3,  -- nats
-    EXP(train_lp)::DOUBLE AS train_prob,  -- probability
-    EXP(rollout_lp)::DOUBLE AS rollout_prob,  -- probability
-    ABS(EXP(train_lp) - EXP(rollout_lp))::DOUBLE AS abs_prob_diff  -- probability
+    run::VARCHAR AS run,
+    rollout_id::BIGINT AS rollout_id,
+    batch_position::INTEGER AS batch_position,
+    sample_index::BIGINT AS sample_index,
+    position::INTEGER AS position,
+    token_id::BIGINT AS token_id,
+    turn_index::INTEGER AS turn_index,
+    first_occurrence::BOOLEAN AS first_occurrence,
+    train_lp::DOUBLE AS train_log_prob,
+    rollout_lp::DOUBLE AS rollout_log_prob,
+    entropy::DOUBLE AS entropy,
+    delta::DOUBLE AS lp_diff,
+    ABS(delta)::DOUBLE AS abs_lp_diff,
+    EXP(delta)::DOUBLE AS ratio,
+    k3_term(delta)::DOUBLE AS k3,
+    EXP(train_lp)::DOUBLE AS train_prob,
+    EXP(rollout_lp)::DOUBLE AS rollout_prob,
+    ABS(EXP(train_lp) - EXP(rollout_lp))::DOUBLE AS abs_prob_diff
 FROM covered

@@ -3,9 +3,9 @@
 -- Inputs: runs (its tags_json object)
 -- Join it to any view on `run`, e.g. drift_steps JOIN run_tags USING (run) WHERE key = 'precision'.
 -- Columns:
---   run     run name (partition)
---   key     tag key (letters, digits, `_ . - /`; starts with a letter or `_`)
---   value   tag value (text; numbers and booleans from --meta as their JSON text)
+--   run    VARCHAR  run name (partition)
+--   key    VARCHAR  tag key (letters, digits, `_ . - /`; starts with a letter or `_`)
+--   value  VARCHAR  tag value (text; numbers and booleans from --meta as their JSON text)
 CREATE OR REPLACE VIEW run_tags AS
 WITH entries AS (
     SELECT
@@ -15,7 +15,7 @@ WITH entries AS (
     WHERE tags_json IS NOT NULL
 )
 SELECT
-    run::VARCHAR AS run,  -- run name
-    entry.key::VARCHAR AS key,  -- tag key
-    entry.value::VARCHAR AS value  -- tag value
+    run::VARCHAR AS run,
+    entry.key::VARCHAR AS key,
+    entry.value::VARCHAR AS value
 FROM entries;

@@ -5,42 +5,45 @@
 -- they are NULL when the sample has no train side, when no position is covered (removed or
 -- all-masked samples, R = 0) or when the field is absent from the dump. NaN/inf propagate.
 -- Columns:
---   run                    run name (partition)
---   rollout_id             training step the rollout dump belongs to (partition)
---   evaluation             true for rows from rollout_data/eval_{rid}.pt
---   batch_position         0-based position in the rollout dump's sample list
---   sample_index           Sample.index
---   group_index            GRPO prompt group (run-global); NULL for most eval samples
---   status                 completed / truncated / aborted / failed / pending
---   remove_sample          kept in the batch but excluded from the loss
---   response_length        R, response tokens (rollout side)
---   total_length           T, prompt + response tokens (rollout side)
---   reward                 float(Sample.reward) when numeric, else NULL
---   weight_version         last engine-reported weight version
---   weight_version_min     smallest all-digit weight version
---   mixed_version          more than one distinct weight version; NULL when none reported
---   staleness              rollout_id - weight_version_min (steps)
---   turns                  engine calls that reported a weight version
---   tool_calls             `tool` messages in a list prompt; NULL for string prompts
---   non_generation_time    seconds spent outside generation
---   spec_accept_rate       accepted / drafted speculative tokens
---   prefix_cache_hit_rate  cached / total prompt tokens
---   raw_reward             batch-global raw reward of the train dump; NULL without train side
---   normalized_reward      train-side (group-normalised) reward
---   truncated              train `truncated` flag, else status = 'truncated'
---   dumped_rank            lowest global rank whose train file holds the sample
---   mean_entropy           mean actor entropy over covered tokens (nats)
---   max_entropy            max actor entropy over covered tokens (nats)
---   ref_entropy_mean       mean reference-model entropy over covered tokens (nats)
---   mean_abs_lp_diff       mean |train_log_prob - rollout_log_prob| over covered tokens (nats)
---   max_abs_lp_diff        max |train_log_prob - rollout_log_prob| over covered tokens (nats)
---   mean_imp_ratio         mean of exp(lp_diff) over covered tokens (mean of ratios)
---   adv_mean               mean advantage over covered tokens
---   adv_std                sample std (n - 1) of advantages; NULL when one token is covered
---                          (the reference shows NaN there)
---   return_mean            mean return over covered tokens
---   alignment_failed       CP reassembly refused for this sample
---   has_train_row          some train file holds the sample
+--   run                    VARCHAR  run name (partition)
+--   rollout_id             BIGINT   training step the rollout dump belongs to (partition)
+--   evaluation             BOOLEAN  true for rows from rollout_data/eval_{rid}.pt
+--   batch_position         INTEGER  0-based position in the rollout dump's sample list
+--   sample_index           BIGINT   Sample.index
+--   group_index            BIGINT   GRPO prompt group (run-global); NULL for most eval samples
+--   status                 VARCHAR  completed / truncated / aborted / failed / pending
+--   remove_sample          BOOLEAN  kept in the batch but excluded from the loss
+--   response_length        INTEGER  R, response tokens (rollout side)
+--   total_length           INTEGER  T, prompt + response tokens (rollout side)
+--   reward                 DOUBLE   float(Sample.reward) when numeric, else NULL
+--   weight_version         VARCHAR  last engine-reported weight version
+--   weight_version_min     BIGINT   smallest all-digit weight version
+--   mixed_version          BOOLEAN  more than one distinct weight version; NULL when none reported
+--   staleness              BIGINT   rollout_id - weight_version_min (steps)
+--   turns                  BIGINT   engine calls that reported a weight version
+--   tool_calls             BIGINT   `tool` messages in a list prompt; NULL for string prompts
+--   non_generation_time    DOUBLE   seconds spent outside generation
+--   spec_accept_rate       DOUBLE   accepted / drafted speculative tokens
+--   prefix_cache_hit_rate  DOUBLE   cached / total prompt tokens
+--   raw_reward             DOUBLE   batch-global raw reward of the train dump; NULL without train
+--                                   side
+--   normalized_reward      DOUBLE   train-side (group-normalised) reward
+--   truncated              BOOLEAN  train `truncated` flag, else status = 'truncated'
+--   dumped_rank            BIGINT   lowest global rank whose train file holds the sample
+--   mean_entropy           DOUBLE   mean actor entropy over covered tokens (nats)
+--   max_entropy            DOUBLE   max actor entropy over covered tokens (nats)
+--   ref_entropy_mean       DOUBLE   mean reference-model entropy over covered tokens (nats)
+--   mean_abs_lp_diff       DOUBLE   mean |train_log_prob - rollout_log_prob| over covered tokens
+--                                   (nats)
+--   max_abs_lp_diff        DOUBLE   max |train_log_prob - rollout_log_prob| over covered tokens
+--                                   (nats)
+--   mean_imp_ratio         DOUBLE   mean of exp(lp_diff) over covered tokens (mean of ratios)
+--   adv_mean               DOUBLE   mean advantage over covered tokens
+--   adv_std                DOUBLE   sample std (n - 1) of advantages; NULL when one token is
+--                                   covered (the reference shows NaN there)
+--   return_mean            DOUBLE   mean return over covered tokens
+--   alignment_failed       BOOLEAN  CP reassembly refused for this sample
+--   has_train_row          BOOLEAN  some train file holds the sample
 CREATE OR REPLACE VIEW sample_stats AS
 WITH masked_stats AS (
     SELECT
@@ -70,41 +73,41 @@ WITH masked_stats AS (
         batch_position
 )
 SELECT
-    s.run::VARCHAR AS run, -- run name
-    s.rollout_id::BIGINT AS rollout_id, -- step
-    s.evaluation::BOOLEAN AS evaluation, -- eval dump row
-    s.batch_position::INTEGER AS batch_position, -- rollout-dump order
-    s.sample_index::BIGINT AS sample_index, -- Sample.index
-    s.group_index::BIGINT AS group_index, -- GRPO group
-    s.status::VARCHAR AS status, -- sample status string
-    s.remove_sample::BOOLEAN AS remove_sample, -- excluded from the loss
-    s.response_length::INTEGER AS response_length, -- R (tokens)
-    s.total_length::INTEGER AS total_length, -- T (tokens)
-    s.reward::DOUBLE AS reward, -- raw numeric reward
-    s.weight_version::VARCHAR AS weight_version, -- last weight version
-    s.weight_version_min::BIGINT AS weight_version_min, -- min all-digit version
-    s.mixed_version::BOOLEAN AS mixed_version, -- several weight versions
-    s.staleness::BIGINT AS staleness, -- steps behind
-    s.turns::BIGINT AS turns, -- engine calls
-    s.tool_calls::BIGINT AS tool_calls, -- tool messages in the prompt
-    s.non_generation_time::DOUBLE AS non_generation_time, -- seconds
-    s.spec_accept_rate::DOUBLE AS spec_accept_rate, -- fraction
-    s.prefix_cache_hit_rate::DOUBLE AS prefix_cache_hit_rate, -- fraction
-    s.raw_reward::DOUBLE AS raw_reward, -- train-side raw reward
-    s.normalized_reward::DOUBLE AS normalized_reward, -- group-normalised reward
-    s.truncated::BOOLEAN AS truncated, -- hit the length limit
-    s.dumped_rank::BIGINT AS dumped_rank, -- lowest holding rank
-    m.mean_entropy::DOUBLE AS mean_entropy, -- nats
-    m.max_entropy::DOUBLE AS max_entropy, -- nats
-    m.ref_entropy_mean::DOUBLE AS ref_entropy_mean, -- nats
-    m.mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff, -- nats
-    m.max_abs_lp_diff::DOUBLE AS max_abs_lp_diff, -- nats
-    m.mean_imp_ratio::DOUBLE AS mean_imp_ratio, -- ratio
-    m.adv_mean::DOUBLE AS adv_mean, -- advantage units
-    m.adv_std::DOUBLE AS adv_std, -- advantage units
-    m.return_mean::DOUBLE AS return_mean, -- return units
-    s.alignment_failed::BOOLEAN AS alignment_failed, -- CP reassembly refused
-    s.has_train_row::BOOLEAN AS has_train_row -- train side present
+    s.run::VARCHAR AS run,
+    s.rollout_id::BIGINT AS rollout_id,
+    s.evaluation::BOOLEAN AS evaluation,
+    s.batch_position::INTEGER AS batch_position,
+    s.sample_index::BIGINT AS sample_index,
+    s.group_index::BIGINT AS group_index,
+    s.status::VARCHAR AS status,
+    s.remove_sample::BOOLEAN AS remove_sample,
+    s.response_length::INTEGER AS response_length,
+    s.total_length::INTEGER AS total_length,
+    s.reward::DOUBLE AS reward,
+    s.weight_version::VARCHAR AS weight_version,
+    s.weight_version_min::BIGINT AS weight_version_min,
+    s.mixed_version::BOOLEAN AS mixed_version,
+    s.staleness::BIGINT AS staleness,
+    s.turns::BIGINT AS turns,
+    s.tool_calls::BIGINT AS tool_calls,
+    s.non_generation_time::DOUBLE AS non_generation_time,
+    s.spec_accept_rate::DOUBLE AS spec_accept_rate,
+    s.prefix_cache_hit_rate::DOUBLE AS prefix_cache_hit_rate,
+    s.raw_reward::DOUBLE AS raw_reward,
+    s.normalized_reward::DOUBLE AS normalized_reward,
+    s.truncated::BOOLEAN AS truncated,
+    s.dumped_rank::BIGINT AS dumped_rank,
+    m.mean_entropy::DOUBLE AS mean_entropy,
+    m.max_entropy::DOUBLE AS max_entropy,
+    m.ref_entropy_mean::DOUBLE AS ref_entropy_mean,
+    m.mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,
+    m.max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,
+    m.mean_imp_ratio::DOUBLE AS mean_imp_ratio,
+    m.adv_mean::DOUBLE AS adv_mean,
+    m.adv_std::DOUBLE AS adv_std,
+    m.return_mean::DOUBLE AS return_mean,
+    s.alignment_failed::BOOLEAN AS alignment_failed,
+    s.has_train_row::BOOLEAN AS has_train_row
 FROM samples AS s
 LEFT JOIN masked_stats AS m
     -- Only train-side samples count: their stat columns are NULL where loss_mask = 0, but a

@@ -3,18 +3,20 @@
 -- Inputs: sample_stats, group_stats (views over the base views samples, tokens)
 -- Means skip NULLs and propagate NaN (one NaN per-sample value makes the step mean NaN).
 -- Columns:
---   run                    run name (partition)
---   rollout_id             training step (partition)
---   n_samples              rollout-dump samples of the step, with or without a train side
---   reward_mean            mean of the non-NULL raw_reward; NULL without train data
---   reward_std             sample std (n - 1) of the non-NULL raw_reward; NULL if fewer than 2
---   response_length_mean   mean response length R (tokens)
---   truncated_frac         fraction of samples truncated (0..1)
---   zero_std_group_frac    fraction of the step's groups that are zero_std (each group counts
---                          once; groups without reward data count as not zero_std)
---   mean_abs_lp_diff       unweighted mean of the per-sample mean_abs_lp_diff (nats)
---   mean_entropy           unweighted mean of the per-sample mean_entropy (nats)
---   mixed_version_frac     fraction of samples with mixed_version, over samples where it is known
+--   run                   VARCHAR  run name (partition)
+--   rollout_id            BIGINT   training step (partition)
+--   n_samples             BIGINT   rollout-dump samples of the step, with or without a train side
+--   reward_mean           DOUBLE   mean of the non-NULL raw_reward; NULL without train data
+--   reward_std            DOUBLE   sample std (n - 1) of the non-NULL raw_reward; NULL if fewer
+--                                  than 2
+--   response_length_mean  DOUBLE   mean response length R (tokens)
+--   truncated_frac        DOUBLE   fraction of samples truncated (0..1)
+--   zero_std_group_frac   DOUBLE   fraction of the step's groups that are zero_std (each group
+--                                  counts once; groups without reward data count as not zero_std)
+--   mean_abs_lp_diff      DOUBLE   unweighted mean of the per-sample mean_abs_lp_diff (nats)
+--   mean_entropy          DOUBLE   unweighted mean of the per-sample mean_entropy (nats)
+--   mixed_version_frac    DOUBLE   fraction of samples with mixed_version, over samples where it is
+--                                  known
 CREATE OR REPLACE VIEW step_stats AS
 WITH train_samples AS (
     SELECT
@@ -47,17 +49,17 @@ train_groups AS (
         rollout_id
 )
 SELECT
-    s.run::VARCHAR AS run, -- run name
-    s.rollout_id::BIGINT AS rollout_id, -- step
-    s.n_samples::BIGINT AS n_samples, -- samples
-    s.reward_mean::DOUBLE AS reward_mean, -- reward units
-    s.reward_std::DOUBLE AS reward_std, -- reward units
-    s.response_length_mean::DOUBLE AS response_length_mean, -- tokens
-    s.truncated_frac::DOUBLE AS truncated_frac, -- fraction 0..1
-    g.zero_std_group_frac::DOUBLE AS zero_std_group_frac, -- fraction 0..1
-    s.mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff, -- nats
-    s.mean_entropy::DOUBLE AS mean_entropy, -- nats
-    s.mixed_version_frac::DOUBLE AS mixed_version_frac -- fraction 0..1
+    s.run::VARCHAR AS run,
+    s.rollout_id::BIGINT AS rollout_id,
+    s.n_samples::BIGINT AS n_samples,
+    s.reward_mean::DOUBLE AS reward_mean,
+    s.reward_std::DOUBLE AS reward_std,
+    s.response_length_mean::DOUBLE AS response_length_mean,
+    s.truncated_frac::DOUBLE AS truncated_frac,
+    g.zero_std_group_frac::DOUBLE AS zero_std_group_frac,
+    s.mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,
+    s.mean_entropy::DOUBLE AS mean_entropy,
+    s.mixed_version_frac::DOUBLE AS mixed_version_frac
 FROM train_samples AS s
 INNER JOIN train_groups AS g
     ON g.run = s.run

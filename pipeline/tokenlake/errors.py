@@ -23,29 +23,28 @@ _MAX_SHOWN_INT_BITS = 13_000
 def shown(value: Any, limit: int = SHOWN_CHARS, *, literal: bool = True) -> str:
     r"""A dump value as a message quotes it: escaped, and cut after `limit` characters.
 
-        The one way tokenlake quotes a value it did not choose (a dump's, a file name, a user's
-        argument) in a message. Strings and bytes appear as Python literals, so `'7'` and `7`
-        differ and control and unprintable characters are escaped (`\x1b`, `\n`, `\udc80`);
-        numbers as they are; containers and other objects by their kind only, since their repr
-        can be huge, slow or endlessly recursive. With `literal=False`, for a name the message
-        already puts in backticks, a string appears as its text with the same escapes but no
-        quotes; a path always does. A cut is marked `…`. Call sites pass a `limit` other than
-        `SHOWN_CHARS` only with a comment saying why.
+    The one way tokenlake quotes a value it did not choose (a dump's, a file name, a user's
+    argument) in a message. Strings and bytes appear as Python literals, so `'7'` and `7`
+    differ and control and unprintable characters are escaped (`\x1b`, `\n`, `\udc80`);
+    numbers as they are; containers and other objects by their kind only, since their repr
+    can be huge, slow or endlessly recursive. With `literal=False`, for a name the message
+    already puts in backticks, a string appears as its text with the same escapes but no
+    quotes; a path always does. A cut is marked `…`. Call sites pass a `limit` other than
+    `SHOWN_CHARS` only with a comment saying why.
 
-        Examples:
-            >>> print(shown("zero"), shown(6.7), shown(None), shown(2**70))
-            'zero' 6.7 None 1180591620717411303424
-            >>> print(shown("\x1b[2J" + "x" * 70))
-            '\x1b[2Jxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'…
-            >>> print(shown("run\n'1'\udce9", literal=False), shown("a" * 100, 5, literal=False))
-            run\n'1'\udce9 aaaaa…
-            >>> from collections.abc import Sequence
-    from pathlib import Path
-            >>> print(shown(Path("dump/x\r.pt")))
-            dump/x\r.pt
-            >>> import numpy as np
-            >>> print(shown([1, [2]]), "/", shown(np.zeros((2, 3))), "/", shown(10**5000))
-            a list of 2 entries / a float64 array of shape (2, 3) / an integer of 16610 bits
+    Examples:
+        >>> print(shown("zero"), shown(6.7), shown(None), shown(2**70))
+        'zero' 6.7 None 1180591620717411303424
+        >>> print(shown("\x1b[2J" + "x" * 70))
+        '\x1b[2Jxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'…
+        >>> print(shown("run\n'1'\udce9", literal=False), shown("a" * 100, 5, literal=False))
+        run\n'1'\udce9 aaaaa…
+        >>> from pathlib import Path
+        >>> print(shown(Path("dump/x\r.pt")))
+        dump/x\r.pt
+        >>> import numpy as np
+        >>> print(shown([1, [2]]), "/", shown(np.zeros((2, 3))), "/", shown(10**5000))
+        a list of 2 entries / a float64 array of shape (2, 3) / an integer of 16610 bits
     """
     import numpy as np  # here, not at the top: the CLI imports this module and starts fast
 
@@ -217,6 +216,50 @@ class UnknownRunError(UsageError):
         self.known = tuple(known)
         listed = ", ".join(f"`{shown(name, literal=False)}`" for name in self.known) or "none"
         super().__init__(f"Unknown run `{shown(run, literal=False)}`; the lake has runs: {listed}")
+
+
+class InternalError(AssertionError):
+    """tokenlake broke one of its own rules: a bug in tokenlake, never a fault of the input.
+
+    Deliberately not a `PipelineError`, so nothing presents it as a problem of the user's data
+    or lake; an extraction step that raises it is reported as a tokenlake bug
+    (`tokenlake.orchestrate.step.bug_text`), and `--debug` shows its traceback.
+    """
+
+
+class RowKeysError(InternalError):
+    """Rows built for a table have a key that is not one of its schema's columns, or lack one.
+
+    `pa.Table.from_pylist(rows, schema=...)` would drop the key and fill its column with NULL
+    without a word; `tokenlake.schema.table_from_rows` raises this instead.
+    """
+
+    def __init__(self, table: str, row: int, unknown: list[str], missing: list[str]) -> None:
+        self.table = table
+        self.row = row
+        self.unknown = unknown
+        self.missing = missing
+        problems = [
+            _listed("unknown key", unknown),
+            _listed("missing column", missing),
+        ]
+        super().__init__(
+            f"Row {row} built for table `{table}` does not match the table's schema: "
+            + "; ".join(p for p in problems if p)
+        )
+
+
+def _listed(what: str, names: list[str]) -> str:
+    """`what` (plural for several) and the names in backticks; empty for no names.
+
+    Examples:
+        >>> _listed("missing column", ["a", "b"]), _listed("unknown key", [])
+        ('missing columns `a`, `b`', '')
+    """
+    if not names:
+        return ""
+    quoted = ", ".join(f"`{shown(name, literal=False)}`" for name in names)
+    return f"{what}{'s' if len(names) > 1 else ''} {quoted}"
 
 
 class OutputError(PipelineError):

@@ -11,9 +11,12 @@ its evaluation file share one partition and are told apart by the ``evaluation``
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+
+from tokenlake.errors import RowKeysError
 
 # Bumped whenever a table's columns or their meaning change; stamped into every Parquet file's
 # key-value metadata and into the `runs` table.
@@ -139,50 +142,85 @@ TOKEN_STAT_COLUMNS: tuple[str, ...] = (
 # `samples`: one row per sample of every rollout dump, keyed by
 # (run, rollout_id, evaluation, batch_position).
 # ---------------------------------------------------------------------------------------------
+GROUP_INDEX = "group_index"
+ROLLOUT_EXECUTION_ID = "rollout_execution_id"
+STATUS = "status"
+REMOVE_SAMPLE = "remove_sample"
+RESPONSE_LENGTH = "response_length"
+TOTAL_LENGTH = "total_length"
+PROMPT_LENGTH = "prompt_length"
+REWARD = "reward"
+REWARD_JSON = "reward_json"
+WEIGHT_VERSIONS = "weight_versions"
+WEIGHT_VERSION = "weight_version"
+WEIGHT_VERSION_MIN = "weight_version_min"
+MIXED_VERSION = "mixed_version"
+STALENESS = "staleness"
+TURNS = "turns"
+TOOL_CALLS = "tool_calls"
+NON_GENERATION_TIME = "non_generation_time"
+SPEC_ACCEPT_RATE = "spec_accept_rate"
+PREFIX_CACHE_HIT_RATE = "prefix_cache_hit_rate"
+LABEL = "label"
+PROMPT_TEXT = "prompt_text"
+RESPONSE_TEXT = "response_text"
+PROMPT_TOKEN_IDS = "prompt_token_ids"
+METADATA_JSON = "metadata_json"
+MESSAGES_JSON = "messages_json"
+HAS_TRAIN_ROW = "has_train_row"
+STEP_TRAIN_FILES = "step_train_files"
+RAW_REWARD = "raw_reward"
+NORMALIZED_REWARD = "normalized_reward"
+TRUNCATED = "truncated"
+DUMPED_RANK = "dumped_rank"
+ALIGNMENT_FAILED = "alignment_failed"
+TRAIN_TOTAL_LENGTH = "train_total_length"
+TRAIN_RESPONSE_LENGTH = "train_response_length"
+
 SAMPLES_SCHEMA = pa.schema(
     [
         pa.field(EVALUATION, pa.bool_(), nullable=False),
         pa.field(BATCH_POSITION, pa.int32(), nullable=False),
         # --- rollout side (dump-format.md 6.2) ---
         pa.field(SAMPLE_INDEX, pa.int64()),  # Sample.index
-        pa.field("group_index", pa.int64()),  # GRPO prompt group (run-global); null for eval
-        pa.field("rollout_execution_id", pa.int64()),  # Sample.rollout_id (agentic siblings)
-        pa.field("status", pa.string()),  # completed / truncated / aborted / failed / pending
-        pa.field("remove_sample", pa.bool_()),  # kept in the batch but excluded from the loss
-        pa.field("response_length", pa.int32()),  # R, from the rollout dump
-        pa.field("total_length", pa.int32()),  # T = len(Sample.tokens)
-        pa.field("prompt_length", pa.int32()),  # P = T - R
-        pa.field("reward", pa.float64()),  # float(Sample.reward) if int/float/bool, else null
-        pa.field("reward_json", pa.string()),  # Sample.reward as JSON when it is not a number
-        pa.field("weight_versions", pa.list_(pa.string())),  # one per engine call
-        pa.field("weight_version", pa.string()),  # last of weight_versions
-        pa.field("weight_version_min", pa.int64()),  # min of the all-digit versions
-        pa.field("mixed_version", pa.bool_()),  # more than one distinct version
-        pa.field("staleness", pa.int64()),  # rollout_id - weight_version_min (reference formula)
-        pa.field("turns", pa.int64()),  # len(weight_versions), null if empty
-        pa.field("tool_calls", pa.int64()),  # `tool` messages in a list prompt; null for str
-        pa.field("non_generation_time", pa.float64()),  # seconds outside generation
-        pa.field("spec_accept_rate", pa.float64()),  # accepted / drafted speculative tokens
-        pa.field("prefix_cache_hit_rate", pa.float64()),  # cached / total prompt tokens
-        pa.field("label", pa.string()),  # reference answer
-        pa.field("prompt_text", pa.string()),  # str prompt as is; message list as JSON
-        pa.field("response_text", pa.string()),  # decoded response
-        pa.field("prompt_token_ids", pa.list_(pa.int64())),  # the P prompt token ids
-        pa.field("metadata_json", pa.string()),  # Sample.metadata as JSON
+        pa.field(GROUP_INDEX, pa.int64()),  # GRPO prompt group (run-global); null for eval
+        pa.field(ROLLOUT_EXECUTION_ID, pa.int64()),  # Sample.rollout_id (agentic siblings)
+        pa.field(STATUS, pa.string()),  # completed / truncated / aborted / failed / pending
+        pa.field(REMOVE_SAMPLE, pa.bool_()),  # kept in the batch but excluded from the loss
+        pa.field(RESPONSE_LENGTH, pa.int32()),  # R, from the rollout dump
+        pa.field(TOTAL_LENGTH, pa.int32()),  # T = len(Sample.tokens)
+        pa.field(PROMPT_LENGTH, pa.int32()),  # P = T - R
+        pa.field(REWARD, pa.float64()),  # float(Sample.reward) if int/float/bool, else null
+        pa.field(REWARD_JSON, pa.string()),  # Sample.reward as JSON when it is not a number
+        pa.field(WEIGHT_VERSIONS, pa.list_(pa.string())),  # one per engine call
+        pa.field(WEIGHT_VERSION, pa.string()),  # last of weight_versions
+        pa.field(WEIGHT_VERSION_MIN, pa.int64()),  # min of the all-digit versions
+        pa.field(MIXED_VERSION, pa.bool_()),  # more than one distinct version
+        pa.field(STALENESS, pa.int64()),  # rollout_id - weight_version_min (reference formula)
+        pa.field(TURNS, pa.int64()),  # len(weight_versions), null if empty
+        pa.field(TOOL_CALLS, pa.int64()),  # `tool` messages in a list prompt; null for str
+        pa.field(NON_GENERATION_TIME, pa.float64()),  # seconds outside generation
+        pa.field(SPEC_ACCEPT_RATE, pa.float64()),  # accepted / drafted speculative tokens
+        pa.field(PREFIX_CACHE_HIT_RATE, pa.float64()),  # cached / total prompt tokens
+        pa.field(LABEL, pa.string()),  # reference answer
+        pa.field(PROMPT_TEXT, pa.string()),  # str prompt as is; message list as JSON
+        pa.field(RESPONSE_TEXT, pa.string()),  # decoded response
+        pa.field(PROMPT_TOKEN_IDS, pa.list_(pa.int64())),  # the P prompt token ids
+        pa.field(METADATA_JSON, pa.string()),  # Sample.metadata as JSON
         # The conversation (chat messages, tool calls) from trajectory/{stem}.jsonl, as JSON
-        pa.field("messages_json", pa.string()),
+        pa.field(MESSAGES_JSON, pa.string()),
         # --- train side (null when the sample has no train row) ---
-        pa.field("has_train_row", pa.bool_(), nullable=False),  # some train file holds it
+        pa.field(HAS_TRAIN_ROW, pa.bool_(), nullable=False),  # some train file holds it
         # Train files the step had at extraction; 0 marks a rollout-only step (eval files,
         # --debug-rollout-only, or a step still training: re-extracted when they appear).
-        pa.field("step_train_files", pa.int32(), nullable=False),
-        pa.field("raw_reward", pa.float64()),  # raw_reward[batch_position]
-        pa.field("normalized_reward", pa.float64()),  # train `rewards` (group-normalised)
-        pa.field("truncated", pa.bool_(), nullable=False),  # train flag, else status
-        pa.field("dumped_rank", pa.int64()),  # lowest global rank holding the sample
-        pa.field("alignment_failed", pa.bool_(), nullable=False),  # CP reassembly refused
-        pa.field("train_total_length", pa.int32()),  # train `total_lengths` (media expansion)
-        pa.field("train_response_length", pa.int32()),  # train `response_lengths`
+        pa.field(STEP_TRAIN_FILES, pa.int32(), nullable=False),
+        pa.field(RAW_REWARD, pa.float64()),  # raw_reward[batch_position]
+        pa.field(NORMALIZED_REWARD, pa.float64()),  # train `rewards` (group-normalised)
+        pa.field(TRUNCATED, pa.bool_(), nullable=False),  # train flag, else status
+        pa.field(DUMPED_RANK, pa.int64()),  # lowest global rank holding the sample
+        pa.field(ALIGNMENT_FAILED, pa.bool_(), nullable=False),  # CP reassembly refused
+        pa.field(TRAIN_TOTAL_LENGTH, pa.int32()),  # train `total_lengths` (media expansion)
+        pa.field(TRAIN_RESPONSE_LENGTH, pa.int32()),  # train `response_lengths`
     ]
 )
 
@@ -287,3 +325,27 @@ def polars_types(table: str) -> dict[str, Any]:
     empty = pl.from_arrow(pa.schema([*fields, *TABLE_SCHEMAS[table]]).empty_table())
     assert isinstance(empty, pl.DataFrame)
     return dict(empty.schema)
+
+
+def table_from_rows(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """`rows` as a pyarrow Table with the schema of `table`, each row holding exactly its columns.
+
+    The one way tokenlake turns rows (dicts) into a table: `pa.Table.from_pylist` with a schema
+    drops a key the schema lacks and reads a column no row has as all NULL, so a misspelt key
+    would land as a column of NULLs.
+
+    Raises:
+        RowKeysError: A row has a key that is not a column of the schema, or lacks a column.
+
+    Examples:
+        >>> table_from_rows(VOCAB, [{TOKEN_ID: 7, "token_text": "a"}]).to_pylist()
+        [{'token_id': 7, 'token_text': 'a'}]
+    """
+    table_schema = TABLE_SCHEMAS[table]
+    columns = set(table_schema.names)
+    for index, row in enumerate(rows):
+        if row.keys() != columns:
+            unknown = [key for key in row if key not in columns]
+            missing = [name for name in table_schema.names if name not in row]
+            raise RowKeysError(table, index, unknown, missing)
+    return pa.Table.from_pylist(list(rows), schema=table_schema)

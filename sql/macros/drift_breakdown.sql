@@ -1,6 +1,6 @@
 -- The one aggregate block of the drift_by_* views, as DuckDB macros: table macros drift_terms,
--- drift_parts, drift_counts, drift_totals, drift_rollup and drift_breakdown, and the scalar
--- macro step_share.
+-- drift_parts, drift_counts, drift_totals, drift_rollup, drift_breakdown and drift_statistics
+-- (the views' shared output columns), and the scalar macro step_share.
 --
 -- drift_breakdown(keyed): `keyed` names a relation (a CTE of the calling view) with one row per
 -- covered finite token and the columns run, rollout_id, batch_position, share_scope, the
@@ -28,8 +28,9 @@
 --   k3_kl            DOUBLE  mean of r - 1 - delta (nats)
 --   k3_sum           DOUBLE  sum of r - 1 - delta (nats)
 --   mult_prob_error  DOUBLE  mean exp(|delta|) (ratio)
--- Each view adds k3_share = step_share(k3_sum, run, rollout_id, share_scope) (below): k3_sum
--- over the sum of k3_sum across the step's rows with the same share_scope (fraction).
+-- drift_statistics (below) turns them into a view's output columns, with k3_share =
+-- step_share(k3_sum, run, rollout_id, share_scope): k3_sum over the sum of k3_sum across the
+-- step's rows with the same share_scope (fraction); drift_by_token applies step_share itself.
 
 -- drift_terms(keyed): one row per row of keyed, with its contribution to each partial sum
 -- below (tokens 1, lp_diff_sum delta, abs_lp_diff_sum and max_abs_lp_diff |delta|, k3_sum k3,
@@ -124,12 +125,44 @@ counted AS (
 SELECT * FROM drift_totals(counted);
 
 -- step_share(x, run, rollout_id, scope): x over the sum of x across the step's rows of the
--- same scope (null when that sum is 0). The calling view applies it to a MATERIALIZED CTE of
--- drift_breakdown's rows: DuckDB turns this window into a join with its own aggregate, which
--- would otherwise compute the whole breakdown (down to the read of the tokens) a second time.
--- (A MATERIALIZED CTE inside a table macro is not kept materialized, so it is not done here.)
+-- same scope (null when that sum is 0). It is applied (by drift_statistics or the view) to the
+-- view's MATERIALIZED CTE of drift_breakdown's rows: DuckDB turns this window into a join
+-- with its own aggregate, which would otherwise compute the whole breakdown (down to the read
+-- of the tokens) a second time. (A MATERIALIZED CTE inside a table macro is not kept
+-- materialized, so the CTE is the view's, and drift_statistics only reads it.)
 CREATE OR REPLACE MACRO step_share(x, run, rollout_id, scope) AS
     x / NULLIF(SUM(x) OVER (PARTITION BY run, rollout_id, scope), 0);
+
+-- drift_statistics(grouped): the output columns of a drift_by_* view from its MATERIALIZED
+-- CTE of drift_breakdown's (or drift_rollup's) rows, the one place their casts are written:
+-- run (VARCHAR) and rollout_id (BIGINT) first, then grouped's other key columns as they are
+-- (the view casts them), then the statistics below, in this order. share_scope and k3_sum are
+-- dropped; k3_share takes k3_sum's place.
+-- Columns:
+--   tokens           BIGINT  covered finite tokens in the group
+--   samples          BIGINT  samples with a covered finite token in the group
+--   mean_lp_diff     DOUBLE  mean delta (nats)
+--   mean_abs_lp_diff DOUBLE  mean |delta| (nats, token mean)
+--   max_abs_lp_diff  DOUBLE  max |delta| (nats)
+--   k3_kl            DOUBLE  mean of r - 1 - delta (nats)
+--   k3_share         DOUBLE  the group's k3 sum / the step's k3 sum within the share_scope
+--                            (fraction; null when the step's sum is 0)
+--   mult_prob_error  DOUBLE  mean exp(|delta|) (ratio)
+CREATE OR REPLACE MACRO drift_statistics(grouped) AS TABLE
+SELECT
+    run::VARCHAR AS run,
+    rollout_id::BIGINT AS rollout_id,
+    * EXCLUDE (run, rollout_id, share_scope, tokens, samples, mean_lp_diff, mean_abs_lp_diff,
+        max_abs_lp_diff, k3_kl, k3_sum, mult_prob_error),
+    tokens::BIGINT AS tokens,
+    samples::BIGINT AS samples,
+    mean_lp_diff::DOUBLE AS mean_lp_diff,
+    mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,
+    max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,
+    k3_kl::DOUBLE AS k3_kl,
+    step_share(k3_sum, run, rollout_id, share_scope)::DOUBLE AS k3_share,
+    mult_prob_error::DOUBLE AS mult_prob_error
+FROM query_table(grouped);
 
 -- drift_breakdown(keyed): drift_parts' rows are already unique per (keys, sample_block).
 CREATE OR REPLACE MACRO drift_breakdown(keyed) AS TABLE

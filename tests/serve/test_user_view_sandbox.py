@@ -37,6 +37,7 @@ TOKENLAKE_MACROS = {
     "drift_finite",
     "drift_parts",
     "drift_rollup",
+    "drift_statistics",
     "drift_terms",
     "drift_totals",
     "ess_fraction",

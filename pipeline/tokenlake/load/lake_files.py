@@ -60,7 +60,7 @@ def write_run_row(
         **meta,
         schema.TAGS_JSON: tags.tags_json(record.tags),
     }
-    table = pa.Table.from_pylist([row], schema=schema.RUNS_SCHEMA)
+    table = schema.table_from_rows(schema.RUNS, [row])
     name = new_name(schema.RUNS, record.run, "run")
     metadata = write.file_metadata(schema.RUNS, record.run, record.source_dir)
     write.write_lake_file(lake, name, schema.RUNS, table, metadata)

@@ -45,7 +45,9 @@ def _writer_options(table_schema: pa.Schema) -> dict[str, object]:
     dictionary = [
         f.name
         for f in table_schema
-        if pa.types.is_string(f.type) or pa.types.is_list(f.type) and f.name != "prompt_token_ids"
+        if pa.types.is_string(f.type)
+        or pa.types.is_list(f.type)
+        and f.name != schema.PROMPT_TOKEN_IDS
     ]
     encodings = {name: "DELTA_BINARY_PACKED" for name in _DELTA_COLUMNS if name in names}
     encodings.update(

@@ -199,6 +199,80 @@ def header_comment_lines(sql_text: str) -> list[str]:
     return lines
 
 
+_COLUMNS_START = re.compile(r"^--\s*Columns\b[^:]*:$")
+
+
+# `--   name[, name...]  TYPE  meaning`: three spaces, then the names and one DuckDB type word.
+_COLUMN_LINE = re.compile(
+    r"^--   (?P<names>[a-z_]\w*(?:, [a-z_]\w*)*)\s+(?P<type>[A-Z]+(?:\[\])?)(\s.*)?$"
+)
+
+
+_MACRO_COLUMNS_LINE = re.compile(r"^--   \+ the columns of macro (?P<macro>\w+)\b")
+
+
+_COLUMN_CONTINUATION = re.compile(r"^-- {4,}\S")
+
+
+_MACRO_STATEMENT = re.compile(r"^CREATE\s+OR\s+REPLACE\s+MACRO\s+(\w+)\(", re.IGNORECASE)
+
+
+def documented_columns(path: Path) -> list[tuple[str, str]]:
+    """The output columns a view file's header documents, as (name, DuckDB type), in order.
+
+    The header's `-- Columns:` block runs to the end of the header. Each column line is
+    `--   name  TYPE  meaning` (several names may share one line and type); a line indented
+    further continues the meaning; `--   + the columns of macro NAME` stands for the
+    `-- Columns:` block in the comment above `CREATE OR REPLACE MACRO NAME` in `sql/macros/`.
+
+    Raises:
+        LakeError: The header has no `Columns:` block, or a line in it is none of the above.
+    """
+    return _columns_block(path, header_comment_lines(path.read_text(encoding="utf-8")))
+
+
+def macro_columns(name: str) -> list[tuple[str, str]]:
+    """The columns documented above the table macro `name` in `sql/macros/` (as
+    `documented_columns` reads them).
+
+    Raises:
+        LakeError: No macro file defines `name`, or its comment has no well-formed
+            `Columns:` block.
+    """
+    for path in iter_macro_files():
+        comment: list[str] = []  # the `--` lines right above the current line
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("--"):
+                comment.append(line)
+                continue
+            match = _MACRO_STATEMENT.match(line)
+            if match is not None and match.group(1) == name:
+                return _columns_block(path, comment)
+            comment = []
+    raise LakeError(sql_dir() / "macros", f"no file defines the macro `{name}`")
+
+
+def _columns_block(path: Path, lines: list[str]) -> list[tuple[str, str]]:
+    start = next((i for i, line in enumerate(lines) if _COLUMNS_START.match(line)), None)
+    if start is None:
+        raise LakeError(path, "has no `-- Columns:` block in its header")
+    columns: list[tuple[str, str]] = []
+    for line in lines[start + 1 :]:
+        column = _COLUMN_LINE.match(line)
+        macro = _MACRO_COLUMNS_LINE.match(line)
+        if column is not None:
+            columns += [(name, column.group("type")) for name in column.group("names").split(", ")]
+        elif macro is not None:
+            columns += macro_columns(macro.group("macro"))
+        elif not (_COLUMN_CONTINUATION.match(line) and columns):
+            raise LakeError(
+                path,
+                f"header line `{line}` is none of `--   name  TYPE  meaning`, a continuation"
+                " indented further, or `--   + the columns of macro NAME`",
+            )
+    return columns
+
+
 def view_order(inputs: dict[str, tuple[str, ...] | None]) -> list[str]:
     """The views in an order that creates each after its inputs (by name among equals).
 

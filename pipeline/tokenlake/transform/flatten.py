@@ -312,9 +312,9 @@ def samples_table(
         sample_summary(
             rollout_id, evaluation, position, sample, train_rows.get(position), train_files
         )
-        | {"messages_json": messages[position]}
+        | {schema.MESSAGES_JSON: messages[position]}
         for position, sample in enumerate(samples)
     ]
     for row, part in zip(rows, parts, strict=True):
-        row["alignment_failed"] = bool(row["alignment_failed"]) or part.misaligned
-    return pa.Table.from_pylist(rows, schema=schema.SAMPLES_SCHEMA)
+        row[schema.ALIGNMENT_FAILED] = bool(row[schema.ALIGNMENT_FAILED]) or part.misaligned
+    return schema.table_from_rows(schema.SAMPLES, rows)

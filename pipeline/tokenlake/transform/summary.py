@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenlake import schema
 from tokenlake.errors import SampleValueError, shown
 from tokenlake.read import validate
 from tokenlake.read.jsontext import clean_text, to_json
@@ -37,12 +38,12 @@ def sample_summary(
     except SampleValueError as exc:
         exc.position = position
         raise
-    status = row["status"]
+    status = row[schema.STATUS]
     return {
-        "evaluation": evaluation,
-        "batch_position": position,
+        schema.EVALUATION: evaluation,
+        schema.BATCH_POSITION: position,
         **row,
-        "step_train_files": step_train_files,
+        schema.STEP_TRAIN_FILES: step_train_files,
         **_train_side(train, status),
     }
 
@@ -56,40 +57,44 @@ def _rollout_side(rollout_id: int, sample: dict[str, Any]) -> dict[str, Any]:
     version_min = _min_numeric_version(versions)
     reward = sample.get("reward")
     return {
-        "sample_index": validate.optional_int64(sample.get("index"), "index"),
-        "group_index": validate.optional_int64(sample.get("group_index"), "group_index"),
-        "rollout_execution_id": validate.optional_int64(sample.get("rollout_id"), "rollout_id"),
-        "status": _optional_text(sample.get("status"), "status"),
-        "remove_sample": _flag(sample.get("remove_sample"), "remove_sample"),
-        "response_length": response_length,
-        "total_length": len(tokens),
-        "prompt_length": prompt_length,
-        "reward": reference_reward(reward),
-        "reward_json": None if reward is None or _is_number(reward) else to_json(reward, "reward"),
-        "weight_versions": versions,
-        "weight_version": versions[-1] if versions else None,
-        "weight_version_min": version_min,
-        "mixed_version": len(set(versions)) > 1 if versions else None,
-        "staleness": rollout_id - version_min if version_min is not None else None,
-        "turns": len(versions) if versions else None,
-        "tool_calls": _tool_calls(sample.get("prompt")),
-        "non_generation_time": _optional_float(
+        schema.SAMPLE_INDEX: validate.optional_int64(sample.get("index"), "index"),
+        schema.GROUP_INDEX: validate.optional_int64(sample.get("group_index"), "group_index"),
+        schema.ROLLOUT_EXECUTION_ID: validate.optional_int64(
+            sample.get("rollout_id"), "rollout_id"
+        ),
+        schema.STATUS: _optional_text(sample.get("status"), "status"),
+        schema.REMOVE_SAMPLE: _flag(sample.get("remove_sample"), "remove_sample"),
+        schema.RESPONSE_LENGTH: response_length,
+        schema.TOTAL_LENGTH: len(tokens),
+        schema.PROMPT_LENGTH: prompt_length,
+        schema.REWARD: reference_reward(reward),
+        schema.REWARD_JSON: None
+        if reward is None or _is_number(reward)
+        else to_json(reward, "reward"),
+        schema.WEIGHT_VERSIONS: versions,
+        schema.WEIGHT_VERSION: versions[-1] if versions else None,
+        schema.WEIGHT_VERSION_MIN: version_min,
+        schema.MIXED_VERSION: len(set(versions)) > 1 if versions else None,
+        schema.STALENESS: rollout_id - version_min if version_min is not None else None,
+        schema.TURNS: len(versions) if versions else None,
+        schema.TOOL_CALLS: _tool_calls(sample.get("prompt")),
+        schema.NON_GENERATION_TIME: _optional_float(
             sample.get("non_generation_time", 0.0), "non_generation_time"
         ),
-        "spec_accept_rate": _ratio(
+        schema.SPEC_ACCEPT_RATE: _ratio(
             sample.get("spec_info"), "spec_info", "spec_accept_token_num", "spec_draft_token_num"
         ),
-        "prefix_cache_hit_rate": _ratio(
+        schema.PREFIX_CACHE_HIT_RATE: _ratio(
             sample.get("prefix_cache_info"),
             "prefix_cache_info",
             "cached_tokens",
             "total_prompt_tokens",
         ),
-        "label": _text_or_json(sample.get("label"), "label"),
-        "prompt_text": _text_or_json(sample.get("prompt"), "prompt"),
-        "response_text": _text_or_json(sample.get("response"), "response"),
-        "prompt_token_ids": list(tokens[:prompt_length]),
-        "metadata_json": to_json(_or_empty(sample.get("metadata")), "metadata"),
+        schema.LABEL: _text_or_json(sample.get("label"), "label"),
+        schema.PROMPT_TEXT: _text_or_json(sample.get("prompt"), "prompt"),
+        schema.RESPONSE_TEXT: _text_or_json(sample.get("response"), "response"),
+        schema.PROMPT_TOKEN_IDS: list(tokens[:prompt_length]),
+        schema.METADATA_JSON: to_json(_or_empty(sample.get("metadata")), "metadata"),
     }
 
 
@@ -97,24 +102,24 @@ def _train_side(train: TrainRow | None, status: str | None) -> dict[str, Any]:
     status_truncated = status == "truncated"
     if train is None:
         return {
-            "has_train_row": False,
-            "raw_reward": None,
-            "normalized_reward": None,
-            "truncated": status_truncated,
-            "dumped_rank": None,
-            "alignment_failed": False,
-            "train_total_length": None,
-            "train_response_length": None,
+            schema.HAS_TRAIN_ROW: False,
+            schema.RAW_REWARD: None,
+            schema.NORMALIZED_REWARD: None,
+            schema.TRUNCATED: status_truncated,
+            schema.DUMPED_RANK: None,
+            schema.ALIGNMENT_FAILED: False,
+            schema.TRAIN_TOTAL_LENGTH: None,
+            schema.TRAIN_RESPONSE_LENGTH: None,
         }
     return {
-        "has_train_row": True,
-        "raw_reward": train.raw_reward,
-        "normalized_reward": train.normalized_reward,
-        "truncated": status_truncated if train.truncated is None else train.truncated,
-        "dumped_rank": train.dumped_rank,
-        "alignment_failed": train.alignment_failed,
-        "train_total_length": train.total_length,
-        "train_response_length": train.response_length,
+        schema.HAS_TRAIN_ROW: True,
+        schema.RAW_REWARD: train.raw_reward,
+        schema.NORMALIZED_REWARD: train.normalized_reward,
+        schema.TRUNCATED: status_truncated if train.truncated is None else train.truncated,
+        schema.DUMPED_RANK: train.dumped_rank,
+        schema.ALIGNMENT_FAILED: train.alignment_failed,
+        schema.TRAIN_TOTAL_LENGTH: train.total_length,
+        schema.TRAIN_RESPONSE_LENGTH: train.response_length,
     }
 
 
