@@ -8,6 +8,8 @@ LAKE ?= lake
 RUN ?=
 RUN_NAME ?=
 Q ?=
+STEPS ?=
+REPLACE ?=
 OUT ?= report.html
 EXAMPLE_DUMP ?= example-dump
 BENCH_SCALE ?= 1
@@ -25,11 +27,15 @@ export TL_RUN := $(value RUN)
 export TL_RUN_NAME := $(value RUN_NAME)
 export TL_Q := $(value Q)
 export TL_OUT := $(value OUT)
+export TL_STEPS := $(value STEPS)
+export TL_REPLACE := $(value REPLACE)
 export TL_EXAMPLE_DUMP := $(value EXAMPLE_DUMP)
 export CALLER_DIR
 # `abs PATH`: PATH made absolute against the caller's directory.
 ABS := abs() { case "$$1" in /*) printf '%s' "$$1";; *) printf '%s/%s' "$$CALLER_DIR" "$$1";; esac; }
 comma := ,
+# What `make extract` says after an error that names an option: make takes them as variables.
+OPTIONS_HINT := make extract takes these options as variables: RUN_NAME=name (--run-name), STEPS=0-9 (--steps), REPLACE=1 (--replace)
 LOCK := pipeline/requirements-lock.txt
 # What `make extract` installs: torch for the example generator (synth), the `duckdb` shell.
 RUN_EXTRAS := synth,duckdb-cli
@@ -81,15 +87,15 @@ $(EXAMPLE_DUMP)/.generated: $(GENERATOR) $(VENV)/.installed-run
 	touch "$@"
 
 # Without RUN, extract the built-in example dump so a fresh clone shows the whole job.
-extract: setup ## RUN=dump [LAKE=$(LAKE)] [RUN_NAME=name]: dump directory -> Parquet lake + DuckDB catalog
+extract: setup ## RUN=dump [LAKE=$(LAKE)] [RUN_NAME=name] [STEPS=0-9] [REPLACE=1]: dump directory -> Parquet lake + DuckDB catalog
 	@$(ABS); if [ -z "$$TL_RUN" ]; then \
-	  $(MAKE) --no-print-directory example && \
-	  $(PY) -m tokenlake extract "$$TL_EXAMPLE_DUMP" --lake "$$(abs "$$TL_LAKE")" --run-name example; \
-	elif [ -z "$$TL_RUN_NAME" ]; then \
-	  $(PY) -m tokenlake extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")"; \
-	else \
-	  $(PY) -m tokenlake extract "$$(abs "$$TL_RUN")" --lake "$$(abs "$$TL_LAKE")" --run-name "$$TL_RUN_NAME"; \
-	fi
+	  $(MAKE) --no-print-directory example && set -- "$$TL_EXAMPLE_DUMP" --run-name example; \
+	else set -- "$$(abs "$$TL_RUN")" $${TL_RUN_NAME:+--run-name "$$TL_RUN_NAME"}; fi; \
+	err=$$(mktemp); \
+	$(PY) -m tokenlake extract "$$@" --lake "$$(abs "$$TL_LAKE")" $${TL_STEPS:+--steps "$$TL_STEPS"} \
+	  $${TL_REPLACE:+--replace} 2> >(tee "$$err" >&2); code=$$?; wait $$!; \
+	if [ $$code -ne 0 ] && grep -q -e --replace -e --steps -e --run-name "$$err"; then \
+	  echo "$(OPTIONS_HINT)" >&2; fi; rm -f "$$err"; exit $$code
 
 follow: setup ## RUN=dump [LAKE=$(LAKE)] [RUN_NAME=name]: keep extracting a live run's complete steps (Ctrl-C ends)
 	@$(ABS); if [ -z "$$TL_RUN" ]; then echo "make follow: give RUN=DUMP_DIR" >&2; exit 2; fi; \
@@ -108,9 +114,9 @@ audit: setup ## [LAKE=$(LAKE)]: run the sql/audits checks; exit 1 on an error-se
 sql: setup ## Q="SELECT ..." [LAKE=$(LAKE)]: run a query against the catalog
 	@$(ABS); $(PY) -m tokenlake query "$$(abs "$$TL_LAKE")" "$$TL_Q"
 
-report: setup ## [LAKE=$(LAKE)] [RUN_NAME=name] [OUT=report.html]: one self-contained HTML report
+report: setup ## [LAKE=$(LAKE)] [RUN_NAME=name] [STEPS=0-9] [OUT=report.html]: one self-contained HTML report
 	@$(ABS); $(PY) -m tokenlake report "$$(abs "$$TL_LAKE")" $${TL_RUN_NAME:+--run "$$TL_RUN_NAME"} \
-	  -o "$$(abs "$$TL_OUT")"
+	  $${TL_STEPS:+--steps "$$TL_STEPS"} -o "$$(abs "$$TL_OUT")"
 
 lint: setup-test ## ruff check + format check + mypy (strict defs in pipeline/)
 	$(VENV)/bin/ruff check pipeline tests

@@ -70,15 +70,31 @@ def main(debug: bool) -> None:
         tokenlake query lake "SELECT * FROM step_stats"
     """
     handler = logging.StreamHandler()
-    handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_SafeFormatter("%(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
 
+class _PresetOption(click.Option):
+    """`--preset`, whose help lists the presets: read from the generator only when help is
+    shown, so that no other command pays for importing it."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from tokenlake.generator.synth_spec import PRESETS
+
+        record = super().get_help_record(ctx)
+        if record is None:
+            return None
+        names, text = record
+        return names, text.replace("{presets}", ", ".join(sorted(PRESETS)))
+
+
 class _SafeFormatter(logging.Formatter):
-    """Warnings quote dump values too: escaped and cut like every other message."""
+    """A logged warning reads like the CLI's own lines (`Warning: ...`, one line each), and
+    quotes dump values too: escaped and cut like every other message."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return safe_text(super().format(record))
+        text = f"{record.levelname.capitalize()}: {super().format(record)}"
+        return safe_text(text, one_line=True)
 
 
 @main.command()
@@ -318,9 +334,10 @@ def drop(lake: Location, run_name: str) -> None:
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
     "--preset",
+    cls=_PresetOption,
     default="example",
     show_default=True,
-    help="Layout and size preset (see docs/generator.md).",
+    help="Layout and size preset, one of: {presets} (docs/generator.md says what each is).",
 )
 @click.option("--seed", type=int, default=None, help="Override the preset's random seed.")
 @click.option("--force", is_flag=True, help="Overwrite dump files of an earlier generation in OUT.")
@@ -515,6 +532,6 @@ def report(
     """
     summary = _lake(lake).report(output, runs, parse_steps(steps), worst)
     click.echo(
-        f"Wrote {summary.path} ({summary.size / 1e6:.1f} MB, {len(summary.runs)} runs)"
+        f"Wrote {summary.path} ({summary.size / 1e6:.1f} MB, {plural(len(summary.runs), 'run')})"
         f" in {summary.seconds:.1f} s"
     )

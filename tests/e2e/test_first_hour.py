@@ -490,3 +490,21 @@ def test_a_stop_names_the_steps_still_in_flight(tmp_path):
     outcomes.close()  # what Ctrl-C or --strict does to the generator
     assert len(told) == 1
     assert sorted([first.label, *told[0]]) == ["0", "1", "eval_0"]
+
+
+@pytest.mark.slow
+def test_make_extract_takes_its_options_as_variables_and_says_so(tmp_path):
+    shutil.copytree(BASIC, tmp_path / "a")
+    shutil.copytree(BASIC, tmp_path / "b")
+    assert make("extract", "RUN=a", "LAKE=lake", "RUN_NAME=r", cwd=tmp_path).returncode == 0
+    refused = make("extract", "RUN=b", "LAKE=lake", "RUN_NAME=r", cwd=tmp_path)
+    assert refused.returncode == 2  # make's own code for a failed recipe
+    assert refused.stderr.splitlines()[:2] == [
+        f"Error: Run `r` in the lake was extracted from `{tmp_path / 'a'}`, not from"
+        f" `{tmp_path / 'b'}`; give --replace to replace it, or another --run-name.",
+        "make extract takes these options as variables: RUN_NAME=name (--run-name),"
+        " STEPS=0-9 (--steps), REPLACE=1 (--replace)",
+    ]
+    done = make("extract", "RUN=b", "LAKE=lake", "RUN_NAME=r", "REPLACE=1", "STEPS=0", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Run `r`: 2 new, 0 updated, 0 unchanged, 0 removed")

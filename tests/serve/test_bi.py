@@ -189,3 +189,25 @@ def test_plain_parquet_readers_read_the_manifest_listed_files(lake):
     assert sorted(tuple(r.values()) for r in by_arrow.to_pylist()) == per_step
     assert frame.group_by("run", "rollout_id").len().sort("rollout_id").rows() == per_step
     assert table.num_rows == frame.height == sum(n for _, _, n in per_step) == 206
+
+
+@pytest.mark.slow
+def test_one_url_for_every_engine_of_a_lake_as_bi_md_says(lake, tmp_path):
+    """Engines made with the same URL share the file; the connect_args form beside them fails
+    with DuckDB's configuration error (docs/bi.md tells readers to use the URL)."""
+    copy = tmp_path / "catalog.duckdb"
+    shutil.copyfile(lake / layout.CATALOG_FILE, copy)
+    first = sa.create_engine(f"duckdb:///{copy}?access_mode=read_only")
+    second = sa.create_engine(f"duckdb:///{copy}?access_mode=read_only")
+    other = sa.create_engine(f"duckdb:///{copy}", connect_args={"read_only": True})
+    try:
+        with first.connect() as a, second.connect() as b:
+            assert (
+                a.execute(sa.text("SELECT 1")).fetchall()
+                == b.execute(sa.text("SELECT 1")).fetchall()
+            )
+            with pytest.raises(sa.exc.DBAPIError, match="different configuration"):
+                other.connect()
+    finally:
+        for engine in (first, second, other):
+            engine.dispose()

@@ -23,7 +23,7 @@ from tests.fixture_paths import REAL_DUMPS
 pytestmark = pytest.mark.slow  # each test extracts a real fixture dump
 
 IGNORED_LOG = (
-    "WARNING tokenlake.serve.catalog: ignored `tokenlake.duckdb.wal` beside the catalog"
+    "Warning: ignored `tokenlake.duckdb.wal` beside the catalog"
     " (another program's changes; tokenlake writes none); `tokenlake views LAKE` removes it"
 )
 STEP_STATS = "SELECT run, rollout_id, n_samples FROM step_stats ORDER BY ALL"

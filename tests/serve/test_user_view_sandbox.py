@@ -494,7 +494,7 @@ def test_a_reader_of_a_bucket_never_runs_its_views(tmp_path: Path) -> None:
             " and views (and generate_series, range, unnest)"
         )
         assert done.stderr.splitlines() == [
-            f"WARNING tokenlake.serve.catalog: User view `{url}/views/{name}` skipped: {why}."
+            f"Warning: User view `{url}/views/{name}` skipped: {why}."
             for name, why in (
                 ("a.sql", FORM.format("a")),
                 ("huge.sql", "it is larger than 65536 bytes"),

@@ -19,7 +19,7 @@ from tokenlake.errors import UsageError
 from tokenlake.layout import Location
 from tokenlake.serve import catalog
 from tokenlake.store.base import Store
-from tokenlake.terminal import escape_controls
+from tokenlake.terminal import escape_controls, plural
 
 if TYPE_CHECKING:
     import duckdb
@@ -149,8 +149,19 @@ def _is_numeric(type_: pa.DataType) -> bool:
     return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
 
 
+# A table cell is cut for a terminal at this many characters (DuckDB's shell cuts too);
+# `--format csv`, `json` and `parquet` keep every value whole.
+MAX_CELL_CHARS = 40
+
+
+def _shortened(cell: str) -> str:
+    return cell if len(cell) <= MAX_CELL_CHARS else cell[: MAX_CELL_CHARS - 1] + "…"
+
+
 def _format_text(table: pa.Table) -> str:
-    columns = [[_cell(v) for v in column.to_pylist()] for column in table.columns]
+    whole = [[_cell(v) for v in column.to_pylist()] for column in table.columns]
+    columns = [[_shortened(cell) for cell in cells] for cells in whole]
+    cut = columns != whole
     names = [escape_controls(name) for name in table.column_names]
     lines = []
     widths = [
@@ -166,7 +177,12 @@ def _format_text(table: pa.Table) -> str:
         ]
         lines.append("  ".join(cells).rstrip())
     count = table.num_rows
-    lines.append(f"({count} row{'' if count == 1 else 's'})")
+    lines.append(f"({plural(count, 'row')})")
+    if cut:
+        lines.append(
+            f"(cells cut at {MAX_CELL_CHARS} characters: `--format csv`, `json` or `parquet`"
+            " keep them whole)"
+        )
     return "\n".join(lines)
 
 
