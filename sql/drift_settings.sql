@@ -22,16 +22,22 @@
 --   k3_clamp                     DOUBLE   |k3| clamp of the SMTM k3, as miles logs it (10)
 --   outliers_per_step            BIGINT   tokens kept per step by drift_outliers (20)
 --   abs_lp_diff_limit            DOUBLE   audit large_lp_diff: |delta| at or above this (20, nats)
---   alarm_mean_abs_lp_diff_smtm  DOUBLE   drift_alarms: mean |delta| SMTM above this (0.94, nats)
---   alarm_k3_kl                  DOUBLE   drift_alarms: k3 TM above this (1.0, nats; a decade above
---                                         the published healthy range of MoE models, 1e-3..1e-1;
---                                         dense models: 1e-5..1e-3, so 1e-2; docs/drift.md)
---   alarm_mult_prob_error        DOUBLE   drift_alarms: mean exp(|delta|) above this (3.5, ratio)
+--   alarm_mean_abs_lp_diff_smtm  DOUBLE   drift_alarms: mean |delta| SMTM above this (0.1, nats;
+--                                         slime's CI gate on train_rollout_logprob_abs_diff)
+--   alarm_k3_kl                  DOUBLE   drift_alarms: k3 TM above this (0.01, nats; Gaussian drift
+--                                         at slime's gate has k3 0.008; docs/drift.md)
+--   alarm_mult_prob_error        DOUBLE   drift_alarms: mean exp(|delta|) above this (1.05, ratio;
+--                                         NeMo-RL's threshold on token_mult_prob_error)
 --   alarm_ess_min                DOUBLE   drift_alarms: ess_raw below this (0.3, fraction)
 --   alarm_zero_std_group_frac    DOUBLE   zero_std_groups: zero-std share of the groups with
 --                                         reward data at or above this (0.5, the dashboard's)
 --   alarm_truncated_frac         DOUBLE   truncated_steps: truncated sample fraction at or above
 --                                         this (0.25, the dashboard's)
+--   alarm_beyond_ln2_frac        DOUBLE   tokens_beyond_ln2: share of a step's drift tokens with
+--                                         |delta| > ln 2 above this (0.01, fraction)
+--   shift_min_corr               DOUBLE   shifted_log_probs: the correlation with a neighbour's
+--                                         rollout log-prob that counts as tracking it (0.9)
+--   shift_min_tokens             BIGINT   shifted_log_probs: pairs a step needs to be judged (32)
 CREATE OR REPLACE VIEW drift_settings AS
 SELECT
     2.0::DOUBLE AS is_cap,
@@ -48,9 +54,12 @@ SELECT
     10.0::DOUBLE AS k3_clamp,
     20::BIGINT AS outliers_per_step,
     20.0::DOUBLE AS abs_lp_diff_limit,
-    0.94::DOUBLE AS alarm_mean_abs_lp_diff_smtm,
-    1.0::DOUBLE AS alarm_k3_kl,
-    3.5::DOUBLE AS alarm_mult_prob_error,
+    0.1::DOUBLE AS alarm_mean_abs_lp_diff_smtm,
+    0.01::DOUBLE AS alarm_k3_kl,
+    1.05::DOUBLE AS alarm_mult_prob_error,
     0.3::DOUBLE AS alarm_ess_min,
     0.5::DOUBLE AS alarm_zero_std_group_frac,
-    0.25::DOUBLE AS alarm_truncated_frac
+    0.25::DOUBLE AS alarm_truncated_frac,
+    0.01::DOUBLE AS alarm_beyond_ln2_frac,
+    0.9::DOUBLE AS shift_min_corr,
+    32::BIGINT AS shift_min_tokens

@@ -2,9 +2,9 @@
 -- Severity: error
 -- Grain: one row per (run, rollout_id, metric) that crosses.
 -- Rules and parameters (drift_settings; docs/drift.md says where each default comes from):
---   k3_kl                 > alarm_k3_kl (1.0)                    from drift_steps
---   mean_abs_lp_diff_smtm > alarm_mean_abs_lp_diff_smtm (0.94)   from drift_steps
---   mult_prob_error       > alarm_mult_prob_error (3.5)          from drift_steps
+--   k3_kl                 > alarm_k3_kl (0.01)                   from drift_steps
+--   mean_abs_lp_diff_smtm > alarm_mean_abs_lp_diff_smtm (0.1)    from drift_steps
+--   mult_prob_error       > alarm_mult_prob_error (1.05)         from drift_steps
 --   ess_raw               < alarm_ess_min (0.3)                  from drift_steps
 -- Every step is checked, not only the newest. A null metric never crosses. drift_steps is read
 -- once; its four metrics are unnested into rows.

@@ -118,7 +118,8 @@ def run_all(python: Path, lake: Path, cwd: Path) -> dict[str, str]:
             [str(python), *args], cwd=cwd, env=clean_env(), capture_output=True, text=True,
             timeout=600,
         )  # fmt: skip
-        assert done.returncode == 0, (args, done.stderr)
+        # The real fixture's two sides log noise, so `audit` fails its drift alarms (exit 1).
+        assert done.returncode == (1 if args[-2:-1] == ("audit",) else 0), (args, done.stderr)
         text = re.sub(r" in \d+\.\d+ s\b", " in T s", done.stdout + done.stderr)
         return TIMES.sub("TIME", text)
 
