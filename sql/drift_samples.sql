@@ -1,7 +1,10 @@
 -- Per-sample drift: the sample-level quantities behind the SMTM and sequence-level metrics.
 -- Grain: one row per training-step sample with at least one row in drift_tokens
---        (run, rollout_id, batch_position). Samples with no covered finite token are absent.
--- Inputs: drift_tokens, drift_settings (log_ratio_clamp, k3_clamp, veto_min_ratio,
+--        (run, rollout_id, evaluation, batch_position; evaluation is always false here, so
+--        `JOIN samples USING (run, rollout_id, evaluation, batch_position)` matches the one
+--        training sample, never the eval sample of the same position). Samples with no covered
+--        finite token are absent.
+-- Inputs: drift_tokens, samples, drift_settings (log_ratio_clamp, k3_clamp, veto_min_ratio,
 --         outlier_min_ratio, outlier_max_ratio, geo_band_low, geo_band_high, seq_ratio_low,
 --         seq_ratio_high, icepop_low, icepop_high); macro sample_drift (sql/macros), which
 --         holds every formula below.
@@ -31,6 +34,10 @@
 --   vetoed                 BOOLEAN  veto_tokens > 0
 --   geo_rejected           BOOLEAN  geo_mean_ratio outside [geo_band_low, geo_band_high]
 --   seq_ratio_rejected     BOOLEAN  seq_ratio outside [seq_ratio_low, seq_ratio_high]
+--   evaluation             BOOLEAN  false: drift is measured on training samples only
+--   reward                 DOUBLE   the sample's reward, as samples.reward
+--   raw_reward             DOUBLE   as samples.raw_reward (the train files' raw reward)
+--   staleness              BIGINT   as samples.staleness (rollout_id - weight_version_min)
 CREATE OR REPLACE VIEW drift_samples AS
 SELECT
     p.run::VARCHAR AS run,
@@ -56,5 +63,14 @@ SELECT
     p.icepop_tokens::BIGINT AS icepop_tokens,
     p.vetoed::BOOLEAN AS vetoed,
     p.geo_rejected::BOOLEAN AS geo_rejected,
-    p.seq_ratio_rejected::BOOLEAN AS seq_ratio_rejected
+    p.seq_ratio_rejected::BOOLEAN AS seq_ratio_rejected,
+    false AS evaluation,
+    s.reward::DOUBLE AS reward,
+    s.raw_reward::DOUBLE AS raw_reward,
+    s.staleness::BIGINT AS staleness
 FROM sample_drift(drift_tokens, drift_settings) AS p
+LEFT JOIN samples AS s
+    ON s.run = p.run
+    AND s.rollout_id = p.rollout_id
+    AND NOT s.evaluation
+    AND s.batch_position = p.batch_position
