@@ -145,3 +145,13 @@ def test_the_next_extraction_removes_a_foreign_log(lake: Path) -> None:
     assert not os.path.lexists(lake / "tokenlake.duckdb.wal")
     code, out, err = tokenlake("query", str(lake), STEP_STATS)
     assert (code, err, out.splitlines()[-1]) == (0, [], "(2 rows)")
+
+
+def test_the_advice_on_a_foreign_log_fits_a_lake_the_reader_cannot_write(tmp_path, monkeypatch):
+    from tokenlake.serve import catalog
+
+    assert catalog._removal_advice(tmp_path) == "`tokenlake views LAKE` removes it"
+    monkeypatch.setattr(catalog.os, "access", lambda path, mode: False)  # root may write anything
+    assert catalog._removal_advice(tmp_path) == (
+        "the lake is read-only to you: whoever writes it can remove it with `tokenlake views LAKE`"
+    )

@@ -280,14 +280,24 @@ def _open_file(path: Path) -> duckdb.DuckDBPyConnection:
         return _locked_down(path)
     _raise_if_held(path)  # the writer may still be there: then the line that names it
     log.warning(
-        "ignored `%s` beside the catalog (another program's changes; tokenlake writes none);"
-        " `tokenlake views LAKE` removes it",
+        "ignored `%s` beside the catalog (another program's changes; tokenlake writes none); %s",
         foreign_log(path).name,
+        _removal_advice(path.parent),
     )
     with tempfile.TemporaryDirectory(prefix="tokenlake-") as folder:
         copy = Path(folder) / path.name
         shutil.copyfile(path, copy)
         return _locked_down(copy)  # the open file outlives its name
+
+
+def _removal_advice(lake: Path) -> str:
+    """Who can remove a foreign log: this user (`tokenlake views`), or, on a lake this user may
+    not write, its owner."""
+    if os.access(lake, os.W_OK):
+        return "`tokenlake views LAKE` removes it"
+    return (
+        "the lake is read-only to you: whoever writes it can remove it with `tokenlake views LAKE`"
+    )
 
 
 def _locked_down(path: Path) -> duckdb.DuckDBPyConnection:
