@@ -48,6 +48,9 @@ class ExtractSummary:
     ignored_files: list[tuple[Path | str, str]] = field(default_factory=list)  # (path, why)
     warnings: list[str] = field(default_factory=list)  # sidecar problems, one line each
     seconds: float = 0.0
+    dump_format: str = (
+        "miles"  # the format the dump was read in (pipeline/tokenlake/read/formats.py)
+    )
 
     @property
     def tokens(self) -> int:
@@ -92,8 +95,9 @@ def extract_run(
     tags: Mapping[str, str] | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    dump_format: str | None = None,
 ) -> ExtractSummary:
-    """Extract a miles dump directory into `lake` and rebuild the catalog.
+    """Extract a dump directory into `lake` and rebuild the catalog.
 
     Re-extracting a run re-reads only steps whose source files changed, removes steps whose
     files disappeared, and touches no other run. With `steps`, only those steps are considered
@@ -118,6 +122,8 @@ def extract_run(
         executor: `local` (`workers` processes) or `ray` (one Ray task per step, see
             pipeline/tokenlake/load/ray_executor.py; `workers` is then unused).
         ray_address: With `ray`: the cluster to connect to.
+        dump_format: The dump's format (`miles`, `slime-v1`, `slime-v2`, `nemo-rl`);
+            default: detected from its layout (pipeline/tokenlake/read/formats.py).
 
     Returns:
         What was written, what was skipped and why.
@@ -128,12 +134,14 @@ def extract_run(
 
         require_ray()
     _import_engines()
-    listing = remote_dump.discover(dump_dir)
+    listing = remote_dump.discover(dump_dir, dump_format)
     remote_dump.check_apart(listing, lake)
     run = check_run_name(run_name if run_name is not None else listing.root.name)
     chosen = dump.select_steps(listing, steps)
     lake = prepare_lake(lake, listing.root)
-    summary = ExtractSummary(run=run, lake=lake, ignored_files=list(listing.ignored))
+    summary = ExtractSummary(
+        run=run, lake=lake, ignored_files=list(listing.ignored), dump_format=listing.format
+    )
     reporter = as_reporter(progress)
     with lake_at(lake).lock():
         lake_at(lake).check_links(run)  # nothing is written or swept through a planted link
@@ -262,14 +270,14 @@ def _publish_if_needed(
         or _changed(summary)
         or catalog_is_stale(lake)
     ):
-        summary.warnings.extend(_publish(lake, record) or ())
+        summary.warnings.extend(_publish(lake, record, summary.dump_format) or ())
 
 
-def _publish(lake: LakeRoot, record: manifest.RunManifest) -> list[str]:
+def _publish(lake: LakeRoot, record: manifest.RunManifest, dump_format: str) -> list[str]:
     """Record the run row, rebuild the catalog, then delete files no manifest lists.
 
     Returns the warnings (a malformed meta.json, a broken user view), one line each."""
-    warnings = lake_files.write_run_row(lake, record)
+    warnings = lake_files.write_run_row(lake, record, dump_format=dump_format)
     manifest.save_manifest(lake, record)
     catalog.build_catalog(lake, warnings)
     lake_at(lake).delete_unlisted(record)

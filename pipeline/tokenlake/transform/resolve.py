@@ -64,7 +64,7 @@ class Location:
 class TrainRow:
     """The resolved train side of one sample (a value: later stages read it, never change it)."""
 
-    dumped_rank: int
+    dumped_rank: int | None  # None: the format records no rank (NeMo-RL)
     response_length: int
     total_length: int
     loss_mask: np.ndarray  # int, length R (train side, authoritative)

@@ -27,7 +27,8 @@ from tokenlake.errors import (
 )
 from tokenlake.load import manifest, write
 from tokenlake.load.lake import LakeRoot, lake_at, new_name
-from tokenlake.read import dump, remote_dump, trajectory, validate
+from tokenlake.read import dump, formats, remote_dump, trajectory, validate
+from tokenlake.read.step_read import StepRead
 from tokenlake.transform import flatten
 from tokenlake.transform.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 
@@ -227,13 +228,11 @@ def _source_name(files: dump.StepFiles) -> str:
 
 def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepResult]:
     """The step's `tokens` and `samples` tables, in memory."""
-    rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
-    samples: list[dict[str, Any]] = rollout["samples"]
-    checked = validate.check_samples(files.rollout_file, samples)  # before anything reads them
-    train_files = [
-        TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
-    ]
-    train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
+    unread = dump.unread_train_error(files)
+    if unread is not None:  # never a silent rollout-only step
+        raise unread
+    step = formats.step_reader(files.format, read_miles_step)(files)
+    samples, checked, train_rows = step.samples, step.checked, step.train_rows
     parts = [
         flatten.sample_tokens(arrays, train_rows.get(position))
         for position, arrays in enumerate(checked)
@@ -241,14 +240,16 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
     tokens = flatten.tokens_table(files.evaluation, indices, parts)
     warnings: list[str] = []
-    messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
+    messages = step.messages
+    if messages is None:
+        messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
     try:
         samples_table = flatten.samples_table(
             files.rollout_id,
             files.evaluation,
             samples,
             train_rows,
-            len(train_files),
+            step.train_files,
             messages,
             parts,
         )
@@ -259,11 +260,23 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
         evaluation=files.evaluation,
         samples=len(samples),
         tokens=tokens.num_rows,
-        train_files=len(train_files),
+        train_files=step.train_files,
         nonfinite_values=count_nonfinite(tokens),
         warnings=tuple(warnings),
     )
     return tokens, samples_table, result
+
+
+def read_miles_step(files: dump.StepFiles) -> StepRead:
+    """A miles (or slime format 1) step: its rollout file and its rank files, joined."""
+    rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
+    samples: list[dict[str, Any]] = rollout["samples"]
+    checked = validate.check_samples(files.rollout_file, samples)  # before anything reads them
+    train_files = [
+        TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
+    ]
+    train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
+    return StepRead(samples, checked, train_rows, len(train_files))
 
 
 def resolve_train_rows(
