@@ -50,6 +50,7 @@ def follow_run(
     replace: bool = False,
     tags: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.time,
+    dump_format: str | None = None,
 ) -> FollowState:
     """Extract complete steps every `poll_seconds` until `should_stop()` or Ctrl-C.
 
@@ -66,7 +67,17 @@ def follow_run(
     try:
         while not should_stop():
             summary = follow_round(
-                dump_dir, lake, run, state, settle_seconds, workers, progress, replace, tags, clock
+                dump_dir,
+                lake,
+                run,
+                state,
+                settle_seconds,
+                workers,
+                progress,
+                replace,
+                tags,
+                clock,
+                dump_format,
             )
             if on_round is not None:
                 on_round(summary)
@@ -91,6 +102,7 @@ def follow_round(
     replace: bool = False,
     tags: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.time,
+    dump_format: str | None = None,
 ) -> ExtractSummary:
     """One pass: extract what is complete at `clock()`, remember what failed."""
     now = clock()
@@ -113,6 +125,7 @@ def follow_round(
         ready=ready,
         replace=replace,
         tags=tags,
+        dump_format=dump_format,
     )
     for label, message in summary.failed:
         state.failed[label] = attempted[label]
