@@ -348,3 +348,42 @@ def test_the_cli_prints_one_line_for_a_broken_step_and_says_the_format(tmp_path:
         f" not write it. {AFTER}",
     ]
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_slimes_own_rollout_sample_keys_read(lake: Path, tmp_path: Path) -> None:
+    """slime's rollout samples differ from miles' a little: `session_id`, top-p ids and
+    offsets as lists or int32 tensors, routed experts as a tensor, the `trace` dict, and the
+    old `spec_info` counter names. None stops a step; the counters give the accept rate."""
+    import torch
+
+    dump = _copy(tmp_path)
+
+    def vary(data: dict[str, Any]) -> None:
+        first, second = data["samples"][0], data["samples"][1]
+        length = first["response_length"]
+        first["rollout_top_p_token_ids"] = torch.arange(2 * length, dtype=torch.int32)
+        first["rollout_top_p_token_offsets"] = torch.arange(length + 1, dtype=torch.int32) * 2
+        first["rollout_routed_experts"] = torch.zeros((len(first["tokens"]) - 1, 2, 2))
+        first["spec_info"] = {
+            "spec_accept_token_num": 6,
+            "spec_draft_token_num": 8,
+            "spec_verify_ct": 2,
+            "completion_token_num": 24,
+        }
+        second["rollout_top_p_token_ids"] = list(range(2 * second["response_length"]))
+        second["rollout_top_p_token_offsets"] = list(range(second["response_length"] + 1))
+
+    _rewrite(dump / "rollout_data" / "0.pt", vary)
+    failed, counts = _failures(dump, tmp_path)
+    assert (failed, counts) == ([], {"new": 4})
+    sql = (
+        "SELECT batch_position, spec_accept_rate, prefix_cache_hit_rate, (SELECT count(lp_diff)"
+        " FROM tokens AS t WHERE t.run = s.run AND t.rollout_id = 0 AND NOT t.evaluation"
+        " AND t.batch_position = s.batch_position) FROM samples AS s WHERE rollout_id = 0"
+        " AND NOT evaluation AND batch_position < 3 AND run = '{run}' ORDER BY 1"
+    )
+    got = rows(tmp_path / "lake", sql.format(run="v2"))
+    assert got == [(0, 0.75, 0.0, 17), (1, None, 5 / 36, 15), (2, None, 0.5, 22)]
+    # the same drift as the dump as written
+    unchanged = rows(lake, sql.format(run="v2_dp2_cp2"))
+    assert [r[3] for r in got] == [r[3] for r in unchanged]
