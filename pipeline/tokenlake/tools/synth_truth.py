@@ -5,7 +5,7 @@ extracted lake with it; it is computed from the same arrays `tokenlake.tools.syn
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class SampleTruth:
     batch_position: int
     sample_index: int
     group_index: int
-    status: str
+    status: str | None
     remove_sample: bool
     token_ids: np.ndarray  # int64, T = P + R
     prompt_length: int
@@ -137,7 +137,33 @@ def step_truth(
 ) -> dict[tuple[int, bool, int], SampleTruth]:
     probe = train_rollout_log_probs(spec, step)
     count = eval_count(step) if evaluation else step.n
-    return {
-        (step.rid, evaluation, i): _sample_truth(spec, step, i, evaluation, has_train, probe)
+    samples = [
+        in_framework(spec, _sample_truth(spec, step, i, evaluation, has_train, probe))
         for i in range(count)
-    }
+    ]
+    return {(t.rollout_id, t.evaluation, t.batch_position): t for t in samples}
+
+
+# What NeMo-RL's log lines do not hold (tokenlake.tools.synth_frameworks writes none of them).
+_NOT_IN_NEMO_RL = dict.fromkeys(
+    ("ref_log_probs", "entropy", "ref_entropy", "returns", "raw_reward", "normalized_reward")
+)
+
+
+def in_framework(spec: DumpSpec, truth: SampleTruth) -> SampleTruth:
+    """A sample's truth as the lake holds it when the spec is written in another framework's
+    layout (docs/frameworks.md): slime's format 2 leaves `ref_entropy` CP-local (NULL);
+    NeMo-RL counts training steps from 1, logs a line's number as its index, no status,
+    and validation lines without tokens."""
+    if spec.framework == "slime-v2" and spec.cp > 1:
+        return replace(truth, ref_entropy=None)
+    if spec.framework != "nemo-rl":
+        return truth
+    common = {"sample_index": truth.batch_position, "status": None, "alignment_fails": False}
+    if truth.evaluation:
+        nothing = np.zeros(0)
+        return replace(
+            truth, **common, token_ids=nothing.astype(np.int64), prompt_length=0,
+            response_length=0, rollout_log_probs=nothing, rollout_loss_mask=None,
+        )  # fmt: skip
+    return replace(truth, **common, **_NOT_IN_NEMO_RL, rollout_id=truth.rollout_id + 1)
