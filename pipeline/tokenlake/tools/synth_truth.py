@@ -144,26 +144,23 @@ def step_truth(
     return {(t.rollout_id, t.evaluation, t.batch_position): t for t in samples}
 
 
-# What NeMo-RL's log lines do not hold (tokenlake.tools.synth_frameworks writes none of them).
-_NOT_IN_NEMO_RL = dict.fromkeys(
-    ("ref_log_probs", "entropy", "ref_entropy", "returns", "raw_reward", "normalized_reward")
-)
-
-
 def in_framework(spec: DumpSpec, truth: SampleTruth) -> SampleTruth:
     """A sample's truth as the lake holds it when the spec is written in another framework's
     layout (docs/frameworks.md): slime's format 2 leaves `ref_entropy` CP-local (NULL);
-    NeMo-RL counts training steps from 1, logs a line's number as its index, no status,
-    and validation lines without tokens."""
+    NeMo-RL counts training steps from 1, logs a line's number as its index, no status and
+    none of the fields below, and validation lines without tokens."""
     if spec.framework == "slime-v2" and spec.cp > 1:
         return replace(truth, ref_entropy=None)
     if spec.framework != "nemo-rl":
         return truth
-    common = {"sample_index": truth.batch_position, "status": None, "alignment_fails": False}
+    line = replace(truth, sample_index=truth.batch_position, status=None, alignment_fails=False)
     if truth.evaluation:
         nothing = np.zeros(0)
         return replace(
-            truth, **common, token_ids=nothing.astype(np.int64), prompt_length=0,
-            response_length=0, rollout_log_probs=nothing, rollout_loss_mask=None,
+            line, token_ids=nothing.astype(np.int64), prompt_length=0, response_length=0,
+            rollout_log_probs=nothing, rollout_loss_mask=None,
         )  # fmt: skip
-    return replace(truth, **common, **_NOT_IN_NEMO_RL, rollout_id=truth.rollout_id + 1)
+    return replace(
+        line, rollout_id=truth.rollout_id + 1, ref_log_probs=None, entropy=None,
+        ref_entropy=None, returns=None, raw_reward=None, normalized_reward=None,
+    )  # fmt: skip
