@@ -272,7 +272,23 @@ _DROP = object()
         ),
         (
             _change_key(2, "sample_loss_mask", ["1"]),
-            "(line 2): `sample_loss_mask` is '1', not a number",
+            "(line 2): `sample_loss_mask` is '1', not a finite number",
+        ),
+        (
+            _change_key(2, "sample_loss_mask", [float("nan")]),
+            "(line 2): `sample_loss_mask` is nan, not a finite number",
+        ),
+        (
+            _change_key(2, "token_loss_mask", [[2] * 86]),
+            "(line 2): `token_loss_mask` holds values other than 0 and 1",
+        ),
+        (
+            _change_key(2, "token_ids", [[-1] * 86]),
+            "(line 2): `token_ids` holds a negative token id",
+        ),
+        (
+            _change_key(2, "token_ids", [[2**70] * 86]),
+            "(line 2): `token_ids` holds a list of 86 entries, not numbers",
         ),
     ],
     ids=[
@@ -287,6 +303,10 @@ _DROP = object()
         "ragged-arrays",
         "strings-as-log-probs",
         "mask-a-string",
+        "mask-nan",
+        "token-mask-not-binary",
+        "negative-token-id",
+        "token-id-beyond-int64",
     ],
 )
 def test_a_broken_line_fails_its_step_alone(tmp_path: Path, edit: Any, problem: str) -> None:

@@ -255,6 +255,11 @@ AFTER = "Replace or remove the file, then extract again."
             "(train sample 0): `rollout_position` is '0' (a str); expected an integer",
         ),
         (
+            lambda data: data["samples"][4]["tokens"].__setitem__(0, 7),
+            "(train sample 4): `tokens` differ from those of the rollout dump's sample at"
+            " position 4 (mixed or corrupt dumps)",
+        ),
+        (
             _set("raw_reward", [0.0]),
             "`raw_reward` is 1 entries; expected one entry per rollout sample (16)",
         ),
@@ -268,6 +273,7 @@ AFTER = "Replace or remove the file, then extract again."
         "index-mismatch",
         "unknown-dp-rank",
         "position-a-string",
+        "other-tokens",
         "raw-reward-length",
     ],
 )

@@ -28,6 +28,7 @@ with one line naming the file and the line.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -233,14 +234,20 @@ def _array(path: Path, record: dict[str, Any], key: str, label: str) -> np.ndarr
         raise DumpFormatError(path, f"`{key}` is not a flat list of numbers", sample=label)
     if key == "token_ids" and array.dtype.kind not in "iu":
         raise DumpFormatError(path, "`token_ids` holds numbers that are not integers", sample=label)
+    if key == "token_ids" and array.size and array.min() < 0:
+        raise DumpFormatError(path, "`token_ids` holds a negative token id", sample=label)
+    if key == "token_loss_mask" and not np.isin(array, (0, 1)).all():
+        raise DumpFormatError(
+            path, "`token_loss_mask` holds values other than 0 and 1", sample=label
+        )
     return array
 
 
 def _sample_in_loss(path: Path, record: dict[str, Any], label: str) -> bool:
     value = _one(path, record, "sample_loss_mask", label)
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise DumpFormatError(
-            path, f"`sample_loss_mask` is {shown(value)}, not a number", sample=label
+            path, f"`sample_loss_mask` is {shown(value)}, not a finite number", sample=label
         )
     return value != 0
 

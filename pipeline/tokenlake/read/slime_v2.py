@@ -17,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, shown
 from tokenlake.read import dump, ptread, train_checks, validate
@@ -146,7 +148,26 @@ def _keys(
             f" sample at position {position} (mixed or corrupt dumps)",
             sample=label,
         )
+    _same_tokens(path, train, samples[position], position, label)
     return position, exact_int(train["data_parallel_rank"], path, "data_parallel_rank", label)
+
+
+def _same_tokens(
+    path: Path, train: dict[str, Any], sample: dict[str, Any], position: int, label: str
+) -> None:
+    """The train sample's `tokens` are the rollout sample's (same length: a media-expanded
+    sequence differs in length, and the flattener handles it)."""
+    if "tokens" not in train or not isinstance(sample.get("tokens"), list):
+        return  # a missing column fails in `resolve_sample`; rollout tokens are checked there
+    ours = train_checks.numbers(train["tokens"], path, "tokens", label)
+    theirs = sample["tokens"]
+    if ours.ndim == 1 and len(ours) == len(theirs) and not np.array_equal(ours, theirs):
+        raise DumpFormatError(
+            path,
+            f"`tokens` differ from those of the rollout dump's sample at position {position}"
+            " (mixed or corrupt dumps)",
+            sample=label,
+        )
 
 
 def _is_cp_local(path: Path, value: Any, train: dict[str, Any], label: str) -> bool:
