@@ -290,6 +290,10 @@ _DROP = object()
             _change_key(2, "token_ids", [[2**70] * 86]),
             "(line 2): `token_ids` holds a list of 86 entries, not numbers",
         ),
+        (
+            _change_key(2, "content", [["prompt", 3]]),
+            "(line 2): `content` entry 1 is 3, not a message text",
+        ),
     ],
     ids=[
         "not-json",
@@ -307,6 +311,7 @@ _DROP = object()
         "token-mask-not-binary",
         "negative-token-id",
         "token-id-beyond-int64",
+        "content-not-text",
     ],
 )
 def test_a_broken_line_fails_its_step_alone(tmp_path: Path, edit: Any, problem: str) -> None:
@@ -319,6 +324,29 @@ def test_a_broken_line_fails_its_step_alone(tmp_path: Path, edit: Any, problem: 
     assert message.startswith(f"`{path}` {problem}")
     assert message.endswith(f". {AFTER}") and "\n" not in message
     assert summary.counts["new"] == 3
+
+
+def test_train_messages_may_carry_roles(tmp_path: Path) -> None:
+    """Train `content` as `{role, content}` messages (as validation lines log them) reads
+    like the strings: the first is the prompt, the rest the response text."""
+    dump = _copy(tmp_path)
+    path = dump / "train_data_step1.jsonl"
+
+    def with_roles(number: int, line: str) -> str:
+        record = json.loads(line)
+        texts = record["content"][0]
+        roles = ["user"] + ["assistant"] * (len(texts) - 1)
+        record["content"] = [[{"role": r, "content": t} for r, t in zip(roles, texts)]]
+        return json.dumps(record)
+
+    _edit_lines(path, with_roles)
+    assert extract_run(dump, tmp_path / "lake", workers=1, steps={1}).failed == []
+    first = json.loads(path.read_text().splitlines()[0])["content"][0]
+    got = rows(
+        tmp_path / "lake",
+        "SELECT prompt_text, response_text FROM samples WHERE batch_position = 0",
+    )
+    assert got == [(first[0]["content"], "".join(m["content"] for m in first[1:]))]
 
 
 def test_a_line_beyond_the_size_bound_fails_its_step_unread(

@@ -265,12 +265,21 @@ def _idx(path: Path, record: dict[str, Any], label: str) -> int | None:
 
 
 def _content(path: Path, record: dict[str, Any], label: str) -> list[str]:
-    """The message texts of a train line (prompt first); absent: none."""
+    """The message texts of a train line (prompt first): strings, or `{role, content}`
+    messages as validation lines hold them; absent: none."""
     if "content" not in record:
         return []
-    texts = _one(path, record, "content", label)
-    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-        raise DumpFormatError(
-            path, f"`content` is {shown(texts)}, not a list of strings", sample=label
-        )
-    return [clean_text(t) for t in texts]
+    messages = _one(path, record, "content", label)
+    if not isinstance(messages, list):
+        raise DumpFormatError(path, f"`content` is {shown(messages)}, not a list", sample=label)
+    texts = []
+    for entry, message in enumerate(messages):
+        text = message.get("content") if isinstance(message, dict) else message
+        if not isinstance(text, str):
+            raise DumpFormatError(
+                path,
+                f"`content` entry {entry} is {shown(message)}, not a message text",
+                sample=label,
+            )
+        texts.append(clean_text(text))
+    return texts
