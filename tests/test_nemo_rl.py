@@ -336,7 +336,7 @@ def test_train_messages_may_carry_roles(tmp_path: Path) -> None:
         record = json.loads(line)
         texts = record["content"][0]
         roles = ["user"] + ["assistant"] * (len(texts) - 1)
-        record["content"] = [[{"role": r, "content": t} for r, t in zip(roles, texts)]]
+        record["content"] = [[{"role": r, "content": t} for r, t in zip(roles, texts, strict=True)]]
         return json.dumps(record)
 
     _edit_lines(path, with_roles)
