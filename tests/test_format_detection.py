@@ -166,3 +166,46 @@ def test_a_stray_per_step_file_in_a_miles_dump_fails_its_step_not_silently(
 def test_forcing_nemo_rl_on_a_slime_dump_finds_no_step(tmp_path: Path) -> None:
     summary = extract_run(V1, tmp_path / "lake", workers=1, dump_format="nemo-rl")
     assert (summary.steps, summary.failed, summary.counts["new"]) == ([], [], 0)
+
+
+def test_a_runs_row_from_before_the_format_columns_reads_null_until_reextracted(
+    tmp_path: Path,
+) -> None:
+    """A lake of schema version 3: its `runs` file lacks framework, dump_format and
+    format_version (NULL); the next extraction re-reads the steps an older tokenlake wrote and
+    records them."""
+    from datetime import datetime, timezone
+
+    import duckdb
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tokenlake import schema
+    from tokenlake.load import manifest
+    from tokenlake.serve import catalog
+
+    lake = tmp_path / "lake"
+    extract_run(V2, lake, "r", workers=1)
+    record = manifest.load_manifest(lake, "r")
+    old_schema = pa.schema([*schema.RUNS_BASE_SCHEMA, *schema.RUN_META_SCHEMA])
+    row = {"source_dir": str(V2), "extracted_at": datetime(2026, 11, 1, tzinfo=timezone.utc)}
+    row |= {"tool": "tokenlake 0.3", "schema_version": 3, "train_steps": 3, "eval_steps": 1}
+    pq.write_table(
+        pa.Table.from_pylist([row], schema=old_schema),
+        lake / "runs" / "run=r" / "run-00000001.parquet",
+    )
+    record.runs_file = "runs/run=r/run-00000001.parquet"
+    for step in record.steps.values():
+        step.schema_version = 3
+    manifest.save_manifest(lake, record)
+    catalog.build_catalog(lake)
+    sql = "SELECT schema_version, framework, dump_format, format_version FROM runs"
+
+    def query() -> list[tuple]:
+        with duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True) as con:
+            return con.execute(sql).fetchall()
+
+    assert query() == [(3, None, None, None)]
+    summary = extract_run(V2, lake, "r", workers=1)
+    assert summary.counts["updated"] == 4
+    assert query() == [(schema.SCHEMA_VERSION, "slime", "slime-v2", 2)]
