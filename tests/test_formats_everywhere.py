@@ -116,3 +116,32 @@ def test_a_dump_on_an_object_store_gives_the_local_lake(
     read_per_step = [p for p in staged if p.suffix in (".pt", ".jsonl")]
     assert read_per_step and all(p.stat().st_blocks == 0 for p in read_per_step)
     assert _counts(extract_run(url, tmp_path / "far", workers=1)) == {"unchanged": 4}
+
+
+def test_following_looks_inside_a_rollout_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Telling slime's format 1 from miles loads a rollout file: once a round has landed a
+    step, later rounds reuse the format instead of loading it again."""
+    from tokenlake.load.follow import follow_run
+    from tokenlake.read import formats
+
+    looks = []
+    real = formats._has_miles_metadata
+    monkeypatch.setattr(
+        formats, "_has_miles_metadata", lambda *args: looks.append(1) or real(*args)
+    )
+    rounds = []
+    follow_run(
+        _copy("slime-v1", tmp_path),
+        tmp_path / "lake",
+        "live",
+        poll_seconds=0,
+        settle_seconds=0,
+        on_round=rounds.append,
+        should_stop=lambda: len(rounds) == 3,
+        clock=lambda: 2e9,
+    )
+    assert [_counts(r) for r in rounds] == [{"new": 4}, {"unchanged": 4}, {"unchanged": 4}]
+    assert [r.dump_format for r in rounds] == ["slime-v1"] * 3
+    assert looks == [1]

@@ -79,6 +79,10 @@ def follow_run(
                 clock,
                 dump_format,
             )
+            if dump_format is None and summary.steps:
+                # Detected once a step landed: later rounds skip the look inside a rollout
+                # file that tells miles from slime (a download, for a dump on a store).
+                dump_format = summary.dump_format
             if on_round is not None:
                 on_round(summary)
             if should_stop():
