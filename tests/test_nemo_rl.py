@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -324,6 +325,32 @@ def test_a_broken_line_fails_its_step_alone(tmp_path: Path, edit: Any, problem: 
     assert message.startswith(f"`{path}` {problem}")
     assert message.endswith(f". {AFTER}") and "\n" not in message
     assert summary.counts["new"] == 3
+
+
+def test_a_last_line_without_its_newline_is_still_being_written_or_cut_short(
+    tmp_path: Path,
+) -> None:
+    dump = _copy(tmp_path)
+    path = dump / "train_data_step3.jsonl"
+    text = path.read_text()
+    path.write_text(text[: len(text) - 100])  # NeMo-RL still writing its last line
+    summary = extract_run(dump, tmp_path / "lake", workers=1, steps={3})
+    assert summary.failed == [
+        (
+            "3",
+            f"Cannot read `{path}`: its last line (line 16) has no newline. It was modified less"
+            " than a minute ago and is probably still being written; extract again later.",
+        )
+    ]
+    old = path.stat().st_mtime - 3600
+    os.utime(path, (old, old))
+    summary = extract_run(dump, tmp_path / "lake", workers=1, steps={3})
+    assert summary.failed == [
+        (
+            "3",
+            f"`{path}` (line 16): ends without a newline: the file was cut short. {AFTER}",
+        )
+    ]
 
 
 def test_train_messages_may_carry_roles(tmp_path: Path) -> None:

@@ -31,14 +31,22 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tokenlake.errors import BoundedReadError, DumpFormatError, DumpNotFoundError, shown
-from tokenlake.read import bounded, dump, validate
+from tokenlake.errors import (
+    BoundedReadError,
+    DumpFileError,
+    DumpFormatError,
+    DumpNotFoundError,
+    PipelineError,
+    shown,
+)
+from tokenlake.read import bounded, dump, ptread, validate
 from tokenlake.read.jsontext import clean_text, to_json
 from tokenlake.read.step_read import StepRead
 from tokenlake.read.train_checks import exact_int, numbers
@@ -106,9 +114,11 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     except BoundedReadError as exc:
         raise DumpNotFoundError(path, exc.problem) from None
     with handle:
-        size = os.fstat(handle.fileno()).st_size
-        for number, line in enumerate(bounded.lines(handle, 0, size, MAX_LINE_BYTES), start=1):
+        info = os.fstat(handle.fileno())
+        for number, line in enumerate(bounded.lines(handle, 0, info.st_size, MAX_LINE_BYTES), 1):
             label = f"line {number}"
+            if not line.complete and (line.text is None or line.text.strip()):
+                raise _cut_short(path, label, info.st_mtime)
             if line.text is None:
                 raise DumpFormatError(
                     path,
@@ -118,6 +128,14 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 )
             if line.text.strip():
                 yield number, _parse(path, line.text, label)
+
+
+def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:
+    """A last line without its newline: NeMo-RL ends every line with one, so the file is
+    still being written (a young file: extract again later) or was cut short."""
+    if time.time() - mtime < ptread.FRESH_SECONDS:
+        return DumpFileError(path, f"its last line ({label}) has no newline", still_writing=True)
+    return DumpFormatError(path, "ends without a newline: the file was cut short", sample=label)
 
 
 def _parse(path: Path, raw: bytes, label: str) -> dict[str, Any]:
