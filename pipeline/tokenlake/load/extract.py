@@ -48,9 +48,8 @@ class ExtractSummary:
     ignored_files: list[tuple[Path | str, str]] = field(default_factory=list)  # (path, why)
     warnings: list[str] = field(default_factory=list)  # sidecar problems, one line each
     seconds: float = 0.0
-    dump_format: str = (
-        "miles"  # the format the dump was read in (pipeline/tokenlake/read/formats.py)
-    )
+    # The format the dump was read in (pipeline/tokenlake/read/formats.py).
+    dump_format: str = "miles"
 
     @property
     def tokens(self) -> int:
