@@ -166,6 +166,23 @@ def test_drift_steps_agree_with_nemo_rls_own_mismatch_metric(lake: Path) -> None
         assert math.isclose(row[7], want["sample_mean_abs_lp_diff"], rel_tol=REL_TOL)
 
 
+def test_the_per_sequence_error_nemo_rl_masks_by_is_the_lakes_too(lake: Path) -> None:
+    """`compute_and_apply_seq_logprob_error_masking`'s max/mean/min of each sequence's mean
+    exp(|lp_diff|), over the sequences with loss tokens, from `drift_tokens`."""
+    oracle = json.loads((EXPECTED / "framework_oracle.json").read_text())["steps"]
+    got = rows(
+        lake,
+        "SELECT rollout_id, max(error), avg(error), min(error) FROM ("
+        " SELECT rollout_id, batch_position, avg(exp(abs(lp_diff::DOUBLE))) AS error"
+        " FROM drift_tokens GROUP BY ALL) GROUP BY ALL ORDER BY rollout_id",
+    )
+    assert [r[0] for r in got] == [s["step"] for s in oracle] == [1, 2, 3]
+    for row, logged in zip(got, oracle, strict=True):
+        keys = ("max_seq_mult_prob_error", "mean_seq_mult_prob_error", "min_seq_mult_prob_error")
+        for value, key in zip(row[1:], keys, strict=True):
+            assert math.isclose(value, logged[f"train/{key}"], rel_tol=ORACLE_TOL), key
+
+
 def test_the_validation_lines_land_as_an_eval_step_without_tokens(lake: Path) -> None:
     val = json.loads((EXPECTED / "steps.json").read_text())["val"][0]
     got = rows(
