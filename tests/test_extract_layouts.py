@@ -129,7 +129,8 @@ def _check_samples(con: Any, truth: Truth) -> None:
     ).fetchall()
     expected = [
         (*key, t.sample_index, t.has_train_row, t.alignment_fails, t.raw_reward,
-         t.normalized_reward, t.remove_sample, t.status, t.response_length, t.prompt_length)
+         t.normalized_reward, t.remove_sample, t.status,
+         *((t.response_length, t.prompt_length) if t.lengths_known else (None, None)))
         for key, t in sorted(truth.samples.items())
     ]  # fmt: skip
     assert rows == expected

@@ -188,11 +188,11 @@ def test_the_validation_lines_land_as_an_eval_step_without_tokens(lake: Path) ->
     got = rows(
         lake,
         "SELECT rollout_id, reward, has_train_row, step_train_files, tool_calls,"
-        " json_extract_string(messages_json, '$[*].role')"
-        " FROM samples WHERE evaluation ORDER BY batch_position",
+        " json_extract_string(messages_json, '$[*].role'), response_length, total_length,"
+        " prompt_length, prompt_token_ids FROM samples WHERE evaluation ORDER BY batch_position",
     )
     assert got == [
-        (val["step"], reward, False, 0, roles.count("tool"), roles)
+        (val["step"], reward, False, 0, roles.count("tool"), roles, None, None, None, None)
         for reward, roles in zip(val["rewards"], val["roles"], strict=True)
     ]
     assert rows(lake, "SELECT count(*) FROM tokens WHERE evaluation") == [(0,)]

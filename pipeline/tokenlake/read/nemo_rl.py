@@ -57,6 +57,8 @@ LOG_NAME = re.compile(r"^(train|val)_data_step(\d+)\.jsonl$")
 # sequence of about 2.5 million tokens; a longer line fails its step.
 MAX_LINE_BYTES = 256 << 20
 MAX_DEPTH = 8  # {"content": [[{"role": ...}]]} nests 4 deep
+# Validation lines hold no tokens: their lengths are unknown, not 0.
+_NOT_IN_VALIDATION = ("response_length", "total_length", "prompt_length", "prompt_token_ids")
 _ARRAYS = ("token_ids", "token_loss_mask", "generation_logprobs", "prev_logprobs", "advantages")
 
 
@@ -104,7 +106,9 @@ def read_step(files: dump.StepFiles) -> StepRead:
         messages.append(to_json(record["content"][0], "content") if "content" in record else None)
         samples.append(sample)
     checked = validate.check_samples(path, samples)
-    return StepRead(samples, checked, rows, 0 if files.evaluation else 1, messages)
+    if files.evaluation:
+        return StepRead(samples, checked, rows, 0, messages, unknown=_NOT_IN_VALIDATION)
+    return StepRead(samples, checked, rows, 1, messages)
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

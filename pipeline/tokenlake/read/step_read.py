@@ -25,3 +25,6 @@ class StepRead:
     train_files: int  # train files the step had (0: rollout-only)
     # Each sample's conversation as JSON text; None: from the dump's trajectory file, if any.
     messages: list[str | None] | None = None
+    # `samples` columns the format does not log for this step: NULL in every row, never the
+    # 0 or [] the summary would derive from an absent value (NeMo-RL's token-less lines).
+    unknown: tuple[str, ...] = ()

@@ -55,6 +55,9 @@ class SampleTruth:
     normalized_reward: float | None  # train-side `rewards` value
     has_train_row: bool
     alignment_fails: bool  # the reader must flag alignment_failed (CP layout unreadable)
+    # False: the dump holds no tokens for the sample (NeMo-RL's validation lines), so the
+    # lake's `response_length` and `prompt_length` are NULL
+    lengths_known: bool = True
 
 
 @dataclass
@@ -129,6 +132,7 @@ def _sample_truth(
         normalized_reward=float(step.norm[i]) if has_train else None,
         has_train_row=has_train,
         alignment_fails=has_train and alignment_fails(spec, step, i, probe),
+        lengths_known=True,
     )  # fmt: skip
 
 
@@ -158,7 +162,7 @@ def in_framework(spec: DumpSpec, truth: SampleTruth) -> SampleTruth:
         nothing = np.zeros(0)
         return replace(
             line, token_ids=nothing.astype(np.int64), prompt_length=0, response_length=0,
-            rollout_log_probs=nothing, rollout_loss_mask=None,
+            rollout_log_probs=nothing, rollout_loss_mask=None, lengths_known=False,
         )  # fmt: skip
     return replace(
         line, rollout_id=truth.rollout_id + 1, ref_log_probs=None, entropy=None,

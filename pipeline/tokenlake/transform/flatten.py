@@ -318,3 +318,12 @@ def samples_table(
     for row, part in zip(rows, parts, strict=True):
         row["alignment_failed"] = bool(row["alignment_failed"]) or part.misaligned
     return pa.Table.from_pylist(rows, schema=schema.SAMPLES_SCHEMA)
+
+
+def null_columns(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    """The table with the (nullable) columns `names` NULL in every row."""
+    for name in names:
+        index = table.schema.get_field_index(name)
+        field = table.schema.field(index)
+        table = table.set_column(index, field, pa.nulls(table.num_rows, field.type))
+    return table

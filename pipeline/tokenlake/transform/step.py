@@ -259,6 +259,7 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
         )
     except SampleValueError as exc:  # raised where the value is read, which knows no file
         raise validate.located(exc, files.rollout_file, samples) from None
+    samples_table = flatten.null_columns(samples_table, step.unknown)
     result = StepResult(
         rollout_id=files.rollout_id,
         evaluation=files.evaluation,
