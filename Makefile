@@ -50,7 +50,7 @@ $(PY) -m pip install -q -c $(LOCK) -e '.[$(1)]'
 touch $@
 endef
 # The files the example dump is generated from: `make example` rewrites it only when they change.
-GENERATOR := pipeline/tokenlake/generator/synth.py pipeline/tokenlake/generator/synth_spec.py pipeline/tokenlake/transform/cp_layout.py
+GENERATOR := pipeline/tokenlake/generator/synth.py pipeline/tokenlake/generator/synth_spec.py pipeline/tokenlake/read/cp_layout.py
 
 .PHONY: help setup setup-test lock extract example follow verify views audit sql report test test-fast lint fmt bench bench-formats clean
 

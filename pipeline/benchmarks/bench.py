@@ -7,6 +7,7 @@ Each measured pipeline runs in a fresh subprocess so that its wall time, CPU tim
   and of the largest worker, bytes per token on disk — for tokenlake with 1 and 2 workers, and
   for a baseline pipeline (torch.load each file + concatenate + write with the same Parquet
   settings), with the ratios;
+- the same for slime's format 2 and NeMo-RL's layouts of the batches (`--formats`);
 - every aggregate view's time as a ratio to a plain aggregate scan of `tokens` in the same\n  DuckDB process (interleaved, best of 5), so a busy machine slows both sides alike.
 
 Usage: python -m benchmarks.bench [--scale 1.0] [--keep DIR]\n       python -m benchmarks.bench --views LAKE   (only the view ratios of an existing lake)
@@ -259,8 +260,13 @@ def _wait_until_settled(dump_dir: Path) -> None:
     the first runs of a figure slower than the rest."""
     from tokenlake.read import ptread
 
-    newest = max(p.stat().st_mtime for p in dump_dir.rglob("*.pt"))
+    newest = max(p.stat().st_mtime for p in _dump_files(dump_dir))
     time.sleep(max(0.0, newest + ptread.FRESH_SECONDS + 1 - time.time()))
+
+
+def _dump_files(dump_dir: Path) -> list[Path]:
+    """The files extraction reads: `.pt` files, or NeMo-RL's logged batches."""
+    return [*dump_dir.rglob("*.pt"), *dump_dir.glob("*_data_step*.jsonl")]
 
 
 def _best_extract(dump_dir: Path, lake: Path, workers: int, repeat: int) -> dict[str, Any]:
@@ -281,12 +287,12 @@ def bench_variant(root: Path, preset: str, scale: float, baseline: bool, repeat:
     started = time.perf_counter()
     synth.write_dump(dump_dir, spec)
     generated = time.perf_counter() - started
-    dump_mb = _disk_bytes([p for p in dump_dir.rglob("*.pt")]) / 1e6
+    dump_mb = _disk_bytes(_dump_files(dump_dir)) / 1e6
     _wait_until_settled(dump_dir)
     print(
-        f"\n{preset}: {spec.steps} steps x {spec.samples_per_step} samples, R in"
-        f" {spec.response_length[0]}..{spec.response_length[1]}, DP {spec.dp} x TP {spec.tp}"
-        f" x CP {spec.cp}; {dump_mb:,.0f} MB of .pt written in {generated:.1f} s"
+        f"\n{preset} ({spec.framework}): {spec.steps} steps x {spec.samples_per_step} samples,"
+        f" R in {spec.response_length[0]}..{spec.response_length[1]}, DP {spec.dp} x TP"
+        f" {spec.tp} x CP {spec.cp}; {dump_mb:,.0f} MB of dump files written in {generated:.1f} s"
     )
     figures: dict[str, dict[str, Any]] = {}
     for workers in (1, 2):
@@ -318,6 +324,12 @@ def main(argv: list[str] | None = None) -> None:
         "--repeat", type=int, default=2, help="tokenlake runs per figure; the best is shown"
     )
     parser.add_argument("--views", type=Path, help="only print the view ratios of this lake")
+    parser.add_argument(
+        "--formats",
+        nargs="*",
+        default=["bench-slime-v2", "bench-nemo-rl"],
+        help="presets of the other dump formats to measure too (none: miles only)",
+    )
     args, rest = parser.parse_known_args(argv)
     if args.views is not None:
         print_view_ratios(args.views)
@@ -350,6 +362,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         bench_variant(root, "bench", args.scale, baseline=True, repeat=args.repeat)
         bench_variant(root, "bench-cp", args.scale, baseline=False, repeat=args.repeat)
+        for preset in args.formats:  # the other frameworks' layouts of the same batches
+            bench_variant(root, preset, args.scale, baseline=False, repeat=args.repeat)
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -168,6 +168,13 @@ class _SafeFormatter(logging.Formatter):
     " (needs tokenlake[ray] and a lake path every node sees).",
 )
 @click.option(
+    "--format",
+    "dump_format",
+    metavar="FORMAT",
+    help="The dump's format: miles, slime-v1, slime-v2 or nemo-rl (docs/frameworks.md)."
+    " Default: detected from the directory's layout.",
+)
+@click.option(
     "--ray-address",
     metavar="ADDR",
     help="With --executor ray: the cluster, e.g. `auto`. Default: Ray's own (RAY_ADDRESS, a"
@@ -189,6 +196,7 @@ def extract(
     meta_file: Path | None,
     executor: str,
     ray_address: str | None,
+    dump_format: str | None,
 ) -> None:
     """Extract a dump directory into the lake and rebuild the DuckDB catalog.
 
@@ -202,10 +210,14 @@ def extract(
         tokenlake extract /data/runs/live --lake lake --follow
         tokenlake extract s3://bucket/runs/qwen --lake lake
         tokenlake extract /data/runs/fp8 --lake lake --tag precision=fp8 --meta run.yaml
+        tokenlake extract /data/nemo-rl/logs/exp_001 --lake lake --format nemo-rl
     """
     from tokenlake.orchestrate.extract import ExtractInterrupted, ExtractOptions
     from tokenlake.orchestrate.progress import cli_reporter
+    from tokenlake.read.formats import parse_format
     from tokenlake.tags import user_tags
+
+    dump_format = parse_format(dump_format)
 
     tags = user_tags(tag_args, meta_file) if tag_args or meta_file is not None else None
     options = ExtractOptions(
@@ -220,6 +232,7 @@ def extract(
         follow=follow,
         poll_seconds=poll,
         settle_seconds=settle,
+        dump_format=dump_format,
     ).check()
     if follow:
         _follow(_lake(lake), dump_dir, options, silent)
@@ -234,6 +247,7 @@ def extract(
     finally:
         if reporter is not None:
             reporter.close()
+    _say_format(summary, dump_format)
     for label, message in summary.failed:
         say(f"Skipped step {label}: {message}", err=True, one_line=True)
     for path, why in summary.ignored_files:
@@ -259,6 +273,17 @@ def _follow(lake: Lake, dump_dir: Path | str, options: ExtractOptions, silent: b
     except KeyboardInterrupt:  # before its first round started: nothing was written yet
         pass
     say("Stopped; the lake holds every step extracted so far.", err=True)
+
+
+def _say_format(summary: Any, forced: str | None) -> None:
+    """Which format the dump was read in: said for every format but miles' own (the one
+    tokenlake read before it read others), and whenever --format chose it."""
+    from tokenlake.read.formats import FORMATS
+
+    if summary.dump_format == "miles" and forced is None:
+        return
+    how = "as --format says" if forced is not None else "detected from its layout"
+    say(f"Read the dump as {FORMATS[summary.dump_format].title} ({how}).", err=True)
 
 
 def _say_warnings(summary: Any) -> None:

@@ -23,7 +23,8 @@ from tokenlake.errors import RowKeysError
 # 2: `runs` gained the run metadata columns, and the `metrics` table; `tokens`
 #    gained `turn_index`.
 # 3: `tokens` gained `first_occurrence`.
-SCHEMA_VERSION = 3
+# 4: `runs` gained `framework`, `dump_format` and `format_version`.
+SCHEMA_VERSION = 4
 TOOL_NAME = "tokenlake"
 
 # ---------------------------------------------------------------------------------------------
@@ -304,8 +305,26 @@ METRICS_SCHEMA = pa.schema(
     ]
 )
 
-# `runs`: the base columns, then the run metadata (files of schema version 1 lack the latter).
-RUNS_SCHEMA = pa.schema([*RUNS_BASE_SCHEMA, *RUN_META_SCHEMA])
+# ---------------------------------------------------------------------------------------------
+# The dump's framework and format, as detected or forced (pipeline/tokenlake/read/formats.py,
+# docs/frameworks.md); `runs` files of schema version 3 and before lack them (NULL).
+# ---------------------------------------------------------------------------------------------
+FRAMEWORK = "framework"
+DUMP_FORMAT = "dump_format"
+FORMAT_VERSION = "format_version"
+
+RUN_FORMAT_SCHEMA = pa.schema(
+    [
+        pa.field(FRAMEWORK, pa.string()),  # miles, slime or nemo-rl
+        pa.field(DUMP_FORMAT, pa.string()),  # miles, slime-v1, slime-v2 or nemo-rl (--format)
+        # The framework's numbered train dump format (slime: 1 or 2); NULL for unnumbered ones.
+        pa.field(FORMAT_VERSION, pa.int32()),
+    ]
+)
+
+# `runs`: the base columns, the run metadata (files of schema version 1 lack it), then the
+# dump's format (files of schema version 3 and before lack it).
+RUNS_SCHEMA = pa.schema([*RUNS_BASE_SCHEMA, *RUN_META_SCHEMA, *RUN_FORMAT_SCHEMA])
 
 TABLE_SCHEMAS: dict[str, pa.Schema] = {
     TOKENS: TOKENS_SCHEMA,

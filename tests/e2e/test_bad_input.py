@@ -374,7 +374,11 @@ def _file(path: Path) -> Path:
     ("make", "reason"),
     [
         (lambda tmp: tmp / "nope", "does not exist"),
-        (_directory, "is not a miles dump: it has no `rollout_data/` directory"),
+        (
+            _directory,
+            "is not a dump tokenlake reads: it has no `rollout_data/` directory (miles, slime)"
+            " and no `train_data_step{N}.jsonl` (NeMo-RL)",
+        ),
         (lambda tmp: _file(tmp / "0.pt"), "is not a directory"),
     ],
     ids=["missing", "not-a-dump", "a-file"],

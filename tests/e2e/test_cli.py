@@ -38,7 +38,10 @@ def test_missing_dump_directory_is_one_line(tmp_path):
 def test_directory_that_is_not_a_dump(tmp_path):
     code, _, err = run("extract", str(tmp_path), "--lake", str(tmp_path / "lake"))
     assert code == 1
-    assert err == f"Error: `{tmp_path}` is not a miles dump: it has no `rollout_data/` directory\n"
+    assert err == (
+        f"Error: `{tmp_path}` is not a dump tokenlake reads: it has no `rollout_data/`"
+        " directory (miles, slime) and no `train_data_step{N}.jsonl` (NeMo-RL)\n"
+    )
 
 
 def test_run_name_that_cannot_be_a_directory(tmp_path):

@@ -129,7 +129,8 @@ def _check_samples(con: Any, truth: Truth) -> None:
     ).fetchall()
     expected = [
         (*key, t.sample_index, t.has_train_row, t.alignment_fails, t.raw_reward,
-         t.normalized_reward, t.remove_sample, t.status, t.response_length, t.prompt_length)
+         t.normalized_reward, t.remove_sample, t.status,
+         *((t.response_length, t.prompt_length) if t.lengths_known else (None, None)))
         for key, t in sorted(truth.samples.items())
     ]  # fmt: skip
     assert rows == expected
@@ -160,7 +161,7 @@ def test_lake_matches_truth(preset: str, tmp_path: Path) -> None:
 def test_every_layout_preset_is_covered() -> None:
     assert LAYOUT_PRESETS == [
         "cp-bshd", "cp-legacy", "cp-legacy-missing-rank", "cp-missing-rank", "cp-thd", "empty-response", "example",
-        "log-probs-missing-step", "multi-turn", "no-dashboard-columns", "no-entropy",
-        "no-log-probs", "nonfinite", "pp", "removed", "rollout-only", "tp",
-        "true-on-policy-bf16", "true-on-policy-fp16",
+        "log-probs-missing-step", "multi-turn", "nemo-rl", "no-dashboard-columns",
+        "no-entropy", "no-log-probs", "nonfinite", "pp", "removed", "rollout-only",
+        "slime-v1", "slime-v2", "tp", "true-on-policy-bf16", "true-on-policy-fp16",
     ]  # fmt: skip

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tests.memdump import MemDump, column, sample, train_rows
+from tokenlake.read import cp_layout
 from tokenlake.read.trajectory import messages_by_position
-from tokenlake.transform import cp_layout
 
 QUARTERS = [-0.25 * (k + 1) for k in range(6)]  # exact in float32
 HALVES = [-0.5 * (k + 1) for k in range(6)]

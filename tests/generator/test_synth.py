@@ -16,7 +16,7 @@ from tests.fixture_paths import REAL_DUMPS
 from tokenlake.errors import UsageError
 from tokenlake.generator import synth, synth_truth
 from tokenlake.generator.synth import PRESETS, DumpSpec, write_dump
-from tokenlake.transform import cp_layout
+from tokenlake.read import cp_layout
 
 FIXTURES = REAL_DUMPS
 

@@ -203,7 +203,7 @@ def test_rerun_after_a_crash_before_publishing_repairs_the_catalog(
     extract(dump, lake, "--steps", "0")
     assert [r[:2] for r in catalog_rows(lake, STEPS_SQL)] == [(0, False), (0, True)]
     with monkeypatch.context() as patched:
-        patched.setattr(extract_module, "_publish", lambda lake, record: None)
+        patched.setattr(extract_module, "_publish", lambda lake, record, dump_format: None)
         patched.setattr(extract_module, "_sweep", lambda lake, run: None)
         extract_run(dump, lake, ExtractOptions(steps=None, workers=1))  # "killed" before publishing
     partition = lake / "tokens" / "run=basic" / "rollout_id=1"

@@ -6,12 +6,16 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from tests.fixture_paths import MILES_REAL
+from tests.fixture_paths import MILES_REAL, NEMO_RL_REAL, SLIME_REAL
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN_SUFFIXES = (".pt", ".parquet", ".duckdb", ".pkl")
 MAX_BYTES = 512 * 1024
-FIXTURE_LIST = MILES_REAL / "SHA256SUMS"
+FIXTURE_LISTS = (
+    MILES_REAL / "SHA256SUMS",
+    SLIME_REAL / "MANIFEST.sha256",
+    NEMO_RL_REAL / "MANIFEST.sha256",
+)
 
 
 def _tracked() -> list[Path]:
@@ -22,11 +26,12 @@ def _tracked() -> list[Path]:
 
 
 def _listed_fixtures() -> dict[Path, str]:
-    """The real miles fixtures allowed past the guard, with the hash each must keep."""
+    """The real fixtures allowed past the guard, with the hash each must keep."""
     listed = {}
-    for line in FIXTURE_LIST.read_text().splitlines():
-        digest, name = line.split(maxsplit=1)
-        listed[(MILES_REAL / name).resolve()] = digest
+    for fixture_list in FIXTURE_LISTS:
+        for line in fixture_list.read_text().splitlines():
+            digest, name = line.split(maxsplit=1)
+            listed[(fixture_list.parent / name).resolve()] = digest
     return listed
 
 
@@ -41,7 +46,7 @@ def test_no_data_files_or_big_files_are_tracked():
 
 def test_the_allowed_fixtures_are_exactly_the_listed_real_dumps():
     allowed = _listed_fixtures()
-    assert len(allowed) == 124
+    assert len(allowed) == 124 + 40 + 10  # miles, slime, NeMo-RL
     for path, digest in allowed.items():
         assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, path
     assert max(path.stat().st_size for path in allowed) < MAX_BYTES

@@ -12,8 +12,8 @@ import pytest
 from tests.memdump import MemDump, column, sample, train_rows
 from tokenlake import schema
 from tokenlake.read import validate
+from tokenlake.read.resolve import TrainRow
 from tokenlake.transform import flatten
-from tokenlake.transform.resolve import TrainRow
 
 
 def test_extraction_leaves_the_loaded_samples_as_they_were(tmp_path, monkeypatch) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenlake.transform import cp_layout
-from tokenlake.transform.resolve import Location, TrainFile, locate_rows, resolve_cp_fields
+from tokenlake.read import cp_layout
+from tokenlake.read.resolve import Location, TrainFile, locate_rows, resolve_cp_fields
 
 
 def _file(rank: int, rows: dict, **top) -> TrainFile:

@@ -1,4 +1,6 @@
-"""Deterministic generator of miles `--dump-details` directories (dump-format.md sections 1-5).
+"""Deterministic generator of miles `--dump-details` directories (dump-format.md sections 1-5),
+and of the same batches in slime's and NeMo-RL's layouts (`DumpSpec.framework`, written by
+`tokenlake.tools.synth_frameworks`).
 
 Keys, key order, Python types and tensor dtypes copy the real dumps under
 ``tests/fixtures/miles-real/dumps``; only the values are synthetic. Layout choices, all within
@@ -7,7 +9,7 @@ what miles writes:
 - DP sharding is the legacy **strided** split: shard d holds batch positions d, d+D, ... (4.2).
 - Rank = tp + TP*(cp + CP*(dp + DP*pp)) (Megatron order, TP innermost, PP outermost; 4.3).
 - Only the last PP stage carries the trainer outputs; TP peers are exact copies.
-- CP slices come from `tokenlake.transform.cp_layout.slice_for_rank`; under bshd the padded length M
+- CP slices come from `tokenlake.read.cp_layout.slice_for_rank`; under bshd the padded length M
   (`max_seq_lens`) is the shard's maximum T rounded up to a multiple of `BSHD_PAD` = 8.
 - `missing_cp_rank` drops every file of CP rank CP-1 of DP shard 0 at step 0.
 - Eval dumps hold the first half of their step's samples, `Sample.index` restarted at 0 (one
@@ -42,7 +44,7 @@ import pyarrow.parquet as pq
 
 from tokenlake import extras
 from tokenlake.errors import PipelineError, UsageError
-from tokenlake.generator import synth_dashboard
+from tokenlake.generator import synth_dashboard, synth_frameworks
 from tokenlake.generator.synth_spec import (
     AGENTIC_PROMPT,
     DASHBOARD_ROW_GROUP,
@@ -61,7 +63,8 @@ from tokenlake.generator.synth_spec import (
     trainer_fields,
 )
 from tokenlake.generator.synth_truth import Truth, step_truth
-from tokenlake.transform.cp_layout import slice_for_rank
+from tokenlake.read import nemo_rl
+from tokenlake.read.cp_layout import slice_for_rank
 
 logger = logging.getLogger(__name__)
 
@@ -193,12 +196,22 @@ def _write_trajectory(out: Path, payload: dict[str, Any]) -> None:
 
 
 def _write_rollout(out: Path, spec: DumpSpec, step: StepBatch, evaluation: bool) -> None:
-    """trajectory (train steps), dashboard parquet, then the `.pt`: miles' write order (1.1)."""
+    """trajectory (train steps), dashboard parquet, then the `.pt`: miles' write order (1.1).
+    NeMo-RL has no rollout file: its one log file per step is written here."""
     import torch
+
+    if spec.framework == "nemo-rl":
+        synth_frameworks.write_nemo_rl_step(out, spec, step, evaluation)
+        return
 
     count = eval_count(step) if evaluation else step.n
     stem = f"eval_{step.rid}" if evaluation else str(step.rid)
     payload = _rollout_payload(step, count, evaluation)
+    if spec.framework != "miles":  # slime: no metadata, no trajectory sidecar
+        torch.save(
+            synth_frameworks.slime_rollout(payload, spec), out / "rollout_data" / f"{stem}.pt"
+        )
+        return
     if not evaluation:
         _write_trajectory(out, payload)
     if spec.dashboard_columns:
@@ -217,7 +230,9 @@ def _versions(step: StepBatch, i: int) -> list[str]:
     return [str(rid), str(rid + 1)] if step.agentic[i] else [str(rid + 1)]
 
 
-def _shard_columns(step: StepBatch, rows: np.ndarray, padded: int | None) -> dict[str, Any]:
+def _shard_columns(
+    spec: DumpSpec, step: StepBatch, rows: np.ndarray, padded: int | None
+) -> dict[str, Any]:
     """Columns every rank of a DP shard holds in full, in the real dumps' key order."""
     import torch
 
@@ -237,6 +252,8 @@ def _shard_columns(step: StepBatch, rows: np.ndarray, padded: int | None) -> dic
         "raw_reward": step.reward.tolist(),  # batch-global, rollout-dump order
         "total_lengths": [int(step.t_off[i + 1] - step.t_off[i]) for i in rows],
     }
+    if spec.framework == "slime-v1":  # slime's format 1 never had the column
+        del columns["weight_versions"]
     if padded is not None:
         columns["max_seq_lens"] = [padded] * len(rows)
     return columns
@@ -265,8 +282,15 @@ def _train_payload(spec: DumpSpec, rid: int, rank: int, cp: int, data: dict) -> 
 
 
 def _write_train(out: Path, spec: DumpSpec, step: StepBatch) -> None:
-    """Every rank's file of one step (TP peers identical, trainer outputs on the last stage)."""
+    """Every rank's file of one step (TP peers identical, trainer outputs on the last stage);
+    slime's format 2 writes one file per step, NeMo-RL's log line holds the train side."""
     import torch
+
+    if spec.framework == "slime-v2":
+        synth_frameworks.write_slime_v2_train(out, spec, step)
+        return
+    if spec.framework == "nemo-rl":
+        return
 
     rlp32 = train_rollout_log_probs(spec, step)
     rlp_dtype = getattr(torch, spec.train_rlp_dtype)
@@ -274,7 +298,7 @@ def _write_train(out: Path, spec: DumpSpec, step: StepBatch) -> None:
     for dp in range(spec.dp):
         rows = np.arange(dp, step.n, spec.dp)
         padded = padded_length(step, rows) if spec.qkv_format == "bshd" else None
-        common = _shard_columns(step, rows, padded)
+        common = _shard_columns(spec, step, rows, padded)
         for cp in range(spec.cp):
             if dropped_cp_rank(spec, step.rid, dp, cp):
                 continue
@@ -312,6 +336,11 @@ def _validate(spec: DumpSpec) -> None:
         )
     if spec.missing_cp_rank and spec.cp < 2:
         problems.append("`missing_cp_rank` needs `cp` >= 2")
+    if spec.framework not in synth_frameworks.FRAMEWORKS:
+        names = ", ".join(synth_frameworks.FRAMEWORKS)
+        problems.append(f"`framework` is `{spec.framework}`; expected one of {names}")
+    elif spec.framework != "miles" and spec.dashboard_columns:
+        problems.append("`dashboard_columns` are miles' own: set it false for other frameworks")
     if problems:
         raise UsageError("Invalid dump spec: " + "; ".join(problems) + ".")
 
@@ -326,13 +355,17 @@ def _prepare(out: Path, spec: DumpSpec, force: bool) -> None:
                 f"Output directory `{out}` is not empty. Pass `--force` (force=True) to replace"
                 " its rollout_data/, train_data/, dashboard_columns/ and trajectory/."
             )
-        for name in DUMP_SUBDIRS:
+        logs = [p.name for p in out.iterdir() if nemo_rl.is_log_name(p.name)]
+        for name in (*DUMP_SUBDIRS, *logs):
             target = out / name
             if target.is_symlink() or target.is_file():
                 target.unlink()  # never follow a link out of `out`
             elif target.is_dir():
                 shutil.rmtree(target)
-    wanted = ["rollout_data", "train_data", "trajectory"]
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = {"miles": ["rollout_data", "train_data", "trajectory"], "nemo-rl": []}.get(
+        spec.framework, ["rollout_data", "train_data"]
+    )
     wanted += ["dashboard_columns"] if spec.dashboard_columns else []
     for name in wanted:
         (out / name).mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,8 @@ class DumpSpec:
     # dtype of the train-side `rollout_log_probs` copy: "float32", or "bfloat16"/"float16" as
     # under --true-on-policy-mode with bf16/fp16 (spec 3.3, 8.12); the rollout dump keeps float64
     train_rlp_dtype: str = "float32"
+    # The layout written (tokenlake.tools.synth_frameworks): miles, slime-v1, slime-v2, nemo-rl
+    framework: str = "miles"
     seed: int = 0
 
     @property
@@ -78,6 +80,10 @@ _BENCH = DumpSpec(
     removed_positions=(7,),
     advantage_noise=0.0,  # GRPO: advantages = the normalised reward at every position
 )
+_SLIME = replace(
+    _SMALL, steps=3, multi_turn=True, response_length=(4, 40), removed_positions=(5,),
+    dashboard_columns=False,
+)  # fmt: skip
 PRESETS: dict[str, DumpSpec] = {
     "example": DumpSpec(
         steps=3,
@@ -110,6 +116,12 @@ PRESETS: dict[str, DumpSpec] = {
     "true-on-policy-fp16": replace(_SMALL, train_rlp_dtype="float16", cp=2),
     "bench": _BENCH,
     "bench-cp": replace(_BENCH, cp=2),
+    # The other frameworks (docs/frameworks.md): their own layouts of the same batches.
+    "slime-v1": replace(_SLIME, framework="slime-v1", tp=2, record_cp=False),
+    "slime-v2": replace(_SLIME, framework="slime-v2", cp=2),
+    "nemo-rl": replace(_SLIME, framework="nemo-rl"),
+    "bench-slime-v2": replace(_BENCH, framework="slime-v2", dashboard_columns=False, cp=2),
+    "bench-nemo-rl": replace(_BENCH, framework="nemo-rl", dashboard_columns=False),
 }
 
 

@@ -5,7 +5,7 @@ extracted lake with it; it is computed from the same arrays `tokenlake.generator
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from tokenlake.generator.synth_spec import (
     train_rollout_log_probs,
     trainer_fields,
 )
-from tokenlake.transform.cp_layout import rank_width, slice_for_rank
+from tokenlake.read.cp_layout import rank_width, slice_for_rank
 
 
 @dataclass
@@ -35,7 +35,7 @@ class SampleTruth:
     batch_position: int
     sample_index: int
     group_index: int
-    status: str
+    status: str | None
     remove_sample: bool
     token_ids: np.ndarray  # int64, T = P + R
     prompt_length: int
@@ -55,6 +55,9 @@ class SampleTruth:
     normalized_reward: float | None  # train-side `rewards` value
     has_train_row: bool
     alignment_fails: bool  # the reader must flag alignment_failed (CP layout unreadable)
+    # False: the dump holds no tokens for the sample (NeMo-RL's validation lines), so the
+    # lake's `response_length` and `prompt_length` are NULL
+    lengths_known: bool = True
 
 
 @dataclass
@@ -129,6 +132,7 @@ def _sample_truth(
         normalized_reward=float(step.norm[i]) if has_train else None,
         has_train_row=has_train,
         alignment_fails=has_train and alignment_fails(spec, step, i, probe),
+        lengths_known=True,
     )  # fmt: skip
 
 
@@ -137,7 +141,30 @@ def step_truth(
 ) -> dict[tuple[int, bool, int], SampleTruth]:
     probe = train_rollout_log_probs(spec, step)
     count = eval_count(step) if evaluation else step.n
-    return {
-        (step.rid, evaluation, i): _sample_truth(spec, step, i, evaluation, has_train, probe)
+    samples = [
+        in_framework(spec, _sample_truth(spec, step, i, evaluation, has_train, probe))
         for i in range(count)
-    }
+    ]
+    return {(t.rollout_id, t.evaluation, t.batch_position): t for t in samples}
+
+
+def in_framework(spec: DumpSpec, truth: SampleTruth) -> SampleTruth:
+    """A sample's truth as the lake holds it when the spec is written in another framework's
+    layout (docs/frameworks.md): slime's format 2 leaves `ref_entropy` CP-local (NULL);
+    NeMo-RL counts training steps from 1, logs a line's number as its index, no status and
+    none of the fields below, and validation lines without tokens."""
+    if spec.framework == "slime-v2" and spec.cp > 1:
+        return replace(truth, ref_entropy=None)
+    if spec.framework != "nemo-rl":
+        return truth
+    line = replace(truth, sample_index=truth.batch_position, status=None, alignment_fails=False)
+    if truth.evaluation:
+        nothing = np.zeros(0)
+        return replace(
+            line, token_ids=nothing.astype(np.int64), prompt_length=0, response_length=0,
+            rollout_log_probs=nothing, rollout_loss_mask=None, lengths_known=False,
+        )  # fmt: skip
+    return replace(
+        line, rollout_id=truth.rollout_id + 1, ref_log_probs=None, entropy=None,
+        ref_entropy=None, returns=None, raw_reward=None, normalized_reward=None,
+    )  # fmt: skip

@@ -17,7 +17,7 @@ from tokenlake import __version__, bounded, schema, tags
 from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, DumpFormatError, LakeError, shown
 from tokenlake.layout import Location, new_name
 from tokenlake.load import write
-from tokenlake.read import dashboard
+from tokenlake.read import dashboard, formats
 from tokenlake.read.dump import Dump
 from tokenlake.read.remote_dump import local_root, shown_path, urls_in
 from tokenlake.store import manifest, store_at
@@ -30,7 +30,10 @@ MAX_METRICS_FILES = 32  # past this many, a run's metrics files are merged into 
 
 
 def write_run_row(
-    lake: Location | Store, record: manifest.RunManifest, keep: dict[str, Any] | None = None
+    lake: Location | Store,
+    record: manifest.RunManifest,
+    keep: dict[str, Any] | None = None,
+    dump_format: str | None = None,
 ) -> list[str]:
     """Write the run's `runs` row under a fresh name and list it in the manifest record.
 
@@ -59,6 +62,7 @@ def write_run_row(
         "eval_steps": sum(1 for s in steps if s.evaluation),
         **meta,
         schema.TAGS_JSON: tags.tags_json(record.tags),
+        **format_columns(dump_format, keep),
     }
     table = schema.table_from_rows(schema.RUNS, [row])
     name = new_name(schema.RUNS, record.run, "run")
@@ -66,6 +70,19 @@ def write_run_row(
     write.write_lake_file(lake, name, schema.RUNS, table, metadata)
     record.runs_file = name
     return warnings
+
+
+def format_columns(dump_format: str | None, keep: dict[str, Any] | None) -> dict[str, Any]:
+    """The `runs` format columns: of `dump_format`, else kept from the current row (NULL in
+    a row written before they existed)."""
+    if dump_format is None:
+        return {name: (keep or {}).get(name) for name in schema.RUN_FORMAT_SCHEMA.names}
+    fmt = formats.FORMATS[dump_format]
+    return {
+        schema.FRAMEWORK: fmt.framework,
+        schema.DUMP_FORMAT: fmt.name,
+        schema.FORMAT_VERSION: fmt.version,
+    }
 
 
 def meta_source(record: manifest.RunManifest) -> manifest.SourceFile | None:

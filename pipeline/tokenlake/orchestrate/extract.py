@@ -48,6 +48,8 @@ class ExtractSummary:
     ignored_files: list[tuple[Path | str, str]] = field(default_factory=list)  # (path, why)
     warnings: list[str] = field(default_factory=list)  # sidecar problems, one line each
     seconds: float = 0.0
+    # The format the dump was read in (pipeline/tokenlake/read/formats.py).
+    dump_format: str = "miles"
 
     @property
     def tokens(self) -> int:
@@ -98,6 +100,8 @@ class ExtractOptions:
         poll_seconds: With `follow`: seconds between looks at the dump.
         settle_seconds: With `follow`: seconds without change after which a step whose rank
             set is not known yet (the first step, eval files) counts as complete.
+        dump_format: The dump's format (`miles`, `slime-v1`, `slime-v2`, `nemo-rl`);
+            default: detected from its layout (pipeline/tokenlake/read/formats.py).
     """
 
     run_name: str | None = None
@@ -111,6 +115,7 @@ class ExtractOptions:
     follow: bool = False
     poll_seconds: float = 5.0
     settle_seconds: float = 30.0
+    dump_format: str | None = None
 
     def check(self) -> ExtractOptions:
         """These options, or a UsageError naming the two that cannot go together."""
@@ -165,12 +170,17 @@ def extract_run(
 
         require_ray()
     _import_engines()
-    listing = remote_dump.discover(dump_dir)
+    listing = remote_dump.discover(dump_dir, options.dump_format)
     remote_dump.check_apart(listing, str(lake))
     run = check_run_name(options.run_name if options.run_name is not None else listing.root.name)
     chosen = dump.select_steps(listing, options.steps)
     store = prepare_lake(lake, listing.root)
-    summary = ExtractSummary(run=run, lake=store.location, ignored_files=list(listing.ignored))
+    summary = ExtractSummary(
+        run=run,
+        lake=store.location,
+        ignored_files=list(listing.ignored),
+        dump_format=listing.format,
+    )
     reporter = as_reporter(progress)
     with store.lock():
         store.check_links(run)  # nothing is written or swept through a planted link
@@ -299,14 +309,14 @@ def _publish_if_needed(
         or _changed(summary)
         or catalog_is_stale(store)
     ):
-        summary.warnings.extend(_publish(store, record) or ())
+        summary.warnings.extend(_publish(store, record, summary.dump_format) or ())
 
 
-def _publish(store: Store, record: manifest.RunManifest) -> list[str]:
+def _publish(store: Store, record: manifest.RunManifest, dump_format: str) -> list[str]:
     """Record the run row, rebuild the catalog, then delete files no manifest lists.
 
     Returns the warnings (a malformed meta.json, a broken user view), one line each."""
-    warnings = lake_files.write_run_row(store, record)
+    warnings = lake_files.write_run_row(store, record, dump_format=dump_format)
     manifest.save_manifest(store, record)
     catalog.build_catalog(store, warnings)
     store.delete_unlisted(record)

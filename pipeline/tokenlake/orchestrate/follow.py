@@ -70,6 +70,10 @@ def follow_run(
     try:
         while not should_stop():
             summary = follow_round(dump_dir, lake, run, state, options, progress, clock)
+            if options.dump_format is None and summary.steps:
+                # Detected once a step landed: later rounds skip the look inside a rollout
+                # file that tells miles from slime (a download, for a dump on a store).
+                options = replace(options, dump_format=summary.dump_format)
             if on_round is not None:
                 on_round(summary)
             if should_stop():

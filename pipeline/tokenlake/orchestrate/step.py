@@ -176,7 +176,11 @@ def input_error_text(files: dump.StepFiles, exc: PipelineError) -> str:
         'rank 1: `d/train_data/3_1.pt`: bad. Replace or remove the file, then extract again.'
     """
     path = getattr(exc, "path", None)
-    rank = next((r for r, p in files.train_files if str(p) == path), None)
+    # a per-rank file only: slime's one per-step train file is listed as rank 0
+    rank = next(
+        (r for r, p in files.train_files if str(p) == path and dump.rank_of(str(p)) is not None),
+        None,
+    )
     where = f"rank {rank}: " if rank is not None else ""
     text = str(exc).rstrip(".")
     if isinstance(exc, DumpNotFoundError):  # deleted between listing and reading

@@ -33,6 +33,8 @@ TOKENIZER_FILE = "tokenizer.json"
 DASHBOARD_DIR = "dashboard"  # miles' dashboard telemetry (see pipeline/tokenlake/read/dashboard.py)
 _ROLLOUT_NAME = re.compile(r"^(eval_)?(\d+)\.pt$")
 _TRAIN_NAME = re.compile(r"^(\d+)_(\d+)\.pt$")
+# slime's one train file per step (its train dump format 2, pipeline/tokenlake/read/slime_v2.py)
+_TRAIN_STEP_NAME = re.compile(r"^(\d+)\.pt$")
 NOT_A_DUMP_FILE = "not a rollout or train dump file name"
 
 
@@ -59,6 +61,8 @@ class Dump:
     # A dump on an object store: its URL; `root` is then its local stage
     # (pipeline/tokenlake/read/remote_dump.py).
     url: str | None = None
+    # The format its steps are read in (`read/formats.py`): `miles`, `slime-v2`, ...
+    format: str = "miles"
 
     @property
     def source(self) -> str:
@@ -111,6 +115,12 @@ class StepFiles:
     root: Path | None = None
     # On an object store: what to download before reading (pipeline/tokenlake/read/remote_dump.py).
     remote: RemoteFiles | None = None
+    # The dump format that reads the step (`read/formats.py` names them); `miles` reads the
+    # rank files above, `slime-v2` one per-step train file (given as rank 0).
+    format: str = "miles"
+    # Train files of this step in a layout its format does not read: the step fails on them
+    # rather than landing as rollout-only (`unread_train_error`).
+    unread: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if self.root is None:  # rollout files live in ROOT/rollout_data/
@@ -132,34 +142,33 @@ class StepFiles:
 
     @property
     def paths(self) -> list[Path]:
-        """The rollout file, then the train files."""
-        return [self.rollout_file, *(path for _, path in self.train_files)]
+        """The rollout file, then the train files (and any its format does not read)."""
+        return [self.rollout_file, *(path for _, path in self.train_files), *self.unread]
 
     @property
     def trajectory_file(self) -> Path | None:
         return self.dump.trajectory_file(self.label)
 
 
-def discover(dump_dir: Path) -> Dump:
+def discover(dump_dir: Path, format: str = "miles", per_step_train: bool = False) -> Dump:
     """List the rollout and train files of a dump, ordered by step (train before eval).
+
+    `format` is recorded on every step; with `per_step_train` the train files are slime's
+    `train_data/{rid}.pt` (one per step), else `train_data/{rid}_{rank}.pt`. A train file
+    named for a step in the other layout is kept in that step's `unread`.
 
     Files in `rollout_data/` or `train_data/` whose names do not follow the format (or that are
     not regular files, or whose step id exceeds int64) are skipped and reported in `ignored`
     (the reference reader crashes on them). Two names for one step (`1.pt` and `01.pt`) are an
     error: either could be meant.
     """
-    root = dump_dir.resolve()
-    if not root.exists():
-        raise DumpNotFoundError(dump_dir, "does not exist")
-    if not root.is_dir():
-        raise DumpNotFoundError(dump_dir, "is not a directory")
-    _require_utf8(dump_dir, root)
+    root = checked_root(dump_dir)
     rollout_dir = Dump(root).rollout_dir
     if not rollout_dir.is_dir():
         raise DumpNotFoundError(
             dump_dir, f"is not a miles dump: it has no `{ROLLOUT_DIR}/` directory"
         )
-    train, ignored = _list_train_files(Dump(root).train_dir)
+    train, unread, ignored = _list_train_files(Dump(root).train_dir, per_step_train)
     steps: dict[tuple[int, bool], StepFiles] = {}
     for path in sorted(rollout_dir.iterdir()):
         match = _ROLLOUT_NAME.match(path.name)
@@ -171,12 +180,28 @@ def discover(dump_dir: Path) -> Dump:
         rid, evaluation = int(match.group(2)), match.group(1) is not None
         _refuse_duplicate(steps.get((rid, evaluation)), path)
         ranks = () if evaluation else tuple(sorted(train.pop(rid, {}).items()))
-        steps[rid, evaluation] = StepFiles(rid, evaluation, path, ranks, root)
+        others = () if evaluation else tuple(unread.pop(rid, ()))
+        steps[rid, evaluation] = StepFiles(
+            rid, evaluation, path, ranks, root, format=format, unread=others
+        )
     for rid, by_rank in train.items():  # train files without a rollout file cannot be joined
         why = f"step {rid} has no `{ROLLOUT_DIR}/{rid}.pt` to join it to"
         ignored.extend((path, why) for _, path in sorted(by_rank.items()))
+    for rid, paths in unread.items():
+        ignored.extend((path, f"step {rid} has no `{ROLLOUT_DIR}/{rid}.pt`") for path in paths)
     ordered = sorted(steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
-    return Dump(root, tuple(ordered), tuple(sorted(ignored)))
+    return Dump(root, tuple(ordered), tuple(sorted(ignored)), format=format)
+
+
+def checked_root(dump_dir: Path) -> Path:
+    """The dump directory, resolved: it exists, is a directory, and its path is UTF-8."""
+    root = dump_dir.resolve()
+    if not root.exists():
+        raise DumpNotFoundError(dump_dir, "does not exist")
+    if not root.is_dir():
+        raise DumpNotFoundError(dump_dir, "is not a directory")
+    _require_utf8(dump_dir, root)
+    return root
 
 
 def _require_utf8(dump_dir: Path, root: Path) -> None:
@@ -229,24 +254,45 @@ def _refuse_duplicate(earlier: StepFiles | Path | None, path: Path, what: str = 
 
 
 def _list_train_files(
-    train_dir: Path,
-) -> tuple[dict[int, dict[int, Path]], list[tuple[Path | str, str]]]:
+    train_dir: Path, per_step: bool = False
+) -> tuple[dict[int, dict[int, Path]], dict[int, list[Path]], list[tuple[Path | str, str]]]:
+    """(step → rank → file, step → files of the other layout, ignored) of `train_data/`;
+    a per-step file is listed as rank 0."""
     by_step: dict[int, dict[int, Path]] = {}
+    unread: dict[int, list[Path]] = {}
     ignored: list[tuple[Path | str, str]] = []
     if not train_dir.is_dir():
-        return by_step, ignored
+        return by_step, unread, ignored
+    read, other = (_TRAIN_STEP_NAME, _TRAIN_NAME) if per_step else (_TRAIN_NAME, _TRAIN_STEP_NAME)
     for path in sorted(train_dir.iterdir()):
-        match = _TRAIN_NAME.match(path.name)
-        why = _not_a_dump_file(path, match, (1, 2))
+        match = read.match(path.name)
+        foreign = None if match else other.match(path.name)
+        if foreign is not None and _not_a_dump_file(path, foreign, (1,)) is None:
+            unread.setdefault(int(foreign.group(1)), []).append(path)
+            continue
+        why = _not_a_dump_file(path, match, (1,) if per_step else (1, 2))
         if why is not None:
             ignored.append((path, why))
             continue
         assert match is not None
         ranks = by_step.setdefault(int(match.group(1)), {})
-        rank = int(match.group(2))
-        _refuse_duplicate(ranks.get(rank), path, "step and rank")
+        rank = 0 if per_step else int(match.group(2))
+        _refuse_duplicate(ranks.get(rank), path, "step" if per_step else "step and rank")
         ranks[rank] = path
-    return by_step, ignored
+    return by_step, unread, ignored
+
+
+def unread_train_error(files: StepFiles) -> DumpFormatError | None:
+    """The step's failure when a train file of it is in a layout its format does not read."""
+    if not files.unread:
+        return None
+    path = files.unread[0]
+    layout = "per-step" if _TRAIN_STEP_NAME.match(path.name) else "per-rank"
+    return DumpFormatError(
+        path,
+        f"is a {layout} train file of step {files.rollout_id}, which the {files.format} format"
+        " does not read; extract with the matching --format (or without --format to detect it)",
+    )
 
 
 def select_steps(dump: Dump, steps: Container[int] | None) -> tuple[StepFiles, ...]:

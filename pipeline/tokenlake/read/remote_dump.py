@@ -26,12 +26,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tokenlake import schema
 from tokenlake.errors import DumpNotFoundError, LakeError
 from tokenlake.layout import MANIFEST_DIR, is_url
+from tokenlake.read import formats, ptread
 from tokenlake.read.dump import Dump, RemoteFiles, StepFiles
-from tokenlake.read.dump import discover as discover_local
 from tokenlake.read.private_cache import PRIVATE_MODE, make_folders
 from tokenlake.read.remote_stage import (
     CACHE_VARIABLE,
@@ -92,19 +93,33 @@ def urls_in(source_dir: str, text: str) -> str:
     return text.replace(f"{stage_root(source_dir)}/", f"{source_dir.rstrip('/')}/")
 
 
-def discover(location: DumpLocation) -> Dump:
-    """`dump.discover` for a directory or a URL (staged first; its steps carry the URL)."""
+def discover(location: DumpLocation, forced: str | None = None) -> Dump:
+    """`formats.discover` for a directory or a URL (staged first; its steps carry the URL)."""
     if not is_remote(location):
-        return discover_local(Path(location))
+        return formats.discover(Path(location), forced)
     url = str(location).rstrip("/")
     root = stage(url)
     try:
-        listing = discover_local(root)
+        listing = formats.discover(root, forced, _remote_loader(url, root))
     except DumpNotFoundError as exc:
         raise DumpNotFoundError(url, exc.reason) from None
     steps = tuple(replace(s, remote=_remote_files(url, s)) for s in listing.steps)
     ignored = tuple((shown_path(url, Path(p)), why) for p, why in listing.ignored)
     return replace(listing, steps=steps, ignored=ignored, url=url)
+
+
+def _remote_loader(url: str, root: Path) -> formats.Loader:
+    """Loads a staged `.pt` file of the dump by downloading its object first (a placeholder
+    is never parsed): format detection's one look inside a rollout file."""
+
+    def load(path: Path) -> Any:
+        info = path.stat()
+        name = path.relative_to(root).as_posix()
+        remote = RemoteFiles(url, ((name, info.st_size, info.st_mtime_ns),))
+        with hydrated(StepFiles(0, True, path, root=root, remote=remote)) as read:
+            return ptread.load(read.rollout_file)
+
+    return load
 
 
 # Schemes that name one kind of store (Hadoop's `s3a://` and `s3n://` are S3 buckets too).
@@ -215,12 +230,13 @@ def _moved(files: StepFiles, private: Path) -> StepFiles:
     def moved(path: Path) -> Path:
         return private / path.relative_to(files.root)  # type: ignore[arg-type]
 
-    return StepFiles(
-        files.rollout_id,
-        files.evaluation,
-        moved(files.rollout_file),
-        tuple((rank, moved(path)) for rank, path in files.train_files),
-        private,
+    return replace(
+        files,
+        rollout_file=moved(files.rollout_file),
+        train_files=tuple((rank, moved(path)) for rank, path in files.train_files),
+        root=private,
+        remote=None,
+        unread=tuple(moved(path) for path in files.unread),
     )
 
 

@@ -4,7 +4,8 @@
 `$TOKENLAKE_CACHE/dumps/<hash>/<name>/` (default `~/.cache/tokenlake`), a folder of ours,
 never inside the lake or the dump:
 
-- every object under `rollout_data/`, `train_data/` and `trajectory/` becomes a *sparse
+- every object under `rollout_data/`, `train_data/` and `trajectory/` (and NeMo-RL's
+  `train_data_step{N}.jsonl` / `val_data_step{N}.jsonl` at the top) becomes a *sparse
   placeholder*: an empty file truncated to the object's size, its mtime the object's
   LastModified; it costs no disk and is never read (a step's objects are downloaded apart,
   see `remote_dump.hydrated`);
@@ -47,6 +48,7 @@ from tokenlake.read.dump import (
     TRAIN_DIR,
     TRAJECTORY_DIR,
 )
+from tokenlake.read.nemo_rl import is_log_name
 from tokenlake.read.private_cache import (
     CACHE_VARIABLE,
     foreign_entry,
@@ -194,7 +196,7 @@ def _update(
         try:
             if known.get(name) != [size, mtime_ns] or not _same(target, size, mtime_ns):
                 make_folders(root, Path(name).parent)
-                placeholder = name.split("/", 1)[0] in PLACEHOLDER_DIRS or _too_large(name, size)
+                placeholder = _read_per_step(name) or _too_large(name, size)
                 _stage_one(fs, f"{base}/{name}", target, size, mtime_ns, placeholder)
             staged[name] = [size, mtime_ns]
         except (OSError, RemoteObjectError) as exc:  # e.g. a name both a file and a folder
@@ -240,11 +242,16 @@ def _wanted(name: str) -> bool:
     """
     parts = name.split("/")
     return (
-        len(parts) >= 2
-        and parts[0] in (*PLACEHOLDER_DIRS, *COPIED_DIRS)
+        (len(parts) >= 2 and parts[0] in (*PLACEHOLDER_DIRS, *COPIED_DIRS) or is_log_name(name))
         and all(p not in ("", ".", "..") and "\\" not in p and "\x00" not in p for p in parts)
         and not parts[-1].startswith(_PRIVATE_PREFIX)
     )
+
+
+def _read_per_step(name: str) -> bool:
+    """A file a step reads (a placeholder until then): `.pt` files, trajectories, and
+    NeMo-RL's logged batches at the top of the prefix."""
+    return name.split("/", 1)[0] in PLACEHOLDER_DIRS or is_log_name(name)
 
 
 def _mtime_ns(info: dict[str, Any]) -> int:

@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from tokenlake import schema
+from tokenlake.read.resolve import TrainRow
 from tokenlake.read.validate import CheckedSample
-from tokenlake.transform.resolve import TrainRow
 from tokenlake.transform.summary import sample_summary
 
 
@@ -318,3 +318,12 @@ def samples_table(
     for row, part in zip(rows, parts, strict=True):
         row[schema.ALIGNMENT_FAILED] = bool(row[schema.ALIGNMENT_FAILED]) or part.misaligned
     return schema.table_from_rows(schema.SAMPLES, rows)
+
+
+def null_columns(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    """The table with the (nullable) columns `names` NULL in every row."""
+    for name in names:
+        index = table.schema.get_field_index(name)
+        field = table.schema.field(index)
+        table = table.set_column(index, field, pa.nulls(table.num_rows, field.type))
+    return table

@@ -14,8 +14,8 @@ from tokenlake.errors import SampleValueError, shown
 from tokenlake.read import validate
 from tokenlake.read.jsontext import clean_text, to_json
 from tokenlake.read.ptglobals import SpecInfo
+from tokenlake.read.resolve import TrainRow
 from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int
-from tokenlake.transform.resolve import TrainRow
 
 _DIGITS = re.compile(r"[0-9]+")
 

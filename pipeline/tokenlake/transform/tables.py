@@ -14,9 +14,10 @@ import pyarrow as pa
 
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, SampleValueError
-from tokenlake.read import dump, trajectory, validate
+from tokenlake.read import dump, formats, trajectory, validate
+from tokenlake.read.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
+from tokenlake.read.step_read import StepRead
 from tokenlake.transform import flatten
-from tokenlake.transform.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,11 @@ class StepResult:
 
 def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepResult]:
     """The step's `tokens` and `samples` tables, in memory."""
-    rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
-    samples: list[dict[str, Any]] = rollout["samples"]
-    checked = validate.check_samples(files.rollout_file, samples)  # before anything reads them
-    train_files = [
-        TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
-    ]
-    train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
+    unread = dump.unread_train_error(files)
+    if unread is not None:  # never a silent rollout-only step
+        raise unread
+    step = formats.step_reader(files.format, read_miles_step)(files)
+    samples, checked, train_rows = step.samples, step.checked, step.train_rows
     parts = [
         flatten.sample_tokens(arrays, train_rows.get(position))
         for position, arrays in enumerate(checked)
@@ -49,29 +48,44 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
     tokens = flatten.tokens_table(files.evaluation, indices, parts)
     warnings: list[str] = []
-    messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
+    messages = step.messages
+    if messages is None:
+        messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
     try:
         samples_table = flatten.samples_table(
             files.rollout_id,
             files.evaluation,
             samples,
             train_rows,
-            len(train_files),
+            step.train_files,
             messages,
             parts,
         )
     except SampleValueError as exc:  # raised where the value is read, which knows no file
         raise validate.located(exc, files.rollout_file, samples) from None
+    samples_table = flatten.null_columns(samples_table, step.unknown)
     result = StepResult(
         rollout_id=files.rollout_id,
         evaluation=files.evaluation,
         samples=len(samples),
         tokens=tokens.num_rows,
-        train_files=len(train_files),
+        train_files=step.train_files,
         nonfinite_values=count_nonfinite(tokens),
         warnings=tuple(warnings),
     )
     return tokens, samples_table, result
+
+
+def read_miles_step(files: dump.StepFiles) -> StepRead:
+    """A miles (or slime format 1) step: its rollout file and its rank files, joined."""
+    rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
+    samples: list[dict[str, Any]] = rollout["samples"]
+    checked = validate.check_samples(files.rollout_file, samples)  # before anything reads them
+    train_files = [
+        TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
+    ]
+    train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
+    return StepRead(samples, checked, train_rows, len(train_files))
 
 
 def resolve_train_rows(

@@ -21,6 +21,7 @@ import numpy as np
 
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError
+from tokenlake.read import cp_layout
 from tokenlake.read.train_checks import (
     exact_int,
     flag_or_none,
@@ -30,7 +31,6 @@ from tokenlake.read.train_checks import (
 )
 from tokenlake.read.validate import sample_label
 from tokenlake.read.values import is_int
-from tokenlake.transform import cp_layout
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Location:
 class TrainRow:
     """The resolved train side of one sample (a value: later stages read it, never change it)."""
 
-    dumped_rank: int
+    dumped_rank: int | None  # None: the format records no rank (NeMo-RL)
     response_length: int
     total_length: int
     loss_mask: np.ndarray  # int, length R (train side, authoritative)

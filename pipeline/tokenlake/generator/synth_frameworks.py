@@ -1,0 +1,179 @@
+"""The generator's other frameworks: slime (train dump format 1 or 2) and NeMo-RL logs.
+
+The same `StepBatch` as a miles dump (`tokenlake.generator.synth_spec.build_step`), written in the
+other layouts as each framework's own code writes them (docs/frameworks.md): so a spec
+generated in two formats gives the same token values in the lake, and the drift views can be
+checked against each other.
+
+- slime: rollout files without miles' top-level `metadata`, slime's sample keys (`session_id`,
+  `rollout_top_p_token_ids`/`_offsets`), no `dashboard_columns/` or `trajectory/`.
+  Format 1: miles' per-rank train files without `weight_versions` or CP keys (legacy CP).
+  Format 2: one `train_data/{rid}.pt` per step, `{format_version: 2, rollout_id, rank,
+  samples, dp_shards, raw_reward}`, every column at full length except `ref_entropy`, which
+  slime leaves CP-local (CP rank 0's chunks).
+- NeMo-RL: `train_data_step{rid + 1}.jsonl` (NeMo-RL counts steps from 1) and, for an eval
+  step, `val_data_step{rid}.jsonl`; one line per sample, each value wrapped in a one-entry
+  list, sequences right-padded with 0 to the step's longest. `log_probs=False` writes
+  `prev_logprobs` as 0.0 everywhere, as `loss_fn.force_on_policy_ratio` does.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenlake.generator.synth_spec import (
+    DumpSpec,
+    StepBatch,
+    eval_count,
+    global_rank,
+    train_rollout_log_probs,
+    trainer_fields,
+)
+from tokenlake.read.cp_layout import slice_for_rank
+
+FRAMEWORKS = ("miles", "slime-v1", "slime-v2", "nemo-rl")
+# miles' sample keys that slime's `Sample` does not have
+_MILES_ONLY = ("rollout_indexer_topk", "opd_reverse_kl", "adapter", "reward_spec", "routing_key")
+PROMPT_LOG_PROB = -2.0  # NeMo-RL's trainer log-prob of a prompt token: any value, never read
+
+
+def slime_rollout(payload: dict[str, Any], spec: DumpSpec) -> dict[str, Any]:
+    """A miles rollout payload as slime writes it: no top-level `metadata`, slime's keys."""
+    samples = []
+    for sample in payload["samples"]:
+        kept = {k: v for k, v in sample.items() if k not in _MILES_ONLY}
+        session = uuid.UUID(int=spec.seed << 64 | payload["rollout_id"] << 32 | sample["index"])
+        kept.update(
+            rollout_top_p_token_ids=None,
+            rollout_top_p_token_offsets=None,
+            session_id=str(session),
+        )
+        samples.append(kept)
+    return {"rollout_id": payload["rollout_id"], "samples": samples}
+
+
+def write_slime_v2_train(out: Path, spec: DumpSpec, step: StepBatch) -> None:
+    """`train_data/{rid}.pt` of slime's train dump format 2 (DP strided as miles' rows)."""
+    import torch
+
+    rlp32 = train_rollout_log_probs(spec, step)
+    fields = trainer_fields(spec, step.rid)
+    samples = [_v2_sample(spec, step, i, rlp32, fields) for i in range(step.n)]
+    payload = {
+        "format_version": 2,
+        "rollout_id": step.rid,
+        "rank": 0,
+        "samples": samples,
+        "dp_shards": [_v2_shard(spec, step, dp) for dp in range(spec.dp)],
+        "raw_reward": step.reward.tolist(),
+    }
+    torch.save(payload, out / "train_data" / f"{step.rid}.pt")
+
+
+def _v2_sample(
+    spec: DumpSpec, step: StepBatch, i: int, rlp32: np.ndarray, fields: tuple[str, ...]
+) -> dict[str, Any]:
+    import torch
+
+    mask = step.resp(step.train_mask, i)
+    total = int(step.t_off[i + 1] - step.t_off[i])
+    sample: dict[str, Any] = {
+        "data_parallel_rank": i % spec.dp,
+        "sample_index": int(step.index[i]),
+        "rollout_position": i,
+        "tokens": torch.from_numpy(step.tok(i).copy()),
+        "response_lengths": int(step.rlen[i]),
+        "rewards": float(step.norm[i]),
+        "truncated": int(step.truncated[i]),
+        "loss_masks": torch.from_numpy(mask.astype(np.int32)),
+        "rollout_ids": i,
+        "rollout_mask_sums": torch.tensor(float(mask.sum()), dtype=torch.float32),
+        "source_names": "unknown",
+        "total_lengths": total,
+        "local_raw_reward": float(step.reward[i]),
+        "rollout_log_probs": torch.from_numpy(step.resp(rlp32, i).copy()),
+    }
+    for name in fields:
+        full = step.resp(step.trainer[name], i).copy()
+        if name == "ref_entropy" and spec.cp > 1:  # not gathered over CP ranks by slime
+            full = slice_for_rank(full, total, 0, spec.cp, None)
+        sample[name] = torch.from_numpy(full)
+    return sample
+
+
+def _v2_shard(spec: DumpSpec, step: StepBatch, dp: int) -> dict[str, Any]:
+    rows = list(range(dp, step.n, spec.dp))
+    return {
+        "rank": global_rank(spec, dp=dp, cp=0, pp=0, tp=0),
+        "data_parallel_rank": dp,
+        "sample_indices": [int(step.index[i]) for i in rows],
+        "partition": rows,
+        "global_batch_sizes": [step.n],
+        "num_microbatches": [1],
+        "micro_batch_indices": [list(range(len(rows)))],
+    }
+
+
+def nemo_rl_name(rid: int, evaluation: bool) -> str:
+    """The log file of a generated step: NeMo-RL counts training steps from 1."""
+    return f"val_data_step{rid}.jsonl" if evaluation else f"train_data_step{rid + 1}.jsonl"
+
+
+def write_nemo_rl_step(out: Path, spec: DumpSpec, step: StepBatch, evaluation: bool) -> None:
+    """One logged batch: the train lines of a step, or the validation lines of an eval."""
+    count = eval_count(step) if evaluation else step.n
+    width = int(np.diff(step.t_off).max()) if step.n else 0
+    lines = [
+        _val_line(step, i) if evaluation else _train_line(spec, step, i, width)
+        for i in range(count)
+    ]
+    text = "".join(json.dumps({**line, "idx": i}) + "\n" for i, line in enumerate(lines))
+    (out / nemo_rl_name(step.rid, evaluation)).write_text(text)
+
+
+def _train_line(spec: DumpSpec, step: StepBatch, i: int, width: int) -> dict[str, Any]:
+    prompt, length = int(step.plen[i]), int(step.t_off[i + 1] - step.t_off[i])
+    pad = width - length
+    gen = step.resp(step.gen_mask, i).astype(np.int64)
+    rlp = step.resp(train_rollout_log_probs(spec, step), i)
+    norm = float(step.norm[i])
+    if spec.log_probs and step.rid not in spec.log_probs_missing_steps:
+        trainer = (
+            [0.0]
+            + [PROMPT_LOG_PROB] * (prompt - 1)
+            + _floats(step.resp(step.trainer["log_probs"], i))
+        )
+    else:  # never computed: logged as 0.0 everywhere
+        trainer = [0.0] * length
+    return {
+        "content": [[f"Question {int(step.group[i])}: 1+1?", "x" * int(step.rlen[i])]],
+        "rewards": [float(step.reward[i])],
+        "input_lengths": [length],
+        "token_ids": [step.tok(i).tolist() + [0] * pad],
+        "token_loss_mask": [[0] * prompt + gen.tolist() + [0] * pad],
+        "sample_loss_mask": [0.0 if step.removed[i] else 1.0],
+        "advantages": [
+            [norm] * prompt + _floats(step.resp(step.trainer["advantages"], i)) + [norm] * pad
+        ],
+        "generation_logprobs": [[0.0] * prompt + _floats(np.where(gen, rlp, 0.0)) + [0.0] * pad],
+        "prev_logprobs": [trainer + [0.0] * pad],
+    }
+
+
+def _val_line(step: StepBatch, i: int) -> dict[str, Any]:
+    messages = [
+        {"role": "user", "content": f"Question {int(step.group[i])}: 1+1?"},
+        {"role": "assistant", "content": "x" * int(step.rlen[i])},
+        {"role": "environment", "content": "Environment: correct"},
+    ]
+    return {"content": [messages], "rewards": [float(step.reward[i])]}
+
+
+def _floats(values: np.ndarray) -> list[float]:
+    """float32 values as JSON numbers that read back as the same float32."""
+    return np.asarray(values, dtype=np.float32).astype(np.float64).tolist()

@@ -1,0 +1,160 @@
+"""Which dump format a directory holds (from its layout), and which reader reads its steps.
+
+| format | framework | layout |
+|---|---|---|
+| `miles` | miles | `rollout_data/{rid}.pt`, `train_data/{rid}_{rank}.pt`; rollout files with a top-level `metadata`, or `dashboard/`, `dashboard_columns/`, `trajectory/` |
+| `slime-v1` | slime, train dump format 1 | the same names, none of miles' own folders, rollout files without `metadata` |
+| `slime-v2` | slime, train dump format 2 | `rollout_data/{rid}.pt`, `train_data/{rid}.pt` |
+| `nemo-rl` | NVIDIA NeMo-RL | `train_data_step{N}.jsonl`, `val_data_step{N}.jsonl` |
+
+Telling miles from slime format 1, whose file names are the same, needs one look inside: the
+smallest rollout file is loaded (by the same allow-listed reader as every step's) to see
+whether it has miles' top-level `metadata`. A directory holding two layouts at once, or none,
+is refused with one line naming what was found; `--format` forces a format (train files of
+another layout then fail their steps, see `dump.unread_train_error`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tokenlake.errors import DumpNotFoundError, UsageError, shown
+from tokenlake.read import dump, nemo_rl, ptread, slime_v2
+from tokenlake.read.step_read import StepRead
+
+
+@dataclass(frozen=True)
+class Format:
+    """A dump format tokenlake reads: its `--format` name and what `runs` records."""
+
+    name: str
+    framework: str  # `runs.framework`
+    version: int | None  # `runs.format_version`: the framework's train dump format, if numbered
+    title: str  # how messages name it
+
+
+MILES = Format("miles", "miles", None, "miles")
+SLIME_V1 = Format("slime-v1", "slime", 1, "slime (train dump format 1)")
+SLIME_V2 = Format("slime-v2", "slime", 2, "slime (train dump format 2)")
+NEMO_RL = Format("nemo-rl", "nemo-rl", None, "NeMo-RL")
+FORMATS: dict[str, Format] = {f.name: f for f in (MILES, SLIME_V1, SLIME_V2, NEMO_RL)}
+# Folders only miles writes (dump-format.md section 1).
+MILES_FOLDERS = (dump.DASHBOARD_DIR, "dashboard_columns", dump.TRAJECTORY_DIR)
+
+Loader = Callable[[Path], Any]  # loads a `.pt` file of the dump (a remote one: downloaded)
+
+
+def step_reader(
+    name: str, miles: Callable[[dump.StepFiles], StepRead]
+) -> Callable[[dump.StepFiles], StepRead]:
+    """The reader of a format's steps; `miles` (pipeline/tokenlake/transform/step.py) reads
+    miles' and slime format 1's, which share their files."""
+    readers = {SLIME_V2.name: slime_v2.read_step, NEMO_RL.name: nemo_rl.read_step}
+    return readers.get(name, miles)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a directory holds that tells the formats apart."""
+
+    rollout_dir: bool
+    per_rank: int  # train_data/{rid}_{rank}.pt
+    per_step: int  # train_data/{rid}.pt
+    logs: int  # NeMo-RL's *_data_step{N}.jsonl
+    miles_folders: tuple[str, ...]
+
+    def found(self) -> str:
+        """The layouts found, as a message lists them."""
+        parts = []
+        if self.rollout_dir:
+            parts.append(f"a `{dump.ROLLOUT_DIR}/` directory (miles, slime)")
+        if self.per_rank:
+            parts.append(
+                f"{self.per_rank} per-rank train file(s) `{dump.TRAIN_DIR}/{{rid}}_{{rank}}.pt`"
+                " (miles, slime format 1)"
+            )
+        if self.per_step:
+            parts.append(
+                f"{self.per_step} per-step train file(s) `{dump.TRAIN_DIR}/{{rid}}.pt`"
+                " (slime format 2)"
+            )
+        if self.logs:
+            parts.append(f"{self.logs} NeMo-RL log file(s) `train_data_step{{N}}.jsonl`")
+        return " and ".join(parts)
+
+
+def layout_of(root: Path) -> Layout:
+    train_dir = root / dump.TRAIN_DIR
+    names = sorted(p.name for p in train_dir.iterdir()) if train_dir.is_dir() else []
+    return Layout(
+        rollout_dir=(root / dump.ROLLOUT_DIR).is_dir(),
+        per_rank=sum(1 for n in names if dump._TRAIN_NAME.match(n)),
+        per_step=sum(1 for n in names if dump._TRAIN_STEP_NAME.match(n)),
+        logs=sum(1 for p in root.iterdir() if nemo_rl.is_log_name(p.name)),
+        miles_folders=tuple(f for f in MILES_FOLDERS if (root / f).is_dir()),
+    )
+
+
+def discover(dump_dir: Path, forced: str | None = None, load: Loader = ptread.load) -> dump.Dump:
+    """List a dump's steps in its format (detected, or `forced`); `Dump.format` says which."""
+    root = dump.checked_root(dump_dir)
+    fmt = FORMATS[forced] if forced is not None else detect(dump_dir, root, load)
+    if fmt is NEMO_RL:
+        listing = nemo_rl.discover(root)
+    else:
+        listing = dump.discover(root, fmt.name, per_step_train=fmt is SLIME_V2)
+    return replace(listing, root=root, format=fmt.name)
+
+
+def parse_format(name: str | None) -> str | None:
+    """A `--format` value, checked."""
+    if name is None or name in FORMATS:
+        return name
+    names = ", ".join(f"`{n}`" for n in FORMATS)
+    raise UsageError(f"--format {shown(name)} is not a format tokenlake reads ({names}).")
+
+
+def detect(dump_dir: Path, root: Path, load: Loader = ptread.load) -> Format:
+    """The format of the directory's layout; an unrecognised or mixed one is an error."""
+    found = layout_of(root)
+    pt_based = found.rollout_dir or found.per_rank or found.per_step
+    if found.logs and pt_based or found.per_rank and found.per_step:
+        raise DumpNotFoundError(
+            dump_dir,
+            f"mixes dump layouts: it holds {found.found()}; give --format to read one of them",
+        )
+    if found.logs:
+        return NEMO_RL
+    if not found.rollout_dir:
+        raise DumpNotFoundError(
+            dump_dir,
+            f"is not a dump tokenlake reads: it has no `{dump.ROLLOUT_DIR}/` directory (miles,"
+            " slime) and no `train_data_step{N}.jsonl` (NeMo-RL)"
+            + (f"; it holds {found.found()}" if pt_based else ""),
+        )
+    if found.per_step:
+        return SLIME_V2
+    if found.miles_folders or _has_miles_metadata(root, load):
+        return MILES
+    return SLIME_V1
+
+
+def _has_miles_metadata(root: Path, load: Loader) -> bool:
+    """Whether the dump's smallest rollout file has miles' top-level `metadata` (every miles
+    rollout file since 2026-07-10; never slime's). A dump without a readable rollout file
+    reads as miles: the files are the same, and each step reports its own problem."""
+    candidates = []
+    for path in (root / dump.ROLLOUT_DIR).iterdir():
+        match = dump._ROLLOUT_NAME.match(path.name)
+        if dump._not_a_dump_file(path, match, (2,)) is None:
+            candidates.append((path.stat().st_size, path.name, path))
+    if not candidates:
+        return True
+    try:
+        data = load(min(candidates)[2])
+    except Exception:  # noqa: BLE001 - any unreadable file: its step says why, not detection
+        return True
+    return not isinstance(data, dict) or "metadata" in data

@@ -1,0 +1,156 @@
+"""Every dump format works the way miles' does: worker processes, incremental re-extraction,
+live following and dumps on an object store give the same lake as one plain extraction.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixture_paths import NEMO_RL_REAL, SLIME_REAL
+from tests.s3server import moto_server, new_bucket, rows
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.orchestrate.follow import FollowState, follow_round
+from tokenlake.read import remote_dump
+
+pytestmark = pytest.mark.slow  # real extractions, worker processes, a server
+
+DUMPS = {
+    "slime-v1": SLIME_REAL / "v1_tp2",
+    "slime-v2": SLIME_REAL / "v2_dp2_cp2",
+    "nemo-rl": NEMO_RL_REAL / "grpo_multiturn",
+}
+TABLES_SQL = ("SELECT * FROM tokens", "SELECT * FROM samples")
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    dump = tmp_path / "dump"
+    shutil.copytree(DUMPS[name], dump, ignore=shutil.ignore_patterns("expected"))
+    return dump
+
+
+def _counts(summary: object) -> dict[str, int]:
+    return {str(k): v for k, v in summary.counts.items() if v}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", DUMPS)
+def test_workers_and_incremental_reextraction(name: str, tmp_path: Path) -> None:
+    dump = _copy(name, tmp_path)
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert _counts(extract_run(dump, one, ExtractOptions(workers=1))) == {"new": 4}
+    assert _counts(extract_run(dump, two, ExtractOptions(workers=2))) == {"new": 4}
+    for sql in TABLES_SQL:
+        assert rows(one, sql) == rows(two, sql) != []
+    assert _counts(extract_run(dump, two, ExtractOptions(workers=2))) == {"unchanged": 4}
+    # one step's train file changes: that step alone is read again
+    changed = {
+        "slime-v1": dump / "train_data" / "1_3.pt",
+        "slime-v2": dump / "train_data" / "1.pt",
+        "nemo-rl": dump / "train_data_step1.jsonl",
+    }[name]
+    stamp = changed.stat().st_mtime_ns + 10**9
+    os.utime(changed, ns=(stamp, stamp))
+    summary = extract_run(dump, two, ExtractOptions(workers=2))
+    assert _counts(summary) == {"updated": 1, "unchanged": 3}
+    assert [s.rollout_id for s in summary.steps] == [1]
+    for sql in TABLES_SQL:
+        assert rows(one, sql) == rows(two, sql)
+
+
+def test_following_a_nemo_rl_log_directory_as_its_files_appear(tmp_path: Path) -> None:
+    source, live, lake = DUMPS["nemo-rl"], tmp_path / "logs", tmp_path / "lake"
+    live.mkdir()
+    state = FollowState()
+    for name in ("train_data_step1.jsonl", "train_data_step2.jsonl"):
+        shutil.copy(source / name, live / name)
+    first = follow_round(
+        live, lake, "live", state, ExtractOptions(settle_seconds=30.0), None, clock=lambda: 2e9
+    )
+    assert [s.rollout_id for s in first.steps] == [1, 2]
+    shutil.copy(source / "train_data_step3.jsonl", live / "train_data_step3.jsonl")
+    # a file written this instant has not settled: not extracted yet
+    now = (live / "train_data_step3.jsonl").stat().st_mtime
+    assert (
+        follow_round(
+            live, lake, "live", state, ExtractOptions(settle_seconds=30.0), None, clock=lambda: now
+        ).steps
+        == []
+    )
+    later = follow_round(
+        live, lake, "live", state, ExtractOptions(settle_seconds=30.0), None, clock=lambda: now + 31
+    )
+    assert [s.rollout_id for s in later.steps] == [3]
+    assert _counts(later) == {"new": 1, "unchanged": 2}
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[dict[str, str]]:
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()  # an instance may point at another server
+    with moto_server() as env:
+        yield env
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def _upload(bucket: str, prefix: str, source: Path) -> str:
+    import boto3
+
+    client = boto3.client("s3")
+    for path in sorted(source.rglob("*")):
+        if path.is_file() and "expected" not in path.relative_to(source).parts:
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(source)}")
+    return f"s3://{bucket}/{prefix}"
+
+
+@pytest.mark.parametrize("name", DUMPS)
+def test_a_dump_on_an_object_store_gives_the_local_lake(
+    name: str, s3: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(remote_dump.CACHE_VARIABLE, str(tmp_path / "cache"))
+    url = _upload(new_bucket(), name, DUMPS[name])
+    far = extract_run(url, tmp_path / "far", ExtractOptions(workers=1))
+    assert (far.dump_format, _counts(far)) == (name, {"new": 4})
+    near = extract_run(DUMPS[name], tmp_path / "near", ExtractOptions(workers=1, run_name=name))
+    for sql in TABLES_SQL:
+        assert rows(tmp_path / "far", sql) == rows(tmp_path / "near", sql)
+    assert rows(tmp_path / "far", "SELECT dump_format FROM runs") == [(repr(name),)]
+    assert near.failed == []
+    # the stage holds placeholders only: nothing downloaded stays behind
+    staged = [p for p in remote_dump.stage_root(url).rglob("*") if p.is_file()]
+    read_per_step = [p for p in staged if p.suffix in (".pt", ".jsonl")]
+    assert read_per_step and all(p.stat().st_blocks == 0 for p in read_per_step)
+    assert _counts(extract_run(url, tmp_path / "far", ExtractOptions(workers=1))) == {
+        "unchanged": 4
+    }
+
+
+def test_following_looks_inside_a_rollout_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Telling slime's format 1 from miles loads a rollout file: once a round has landed a
+    step, later rounds reuse the format instead of loading it again."""
+    from tokenlake.orchestrate.follow import follow_run
+    from tokenlake.read import formats
+
+    looks = []
+    real = formats._has_miles_metadata
+    monkeypatch.setattr(
+        formats, "_has_miles_metadata", lambda *args: looks.append(1) or real(*args)
+    )
+    rounds = []
+    follow_run(
+        _copy("slime-v1", tmp_path),
+        tmp_path / "lake",
+        ExtractOptions(follow=True, run_name="live", poll_seconds=0, settle_seconds=0),
+        on_round=rounds.append,
+        should_stop=lambda: len(rounds) == 3,
+        clock=lambda: 2e9,
+    )
+    assert [_counts(r) for r in rounds] == [{"new": 4}, {"unchanged": 4}, {"unchanged": 4}]
+    assert [r.dump_format for r in rounds] == ["slime-v1"] * 3
+    assert looks == [1]
