@@ -197,7 +197,7 @@ class Lake:
         names = _columns(table, columns)
         for _attempt in (1, 2):
             listed = _listed_files(self.store, table, runs, wanted)
-            if wanted is not None and not listed:
+            if wanted is not None and wanted.ranges and not listed:  # asked, and none is there
                 raise self._no_step_error(wanted, runs)
             if all(self.store.exists(name) for name, _ in listed):
                 return self.store.scan(table, listed, names)

@@ -81,9 +81,7 @@ def as_selection(steps: object) -> StepSelection | None:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
             raise UsageError(_NOT_A_STEP.format(shown=repr(value)[:80]))
         ids.append(value)
-    if not ids:
-        raise UsageError("steps: no step id given; it selects no step.")
-    return _of_ids(ids)
+    return _of_ids(ids)  # no id: the empty selection, nothing
 
 
 _NOT_A_STEP = "steps: `{shown}` is not a step id; give ints, a range, or a string like `0-9,12`."

@@ -12,7 +12,7 @@ import pytest
 import tokenlake
 from tokenlake import lake as api
 from tokenlake import schema
-from tokenlake.errors import LakeError
+from tokenlake.errors import LakeError, UnknownRunError
 from tokenlake.generator import synth
 from tokenlake.store import manifest
 from tokenlake.store.local import LocalStore
@@ -72,7 +72,8 @@ def test_selections_read_only_the_listed_files(lake):
     assert frame.height == expected.fetchall()[0][0]
     assert frame["rollout_id"].unique().to_list() == [2]
     assert lake.samples(run=["a", "b"], steps=[]).collect().height == 0
-    assert lake.metrics(run="nope").collect().height == 0
+    with pytest.raises(UnknownRunError, match="Unknown run `nope`; the lake has runs: `a`, `b`"):
+        lake.metrics(run="nope")  # as the CLI says it, never an empty frame
     with pytest.raises(LakeError, match="has no column `lp_dif`"):
         lake.tokens(columns=["lp_dif"])
 
