@@ -172,13 +172,13 @@ def discover(dump_dir: Path, format: str = "miles", per_step_train: bool = False
     steps: dict[tuple[int, bool], StepFiles] = {}
     for path in sorted(rollout_dir.iterdir()):
         match = _ROLLOUT_NAME.match(path.name)
-        why = _not_a_dump_file(path, match, (2,))
+        why = not_a_dump_file(path, match, (2,))
         if why is not None:
             ignored.append((path, why))
             continue
         assert match is not None
         rid, evaluation = int(match.group(2)), match.group(1) is not None
-        _refuse_duplicate(steps.get((rid, evaluation)), path)
+        refuse_duplicate(steps.get((rid, evaluation)), path)
         ranks = () if evaluation else tuple(sorted(train.pop(rid, {}).items()))
         others = () if evaluation else tuple(unread.pop(rid, ()))
         steps[rid, evaluation] = StepFiles(
@@ -216,7 +216,7 @@ def _require_utf8(dump_dir: Path, root: Path) -> None:
         ) from None
 
 
-def _not_a_dump_file(
+def not_a_dump_file(
     path: Path, match: re.Match[str] | None, groups: tuple[int, ...]
 ) -> str | None:
     """Why `path` is not extracted, or None for a dump file (a regular file, ids in int64)."""
@@ -241,7 +241,7 @@ def _file_kind(path: Path) -> str | None:
         return f"unreadable ({exc.strerror or exc})"
 
 
-def _refuse_duplicate(earlier: StepFiles | Path | None, path: Path, what: str = "step") -> None:
+def refuse_duplicate(earlier: StepFiles | Path | None, path: Path, what: str = "step") -> None:
     """Two file names for one step or rank (`1.pt`, `01.pt`): refuse rather than pick one."""
     if earlier is None:
         return
@@ -267,17 +267,17 @@ def _list_train_files(
     for path in sorted(train_dir.iterdir()):
         match = read.match(path.name)
         foreign = None if match else other.match(path.name)
-        if foreign is not None and _not_a_dump_file(path, foreign, (1,)) is None:
+        if foreign is not None and not_a_dump_file(path, foreign, (1,)) is None:
             unread.setdefault(int(foreign.group(1)), []).append(path)
             continue
-        why = _not_a_dump_file(path, match, (1,) if per_step else (1, 2))
+        why = not_a_dump_file(path, match, (1,) if per_step else (1, 2))
         if why is not None:
             ignored.append((path, why))
             continue
         assert match is not None
         ranks = by_step.setdefault(int(match.group(1)), {})
         rank = 0 if per_step else int(match.group(2))
-        _refuse_duplicate(ranks.get(rank), path, "step" if per_step else "step and rank")
+        refuse_duplicate(ranks.get(rank), path, "step" if per_step else "step and rank")
         ranks[rank] = path
     return by_step, unread, ignored
 

@@ -149,7 +149,7 @@ def _has_miles_metadata(root: Path, load: Loader) -> bool:
     candidates = []
     for path in (root / dump.ROLLOUT_DIR).iterdir():
         match = dump._ROLLOUT_NAME.match(path.name)
-        if dump._not_a_dump_file(path, match, (2,)) is None:
+        if dump.not_a_dump_file(path, match, (2,)) is None:
             candidates.append((path.stat().st_size, path.name, path))
     if not candidates:
         return True

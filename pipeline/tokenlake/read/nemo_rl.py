@@ -82,12 +82,12 @@ def discover(root: Path) -> dump.Dump:
         match = LOG_NAME.match(path.name)
         if match is None:
             continue
-        why = dump._not_a_dump_file(path, match, (2,))
+        why = dump.not_a_dump_file(path, match, (2,))
         if why is not None:
             ignored.append((path, why))
             continue
         rid, evaluation = int(match.group(2)), match.group(1) == "val"
-        dump._refuse_duplicate(steps.get((rid, evaluation)), path)
+        dump.refuse_duplicate(steps.get((rid, evaluation)), path)
         steps[rid, evaluation] = dump.StepFiles(rid, evaluation, path, root=root, format="nemo-rl")
     ordered = sorted(steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
     return dump.Dump(root, tuple(ordered), tuple(sorted(ignored)))
