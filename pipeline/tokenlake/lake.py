@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from tokenlake import schema
 from tokenlake.errors import LakeError, UnknownRunError, UsageError
 from tokenlake.layout import Location
+from tokenlake.read import dump
 from tokenlake.steps import StepSelection, as_selection, describe_ids
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
@@ -81,8 +82,8 @@ def open_lake(location: Location, *, create: bool = False) -> Lake:
         tokenlake.errors.LakeError: Lake `/nonexistent/lake`: is not a lake: it has no `_manifest/`; run `tokenlake extract` first
     """
     lake = Lake(location)
-    if not create or lake.store.is_dump():
-        lake.store.require()  # says what the location is instead
+    if not create or dump.is_dump(lake.store):
+        dump.require_lake(lake.store)  # says what the location is instead
     return lake
 
 

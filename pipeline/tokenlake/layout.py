@@ -29,7 +29,6 @@ MANIFEST_DIR = "_manifest"
 USER_VIEWS_DIR = "views"
 LOCK_FILE = ".tokenlake.lock"
 CATALOG_FILE = "tokenlake.duckdb"
-DUMP_MARKER = "rollout_data"  # a folder holding it is a dump, never a lake
 # A run name is a file name (`<run>.json`, `run=<run>`); most file systems hold 255 bytes.
 MAX_RUN_NAME_BYTES = 250
 

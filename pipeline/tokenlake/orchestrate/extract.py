@@ -222,7 +222,7 @@ def drop_run(lake: Location | Store, run: str) -> None:
     gets a row of the run, see `catalog.connect`), then the catalog is rebuilt, then the
     run's files are deleted, and the manifest last (so the run is still there to drop).
     """
-    store = store_at(lake).require()
+    store = dump.require_lake(store_at(lake))
     manifest_name(run)  # a bad run name is refused before anything is listed
     listed = store.manifest_runs()  # a damaged manifest too (a FIFO, a link): it is dropped
     if run not in listed:

@@ -9,6 +9,7 @@ from tokenlake.errors import LakeError
 from tokenlake.layout import Location
 from tokenlake.load import lake_files
 from tokenlake.processes import crash_point
+from tokenlake.read import dump
 from tokenlake.serve import catalog
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
@@ -32,7 +33,7 @@ def tag_run(
         LakeError: Not a lake, no such run, or another writer holds the lake.
         UsageError: A bad key, or a key both set and removed.
     """
-    store = store_at(lake).require()
+    store = dump.require_lake(store_at(lake))
     with store.lock():
         record = manifest.load_manifest(store.location, run)
         if record is None:
@@ -59,7 +60,7 @@ def rebuild_views(lake: Location | Store, warnings: list[str] | None = None) -> 
     nor under another program holding the catalog for writing; a catalog half-built by a
     killed command is swept first. `warnings` as in `build_catalog`.
     """
-    store = store_at(lake).require()
+    store = dump.require_lake(store_at(lake))
     with store.lock():
         catalog.refuse_if_held(store)
         store.delete_stale_temporaries()

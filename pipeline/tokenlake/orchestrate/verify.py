@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from tokenlake import schema
 from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, PipelineError, UsageError, shown
 from tokenlake.layout import Location, check_relative, check_run_name
+from tokenlake.read import dump
 from tokenlake.read.remote_dump import is_object_store_url, is_remote, local_root, shown_path
 from tokenlake.serve import catalog
 from tokenlake.store import manifest, store_at
@@ -44,7 +45,7 @@ def verify_lake(lake: Location | Store, run: str | None = None) -> tuple[int, li
     Returns:
         The number of steps checked and the problems found (empty when consistent).
     """
-    store_at(lake).require()  # else a mistyped path would "pass"
+    dump.require_lake(store_at(lake))  # else a mistyped path would "pass"
     if run is not None:
         check_run_name(run)
     runs = manifest.load_all(lake)

@@ -17,11 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from tokenlake import bounded
-from tokenlake.errors import DumpFileError, DumpFormatError, DumpNotFoundError, UsageError, shown
+from tokenlake.errors import (
+    DumpFileError,
+    DumpFormatError,
+    DumpNotFoundError,
+    LakeError,
+    UsageError,
+    shown,
+)
 from tokenlake.layout import step_label
 from tokenlake.read import ptread, train_checks
 from tokenlake.read.values import INT64_MAX
 from tokenlake.store import manifest
+from tokenlake.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +224,7 @@ def _require_utf8(dump_dir: Path, root: Path) -> None:
         ) from None
 
 
-def not_a_dump_file(
-    path: Path, match: re.Match[str] | None, groups: tuple[int, ...]
-) -> str | None:
+def not_a_dump_file(path: Path, match: re.Match[str] | None, groups: tuple[int, ...]) -> str | None:
     """Why `path` is not extracted, or None for a dump file (a regular file, ids in int64)."""
     if match is None:
         return NOT_A_DUMP_FILE
@@ -392,3 +398,21 @@ def fingerprint(files: StepFiles) -> list[manifest.SourceFile]:
     if sidecar is not None:  # a rewritten conversation file re-extracts the step too
         paths.append(sidecar)
     return [manifest.SourceFile.of(path, files.dump.root) for path in paths]
+
+
+def is_dump(store: Store) -> bool:
+    """Whether a location holds a miles or slime dump (its `rollout_data/`): never a lake."""
+    return store.holds_folder(ROLLOUT_DIR)
+
+
+def require_lake(store: Store) -> Store:
+    """The store, if it is a lake's, else a one-line LakeError saying what the location is
+    (a dump named as one)."""
+    if is_dump(store):
+        what = " directory" if store.local_catalog is not None else ""
+        raise LakeError(
+            str(store.location),
+            f"is a miles dump (it has `{ROLLOUT_DIR}/`), not a lake; give the --lake{what} of"
+            " `tokenlake extract`",
+        )
+    return store.require()

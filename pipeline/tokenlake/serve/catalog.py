@@ -32,6 +32,7 @@ from tokenlake import layout, schema
 from tokenlake.errors import LakeError
 from tokenlake.layout import Location
 from tokenlake.processes import crash_point
+from tokenlake.read import dump
 from tokenlake.serve.sql_views import (
     base_view_sql,
     create_sql_views,
@@ -232,12 +233,12 @@ def connect(lake: Location | Store) -> duckdb.DuckDBPyConnection:
     store = store_at(lake)
     catalog = store.local_catalog
     if catalog is None:  # an object store: readers never download its catalog
-        return _connect_in_memory(store.require())
+        return _connect_in_memory(dump.require_lake(store))
     if not catalog.is_file():
-        if not catalog.parent.is_dir() or store.is_dump():
-            store.require()  # says what the path is instead
+        if not catalog.parent.is_dir() or dump.is_dump(store):
+            dump.require_lake(store)  # says what the path is instead
         raise LakeError(str(lake), f"has no `{layout.CATALOG_FILE}`; run `tokenlake extract` first")
-    return _connect_private_build(store.require())
+    return _connect_private_build(dump.require_lake(store))
 
 
 def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:

@@ -108,10 +108,12 @@ class Store(Protocol):
 
     def is_lake(self) -> bool: ...
 
-    def is_dump(self) -> bool: ...
+    def holds_folder(self, name: str) -> bool:
+        """Whether the location holds a folder (an object prefix) of this name."""
 
     def require(self) -> Store:
-        """This store, or a one-line LakeError saying why the location is not a lake."""
+        """This store, or a one-line LakeError saying why the location is not a lake (a dump is
+        named as one by `read.dump.require_lake`)."""
 
     def check_writable_for(self, dump_root: Path) -> None:
         """Refuse a lake that would write into the dump or into folders not its own."""

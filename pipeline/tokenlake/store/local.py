@@ -23,7 +23,6 @@ from tokenlake import bounded, schema
 from tokenlake.errors import LakeError
 from tokenlake.layout import (
     CATALOG_FILE,
-    DUMP_MARKER,
     LOCK_FILE,
     MANIFEST_DIR,
     USER_VIEWS_DIR,
@@ -259,19 +258,13 @@ class LocalStore:
     def is_lake(self) -> bool:
         return self.manifest_dir.is_dir()
 
-    def is_dump(self) -> bool:
-        return (self.root / DUMP_MARKER).is_dir()
+    def holds_folder(self, name: str) -> bool:
+        return (self.root / name).is_dir()
 
     def require(self) -> LocalStore:
         """This lake, or a one-line error saying why the directory is not one."""
         if self.root.exists() and not self.root.is_dir():
             raise LakeError(self.root, "is a file, not a lake directory")
-        if self.is_dump():
-            raise LakeError(
-                self.root,
-                f"is a miles dump (it has `{DUMP_MARKER}/`), not a lake; give the --lake"
-                " directory of `tokenlake extract`",
-            )
         if not self.is_lake():
             raise LakeError(
                 self.root,

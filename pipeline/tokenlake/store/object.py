@@ -33,7 +33,6 @@ from tokenlake import bounded, schema
 from tokenlake.errors import LakeError
 from tokenlake.layout import (
     CATALOG_FILE,
-    DUMP_MARKER,
     LOCK_FILE,
     MANIFEST_DIR,
     USER_VIEWS_DIR,
@@ -219,17 +218,11 @@ class ObjectStore:
             or self.exists(self.catalog_name)
         )
 
-    def is_dump(self) -> bool:
-        return bool(self._list(DUMP_MARKER)[:1])
+    def holds_folder(self, name: str) -> bool:
+        return bool(self._list(name)[:1])
 
     def require(self) -> ObjectStore:
         """This lake, or a one-line error saying why the prefix is not one."""
-        if self.is_dump():
-            raise LakeError(
-                self.location,
-                f"is a miles dump (it has `{DUMP_MARKER}/`), not a lake; give the --lake"
-                " of `tokenlake extract`",
-            )
         if not self.is_lake():
             raise LakeError(
                 self.location,
