@@ -6,12 +6,12 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from tests.fixture_paths import MILES_REAL
+from tests.fixture_paths import MILES_NEXT, MILES_REAL
 
 ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN_SUFFIXES = (".pt", ".parquet", ".duckdb", ".pkl")
 MAX_BYTES = 512 * 1024
-FIXTURE_LIST = MILES_REAL / "SHA256SUMS"
+FIXTURE_DIRS = (MILES_REAL, MILES_NEXT)  # each lists its files in its SHA256SUMS
 
 
 def _tracked() -> list[Path]:
@@ -24,9 +24,10 @@ def _tracked() -> list[Path]:
 def _listed_fixtures() -> dict[Path, str]:
     """The real miles fixtures allowed past the guard, with the hash each must keep."""
     listed = {}
-    for line in FIXTURE_LIST.read_text().splitlines():
-        digest, name = line.split(maxsplit=1)
-        listed[(MILES_REAL / name).resolve()] = digest
+    for folder in FIXTURE_DIRS:
+        for line in (folder / "SHA256SUMS").read_text().splitlines():
+            digest, name = line.split(maxsplit=1)
+            listed[(folder / name).resolve()] = digest
     return listed
 
 
@@ -41,7 +42,7 @@ def test_no_data_files_or_big_files_are_tracked():
 
 def test_the_allowed_fixtures_are_exactly_the_listed_real_dumps():
     allowed = _listed_fixtures()
-    assert len(allowed) == 124
+    assert len(allowed) == 124 + 111  # miles-real, miles-next
     for path, digest in allowed.items():
         assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, path
     assert max(path.stat().st_size for path in allowed) < MAX_BYTES

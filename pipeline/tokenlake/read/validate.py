@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from tokenlake.errors import DumpFormatError, SampleValueError, shown
+from tokenlake.read import weight_versions
 from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int
+from tokenlake.read.weight_versions import WeightVersions
 from tokenlake.transform.resolve import sample_label
 
 
@@ -33,6 +35,7 @@ class CheckedSample:
     response_length: int  # R, from 0 to T
     loss_mask: np.ndarray | None  # 1-D integers or bools; its length is not checked against R
     rollout_log_probs: np.ndarray | None  # 1-D numbers; its length is not checked against R
+    weights: WeightVersions = weight_versions.NONE  # `weight_versions`, either shape
 
     @property
     def response_tokens(self) -> np.ndarray:
@@ -78,7 +81,8 @@ def check_sample(sample: dict[str, Any]) -> CheckedSample:
         None if sample.get(key) is None else _numeric_list(sample[key], key, what)
         for key, what in (("loss_mask", "integers"), ("rollout_log_probs", "numbers"))
     )
-    return CheckedSample(tokens, length, mask, log_probs)
+    weights = weight_versions.parse(sample.get("weight_versions"))
+    return CheckedSample(tokens, length, mask, log_probs, weights)
 
 
 def optional_int64(value: Any, field: str) -> int | None:

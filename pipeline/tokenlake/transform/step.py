@@ -241,8 +241,8 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
     tokens = flatten.tokens_table(files.evaluation, indices, parts)
     warnings: list[str] = []
-    messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
     try:
+        messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
         samples_table = flatten.samples_table(
             files.rollout_id,
             files.evaluation,
