@@ -10,6 +10,8 @@
 --   run, rollout_id, batch_position, sample_index, position, token_id   keys, as in `tokens`
 --   turn_index        INTEGER 0-based loss-covered run of the response, as in `tokens`
 --   first_occurrence  BOOLEAN the sample's first row here with this token_id, as in `tokens`
+--   token_version     VARCHAR weight version that generated the token, as in `tokens`
+--   token_staleness   BIGINT  rollout_id - token_version (steps), as in `tokens`
 --   train_log_prob    DOUBLE  trainer log-prob (nats)
 --   rollout_log_prob  DOUBLE  engine log-prob (nats)
 --   entropy           DOUBLE  actor entropy at the position (nats), null if not dumped
@@ -31,6 +33,8 @@ WITH covered AS (
         token_id,
         turn_index,
         first_occurrence,
+        token_version,
+        token_staleness,
         train_log_prob::DOUBLE AS train_lp,
         rollout_log_prob::DOUBLE AS rollout_lp,
         entropy::DOUBLE AS entropy,
@@ -49,6 +53,8 @@ SELECT
     token_id::BIGINT AS token_id,  -- token id
     turn_index::INTEGER AS turn_index,  -- loss-covered run of the response
     first_occurrence::BOOLEAN AS first_occurrence,  -- first of the sample's rows with the id
+    token_version::VARCHAR AS token_version,  -- weight version that generated the token
+    token_staleness::BIGINT AS token_staleness,  -- steps
     train_lp::DOUBLE AS train_log_prob,  -- nats
     rollout_lp::DOUBLE AS rollout_log_prob,  -- nats
     entropy::DOUBLE AS entropy,  -- nats

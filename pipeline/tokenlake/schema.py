@@ -19,7 +19,8 @@ import pyarrow as pa
 # 2: `runs` gained the run metadata columns, and the `metrics` table; `tokens`
 #    gained `turn_index`.
 # 3: `tokens` gained `first_occurrence`.
-SCHEMA_VERSION = 3
+# 4: `tokens` gained `token_version` and `token_staleness`.
+SCHEMA_VERSION = 4
 TOOL_NAME = "tokenlake"
 
 # ---------------------------------------------------------------------------------------------
@@ -63,6 +64,8 @@ ENTROPY = "entropy"
 REF_ENTROPY = "ref_entropy"
 ADVANTAGE = "advantage"
 RETURNS = "returns"
+TOKEN_VERSION = "token_version"
+TOKEN_STALENESS = "token_staleness"
 
 TOKENS_SCHEMA = pa.schema(
     [
@@ -105,6 +108,13 @@ TOKENS_SCHEMA = pa.schema(
         pa.field(ADVANTAGE, pa.float32()),
         # Return at this position (miles `returns`; `return` is an SQL keyword).
         pa.field(RETURNS, pa.float32()),
+        # The weight version that generated the token: its `weight_versions` span's (dumps
+        # since #1891/#1892); in older dumps the version of its engine call when the calls can
+        # be placed on the response (one call, or one loss-covered run per listed version).
+        # Null outside every span (tool output, unstamped calls) and wherever it is unknown.
+        pa.field(TOKEN_VERSION, pa.string()),
+        # rollout_id - token_version (steps), when the version is all digits; else null.
+        pa.field(TOKEN_STALENESS, pa.int64()),
     ]
 )
 

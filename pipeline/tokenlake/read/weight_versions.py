@@ -96,9 +96,12 @@ def _parse_spans(calls: list[Any] | tuple[Any, ...]) -> WeightVersions:
 
 
 def _span(raw: Any, where: str) -> Span:
-    if not isinstance(raw, dict) or set(raw) != set(_SPAN_KEYS):
+    if not isinstance(raw, dict):
         keys = ", ".join(_SPAN_KEYS)
         raise SampleValueError(FIELD, f"{where} is {shown(raw)}, not a dict of {keys}")
+    missing = [f"`{key}`" for key in _SPAN_KEYS if key not in raw]  # other keys: ignored
+    if missing:
+        raise SampleValueError(FIELD, f"{where} lacks {', '.join(missing)}")
     bounds = []
     for key in ("abs_start", "abs_end"):
         number = raw[key]

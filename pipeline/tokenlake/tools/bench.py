@@ -139,6 +139,8 @@ def _baseline_shard(files: dump.StepFiles, data: dict[str, Any], position_of: di
         pa.array(diff, mask=~mask) if diff is not None else pa.nulls(total, pa.float32())
     )
     columns[schema.FIRST_OCCURRENCE] = first_occurrence_column(columns, lengths.numpy())
+    columns[schema.TOKEN_VERSION] = pa.nulls(total, pa.string())  # no per-token versions here
+    columns[schema.TOKEN_STALENESS] = pa.nulls(total, pa.int64())
     return pa.table(columns, schema=schema.TOKENS_SCHEMA)
 
 

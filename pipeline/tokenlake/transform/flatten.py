@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from tokenlake import schema
+from tokenlake.read import weight_versions
 from tokenlake.read.validate import CheckedSample
 from tokenlake.transform.resolve import TrainRow
 from tokenlake.transform.summary import sample_summary
@@ -31,6 +32,8 @@ class SampleTokens:
     # an array (rollout or train side) did not fit the response: NULL there, and the sample
     # is `alignment_failed` in `samples` (besides what resolve found for its train row)
     misaligned: bool = False
+    # the weight version that generated each token, where the dump says it
+    versions: weight_versions.TokenVersions | None = None
 
 
 def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleTokens:
@@ -42,17 +45,21 @@ def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleToken
     token_ids = checked.response_tokens
     response_length = checked.response_length
     rollout_lp = _rollout_side(checked.rollout_log_probs, response_length)
+    # Calls are placed on the generator's mask: the train side zeroes a removed sample's.
+    versions = weight_versions.per_token(
+        checked.weights, len(checked.tokens), response_length, checked.loss_mask
+    )
     if train is None:
         mask = _rollout_side(checked.loss_mask, response_length)
         columns: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
         columns[schema.ROLLOUT_LOG_PROB] = _f32(rollout_lp.values)
         misaligned = rollout_lp.misaligned or mask.misaligned
-        return SampleTokens(token_ids, _i8(mask.values), False, columns, {}, misaligned)
+        return SampleTokens(token_ids, _i8(mask.values), False, columns, {}, misaligned, versions)
     if train.response_length != response_length:
         # Media expansion (section 8.13): the train arrays (mask included) do not fit the
         # rollout token grid, so nothing of the train side is placed on it.
         empty: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
-        return SampleTokens(token_ids, None, True, empty, {}, misaligned=True)
+        return SampleTokens(token_ids, None, True, empty, {}, True, versions)
     columns = _train_columns(train, rollout_lp.values)
     return SampleTokens(
         token_ids,
@@ -61,6 +68,7 @@ def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleToken
         columns,
         _unknown(train, columns),
         rollout_lp.misaligned,
+        versions,
     )
 
 
@@ -112,9 +120,13 @@ def _i8(values: np.ndarray | None) -> np.ndarray | None:
 
 
 def tokens_table(
-    evaluation: bool, sample_indices: Sequence[int | None], parts: list[SampleTokens]
+    evaluation: bool,
+    sample_indices: Sequence[int | None],
+    parts: list[SampleTokens],
+    rollout_id: int | None = None,
 ) -> pa.Table:
-    """One row per response token of the step, sorted by (batch_position, position)."""
+    """One row per response token of the step, sorted by (batch_position, position);
+    `token_staleness` needs the step's `rollout_id` (without it, NULL)."""
     lengths = np.fromiter((len(p.token_ids) for p in parts), dtype=np.int64, count=len(parts))
     total = int(lengths.sum())
     starts = np.cumsum(lengths) - lengths
@@ -136,7 +148,36 @@ def tokens_table(
     for column in schema.TOKEN_STAT_COLUMNS:
         arrays[column] = _stat_column(parts, column, covered, total)
     arrays[schema.FIRST_OCCURRENCE] = first_occurrence_column(arrays, lengths)
+    arrays[schema.TOKEN_VERSION], arrays[schema.TOKEN_STALENESS] = version_columns(
+        parts, total, rollout_id
+    )
     return pa.Table.from_pydict(arrays, schema=schema.TOKENS_SCHEMA)
+
+
+def version_columns(
+    parts: Sequence[SampleTokens], total: int, rollout_id: int | None
+) -> tuple[pa.Array, pa.Array]:
+    """`token_version` and `token_staleness` of the step's rows: each sample's version codes
+    mapped onto one step-wide list of versions, then taken from it (no loop per token)."""
+    names: dict[str, int] = {}
+    codes = np.full(total, -1, dtype=np.int32)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        if part.versions is not None and part.versions.names:
+            step_code = np.array(
+                [names.setdefault(v, len(names)) for v in part.versions.names], dtype=np.int32
+            )
+            own = part.versions.codes
+            codes[offset : offset + n] = np.where(own >= 0, step_code[np.maximum(own, 0)], -1)
+        offset += n
+    if not names:
+        return pa.nulls(total, pa.string()), pa.nulls(total, pa.int64())
+    index = pa.array(codes, mask=codes < 0)
+    version = pa.array(list(names), pa.string()).take(index)
+    numbers = [weight_versions.numeric(v) for v in names]
+    lag = [None if rollout_id is None or n is None else rollout_id - n for n in numbers]
+    return version, pa.array(lag, pa.int64()).take(index)
 
 
 def turn_index_column(loss_mask: pa.Array, starts: np.ndarray) -> pa.Array:

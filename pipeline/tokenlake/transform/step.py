@@ -239,7 +239,7 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
         for position, arrays in enumerate(checked)
     ]
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
-    tokens = flatten.tokens_table(files.evaluation, indices, parts)
+    tokens = flatten.tokens_table(files.evaluation, indices, parts, files.rollout_id)
     warnings: list[str] = []
     try:
         messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
