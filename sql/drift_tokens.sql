@@ -12,6 +12,7 @@
 --   first_occurrence  BOOLEAN the sample's first row here with this token_id, as in `tokens`
 --   token_version     VARCHAR weight version that generated the token, as in `tokens`
 --   token_staleness   BIGINT  rollout_id - token_version (steps), as in `tokens`
+--   support_size      INTEGER ids the sampler kept here, as in `tokens` (null: unbounded)
 --   train_log_prob    DOUBLE  trainer log-prob (nats)
 --   rollout_log_prob  DOUBLE  engine log-prob (nats)
 --   entropy           DOUBLE  actor entropy at the position (nats), null if not dumped
@@ -35,6 +36,7 @@ WITH covered AS (
         first_occurrence,
         token_version,
         token_staleness,
+        support_size,
         train_log_prob::DOUBLE AS train_lp,
         rollout_log_prob::DOUBLE AS rollout_lp,
         entropy::DOUBLE AS entropy,
@@ -55,6 +57,7 @@ SELECT
     first_occurrence::BOOLEAN AS first_occurrence,  -- first of the sample's rows with the id
     token_version::VARCHAR AS token_version,  -- weight version that generated the token
     token_staleness::BIGINT AS token_staleness,  -- steps
+    support_size::INTEGER AS support_size,  -- sampler's support (null: unbounded)
     train_lp::DOUBLE AS train_log_prob,  -- nats
     rollout_lp::DOUBLE AS rollout_log_prob,  -- nats
     entropy::DOUBLE AS entropy,  -- nats

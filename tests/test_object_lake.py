@@ -352,7 +352,7 @@ def test_views_audit_and_report_read_an_object_store_lake(bucket: str, tmp_path:
     assert cli("views", url) == (0, f"Rebuilt {url}/{schema.CATALOG_FILE}\n")
     remote_audit, local_audit = cli("audit", url), cli("audit", str(local))
     assert remote_audit == local_audit
-    assert remote_audit[1].splitlines()[-1] == "0 of 9 audits failed; 2 warnings, 1 info."
+    assert remote_audit[1].splitlines()[-1] == "0 of 10 audits failed; 2 warnings, 1 info."
     page = tmp_path / "report.html"
     code, out = cli("report", url, "-o", str(page))
     assert code == 0, out

@@ -19,7 +19,8 @@ import pyarrow as pa
 # 2: `runs` gained the run metadata columns, and the `metrics` table; `tokens`
 #    gained `turn_index`.
 # 3: `tokens` gained `first_occurrence`.
-# 4: `tokens` gained `token_version` and `token_staleness`.
+# 4: `tokens` gained `token_version`, `token_staleness` and `support_size`; `samples`
+#    gained `bounded_sampling`.
 SCHEMA_VERSION = 4
 TOOL_NAME = "tokenlake"
 
@@ -66,6 +67,7 @@ ADVANTAGE = "advantage"
 RETURNS = "returns"
 TOKEN_VERSION = "token_version"
 TOKEN_STALENESS = "token_staleness"
+SUPPORT_SIZE = "support_size"
 
 TOKENS_SCHEMA = pa.schema(
     [
@@ -115,6 +117,9 @@ TOKENS_SCHEMA = pa.schema(
         pa.field(TOKEN_VERSION, pa.string()),
         # rollout_id - token_version (steps), when the version is all digits; else null.
         pa.field(TOKEN_STALENESS, pa.int64()),
+        # Token ids the sampler kept at this position (top-k / top-p support, miles
+        # `rollout_sampling_mask_offsets`); null when sampling was unbounded (not recorded).
+        pa.field(SUPPORT_SIZE, pa.int32()),
     ]
 )
 
@@ -178,6 +183,8 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field("response_text", pa.string()),  # decoded response
         pa.field("prompt_token_ids", pa.list_(pa.int64())),  # the P prompt token ids
         pa.field("metadata_json", pa.string()),  # Sample.metadata as JSON
+        # The sampler recorded a bounded support (top-k / top-p) for the response tokens
+        pa.field("bounded_sampling", pa.bool_(), nullable=False),
         # The conversation (chat messages, tool calls) from trajectory/{stem}.jsonl, as JSON
         pa.field("messages_json", pa.string()),
         # --- train side (null when the sample has no train row) ---

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from tokenlake.errors import DumpFormatError, SampleValueError, shown
-from tokenlake.read import weight_versions
+from tokenlake.read import sampling_support, weight_versions
 from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int
 from tokenlake.read.weight_versions import WeightVersions
 from tokenlake.transform.resolve import sample_label
@@ -36,6 +36,7 @@ class CheckedSample:
     loss_mask: np.ndarray | None  # 1-D integers or bools; its length is not checked against R
     rollout_log_probs: np.ndarray | None  # 1-D numbers; its length is not checked against R
     weights: WeightVersions = weight_versions.NONE  # `weight_versions`, either shape
+    support_sizes: np.ndarray | None = None  # int32 [R] sampler support sizes; None: unbounded
 
     @property
     def response_tokens(self) -> np.ndarray:
@@ -82,7 +83,8 @@ def check_sample(sample: dict[str, Any]) -> CheckedSample:
         for key, what in (("loss_mask", "integers"), ("rollout_log_probs", "numbers"))
     )
     weights = weight_versions.parse(sample.get("weight_versions"))
-    return CheckedSample(tokens, length, mask, log_probs, weights)
+    supports = sampling_support.support_sizes(sample, length)
+    return CheckedSample(tokens, length, mask, log_probs, weights, supports)
 
 
 def optional_int64(value: Any, field: str) -> int | None:

@@ -34,6 +34,7 @@ class SampleTokens:
     misaligned: bool = False
     # the weight version that generated each token, where the dump says it
     versions: weight_versions.TokenVersions | None = None
+    support_sizes: np.ndarray | None = None  # int32 [R]; None: unbounded sampling
 
 
 def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleTokens:
@@ -49,17 +50,20 @@ def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleToken
     versions = weight_versions.per_token(
         checked.weights, len(checked.tokens), response_length, checked.loss_mask
     )
+    supports = checked.support_sizes
     if train is None:
         mask = _rollout_side(checked.loss_mask, response_length)
         columns: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
         columns[schema.ROLLOUT_LOG_PROB] = _f32(rollout_lp.values)
         misaligned = rollout_lp.misaligned or mask.misaligned
-        return SampleTokens(token_ids, _i8(mask.values), False, columns, {}, misaligned, versions)
+        return SampleTokens(
+            token_ids, _i8(mask.values), False, columns, {}, misaligned, versions, supports
+        )
     if train.response_length != response_length:
         # Media expansion (section 8.13): the train arrays (mask included) do not fit the
         # rollout token grid, so nothing of the train side is placed on it.
         empty: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
-        return SampleTokens(token_ids, None, True, empty, {}, True, versions)
+        return SampleTokens(token_ids, None, True, empty, {}, True, versions, supports)
     columns = _train_columns(train, rollout_lp.values)
     return SampleTokens(
         token_ids,
@@ -69,6 +73,7 @@ def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleToken
         _unknown(train, columns),
         rollout_lp.misaligned,
         versions,
+        supports,
     )
 
 
@@ -151,6 +156,7 @@ def tokens_table(
     arrays[schema.TOKEN_VERSION], arrays[schema.TOKEN_STALENESS] = version_columns(
         parts, total, rollout_id
     )
+    arrays[schema.SUPPORT_SIZE] = _support_column(parts, total)
     return pa.Table.from_pydict(arrays, schema=schema.TOKENS_SCHEMA)
 
 
@@ -283,6 +289,21 @@ def _first_of_each_pair(sample: np.ndarray, token: np.ndarray) -> np.ndarray:
     s, t = sample[order], token[order]
     new[1:] = (s[1:] != s[:-1]) | (t[1:] != t[:-1])
     return order[new]
+
+
+def _support_column(parts: Sequence[SampleTokens], total: int) -> pa.Array:
+    if all(part.support_sizes is None for part in parts):
+        return pa.nulls(total, pa.int32())
+    values = np.zeros(total, dtype=np.int32)
+    valid = np.zeros(total, dtype=bool)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        if part.support_sizes is not None:
+            values[offset : offset + n] = part.support_sizes
+            valid[offset : offset + n] = True
+        offset += n
+    return _with_validity(values, valid)
 
 
 def _concat(chunks: list[np.ndarray], dtype: type, total: int) -> np.ndarray:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from tokenlake.errors import SampleValueError, shown
-from tokenlake.read import validate, weight_versions
+from tokenlake.read import sampling_support, validate, weight_versions
 from tokenlake.read.jsontext import clean_text, to_json
 from tokenlake.read.ptglobals import SpecInfo
 from tokenlake.transform.resolve import TrainRow
@@ -92,6 +92,8 @@ def _rollout_side(rollout_id: int, sample: dict[str, Any]) -> dict[str, Any]:
         "response_text": _text_or_json(sample.get("response"), "response"),
         "prompt_token_ids": list(tokens[:prompt_length]),
         "metadata_json": to_json(_or_empty(sample.get("metadata")), "metadata"),
+        # checked with the sample (`validate.check_sample`): both keys or neither
+        "bounded_sampling": sample.get(sampling_support.OFFSETS) is not None,
     }
 
 
