@@ -44,7 +44,8 @@ def _stat_arrays(t: SampleTruth) -> dict[str, np.ndarray | None]:
         stats: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
         stats[schema.ROLLOUT_LOG_PROB] = t.rollout_log_probs.astype(np.float32)
         return stats
-    stats = {column: getattr(t, field) for field, column in schema.TRAIN_TOKEN_FIELDS.items()}
+    # Fields the generator does not write (teacher, critic, loss weights) are NULL.
+    stats = {c: getattr(t, f, None) for f, c in schema.TRAIN_TOKEN_FIELDS.items()}
     stats[schema.ROLLOUT_LOG_PROB] = t.train_rollout_log_probs
     lp, rlp = t.log_probs, t.train_rollout_log_probs
     with np.errstate(invalid="ignore"):

@@ -19,8 +19,9 @@ import pyarrow as pa
 # 2: `runs` gained the run metadata columns, and the `metrics` table; `tokens`
 #    gained `turn_index`.
 # 3: `tokens` gained `first_occurrence`.
-# 4: `tokens` gained `token_version`, `token_staleness` and `support_size`; `samples`
-#    gained `bounded_sampling`.
+# 4: `tokens` gained `token_version`, `token_staleness`, `support_size`, `teacher_log_prob`,
+#    `teacher_entropy`, `opd_reverse_kl`, `value` and `loss_weight`; `samples` gained
+#    `bounded_sampling`, `start_weight_version` and `start_staleness`.
 SCHEMA_VERSION = 4
 TOOL_NAME = "tokenlake"
 
@@ -68,6 +69,11 @@ RETURNS = "returns"
 TOKEN_VERSION = "token_version"
 TOKEN_STALENESS = "token_staleness"
 SUPPORT_SIZE = "support_size"
+TEACHER_LOG_PROB = "teacher_log_prob"
+TEACHER_ENTROPY = "teacher_entropy"
+OPD_REVERSE_KL = "opd_reverse_kl"
+VALUE = "value"
+LOSS_WEIGHT = "loss_weight"
 
 TOKENS_SCHEMA = pa.schema(
     [
@@ -120,6 +126,17 @@ TOKENS_SCHEMA = pa.schema(
         # Token ids the sampler kept at this position (top-k / top-p support, miles
         # `rollout_sampling_mask_offsets`); null when sampling was unbounded (not recorded).
         pa.field(SUPPORT_SIZE, pa.int32()),
+        # On-policy distillation: the teacher's log-prob (nats) of the token (train side, else
+        # the rollout dump's), the teacher's entropy (train side), and the precomputed
+        # per-token reverse-KL estimate (train side, else the rollout dump's).
+        pa.field(TEACHER_LOG_PROB, pa.float32()),
+        pa.field(TEACHER_ENTROPY, pa.float32()),
+        pa.field(OPD_REVERSE_KL, pa.float32()),
+        # The critic's value estimate at this position (PPO with a critic: miles `values`).
+        pa.field(VALUE, pa.float32()),
+        # Client-supplied per-token loss weight (Tinker-style batches, miles `loss_weights`;
+        # may be fractional or negative, unlike loss_mask); null where the sample had none.
+        pa.field(LOSS_WEIGHT, pa.float32()),
     ]
 )
 
@@ -132,6 +149,19 @@ TRAIN_TOKEN_FIELDS: dict[str, str] = {
     "ref_entropy": REF_ENTROPY,
     "advantages": ADVANTAGE,
     "returns": RETURNS,
+    "teacher_log_probs": TEACHER_LOG_PROB,
+    "teacher_entropy": TEACHER_ENTROPY,
+    "opd_reverse_kl": OPD_REVERSE_KL,
+    "values": VALUE,
+    "loss_weights": LOSS_WEIGHT,
+}
+# Rollout-sample per-token fields (response-aligned, never CP-sliced) and the `tokens` column
+# each fills when the train side lacks it (or the sample has none).
+ROLLOUT_TOKEN_FIELDS: dict[str, str] = {
+    "teacher_log_probs": TEACHER_LOG_PROB,
+    "opd_reverse_kl": OPD_REVERSE_KL,
+    "loss_weights": LOSS_WEIGHT,
+    "advantages": ADVANTAGE,
 }
 ROLLOUT_LOG_PROBS_FIELD = "rollout_log_probs"
 # Every CP-sliced field the resolver reassembles (the reference's seven, dump-format.md 4.7).
@@ -147,6 +177,11 @@ TOKEN_STAT_COLUMNS: tuple[str, ...] = (
     REF_ENTROPY,
     ADVANTAGE,
     RETURNS,
+    TEACHER_LOG_PROB,
+    TEACHER_ENTROPY,
+    OPD_REVERSE_KL,
+    VALUE,
+    LOSS_WEIGHT,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -173,6 +208,8 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field("weight_version_min", pa.int64()),  # min of the all-digit versions
         pa.field("mixed_version", pa.bool_()),  # more than one distinct version
         pa.field("staleness", pa.int64()),  # rollout_id - weight_version_min (reference formula)
+        pa.field("start_weight_version", pa.int64()),  # version when the trajectory was submitted
+        pa.field("start_staleness", pa.int64()),  # rollout_id - start_weight_version
         pa.field("turns", pa.int64()),  # len(weight_versions), null if empty
         pa.field("tool_calls", pa.int64()),  # `tool` messages in a list prompt; null for str
         pa.field("non_generation_time", pa.float64()),  # seconds outside generation

@@ -14,12 +14,13 @@ changed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tokenlake import schema
 from tokenlake.errors import DumpFormatError, SampleValueError, shown
 from tokenlake.read import sampling_support, weight_versions
 from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int
@@ -37,6 +38,9 @@ class CheckedSample:
     rollout_log_probs: np.ndarray | None  # 1-D numbers; its length is not checked against R
     weights: WeightVersions = weight_versions.NONE  # `weight_versions`, either shape
     support_sizes: np.ndarray | None = None  # int32 [R] sampler support sizes; None: unbounded
+    # `schema.ROLLOUT_TOKEN_FIELDS` the sample has (teacher log-probs, loss weights, ...):
+    # 1-D numbers each; their lengths are not checked against R
+    per_token: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def response_tokens(self) -> np.ndarray:
@@ -84,7 +88,12 @@ def check_sample(sample: dict[str, Any]) -> CheckedSample:
     )
     weights = weight_versions.parse(sample.get("weight_versions"))
     supports = sampling_support.support_sizes(sample, length)
-    return CheckedSample(tokens, length, mask, log_probs, weights, supports)
+    per_token = {
+        key: _numeric_list(sample[key], key, "numbers")
+        for key in schema.ROLLOUT_TOKEN_FIELDS
+        if sample.get(key) is not None
+    }
+    return CheckedSample(tokens, length, mask, log_probs, weights, supports, per_token)
 
 
 def optional_int64(value: Any, field: str) -> int | None:

@@ -37,11 +37,14 @@ class SampleTokens:
     support_sizes: np.ndarray | None = None  # int32 [R]; None: unbounded sampling
 
 
-def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleTokens:
+def sample_tokens(
+    checked: CheckedSample, train: TrainRow | None, placeholders: frozenset[str] = frozenset()
+) -> SampleTokens:
     """Collect one sample's per-token values under the masking rules of section 5.3.
 
     Reads the arrays validation checked (`validate.check_sample`), never the sample dict, and
-    changes neither `checked` nor `train`.
+    changes neither `checked` nor `train`. `placeholders` names the train fields whose values
+    the writer filled in for this sample (`tinker.placeholder_fields`): NULL, never data.
     """
     token_ids = checked.response_tokens
     response_length = checked.response_length
@@ -56,6 +59,7 @@ def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleToken
         columns: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
         columns[schema.ROLLOUT_LOG_PROB] = _f32(rollout_lp.values)
         misaligned = rollout_lp.misaligned or mask.misaligned
+        misaligned = _add_rollout_fields(columns, checked) or misaligned
         return SampleTokens(
             token_ids, _i8(mask.values), False, columns, {}, misaligned, versions, supports
         )
@@ -64,24 +68,31 @@ def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleToken
         # rollout token grid, so nothing of the train side is placed on it.
         empty: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
         return SampleTokens(token_ids, None, True, empty, {}, True, versions, supports)
-    columns = _train_columns(train, rollout_lp.values)
+    columns = _train_columns(train, rollout_lp.values, placeholders)
+    extra_misaligned = _add_rollout_fields(columns, checked)
     return SampleTokens(
         token_ids,
         _i8(train.loss_mask),
         True,
         columns,
         _unknown(train, columns),
-        rollout_lp.misaligned,
+        rollout_lp.misaligned or extra_misaligned,
         versions,
         supports,
     )
 
 
-def _train_columns(train: TrainRow, rollout_lp: np.ndarray | None) -> dict[str, np.ndarray | None]:
-    fields = train.fields
+def _train_columns(
+    train: TrainRow, rollout_lp: np.ndarray | None, placeholders: frozenset[str]
+) -> dict[str, np.ndarray | None]:
+    fields = {
+        name: None if name in placeholders else values for name, values in train.fields.items()
+    }
     columns: dict[str, np.ndarray | None] = {
         column: _f32(fields[name]) for name, column in schema.TRAIN_TOKEN_FIELDS.items()
     }
+    if schema.ROLLOUT_LOG_PROBS_FIELD in placeholders:  # no engine log-prob: none at all
+        rollout_lp = None
     train_rlp = _f32(fields[schema.ROLLOUT_LOG_PROBS_FIELD])
     # The trainer compared its log-probs with the train-side copy: lp_diff uses that pair.
     lp = columns[schema.TRAIN_LOG_PROB]
@@ -90,11 +101,26 @@ def _train_columns(train: TrainRow, rollout_lp: np.ndarray | None) -> dict[str, 
     return columns
 
 
+def _add_rollout_fields(columns: dict[str, np.ndarray | None], checked: CheckedSample) -> bool:
+    """Fill the columns the train side left empty from the rollout sample's own per-token
+    fields (`schema.ROLLOUT_TOKEN_FIELDS`); True when one of those did not fit the response."""
+    misaligned = False
+    for key, values in checked.per_token.items():
+        column = schema.ROLLOUT_TOKEN_FIELDS[key]
+        if columns.get(column) is None:
+            array = _rollout_side(values, checked.response_length)
+            columns[column] = _f32(array.values)
+            misaligned = misaligned or array.misaligned
+    return misaligned
+
+
 def _unknown(train: TrainRow, columns: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
     """Positions no CP rank stored, in every column built from a CP-sliced field."""
     if train.holes is None:
         return {}
-    from_cp = set(schema.TRAIN_TOKEN_FIELDS.values()) | {schema.LP_DIFF}
+    # A column filled from the rollout sample instead (`_add_rollout_fields`) has no holes.
+    from_cp = {c for f, c in schema.TRAIN_TOKEN_FIELDS.items() if train.fields[f] is not None}
+    from_cp.add(schema.LP_DIFF)
     if train.fields[schema.ROLLOUT_LOG_PROBS_FIELD] is not None:
         from_cp.add(schema.ROLLOUT_LOG_PROB)
     return {column: train.holes for column in from_cp if columns.get(column) is not None}
@@ -342,6 +368,8 @@ def _covered(parts: list[SampleTokens], total: int) -> np.ndarray:
 def _stat_column(
     parts: list[SampleTokens], column: str, covered: np.ndarray, total: int
 ) -> pa.Array:
+    if all(part.columns.get(column) is None for part in parts):
+        return pa.nulls(total, pa.float32())  # a field the dump does not have: no work
     values = np.zeros(total, dtype=np.float32)
     valid = np.zeros(total, dtype=bool)
     offset = 0

@@ -27,7 +27,7 @@ from tokenlake.errors import (
 )
 from tokenlake.load import manifest, write
 from tokenlake.load.lake import LakeRoot, lake_at, new_name
-from tokenlake.read import dump, remote_dump, trajectory, validate
+from tokenlake.read import dump, remote_dump, tinker, trajectory, validate
 from tokenlake.transform import flatten
 from tokenlake.transform.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 
@@ -234,8 +234,13 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
         TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
     ]
     train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
+    batch_is_tinker = tinker.is_tinker(rollout.get("metadata"))
     parts = [
-        flatten.sample_tokens(arrays, train_rows.get(position))
+        flatten.sample_tokens(
+            arrays,
+            train_rows.get(position),
+            tinker.placeholder_fields(batch_is_tinker, samples[position]),
+        )
         for position, arrays in enumerate(checked)
     ]
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]

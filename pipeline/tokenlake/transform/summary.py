@@ -12,6 +12,7 @@ from tokenlake.errors import SampleValueError, shown
 from tokenlake.read import sampling_support, validate, weight_versions
 from tokenlake.read.jsontext import clean_text, to_json
 from tokenlake.read.ptglobals import SpecInfo
+from tokenlake.read.values import INT64_MAX, INT64_MIN
 from tokenlake.transform.resolve import TrainRow
 
 # Speculative-decoding counters (accepted, drafted): each as its names, newest first (#2598
@@ -75,6 +76,7 @@ def _rollout_side(rollout_id: int, sample: dict[str, Any]) -> dict[str, Any]:
         "weight_version_min": version_min,
         "mixed_version": len(set(versions)) > 1 if versions else None,
         "staleness": rollout_id - version_min if version_min is not None else None,
+        **_start_version(rollout_id, sample.get("start_weight_version")),
         "turns": weights.calls,
         "tool_calls": _tool_calls(sample.get("prompt")),
         "non_generation_time": _optional_float(
@@ -139,6 +141,16 @@ def reference_reward(reward: Any) -> float | None:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float)
+
+
+def _start_version(rollout_id: int, value: Any) -> dict[str, int | None]:
+    """`start_weight_version` (the version when the trajectory was submitted: an int or None)
+    and its lag `start_staleness` (NULL when that does not fit int64: no real version)."""
+    start = validate.optional_int64(value, "start_weight_version")
+    lag = None if start is None else rollout_id - start
+    if lag is not None and not INT64_MIN <= lag <= INT64_MAX:
+        lag = None
+    return {"start_weight_version": start, "start_staleness": lag}
 
 
 def _tool_calls(prompt: Any) -> int | None:
