@@ -150,6 +150,14 @@ def test_start_staleness(con):
     ]
 
 
+def test_tinker_rewards_are_null(con):
+    got = con.execute(
+        "SELECT run, count(*), count(raw_reward), count(normalized_reward) FROM samples"
+        " GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
+    assert got == [("distilled", 16, 16, 16), ("tinker", 16, 0, 0)]
+
+
 def test_tinker_filler_is_null_and_never_drift(con):
     got = con.execute(
         "SELECT rollout_id, batch_position = 1 AS filled, count(*), count(rollout_log_prob),"

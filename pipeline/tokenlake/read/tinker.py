@@ -5,8 +5,9 @@ For a batch whose rollout dump says `metadata["batch_kind"] == "tinker"`, the tr
 conversion fills the per-token channels a sample lacks with 0.0 (`[0.0] * R`) so that one
 batch can mix samples with and without them: a sample without engine log-probs gets
 0.0-filled `rollout_log_probs` (which would read as a huge drift), one without `loss_weights`
-or `advantages` zero weights or advantages. Those values are the writer's filler, so they are
-NULL in the lake.
+or `advantages` zero weights or advantages. Such a batch carries no rewards either: the
+train side writes 0.0 for every sample's `rewards` and `raw_reward`. Those values are the
+writer's filler, so they are NULL in the lake.
 """
 
 from __future__ import annotations

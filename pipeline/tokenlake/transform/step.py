@@ -235,6 +235,11 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     ]
     train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
     batch_is_tinker = tinker.is_tinker(rollout.get("metadata"))
+    if batch_is_tinker:  # its rewards are 0.0 filler (read/tinker.py)
+        train_rows = {
+            p: replace(row, raw_reward=None, normalized_reward=None)
+            for p, row in train_rows.items()
+        }
     parts = [
         flatten.sample_tokens(
             arrays,
