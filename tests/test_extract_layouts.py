@@ -162,6 +162,7 @@ def test_every_layout_preset_is_covered() -> None:
     assert LAYOUT_PRESETS == [
         "cp-bshd", "cp-legacy", "cp-legacy-missing-rank", "cp-missing-rank", "cp-thd", "empty-response", "example",
         "log-probs-missing-step", "multi-turn", "no-dashboard-columns", "no-entropy",
-        "no-log-probs", "nonfinite", "pp", "removed", "rollout-only", "tp",
-        "true-on-policy-bf16", "true-on-policy-fp16",
+        "no-log-probs", "nonfinite", "pp", "pre-dashboard", "removed", "rollout-only",
+        "sampling-support", "sparse-ranks", "sparse-ranks-cp", "spec-rename", "tp",
+        "true-on-policy-bf16", "true-on-policy-fp16", "weight-spans",
     ]  # fmt: skip

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokenlake.tools import synth_shapes
 from tokenlake.tools.synth_spec import (
     TRAINER_FIELDS,
     DumpSpec,
@@ -55,6 +56,13 @@ class SampleTruth:
     normalized_reward: float | None  # train-side `rewards` value
     has_train_row: bool
     alignment_fails: bool  # the reader must flag alignment_failed (CP layout unreadable)
+    # The newer shapes (tokenlake.tools.synth_shapes): what a reader gives each response
+    # token as its weight version and support size (None: NULL), and the sample's
+    # spec_accept_rate; whether its conversation is inside the `.pt` (pre_dashboard).
+    token_versions: tuple[str | None, ...] = ()
+    support_sizes: np.ndarray | None = None
+    spec_accept_rate: float | None = None
+    messages_in_pt: bool = False
 
 
 @dataclass
@@ -129,6 +137,12 @@ def _sample_truth(
         normalized_reward=float(step.norm[i]) if has_train else None,
         has_train_row=has_train,
         alignment_fails=has_train and alignment_fails(spec, step, i, probe),
+        token_versions=tuple(synth_shapes.token_versions(spec, step, i)),
+        support_sizes=(
+            synth_shapes.support_sizes(step, i) if spec.sampling_support and not evaluation else None
+        ),
+        spec_accept_rate=synth_shapes.spec_accept_rate(spec, step, i),
+        messages_in_pt=spec.pre_dashboard and i < 2,
     )  # fmt: skip
 
 
