@@ -35,8 +35,23 @@ LATER_KEYS = (
 
 
 def _fake_miles_types() -> types.ModuleType:
-    """`miles.utils.types` with the nested `Sample.SpecInfo` dataclass of 2025-11."""
+    """`miles.utils.types` with the nested `Sample.SpecInfo` dataclass of 2025-11 and the
+    multi-LoRA dataclasses of 2026-07-21."""
     module = types.ModuleType("miles.utils.types")
+
+    @dataclass(frozen=True)
+    class AdapterRef:
+        name: str
+        slot: int
+
+    @dataclass(frozen=True)
+    class RewardSpec:
+        rm_type: str | None = None
+        custom_rm_path: str | None = None
+
+    for cls in (AdapterRef, RewardSpec):
+        cls.__module__, cls.__qualname__ = module.__name__, cls.__name__
+        setattr(module, cls.__name__, cls)
 
     class Sample:
         @dataclass
@@ -93,20 +108,94 @@ def _era_2026_04(rollout: dict[str, Any], position: int, sample: dict[str, Any])
     sample["session_id"] = f"session-{position}"
 
 
+def _era_2025_11_14(rollout: dict[str, Any], position: int, sample: dict[str, Any]) -> None:
+    """2025-11-14: `rollout_routed_experts` (numpy int32 [T-1, layers, top-k]); 2026-01-02:
+    status `failed` (batch position 4)."""
+    import numpy as np
+
+    total = len(sample["tokens"])
+    sample["rollout_routed_experts"] = np.arange((total - 1) * 4, dtype=np.int32).reshape(-1, 2, 2)
+    if position == 4:
+        sample["status"] = "failed"
+
+
+def _era_2026_06(rollout: dict[str, Any], position: int, sample: dict[str, Any]) -> None:
+    """2026-06: rollout-side `teacher_log_probs`, `opd_reverse_kl` (response-aligned lists)
+    and `rollout_indexer_topk` (numpy int32)."""
+    import numpy as np
+
+    r = sample["response_length"]
+    sample["teacher_log_probs"] = [-0.5] * r
+    sample["opd_reverse_kl"] = [0.125] * r
+    sample["rollout_indexer_topk"] = np.zeros((len(sample["tokens"]) - 1, 1, 2), dtype=np.int32)
+
+
+def _era_2026_07_21(rollout: dict[str, Any], position: int, sample: dict[str, Any]) -> None:
+    """2026-07-21: `adapter` (`AdapterRef`) and `reward_spec` (`RewardSpec`) objects."""
+    module = sys.modules["miles.utils.types"]
+    sample["adapter"] = module.AdapterRef(name="math", slot=position % 2)  # type: ignore[attr-defined]
+    sample["reward_spec"] = module.RewardSpec(rm_type="deepscaler")  # type: ignore[attr-defined]
+
+
+def _drop_weight_versions(columns: dict[str, Any]) -> None:
+    """Before 2026-04-08 the train dump has no `weight_versions` column."""
+    del columns["weight_versions"]
+
+
+def _mooncake(columns: dict[str, Any]) -> None:
+    """2026-07-28: the optional mooncake store gives numpy-typed per-row columns."""
+    import numpy as np
+
+    for key in ("sample_indices", "response_lengths", "total_lengths", "truncated"):
+        columns[key] = np.array(columns[key], dtype=np.int64)
+    columns["rewards"] = np.array(columns["rewards"], dtype=np.float32)
+
+
+def _schedule(columns: dict[str, Any]) -> None:
+    """2026-08-04: `rollout_ids`, `rollout_mask_sums` and the rollout-side DP schedule."""
+    rows = len(columns["sample_indices"])
+    columns["rollout_ids"] = list(columns["sample_indices"])
+    columns["rollout_mask_sums"] = [int(m.sum()) for m in columns["loss_masks"]]
+    columns["num_microbatches"] = [2]
+    columns["micro_batch_indices"] = [list(range(rows // 2)), list(range(rows // 2, rows))]
+    columns["num_rollouts"] = [rows]
+
+
+def _rollout_id(rollout: dict[str, Any], position: int, sample: dict[str, Any]) -> None:
+    sample["rollout_id"] = None  # Sample.rollout_id, unset (falls back to Sample.index)
+
+
 @dataclass(frozen=True)
 class Era:
     name: str
     rewrite_sample: Callable[[dict[str, Any], int, dict[str, Any]], None]
-    weight_versions_column: bool  # the train column exists since 2026-04-08
+    rewrite_train: Callable[[dict[str, Any]], None] | None
     # per batch position of step 0: spec_accept_rate, prefix_cache_hit_rate, non_generation_time
     expected: list[tuple[Any, Any, Any]]
+    changed_token_columns: tuple[str, ...] = ()  # checked by the era's own test
 
 
+PLAIN = [(None, None, 0.0)] * 8
 ERAS = [
-    Era("2025-10-08", _era_2025_10, False, [(None, None, 0.0)] * 8),
-    Era("2025-11", _era_2025_11, False, [(None, None, 0.0)] + [(0.75, None, 0.0)] * 7),
-    Era("2025-12", _era_2025_12, False, [(None, None, 0.0)] + [(0.75, None, 0.0)] * 7),
-    Era("2026-04", _era_2026_04, True, [(None, None, 0.0)] * 8),
+    Era("2025-10-08", _era_2025_10, _drop_weight_versions, PLAIN),
+    Era(
+        "2025-11",
+        _era_2025_11,
+        _drop_weight_versions,
+        [(None, None, 0.0)] + [(0.75, None, 0.0)] * 7,
+    ),
+    Era("2025-11-14", _era_2025_11_14, _drop_weight_versions, PLAIN),
+    Era(
+        "2025-12",
+        _era_2025_12,
+        _drop_weight_versions,
+        [(None, None, 0.0)] + [(0.75, None, 0.0)] * 7,
+    ),
+    Era("2026-04", _era_2026_04, None, PLAIN),
+    Era("2026-06", _era_2026_06, None, PLAIN, ("teacher_log_prob", "opd_reverse_kl")),
+    Era("2026-07-21", _era_2026_07_21, None, PLAIN),
+    Era("2026-07-28", lambda *_: None, _mooncake, PLAIN),
+    Era("2026-08-04", _rollout_id, _schedule, PLAIN),
 ]
 
 
@@ -118,10 +207,10 @@ def _rewrite(dump: Path, era: Era) -> None:
         for position, sample in enumerate(rollout["samples"]):
             era.rewrite_sample(rollout, position, sample)
         torch.save(rollout, path)
-    if not era.weight_versions_column:
+    if era.rewrite_train is not None:
         for path in sorted((dump / "train_data").glob("*.pt")):
             train = torch.load(path, weights_only=True)
-            del train["rollout_data"]["weight_versions"]
+            era.rewrite_train(train["rollout_data"])
             torch.save(train, path)
 
 
@@ -136,13 +225,21 @@ def _summary(lake: Path, run: str) -> list[tuple]:
         ).fetchall()
 
 
-def _tokens(lake: Path, run: str) -> list[tuple]:
+def _tokens(lake: Path, run: str, without: tuple[str, ...] = ()) -> list[tuple]:
+    import duckdb
+
+    excluded = ", ".join(("run", *without))
+    with duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True) as con:
+        return con.execute(
+            f"SELECT * EXCLUDE ({excluded}) FROM tokens WHERE run = ? ORDER BY ALL", [run]
+        ).fetchall()
+
+
+def _query(lake: Path, sql: str) -> list[tuple]:
     import duckdb
 
     with duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True) as con:
-        return con.execute(
-            "SELECT * EXCLUDE (run) FROM tokens WHERE run = ? ORDER BY ALL", [run]
-        ).fetchall()
+        return con.execute(sql).fetchall()
 
 
 def _messages(lake: Path, run: str) -> int:
@@ -179,9 +276,35 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("era", ERAS, ids=[e.name for e in ERAS])
 def test_an_older_era_extracts_with_its_own_summary_values(lake: Path, era: Era) -> None:
     assert _summary(lake, era.name) == era.expected
-    assert _tokens(lake, era.name) == _tokens(lake, "as-written")
+    changed = era.changed_token_columns
+    assert _tokens(lake, era.name, changed) == _tokens(lake, "as-written", changed)
     assert _messages(lake, era.name) == 9  # metadata["messages"] inside the .pt
 
 
 def test_the_dump_as_written_reads_its_zero_counters_as_null(lake: Path) -> None:
     assert _summary(lake, "as-written") == [(None, None, 0.0)] * 8
+
+
+def test_status_failed_and_numpy_replay_arrays_are_read(lake: Path) -> None:
+    got = _query(
+        lake,
+        "SELECT batch_position, status FROM samples WHERE run = '2025-11-14' AND rollout_id = 0"
+        " AND NOT evaluation AND batch_position IN (3, 4) ORDER BY 1",
+    )
+    assert got == [(3, "completed"), (4, "failed")]
+
+
+def test_rollout_side_teacher_fields_fill_the_tokens(lake: Path) -> None:
+    got = _query(
+        lake,
+        "SELECT evaluation, count(*), count(teacher_log_prob), min(teacher_log_prob),"
+        " max(teacher_log_prob), min(opd_reverse_kl), max(opd_reverse_kl) FROM tokens"
+        " WHERE run = '2026-06' AND (loss_mask > 0 OR loss_mask IS NULL) GROUP BY ALL ORDER BY ALL",
+    )
+    assert got == [
+        (False, 88, 88, -0.5, -0.5, 0.125, 0.125),
+        (True, 25, 25, -0.5, -0.5, 0.125, 0.125),
+    ]
+    assert _query(lake, "SELECT count(teacher_log_prob) FROM tokens WHERE run = '2026-04'") == [
+        (0,)
+    ]
