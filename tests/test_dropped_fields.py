@@ -1,6 +1,6 @@
 """Fields of the spec the lake now keeps (dump-format.md 2.3, 3.3, 9b): the teacher of on-policy
 distillation (`teacher_log_probs`, `teacher_entropy`, `opd_reverse_kl`: the student-teacher
-gap, `teacher_tokens` / `teacher_drift_steps`), the critic's `values`, Tinker-style
+gap, `drift_teacher_tokens` / `drift_teacher_steps`), the critic's `values`, Tinker-style
 `loss_weights` and client `advantages` (their 0.0 filler NULL, never drift), and
 `start_weight_version`.
 
@@ -122,18 +122,18 @@ def test_teacher_columns_come_from_the_train_side(con):
     assert absent == (0, 0, 0)
 
 
-def test_teacher_drift_steps_has_drifts_statistics_of_the_gap(con):
+def test_drift_teacher_steps_has_drifts_statistics_of_the_gap(con):
     rows = con.execute(
         "SELECT rollout_id, tokens, samples, mean_lp_diff, mean_abs_lp_diff_tm,"
         " mean_abs_lp_diff_smtm, max_abs_lp_diff, k1_kl, k2_kl, k3_kl, mult_prob_error,"
-        " mean_opd_reverse_kl FROM teacher_drift_steps WHERE run = 'distilled' ORDER BY 1"
+        " mean_opd_reverse_kl FROM drift_teacher_steps WHERE run = 'distilled' ORDER BY 1"
     ).fetchall()
     assert [row[:3] for row in rows] == [(0, 47, 8), (1, 47, 8)]
     k3 = math.exp(GAP) - 1 - GAP
     expected = (GAP, GAP, GAP, GAP, -GAP, GAP * GAP / 2, k3, math.exp(GAP), GAP)
     for row in rows:
         assert row[3:] == pytest.approx(expected, abs=1e-6)
-    assert con.execute("SELECT count(*) FROM teacher_tokens WHERE run = 'tinker'").fetchone() == (
+    assert con.execute("SELECT count(*) FROM drift_teacher_tokens WHERE run = 'tinker'").fetchone() == (
         0,
     )
 

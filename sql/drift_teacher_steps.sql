@@ -1,7 +1,7 @@
--- The student-teacher gap per training step: drift_steps' core statistics over teacher_tokens
--- (delta = student - teacher log-prob) instead of drift_tokens.
+-- The student-teacher gap per training step: drift_steps' core statistics over
+-- drift_teacher_tokens (delta = student - teacher log-prob) instead of drift_tokens.
 -- Grain: one row per training step (run, rollout_id) with at least one teacher token.
--- Inputs: teacher_tokens.
+-- Inputs: drift_teacher_tokens.
 -- Columns (nats unless said otherwise):
 --   run, rollout_id                  keys
 --   tokens                BIGINT     teacher tokens (loss-covered, both log-probs finite)
@@ -14,14 +14,14 @@
 --   mult_prob_error       DOUBLE     token mean of exp(|delta|) (ratio)
 --   mean_opd_reverse_kl   DOUBLE     token mean of the writer's reverse-KL estimate; null when
 --                                    it was not dumped
-CREATE OR REPLACE VIEW teacher_drift_steps AS
+CREATE OR REPLACE VIEW drift_teacher_steps AS
 WITH per_sample AS (
     SELECT
         run,
         rollout_id,
         batch_position,
         AVG(abs_lp_diff) AS sample_mean_abs
-    FROM teacher_tokens
+    FROM drift_teacher_tokens
     GROUP BY run, rollout_id, batch_position
 ),
 per_step AS (
@@ -38,7 +38,7 @@ per_step AS (
         AVG(k3) AS k3_kl,
         AVG(EXP(abs_lp_diff)) AS mult_prob_error,
         AVG(opd_reverse_kl) AS mean_opd_reverse_kl
-    FROM teacher_tokens
+    FROM drift_teacher_tokens
     GROUP BY run, rollout_id
 )
 SELECT

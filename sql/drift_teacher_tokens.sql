@@ -14,7 +14,7 @@
 --   abs_lp_diff       DOUBLE  |delta| (nats)
 --   ratio             DOUBLE  r = exp(delta)
 --   k3                DOUBLE  r - 1 - delta (nats)
-CREATE OR REPLACE VIEW teacher_tokens AS
+CREATE OR REPLACE VIEW drift_teacher_tokens AS
 WITH covered AS (
     SELECT
         run,
