@@ -133,9 +133,9 @@ def test_drift_teacher_steps_has_drifts_statistics_of_the_gap(con):
     expected = (GAP, GAP, GAP, GAP, -GAP, GAP * GAP / 2, k3, math.exp(GAP), GAP)
     for row in rows:
         assert row[3:] == pytest.approx(expected, abs=1e-6)
-    assert con.execute("SELECT count(*) FROM drift_teacher_tokens WHERE run = 'tinker'").fetchone() == (
-        0,
-    )
+    assert con.execute(
+        "SELECT count(*) FROM drift_teacher_tokens WHERE run = 'tinker'"
+    ).fetchone() == (0,)
 
 
 def test_start_staleness(con):
