@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tokenlake.errors import SampleValueError, shown
-from tokenlake.read.values import is_int
+from tokenlake.read.values import INT64_MAX, flat_array, is_int
 
 IDS = "rollout_sampling_mask_ids"
 OFFSETS = "rollout_sampling_mask_offsets"
@@ -38,20 +38,35 @@ def support_sizes(sample: dict[str, Any], response_length: int) -> np.ndarray | 
     for field, value in ((IDS, ids), (OFFSETS, offsets)):
         if not isinstance(value, list | tuple):
             raise SampleValueError(field, f"is {shown(value)}, not a list of integers")
-    if not offsets or not all(is_int(v) for v in offsets):
-        bad = next((v for v in offsets if not is_int(v)), None) if offsets else offsets
-        raise SampleValueError(OFFSETS, f"holds {shown(bad)}, not integer offsets")
-    values = [int(v) for v in offsets]
-    outside = next((v for v in values if not 0 <= v <= len(ids)), None)
-    if outside is not None:
-        problem = f"holds {shown(outside)}, outside 0..{len(ids)} (the number of `{IDS}`)"
+    values = _offsets_array(offsets, len(ids))
+    outside = (values < 0) | (values > len(ids))
+    if outside.any():
+        bad = int(values[np.argmax(outside)])
+        problem = f"holds {shown(bad)}, outside 0..{len(ids)} (the number of `{IDS}`)"
         raise SampleValueError(OFFSETS, problem)
     if values[0] != 0 or values[-1] != len(ids):
         problem = f"run from {values[0]} to {values[-1]}; expected 0 to {len(ids)}"
         raise SampleValueError(OFFSETS, f"{problem} (the number of `{IDS}`)")
-    sizes = np.diff(np.array(values, dtype=np.int64))
+    sizes = np.diff(values)
     if (sizes <= 0).any():
         raise SampleValueError(OFFSETS, "are not strictly increasing (an empty support)")
     if len(sizes) != response_length:
         return None
     return sizes.astype(np.int32)
+
+
+def _offsets_array(offsets: list[Any] | tuple[Any, ...], count: int) -> np.ndarray:
+    """The offsets as one int64 array, converted in one numpy call (as `validate` reads the
+    per-token lists); only when that fails is the list walked to name the first bad entry."""
+    array = flat_array(offsets) if offsets else None
+    if array is not None and array.dtype.kind in "iu" and array.max() <= INT64_MAX:
+        return array.astype(np.int64, copy=False)
+    bad = next((v for v in offsets if not is_int(v)), None) if offsets else offsets
+    if bad is not None or not offsets:
+        raise SampleValueError(OFFSETS, f"holds {shown(bad)}, not integer offsets")
+    # Integers numpy could not hold together (beyond int64, or int64 mixed with uint64).
+    outside = next((v for v in offsets if not 0 <= v <= count), None)
+    if outside is not None:
+        problem = f"holds {shown(outside)}, outside 0..{count} (the number of `{IDS}`)"
+        raise SampleValueError(OFFSETS, problem)
+    return np.array([int(v) for v in offsets], dtype=np.int64)

@@ -23,7 +23,7 @@ import numpy as np
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, SampleValueError, shown
 from tokenlake.read import sampling_support, weight_versions
-from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int
+from tokenlake.read.values import INT64_MAX, INT64_MIN, flat_array, is_int
 from tokenlake.read.weight_versions import WeightVersions
 from tokenlake.transform.resolve import sample_label
 
@@ -143,9 +143,6 @@ def response_length(sample: dict[str, Any], total: int) -> int:
 
 # What each per-token list holds: the numpy dtype kinds of a good array, and the entry check.
 _ENTRY_KINDS = {"integers": "biu", "numbers": "iuf"}
-# numpy >= 2.4 can refuse nesting up front (`ndmax`); older ones would build the nested shape,
-# which a few shared references in a pickle make astronomically large.
-_HAS_NDMAX = np.lib.NumpyVersion(np.__version__) >= "2.4.0"
 
 
 def _numeric_list(values: Any, field: str, what: str) -> np.ndarray:
@@ -159,25 +156,13 @@ def _numeric_list(values: Any, field: str, what: str) -> np.ndarray:
         raise SampleValueError(field, f"is {shown(values)}, not a list of {what}")
     if not values:
         return np.zeros(0, dtype=np.int64)
-    array = _flat_array(values)
+    array = flat_array(values)
     if array is None or array.dtype.kind not in kinds:
         problem = _token_problem if field == "tokens" else _ENTRY_PROBLEMS[what]
         _raise_first_bad(values, field, problem)
         # Each entry is right, but numpy promoted the mix (int64 with uint64 gives float64).
         return np.array(values, dtype=np.float64 if what == "numbers" else np.int64)
     return array
-
-
-def _flat_array(values: list[Any] | tuple[Any, ...]) -> np.ndarray | None:
-    """The values as a 1-D array, or None if an entry is itself a sequence."""
-    try:
-        if _HAS_NDMAX:
-            return np.array(values, ndmax=1)  # type: ignore[call-overload,unused-ignore]
-        if any(isinstance(v, list | tuple | np.ndarray) for v in values):  # pragma: no cover
-            return None
-        return np.asarray(values)  # pragma: no cover - numpy < 2.4
-    except (ValueError, TypeError, OverflowError):  # nested, or entries numpy cannot hold
-        return None
 
 
 def _token_problem(value: Any) -> str | None:
