@@ -118,8 +118,9 @@ class _SafeFormatter(logging.Formatter):
     default=30.0,
     show_default=True,
     callback=bounded(0, MAX_SECONDS),
-    help="With --follow: seconds without change after which a step whose rank set"
-    " is not known yet (the first step, eval files) counts as complete.",
+    help="With --follow: seconds without change after which a step counts as complete"
+    " when its train files do not cover the newest extracted step's ranks (the first step,"
+    " eval files, a step written on another rank layout).",
 )
 @click.option(
     "--tag",
