@@ -105,6 +105,12 @@ class _SafeFormatter(logging.Formatter):
     help="Keep watching a live run; extract each step once complete (Ctrl-C ends).",
 )
 @click.option(
+    "--with-experts",
+    is_flag=True,
+    help="Also keep the routing-replay arrays (rollout_routed_experts, rollout_indexer_topk)"
+    " in the `experts` table; very large, so never by default.",
+)
+@click.option(
     "--poll",
     type=float,
     default=5.0,
@@ -159,6 +165,7 @@ def extract(
     silent: bool,
     replace: bool,
     follow: bool,
+    with_experts: bool,
     poll: float,
     settle: float,
     tag_args: tuple[str, ...],
@@ -188,8 +195,9 @@ def extract(
     if ray_address is not None and executor != "ray":
         raise UsageError("--ray-address needs --executor ray.")
     if follow:
-        if executor == "ray":
-            raise UsageError("--executor ray cannot be combined with --follow yet.")
+        if executor == "ray" or with_experts:
+            option = "--executor ray" if executor == "ray" else "--with-experts"
+            raise UsageError(f"{option} cannot be combined with --follow yet.")
         if steps is not None or strict:  # not silently ignored
             option = "--steps" if steps is not None else "--strict"
             raise UsageError(
@@ -212,6 +220,7 @@ def extract(
             tags=tags,
             executor=executor,
             ray_address=ray_address,
+            with_experts=with_experts,
         )
     except ExtractInterrupted as exc:
         say(_summary_line(exc.summary), one_line=True)

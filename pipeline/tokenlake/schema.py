@@ -33,7 +33,10 @@ SAMPLES = "samples"
 RUNS = "runs"
 VOCAB = "vocab"
 METRICS = "metrics"
-TABLES = (TOKENS, SAMPLES, RUNS, VOCAB, METRICS)
+EXPERTS = "experts"  # only with `tokenlake extract --with-experts`
+TABLES = (TOKENS, SAMPLES, RUNS, VOCAB, METRICS, EXPERTS)
+# Tables with files per step (listed in each step's manifest record).
+STEP_TABLES = (TOKENS, SAMPLES, EXPERTS)
 
 CATALOG_FILE = "tokenlake.duckdb"
 
@@ -240,6 +243,24 @@ SAMPLES_SCHEMA = pa.schema(
 )
 
 # ---------------------------------------------------------------------------------------------
+# `experts`: routing replay, one row per position of a sample's `rollout_routed_experts` /
+# `rollout_indexer_topk` arrays ([T-1, layers, k]); written only with --with-experts.
+# ---------------------------------------------------------------------------------------------
+EXPERTS_SCHEMA = pa.schema(
+    [
+        pa.field(EVALUATION, pa.bool_(), nullable=False),
+        pa.field(BATCH_POSITION, pa.int32(), nullable=False),
+        pa.field(SAMPLE_INDEX, pa.int64()),
+        # Index j of the arrays' first axis (0..T-2 for text: the forward pass at token j).
+        pa.field("token_position", pa.int32(), nullable=False),
+        # rollout_routed_experts[j]: per MoE layer, the top-k experts; null if not dumped.
+        pa.field("routed_experts", pa.list_(pa.list_(pa.int32()))),
+        # rollout_indexer_topk[j]: per indexer layer, its top-k; null if not dumped.
+        pa.field("indexer_topk", pa.list_(pa.list_(pa.int32()))),
+    ]
+)
+
+# ---------------------------------------------------------------------------------------------
 # `runs`: one row per extracted run.
 # ---------------------------------------------------------------------------------------------
 RUNS_BASE_SCHEMA = pa.schema(
@@ -270,6 +291,7 @@ TABLE_PARTITIONS: dict[str, tuple[str, ...]] = {
     RUNS: (RUN,),
     VOCAB: (RUN,),
     METRICS: (RUN,),
+    EXPERTS: (RUN, ROLLOUT_ID),
 }
 
 
@@ -328,4 +350,5 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     RUNS: RUNS_SCHEMA,
     VOCAB: VOCAB_SCHEMA,
     METRICS: METRICS_SCHEMA,
+    EXPERTS: EXPERTS_SCHEMA,
 }

@@ -12,6 +12,7 @@ manifests; files no manifest lists (superseded or left by a crash) are deleted l
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import time
@@ -92,6 +93,7 @@ def extract_run(
     tags: Mapping[str, str] | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    with_experts: bool = False,
 ) -> ExtractSummary:
     """Extract a miles dump directory into `lake` and rebuild the catalog.
 
@@ -118,6 +120,9 @@ def extract_run(
         executor: `local` (`workers` processes) or `ray` (one Ray task per step, see
             pipeline/tokenlake/load/ray_executor.py; `workers` is then unused).
         ray_address: With `ray`: the cluster to connect to.
+        with_experts: Also write the routing-replay arrays to the `experts` table; steps
+            extracted before without it are extracted again (without it, a step keeps the
+            `experts` file it has until its sources change).
 
     Returns:
         What was written, what was skipped and why.
@@ -132,6 +137,8 @@ def extract_run(
     remote_dump.check_apart(listing, lake)
     run = check_run_name(run_name if run_name is not None else listing.root.name)
     chosen = dump.select_steps(listing, steps)
+    if with_experts:
+        chosen = tuple(dataclasses.replace(s, with_experts=True) for s in chosen)
     lake = prepare_lake(lake, listing.root)
     summary = ExtractSummary(run=run, lake=lake, ignored_files=list(listing.ignored))
     reporter = as_reporter(progress)
@@ -327,6 +334,7 @@ def _plan(
         elif (
             previous.sources != manifest.fingerprint(files)
             or previous.schema_version != schema.SCHEMA_VERSION  # written by another tokenlake
+            or (files.with_experts and schema.EXPERTS not in previous.files)
             or not all(lake_at(lake).exists(name) for name in previous.files.values())
         ):
             todo.append((files, StepStatus.UPDATED))

@@ -113,6 +113,8 @@ class StepFiles:
     root: Path | None = None
     # On an object store: what to download before reading (pipeline/tokenlake/read/remote_dump.py).
     remote: RemoteFiles | None = None
+    # Also extract the routing-replay arrays into the `experts` table (--with-experts).
+    with_experts: bool = False
 
     def __post_init__(self) -> None:
         if self.root is None:  # rollout files live in ROOT/rollout_data/

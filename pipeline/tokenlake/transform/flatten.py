@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from tokenlake import schema
-from tokenlake.read import weight_versions
+from tokenlake.read import replay, weight_versions
 from tokenlake.read.validate import CheckedSample
 from tokenlake.transform.resolve import TrainRow
 from tokenlake.transform.summary import sample_summary
@@ -408,3 +408,55 @@ def samples_table(
     for row, part in zip(rows, parts, strict=True):
         row["alignment_failed"] = bool(row["alignment_failed"]) or part.misaligned
     return pa.Table.from_pylist(rows, schema=schema.SAMPLES_SCHEMA)
+
+
+def experts_table(
+    evaluation: bool, sample_indices: Sequence[int | None], arrays: list[dict[str, np.ndarray]]
+) -> pa.Table:
+    """The `experts` rows of a step: one per position of each sample's replay arrays (the
+    longer of the two when both exist; the shorter is NULL past its end), nested lists built
+    from offsets over the flat values (no loop per position)."""
+    lengths = np.array([max((len(a) for a in p.values()), default=0) for p in arrays], np.int64)
+    total = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    index_values = np.array([-1 if i is None else i for i in sample_indices], dtype=np.int64)
+    index_valid = np.array([i is not None for i in sample_indices], dtype=bool)
+    columns: dict[str, pa.Array] = {
+        schema.EVALUATION: pa.array(np.full(total, evaluation, dtype=bool)),
+        schema.BATCH_POSITION: pa.array(np.repeat(np.arange(len(arrays), dtype=np.int32), lengths)),
+        schema.SAMPLE_INDEX: _with_validity(
+            np.repeat(index_values, lengths), np.repeat(index_valid, lengths)
+        ),
+        "token_position": pa.array(
+            (np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)).astype(np.int32)
+        ),
+    }
+    for key, column in (
+        (replay.ROUTED_EXPERTS, "routed_experts"),
+        (replay.INDEXER_TOPK, "indexer_topk"),
+    ):
+        columns[column] = _nested_column([p.get(key) for p in arrays], lengths)
+    return pa.Table.from_pydict(columns, schema=schema.EXPERTS_SCHEMA)
+
+
+def _nested_column(parts: list[np.ndarray | None], lengths: np.ndarray) -> pa.Array:
+    """list<list<int32>> rows for [n, layers, k] arrays, padded with NULL rows to `lengths`."""
+    kind = pa.list_(pa.list_(pa.int32()))
+    chunks = []
+    for part, length in zip(parts, lengths, strict=True):
+        rows = 0 if part is None else len(part)
+        if part is not None and rows:
+            n, layers, k = part.shape
+            inner = pa.ListArray.from_arrays(
+                pa.array(np.arange(n * layers + 1, dtype=np.int32) * k),
+                pa.array(np.ascontiguousarray(part).reshape(-1), pa.int32()),
+            )
+            outer = pa.ListArray.from_arrays(
+                pa.array(np.arange(n + 1, dtype=np.int32) * layers), inner
+            )
+            chunks.append(outer)
+        if int(length) > rows:
+            chunks.append(pa.nulls(int(length) - rows, kind))
+    if not chunks:
+        return pa.nulls(0, kind)
+    return pa.concat_arrays([c.cast(kind) for c in chunks])

@@ -27,7 +27,7 @@ from tokenlake.errors import (
 )
 from tokenlake.load import manifest, write
 from tokenlake.load.lake import LakeRoot, lake_at, new_name
-from tokenlake.read import dump, remote_dump, tinker, trajectory, validate
+from tokenlake.read import dump, remote_dump, replay, tinker, trajectory, validate
 from tokenlake.transform import flatten
 from tokenlake.transform.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 
@@ -142,7 +142,7 @@ def _extract_step(
             # Fingerprint before reading: a file that changes while it is read looks changed
             # later (a remote step's: as listed, before the download).
             sources = _fingerprint(files)
-            tokens, samples_table, result = build_step_tables(read)
+            tokens, samples_table, result, experts = _build(read, files.with_experts)
         warnings = tuple(remote_dump.as_urls(files, read, w) for w in result.warnings)
         result = replace(result, warnings=warnings)
     except PipelineError as exc:
@@ -152,7 +152,7 @@ def _extract_step(
         text = f"`{exc.filename}`: {exc.strerror}. Extract again once the file is readable."
         return StepOutcome(files.label, status, error=remote_dump.as_urls(files, read, text))
     try:
-        written = _write_step(files, lake, run, tokens, samples_table)
+        written = _write_step(files, lake, run, tokens, samples_table, experts)
     except LakeError as exc:
         return StepOutcome(files.label, status, lake_error=(exc.path, exc.problem))
     except OSError as exc:  # e.g. a partition directory cannot be created
@@ -201,15 +201,23 @@ def input_error_text(files: dump.StepFiles, exc: PipelineError) -> str:
 
 
 def _write_step(
-    files: dump.StepFiles, lake: LakeRoot, run: str, tokens: pa.Table, samples_table: pa.Table
+    files: dump.StepFiles,
+    lake: LakeRoot,
+    run: str,
+    tokens: pa.Table,
+    samples_table: pa.Table,
+    experts: pa.Table | None = None,
 ) -> dict[str, str]:
     """Write the step's files under fresh names; returns table -> name relative to the lake."""
     layout = lake_at(lake)
     stem = schema.EVAL_STEM if files.evaluation else schema.TRAIN_STEM
     generation = secrets.token_hex(4)  # fresh names: the manifest decides when they count
     written: dict[str, str] = {}
+    tables = [(schema.TOKENS, tokens), (schema.SAMPLES, samples_table)]
+    if experts is not None:
+        tables.append((schema.EXPERTS, experts))
     try:
-        for table, data in ((schema.TOKENS, tokens), (schema.SAMPLES, samples_table)):
+        for table, data in tables:
             written[table] = new_name(table, run, stem, files.rollout_id, generation)
             metadata = write.file_metadata(table, run, _source_name(files))
             write.write_lake_file(layout, written[table], table, data, metadata)
@@ -227,6 +235,14 @@ def _source_name(files: dump.StepFiles) -> str:
 
 def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepResult]:
     """The step's `tokens` and `samples` tables, in memory."""
+    tokens, samples_table, result, _ = _build(files, with_experts=False)
+    return tokens, samples_table, result
+
+
+def _build(
+    files: dump.StepFiles, with_experts: bool
+) -> tuple[pa.Table, pa.Table, StepResult, pa.Table | None]:
+    """The step's `tokens` and `samples` tables, and with `with_experts` its `experts`."""
     rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
     samples: list[dict[str, Any]] = rollout["samples"]
     checked = validate.check_samples(files.rollout_file, samples)  # before anything reads them
@@ -264,6 +280,7 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
         )
     except SampleValueError as exc:  # raised where the value is read, which knows no file
         raise validate.located(exc, files.rollout_file, samples) from None
+    experts = _experts(files, samples, indices) if with_experts else None
     result = StepResult(
         rollout_id=files.rollout_id,
         evaluation=files.evaluation,
@@ -273,7 +290,19 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
         nonfinite_values=count_nonfinite(tokens),
         warnings=tuple(warnings),
     )
-    return tokens, samples_table, result
+    return tokens, samples_table, result, experts
+
+
+def _experts(files: dump.StepFiles, samples: list[dict[str, Any]], indices: list) -> pa.Table:
+    """The step's `experts` rows (routing replay); a bad array is the step's one-line error."""
+    arrays = []
+    for position, sample in enumerate(samples):
+        try:
+            arrays.append(replay.replay_arrays(sample))
+        except SampleValueError as exc:
+            exc.position = position
+            raise validate.located(exc, files.rollout_file, samples) from None
+    return flatten.experts_table(files.evaluation, indices, arrays)
 
 
 def resolve_train_rows(
