@@ -15,6 +15,9 @@
 --   token_id          BIGINT   token id
 --   turn_index        INTEGER  0-based loss-covered run of the response, as in `tokens`
 --   first_occurrence  BOOLEAN  the sample's first row here with this token_id, as in `tokens`
+--   token_version     VARCHAR  weight version that generated the token, as in `tokens`
+--   token_staleness   BIGINT   rollout_id - token_version (steps), as in `tokens`
+--   support_size      INTEGER  ids the sampler kept here, as in `tokens` (null: unbounded)
 --   train_log_prob    DOUBLE   trainer log-prob (nats)
 --   rollout_log_prob  DOUBLE   engine log-prob (nats)
 --   entropy           DOUBLE   actor entropy at the position (nats), null if not dumped
@@ -36,6 +39,9 @@ WITH covered AS (
         token_id,
         turn_index,
         first_occurrence,
+        token_version,
+        token_staleness,
+        support_size,
         train_log_prob::DOUBLE AS train_lp,
         rollout_log_prob::DOUBLE AS rollout_lp,
         entropy::DOUBLE AS entropy,
@@ -54,6 +60,9 @@ SELECT
     token_id::BIGINT AS token_id,
     turn_index::INTEGER AS turn_index,
     first_occurrence::BOOLEAN AS first_occurrence,
+    token_version::VARCHAR AS token_version,
+    token_staleness::BIGINT AS token_staleness,
+    support_size::INTEGER AS support_size,
     train_lp::DOUBLE AS train_log_prob,
     rollout_lp::DOUBLE AS rollout_log_prob,
     entropy::DOUBLE AS entropy,

@@ -140,6 +140,9 @@ def _baseline_shard(files: dump.StepFiles, data: dict[str, Any], position_of: di
         pa.array(diff, mask=~mask) if diff is not None else pa.nulls(total, pa.float32())
     )
     columns[schema.FIRST_OCCURRENCE] = first_occurrence_column(columns, lengths.numpy())
+    columns[schema.TOKEN_VERSION] = pa.nulls(total, pa.string())  # no per-token versions here
+    columns[schema.TOKEN_STALENESS] = pa.nulls(total, pa.int64())
+    columns[schema.SUPPORT_SIZE] = pa.nulls(total, pa.int32())
     return pa.table(columns, schema=schema.TOKENS_SCHEMA)
 
 

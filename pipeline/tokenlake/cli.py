@@ -130,6 +130,12 @@ class _SafeFormatter(logging.Formatter):
     help="Keep watching a live run; extract each step once complete (Ctrl-C ends).",
 )
 @click.option(
+    "--with-experts",
+    is_flag=True,
+    help="Also keep the routing-replay arrays (rollout_routed_experts, rollout_indexer_topk)"
+    " in the `experts` table; very large, so never by default.",
+)
+@click.option(
     "--poll",
     type=float,
     default=5.0,
@@ -143,8 +149,9 @@ class _SafeFormatter(logging.Formatter):
     default=30.0,
     show_default=True,
     callback=bounded(0, MAX_SECONDS),
-    help="With --follow: seconds without change after which a step whose rank set"
-    " is not known yet (the first step, eval files) counts as complete.",
+    help="With --follow: seconds without change after which a step counts as complete"
+    " when its train files do not cover the newest extracted step's ranks (the first step,"
+    " eval files, a step written on another rank layout).",
 )
 @click.option(
     "--tag",
@@ -190,6 +197,7 @@ def extract(
     silent: bool,
     replace: bool,
     follow: bool,
+    with_experts: bool,
     poll: float,
     settle: float,
     tag_args: tuple[str, ...],
@@ -233,6 +241,7 @@ def extract(
         poll_seconds=poll,
         settle_seconds=settle,
         dump_format=dump_format,
+        with_experts=with_experts,
     ).check()
     if follow:
         _follow(_lake(lake), dump_dir, options, silent)

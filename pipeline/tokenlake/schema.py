@@ -23,7 +23,10 @@ from tokenlake.errors import RowKeysError
 # 2: `runs` gained the run metadata columns, and the `metrics` table; `tokens`
 #    gained `turn_index`.
 # 3: `tokens` gained `first_occurrence`.
-# 4: `runs` gained `framework`, `dump_format` and `format_version`.
+# 4: `runs` gained `framework`, `dump_format` and `format_version`; `tokens` gained
+#    `token_version`, `token_staleness`, `support_size`, `teacher_log_prob`,
+#    `teacher_entropy`, `opd_reverse_kl`, `value` and `loss_weight`; `samples` gained
+#    `bounded_sampling`, `start_weight_version` and `start_staleness`.
 SCHEMA_VERSION = 4
 TOOL_NAME = "tokenlake"
 
@@ -35,7 +38,10 @@ SAMPLES = "samples"
 RUNS = "runs"
 VOCAB = "vocab"
 METRICS = "metrics"
-TABLES = (TOKENS, SAMPLES, RUNS, VOCAB, METRICS)
+EXPERTS = "experts"  # only with `tokenlake extract --with-experts`
+TABLES = (TOKENS, SAMPLES, RUNS, VOCAB, METRICS, EXPERTS)
+# Tables with files per step (listed in each step's manifest record).
+STEP_TABLES = (TOKENS, SAMPLES, EXPERTS)
 
 CATALOG_FILE = "tokenlake.duckdb"
 
@@ -68,6 +74,14 @@ ENTROPY = "entropy"
 REF_ENTROPY = "ref_entropy"
 ADVANTAGE = "advantage"
 RETURNS = "returns"
+TOKEN_VERSION = "token_version"
+TOKEN_STALENESS = "token_staleness"
+SUPPORT_SIZE = "support_size"
+TEACHER_LOG_PROB = "teacher_log_prob"
+TEACHER_ENTROPY = "teacher_entropy"
+OPD_REVERSE_KL = "opd_reverse_kl"
+VALUE = "value"
+LOSS_WEIGHT = "loss_weight"
 
 TOKENS_SCHEMA = pa.schema(
     [
@@ -110,6 +124,27 @@ TOKENS_SCHEMA = pa.schema(
         pa.field(ADVANTAGE, pa.float32()),
         # Return at this position (miles `returns`; `return` is an SQL keyword).
         pa.field(RETURNS, pa.float32()),
+        # The weight version that generated the token: its `weight_versions` span's (dumps
+        # since #1891/#1892); in older dumps the version of its engine call when the calls can
+        # be placed on the response (one call, or one loss-covered run per listed version).
+        # Null outside every span (tool output, unstamped calls) and wherever it is unknown.
+        pa.field(TOKEN_VERSION, pa.string()),
+        # rollout_id - token_version (steps), when the version is all digits; else null.
+        pa.field(TOKEN_STALENESS, pa.int64()),
+        # Token ids the sampler kept at this position (top-k / top-p support, miles
+        # `rollout_sampling_mask_offsets`); null when sampling was unbounded (not recorded).
+        pa.field(SUPPORT_SIZE, pa.int32()),
+        # On-policy distillation: the teacher's log-prob (nats) of the token (train side, else
+        # the rollout dump's), the teacher's entropy (train side), and the precomputed
+        # per-token reverse-KL estimate (train side, else the rollout dump's).
+        pa.field(TEACHER_LOG_PROB, pa.float32()),
+        pa.field(TEACHER_ENTROPY, pa.float32()),
+        pa.field(OPD_REVERSE_KL, pa.float32()),
+        # The critic's value estimate at this position (PPO with a critic: miles `values`).
+        pa.field(VALUE, pa.float32()),
+        # Client-supplied per-token loss weight (Tinker-style batches, miles `loss_weights`;
+        # may be fractional or negative, unlike loss_mask); null where the sample had none.
+        pa.field(LOSS_WEIGHT, pa.float32()),
     ]
 )
 
@@ -122,6 +157,19 @@ TRAIN_TOKEN_FIELDS: dict[str, str] = {
     "ref_entropy": REF_ENTROPY,
     "advantages": ADVANTAGE,
     "returns": RETURNS,
+    "teacher_log_probs": TEACHER_LOG_PROB,
+    "teacher_entropy": TEACHER_ENTROPY,
+    "opd_reverse_kl": OPD_REVERSE_KL,
+    "values": VALUE,
+    "loss_weights": LOSS_WEIGHT,
+}
+# Rollout-sample per-token fields (response-aligned, never CP-sliced) and the `tokens` column
+# each fills when the train side lacks it (or the sample has none).
+ROLLOUT_TOKEN_FIELDS: dict[str, str] = {
+    "teacher_log_probs": TEACHER_LOG_PROB,
+    "opd_reverse_kl": OPD_REVERSE_KL,
+    "loss_weights": LOSS_WEIGHT,
+    "advantages": ADVANTAGE,
 }
 ROLLOUT_LOG_PROBS_FIELD = "rollout_log_probs"
 # Every CP-sliced field the resolver reassembles (the reference's seven, dump-format.md 4.7).
@@ -137,6 +185,11 @@ TOKEN_STAT_COLUMNS: tuple[str, ...] = (
     REF_ENTROPY,
     ADVANTAGE,
     RETURNS,
+    TEACHER_LOG_PROB,
+    TEACHER_ENTROPY,
+    OPD_REVERSE_KL,
+    VALUE,
+    LOSS_WEIGHT,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -157,6 +210,8 @@ WEIGHT_VERSION = "weight_version"
 WEIGHT_VERSION_MIN = "weight_version_min"
 MIXED_VERSION = "mixed_version"
 STALENESS = "staleness"
+START_WEIGHT_VERSION = "start_weight_version"
+START_STALENESS = "start_staleness"
 TURNS = "turns"
 TOOL_CALLS = "tool_calls"
 NON_GENERATION_TIME = "non_generation_time"
@@ -167,6 +222,7 @@ PROMPT_TEXT = "prompt_text"
 RESPONSE_TEXT = "response_text"
 PROMPT_TOKEN_IDS = "prompt_token_ids"
 METADATA_JSON = "metadata_json"
+BOUNDED_SAMPLING = "bounded_sampling"
 MESSAGES_JSON = "messages_json"
 HAS_TRAIN_ROW = "has_train_row"
 STEP_TRAIN_FILES = "step_train_files"
@@ -198,6 +254,8 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field(WEIGHT_VERSION_MIN, pa.int64()),  # min of the all-digit versions
         pa.field(MIXED_VERSION, pa.bool_()),  # more than one distinct version
         pa.field(STALENESS, pa.int64()),  # rollout_id - weight_version_min (reference formula)
+        pa.field(START_WEIGHT_VERSION, pa.int64()),  # version when the trajectory was submitted
+        pa.field(START_STALENESS, pa.int64()),  # rollout_id - start_weight_version
         pa.field(TURNS, pa.int64()),  # len(weight_versions), null if empty
         pa.field(TOOL_CALLS, pa.int64()),  # `tool` messages in a list prompt; null for str
         pa.field(NON_GENERATION_TIME, pa.float64()),  # seconds outside generation
@@ -208,6 +266,8 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field(RESPONSE_TEXT, pa.string()),  # decoded response
         pa.field(PROMPT_TOKEN_IDS, pa.list_(pa.int64())),  # the P prompt token ids
         pa.field(METADATA_JSON, pa.string()),  # Sample.metadata as JSON
+        # The sampler recorded a bounded support (top-k / top-p) for the response tokens
+        pa.field(BOUNDED_SAMPLING, pa.bool_(), nullable=False),
         # The conversation (chat messages, tool calls) from trajectory/{stem}.jsonl, as JSON
         pa.field(MESSAGES_JSON, pa.string()),
         # --- train side (null when the sample has no train row) ---
@@ -222,6 +282,24 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field(ALIGNMENT_FAILED, pa.bool_(), nullable=False),  # CP reassembly refused
         pa.field(TRAIN_TOTAL_LENGTH, pa.int32()),  # train `total_lengths` (media expansion)
         pa.field(TRAIN_RESPONSE_LENGTH, pa.int32()),  # train `response_lengths`
+    ]
+)
+
+# ---------------------------------------------------------------------------------------------
+# `experts`: routing replay, one row per position of a sample's `rollout_routed_experts` /
+# `rollout_indexer_topk` arrays ([T-1, layers, k]); written only with --with-experts.
+# ---------------------------------------------------------------------------------------------
+EXPERTS_SCHEMA = pa.schema(
+    [
+        pa.field(EVALUATION, pa.bool_(), nullable=False),
+        pa.field(BATCH_POSITION, pa.int32(), nullable=False),
+        pa.field(SAMPLE_INDEX, pa.int64()),
+        # Index j of the arrays' first axis (0..T-2 for text: the forward pass at token j).
+        pa.field("token_position", pa.int32(), nullable=False),
+        # rollout_routed_experts[j]: per MoE layer, the top-k experts; null if not dumped.
+        pa.field("routed_experts", pa.list_(pa.list_(pa.int32()))),
+        # rollout_indexer_topk[j]: per indexer layer, its top-k; null if not dumped.
+        pa.field("indexer_topk", pa.list_(pa.list_(pa.int32()))),
     ]
 )
 
@@ -256,6 +334,7 @@ TABLE_PARTITIONS: dict[str, tuple[str, ...]] = {
     RUNS: (RUN,),
     VOCAB: (RUN,),
     METRICS: (RUN,),
+    EXPERTS: (RUN, ROLLOUT_ID),
 }
 
 
@@ -332,6 +411,7 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
     RUNS: RUNS_SCHEMA,
     VOCAB: VOCAB_SCHEMA,
     METRICS: METRICS_SCHEMA,
+    EXPERTS: EXPERTS_SCHEMA,
 }
 
 

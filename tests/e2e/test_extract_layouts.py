@@ -44,7 +44,8 @@ def _stat_arrays(t: SampleTruth) -> dict[str, np.ndarray | None]:
         stats: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
         stats[schema.ROLLOUT_LOG_PROB] = t.rollout_log_probs.astype(np.float32)
         return stats
-    stats = {column: getattr(t, field) for field, column in schema.TRAIN_TOKEN_FIELDS.items()}
+    # Fields the generator does not write (teacher, critic, loss weights) are NULL.
+    stats = {c: getattr(t, f, None) for f, c in schema.TRAIN_TOKEN_FIELDS.items()}
     stats[schema.ROLLOUT_LOG_PROB] = t.train_rollout_log_probs
     lp, rlp = t.log_probs, t.train_rollout_log_probs
     with np.errstate(invalid="ignore"):
@@ -160,8 +161,32 @@ def test_lake_matches_truth(preset: str, tmp_path: Path) -> None:
 
 def test_every_layout_preset_is_covered() -> None:
     assert LAYOUT_PRESETS == [
-        "cp-bshd", "cp-legacy", "cp-legacy-missing-rank", "cp-missing-rank", "cp-thd", "empty-response", "example",
-        "log-probs-missing-step", "multi-turn", "nemo-rl", "no-dashboard-columns",
-        "no-entropy", "no-log-probs", "nonfinite", "pp", "removed", "rollout-only",
-        "slime-v1", "slime-v2", "tp", "true-on-policy-bf16", "true-on-policy-fp16",
+        "cp-bshd",
+        "cp-legacy",
+        "cp-legacy-missing-rank",
+        "cp-missing-rank",
+        "cp-thd",
+        "empty-response",
+        "example",
+        "log-probs-missing-step",
+        "multi-turn",
+        "nemo-rl",
+        "no-dashboard-columns",
+        "no-entropy",
+        "no-log-probs",
+        "nonfinite",
+        "pp",
+        "pre-dashboard",
+        "removed",
+        "rollout-only",
+        "sampling-support",
+        "slime-v1",
+        "slime-v2",
+        "sparse-ranks",
+        "sparse-ranks-cp",
+        "spec-rename",
+        "tp",
+        "true-on-policy-bf16",
+        "true-on-policy-fp16",
+        "weight-spans",
     ]  # fmt: skip

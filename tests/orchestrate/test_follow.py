@@ -7,6 +7,7 @@ writes in place. The end state must equal a one-shot extraction of the finished 
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -217,18 +218,20 @@ def test_rollout_only_step_is_extracted_again_when_all_ranks_appear(tmp_path: Pa
         (1, False, 0, False),
     ]
 
-    for rank in (0, 1):  # half the ranks: not complete, the lake keeps the rollout-only step
+    # Half the ranks, before the files settle (a settled step is extracted with the ranks it
+    # has): not complete, the lake keeps the rollout-only step.
+    for rank in (0, 1):
         shutil.move(parked / f"1_{rank}.pt", live / "train_data" / f"1_{rank}.pt")
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
-    ) == (0, 0, 2, 0, 0)
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=math.inf), None)
+    ) == (0, 0, 1, 0, 0)
     assert step_train_files(lake)[2] == (1, False, 0, False)
 
     for rank in (2, 3):
         shutil.move(parked / f"1_{rank}.pt", live / "train_data" / f"1_{rank}.pt")
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
-    ) == (0, 1, 2, 0, 0)
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=math.inf), None)
+    ) == (0, 1, 1, 0, 0)
     assert step_train_files(lake)[2] == (1, False, 4, True)
     assert verify_lake(lake) == (3, [])
 

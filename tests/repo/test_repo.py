@@ -6,13 +6,14 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from tests.fixture_paths import MILES_REAL, NEMO_RL_REAL, SLIME_REAL
+from tests.fixture_paths import MILES_NEXT, MILES_REAL, NEMO_RL_REAL, SLIME_REAL
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN_SUFFIXES = (".pt", ".parquet", ".duckdb", ".pkl")
 MAX_BYTES = 512 * 1024
 FIXTURE_LISTS = (
     MILES_REAL / "SHA256SUMS",
+    MILES_NEXT / "SHA256SUMS",
     SLIME_REAL / "MANIFEST.sha256",
     NEMO_RL_REAL / "MANIFEST.sha256",
 )
@@ -46,7 +47,7 @@ def test_no_data_files_or_big_files_are_tracked():
 
 def test_the_allowed_fixtures_are_exactly_the_listed_real_dumps():
     allowed = _listed_fixtures()
-    assert len(allowed) == 124 + 40 + 10  # miles, slime, NeMo-RL
+    assert len(allowed) == 124 + 111 + 40 + 10  # miles-real, miles-next, slime, NeMo-RL
     for path, digest in allowed.items():
         assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, path
     assert max(path.stat().st_size for path in allowed) < MAX_BYTES

@@ -6,7 +6,8 @@ Trip lake, run `r`:
           bp2 failed alignment (NULL train values); bp3 has no train row. Rewards differ in
           both groups, nothing truncated, drift tiny.
   step 1: bp0 has a delta of +25 nats; every reward is 1 (both groups zero-std); bp0 and bp1
-          are truncated. So the drift, zero-std and truncation alarms fire for step 1.
+          are truncated. So the drift, zero-std and truncation alarms fire for step 1. bp1's
+          tokens had a bounded sampling support, the others none (mixed support).
 Healthy data (the built-in example and every real miles fixture) passes: exit 0, no error.
 """
 
@@ -29,6 +30,7 @@ AUDITS = [
     "drift_alarms",
     "large_lp_diff",
     "missing_train_rows",
+    "mixed_sampling_support",
     "nonfinite_log_probs",
     "placeholder_rollout_log_prob",
     "removed_samples",
@@ -43,6 +45,7 @@ SEVERITY = {
     "drift_alarms": "error",
     "large_lp_diff": "error",
     "missing_train_rows": "warning",
+    "mixed_sampling_support": "warning",
     "nonfinite_log_probs": "error",
     "placeholder_rollout_log_prob": "warning",
     "removed_samples": "info",
@@ -113,6 +116,8 @@ def trip_rows():
     )
     for bp in range(1, 4):
         tokens += _tokens(1, bp)
+    for token in tokens[-12:-8]:  # step 1, bp1
+        token["support_size"] = 3
     samples += [_sample(1, bp, 1.0, truncated=bp < 2) for bp in range(4)]
     samples[-1]["remove_sample"] = True  # step 1, bp3: kept in the batch, out of the loss
     return tokens, samples
@@ -136,7 +141,7 @@ def test_healthy_lake_passes_every_audit(healthy):
     results = run_audits(healthy)
     assert [r.name for r in results] == AUDITS
     assert all(r.passed for r in results)
-    assert format_audit_report(results).splitlines()[-1] == "All 12 audits passed."
+    assert format_audit_report(results).splitlines()[-1] == "All 13 audits passed."
 
 
 def test_every_audit_fires_on_the_tripped_lake(tripped):
@@ -168,6 +173,11 @@ def test_large_lp_diff_rows(tripped):
     assert _rows(
         result, "rollout_id", "batch_position", "position", "lp_diff", "abs_lp_diff_limit"
     ) == [(1, 0, 0, 25.0, 20.0)]
+
+
+def test_mixed_sampling_support_rows(tripped):
+    result = tripped[0]["mixed_sampling_support"]
+    assert _rows(result, "rollout_id", "bounded_tokens", "unbounded_tokens") == [(1, 4, 12)]
 
 
 def test_sample_level_audit_rows(tripped):
@@ -363,6 +373,7 @@ def test_cli_exits_1_on_errors_and_prints_severities(tripped):
         "FAIL  drift_alarms [error]",
         "FAIL  large_lp_diff [error]",
         "WARN  missing_train_rows [warning]",
+        "WARN  mixed_sampling_support [warning]",
         "FAIL  nonfinite_log_probs [error]",
         "WARN  placeholder_rollout_log_prob [warning]",
         "INFO  removed_samples [info]",
@@ -371,7 +382,7 @@ def test_cli_exits_1_on_errors_and_prints_severities(tripped):
         "WARN  truncated_steps [warning]",
         "INFO  zero_std_group_list [info]",
         "WARN  zero_std_groups [warning]",
-        "3 of 12 audits failed; 6 warnings, 2 info.",
+        "3 of 13 audits failed; 7 warnings, 2 info.",
     ]
 
 
@@ -381,7 +392,7 @@ def test_cli_exits_0_when_only_warnings_and_info_fire(tmp_path):
     build_lake(tmp_path, tokens, [_sample(0, bp, 1.0) for bp in range(4)])
     result = CliRunner().invoke(main, ["audit", str(tmp_path)])
     assert result.exit_code == 0
-    assert result.output.splitlines()[-1] == "0 of 12 audits failed; 1 warning, 1 info."
+    assert result.output.splitlines()[-1] == "0 of 13 audits failed; 1 warning, 1 info."
 
 
 @pytest.mark.slow
@@ -394,7 +405,7 @@ def test_the_example_run_passes_the_audit(tmp_path):
     extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name="example"))
     result = CliRunner().invoke(main, ["audit", str(tmp_path / "lake")])
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines()[-1] == "0 of 12 audits failed; 0 warnings, 2 info."
+    assert result.output.splitlines()[-1] == "0 of 13 audits failed; 0 warnings, 2 info."
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from tokenlake import extras
 from tokenlake.errors import PipelineError, UsageError
-from tokenlake.generator import synth_dashboard, synth_frameworks
+from tokenlake.generator import synth_dashboard, synth_frameworks, synth_shapes
 from tokenlake.generator.synth_spec import (
     AGENTIC_PROMPT,
     DASHBOARD_ROW_GROUP,
@@ -86,12 +86,15 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 # Rollout side: rollout_data/{stem}.pt, dashboard_columns/, trajectory/
 # ---------------------------------------------------------------------------------------------
-def _sample_dict(step: StepBatch, i: int, lists: dict[str, list[Any]], evaluation: bool) -> dict:
+def _sample_dict(
+    spec: DumpSpec, step: StepBatch, i: int, lists: dict[str, list[Any]], evaluation: bool
+) -> dict:
     """One `Sample.to_dict()` with every key of the real dumps, in their order."""
     t0, t1, r0, r1 = step.t_off[i], step.t_off[i + 1], step.r_off[i], step.r_off[i + 1]
     agentic, plen = bool(step.agentic[i]), int(step.plen[i])
     group = int(step.group[i])
-    return {
+    sample_index = i if evaluation else int(step.index[i])
+    sample = {
         "group_index": group,
         "index": i if evaluation else int(step.index[i]),
         "rollout_id": None,
@@ -104,7 +107,7 @@ def _sample_dict(step: StepBatch, i: int, lists: dict[str, list[Any]], evaluatio
         "label": None,
         "reward": float(step.reward[i]),
         "loss_mask": lists["mask"][r0:r1] if step.multi[i] else None,
-        "weight_versions": _versions(step, i),
+        "weight_versions": synth_shapes.weight_versions(spec, step, i),
         "rollout_log_probs": lists["rlp"][r0:r1],
         "rollout_routed_experts": None,
         "rollout_indexer_topk": None,
@@ -112,24 +115,30 @@ def _sample_dict(step: StepBatch, i: int, lists: dict[str, list[Any]], evaluatio
         "teacher_log_probs": None,
         "opd_reverse_kl": None,
         "status": "truncated" if step.truncated[i] else "completed",
-        "metadata": {},
+        "metadata": {"messages": _messages(sample_index)} if spec.pre_dashboard and i < 2 else {},
         "generate_function_path": None,
         "train_metadata": None,
         "adapter": None,
         "reward_spec": None,
         "routing_key": None,
         "non_generation_time": 1.5 if step.multi[i] else 0.0,
-        "spec_info": {
-            "spec_accept_token_num": 0,
-            "spec_draft_token_num": 0,
-            "spec_verify_ct": 0,
-            "completion_token_num": 0,
-        },
+        "spec_info": synth_shapes.spec_info(spec, step, i),
         "prefix_cache_info": {"cached_tokens": plen // 2 if agentic else 0, "total_prompt_tokens": plen},
     }  # fmt: skip
+    if spec.pre_dashboard:
+        del sample["rollout_id"]  # Sample.rollout_id came on 2026-08-04
+    if spec.sampling_support:  # after rollout_log_probs; None on eval (never sent there)
+        ids, offsets = synth_shapes.sampling_mask(step, i) if not evaluation else (None, None)
+        keys = list(sample)
+        at = keys.index("rollout_log_probs") + 1
+        supports = {"rollout_sampling_mask_ids": ids, "rollout_sampling_mask_offsets": offsets}
+        sample = {k: sample[k] for k in keys[:at]} | supports | {k: sample[k] for k in keys[at:]}
+    return sample
 
 
-def _rollout_payload(step: StepBatch, count: int, evaluation: bool) -> dict[str, Any]:
+def _rollout_payload(
+    spec: DumpSpec, step: StepBatch, count: int, evaluation: bool
+) -> dict[str, Any]:
     """The rollout `.pt` content for the first `count` samples."""
     t_end, r_end = int(step.t_off[count]), int(step.r_off[count])
     lists = {
@@ -137,7 +146,7 @@ def _rollout_payload(step: StepBatch, count: int, evaluation: bool) -> dict[str,
         "rlp": step.rlp[:r_end].tolist(),
         "mask": step.gen_mask[:r_end].tolist() if step.multi.any() else [],
     }
-    samples = [_sample_dict(step, i, lists, evaluation) for i in range(count)]
+    samples = [_sample_dict(spec, step, i, lists, evaluation) for i in range(count)]
     return {"rollout_id": step.rid, "metadata": {}, "samples": samples}
 
 
@@ -175,20 +184,25 @@ def _write_dashboard(out: Path, stem: str, table: pa.Table) -> None:
     tmp.replace(folder / f"rollout_{stem}.parquet")
 
 
+def _messages(index: int, prompt: Any = None) -> list[dict[str, Any]]:
+    """The conversation of a sample that records one (the fixtures' `_dummy_messages`)."""
+    return [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": str(prompt)},
+        {"role": "assistant", "content": "Let me look that up.",
+         "reasoning_content": "The user asks a question; call the lookup tool first.",
+         "tool_calls": [{"function": {"name": "lookup", "arguments": '{"query": "answer"}'}}]},
+        {"role": "tool", "name": "lookup", "content": '{"result": 42}'},
+        {"role": "assistant", "content": f"The answer for sample {index} is 42."},
+    ]  # fmt: skip
+
+
 def _write_trajectory(out: Path, payload: dict[str, Any]) -> None:
     """Conversations of the first two samples, one JSON object per line (2.7)."""
     lines = []
     for sample in payload["samples"][:2]:
         i = sample["index"]
-        messages = [
-            {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": str(sample["prompt"])},
-            {"role": "assistant", "content": "Let me look that up.",
-             "reasoning_content": "The user asks a question; call the lookup tool first.",
-             "tool_calls": [{"function": {"name": "lookup", "arguments": '{"query": "answer"}'}}]},
-            {"role": "tool", "name": "lookup", "content": '{"result": 42}'},
-            {"role": "assistant", "content": f"The answer for sample {i} is 42."},
-        ]  # fmt: skip
+        messages = _messages(i, sample["prompt"])
         keys = ("group_index", "status", "reward", "prompt")
         record = {"sample_index": i, **{k: sample[k] for k in keys}, "messages": messages}
         lines.append(json.dumps(record, separators=(",", ":")))
@@ -206,13 +220,13 @@ def _write_rollout(out: Path, spec: DumpSpec, step: StepBatch, evaluation: bool)
 
     count = eval_count(step) if evaluation else step.n
     stem = f"eval_{step.rid}" if evaluation else str(step.rid)
-    payload = _rollout_payload(step, count, evaluation)
+    payload = _rollout_payload(spec, step, count, evaluation)
     if spec.framework != "miles":  # slime: no metadata, no trajectory sidecar
         torch.save(
             synth_frameworks.slime_rollout(payload, spec), out / "rollout_data" / f"{stem}.pt"
         )
         return
-    if not evaluation:
+    if not evaluation and not spec.pre_dashboard:  # before the dashboard: in the .pt
         _write_trajectory(out, payload)
     if spec.dashboard_columns:
         _write_dashboard(out, stem, _dashboard_table(step, count, evaluation))
@@ -222,12 +236,6 @@ def _write_rollout(out: Path, spec: DumpSpec, step: StepBatch, evaluation: bool)
 # ---------------------------------------------------------------------------------------------
 # Train side: train_data/{rid}_{rank}.pt
 # ---------------------------------------------------------------------------------------------
-
-
-def _versions(step: StepBatch, i: int) -> list[str]:
-    """Agentic samples report two weight versions differing by 1, like the fixtures."""
-    rid = step.rid
-    return [str(rid), str(rid + 1)] if step.agentic[i] else [str(rid + 1)]
 
 
 def _shard_columns(
@@ -248,7 +256,7 @@ def _shard_columns(
         "rollout_ids": list(index),  # no Sample.rollout_id: falls back to Sample.index
         "rollout_mask_sums": [int(m.sum()) for m in masks],
         "rollout_log_probs": None,  # CP-sliced, filled per rank (keeps the key order)
-        "weight_versions": [_versions(step, i) for i in rows],
+        "weight_versions": [synth_shapes.weight_versions(spec, step, i) for i in rows],
         "raw_reward": step.reward.tolist(),  # batch-global, rollout-dump order
         "total_lengths": [int(step.t_off[i + 1] - step.t_off[i]) for i in rows],
     }
@@ -256,6 +264,17 @@ def _shard_columns(
         del columns["weight_versions"]
     if padded is not None:
         columns["max_seq_lens"] = [padded] * len(rows)
+    if spec.pre_dashboard:  # both came on 2026-08-04
+        del columns["rollout_ids"], columns["rollout_mask_sums"]
+    if spec.sampling_support:  # plain lists per row, never CP-sliced, after rollout_log_probs
+        supports = [synth_shapes.sampling_mask(step, i) for i in rows]
+        order = list(columns)
+        at = order.index("rollout_log_probs") + 1
+        extra = {
+            "rollout_sampling_mask_ids": [ids for ids, _ in supports],
+            "rollout_sampling_mask_offsets": [offsets for _, offsets in supports],
+        }
+        columns = {k: columns[k] for k in order[:at]} | extra | {k: columns[k] for k in order[at:]}
     return columns
 
 
@@ -308,6 +327,8 @@ def _write_train(out: Path, spec: DumpSpec, step: StepBatch) -> None:
             for pp in range(spec.pp):
                 columns = {**data, **outputs} if pp == spec.pp - 1 else data
                 for tp in range(spec.tp):
+                    if spec.sparse_ranks and (tp > 0 or pp < spec.pp - 1):
+                        continue  # written only by TP rank 0 of the last PP stage
                     rank = global_rank(spec, dp=dp, cp=cp, pp=pp, tp=tp)
                     payload = _train_payload(spec, step.rid, rank, cp, columns)
                     torch.save(payload, out / "train_data" / f"{step.rid}_{rank}.pt")
@@ -363,9 +384,8 @@ def _prepare(out: Path, spec: DumpSpec, force: bool) -> None:
             elif target.is_dir():
                 shutil.rmtree(target)
     out.mkdir(parents=True, exist_ok=True)
-    wanted = {"miles": ["rollout_data", "train_data", "trajectory"], "nemo-rl": []}.get(
-        spec.framework, ["rollout_data", "train_data"]
-    )
+    miles = ["rollout_data", "train_data"] + ([] if spec.pre_dashboard else ["trajectory"])
+    wanted = {"miles": miles, "nemo-rl": []}.get(spec.framework, ["rollout_data", "train_data"])
     wanted += ["dashboard_columns"] if spec.dashboard_columns else []
     for name in wanted:
         (out / name).mkdir(parents=True, exist_ok=True)

@@ -59,6 +59,14 @@ class DumpSpec:
     train_rlp_dtype: str = "float32"
     # The layout written (tokenlake.tools.synth_frameworks): miles, slime-v1, slime-v2, nemo-rl
     framework: str = "miles"
+    # Newer and older shapes (dump-format.md 9, 9b; tokenlake.tools.synth_shapes):
+    weight_spans: bool = False  # weight_versions as per-call lists of spans (#1891/#1892)
+    spec_renamed: bool = False  # speculative-decoding counters under #2598's names, non-zero
+    sampling_support: bool = False  # rollout_sampling_mask_ids / _offsets (#2595)
+    sparse_ranks: bool = False  # train files only from TP rank 0 of the last PP stage (#3141)
+    # Writers of 2026-07-22: conversation in metadata["messages"], no trajectory/, no
+    # dashboard_columns/, no Sample.rollout_id, no rollout_ids / rollout_mask_sums columns
+    pre_dashboard: bool = False
     seed: int = 0
 
     @property
@@ -114,6 +122,14 @@ PRESETS: dict[str, DumpSpec] = {
     "empty-response": replace(_SMALL, empty_response=True, cp=2),
     "true-on-policy-bf16": replace(_SMALL, train_rlp_dtype="bfloat16", tp=2),
     "true-on-policy-fp16": replace(_SMALL, train_rlp_dtype="float16", cp=2),
+    "weight-spans": replace(_SMALL, weight_spans=True, multi_turn=True, record_cp=False),
+    "spec-rename": replace(_SMALL, spec_renamed=True, eval_steps=()),
+    "sampling-support": replace(_SMALL, sampling_support=True, multi_turn=True),
+    "sparse-ranks": replace(_SMALL, sparse_ranks=True, pp=2, tp=4, eval_steps=()),
+    "sparse-ranks-cp": replace(_SMALL, sparse_ranks=True, pp=2, tp=2, cp=2),
+    "pre-dashboard": replace(
+        _SMALL, pre_dashboard=True, record_cp=False, dashboard_columns=False, removed_positions=(5,)
+    ),
     "bench": _BENCH,
     "bench-cp": replace(_BENCH, cp=2),
     # The other frameworks (docs/frameworks.md): their own layouts of the same batches.

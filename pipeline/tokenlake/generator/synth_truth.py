@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from tokenlake.generator import synth_shapes
 from tokenlake.generator.synth_spec import (
     TRAINER_FIELDS,
     DumpSpec,
@@ -58,6 +59,13 @@ class SampleTruth:
     # False: the dump holds no tokens for the sample (NeMo-RL's validation lines), so the
     # lake's `response_length` and `prompt_length` are NULL
     lengths_known: bool = True
+    # The newer shapes (tokenlake.tools.synth_shapes): what a reader gives each response
+    # token as its weight version and support size (None: NULL), and the sample's
+    # spec_accept_rate; whether its conversation is inside the `.pt` (pre_dashboard).
+    token_versions: tuple[str | None, ...] = ()
+    support_sizes: np.ndarray | None = None
+    spec_accept_rate: float | None = None
+    messages_in_pt: bool = False
 
 
 @dataclass
@@ -133,6 +141,12 @@ def _sample_truth(
         has_train_row=has_train,
         alignment_fails=has_train and alignment_fails(spec, step, i, probe),
         lengths_known=True,
+        token_versions=tuple(synth_shapes.token_versions(spec, step, i)),
+        support_sizes=(
+            synth_shapes.support_sizes(step, i) if spec.sampling_support and not evaluation else None
+        ),
+        spec_accept_rate=synth_shapes.spec_accept_rate(spec, step, i),
+        messages_in_pt=spec.pre_dashboard and i < 2,
     )  # fmt: skip
 
 

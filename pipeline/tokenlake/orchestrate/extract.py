@@ -12,6 +12,7 @@ manifests; files no manifest lists (superseded or left by a crash) are deleted l
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import time
@@ -102,6 +103,9 @@ class ExtractOptions:
             set is not known yet (the first step, eval files) counts as complete.
         dump_format: The dump's format (`miles`, `slime-v1`, `slime-v2`, `nemo-rl`);
             default: detected from its layout (pipeline/tokenlake/read/formats.py).
+        with_experts: Also write the routing-replay arrays to the `experts` table; steps
+            extracted before without it are extracted again (without it, a step keeps the
+            `experts` file it has until its sources change).
     """
 
     run_name: str | None = None
@@ -116,6 +120,7 @@ class ExtractOptions:
     poll_seconds: float = 5.0
     settle_seconds: float = 30.0
     dump_format: str | None = None
+    with_experts: bool = False
 
     def check(self) -> ExtractOptions:
         """These options, or a UsageError naming the two that cannot go together."""
@@ -124,8 +129,9 @@ class ExtractOptions:
         if self.ray_address is not None and self.executor != "ray":
             raise UsageError("--ray-address needs --executor ray.")
         if self.follow:
-            if self.executor == "ray":
-                raise UsageError("--executor ray cannot be combined with --follow yet.")
+            if self.executor == "ray" or self.with_experts:
+                option = "--executor ray" if self.executor == "ray" else "--with-experts"
+                raise UsageError(f"{option} cannot be combined with --follow yet.")
             if self.steps is not None or self.strict:  # not silently ignored
                 option = "--steps" if self.steps is not None else "--strict"
                 raise UsageError(
@@ -174,6 +180,8 @@ def extract_run(
     remote_dump.check_apart(listing, str(lake))
     run = check_run_name(options.run_name if options.run_name is not None else listing.root.name)
     chosen = dump.select_steps(listing, options.steps)
+    if options.with_experts:
+        chosen = tuple(dataclasses.replace(s, with_experts=True) for s in chosen)
     store = prepare_lake(lake, listing.root)
     summary = ExtractSummary(
         run=run,
@@ -374,6 +382,7 @@ def _plan(
         elif (
             previous.sources != dump.fingerprint(files)
             or previous.schema_version != schema.SCHEMA_VERSION  # written by another tokenlake
+            or (files.with_experts and schema.EXPERTS not in previous.files)
             or not all(store.exists(name) for name in previous.files.values())
         ):
             todo.append((files, StepStatus.UPDATED))

@@ -2,8 +2,10 @@
 
 miles writes every file in place, with no completion marker (dump-format.md 7), so a step counts
 as complete when:
-- its train files cover the ranks that the run's earlier steps had (all of them), or, while no
-  earlier step is known, when none of its files changed for `settle_seconds`;
+- its train files cover the ranks that the run's newest extracted step had, or none of its files
+  changed for `settle_seconds` (rank numbers may be sparse, and a run resumed across an upgrade
+  of miles, or onto another layout, changes its rank set: a rank the step never gets is not
+  waited for beyond the settle time, and the next steps are expected to have the new set);
 - an evaluation file (never has train files) or a step without train files has not changed for
   `settle_seconds` (such a step is extracted rollout-side only and extracted again when its
   train files appear).
@@ -123,8 +125,8 @@ def is_complete(
 ) -> bool:
     """Whether a step's files are all there and (where that is all we can tell) settled."""
     ranks = files.ranks
-    if not files.evaluation and ranks and expected_ranks is not None:
-        return expected_ranks <= ranks
+    if not files.evaluation and ranks and expected_ranks is not None and expected_ranks <= ranks:
+        return True
     try:
         newest = max(p.stat().st_mtime for p in files.paths)
     except FileNotFoundError:
@@ -144,15 +146,16 @@ def _stamp(files: dump.StepFiles) -> tuple[tuple[str, int, int], ...]:
 
 
 def _known_ranks(lake: Location | Store, run: str) -> frozenset[int] | None:
-    """The largest rank set among the run's already-extracted train steps."""
+    """The rank set of the newest already-extracted step with train files (a run's rank set
+    can change between steps, so an older, larger one is no promise for the next)."""
     record = manifest.load_manifest(lake, run)
     if record is None:
         return None
-    best: frozenset[int] | None = None
+    newest: tuple[int, frozenset[int]] | None = None
     for step in record.steps.values():
         ranks = frozenset(
             rank for rank in (dump.rank_of(s.name) for s in step.sources) if rank is not None
         )
-        if ranks and (best is None or len(ranks) > len(best)):
-            best = ranks
-    return best
+        if ranks and (newest is None or step.rollout_id > newest[0]):
+            newest = (step.rollout_id, ranks)
+    return None if newest is None else newest[1]

@@ -27,7 +27,7 @@ from tokenlake.load import write
 from tokenlake.read import dump, remote_dump
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
-from tokenlake.transform.tables import StepResult, build_step_tables
+from tokenlake.transform.tables import StepResult, build_step
 
 BUG_HINT = "This is a tokenlake bug: please report it with this line and `tokenlake --version`."
 
@@ -127,7 +127,7 @@ def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepSta
             # Fingerprint before reading: a file that changes while it is read looks changed
             # later (a remote step's: as listed, before the download).
             sources = _fingerprint(files)
-            tokens, samples_table, result = build_step_tables(read)
+            tokens, samples_table, result, experts = build_step(read, files.with_experts)
         warnings = tuple(remote_dump.as_urls(files, read, w) for w in result.warnings)
         result = replace(result, warnings=warnings)
     except PipelineError as exc:
@@ -137,7 +137,7 @@ def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepSta
         text = f"`{exc.filename}`: {exc.strerror}. Extract again once the file is readable."
         return StepOutcome(files.label, status, error=remote_dump.as_urls(files, read, text))
     try:
-        written = _write_step(files, store, run, tokens, samples_table)
+        written = _write_step(files, store, run, tokens, samples_table, experts)
     except LakeError as exc:
         return StepOutcome(files.label, status, lake_error=(exc.path, exc.problem))
     except OSError as exc:  # e.g. a partition directory cannot be created
@@ -196,13 +196,17 @@ def _write_step(
     run: str,
     tokens: pa.Table,
     samples_table: pa.Table,
+    experts: pa.Table | None = None,
 ) -> dict[str, str]:
     """Write the step's files under fresh names; returns table -> name relative to the lake."""
     stem = schema.EVAL_STEM if files.evaluation else schema.TRAIN_STEM
     generation = secrets.token_hex(4)  # fresh names: the manifest decides when they count
     written: dict[str, str] = {}
+    tables = [(schema.TOKENS, tokens), (schema.SAMPLES, samples_table)]
+    if experts is not None:
+        tables.append((schema.EXPERTS, experts))
     try:
-        for table, data in ((schema.TOKENS, tokens), (schema.SAMPLES, samples_table)):
+        for table, data in tables:
             written[table] = new_name(table, run, stem, files.rollout_id, generation)
             metadata = write.file_metadata(table, run, _source_name(files))
             write.write_lake_file(store, written[table], table, data, metadata)

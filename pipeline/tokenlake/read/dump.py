@@ -129,6 +129,8 @@ class StepFiles:
     # Train files of this step in a layout its format does not read: the step fails on them
     # rather than landing as rollout-only (`unread_train_error`).
     unread: tuple[Path, ...] = ()
+    # Also extract the routing-replay arrays into the `experts` table (--with-experts).
+    with_experts: bool = False
 
     def __post_init__(self) -> None:
         if self.root is None:  # rollout files live in ROOT/rollout_data/

@@ -28,3 +28,5 @@ class StepRead:
     # `samples` columns the format does not log for this step: NULL in every row, never the
     # 0 or [] the summary would derive from an absent value (NeMo-RL's token-less lines).
     unknown: tuple[str, ...] = ()
+    # The rollout file's top-level `metadata` (miles: e.g. `batch_kind: tinker`), else None.
+    batch_metadata: Any = None

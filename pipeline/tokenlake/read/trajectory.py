@@ -6,6 +6,10 @@ agentic siblings) and only some samples have a line, so a line is matched on eve
 carries (`sample_index`, `group_index`, `status`, `reward`, `prompt`), keeping the file's
 order: it goes to a sample only when every order-keeping assignment of the index's lines puts
 it there. An ambiguous line, or one no sample fits, is left out (NULL), never guessed.
+
+Dumps written before the sidecar existed (2026-07-22), or with it disabled, keep the
+conversation inside the `.pt` as `metadata["messages"]` (dump-format.md 2.2); a sample's own
+list is read there when the sidecar gives it none.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from typing import Any, NoReturn
 import numpy as np
 
 from tokenlake import bounded
-from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, DumpFormatError, shown
+from tokenlake.errors import (
+    SHOWN_PATH_CHARS,
+    BoundedReadError,
+    DumpFormatError,
+    SampleValueError,
+    shown,
+)
+from tokenlake.read.jsontext import to_json
 
 # Keys a line shares with its sample; a key the line lacks does not constrain the match.
 _MATCHED_KEYS = ("group_index", "status", "reward", "prompt")
@@ -48,7 +59,8 @@ class _JsonText(str):
 def messages_by_position(
     path: Path | None, samples: list[dict[str, Any]], warnings: list[str] | None = None
 ) -> list[str | None]:
-    """Each sample's conversation as JSON text, or None (no line for it, ambiguous, no file).
+    """Each sample's conversation as JSON text, or None (no line for it, ambiguous, no file,
+    and no `metadata["messages"]` list in the sample).
 
     A file larger than `MAX_FILE_BYTES` or not a regular file is not read, and a line longer
     than `MAX_LINE_BYTES` is skipped: one line each in `warnings`, the step still lands.
@@ -61,7 +73,7 @@ def messages_by_position(
         ...     messages_by_position(p, [{"index": 4}, {"index": 5}])
         [None, '[{"role": "user"}]']
     """
-    out: list[str | None] = [None] * len(samples)
+    out = [_messages_in_sample(position, sample) for position, sample in enumerate(samples)]
     if path is None:
         return out
     positions: dict[int, list[int]] = defaultdict(list)
@@ -76,6 +88,20 @@ def messages_by_position(
             if slot is not None:
                 out[candidates[slot]] = records[line].messages
     return out
+
+
+def _messages_in_sample(position: int, sample: dict[str, Any]) -> str | None:
+    """`metadata["messages"]` as JSON text when it is a list (the sidecar's `messages`), else
+    None; beyond the bounds of `jsontext.to_json`, the sample's `SampleValueError`."""
+    metadata = sample.get("metadata")
+    messages = metadata.get("messages") if isinstance(metadata, dict) else None
+    if not isinstance(messages, list):
+        return None
+    try:
+        return to_json(messages, "metadata.messages")
+    except SampleValueError as exc:
+        exc.position = position
+        raise
 
 
 def _records_by_index(

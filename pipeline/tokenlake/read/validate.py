@@ -14,14 +14,17 @@ changed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tokenlake import schema
 from tokenlake.errors import DumpFormatError, SampleValueError, shown
-from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int
+from tokenlake.read import sampling_support, weight_versions
+from tokenlake.read.values import INT64_MAX, INT64_MIN, flat_array, is_int
+from tokenlake.read.weight_versions import WeightVersions
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,11 @@ class CheckedSample:
     response_length: int  # R, from 0 to T
     loss_mask: np.ndarray | None  # 1-D integers or bools; its length is not checked against R
     rollout_log_probs: np.ndarray | None  # 1-D numbers; its length is not checked against R
+    weights: WeightVersions = weight_versions.NONE  # `weight_versions`, either shape
+    support_sizes: np.ndarray | None = None  # int32 [R] sampler support sizes; None: unbounded
+    # `schema.ROLLOUT_TOKEN_FIELDS` the sample has (teacher log-probs, loss weights, ...):
+    # 1-D numbers each; their lengths are not checked against R
+    per_token: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def response_tokens(self) -> np.ndarray:
@@ -82,7 +90,14 @@ def check_sample(sample: dict[str, Any]) -> CheckedSample:
         None if sample.get(key) is None else _numeric_list(sample[key], key, what)
         for key, what in (("loss_mask", "integers"), ("rollout_log_probs", "numbers"))
     )
-    return CheckedSample(tokens, length, mask, log_probs)
+    weights = weight_versions.parse(sample.get("weight_versions"))
+    supports = sampling_support.support_sizes(sample, length)
+    per_token = {
+        key: _numeric_list(sample[key], key, "numbers")
+        for key in schema.ROLLOUT_TOKEN_FIELDS
+        if sample.get(key) is not None
+    }
+    return CheckedSample(tokens, length, mask, log_probs, weights, supports, per_token)
 
 
 def optional_int64(value: Any, field: str) -> int | None:
@@ -132,9 +147,6 @@ def response_length(sample: dict[str, Any], total: int) -> int:
 
 # What each per-token list holds: the numpy dtype kinds of a good array, and the entry check.
 _ENTRY_KINDS = {"integers": "biu", "numbers": "iuf"}
-# numpy >= 2.4 can refuse nesting up front (`ndmax`); older ones would build the nested shape,
-# which a few shared references in a pickle make astronomically large.
-_HAS_NDMAX = np.lib.NumpyVersion(np.__version__) >= "2.4.0"
 
 
 def _numeric_list(values: Any, field: str, what: str) -> np.ndarray:
@@ -148,25 +160,13 @@ def _numeric_list(values: Any, field: str, what: str) -> np.ndarray:
         raise SampleValueError(field, f"is {shown(values)}, not a list of {what}")
     if not values:
         return np.zeros(0, dtype=np.int64)
-    array = _flat_array(values)
+    array = flat_array(values)
     if array is None or array.dtype.kind not in kinds:
         problem = _token_problem if field == "tokens" else _ENTRY_PROBLEMS[what]
         _raise_first_bad(values, field, problem)
         # Each entry is right, but numpy promoted the mix (int64 with uint64 gives float64).
         return np.array(values, dtype=np.float64 if what == "numbers" else np.int64)
     return array
-
-
-def _flat_array(values: list[Any] | tuple[Any, ...]) -> np.ndarray | None:
-    """The values as a 1-D array, or None if an entry is itself a sequence."""
-    try:
-        if _HAS_NDMAX:
-            return np.array(values, ndmax=1)  # type: ignore[call-overload,unused-ignore]
-        if any(isinstance(v, list | tuple | np.ndarray) for v in values):  # pragma: no cover
-            return None
-        return np.asarray(values)  # pragma: no cover - numpy < 2.4
-    except (ValueError, TypeError, OverflowError):  # nested, or entries numpy cannot hold
-        return None
 
 
 def _token_problem(value: Any) -> str | None:

@@ -30,3 +30,21 @@ def scalar(value: Any) -> Any:
     if isinstance(value, np.ndarray) and value.ndim == 0:
         return value[()]
     return value
+
+
+# numpy >= 2.4 can refuse nesting up front (`ndmax`); older ones would build the nested shape,
+# which a few shared references in a pickle make astronomically large.
+_HAS_NDMAX = np.lib.NumpyVersion(np.__version__) >= "2.4.0"
+
+
+def flat_array(values: list[Any] | tuple[Any, ...]) -> np.ndarray | None:
+    """The values as a 1-D array in one numpy call, or None if an entry is itself a sequence
+    (or something numpy cannot hold)."""
+    try:
+        if _HAS_NDMAX:
+            return np.array(values, ndmax=1)  # type: ignore[call-overload,unused-ignore]
+        if any(isinstance(v, list | tuple | np.ndarray) for v in values):  # pragma: no cover
+            return None
+        return np.asarray(values)  # pragma: no cover - numpy < 2.4
+    except (ValueError, TypeError, OverflowError):  # nested, or entries numpy cannot hold
+        return None

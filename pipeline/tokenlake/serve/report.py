@@ -355,6 +355,11 @@ def _where_section(page: _Page) -> str:
         "by-staleness", "by_staleness", steps, ("staleness", "staleness (steps)", None),
         "Mean |δ| by staleness", extra={"strokeDash": rc.alt.StrokeDash(
             "mixed_version:N", title="mixed version")})))  # fmt: skip
+    if data["by_token_staleness"]:  # dumps that say which weights generated each token
+        body.append(page.chart(rc.by_step_selected(
+            "by-token-staleness", "by_token_staleness", steps,
+            ("token_staleness", "token staleness (steps behind the weights that generated it)",
+             None), "Mean |δ| by token staleness")))  # fmt: skip
     body += [page.chart(rc.histogram("histogram", steps)), "</div>"]
     return rh.section("where", title, body)
 

@@ -251,7 +251,8 @@ _BIN_HIGH = "CASE WHEN isfinite(bin_high) THEN bin_high ELSE bin_low + 0.002 END
 
 
 def breakdown_datasets(con: duckdb.DuckDBPyConnection, sel: Selection) -> dict[str, Rows]:
-    """Where the drift is: by position, probability/entropy bucket, turn, staleness, |δ| bins."""
+    """Where the drift is: by position, probability/entropy bucket, turn, staleness (of the
+    sample and of each token), |δ| bins."""
     where = sel.where()
     stats = ", ".join(BREAKDOWN_COLUMNS)
     return {
@@ -272,6 +273,11 @@ def breakdown_datasets(con: duckdb.DuckDBPyConnection, sel: Selection) -> dict[s
             con,
             f"SELECT run, rollout_id, staleness, mixed_version, {stats} "
             f"FROM drift_by_staleness WHERE {where}",
+        ),
+        "by_token_staleness": fetch(
+            con,
+            f"SELECT run, rollout_id, token_staleness, {stats} "
+            f"FROM drift_by_weight_version WHERE {where} AND token_staleness IS NOT NULL",
         ),
         "histogram": fetch(
             con,

@@ -36,6 +36,7 @@ _ARROW_TO_DUCKDB: dict[pa.DataType, str] = {
     pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
     pa.list_(pa.string()): "VARCHAR[]",
     pa.list_(pa.int64()): "BIGINT[]",
+    pa.list_(pa.list_(pa.int32())): "INTEGER[][]",  # experts: per layer, the top-k
 }
 
 

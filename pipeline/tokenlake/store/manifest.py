@@ -283,7 +283,7 @@ def _check_own_files(record: RunManifest) -> None:
     listed: list[str] = []
     for step in record.steps.values():
         for table, name in step.files.items():
-            if table not in (schema.TOKENS, schema.SAMPLES):
+            if table not in schema.STEP_TABLES:
                 raise ValueError(f"a step lists a file for {shown(table)}, not a step table")
             listed.append(check_listed(name, table, record.run, step.rollout_id))
     for table in (schema.RUNS, schema.VOCAB, schema.METRICS):

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from tokenlake import schema
+from tokenlake.read import replay, weight_versions
 from tokenlake.read.resolve import TrainRow
 from tokenlake.read.validate import CheckedSample
 from tokenlake.transform.summary import sample_summary
@@ -31,45 +32,70 @@ class SampleTokens:
     # an array (rollout or train side) did not fit the response: NULL there, and the sample
     # is `alignment_failed` in `samples` (besides what resolve found for its train row)
     misaligned: bool = False
+    # the weight version that generated each token, where the dump says it
+    versions: weight_versions.TokenVersions | None = None
+    support_sizes: np.ndarray | None = None  # int32 [R]; None: unbounded sampling
 
 
-def sample_tokens(checked: CheckedSample, train: TrainRow | None) -> SampleTokens:
+def sample_tokens(
+    checked: CheckedSample, train: TrainRow | None, placeholders: frozenset[str] = frozenset()
+) -> SampleTokens:
     """Collect one sample's per-token values under the masking rules of section 5.3.
 
     Reads the arrays validation checked (`validate.check_sample`), never the sample dict, and
-    changes neither `checked` nor `train`.
+    changes neither `checked` nor `train`. `placeholders` names the train fields whose values
+    the writer filled in for this sample (`tinker.placeholder_fields`): NULL, never data.
     """
     token_ids = checked.response_tokens
     response_length = checked.response_length
     rollout_lp = _rollout_side(checked.rollout_log_probs, response_length)
+    # Calls are placed on the generator's mask: the train side zeroes a removed sample's.
+    versions = weight_versions.per_token(
+        checked.weights, len(checked.tokens), response_length, checked.loss_mask
+    )
+    supports = checked.support_sizes
     if train is None:
         mask = _rollout_side(checked.loss_mask, response_length)
         columns: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
         columns[schema.ROLLOUT_LOG_PROB] = _f32(rollout_lp.values)
         misaligned = rollout_lp.misaligned or mask.misaligned
-        return SampleTokens(token_ids, _i8(mask.values), False, columns, {}, misaligned)
+        misaligned = _add_rollout_fields(columns, checked) or misaligned
+        return SampleTokens(
+            token_ids, _i8(mask.values), False, columns, {}, misaligned, versions, supports
+        )
     if train.response_length != response_length:
         # Media expansion (section 8.13): the train arrays (mask included) do not fit the
         # rollout token grid, so nothing of the train side is placed on it.
         empty: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
-        return SampleTokens(token_ids, None, True, empty, {}, misaligned=True)
-    columns = _train_columns(train, rollout_lp.values)
+        return SampleTokens(token_ids, None, True, empty, {}, True, versions, supports)
+    columns = _train_columns(train, rollout_lp.values, placeholders)
+    extra_misaligned = _add_rollout_fields(columns, checked)
     return SampleTokens(
         token_ids,
         _i8(train.loss_mask),
         True,
         columns,
         _unknown(train, columns),
-        rollout_lp.misaligned,
+        rollout_lp.misaligned or extra_misaligned,
+        versions,
+        supports,
     )
 
 
-def _train_columns(train: TrainRow, rollout_lp: np.ndarray | None) -> dict[str, np.ndarray | None]:
-    fields = train.fields
-    columns: dict[str, np.ndarray | None] = {
-        column: _f32(fields[name]) for name, column in schema.TRAIN_TOKEN_FIELDS.items()
+def _train_columns(
+    train: TrainRow, rollout_lp: np.ndarray | None, placeholders: frozenset[str]
+) -> dict[str, np.ndarray | None]:
+    fields = {
+        name: None if name in placeholders else values for name, values in train.fields.items()
     }
-    train_rlp = _f32(fields[schema.ROLLOUT_LOG_PROBS_FIELD])
+    columns: dict[str, np.ndarray | None] = {
+        # a field this format's train rows do not carry is NULL
+        column: _f32(fields.get(name))
+        for name, column in schema.TRAIN_TOKEN_FIELDS.items()
+    }
+    if schema.ROLLOUT_LOG_PROBS_FIELD in placeholders:  # no engine log-prob: none at all
+        rollout_lp = None
+    train_rlp = _f32(fields.get(schema.ROLLOUT_LOG_PROBS_FIELD))
     # The trainer compared its log-probs with the train-side copy: lp_diff uses that pair.
     lp = columns[schema.TRAIN_LOG_PROB]
     columns[schema.LP_DIFF] = None if lp is None or train_rlp is None else lp - train_rlp
@@ -77,11 +103,26 @@ def _train_columns(train: TrainRow, rollout_lp: np.ndarray | None) -> dict[str, 
     return columns
 
 
+def _add_rollout_fields(columns: dict[str, np.ndarray | None], checked: CheckedSample) -> bool:
+    """Fill the columns the train side left empty from the rollout sample's own per-token
+    fields (`schema.ROLLOUT_TOKEN_FIELDS`); True when one of those did not fit the response."""
+    misaligned = False
+    for key, values in checked.per_token.items():
+        column = schema.ROLLOUT_TOKEN_FIELDS[key]
+        if columns.get(column) is None:
+            array = _rollout_side(values, checked.response_length)
+            columns[column] = _f32(array.values)
+            misaligned = misaligned or array.misaligned
+    return misaligned
+
+
 def _unknown(train: TrainRow, columns: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
     """Positions no CP rank stored, in every column built from a CP-sliced field."""
     if train.holes is None:
         return {}
-    from_cp = set(schema.TRAIN_TOKEN_FIELDS.values()) | {schema.LP_DIFF}
+    # A column filled from the rollout sample instead (`_add_rollout_fields`) has no holes.
+    from_cp = {c for f, c in schema.TRAIN_TOKEN_FIELDS.items() if train.fields[f] is not None}
+    from_cp.add(schema.LP_DIFF)
     if train.fields[schema.ROLLOUT_LOG_PROBS_FIELD] is not None:
         from_cp.add(schema.ROLLOUT_LOG_PROB)
     return {column: train.holes for column in from_cp if columns.get(column) is not None}
@@ -112,9 +153,13 @@ def _i8(values: np.ndarray | None) -> np.ndarray | None:
 
 
 def tokens_table(
-    evaluation: bool, sample_indices: Sequence[int | None], parts: list[SampleTokens]
+    evaluation: bool,
+    sample_indices: Sequence[int | None],
+    parts: list[SampleTokens],
+    rollout_id: int | None = None,
 ) -> pa.Table:
-    """One row per response token of the step, sorted by (batch_position, position)."""
+    """One row per response token of the step, sorted by (batch_position, position);
+    `token_staleness` needs the step's `rollout_id` (without it, NULL)."""
     lengths = np.fromiter((len(p.token_ids) for p in parts), dtype=np.int64, count=len(parts))
     total = int(lengths.sum())
     starts = np.cumsum(lengths) - lengths
@@ -136,7 +181,37 @@ def tokens_table(
     for column in schema.TOKEN_STAT_COLUMNS:
         arrays[column] = _stat_column(parts, column, covered, total)
     arrays[schema.FIRST_OCCURRENCE] = first_occurrence_column(arrays, lengths)
+    arrays[schema.TOKEN_VERSION], arrays[schema.TOKEN_STALENESS] = version_columns(
+        parts, total, rollout_id
+    )
+    arrays[schema.SUPPORT_SIZE] = _support_column(parts, total)
     return pa.Table.from_pydict(arrays, schema=schema.TOKENS_SCHEMA)
+
+
+def version_columns(
+    parts: Sequence[SampleTokens], total: int, rollout_id: int | None
+) -> tuple[pa.Array, pa.Array]:
+    """`token_version` and `token_staleness` of the step's rows: each sample's version codes
+    mapped onto one step-wide list of versions, then taken from it (no loop per token)."""
+    names: dict[str, int] = {}
+    codes = np.full(total, -1, dtype=np.int32)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        if part.versions is not None and part.versions.names:
+            step_code = np.array(
+                [names.setdefault(v, len(names)) for v in part.versions.names], dtype=np.int32
+            )
+            own = part.versions.codes
+            codes[offset : offset + n] = np.where(own >= 0, step_code[np.maximum(own, 0)], -1)
+        offset += n
+    if not names:
+        return pa.nulls(total, pa.string()), pa.nulls(total, pa.int64())
+    index = pa.array(codes, mask=codes < 0)
+    version = pa.array(list(names), pa.string()).take(index)
+    numbers = [weight_versions.numeric(v) for v in names]
+    lag = [None if rollout_id is None or n is None else rollout_id - n for n in numbers]
+    return version, pa.array(lag, pa.int64()).take(index)
 
 
 def turn_index_column(loss_mask: pa.Array, starts: np.ndarray) -> pa.Array:
@@ -244,6 +319,21 @@ def _first_of_each_pair(sample: np.ndarray, token: np.ndarray) -> np.ndarray:
     return order[new]
 
 
+def _support_column(parts: Sequence[SampleTokens], total: int) -> pa.Array:
+    if all(part.support_sizes is None for part in parts):
+        return pa.nulls(total, pa.int32())
+    values = np.zeros(total, dtype=np.int32)
+    valid = np.zeros(total, dtype=bool)
+    offset = 0
+    for part in parts:
+        n = len(part.token_ids)
+        if part.support_sizes is not None:
+            values[offset : offset + n] = part.support_sizes
+            valid[offset : offset + n] = True
+        offset += n
+    return _with_validity(values, valid)
+
+
 def _concat(chunks: list[np.ndarray], dtype: type, total: int) -> np.ndarray:
     return np.concatenate(chunks).astype(dtype, copy=False) if chunks else np.zeros(total, dtype)
 
@@ -280,6 +370,8 @@ def _covered(parts: list[SampleTokens], total: int) -> np.ndarray:
 def _stat_column(
     parts: list[SampleTokens], column: str, covered: np.ndarray, total: int
 ) -> pa.Array:
+    if all(part.columns.get(column) is None for part in parts):
+        return pa.nulls(total, pa.float32())  # a field the dump does not have: no work
     values = np.zeros(total, dtype=np.float32)
     valid = np.zeros(total, dtype=bool)
     offset = 0
@@ -327,3 +419,55 @@ def null_columns(table: pa.Table, names: Sequence[str]) -> pa.Table:
         field = table.schema.field(index)
         table = table.set_column(index, field, pa.nulls(table.num_rows, field.type))
     return table
+
+
+def experts_table(
+    evaluation: bool, sample_indices: Sequence[int | None], arrays: list[dict[str, np.ndarray]]
+) -> pa.Table:
+    """The `experts` rows of a step: one per position of each sample's replay arrays (the
+    longer of the two when both exist; the shorter is NULL past its end), nested lists built
+    from offsets over the flat values (no loop per position)."""
+    lengths = np.array([max((len(a) for a in p.values()), default=0) for p in arrays], np.int64)
+    total = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    index_values = np.array([-1 if i is None else i for i in sample_indices], dtype=np.int64)
+    index_valid = np.array([i is not None for i in sample_indices], dtype=bool)
+    columns: dict[str, pa.Array] = {
+        schema.EVALUATION: pa.array(np.full(total, evaluation, dtype=bool)),
+        schema.BATCH_POSITION: pa.array(np.repeat(np.arange(len(arrays), dtype=np.int32), lengths)),
+        schema.SAMPLE_INDEX: _with_validity(
+            np.repeat(index_values, lengths), np.repeat(index_valid, lengths)
+        ),
+        "token_position": pa.array(
+            (np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)).astype(np.int32)
+        ),
+    }
+    for key, column in (
+        (replay.ROUTED_EXPERTS, "routed_experts"),
+        (replay.INDEXER_TOPK, "indexer_topk"),
+    ):
+        columns[column] = _nested_column([p.get(key) for p in arrays], lengths)
+    return pa.Table.from_pydict(columns, schema=schema.EXPERTS_SCHEMA)
+
+
+def _nested_column(parts: list[np.ndarray | None], lengths: np.ndarray) -> pa.Array:
+    """list<list<int32>> rows for [n, layers, k] arrays, padded with NULL rows to `lengths`."""
+    kind = pa.list_(pa.list_(pa.int32()))
+    chunks = []
+    for part, length in zip(parts, lengths, strict=True):
+        rows = 0 if part is None else len(part)
+        if part is not None and rows:
+            n, layers, k = part.shape
+            inner = pa.ListArray.from_arrays(
+                pa.array(np.arange(n * layers + 1, dtype=np.int32) * k),
+                pa.array(np.ascontiguousarray(part).reshape(-1), pa.int32()),
+            )
+            outer = pa.ListArray.from_arrays(
+                pa.array(np.arange(n + 1, dtype=np.int32) * layers), inner
+            )
+            chunks.append(outer)
+        if int(length) > rows:
+            chunks.append(pa.nulls(int(length) - rows, kind))
+    if not chunks:
+        return pa.nulls(0, kind)
+    return pa.concat_arrays([c.cast(kind) for c in chunks])

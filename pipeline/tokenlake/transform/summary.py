@@ -4,20 +4,24 @@ and its resolved train row. Pure Python over one sample; no tokens are touched h
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 
 from tokenlake import schema
 from tokenlake.errors import SampleValueError, shown
-from tokenlake.read import validate
+from tokenlake.read import sampling_support, validate, weight_versions
 from tokenlake.read.jsontext import clean_text, to_json
 from tokenlake.read.ptglobals import SpecInfo
 from tokenlake.read.resolve import TrainRow
-from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int
+from tokenlake.read.values import INT64_MAX, INT64_MIN
 
-_DIGITS = re.compile(r"[0-9]+")
+# Speculative-decoding counters (accepted, drafted): each as its names, newest first (#2598
+# renamed them; a dump has one of the two).
+_SPEC_COUNTERS = (
+    ("spec_num_correct_drafts", "spec_accept_token_num"),
+    ("spec_num_proposed_drafts", "spec_draft_token_num"),
+)
 
 
 def sample_summary(
@@ -53,8 +57,9 @@ def _rollout_side(rollout_id: int, sample: dict[str, Any]) -> dict[str, Any]:
     tokens = [] if tokens is None else tokens  # checked by `validate.check_sample` already
     response_length = validate.response_length(sample, len(tokens))
     prompt_length = len(tokens) - response_length
-    versions = _weight_versions(sample.get("weight_versions"))
-    version_min = _min_numeric_version(versions)
+    weights = weight_versions.parse(sample.get("weight_versions"))
+    versions = list(weights.versions)
+    version_min = weights.numeric_min
     reward = sample.get("reward")
     return {
         schema.SAMPLE_INDEX: validate.optional_int64(sample.get("index"), "index"),
@@ -76,14 +81,13 @@ def _rollout_side(rollout_id: int, sample: dict[str, Any]) -> dict[str, Any]:
         schema.WEIGHT_VERSION_MIN: version_min,
         schema.MIXED_VERSION: len(set(versions)) > 1 if versions else None,
         schema.STALENESS: rollout_id - version_min if version_min is not None else None,
-        schema.TURNS: len(versions) if versions else None,
+        **_start_version(rollout_id, sample.get("start_weight_version")),
+        schema.TURNS: weights.calls,
         schema.TOOL_CALLS: _tool_calls(sample.get("prompt")),
         schema.NON_GENERATION_TIME: _optional_float(
             sample.get("non_generation_time", 0.0), "non_generation_time"
         ),
-        schema.SPEC_ACCEPT_RATE: _ratio(
-            sample.get("spec_info"), "spec_info", "spec_accept_token_num", "spec_draft_token_num"
-        ),
+        schema.SPEC_ACCEPT_RATE: _ratio(sample.get("spec_info"), "spec_info", *_SPEC_COUNTERS),
         schema.PREFIX_CACHE_HIT_RATE: _ratio(
             sample.get("prefix_cache_info"),
             "prefix_cache_info",
@@ -95,6 +99,8 @@ def _rollout_side(rollout_id: int, sample: dict[str, Any]) -> dict[str, Any]:
         schema.RESPONSE_TEXT: _text_or_json(sample.get("response"), "response"),
         schema.PROMPT_TOKEN_IDS: list(tokens[:prompt_length]),
         schema.METADATA_JSON: to_json(_or_empty(sample.get("metadata")), "metadata"),
+        # checked with the sample (`validate.check_sample`): both keys or neither
+        schema.BOUNDED_SAMPLING: sample.get(sampling_support.OFFSETS) is not None,
     }
 
 
@@ -142,30 +148,14 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float)
 
 
-def _weight_versions(value: Any) -> list[str]:
-    """`weight_versions`: strings (engine-reported), or integers written as their digits."""
-    if value is None:
-        return []
-    if not isinstance(value, list | tuple):
-        raise SampleValueError("weight_versions", f"is {shown(value)}, not a list of strings")
-    versions = []
-    for entry, version in enumerate(value):
-        if is_int(version) and INT64_MIN <= version <= INT64_MAX:
-            version = str(int(version))
-        if not isinstance(version, str):
-            problem = f"entry {entry} is {shown(version)}, not a string"
-            raise SampleValueError("weight_versions", problem)
-        # An all-digit version is a number (`weight_version_min`), so it must fit int64.
-        if _DIGITS.fullmatch(version) and (len(version) > 19 or int(version) > INT64_MAX):
-            problem = f"entry {entry} is {shown(version)}, a number outside the int64 range"
-            raise SampleValueError("weight_versions", problem)
-        versions.append(clean_text(version))
-    return versions
-
-
-def _min_numeric_version(versions: list[str]) -> int | None:
-    numeric = [int(v) for v in versions if _DIGITS.fullmatch(v)]
-    return min(numeric) if numeric else None
+def _start_version(rollout_id: int, value: Any) -> dict[str, int | None]:
+    """`start_weight_version` (the version when the trajectory was submitted: an int or None)
+    and its lag `start_staleness` (NULL when that does not fit int64: no real version)."""
+    start = validate.optional_int64(value, "start_weight_version")
+    lag = None if start is None else rollout_id - start
+    if lag is not None and not INT64_MIN <= lag <= INT64_MAX:
+        lag = None
+    return {schema.START_WEIGHT_VERSION: start, schema.START_STALENESS: lag}
 
 
 def _tool_calls(prompt: Any) -> int | None:
@@ -183,17 +173,26 @@ def _is_text(value: Any, text: str) -> bool:
     return isinstance(value, str) and value == text
 
 
-def _ratio(info: Any, field: str, numerator: str, denominator: str) -> float | None:
-    """A counter ratio from a dict or an old-style object (spec_info before 2025-12)."""
+def _ratio(
+    info: Any, field: str, numerator: str | tuple[str, ...], denominator: str | tuple[str, ...]
+) -> float | None:
+    """A counter ratio from a dict or an old-style object (spec_info before 2025-12); a counter
+    given as several names is read under the first name the dict has."""
     if info is None:
         return None
     if isinstance(info, SpecInfo):
         info = info.to_dict()
     if not isinstance(info, dict):
         raise SampleValueError(field, f"is {shown(info)}, not a dict of counters")
-    num = _count(info.get(numerator), f"{field}.{numerator}")
-    den = _count(info.get(denominator), f"{field}.{denominator}")
+    num = _counter(info, field, numerator)
+    den = _counter(info, field, denominator)
     return num / den if den else None
+
+
+def _counter(info: dict[Any, Any], field: str, names: str | tuple[str, ...]) -> int:
+    names = (names,) if isinstance(names, str) else names
+    name = next((n for n in names if info.get(n) is not None), names[0])
+    return _count(info.get(name), f"{field}.{name}")
 
 
 def _count(value: Any, field: str) -> int:

@@ -5,7 +5,7 @@ load (read/), check (read/validate.py), resolve the train rows (resolve.py), fla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, SampleValueError
-from tokenlake.read import dump, formats, trajectory, validate
+from tokenlake.read import dump, formats, replay, tinker, trajectory, validate
 from tokenlake.read.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
 from tokenlake.read.step_read import StepRead
 from tokenlake.transform import flatten
@@ -36,22 +36,40 @@ class StepResult:
 
 def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepResult]:
     """The step's `tokens` and `samples` tables, in memory."""
+    tokens, samples_table, result, _ = build_step(files, with_experts=False)
+    return tokens, samples_table, result
+
+
+def build_step(
+    files: dump.StepFiles, with_experts: bool
+) -> tuple[pa.Table, pa.Table, StepResult, pa.Table | None]:
+    """The step's `tokens` and `samples` tables, and with `with_experts` its `experts`."""
     unread = dump.unread_train_error(files)
     if unread is not None:  # never a silent rollout-only step
         raise unread
     step = formats.step_reader(files.format, read_miles_step)(files)
     samples, checked, train_rows = step.samples, step.checked, step.train_rows
+    batch_is_tinker = tinker.is_tinker(step.batch_metadata)
+    if batch_is_tinker:  # its rewards are 0.0 filler (read/tinker.py)
+        train_rows = {
+            p: replace(row, raw_reward=None, normalized_reward=None)
+            for p, row in train_rows.items()
+        }
     parts = [
-        flatten.sample_tokens(arrays, train_rows.get(position))
+        flatten.sample_tokens(
+            arrays,
+            train_rows.get(position),
+            tinker.placeholder_fields(batch_is_tinker, samples[position]),
+        )
         for position, arrays in enumerate(checked)
     ]
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
-    tokens = flatten.tokens_table(files.evaluation, indices, parts)
+    tokens = flatten.tokens_table(files.evaluation, indices, parts, files.rollout_id)
     warnings: list[str] = []
-    messages = step.messages
-    if messages is None:
-        messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
     try:
+        messages = step.messages
+        if messages is None:
+            messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
         samples_table = flatten.samples_table(
             files.rollout_id,
             files.evaluation,
@@ -64,6 +82,7 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
     except SampleValueError as exc:  # raised where the value is read, which knows no file
         raise validate.located(exc, files.rollout_file, samples) from None
     samples_table = flatten.null_columns(samples_table, step.unknown)
+    experts = _experts(files, samples, indices) if with_experts else None
     result = StepResult(
         rollout_id=files.rollout_id,
         evaluation=files.evaluation,
@@ -73,7 +92,19 @@ def build_step_tables(files: dump.StepFiles) -> tuple[pa.Table, pa.Table, StepRe
         nonfinite_values=count_nonfinite(tokens),
         warnings=tuple(warnings),
     )
-    return tokens, samples_table, result
+    return tokens, samples_table, result, experts
+
+
+def _experts(files: dump.StepFiles, samples: list[dict[str, Any]], indices: list) -> pa.Table:
+    """The step's `experts` rows (routing replay); a bad array is the step's one-line error."""
+    arrays = []
+    for position, sample in enumerate(samples):
+        try:
+            arrays.append(replay.replay_arrays(sample))
+        except SampleValueError as exc:
+            exc.position = position
+            raise validate.located(exc, files.rollout_file, samples) from None
+    return flatten.experts_table(files.evaluation, indices, arrays)
 
 
 def read_miles_step(files: dump.StepFiles) -> StepRead:
@@ -85,7 +116,9 @@ def read_miles_step(files: dump.StepFiles) -> StepRead:
         TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
     ]
     train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
-    return StepRead(samples, checked, train_rows, len(train_files))
+    return StepRead(
+        samples, checked, train_rows, len(train_files), batch_metadata=rollout.get("metadata")
+    )
 
 
 def resolve_train_rows(
