@@ -27,6 +27,7 @@ from tokenlake.errors import (
 )
 from tokenlake.layout import step_label
 from tokenlake.read import ptread, train_checks
+from tokenlake.read.ptglobals import SpecInfo
 from tokenlake.read.values import INT64_MAX
 from tokenlake.store import manifest
 from tokenlake.store.base import Store
@@ -360,6 +361,9 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
                 f"sample is a {type(sample).__name__}, not a dict",
                 sample=f"position {position}",
             )
+        info = sample.get("spec_info")
+        if isinstance(info, SpecInfo):  # dumps of 2025-11 .. 2025-12 pickled the object
+            sample["spec_info"] = info.to_dict()  # the later stages read today's dict
     data.setdefault("metadata", {})
     return data
 

@@ -12,7 +12,6 @@ from tokenlake import schema
 from tokenlake.errors import SampleValueError, shown
 from tokenlake.read import sampling_support, validate, weight_versions
 from tokenlake.read.jsontext import clean_text, to_json
-from tokenlake.read.ptglobals import SpecInfo
 from tokenlake.read.resolve import TrainRow
 from tokenlake.read.values import INT64_MAX, INT64_MIN
 
@@ -176,12 +175,10 @@ def _is_text(value: Any, text: str) -> bool:
 def _ratio(
     info: Any, field: str, numerator: str | tuple[str, ...], denominator: str | tuple[str, ...]
 ) -> float | None:
-    """A counter ratio from a dict or an old-style object (spec_info before 2025-12); a counter
+    """A counter ratio from a dict (the reader turns spec_info's older object into one); a counter
     given as several names is read under the first name the dict has."""
     if info is None:
         return None
-    if isinstance(info, SpecInfo):
-        info = info.to_dict()
     if not isinstance(info, dict):
         raise SampleValueError(field, f"is {shown(info)}, not a dict of counters")
     num = _counter(info, field, numerator)
