@@ -28,7 +28,7 @@ from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve.query import run_query
 from tokenlake.serve.report import build_report
 
-SECTIONS = ["runs", "audits", "reward", "drift", "where", "worst"]
+SECTIONS = ["summary", "runs", "audits", "reward", "drift", "where", "worst"]
 
 
 def _invoke(*args: str):

@@ -2,7 +2,7 @@
 
 Reads the catalog's views only (`tokenlake.serve.report_data`), draws with Vega-Lite specs built by
 altair (`tokenlake.serve.report_charts`) and writes one file that inlines every script and style
-(`tokenlake.serve.report_html`). Sections, in order: runs, audits, reward health per step, drift per
+(`tokenlake.serve.report_html`). Sections, in order: a per-run summary, runs, audits, reward health per step, drift per
 step, where the drift is, worst tokens and samples.
 """
 
@@ -140,6 +140,7 @@ def _collect(
         rd.restrict(con, sel)
         rd.cache_views(con)
         page = _Page(sel)
+        page.sections.append(_summary_section(rd.run_summary(con, sel)))
         page.sections.append(_runs_section(rd.runs_overview(con, sel)))
         page.sections.append(_audits_section(rd.audits(con, sel)))
         page.datasets.update(rd.step_datasets(con, sel))
@@ -187,13 +188,42 @@ def _payload(page: _Page) -> dict[str, Any]:
     }
 
 
+# The summary table's columns: (heading, `run_summary` column).
+SUMMARY_COLUMNS = (
+    ("run", "run"),
+    ("tokens", "tokens"),
+    ("mean |δ| (nats)", "mean_abs_lp_diff"),
+    ("k3 KL (nats)", "k3_kl"),
+    ("lowest ESS", "ess_min"),
+    ("at step", "ess_min_step"),
+    ("reward mean", "reward_mean"),
+    ("eval reward mean", "eval_reward_mean"),
+)
+SUMMARY_NOTE = (
+    "Over every selected training step: mean |δ| and k3 KL are means over all the steps'"
+    " loss-covered tokens (each step's mean weighted by its tokens), ESS is the lowest step's,"
+    " rewards are means over all selected samples (training raw reward, eval reward)."
+)
+
+
+def _summary_section(rows: rd.Rows) -> str:
+    title = "1. Summary"
+    if not rows:
+        return rh.section("summary", title, [rh.note("The lake has no runs yet.")])
+    table = rh.table(
+        [heading for heading, _ in SUMMARY_COLUMNS],
+        [[row[column] for _, column in SUMMARY_COLUMNS] for row in rows],
+    )
+    return rh.section("summary", title, [table, rh.note(SUMMARY_NOTE)])
+
+
 def _runs_section(rows: rd.Rows) -> str:
     columns = ["run", "steps", "eval_steps", "samples", "tokens", "source_dir", "extracted_at",
                "tool", "schema_version"]  # fmt: skip
     if not rows:
-        return rh.section("runs", "1. Runs", [rh.note("The lake has no runs yet.")])
+        return rh.section("runs", "2. Runs", [rh.note("The lake has no runs yet.")])
     body = [rh.table(columns, [[row[c] for c in columns] for row in rows])]
-    return rh.section("runs", "1. Runs", body)
+    return rh.section("runs", "2. Runs", body)
 
 
 # How an audit that returned rows is shown, by its severity (as `tokenlake audit` labels it).
@@ -223,7 +253,7 @@ def _audits_section(results: list[rd.AuditSection]) -> str:
             body.append(rh.table(result.columns, result.rows))
             if result.count > len(result.rows):
                 body.append(rh.note(f"First {len(result.rows)} of {result.count:,} rows."))
-    return rh.section("audits", "2. Audits", body)
+    return rh.section("audits", "3. Audits", body)
 
 
 def _has(rows: rd.Rows, column: str) -> bool:
@@ -270,7 +300,7 @@ def _single_step_note(rows: rd.Rows) -> list[str]:
 def _reward_section(page: _Page, limits: dict[str, Any]) -> str:
     rows = page.datasets["step_stats"]
     if not rows:
-        return rh.section("reward", "3. Reward health per step", [rh.note("No training steps.")])
+        return rh.section("reward", "4. Reward health per step", [rh.note("No training steps.")])
     charts = [
         _per_step(page, "reward-mean", "step_stats", {"reward_mean": "mean"}, "Reward mean", "reward"),
         _per_step(page, "reward-std", "step_stats", {"reward_std": "std"}, "Reward std", "reward"),
@@ -297,14 +327,14 @@ def _reward_section(page: _Page, limits: dict[str, Any]) -> str:
     else:
         charts.append(rh.note("Eval reward: no eval files in the selected runs and steps."))
     body = _single_step_note(rows) + ['<div class="grid">', *charts, "</div>"]
-    return rh.section("reward", "3. Reward health per step", body)
+    return rh.section("reward", "4. Reward health per step", body)
 
 
 def _drift_section(page: _Page, limits: dict[str, Any]) -> str:
     rows = page.datasets["drift_steps"]
     if not _has(rows, "mean_abs_lp_diff_tm"):
         note = rh.note("No loss-covered token with both log-probs: the dump has no drift data.")
-        return rh.section("drift", "4. Drift per step", [note])
+        return rh.section("drift", "5. Drift per step", [note])
     rules = rd.REJECTION_RULES
     charts = [
         _per_step(page, "mean-abs", "drift_steps",
@@ -326,12 +356,12 @@ def _drift_section(page: _Page, limits: dict[str, Any]) -> str:
                   {f"{r}_seq_frac": r for r in rules}, "Rejected samples", "fraction"),
     ]  # fmt: skip
     body = _single_step_note(rows) + ['<div class="grid">', *charts, "</div>"]
-    return rh.section("drift", "4. Drift per step", body)
+    return rh.section("drift", "5. Drift per step", body)
 
 
 def _where_section(page: _Page) -> str:
     data = page.datasets
-    title = "5. Where the drift is"
+    title = "6. Where the drift is"
     if not data["by_position"]:
         return rh.section("where", title, [rh.note("No loss-covered token with both log-probs.")])
     steps = [row["rollout_id"] for row in data["by_position"]]
@@ -360,7 +390,7 @@ def _where_section(page: _Page) -> str:
 
 
 def _worst_section(page: _Page, strips: list[dict[str, Any]]) -> str:
-    title = "6. Worst tokens and samples"
+    title = "7. Worst tokens and samples"
     data = page.datasets
     if not data["top_tokens"]:
         return rh.section("worst", title, [rh.note("No loss-covered token with both log-probs.")])

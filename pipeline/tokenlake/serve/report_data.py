@@ -192,6 +192,41 @@ def runs_overview(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
     )
 
 
+def run_summary(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
+    """One row per run over the whole selection, pooled exactly from the per-step views.
+
+    `drift_steps`' token means (TM |δ|, k3) are weighted back into sums by the step's token
+    count, so Σ(tokens · mean) / Σ tokens is the mean over every selected token, not a mean of
+    step means. ESS is a ratio of step means (TM(w)² / TM(w²)) that no column pools, so its
+    lowest step is shown, with that step. Rewards are the means over every selected sample of
+    `sample_stats` (training `raw_reward`, eval `reward`), the samples `step_stats` averages.
+    """
+    if not sel.runs:
+        return []
+    where = sel.where()
+    return fetch(
+        con,
+        f"""
+        WITH d AS (
+            SELECT run, count(*) AS drift_steps, sum(tokens) AS tokens,
+                sum(tokens * mean_abs_lp_diff_tm) / sum(tokens) AS mean_abs_lp_diff,
+                sum(tokens * k3_kl) / sum(tokens) AS k3_kl,
+                min(ess) AS ess_min, arg_min(rollout_id, ess) AS ess_min_step
+            FROM drift_steps WHERE {where} AND tokens > 0 GROUP BY run
+        ), r AS (
+            SELECT run, avg(raw_reward) FILTER (WHERE NOT evaluation) AS reward_mean,
+                avg(reward) FILTER (WHERE evaluation) AS eval_reward_mean
+            FROM sample_stats WHERE {where} GROUP BY run
+        )
+        SELECT run, coalesce(d.drift_steps, 0) AS drift_steps, coalesce(d.tokens, 0) AS tokens,
+            d.mean_abs_lp_diff, d.k3_kl, d.ess_min, d.ess_min_step, r.reward_mean,
+            r.eval_reward_mean
+        FROM (SELECT UNNEST([{", ".join(sql_views.quote_literal(run) for run in sel.runs)}]) AS run)
+        LEFT JOIN d USING (run) LEFT JOIN r USING (run) ORDER BY run
+        """,
+    )
+
+
 def audits(con: duckdb.DuckDBPyConnection, sel: Selection) -> list[AuditSection]:
     """Every audit under `sql/audits/`, its offending rows restricted to the selection."""
     results = []
