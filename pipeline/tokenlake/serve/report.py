@@ -268,9 +268,41 @@ def _per_step(page: _Page, chart_id: str, dataset: str, fields: dict[str, str],
     if threshold is not None and _off_scale(page.datasets[dataset], fields, threshold[0]):
         # A rule far above every value would flatten the lines to the axis: it is named, not drawn.
         title, threshold = f"{title} (alarm at {threshold[0]:.4g}, far above)", None
+    rule = threshold[0] if threshold else None
+    domain = _flat_domain(_values(page.datasets[dataset], fields), kwargs.get("baseline"), rule)
     return page.chart(
-        rc.per_step(chart_id, dataset, fields, title, unit, threshold=threshold, **kwargs)
+        rc.per_step(
+            chart_id, dataset, fields, title, unit, threshold=threshold, domain=domain, **kwargs
+        )  # fmt: skip
     )
+
+
+def _values(rows: rd.Rows, fields: dict[str, str]) -> list[float]:
+    return [row[name] for row in rows for name in fields if row.get(name) is not None]
+
+
+def _flat_domain(
+    values: list[float], baseline: float | None, rule: float | None
+) -> tuple[float, float] | None:
+    """A y domain for values that are all equal (one eval step, a fraction that stays 0), which
+    an axis fitted to them would collapse to a point: from the baseline (default zero) to the
+    value, the alarm rule included; one unit wide when that is a point. None when they differ.
+
+    Examples:
+        >>> _flat_domain([0.4375], None, None)
+        (0.0, 0.4375)
+        >>> _flat_domain([0.0, 0.0], 0, 0.2)
+        (0.0, 0.2)
+        >>> _flat_domain([1.0], 1, None)
+        (1.0, 2.0)
+        >>> _flat_domain([0.1, 0.2], None, None) is None
+        True
+    """
+    if len(set(values)) != 1:
+        return None
+    ends = [float(baseline or 0), values[0], *([] if rule is None else [rule])]
+    low, high = min(ends), max(ends)
+    return (low, high) if high > low else (low, low + 1.0)
 
 
 # An alarm rule more than this many times the largest value is left out of the chart's scale.
@@ -339,21 +371,29 @@ def _drift_section(page: _Page, limits: dict[str, Any]) -> str:
     charts = [
         _per_step(page, "mean-abs", "drift_steps",
                   {"mean_abs_lp_diff_tm": "TM", "mean_abs_lp_diff_smtm": "SMTM"}, "Mean |δ|",
-                  "nats", threshold=(limits["alarm_mean_abs_lp_diff_smtm"], "alarm (SMTM)")),
-        _per_step(page, "p99", "drift_steps", {"p99_abs_lp_diff": "p99"}, "p99 |δ|", "nats"),
+                  "nats", threshold=(limits["alarm_mean_abs_lp_diff_smtm"], "alarm (SMTM)"),
+                  baseline=0),
+        _per_step(page, "p99", "drift_steps", {"p99_abs_lp_diff": "p99"}, "p99 |δ|", "nats",
+                  baseline=0),
         _per_step(page, "k3", "drift_steps", {"k3_kl": "TM", "k3_kl_smtm": "SMTM"}, "k3 KL",
-                  "nats", threshold=(limits["alarm_k3_kl"], "alarm (TM)")),
-        _per_step(page, "chi2", "drift_steps", {"chi2_token": "token", "chi2_seq": "sequence"},
-                  "χ²", "ratio"),
+                  "nats", threshold=(limits["alarm_k3_kl"], "alarm (TM)"), baseline=0),
+        # Sequence χ² reaches 1e15 where token χ² is below 1: never one axis for both.
+        _per_step(page, "chi2-token", "drift_steps", {"chi2_token": "token"}, "Token χ²",
+                  "ratio", baseline=0),
+        _per_step(page, "chi2-seq", "drift_steps", {"chi2_seq": "sequence"},
+                  "Sequence χ² (symlog scale)", "ratio", baseline=0, scale="symlog"),
         _per_step(page, "ess", "drift_steps", {"ess": "ESS"}, "Effective sample size",
-                  "fraction", threshold=(limits["alarm_ess_min"], "alarm (min)")),
+                  "fraction", threshold=(limits["alarm_ess_min"], "alarm (min)"), baseline=0),
+        # exp(|δ|) is 1 without drift: the axis starts there.
         _per_step(page, "mult-prob", "drift_steps", {"mult_prob_error": "TM"},
                   "Mean exp(|δ|)", "ratio",
-                  threshold=(limits["alarm_mult_prob_error"], "alarm")),
+                  threshold=(limits["alarm_mult_prob_error"], "alarm"), baseline=1),
         _per_step(page, "reject-token", "drift_steps",
-                  {f"{r}_token_frac": r for r in rules}, "Rejected tokens", "fraction"),
+                  {f"{r}_token_frac": r for r in rules}, "Rejected tokens", "fraction",
+                  baseline=0),
         _per_step(page, "reject-seq", "drift_steps",
-                  {f"{r}_seq_frac": r for r in rules}, "Rejected samples", "fraction"),
+                  {f"{r}_seq_frac": r for r in rules}, "Rejected samples", "fraction",
+                  baseline=0),
     ]  # fmt: skip
     body = _single_step_note(rows) + ['<div class="grid">', *charts, "</div>"]
     return rh.section("drift", "5. Drift per step", body)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import altair as alt
+
+ScaleType = Literal["linear", "symlog"]  # y scales of the per-step charts
 
 GREY = "#9a9a9a"
 ALARM = "#d62728"
@@ -74,9 +76,15 @@ def per_step(
     title: str,
     unit: str,
     threshold: tuple[float, str] | None = None,
-    log: bool = False,
+    scale: ScaleType = "linear",
+    baseline: float | None = None,
+    domain: tuple[float, float] | None = None,
 ) -> Chart:
     """Line chart of one or more columns per step; several columns differ by dash.
+
+    A series (run × column) of a single point carries its value as a label beside the point,
+    and an axis whose values are all equal is given a `domain` around them, so one eval step
+    reads as its value.
 
     Args:
         chart_id: Element id on the page.
@@ -85,20 +93,27 @@ def per_step(
         title: Chart title.
         unit: Unit shown on the y axis, e.g. "nats".
         threshold: (value, label) of an alarm rule, or None.
-        log: Log-scale y axis.
+        scale: y scale type: "linear", or "symlog" for values spanning decades (0 allowed).
+        baseline: The value the y axis starts from (0 for a drift size, 1 for a ratio), or
+            None to fit the values.
+        domain: A fixed y domain (for values that are all equal), or None.
     """
     toggle = _run_toggle()
     base = alt.Chart(alt.NamedData(dataset)).transform_fold(list(fields), as_=["column", "value"])
-    base = base.transform_calculate(measure=_label_expression(fields)).transform_filter(
-        "isValid(datum.value) && (!" + str(log).lower() + " || datum.value > 0)"
+    base = (
+        base.transform_calculate(measure=_label_expression(fields))
+        .transform_filter("isValid(datum.value) && isFinite(datum.value)")
+        .transform_joinaggregate(points="count()", groupby=["run", "measure"])
     )
+    if domain is not None:
+        y_scale = alt.Scale(type=scale, domain=list(domain))
+    elif baseline is None or baseline == 0:
+        y_scale = alt.Scale(type=scale, zero=baseline == 0)
+    else:
+        y_scale = alt.Scale(type=scale, domainMin=baseline)
     encoding: dict[str, Any] = {
         "x": _step_axis(),
-        "y": alt.Y(
-            "value:Q",
-            title=f"{title} ({unit})",
-            scale=alt.Scale(type="log" if log else "linear", zero=False),
-        ),
+        "y": alt.Y("value:Q", title=f"{title} ({unit})", scale=y_scale),
         "color": _run_color(),
         "opacity": _faded(toggle),
         "tooltip": [
@@ -111,7 +126,18 @@ def per_step(
     if len(fields) > 1:
         encoding["strokeDash"] = alt.StrokeDash("measure:N", title="metric")
     line = base.mark_line(point=True).encode(**encoding).add_params(toggle)
-    layers = [line, threshold_rule(*threshold)] if threshold else [line]
+    lone = (
+        base.transform_filter("datum.points === 1")
+        .mark_text(align="left", dx=7, fontWeight="bold")
+        .encode(
+            x="rollout_id:Q",
+            y="value:Q",
+            text=alt.Text("value:Q", format=".4~g"),
+            color=_run_color(),
+            opacity=_faded(toggle),
+        )
+    )
+    layers = [line, lone, threshold_rule(*threshold)] if threshold else [line, lone]
     chart = alt.layer(*layers).properties(title=title, width="container", height=200)
     return _finish(chart, chart_id, [dataset])
 

@@ -7,6 +7,8 @@
   const data = JSON.parse(document.getElementById("report-data").textContent);
   const STATES = ["masked", "no log-prob pair", "non-finite", "covered"];
   const views = [];
+  // Each drawn chart's Vega view by element id, for the browser test to read scales and marks.
+  window.reportViews = {};
 
   // One row per response token from the per-field arrays of a worst sample.
   function stripRows(cells) {
@@ -53,6 +55,7 @@
                       config: { background: null } };
     return vegaEmbed(element, spec, options).then((result) => {
       views.push(result);
+      window.reportViews[chart.id] = result.view;
       element.dataset.marks = String(countMarks(result.view.scenegraph().root));
       if (chart.cells) element.dataset.cells = String(countMarks(result.view.scenegraph().root, "rect"));
     });

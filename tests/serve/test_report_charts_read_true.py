@@ -1,0 +1,113 @@
+"""The report's charts read as their numbers, checked where the reader sees them: in headless
+Chromium (offline, with test_report.py's DevTools helpers), from each drawn chart's scales,
+axis labels and text marks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.serve.test_report import _browser, _open_offline, _problems, _wait_rendered
+from tokenlake.generator import synth
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.serve.query import run_query
+from tokenlake.serve.report import build_report
+
+pytestmark = pytest.mark.slow
+
+# Per chart: the y scale's domain and type, the y axis labels, the text marks drawn.
+_PROBE = """JSON.stringify(Object.fromEntries(Object.entries(window.reportViews).map(([id, v]) => {
+  const e = document.getElementById(id);
+  let y = null;
+  try { y = {domain: v.scale('y').domain(), type: v.scale('y').type}; } catch (err) {}
+  const texts = (selector) => [...e.querySelectorAll(selector)].map(t => t.textContent);
+  const yAxis = [...e.querySelectorAll('.role-axis')].filter(
+    a => (a.getAttribute('aria-label') || '').startsWith('Y-axis'));
+  const yLabels = yAxis.flatMap(a => [...a.querySelectorAll('.role-axis-label text')]
+    .map(t => t.textContent));
+  return [id, {y, yLabels, texts: texts('.role-mark text'),
+               signals: Object.fromEntries(['step'].filter(n => { try { v.signal(n); return true; }
+                 catch (err) { return false; } }).map(n => [n, v.signal(n)]))}];
+})))"""
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> Path:
+    """The example (steps 0-2, one eval step: 0) and a CP multi-turn run of steps 0-1 only."""
+    root = tmp_path_factory.mktemp("read-true")
+    synth.write_dump(root / "example", synth.PRESETS["example"])
+    short = dataclasses.replace(synth.PRESETS["cp-thd"], multi_turn=True, steps=2)
+    synth.write_dump(root / "cp", short)
+    extract_run(root / "example", root / "lake", ExtractOptions(run_name="example", workers=1))
+    extract_run(root / "cp", root / "lake", ExtractOptions(run_name="cp-short", workers=1))
+    return root / "lake"
+
+
+# The pages drawn: both runs, and the example alone (its one eval step is its only point).
+PAGES = {"both": (), "example": ("example",)}
+
+
+@pytest.fixture(scope="module")
+def pages(lake, tmp_path_factory) -> dict[str, dict]:
+    """What each page of `PAGES` drew, by chart id, in one browser."""
+    folder = tmp_path_factory.mktemp("pages")
+    facts = {}
+    with _browser(tmp_path_factory.mktemp("profile")) as tools:
+        for name, runs in PAGES.items():
+            out = folder / f"{name}.html"
+            build_report(lake, out, runs=runs, worst=2)
+            _open_offline(tools, out)
+            deadline = time.monotonic() + 120
+            while tools.evaluate("document.URL") != out.as_uri():
+                assert time.monotonic() < deadline, "the page did not load"
+                time.sleep(0.1)
+            assert _wait_rendered(tools) == "done", _problems(tools.events)
+            facts[name] = json.loads(tools.evaluate(_PROBE))
+        assert _problems(tools.events) == []
+    return facts
+
+
+@pytest.fixture(scope="module")
+def drawn(pages) -> dict:
+    return pages["both"]
+
+
+def _value(lake: Path, sql: str) -> float:
+    return run_query(lake, sql).column(0)[0].as_py()
+
+
+def test_a_single_eval_step_reads_as_its_value(lake, pages):
+    sql = "SELECT avg(reward) FROM sample_stats WHERE evaluation AND run = '{}'"
+    example, short = (_value(lake, sql.format(run)) for run in ("example", "cp-short"))
+    assert f"{example:.4g}" == "0.4375"  # the issue's figure: one eval step, one point
+    alone = pages["example"]["eval-reward"]
+    assert alone["y"]["domain"] == [0, 0.45]  # from zero past the point, not collapsed on it
+    assert alone["yLabels"] == ["0.0", "0.1", "0.2", "0.3", "0.4"]
+    assert alone["texts"] == ["0.4375"]  # the point says its value
+    both = pages["both"]["eval-reward"]
+    low, high = both["y"]["domain"]
+    assert low <= min(example, short) and max(example, short) <= high
+    assert sorted(both["texts"]) == sorted([f"{example:.4g}", f"{short:.4g}"])
+
+
+def test_sequence_and_token_chi2_never_share_an_axis(lake, drawn):
+    assert "chi2" not in drawn
+    token = _value(lake, "SELECT max(abs(chi2_token)) FROM drift_steps")
+    low, high = drawn["chi2-token"]["y"]["domain"]
+    assert low <= 0 and token <= high <= 2 * token
+    assert drawn["chi2-token"]["y"]["type"] == "linear"
+    assert drawn["chi2-seq"]["y"]["type"] == "symlog"  # decades apart, zero allowed
+
+
+@pytest.mark.parametrize(
+    ("chart", "start"),
+    [("mean-abs", 0), ("p99", 0), ("k3", 0), ("ess", 0), ("reject-token", 0),
+     ("reject-seq", 0), ("mult-prob", 1)],
+)  # fmt: skip
+def test_drift_axes_start_at_zero_or_at_no_drift(drawn, chart, start):
+    assert drawn[chart]["y"]["domain"][0] == start
+    assert float(drawn[chart]["yLabels"][0]) == start  # the lowest label the reader sees
