@@ -29,7 +29,16 @@ _PROBE = """JSON.stringify(Object.fromEntries(Object.entries(window.reportViews)
     a => (a.getAttribute('aria-label') || '').startsWith('Y-axis'));
   const yLabels = yAxis.flatMap(a => [...a.querySelectorAll('.role-axis-label text')]
     .map(t => t.textContent));
-  return [id, {y, yLabels, texts: texts('.role-mark text'),
+  const marks = [];
+  (function walk(node) {
+    if (!node || !node.items) return;
+    if (node.marktype && node.marktype !== 'group' && node.role === 'mark') {
+      node.items.forEach(i => i.datum && marks.push({mark: node.marktype, ...i.datum}));
+      return;
+    }
+    node.items.forEach(walk);
+  })(v.scenegraph().root);
+  return [id, {y, yLabels, texts: texts('.role-mark text'), marks: marks.slice(0, 400),
                signals: Object.fromEntries(['step'].filter(n => { try { v.signal(n); return true; }
                  catch (err) { return false; } }).map(n => [n, v.signal(n)]))}];
 })))"""
@@ -111,3 +120,42 @@ def test_sequence_and_token_chi2_never_share_an_axis(lake, drawn):
 def test_drift_axes_start_at_zero_or_at_no_drift(drawn, chart, start):
     assert drawn[chart]["y"]["domain"][0] == start
     assert float(drawn[chart]["yLabels"][0]) == start  # the lowest label the reader sees
+
+
+def _runs_drawn(chart: dict) -> set[str]:
+    return {m["run"] for m in chart["marks"] if "run" in m}
+
+
+BREAKDOWNS = ["by-prob", "by-entropy", "by-turn", "by-staleness", "histogram"]
+
+
+@pytest.mark.parametrize("chart", BREAKDOWNS)
+def test_breakdowns_default_to_all_steps_pooled(drawn, chart):
+    # cp-short lacks step 2, the lake's last: a default of the last step hid it.
+    assert drawn[chart]["signals"]["step"] == "all"
+    assert _runs_drawn(drawn[chart]) == {"example", "cp-short"}
+    assert {m["step"] for m in drawn[chart]["marks"] if "step" in m} == {"all"}
+
+
+def test_pooled_breakdown_is_the_mean_over_every_token(lake, drawn):
+    rows = run_query(
+        lake,
+        "SELECT run, turn_index, count(*) AS n, avg(abs_lp_diff) AS m FROM drift_tokens "
+        "GROUP BY ALL",
+    ).to_pylist()
+    expected = {(r["run"], r["turn_index"]): (r["n"], r["m"]) for r in rows}
+    points = {
+        (m["run"], m["turn_index"]): (m["tokens"], m["mean_abs_lp_diff"])
+        for m in drawn["by-turn"]["marks"]
+        if m["mark"] == "symbol"
+    }
+    assert points.keys() == expected.keys()
+    for key, (tokens, mean) in expected.items():
+        assert points[key][0] == tokens and points[key][1] == pytest.approx(mean, rel=1e-12)
+
+
+def test_top_tokens_default_to_each_runs_latest_step(drawn):
+    chart = drawn["top-tokens"]
+    assert chart["signals"]["step"] == "latest"
+    steps = {(m["run"], m["rollout_id"]) for m in chart["marks"] if m["mark"] == "rect"}
+    assert steps == {("example", 2), ("cp-short", 1)}

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import altair as alt
 
+from tokenlake.serve.report_data import ALL_STEPS
+
 ScaleType = Literal["linear", "symlog"]  # y scales of the per-step charts
 
 GREY = "#9a9a9a"
@@ -175,7 +177,7 @@ def position_heatmap(chart_id: str) -> Chart:
 def _breakdown_tooltip(field: str, title: str) -> list[alt.Tooltip]:
     return [
         alt.Tooltip("run:N"),
-        alt.Tooltip("rollout_id:Q", title="step"),
+        alt.Tooltip("step:N", title="step"),
         alt.Tooltip(f"{field}:N", title=title),
         alt.Tooltip("tokens:Q", title="tokens", format=","),
         alt.Tooltip("mean_abs_lp_diff:Q", title="mean |δ| (nats)", format=".4~g"),
@@ -184,12 +186,20 @@ def _breakdown_tooltip(field: str, title: str) -> list[alt.Tooltip]:
     ]
 
 
-def _step_selector(steps: Sequence[int]) -> Any:
-    options = sorted(set(steps))
+LATEST = "latest"  # each run's own latest step
+
+
+def _step_selector(steps: Sequence[int], first: str = ALL_STEPS) -> Any:
+    """A step picker over the rows' text `step`; `first` (all steps pooled, or each run's
+    latest) is the default, so no run is hidden by a step it lacks."""
+    options = [first, *(str(step) for step in sorted(set(steps)))]
+    labels = {ALL_STEPS: "all steps", LATEST: "each run's latest"}
     return alt.param(
         name="step",
-        value=options[-1],
-        bind=alt.binding_select(options=options, name="step "),
+        value=first,
+        bind=alt.binding_select(
+            options=options, labels=[labels.get(o, f"step {o}") for o in options], name="step "
+        ),
     )
 
 
@@ -215,7 +225,7 @@ def by_step_selected(
     chart = (
         alt.Chart(alt.NamedData(dataset))
         .transform_filter(filter_expr)
-        .transform_filter(alt.datum.rollout_id == step)
+        .transform_filter(alt.datum.step == step)
         .mark_line(point=True)
         .encode(
             x=alt.X(f"{field}:O", title=x_title, sort=sort),
@@ -237,7 +247,7 @@ def histogram(chart_id: str, steps: Sequence[int]) -> Chart:
     step = _step_selector(steps)
     chart = (
         alt.Chart(alt.NamedData("histogram"))
-        .transform_filter(alt.datum.rollout_id == step)
+        .transform_filter(alt.datum.step == step)
         .mark_line(interpolate="step-after", point=alt.OverlayMarkDef(size=12))
         .encode(
             x=alt.X("x_low:Q", title="δ = train − rollout log-prob (nats, bins of 0.002)"),
@@ -248,7 +258,7 @@ def histogram(chart_id: str, steps: Sequence[int]) -> Chart:
             opacity=_faded(toggle),
             tooltip=[
                 alt.Tooltip("run:N"),
-                alt.Tooltip("rollout_id:Q", title="step"),
+                alt.Tooltip("step:N", title="step"),
                 alt.Tooltip("label:N", title="δ bin (nats)"),
                 alt.Tooltip("tokens:Q", format=","),
                 alt.Tooltip("fraction:Q", format=".3~%"),
@@ -263,10 +273,10 @@ def histogram(chart_id: str, steps: Sequence[int]) -> Chart:
 def top_tokens(chart_id: str, steps: Sequence[int]) -> Chart:
     """The tokens carrying most of the picked step's k3, one bar per run."""
     toggle = _run_toggle()
-    step = _step_selector(steps)
+    step = _step_selector(steps, LATEST)
     chart = (
         alt.Chart(alt.NamedData("top_tokens"))
-        .transform_filter(alt.datum.rollout_id == step)
+        .transform_filter(f"{step.name} === '{LATEST}' ? datum.latest : datum.step === {step.name}")
         .mark_bar()
         .encode(
             y=alt.Y("label:N", title="token", sort="-x"),

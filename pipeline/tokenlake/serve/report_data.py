@@ -208,7 +208,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
         con,
         f"""
         WITH d AS (
-            SELECT run, count(*) AS drift_steps, sum(tokens) AS tokens,
+            SELECT run, count(*) AS drift_steps, sum(tokens)::BIGINT AS tokens,
                 sum(tokens * mean_abs_lp_diff_tm) / sum(tokens) AS mean_abs_lp_diff,
                 sum(tokens * k3_kl) / sum(tokens) AS k3_kl,
                 min(ess) AS ess_min, arg_min(rollout_id, ess) AS ess_min_step
@@ -285,46 +285,104 @@ _BIN_LOW = "CASE WHEN isfinite(bin_low) THEN bin_low ELSE bin_high - 0.002 END"
 _BIN_HIGH = "CASE WHEN isfinite(bin_high) THEN bin_high ELSE bin_low + 0.002 END"
 
 
+ALL_STEPS = "all"  # the `step` of a breakdown row pooled over every selected step
+
+
+def with_all_steps(select: str, keys: Sequence[str], share_by: Sequence[str] = ()) -> str:
+    """`select`'s per-step breakdown rows, each with `step` (its step id as text), and one row
+    per run and bucket pooled over all the steps, with `step` = 'all'.
+
+    The pooling is exact from the counts the views give: Σ tokens and Σ samples (a sample lies
+    in one step), a token mean as Σ(tokens · mean) / Σ tokens, and the bucket's k3 share as its
+    Σ(tokens · k3) over the run's (within `share_by`, e.g. the breakdown's dimension).
+    """
+    group = ", ".join(["run", *keys])
+    scope = ", ".join(["run", *share_by])
+    return f"""
+        WITH v AS ({select})
+        SELECT *, rollout_id::VARCHAR AS step FROM v
+        UNION ALL BY NAME
+        SELECT {group}, '{ALL_STEPS}' AS step, sum(tokens)::BIGINT AS tokens,
+            sum(samples)::BIGINT AS samples,
+            sum(tokens * mean_abs_lp_diff) / sum(tokens) AS mean_abs_lp_diff,
+            sum(tokens * k3_kl) / sum(tokens) AS k3_kl,
+            sum(tokens * k3_kl) / nullif(sum(sum(tokens * k3_kl)) OVER (PARTITION BY {scope}), 0)
+                AS k3_share
+        FROM v GROUP BY {group}
+        ORDER BY run, step = '{ALL_STEPS}' DESC, rollout_id, {", ".join(keys)}
+    """
+
+
 def breakdown_datasets(con: duckdb.DuckDBPyConnection, sel: Selection) -> dict[str, Rows]:
-    """Where the drift is: by position, probability/entropy bucket, turn, staleness, |δ| bins."""
+    """Where the drift is: by position, probability/entropy bucket, turn, staleness, |δ| bins.
+
+    Every breakdown but the step × position heatmap also has its rows pooled over all the
+    selected steps (`with_all_steps`), which the charts show first.
+    """
     where = sel.where()
     stats = ", ".join(BREAKDOWN_COLUMNS)
     return {
         "by_position": fetch(
             con,
-            f"SELECT run, rollout_id, position_bucket, position_low, position_high, {stats} "
-            f"FROM drift_by_position WHERE {where} ORDER BY ALL",
+            "SELECT run, rollout_id, rollout_id::VARCHAR AS step, position_bucket, position_low, "
+            f"position_high, {stats} FROM drift_by_position WHERE {where} ORDER BY ALL",
         ),
         "by_prob": fetch(
             con,
-            f"SELECT run, rollout_id, dimension, bucket, {_BUCKET_LABEL} AS label, {stats} "
-            f"FROM drift_by_prob WHERE {where} ORDER BY ALL",
+            with_all_steps(
+                f"SELECT run, rollout_id, dimension, bucket, {_BUCKET_LABEL} AS label, {stats} "
+                f"FROM drift_by_prob WHERE {where}",
+                ("dimension", "bucket", "label"),
+                ("dimension",),
+            ),
         ),
         "by_turn": fetch(
-            con, f"SELECT run, rollout_id, turn_index, {stats} FROM drift_by_turn WHERE {where}"
+            con,
+            with_all_steps(
+                f"SELECT run, rollout_id, turn_index, {stats} FROM drift_by_turn WHERE {where}",
+                ("turn_index",),
+            ),
         ),
         "by_staleness": fetch(
             con,
-            f"SELECT run, rollout_id, staleness, mixed_version, {stats} "
-            f"FROM drift_by_staleness WHERE {where}",
+            with_all_steps(
+                f"SELECT run, rollout_id, staleness, mixed_version, {stats} "
+                f"FROM drift_by_staleness WHERE {where}",
+                ("staleness", "mixed_version"),
+            ),
         ),
         "histogram": fetch(
             con,
-            f"SELECT run, rollout_id, bin, {_BIN_LOW} AS x_low, {_BIN_HIGH} AS x_high, "
-            f"{_BUCKET_LABEL.replace('bucket_', 'bin_')} AS label, tokens, fraction "
-            f"FROM drift_histogram WHERE {where} AND tokens > 0 ORDER BY ALL",
+            f"""
+            WITH v AS (
+                SELECT run, rollout_id, bin, {_BIN_LOW} AS x_low, {_BIN_HIGH} AS x_high,
+                    {_BUCKET_LABEL.replace("bucket_", "bin_")} AS label, tokens
+                FROM drift_histogram WHERE {where} AND tokens > 0
+            )
+            SELECT *, rollout_id::VARCHAR AS step,
+                tokens / sum(tokens) OVER (PARTITION BY run, rollout_id) AS fraction
+            FROM v
+            UNION ALL BY NAME
+            SELECT run, bin, x_low, x_high, label, '{ALL_STEPS}' AS step,
+                sum(tokens)::BIGINT AS tokens, sum(tokens) / sum(sum(tokens)) OVER (PARTITION BY run) AS fraction
+            FROM v GROUP BY run, bin, x_low, x_high, label
+            ORDER BY run, step = '{ALL_STEPS}' DESC, rollout_id, bin
+            """,
         ),
     }
 
 
 def worst_tokens(con: duckdb.DuckDBPyConnection, sel: Selection, top: int) -> dict[str, Rows]:
-    """The top drifting token texts of each step (`drift_by_token`, by share of k3)."""
+    """The top drifting token texts of each step (`drift_by_token`, by share of k3); `latest`
+    marks each run's own last selected step."""
     where = sel.where()
     return {
         "top_tokens": fetch(
             con,
-            "SELECT run, rollout_id, token_id, coalesce(to_json(token_text)::VARCHAR, "
-            "'#' || token_id) AS label, tokens, mean_abs_lp_diff, k3_kl, k3_share, k3_rank "
+            "SELECT run, rollout_id, rollout_id::VARCHAR AS step, token_id, "
+            "coalesce(to_json(token_text)::VARCHAR, '#' || token_id) AS label, tokens, "
+            "mean_abs_lp_diff, k3_kl, k3_share, k3_rank, "
+            "rollout_id = max(rollout_id) OVER (PARTITION BY run) AS latest "
             f"FROM drift_by_token WHERE {where} AND k3_rank <= {top}",
         ),
     }
