@@ -29,7 +29,12 @@ _PROBE = """JSON.stringify(Object.fromEntries(Object.entries(window.reportViews)
     a => (a.getAttribute('aria-label') || '').startsWith('Y-axis'));
   const yLabels = yAxis.flatMap(a => [...a.querySelectorAll('.role-axis-label text')]
     .map(t => t.textContent));
-  const marks = [];
+  const marks = [], title = [];
+  (function titles(node) {
+    if (!node || !node.items) return;
+    if (node.role === 'title-text') node.items.forEach(i => title.push([].concat(i.text).join(' ')));
+    node.items.forEach(titles);
+  })(v.scenegraph().root);
   (function walk(node) {
     if (!node || !node.items) return;
     if (node.marktype && node.marktype !== 'group' && node.role === 'mark') {
@@ -38,7 +43,7 @@ _PROBE = """JSON.stringify(Object.fromEntries(Object.entries(window.reportViews)
     }
     node.items.forEach(walk);
   })(v.scenegraph().root);
-  return [id, {y, yLabels, texts: texts('.role-mark text'), marks: marks.slice(0, 400),
+  return [id, {y, yLabels, texts: texts('.role-mark text'), title, marks: marks.slice(0, 400),
                signals: Object.fromEntries(['step'].filter(n => { try { v.signal(n); return true; }
                  catch (err) { return false; } }).map(n => [n, v.signal(n)]))}];
 })))"""
@@ -159,3 +164,19 @@ def test_top_tokens_default_to_each_runs_latest_step(drawn):
     assert chart["signals"]["step"] == "latest"
     steps = {(m["run"], m["rollout_id"]) for m in chart["marks"] if m["mark"] == "rect"}
     assert steps == {("example", 2), ("cp-short", 1)}
+
+
+def test_the_first_worst_sample_carries_most_of_its_runs_drift(lake, drawn):
+    best = run_query(
+        lake,
+        "SELECT sample_index, tokens, tokens * mean_abs_lp_diff / sum(tokens * mean_abs_lp_diff)"
+        " OVER (PARTITION BY run, rollout_id) AS share FROM drift_samples WHERE run = 'cp-short'"
+        " ORDER BY share DESC LIMIT 1",
+    ).to_pylist()[0]
+    strips = [c for c in drawn.values() if c["title"] and c["title"][0].startswith("cp-short ·")]
+    assert strips, "no strip of cp-short drawn"
+    title = strips[0]["title"][0]
+    assert (
+        f"sample {best['sample_index']} · {100 * best['share']:.3g} % of the step's Σ|δ|" in title
+    )
+    assert f"over {best['tokens']} tokens" in title

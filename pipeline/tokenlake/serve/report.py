@@ -26,6 +26,7 @@ from tokenlake.steps import StepSelection, as_selection
 from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.store.local import atomic_write
+from tokenlake.terminal import plural
 
 WORST_SAMPLES = 10  # samples with a per-token strip, per run
 TOP_TOKENS = 10  # tokens per step in "Top drifting tokens"
@@ -439,7 +440,10 @@ def _worst_section(page: _Page, strips: list[dict[str, Any]]) -> str:
         '<div class="wide">',
         page.chart(rc.top_tokens("top-tokens", steps)),
         "</div>",
-        "<h3>Worst samples by mean |δ|</h3>",
+        "<h3>Worst samples by share of their step's Σ|δ|</h3>",
+        "<p>A sample's share is its tokens × mean |δ| over the sum of that over its step's"
+        " samples: where the step's drift is, so a 1-token sample with a large |δ| does not"
+        " lead.</p>",
         "<p>One cell per response token, coloured by δ (blue below 0, red above);"
         ' <span class="legend-grey"></span> grey cells are masked (loss mask 0) or have no'
         " finite log-prob pair. Rows of 100 tokens.</p>",
@@ -451,11 +455,23 @@ def _worst_section(page: _Page, strips: list[dict[str, Any]]) -> str:
     return rh.section("worst", title, body)
 
 
+def _percent(share: float | None) -> str:
+    """A share as a percentage for a label.
+
+    Examples:
+        >>> [_percent(0.0321), _percent(1.0), _percent(None)]
+        ['3.21 %', '100 %', '— %']
+    """
+    return "— %" if share is None else f"{100 * share:.3g} %"
+
+
 def _strip(page: _Page, index: int, sample: dict[str, Any], limit: float) -> str:
     cells = sample["cells"]
     label = (
         f"{sample['run']} · step {sample['rollout_id']} · sample {sample['sample_index']}"
-        f" · mean |δ| {sample['mean_abs_lp_diff']:.4g} nats · {len(cells['position'])} tokens"
+        f" · {_percent(sample['abs_share'])} of the step's Σ|δ|"
+        f" · mean |δ| {sample['mean_abs_lp_diff']:.4g} nats over"
+        f" {plural(sample['tokens'], 'token')} · {plural(len(cells['position']), 'response token')}"
     )
     chart = rc.strip(f"strip-{index}", f"strip_{index}", len(cells["position"]), label, limit)
     page.strips.append({**vars(chart), "cells": cells})

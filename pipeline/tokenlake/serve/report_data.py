@@ -389,20 +389,28 @@ def worst_tokens(con: duckdb.DuckDBPyConnection, sel: Selection, top: int) -> di
 
 
 def worst_samples(con: duckdb.DuckDBPyConnection, sel: Selection, per_run: int) -> Rows:
-    """The `per_run` samples of each run with the largest mean |δ| (`drift_samples`)."""
+    """The `per_run` samples of each run that carry the largest share of their step's Σ|δ|
+    (`drift_samples`: tokens · mean |δ| over the step's sum), so a 1-token sample with a large
+    mean does not lead; `abs_share` is that share (fraction)."""
     return fetch(
         con,
         f"""
+        WITH d AS (
+            SELECT *, tokens * mean_abs_lp_diff
+                / nullif(sum(tokens * mean_abs_lp_diff) OVER (PARTITION BY run, rollout_id), 0)
+                AS abs_share
+            FROM drift_samples WHERE {sel.where()}
+        )
         SELECT d.run, d.rollout_id, d.batch_position, d.sample_index, d.tokens,
-            d.mean_abs_lp_diff, d.max_abs_lp_diff, s.response_length
-        FROM drift_samples AS d
+            d.mean_abs_lp_diff, d.max_abs_lp_diff, d.abs_share, s.response_length
+        FROM d
         JOIN samples AS s ON s.run = d.run AND s.rollout_id = d.rollout_id
             AND NOT s.evaluation AND s.batch_position = d.batch_position
-        WHERE {sel.where(alias="d")}
         QUALIFY row_number() OVER (
-            PARTITION BY d.run ORDER BY d.mean_abs_lp_diff DESC, d.rollout_id, d.batch_position
+            PARTITION BY d.run
+            ORDER BY d.abs_share DESC NULLS LAST, d.rollout_id, d.batch_position
         ) <= {int(per_run)}
-        ORDER BY d.run, d.mean_abs_lp_diff DESC, d.rollout_id, d.batch_position
+        ORDER BY d.run, d.abs_share DESC NULLS LAST, d.rollout_id, d.batch_position
         """,
     )
 
