@@ -21,6 +21,8 @@
 --                                         nats)
 --   k3_clamp                     DOUBLE   |k3| clamp of the SMTM k3, as miles logs it (10)
 --   outliers_per_step            BIGINT   tokens kept per step by drift_outliers (20)
+--   histogram_half_width         DOUBLE   drift_histogram's bins cover [-this, this) in 100 bins
+--                                         (0.1 nats; the report sets it from the data)
 --   abs_lp_diff_limit            DOUBLE   audit large_lp_diff: |delta| at or above this (20, nats)
 --   alarm_mean_abs_lp_diff_smtm  DOUBLE   drift_alarms: mean |delta| SMTM above this (0.94, nats)
 --   alarm_k3_kl                  DOUBLE   drift_alarms: k3 TM above this (1.0, nats; a decade above
@@ -47,6 +49,7 @@ SELECT
     20.0::DOUBLE AS log_ratio_clamp,
     10.0::DOUBLE AS k3_clamp,
     20::BIGINT AS outliers_per_step,
+    0.1::DOUBLE AS histogram_half_width,
     20.0::DOUBLE AS abs_lp_diff_limit,
     0.94::DOUBLE AS alarm_mean_abs_lp_diff_smtm,
     1.0::DOUBLE AS alarm_k3_kl,

@@ -16,6 +16,7 @@ from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve.query import run_query
 from tokenlake.serve.report import build_report
+from tokenlake.serve.report_data import nice_ceiling
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,9 @@ pytestmark = pytest.mark.slow
 _PROBE = """JSON.stringify(Object.fromEntries(Object.entries(window.reportViews).map(([id, v]) => {
   const e = document.getElementById(id);
   let y = null;
+  let x = null;
   try { y = {domain: v.scale('y').domain(), type: v.scale('y').type}; } catch (err) {}
+  try { x = {domain: v.scale('x').domain(), type: v.scale('x').type}; } catch (err) {}
   const texts = (selector) => [...e.querySelectorAll(selector)].map(t => t.textContent);
   const yAxis = [...e.querySelectorAll('.role-axis')].filter(
     a => (a.getAttribute('aria-label') || '').startsWith('Y-axis'));
@@ -32,7 +35,9 @@ _PROBE = """JSON.stringify(Object.fromEntries(Object.entries(window.reportViews)
   const marks = [], title = [];
   (function titles(node) {
     if (!node || !node.items) return;
-    if (node.role === 'title-text') node.items.forEach(i => title.push([].concat(i.text).join(' ')));
+    if (node.role === 'title-text' || node.role === 'title-subtitle') {
+      node.items.forEach(i => [].concat(i.text).forEach(line => title.push(line)));
+    }
     node.items.forEach(titles);
   })(v.scenegraph().root);
   (function walk(node) {
@@ -43,7 +48,7 @@ _PROBE = """JSON.stringify(Object.fromEntries(Object.entries(window.reportViews)
     }
     node.items.forEach(walk);
   })(v.scenegraph().root);
-  return [id, {y, yLabels, texts: texts('.role-mark text'), title, marks: marks.slice(0, 400),
+  return [id, {x, y, yLabels, texts: texts('.role-mark text'), title, marks: marks.slice(0, 400),
                signals: Object.fromEntries(['step'].filter(n => { try { v.signal(n); return true; }
                  catch (err) { return false; } }).map(n => [n, v.signal(n)]))}];
 })))"""
@@ -180,3 +185,24 @@ def test_the_first_worst_sample_carries_most_of_its_runs_drift(lake, drawn):
         f"sample {best['sample_index']} · {100 * best['share']:.3g} % of the step's Σ|δ|" in title
     )
     assert f"over {best['tokens']} tokens" in title
+
+
+def test_the_histogram_spans_the_data_and_counts_the_tails(lake, drawn):
+    p99 = _value(lake, "SELECT max(p99_abs_lp_diff) FROM drift_steps")
+    half = nice_ceiling(p99)
+    assert p99 <= half < 2.5 * p99
+    chart = drawn["histogram"]
+    low, high = chart["x"]["domain"]
+    # The data's range, the low end bin drawn one bin wide: never the fixed ±0.1 of before.
+    assert -half * 51 / 50 <= low < high <= half and max(-low, high) >= p99
+    tails = run_query(
+        lake,
+        f"SELECT run, count(*) FILTER (WHERE abs(lp_diff) >= {half}) AS n, count(*) AS total "
+        "FROM drift_tokens GROUP BY run ORDER BY run",
+    ).to_pylist()
+    assert chart["title"][0] == "Histogram of δ (log scale)"
+    lines = chart["title"][1:]
+    assert [line.split(":")[0] for line in lines] == ["cp-short", "example"]
+    for line, row in zip(lines, tails, strict=True):
+        assert line.startswith(f"{row['run']}: {row['n']:,} of {row['total']:,} tokens (")
+        assert line.endswith(f" beyond ±{half:g} nats, in the end bins (all steps)")

@@ -148,8 +148,9 @@ def _collect(
         limits = rd.settings(con)
         page.sections.append(_reward_section(page, limits))
         page.sections.append(_drift_section(page, limits))
+        half_width = rd.fit_histogram(con, sel)
         page.datasets.update(rd.breakdown_datasets(con, sel))
-        page.sections.append(_where_section(page))
+        page.sections.append(_where_section(page, half_width))
         page.datasets.update(rd.worst_tokens(con, sel, TOP_TOKENS))
         samples = rd.worst_samples(con, sel, worst)
         page.sections.append(_worst_section(page, rd.strip_tokens(con, samples)))
@@ -400,7 +401,30 @@ def _drift_section(page: _Page, limits: dict[str, Any]) -> str:
     return rh.section("drift", "5. Drift per step", body)
 
 
-def _where_section(page: _Page) -> str:
+def _outside(rows: rd.Rows, half_width: float) -> list[str]:
+    """Per run, the tokens of all the steps beyond ± `half_width` (the histogram's end bins).
+
+    Examples:
+        >>> rows = [{"run": "a", "step": "all", "bin": -51, "tokens": 2},
+        ...         {"run": "a", "step": "all", "bin": 0, "tokens": 1998},
+        ...         {"run": "a", "step": "0", "bin": 0, "tokens": 1998}]
+        >>> _outside(rows, 0.05)
+        ['a: 2 of 2,000 tokens (0.1 %) beyond ±0.05 nats, in the end bins (all steps)']
+    """
+    totals: dict[str, list[int]] = {}
+    for row in rows:
+        if row["step"] == rd.ALL_STEPS:
+            counts = totals.setdefault(row["run"], [0, 0])
+            counts[0] += row["tokens"] if row["bin"] in rd.TAIL_BINS else 0
+            counts[1] += row["tokens"]
+    return [
+        f"{run}: {tail:,} of {plural(total, 'token')} ({100 * tail / total:.3g} %)"
+        f" beyond ±{half_width:g} nats, in the end bins (all steps)"
+        for run, (tail, total) in totals.items()
+    ]
+
+
+def _where_section(page: _Page, half_width: float) -> str:
     data = page.datasets
     title = "6. Where the drift is"
     if not data["by_position"]:
@@ -426,7 +450,8 @@ def _where_section(page: _Page) -> str:
         "by-staleness", "by_staleness", steps, ("staleness", "staleness (steps)", None),
         "Mean |δ| by staleness", extra={"strokeDash": rc.alt.StrokeDash(
             "mixed_version:N", title="mixed version")})))  # fmt: skip
-    body += [page.chart(rc.histogram("histogram", steps)), "</div>"]
+    outside = _outside(data["histogram"], half_width)
+    body += [page.chart(rc.histogram("histogram", steps, half_width, outside)), "</div>"]
     return rh.section("where", title, body)
 
 

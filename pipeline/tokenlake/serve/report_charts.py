@@ -241,8 +241,14 @@ def by_step_selected(
     return _finish(chart, chart_id, [dataset])
 
 
-def histogram(chart_id: str, steps: Sequence[int]) -> Chart:
-    """|δ| distribution of the picked step, a step line per run, log-scale fraction."""
+def histogram(
+    chart_id: str, steps: Sequence[int], half_width: float, outside: Sequence[str]
+) -> Chart:
+    """δ distribution of the picked step, a step line per run, log-scale fraction.
+
+    The bins cover ± `half_width` (nats, from the data); `outside` (one line per run: how many
+    tokens lie beyond, in the two end bins) is the chart's subtitle.
+    """
     toggle = _run_toggle()
     step = _step_selector(steps)
     chart = (
@@ -250,7 +256,10 @@ def histogram(chart_id: str, steps: Sequence[int]) -> Chart:
         .transform_filter(alt.datum.step == step)
         .mark_line(interpolate="step-after", point=alt.OverlayMarkDef(size=12))
         .encode(
-            x=alt.X("x_low:Q", title="δ = train − rollout log-prob (nats, bins of 0.002)"),
+            x=alt.X(
+                "x_low:Q",
+                title=f"δ = train − rollout log-prob (nats, bins of {half_width / 50:.3g})",
+            ),
             y=alt.Y(
                 "fraction:Q", title="fraction of the step's tokens", scale=alt.Scale(type="log")
             ),
@@ -265,7 +274,11 @@ def histogram(chart_id: str, steps: Sequence[int]) -> Chart:
             ],
         )
         .add_params(toggle, step)
-        .properties(title="Histogram of δ (log scale)", width="container", height=240)
+        .properties(
+            title=alt.TitleParams("Histogram of δ (log scale)", subtitle=list(outside)),
+            width="container",
+            height=240,
+        )
     )
     return _finish(chart, chart_id, ["histogram"])
 

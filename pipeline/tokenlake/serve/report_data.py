@@ -139,6 +139,12 @@ def require_selected_steps(con: duckdb.DuckDBPyConnection, sel: Selection, text:
         )
 
 
+def _catalog(con: duckdb.DuckDBPyConnection) -> str:
+    """The catalog database's quoted name, to reach its views under the TEMP ones."""
+    database = con.sql("SELECT current_database()").fetchall()[0][0]
+    return '"' + database.replace('"', '""') + '"'
+
+
 def restrict(con: duckdb.DuckDBPyConnection, sel: Selection) -> None:
     """Shadow the base views `tokens` and `samples` with TEMP views of the selection only.
 
@@ -147,9 +153,8 @@ def restrict(con: duckdb.DuckDBPyConnection, sel: Selection) -> None:
     pushing a filter on `rollout_id` down to the files. This is the mechanism `drift_settings`
     overrides use (docs/drift.md): the temp schema is searched first.
     """
-    database = con.sql("SELECT current_database()").fetchall()[0][0]
     for table in (schema.TOKENS, schema.SAMPLES):
-        source = f'"{database.replace(chr(34), chr(34) * 2)}".main.{table}'
+        source = f"{_catalog(con)}.main.{table}"
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM {source} WHERE {sel.where()}"
         )
@@ -164,10 +169,10 @@ CACHED_VIEWS = ("sample_stats", "group_stats", "step_stats", "drift_samples", "d
 
 def cache_views(con: duckdb.DuckDBPyConnection) -> None:
     """Compute `CACHED_VIEWS` once over the selection (after `restrict`): same SQL, same rows."""
-    database = con.sql("SELECT current_database()").fetchall()[0][0]
-    quoted = f'"{database.replace(chr(34), chr(34) * 2)}"'
     for name in CACHED_VIEWS:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {quoted}.main.{name}")
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {_catalog(con)}.main.{name}"
+        )
 
 
 def runs_overview(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
@@ -280,9 +285,43 @@ _BUCKET_LABEL = (
     "WHEN NOT isfinite(bucket_high) THEN '≥ ' || printf('%g', bucket_low) "
     "ELSE printf('%g to %g', bucket_low, bucket_high) END"
 )
-# The open tails of the histogram are drawn one bin wide (0.002 nats) beside their edge.
-_BIN_LOW = "CASE WHEN isfinite(bin_low) THEN bin_low ELSE bin_high - 0.002 END"
-_BIN_HIGH = "CASE WHEN isfinite(bin_high) THEN bin_high ELSE bin_low + 0.002 END"
+# The open tails of the histogram are drawn one bin wide beside their edge.
+_BIN_WIDTH = "(SELECT histogram_half_width / 50.0 FROM drift_settings)"
+_BIN_LOW = f"CASE WHEN isfinite(bin_low) THEN bin_low ELSE bin_high - {_BIN_WIDTH} END"
+_BIN_HIGH = f"CASE WHEN isfinite(bin_high) THEN bin_high ELSE bin_low + {_BIN_WIDTH} END"
+TAIL_BINS = (-51, 50)  # drift_histogram's open tails
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest 1, 2 or 5 × 10^k at or above `value` (> 0): a bin range that reads well.
+
+    Examples:
+        >>> [nice_ceiling(0.0137), nice_ceiling(0.1), nice_ceiling(3.2)]
+        [0.02, 0.1, 5.0]
+    """
+    exponent = math.floor(math.log10(value))
+    for mantissa in (1, 2, 5, 10):
+        candidate = float(f"{mantissa}e{exponent}")  # exact decimal, not 10 ** -k's rounding
+        if candidate >= value:
+            return candidate
+    raise AssertionError(value)  # unreachable: 10 × 10^k > value
+
+
+def fit_histogram(con: duckdb.DuckDBPyConnection, sel: Selection) -> float:
+    """Set `drift_histogram`'s range from the data and return it (nats): ± the largest p99 |δ|
+    of the selected steps (`drift_steps`), rounded up by `nice_ceiling`, so at most 1 % of any
+    step's tokens fall in the open tails. A TEMP `drift_settings` shadows the catalog's, as a
+    user's override does; without drift the view's default stays."""
+    p99 = con.sql(
+        f"SELECT max(p99_abs_lp_diff) FROM drift_steps WHERE {sel.where()} AND tokens > 0"
+    ).fetchall()[0][0]
+    if p99 is not None and math.isfinite(p99) and p99 > 0:
+        con.execute(
+            "CREATE OR REPLACE TEMP VIEW drift_settings AS SELECT * REPLACE "
+            f"({nice_ceiling(p99)!r}::DOUBLE AS histogram_half_width) "
+            f"FROM {_catalog(con)}.main.drift_settings"
+        )
+    return float(con.sql("SELECT histogram_half_width FROM drift_settings").fetchall()[0][0])
 
 
 ALL_STEPS = "all"  # the `step` of a breakdown row pooled over every selected step
