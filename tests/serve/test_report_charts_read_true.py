@@ -124,8 +124,8 @@ def test_sequence_and_token_chi2_never_share_an_axis(lake, drawn):
 
 @pytest.mark.parametrize(
     ("chart", "start"),
-    [("mean-abs", 0), ("p99", 0), ("k3", 0), ("ess", 0), ("reject-token", 0),
-     ("reject-seq", 0), ("mult-prob", 1)],
+    [("mean-abs", 0), ("p99", 0), ("k3", 0), ("ess", 0), ("reject-veto", 0),
+     ("reject-geo-reject", 0), ("mult-prob", 1)],
 )  # fmt: skip
 def test_drift_axes_start_at_zero_or_at_no_drift(drawn, chart, start):
     assert drawn[chart]["y"]["domain"][0] == start
@@ -206,3 +206,15 @@ def test_the_histogram_spans_the_data_and_counts_the_tails(lake, drawn):
     for line, row in zip(lines, tails, strict=True):
         assert line.startswith(f"{row['run']}: {row['n']:,} of {row['total']:,} tokens (")
         assert line.endswith(f" beyond ±{half:g} nats, in the end bins (all steps)")
+
+
+RULES = ["veto", "outlier", "geo_reject", "seq_ratio_reject", "icepop"]
+
+
+def test_each_rejection_rule_has_its_own_chart(drawn):
+    assert "reject-token" not in drawn and "reject-seq" not in drawn
+    for rule in RULES:
+        chart = drawn[f"reject-{rule.replace('_', '-')}"]
+        assert chart["title"] == [f"Rejected by {rule}"]
+        assert {m["measure"] for m in chart["marks"] if "measure" in m} == {"tokens", "samples"}
+        assert _runs_drawn(chart) == {"example", "cp-short"}

@@ -8,6 +8,7 @@ step, where the drift is, worst tokens and samples.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -369,7 +370,6 @@ def _drift_section(page: _Page, limits: dict[str, Any]) -> str:
     if not _has(rows, "mean_abs_lp_diff_tm"):
         note = rh.note("No loss-covered token with both log-probs: the dump has no drift data.")
         return rh.section("drift", "5. Drift per step", [note])
-    rules = rd.REJECTION_RULES
     charts = [
         _per_step(page, "mean-abs", "drift_steps",
                   {"mean_abs_lp_diff_tm": "TM", "mean_abs_lp_diff_smtm": "SMTM"}, "Mean |δ|",
@@ -390,15 +390,44 @@ def _drift_section(page: _Page, limits: dict[str, Any]) -> str:
         _per_step(page, "mult-prob", "drift_steps", {"mult_prob_error": "TM"},
                   "Mean exp(|δ|)", "ratio",
                   threshold=(limits["alarm_mult_prob_error"], "alarm"), baseline=1),
-        _per_step(page, "reject-token", "drift_steps",
-                  {f"{r}_token_frac": r for r in rules}, "Rejected tokens", "fraction",
-                  baseline=0),
-        _per_step(page, "reject-seq", "drift_steps",
-                  {f"{r}_seq_frac": r for r in rules}, "Rejected samples", "fraction",
-                  baseline=0),
     ]  # fmt: skip
     body = _single_step_note(rows) + ['<div class="grid">', *charts, "</div>"]
-    return rh.section("drift", "5. Drift per step", body)
+    return rh.section("drift", "5. Drift per step", body + _rejection_charts(page, limits))
+
+
+# What each rejection rule of drift_steps removes, with the drift_settings it reads.
+REJECTION_TEXT = {
+    "veto": "a sample with any token r < {veto_min_ratio:g}",
+    "outlier": "a token with r outside [{outlier_min_ratio:g}, {outlier_max_ratio:g}]",
+    "geo_reject": "a sample with exp(mean δ) outside [{geo_band_low:g}, {geo_band_high:g}]",
+    "seq_ratio_reject": "a sample with exp(Σδ) outside [{seq_ratio_low:g}, {seq_ratio_high:g}]",
+    "icepop": "a token with r outside [{icepop_low:g}, {icepop_high:g}]",
+}
+GEO_NOTE = (
+    "geo_reject's band is tight by design: a sample's mean δ must stay within about ±{:.2g}"
+    " nats, so under ordinary bf16 noise many samples leave it; a high fraction alone is not"
+    " an alarm."
+)
+
+
+def _rejection_charts(page: _Page, limits: dict[str, Any]) -> list[str]:
+    """One small chart per rejection rule (tokens and samples it removes), each titled by its
+    rule, after a line per rule saying what it rejects."""
+    lines = [f"{rule}: rejects {REJECTION_TEXT[rule].format(**limits)}." for rule in
+             rd.REJECTION_RULES]  # fmt: skip
+    band = max(abs(math.log(limits["geo_band_low"])), abs(math.log(limits["geo_band_high"])))
+    charts = [
+        _per_step(page, f"reject-{rule.replace('_', '-')}", "drift_steps",
+                  {f"{rule}_token_frac": "tokens", f"{rule}_seq_frac": "samples"},
+                  f"Rejected by {rule}", "fraction", baseline=0)
+        for rule in rd.REJECTION_RULES
+    ]  # fmt: skip
+    return [
+        "<h3>Rejected tokens and samples, by rule</h3>",
+        '<ul class="rules">', *(f"<li>{rh.cell(line)}</li>" for line in lines), "</ul>",
+        rh.note(GEO_NOTE.format(band)),
+        '<div class="grid small">', *charts, "</div>",
+    ]  # fmt: skip
 
 
 def _outside(rows: rd.Rows, half_width: float) -> list[str]:
