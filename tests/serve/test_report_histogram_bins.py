@@ -35,7 +35,8 @@ def test_histogram_bins_follow_the_data_and_count_the_tails(tmp_path):
     )
     chart = next(c for c in payload["charts"] if c["id"] == "histogram")
     assert chart["spec"]["title"]["subtitle"] == [
-        "r: 1 of 201 tokens (0.498 %) beyond ±1 nats, in the end bins (all steps)"
+        "Beyond ±1 nats (the end bins), all steps:",
+        "r: 1 of 201 tokens (0.498 %)",
     ]
     assert chart["spec"]["encoding"]["x"]["title"] == (
         "δ = train − rollout log-prob (nats, bins of 0.02)"

@@ -24,4 +24,4 @@ def test_rules_are_explained_one_line_each(tmp_path):
         " high fraction alone is not an alarm.</p>"
     ) in text
     for chart in ("veto", "outlier", "geo-reject", "seq-ratio-reject", "icepop"):
-        assert f'<div class="chart" id="reject-{chart}"></div>' in text
+        assert f'<div class="card"><div class="chart" id="reject-{chart}"></div></div>' in text

@@ -3,7 +3,7 @@ not the shortest samples with the largest mean |δ|."""
 
 from __future__ import annotations
 
-import json
+import html
 import re
 
 from tests.lakes import build_lake
@@ -33,11 +33,10 @@ def _lake(path):
 def test_worst_samples_are_ranked_by_share_of_the_steps_abs_drift(tmp_path):
     build_report(_lake(tmp_path / "lake"), tmp_path / "r.html", worst=3)
     text = (tmp_path / "r.html").read_text()
-    payload = json.loads(
-        re.search(r'id="report-data">(.*?)</script>', text, re.S).group(1).replace("<\\/", "</")
-    )
     # Σ|δ| of the step: 0.5 + 4 + 0.3 = 4.8; by mean |δ| the 1-token sample 0 would lead.
-    assert [strip["spec"]["title"] for strip in payload["strips"]] == [
+    assert [
+        html.unescape(label) for label in re.findall(r'<p class="strip-label">(.*?)</p>', text)
+    ] == [
         "r · step 0 · sample 1 · 83.3 % of the step's Σ|δ| · mean |δ| 0.1 nats over 40 tokens"
         " · 40 response tokens",
         "r · step 0 · sample 0 · 10.4 % of the step's Σ|δ| · mean |δ| 0.5 nats over 1 token"

@@ -184,8 +184,14 @@ def _ranges(ranges: Sequence[tuple[int, int]]) -> str:
 
 def _payload(page: _Page) -> dict[str, Any]:
     used = {name for chart in page.charts for name in chart.datasets}
+    labels = rh.short_runs(page.sel.runs)  # what legends show: `run` stays whole for tooltips
+    datasets = {
+        name: [{**row, "run_label": labels.get(row["run"], row["run"])} for row in rows]
+        for name, rows in page.datasets.items()
+        if name in used
+    }
     return {
-        "datasets": {name: rows for name, rows in page.datasets.items() if name in used},
+        "datasets": datasets,
         "charts": [vars(chart) for chart in page.charts],
         "strips": page.strips,
     }
@@ -430,15 +436,17 @@ def _rejection_charts(page: _Page, limits: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def _outside(rows: rd.Rows, half_width: float) -> list[str]:
-    """Per run, the tokens of all the steps beyond ± `half_width` (the histogram's end bins).
+def _outside(rows: rd.Rows, half_width: float, runs: Sequence[str]) -> list[str]:
+    """The histogram's subtitle: per run, the tokens of all the steps beyond ± `half_width`,
+    in its end bins; runs by their legend labels (`report_html.short_runs`), lines short
+    enough for a phone-width chart.
 
     Examples:
         >>> rows = [{"run": "a", "step": "all", "bin": -51, "tokens": 2},
         ...         {"run": "a", "step": "all", "bin": 0, "tokens": 1998},
         ...         {"run": "a", "step": "0", "bin": 0, "tokens": 1998}]
-        >>> _outside(rows, 0.05)
-        ['a: 2 of 2,000 tokens (0.1 %) beyond ±0.05 nats, in the end bins (all steps)']
+        >>> _outside(rows, 0.05, ["a"])
+        ['Beyond ±0.05 nats (the end bins), all steps:', 'a: 2 of 2,000 tokens (0.1 %)']
     """
     totals: dict[str, list[int]] = {}
     for row in rows:
@@ -446,9 +454,9 @@ def _outside(rows: rd.Rows, half_width: float) -> list[str]:
             counts = totals.setdefault(row["run"], [0, 0])
             counts[0] += row["tokens"] if row["bin"] in rd.TAIL_BINS else 0
             counts[1] += row["tokens"]
-    return [
-        f"{run}: {tail:,} of {plural(total, 'token')} ({100 * tail / total:.3g} %)"
-        f" beyond ±{half_width:g} nats, in the end bins (all steps)"
+    labels = rh.short_runs(runs)
+    return [f"Beyond ±{half_width:g} nats (the end bins), all steps:"] + [
+        f"{labels.get(run, run)}: {tail:,} of {plural(total, 'token')} ({100 * tail / total:.3g} %)"
         for run, (tail, total) in totals.items()
     ]
 
@@ -479,7 +487,7 @@ def _where_section(page: _Page, half_width: float) -> str:
         "by-staleness", "by_staleness", steps, ("staleness", "staleness (steps)", None),
         "Mean |δ| by staleness", extra={"strokeDash": rc.alt.StrokeDash(
             "mixed_version:N", title="mixed version")})))  # fmt: skip
-    outside = _outside(data["histogram"], half_width)
+    outside = _outside(data["histogram"], half_width, page.sel.runs)
     body += [page.chart(rc.histogram("histogram", steps, half_width, outside)), "</div>"]
     return rh.section("where", title, body)
 
@@ -527,10 +535,14 @@ def _strip(page: _Page, index: int, sample: dict[str, Any], limit: float) -> str
         f" · mean |δ| {sample['mean_abs_lp_diff']:.4g} nats over"
         f" {plural(sample['tokens'], 'token')} · {plural(len(cells['position']), 'response token')}"
     )
-    chart = rc.strip(f"strip-{index}", f"strip_{index}", len(cells["position"]), label, limit)
+    chart = rc.strip(f"strip-{index}", f"strip_{index}", len(cells["position"]), limit)
     page.strips.append({**vars(chart), "cells": cells})
     keys = " ".join(
         f'data-{name}="{int(sample[key])}"'
         for name, key in (("rollout-id", "rollout_id"), ("batch-position", "batch_position"))
     )
-    return f'<div class="strip" id="{chart.id}" data-run="{rh.cell(sample["run"])}" {keys}></div>'
+    return (
+        f'<div class="card strip-card"><p class="strip-label">{rh.cell(label)}</p>'
+        f'<div class="strip" id="{chart.id}" data-run="{rh.cell(sample["run"])}" {keys}></div>'
+        "</div>"
+    )

@@ -31,14 +31,20 @@ class Chart:
     spec: dict[str, Any]
     datasets: tuple[str, ...]
     renderer: str = "svg"
+    # A fixed-width chart (a facet, a strip) that the page narrows to its card, keeping this
+    # many pixels for axes; 0: the chart's width is its container's (or fixed).
+    fit: int = 0
+    aspect: bool = False  # when narrowed, the height shrinks alike (a strip's square cells)
 
 
 def _run_toggle() -> Any:
-    return alt.selection_point(fields=["run"], bind="legend", name="pick_run")
+    return alt.selection_point(fields=["run_label"], bind="legend", name="pick_run")
 
 
 def _run_color() -> alt.Color:
-    return alt.Color("run:N", title="run", scale=alt.Scale(scheme="tableau10"))
+    # `run_label`: the run's name, shortened where runs share a long prefix or suffix
+    # (report_html.short_runs); tooltips give the whole `run`.
+    return alt.Color("run_label:N", title="run", scale=alt.Scale(scheme="tableau10"))
 
 
 def _faded(toggle: Any) -> Any:
@@ -53,10 +59,18 @@ def _step_axis() -> alt.X:
     )
 
 
-def _finish(chart: Any, chart_id: str, datasets: Sequence[str], renderer: str = "svg") -> Chart:
+def _finish(
+    chart: Any,
+    chart_id: str,
+    datasets: Sequence[str],
+    renderer: str = "svg",
+    fit: int = 0,
+    aspect: bool = False,
+) -> Chart:
     # Not validated against the Vega-Lite schema on every build (~1.5 CPU-s on bench): the specs
     # are fixed by this module, and the browser test draws each of them.
-    return Chart(chart_id, chart.to_dict(validate=False), tuple(datasets), renderer)
+    spec = chart.to_dict(validate=False)
+    return Chart(chart_id, spec, tuple(datasets), renderer, fit, aspect)
 
 
 def threshold_rule(value: float, label: str) -> Any:
@@ -160,18 +174,25 @@ def position_heatmap(chart_id: str) -> Chart:
             x=alt.X("rollout_id:O", title="step"),
             y=alt.Y(
                 "positions:O",
-                title="response position (tokens, log2 buckets)",
+                title="position (log2 bins)",  # fits a panel's height
                 sort=alt.EncodingSortField("position_bucket", order="ascending"),
             ),
             color=alt.Color(
                 "mean_abs_lp_diff:Q", title="mean |δ| (nats)", scale=alt.Scale(scheme="viridis")
             ),
-            row=alt.Row("run:N", title="run"),
+            # Run names above each panel, left-aligned: beside it, long names took the width.
+            row=alt.Row(
+                "run_label:N",
+                title=None,
+                header=alt.Header(
+                    labelOrient="top", labelAngle=0, labelAlign="left", labelAnchor="start"
+                ),
+            ),
             tooltip=_breakdown_tooltip("positions", "positions"),
         )
         .properties(title="Mean |δ| by step and response position", width=640, height=160)
     )
-    return _finish(chart, chart_id, ["by_position"])
+    return _finish(chart, chart_id, ["by_position"], fit=110)
 
 
 def _breakdown_tooltip(field: str, title: str) -> list[alt.Tooltip]:
@@ -293,7 +314,7 @@ def top_tokens(chart_id: str, steps: Sequence[int]) -> Chart:
         .mark_bar()
         .encode(
             y=alt.Y("label:N", title="token", sort="-x"),
-            yOffset=alt.YOffset("run:N"),
+            yOffset=alt.YOffset("run_label:N"),
             x=alt.X("k3_share:Q", title="share of the step's k3 KL (fraction)"),
             color=_run_color(),
             opacity=_faded(toggle),
@@ -313,8 +334,9 @@ def top_tokens(chart_id: str, steps: Sequence[int]) -> Chart:
     return _finish(chart, chart_id, ["top_tokens"])
 
 
-def strip(chart_id: str, dataset: str, tokens: int, title: str, limit: float) -> Chart:
+def strip(chart_id: str, dataset: str, tokens: int, limit: float) -> Chart:
     """One sample's per-token strip: a cell per response token coloured by δ, masked grey.
+    Its label is the page's (HTML wraps on a narrow window, a chart title would not).
 
     `limit` (nats) bounds the colour scale to [-limit, limit], the same for every strip.
     """
@@ -354,6 +376,6 @@ def strip(chart_id: str, dataset: str, tokens: int, title: str, limit: float) ->
                 alt.Tooltip("state:N", title="loss"),
             ],
         )
-        .properties(title=title, width=width * CELL, height=rows * CELL)
+        .properties(width=width * CELL, height=rows * CELL)
     )
-    return _finish(chart, chart_id, [dataset], renderer="canvas")
+    return _finish(chart, chart_id, [dataset], renderer="canvas", fit=1, aspect=True)
