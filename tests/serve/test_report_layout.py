@@ -116,3 +116,24 @@ def test_no_title_is_drawn_over_another(layouts, width):
 def test_legends_show_what_tells_the_runs_apart(layouts):
     legends = [c["legend"] for c in layouts[420]["cards"] if c["id"] == "mean-abs"]
     assert legends == [["…bf16…", "…fp8…", "SMTM", "TM"]]
+
+
+def test_a_wider_window_draws_fitted_charts_wider_again(report, tmp_path):
+    """A strip fitted at 420 px is drawn at its full width after a resize to 1280 px, as wide
+    as on a page opened at 1280 px."""
+    widths = []
+    with _browser(tmp_path / "profile") as tools:
+        for width, load in ((420, True), (1280, False), (1280, True)):
+            tools.evaluate("document.documentElement.dataset.rendered = 'resizing'")
+            tools.send("Emulation.setDeviceMetricsOverride", width=width, height=900,
+                       deviceScaleFactor=1, mobile=False)  # fmt: skip
+            if load:
+                _open_offline(tools, report)
+            deadline = time.monotonic() + 120
+            while tools.evaluate("document.documentElement.dataset.rendered") != "done":
+                assert time.monotonic() < deadline, "the page did not redraw"
+                time.sleep(0.1)
+            widths.append(tools.evaluate(
+                "document.querySelector('#strip-0 canvas').getBoundingClientRect().width"))  # fmt: skip
+    fitted, resized, fresh = widths
+    assert fitted < 400 < resized == fresh

@@ -47,9 +47,10 @@
   }
 
   // A fixed-width chart (chart.fit > 0) is narrowed to its card (a strip's height alike).
+  // The card is measured, not the chart's element, which takes its drawn chart's width.
   function fitted(chart, element, spec) {
-    const style = getComputedStyle(element);
-    const room = element.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)
+    const card = element.parentElement, style = getComputedStyle(card);
+    const room = card.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)
       - chart.fit;
     if (!chart.fit || !spec.width || spec.width <= room || room < 60) return spec;
     const scale = room / spec.width;
