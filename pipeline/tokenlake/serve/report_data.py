@@ -1,7 +1,8 @@
 """What the report shows, read from the catalog's views (`tokenlake report`).
 
-Every number comes from a view under `sql/` or an audit under `sql/audits/`; this module only
-selects rows (runs, steps) and columns, so no statistic has a second implementation here. Only
+Every number comes from a view under `sql/` or an audit under `sql/audits/`; this module
+selects rows (runs, steps) and columns, and pools per-step rows over steps by their counts
+(Σ tokens · mean / Σ tokens), so no statistic has a second implementation here. Only
 aggregates leave the catalog, plus the tokens of the few worst samples for their strips.
 """
 

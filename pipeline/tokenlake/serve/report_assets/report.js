@@ -58,7 +58,7 @@
     return Object.assign(spec, { width: Math.floor(room), height });
   }
 
-  // Legends below the plot, one entry a line: beside it they ran past a card's edge.
+  // Legends below the plot: beside it they ran past a card's edge.
   const CONFIG = { background: null,
                    legend: { orient: "bottom", symbolDirection: "vertical", labelLimit: 300,
                              gradientDirection: "horizontal" } };
