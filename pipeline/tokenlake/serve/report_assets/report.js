@@ -59,9 +59,7 @@
   }
 
   // Legends below the plot: beside it they ran past a card's edge.
-  const CONFIG = { background: null,
-                   legend: { orient: "bottom", symbolDirection: "vertical", labelLimit: 300,
-                             gradientDirection: "horizontal" } };
+  const CONFIG = { background: null, legend: { orient: "bottom", labelLimit: 300 } };
 
   function embed(chart) {
     const element = document.getElementById(chart.id);
