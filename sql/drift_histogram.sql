@@ -1,10 +1,12 @@
 -- Histogram of delta = train - rollout log-prob per training step, with fixed bins.
 -- Grain: one row per (run, rollout_id, bin) for every step with a covered finite token; all
 --        102 bins are present (empty ones with tokens = 0), so steps line up for plotting.
--- Bins: width 0.002 nats over [-0.1, 0.1), plus two open tails. A token goes to bin
---   k = floor(delta * 500) computed in DOUBLE, clamped to [-51, 50]:
---   k = -51: (-inf, -0.1); -50 <= k <= 49: [k / 500, (k + 1) / 500); k = 50: [0.1, +inf).
--- Inputs: drift_tokens; macro clamp_to (sql/macros).
+-- Bins: 100 of width h / 50 over [-h, h), plus two open tails, with h =
+--   drift_settings.histogram_half_width (0.1 nats: bins of 0.002; `tokenlake report` sets it
+--   from the data's |delta| quantiles). A token goes to bin k = floor(delta * 50 / h) computed
+--   in DOUBLE, clamped to [-51, 50]:
+--   k = -51: (-inf, -h); -50 <= k <= 49: [k h / 50, (k + 1) h / 50); k = 50: [h, +inf).
+-- Inputs: drift_tokens, drift_settings (histogram_half_width); macro clamp_to (sql/macros).
 -- Columns:
 --   run                  VARCHAR  run name
 --   rollout_id           BIGINT   training step
@@ -22,9 +24,10 @@ counted AS MATERIALIZED (
     SELECT
         run,
         rollout_id,
-        clamp_to(FLOOR(lp_diff * 500.0), -51, 50)::INTEGER AS bin,
+        clamp_to(FLOOR(lp_diff * (50.0 / ds.histogram_half_width)), -51, 50)::INTEGER AS bin,
         COUNT(*) AS tokens
     FROM drift_tokens
+    CROSS JOIN drift_settings AS ds
     GROUP BY ALL
 ),
 steps AS (
@@ -49,11 +52,14 @@ SELECT
     run::VARCHAR AS run,
     rollout_id::BIGINT AS rollout_id,
     bin::INTEGER AS bin,
-    (CASE WHEN bin = -51 THEN '-inf'::DOUBLE ELSE bin / 500.0 END)::DOUBLE AS bin_low,
-    (CASE WHEN bin = 50 THEN 'inf'::DOUBLE ELSE (bin + 1) / 500.0 END)::DOUBLE AS bin_high,
+    (CASE WHEN bin = -51 THEN '-inf'::DOUBLE ELSE bin * (ds.histogram_half_width / 50.0) END)
+        ::DOUBLE AS bin_low,
+    (CASE WHEN bin = 50 THEN 'inf'::DOUBLE ELSE (bin + 1) * (ds.histogram_half_width / 50.0) END)
+        ::DOUBLE AS bin_high,
     tokens::BIGINT AS tokens,
     (tokens / step_tokens)::DOUBLE AS fraction,
     (SUM(tokens) OVER (PARTITION BY run, rollout_id ORDER BY bin) / step_tokens)::DOUBLE
         AS cumulative_fraction
 FROM filled
+CROSS JOIN drift_settings AS ds
 ORDER BY run, rollout_id, bin

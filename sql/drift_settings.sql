@@ -21,6 +21,8 @@
 --                                         nats)
 --   k3_clamp                     DOUBLE   |k3| clamp of the SMTM k3, as miles logs it (10)
 --   outliers_per_step            BIGINT   tokens kept per step by drift_outliers (20)
+--   histogram_half_width         DOUBLE   drift_histogram's bins cover [-this, this) in 100 bins
+--                                         (0.1 nats; the report sets it from the data)
 --   abs_lp_diff_limit            DOUBLE   audit large_lp_diff: |delta| at or above this (20, nats)
 --   alarm_mean_abs_lp_diff_smtm  DOUBLE   drift_alarms: mean |delta| SMTM above this (0.1, nats;
 --                                         slime's CI gate on train_rollout_logprob_abs_diff)
@@ -53,6 +55,7 @@ SELECT
     20.0::DOUBLE AS log_ratio_clamp,
     10.0::DOUBLE AS k3_clamp,
     20::BIGINT AS outliers_per_step,
+    0.1::DOUBLE AS histogram_half_width,
     20.0::DOUBLE AS abs_lp_diff_limit,
     0.1::DOUBLE AS alarm_mean_abs_lp_diff_smtm,
     0.01::DOUBLE AS alarm_k3_kl,

@@ -28,7 +28,7 @@ from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve.query import run_query
 from tokenlake.serve.report import build_report
 
-SECTIONS = ["runs", "audits", "reward", "drift", "where", "worst"]
+SECTIONS = ["summary", "runs", "audits", "reward", "drift", "where", "worst"]
 
 
 def _invoke(*args: str):
@@ -300,9 +300,11 @@ def test_run_and_steps_select_what_every_section_reads(two_runs, tmp_path):
     assert summary.runs == ("example",)
     payload = _payload((tmp_path / "r.html").read_text())
     keys = {
-        (row["run"], row["rollout_id"]) for rows in payload["datasets"].values() for row in rows
+        (row["run"], row.get("step", str(row["rollout_id"])))
+        for rows in payload["datasets"].values()
+        for row in rows
     }
-    assert keys == {("example", 1)}
+    assert keys == {("example", "1"), ("example", "all")}  # "all": the step 1 rows pooled
     text = (tmp_path / "r.html").read_text()
     strips = re.findall(
         r'class="strip" id="[^"]+" data-run="([^"]+)" data-rollout-id="(\d+)"', text

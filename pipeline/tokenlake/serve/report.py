@@ -2,12 +2,13 @@
 
 Reads the catalog's views only (`tokenlake.serve.report_data`), draws with Vega-Lite specs built by
 altair (`tokenlake.serve.report_charts`) and writes one file that inlines every script and style
-(`tokenlake.serve.report_html`). Sections, in order: runs, audits, reward health per step, drift per
+(`tokenlake.serve.report_html`). Sections, in order: a per-run summary, runs, audits, reward health per step, drift per
 step, where the drift is, worst tokens and samples.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from tokenlake.steps import StepSelection, as_selection
 from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.store.local import atomic_write
+from tokenlake.terminal import plural
 
 WORST_SAMPLES = 10  # samples with a per-token strip, per run
 TOP_TOKENS = 10  # tokens per step in "Top drifting tokens"
@@ -140,14 +142,16 @@ def _collect(
         rd.restrict(con, sel)
         rd.cache_views(con)
         page = _Page(sel)
+        page.sections.append(_summary_section(rd.run_summary(con, sel)))
         page.sections.append(_runs_section(rd.runs_overview(con, sel)))
         page.sections.append(_audits_section(rd.audits(con, sel)))
         page.datasets.update(rd.step_datasets(con, sel))
         limits = rd.settings(con)
         page.sections.append(_reward_section(page, limits))
         page.sections.append(_drift_section(page, limits))
+        half_width = rd.fit_histogram(con, sel)
         page.datasets.update(rd.breakdown_datasets(con, sel))
-        page.sections.append(_where_section(page))
+        page.sections.append(_where_section(page, half_width))
         page.datasets.update(rd.worst_tokens(con, sel, TOP_TOKENS))
         samples = rd.worst_samples(con, sel, worst)
         page.sections.append(_worst_section(page, rd.strip_tokens(con, samples)))
@@ -180,20 +184,55 @@ def _ranges(ranges: Sequence[tuple[int, int]]) -> str:
 
 def _payload(page: _Page) -> dict[str, Any]:
     used = {name for chart in page.charts for name in chart.datasets}
+    labels = rh.short_runs(page.sel.runs)  # what legends show: `run` stays whole for tooltips
+    datasets = {
+        name: [{**row, "run_label": labels.get(row["run"], row["run"])} for row in rows]
+        for name, rows in page.datasets.items()
+        if name in used
+    }
     return {
-        "datasets": {name: rows for name, rows in page.datasets.items() if name in used},
+        "datasets": datasets,
         "charts": [vars(chart) for chart in page.charts],
         "strips": page.strips,
     }
+
+
+# The summary table's columns: (heading, `run_summary` column).
+SUMMARY_COLUMNS = (
+    ("run", "run"),
+    ("tokens", "tokens"),
+    ("mean |δ| (nats)", "mean_abs_lp_diff"),
+    ("k3 KL (nats)", "k3_kl"),
+    ("lowest ESS", "ess_min"),
+    ("at step", "ess_min_step"),
+    ("reward mean", "reward_mean"),
+    ("eval reward mean", "eval_reward_mean"),
+)
+SUMMARY_NOTE = (
+    "Over every selected training step: mean |δ| and k3 KL are means over all the steps'"
+    " loss-covered tokens (each step's mean weighted by its tokens), ESS is the lowest step's,"
+    " rewards are means over all selected samples (training raw reward, eval reward)."
+)
+
+
+def _summary_section(rows: rd.Rows) -> str:
+    title = "1. Summary"
+    if not rows:
+        return rh.section("summary", title, [rh.note("The lake has no runs yet.")])
+    table = rh.table(
+        [heading for heading, _ in SUMMARY_COLUMNS],
+        [[row[column] for _, column in SUMMARY_COLUMNS] for row in rows],
+    )
+    return rh.section("summary", title, [table, rh.note(SUMMARY_NOTE)])
 
 
 def _runs_section(rows: rd.Rows) -> str:
     columns = ["run", "steps", "eval_steps", "samples", "tokens", "source_dir", "extracted_at",
                "tool", "schema_version"]  # fmt: skip
     if not rows:
-        return rh.section("runs", "1. Runs", [rh.note("The lake has no runs yet.")])
+        return rh.section("runs", "2. Runs", [rh.note("The lake has no runs yet.")])
     body = [rh.table(columns, [[row[c] for c in columns] for row in rows])]
-    return rh.section("runs", "1. Runs", body)
+    return rh.section("runs", "2. Runs", body)
 
 
 # How an audit that returned rows is shown, by its severity (as `tokenlake audit` labels it).
@@ -223,7 +262,7 @@ def _audits_section(results: list[rd.AuditSection]) -> str:
             body.append(rh.table(result.columns, result.rows))
             if result.count > len(result.rows):
                 body.append(rh.note(f"First {len(result.rows)} of {result.count:,} rows."))
-    return rh.section("audits", "2. Audits", body)
+    return rh.section("audits", "3. Audits", body)
 
 
 def _has(rows: rd.Rows, column: str) -> bool:
@@ -238,9 +277,41 @@ def _per_step(page: _Page, chart_id: str, dataset: str, fields: dict[str, str],
     if threshold is not None and _off_scale(page.datasets[dataset], fields, threshold[0]):
         # A rule far above every value would flatten the lines to the axis: it is named, not drawn.
         title, threshold = f"{title} (alarm at {threshold[0]:.4g}, far above)", None
+    rule = threshold[0] if threshold else None
+    domain = _flat_domain(_values(page.datasets[dataset], fields), kwargs.get("baseline"), rule)
     return page.chart(
-        rc.per_step(chart_id, dataset, fields, title, unit, threshold=threshold, **kwargs)
+        rc.per_step(
+            chart_id, dataset, fields, title, unit, threshold=threshold, domain=domain, **kwargs
+        )  # fmt: skip
     )
+
+
+def _values(rows: rd.Rows, fields: dict[str, str]) -> list[float]:
+    return [row[name] for row in rows for name in fields if row.get(name) is not None]
+
+
+def _flat_domain(
+    values: list[float], baseline: float | None, rule: float | None
+) -> tuple[float, float] | None:
+    """A y domain for values that are all equal (one eval step, a fraction that stays 0), which
+    an axis fitted to them would collapse to a point: from the baseline (default zero) to the
+    value, the alarm rule included; one unit wide when that is a point. None when they differ.
+
+    Examples:
+        >>> _flat_domain([0.4375], None, None)
+        (0.0, 0.4375)
+        >>> _flat_domain([0.0, 0.0], 0, 0.2)
+        (0.0, 0.2)
+        >>> _flat_domain([1.0], 1, None)
+        (1.0, 2.0)
+        >>> _flat_domain([0.1, 0.2], None, None) is None
+        True
+    """
+    if len(set(values)) != 1:
+        return None
+    ends = [float(baseline or 0), values[0], *([] if rule is None else [rule])]
+    low, high = min(ends), max(ends)
+    return (low, high) if high > low else (low, low + 1.0)
 
 
 # An alarm rule more than this many times the largest value is left out of the chart's scale.
@@ -270,7 +341,7 @@ def _single_step_note(rows: rd.Rows) -> list[str]:
 def _reward_section(page: _Page, limits: dict[str, Any]) -> str:
     rows = page.datasets["step_stats"]
     if not rows:
-        return rh.section("reward", "3. Reward health per step", [rh.note("No training steps.")])
+        return rh.section("reward", "4. Reward health per step", [rh.note("No training steps.")])
     charts = [
         _per_step(page, "reward-mean", "step_stats", {"reward_mean": "mean"}, "Reward mean", "reward"),
         _per_step(page, "reward-std", "step_stats", {"reward_std": "std"}, "Reward std", "reward"),
@@ -297,41 +368,102 @@ def _reward_section(page: _Page, limits: dict[str, Any]) -> str:
     else:
         charts.append(rh.note("Eval reward: no eval files in the selected runs and steps."))
     body = _single_step_note(rows) + ['<div class="grid">', *charts, "</div>"]
-    return rh.section("reward", "3. Reward health per step", body)
+    return rh.section("reward", "4. Reward health per step", body)
 
 
 def _drift_section(page: _Page, limits: dict[str, Any]) -> str:
     rows = page.datasets["drift_steps"]
     if not _has(rows, "mean_abs_lp_diff_tm"):
         note = rh.note("No loss-covered token with both log-probs: the dump has no drift data.")
-        return rh.section("drift", "4. Drift per step", [note])
-    rules = rd.REJECTION_RULES
+        return rh.section("drift", "5. Drift per step", [note])
     charts = [
         _per_step(page, "mean-abs", "drift_steps",
                   {"mean_abs_lp_diff_tm": "TM", "mean_abs_lp_diff_smtm": "SMTM"}, "Mean |δ|",
-                  "nats", threshold=(limits["alarm_mean_abs_lp_diff_smtm"], "alarm (SMTM)")),
-        _per_step(page, "p99", "drift_steps", {"p99_abs_lp_diff": "p99"}, "p99 |δ|", "nats"),
+                  "nats", threshold=(limits["alarm_mean_abs_lp_diff_smtm"], "alarm (SMTM)"),
+                  baseline=0),
+        _per_step(page, "p99", "drift_steps", {"p99_abs_lp_diff": "p99"}, "p99 |δ|", "nats",
+                  baseline=0),
         _per_step(page, "k3", "drift_steps", {"k3_kl": "TM", "k3_kl_smtm": "SMTM"}, "k3 KL",
-                  "nats", threshold=(limits["alarm_k3_kl"], "alarm (TM)")),
-        _per_step(page, "chi2", "drift_steps", {"chi2_token": "token", "chi2_seq": "sequence"},
-                  "χ²", "ratio"),
+                  "nats", threshold=(limits["alarm_k3_kl"], "alarm (TM)"), baseline=0),
+        # Sequence χ² reaches 1e15 where token χ² is below 1: never one axis for both.
+        _per_step(page, "chi2-token", "drift_steps", {"chi2_token": "token"}, "Token χ²",
+                  "ratio", baseline=0),
+        _per_step(page, "chi2-seq", "drift_steps", {"chi2_seq": "sequence"},
+                  "Sequence χ² (symlog scale)", "ratio", baseline=0, scale="symlog"),
         _per_step(page, "ess", "drift_steps", {"ess": "ESS"}, "Effective sample size",
-                  "fraction", threshold=(limits["alarm_ess_min"], "alarm (min)")),
+                  "fraction", threshold=(limits["alarm_ess_min"], "alarm (min)"), baseline=0),
+        # exp(|δ|) is 1 without drift: the axis starts there.
         _per_step(page, "mult-prob", "drift_steps", {"mult_prob_error": "TM"},
                   "Mean exp(|δ|)", "ratio",
-                  threshold=(limits["alarm_mult_prob_error"], "alarm")),
-        _per_step(page, "reject-token", "drift_steps",
-                  {f"{r}_token_frac": r for r in rules}, "Rejected tokens", "fraction"),
-        _per_step(page, "reject-seq", "drift_steps",
-                  {f"{r}_seq_frac": r for r in rules}, "Rejected samples", "fraction"),
+                  threshold=(limits["alarm_mult_prob_error"], "alarm"), baseline=1),
     ]  # fmt: skip
     body = _single_step_note(rows) + ['<div class="grid">', *charts, "</div>"]
-    return rh.section("drift", "4. Drift per step", body)
+    return rh.section("drift", "5. Drift per step", body + _rejection_charts(page, limits))
 
 
-def _where_section(page: _Page) -> str:
+# What each rejection rule of drift_steps removes, with the drift_settings it reads.
+REJECTION_TEXT = {
+    "veto": "a sample with any token r < {veto_min_ratio:g}",
+    "outlier": "a token with r outside [{outlier_min_ratio:g}, {outlier_max_ratio:g}]",
+    "geo_reject": "a sample with exp(mean δ) outside [{geo_band_low:g}, {geo_band_high:g}]",
+    "seq_ratio_reject": "a sample with exp(Σδ) outside [{seq_ratio_low:g}, {seq_ratio_high:g}]",
+    "icepop": "a token with r outside [{icepop_low:g}, {icepop_high:g}]",
+}
+GEO_NOTE = (
+    "geo_reject's band is tight by design: a sample's mean δ must stay within about ±{:.2g}"
+    " nats, so under ordinary bf16 noise many samples leave it; a high fraction alone is not"
+    " an alarm."
+)
+
+
+def _rejection_charts(page: _Page, limits: dict[str, Any]) -> list[str]:
+    """One small chart per rejection rule (tokens and samples it removes), each titled by its
+    rule, after a line per rule saying what it rejects."""
+    lines = [f"{rule}: rejects {REJECTION_TEXT[rule].format(**limits)}." for rule in
+             rd.REJECTION_RULES]  # fmt: skip
+    band = max(abs(math.log(limits["geo_band_low"])), abs(math.log(limits["geo_band_high"])))
+    charts = [
+        _per_step(page, f"reject-{rule.replace('_', '-')}", "drift_steps",
+                  {f"{rule}_token_frac": "tokens", f"{rule}_seq_frac": "samples"},
+                  f"Rejected by {rule}", "fraction", baseline=0)
+        for rule in rd.REJECTION_RULES
+    ]  # fmt: skip
+    return [
+        "<h3>Rejected tokens and samples, by rule</h3>",
+        '<ul class="rules">', *(f"<li>{rh.cell(line)}</li>" for line in lines), "</ul>",
+        rh.note(GEO_NOTE.format(band)),
+        '<div class="grid small">', *charts, "</div>",
+    ]  # fmt: skip
+
+
+def _outside(rows: rd.Rows, half_width: float, runs: Sequence[str]) -> list[str]:
+    """The histogram's subtitle: per run, the tokens of all the steps beyond ± `half_width`,
+    in its end bins; runs by their legend labels (`report_html.short_runs`), lines short
+    enough for a phone-width chart.
+
+    Examples:
+        >>> rows = [{"run": "a", "step": "all", "bin": -51, "tokens": 2},
+        ...         {"run": "a", "step": "all", "bin": 0, "tokens": 1998},
+        ...         {"run": "a", "step": "0", "bin": 0, "tokens": 1998}]
+        >>> _outside(rows, 0.05, ["a"])
+        ['Beyond ±0.05 nats (the end bins), all steps:', 'a: 2 of 2,000 tokens (0.1 %)']
+    """
+    totals: dict[str, list[int]] = {}
+    for row in rows:
+        if row["step"] == rd.ALL_STEPS:
+            counts = totals.setdefault(row["run"], [0, 0])
+            counts[0] += row["tokens"] if row["bin"] in rd.TAIL_BINS else 0
+            counts[1] += row["tokens"]
+    labels = rh.short_runs(runs)
+    return [f"Beyond ±{half_width:g} nats (the end bins), all steps:"] + [
+        f"{labels.get(run, run)}: {tail:,} of {plural(total, 'token')} ({100 * tail / total:.3g} %)"
+        for run, (tail, total) in totals.items()
+    ]
+
+
+def _where_section(page: _Page, half_width: float) -> str:
     data = page.datasets
-    title = "5. Where the drift is"
+    title = "6. Where the drift is"
     if not data["by_position"]:
         return rh.section("where", title, [rh.note("No loss-covered token with both log-probs.")])
     steps = [row["rollout_id"] for row in data["by_position"]]
@@ -360,12 +492,13 @@ def _where_section(page: _Page) -> str:
             "by-token-staleness", "by_token_staleness", steps,
             ("token_staleness", "token staleness (steps behind the weights that generated it)",
              None), "Mean |δ| by token staleness")))  # fmt: skip
-    body += [page.chart(rc.histogram("histogram", steps)), "</div>"]
+    outside = _outside(data["histogram"], half_width, page.sel.runs)
+    body += [page.chart(rc.histogram("histogram", steps, half_width, outside)), "</div>"]
     return rh.section("where", title, body)
 
 
 def _worst_section(page: _Page, strips: list[dict[str, Any]]) -> str:
-    title = "6. Worst tokens and samples"
+    title = "7. Worst tokens and samples"
     data = page.datasets
     if not data["top_tokens"]:
         return rh.section("worst", title, [rh.note("No loss-covered token with both log-probs.")])
@@ -374,7 +507,10 @@ def _worst_section(page: _Page, strips: list[dict[str, Any]]) -> str:
         '<div class="wide">',
         page.chart(rc.top_tokens("top-tokens", steps)),
         "</div>",
-        "<h3>Worst samples by mean |δ|</h3>",
+        "<h3>Worst samples by share of their step's Σ|δ|</h3>",
+        "<p>A sample's share is its tokens × mean |δ| over the sum of that over its step's"
+        " samples: where the step's drift is, so a 1-token sample with a large |δ| does not"
+        " lead.</p>",
         "<p>One cell per response token, coloured by δ (blue below 0, red above);"
         ' <span class="legend-grey"></span> grey cells are masked (loss mask 0) or have no'
         " finite log-prob pair. Rows of 100 tokens.</p>",
@@ -386,16 +522,32 @@ def _worst_section(page: _Page, strips: list[dict[str, Any]]) -> str:
     return rh.section("worst", title, body)
 
 
+def _percent(share: float | None) -> str:
+    """A share as a percentage for a label.
+
+    Examples:
+        >>> [_percent(0.0321), _percent(1.0), _percent(None)]
+        ['3.21 %', '100 %', '— %']
+    """
+    return "— %" if share is None else f"{100 * share:.3g} %"
+
+
 def _strip(page: _Page, index: int, sample: dict[str, Any], limit: float) -> str:
     cells = sample["cells"]
     label = (
         f"{sample['run']} · step {sample['rollout_id']} · sample {sample['sample_index']}"
-        f" · mean |δ| {sample['mean_abs_lp_diff']:.4g} nats · {len(cells['position'])} tokens"
+        f" · {_percent(sample['abs_share'])} of the step's Σ|δ|"
+        f" · mean |δ| {sample['mean_abs_lp_diff']:.4g} nats over"
+        f" {plural(sample['tokens'], 'token')} · {plural(len(cells['position']), 'response token')}"
     )
-    chart = rc.strip(f"strip-{index}", f"strip_{index}", len(cells["position"]), label, limit)
+    chart = rc.strip(f"strip-{index}", f"strip_{index}", len(cells["position"]), limit)
     page.strips.append({**vars(chart), "cells": cells})
     keys = " ".join(
         f'data-{name}="{int(sample[key])}"'
         for name, key in (("rollout-id", "rollout_id"), ("batch-position", "batch_position"))
     )
-    return f'<div class="strip" id="{chart.id}" data-run="{rh.cell(sample["run"])}" {keys}></div>'
+    return (
+        f'<div class="card strip-card"><p class="strip-label">{rh.cell(label)}</p>'
+        f'<div class="strip" id="{chart.id}" data-run="{rh.cell(sample["run"])}" {keys}></div>'
+        "</div>"
+    )

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import altair as alt
+
+from tokenlake.serve.report_data import ALL_STEPS
+
+ScaleType = Literal["linear", "symlog"]  # y scales of the per-step charts
 
 GREY = "#9a9a9a"
 ALARM = "#d62728"
@@ -27,14 +31,20 @@ class Chart:
     spec: dict[str, Any]
     datasets: tuple[str, ...]
     renderer: str = "svg"
+    # A fixed-width chart (a facet, a strip) that the page narrows to its card, keeping this
+    # many pixels for axes; 0: the chart's width is its container's (or fixed).
+    fit: int = 0
+    aspect: bool = False  # when narrowed, the height shrinks alike (a strip's square cells)
 
 
 def _run_toggle() -> Any:
-    return alt.selection_point(fields=["run"], bind="legend", name="pick_run")
+    return alt.selection_point(fields=["run_label"], bind="legend", name="pick_run")
 
 
 def _run_color() -> alt.Color:
-    return alt.Color("run:N", title="run", scale=alt.Scale(scheme="tableau10"))
+    # `run_label`: the run's name, shortened where runs share a long prefix or suffix
+    # (report_html.short_runs); tooltips give the whole `run`.
+    return alt.Color("run_label:N", title="run", scale=alt.Scale(scheme="tableau10"))
 
 
 def _faded(toggle: Any) -> Any:
@@ -49,10 +59,18 @@ def _step_axis() -> alt.X:
     )
 
 
-def _finish(chart: Any, chart_id: str, datasets: Sequence[str], renderer: str = "svg") -> Chart:
+def _finish(
+    chart: Any,
+    chart_id: str,
+    datasets: Sequence[str],
+    renderer: str = "svg",
+    fit: int = 0,
+    aspect: bool = False,
+) -> Chart:
     # Not validated against the Vega-Lite schema on every build (~1.5 CPU-s on bench): the specs
     # are fixed by this module, and the browser test draws each of them.
-    return Chart(chart_id, chart.to_dict(validate=False), tuple(datasets), renderer)
+    spec = chart.to_dict(validate=False)
+    return Chart(chart_id, spec, tuple(datasets), renderer, fit, aspect)
 
 
 def threshold_rule(value: float, label: str) -> Any:
@@ -74,9 +92,15 @@ def per_step(
     title: str,
     unit: str,
     threshold: tuple[float, str] | None = None,
-    log: bool = False,
+    scale: ScaleType = "linear",
+    baseline: float | None = None,
+    domain: tuple[float, float] | None = None,
 ) -> Chart:
     """Line chart of one or more columns per step; several columns differ by dash.
+
+    A series (run × column) of a single point carries its value as a label beside the point,
+    and an axis whose values are all equal is given a `domain` around them, so one eval step
+    reads as its value.
 
     Args:
         chart_id: Element id on the page.
@@ -85,20 +109,27 @@ def per_step(
         title: Chart title.
         unit: Unit shown on the y axis, e.g. "nats".
         threshold: (value, label) of an alarm rule, or None.
-        log: Log-scale y axis.
+        scale: y scale type: "linear", or "symlog" for values spanning decades (0 allowed).
+        baseline: The value the y axis starts from (0 for a drift size, 1 for a ratio), or
+            None to fit the values.
+        domain: A fixed y domain (for values that are all equal), or None.
     """
     toggle = _run_toggle()
     base = alt.Chart(alt.NamedData(dataset)).transform_fold(list(fields), as_=["column", "value"])
-    base = base.transform_calculate(measure=_label_expression(fields)).transform_filter(
-        "isValid(datum.value) && (!" + str(log).lower() + " || datum.value > 0)"
+    base = (
+        base.transform_calculate(measure=_label_expression(fields))
+        .transform_filter("isValid(datum.value) && isFinite(datum.value)")
+        .transform_joinaggregate(points="count()", groupby=["run", "measure"])
     )
+    if domain is not None:
+        y_scale = alt.Scale(type=scale, domain=list(domain))
+    elif baseline is None or baseline == 0:
+        y_scale = alt.Scale(type=scale, zero=baseline == 0)
+    else:
+        y_scale = alt.Scale(type=scale, domainMin=baseline)
     encoding: dict[str, Any] = {
         "x": _step_axis(),
-        "y": alt.Y(
-            "value:Q",
-            title=f"{title} ({unit})",
-            scale=alt.Scale(type="log" if log else "linear", zero=False),
-        ),
+        "y": alt.Y("value:Q", title=f"{title} ({unit})", scale=y_scale),
         "color": _run_color(),
         "opacity": _faded(toggle),
         "tooltip": [
@@ -111,7 +142,18 @@ def per_step(
     if len(fields) > 1:
         encoding["strokeDash"] = alt.StrokeDash("measure:N", title="metric")
     line = base.mark_line(point=True).encode(**encoding).add_params(toggle)
-    layers = [line, threshold_rule(*threshold)] if threshold else [line]
+    lone = (
+        base.transform_filter("datum.points === 1")
+        .mark_text(align="left", dx=7, fontWeight="bold")
+        .encode(
+            x="rollout_id:Q",
+            y="value:Q",
+            text=alt.Text("value:Q", format=".4~g"),
+            color=_run_color(),
+            opacity=_faded(toggle),
+        )
+    )
+    layers = [line, lone, threshold_rule(*threshold)] if threshold else [line, lone]
     chart = alt.layer(*layers).properties(title=title, width="container", height=200)
     return _finish(chart, chart_id, [dataset])
 
@@ -132,24 +174,31 @@ def position_heatmap(chart_id: str) -> Chart:
             x=alt.X("rollout_id:O", title="step"),
             y=alt.Y(
                 "positions:O",
-                title="response position (tokens, log2 buckets)",
+                title="position (log2 bins)",  # fits a panel's height
                 sort=alt.EncodingSortField("position_bucket", order="ascending"),
             ),
             color=alt.Color(
                 "mean_abs_lp_diff:Q", title="mean |δ| (nats)", scale=alt.Scale(scheme="viridis")
             ),
-            row=alt.Row("run:N", title="run"),
+            # Run names above each panel, left-aligned: beside it, long names took the width.
+            row=alt.Row(
+                "run_label:N",
+                title=None,
+                header=alt.Header(
+                    labelOrient="top", labelAngle=0, labelAlign="left", labelAnchor="start"
+                ),
+            ),
             tooltip=_breakdown_tooltip("positions", "positions"),
         )
         .properties(title="Mean |δ| by step and response position", width=640, height=160)
     )
-    return _finish(chart, chart_id, ["by_position"])
+    return _finish(chart, chart_id, ["by_position"], fit=110)
 
 
 def _breakdown_tooltip(field: str, title: str) -> list[alt.Tooltip]:
     return [
         alt.Tooltip("run:N"),
-        alt.Tooltip("rollout_id:Q", title="step"),
+        alt.Tooltip("step:N", title="step"),
         alt.Tooltip(f"{field}:N", title=title),
         alt.Tooltip("tokens:Q", title="tokens", format=","),
         alt.Tooltip("mean_abs_lp_diff:Q", title="mean |δ| (nats)", format=".4~g"),
@@ -158,12 +207,20 @@ def _breakdown_tooltip(field: str, title: str) -> list[alt.Tooltip]:
     ]
 
 
-def _step_selector(steps: Sequence[int]) -> Any:
-    options = sorted(set(steps))
+LATEST = "latest"  # each run's own latest step
+
+
+def _step_selector(steps: Sequence[int], first: str = ALL_STEPS) -> Any:
+    """A step picker over the rows' text `step`; `first` (all steps pooled, or each run's
+    latest) is the default, so no run is hidden by a step it lacks."""
+    options = [first, *(str(step) for step in sorted(set(steps)))]
+    labels = {ALL_STEPS: "all steps", LATEST: "each run's latest"}
     return alt.param(
         name="step",
-        value=options[-1],
-        bind=alt.binding_select(options=options, name="step "),
+        value=first,
+        bind=alt.binding_select(
+            options=options, labels=[labels.get(o, f"step {o}") for o in options], name="step "
+        ),
     )
 
 
@@ -189,7 +246,7 @@ def by_step_selected(
     chart = (
         alt.Chart(alt.NamedData(dataset))
         .transform_filter(filter_expr)
-        .transform_filter(alt.datum.rollout_id == step)
+        .transform_filter(alt.datum.step == step)
         .mark_line(point=True)
         .encode(
             x=alt.X(f"{field}:O", title=x_title, sort=sort),
@@ -205,16 +262,25 @@ def by_step_selected(
     return _finish(chart, chart_id, [dataset])
 
 
-def histogram(chart_id: str, steps: Sequence[int]) -> Chart:
-    """|δ| distribution of the picked step, a step line per run, log-scale fraction."""
+def histogram(
+    chart_id: str, steps: Sequence[int], half_width: float, outside: Sequence[str]
+) -> Chart:
+    """δ distribution of the picked step, a step line per run, log-scale fraction.
+
+    The bins cover ± `half_width` (nats, from the data); `outside` (one line per run: how many
+    tokens lie beyond, in the two end bins) is the chart's subtitle.
+    """
     toggle = _run_toggle()
     step = _step_selector(steps)
     chart = (
         alt.Chart(alt.NamedData("histogram"))
-        .transform_filter(alt.datum.rollout_id == step)
+        .transform_filter(alt.datum.step == step)
         .mark_line(interpolate="step-after", point=alt.OverlayMarkDef(size=12))
         .encode(
-            x=alt.X("x_low:Q", title="δ = train − rollout log-prob (nats, bins of 0.002)"),
+            x=alt.X(
+                "x_low:Q",
+                title=f"δ = train − rollout log-prob (nats, bins of {half_width / 50:.3g})",
+            ),
             y=alt.Y(
                 "fraction:Q", title="fraction of the step's tokens", scale=alt.Scale(type="log")
             ),
@@ -222,14 +288,18 @@ def histogram(chart_id: str, steps: Sequence[int]) -> Chart:
             opacity=_faded(toggle),
             tooltip=[
                 alt.Tooltip("run:N"),
-                alt.Tooltip("rollout_id:Q", title="step"),
+                alt.Tooltip("step:N", title="step"),
                 alt.Tooltip("label:N", title="δ bin (nats)"),
                 alt.Tooltip("tokens:Q", format=","),
                 alt.Tooltip("fraction:Q", format=".3~%"),
             ],
         )
         .add_params(toggle, step)
-        .properties(title="Histogram of δ (log scale)", width="container", height=240)
+        .properties(
+            title=alt.TitleParams("Histogram of δ (log scale)", subtitle=list(outside)),
+            width="container",
+            height=240,
+        )
     )
     return _finish(chart, chart_id, ["histogram"])
 
@@ -237,14 +307,14 @@ def histogram(chart_id: str, steps: Sequence[int]) -> Chart:
 def top_tokens(chart_id: str, steps: Sequence[int]) -> Chart:
     """The tokens carrying most of the picked step's k3, one bar per run."""
     toggle = _run_toggle()
-    step = _step_selector(steps)
+    step = _step_selector(steps, LATEST)
     chart = (
         alt.Chart(alt.NamedData("top_tokens"))
-        .transform_filter(alt.datum.rollout_id == step)
+        .transform_filter(f"{step.name} === '{LATEST}' ? datum.latest : datum.step === {step.name}")
         .mark_bar()
         .encode(
             y=alt.Y("label:N", title="token", sort="-x"),
-            yOffset=alt.YOffset("run:N"),
+            yOffset=alt.YOffset("run_label:N"),
             x=alt.X("k3_share:Q", title="share of the step's k3 KL (fraction)"),
             color=_run_color(),
             opacity=_faded(toggle),
@@ -264,8 +334,9 @@ def top_tokens(chart_id: str, steps: Sequence[int]) -> Chart:
     return _finish(chart, chart_id, ["top_tokens"])
 
 
-def strip(chart_id: str, dataset: str, tokens: int, title: str, limit: float) -> Chart:
+def strip(chart_id: str, dataset: str, tokens: int, limit: float) -> Chart:
     """One sample's per-token strip: a cell per response token coloured by δ, masked grey.
+    Its label is the page's (HTML wraps on a narrow window, a chart title would not).
 
     `limit` (nats) bounds the colour scale to [-limit, limit], the same for every strip.
     """
@@ -305,6 +376,6 @@ def strip(chart_id: str, dataset: str, tokens: int, title: str, limit: float) ->
                 alt.Tooltip("state:N", title="loss"),
             ],
         )
-        .properties(title=title, width=width * CELL, height=rows * CELL)
+        .properties(width=width * CELL, height=rows * CELL)
     )
-    return _finish(chart, chart_id, [dataset], renderer="canvas")
+    return _finish(chart, chart_id, [dataset], renderer="canvas", fit=1, aspect=True)

@@ -1,7 +1,8 @@
 """What the report shows, read from the catalog's views (`tokenlake report`).
 
-Every number comes from a view under `sql/` or an audit under `sql/audits/`; this module only
-selects rows (runs, steps) and columns, so no statistic has a second implementation here. Only
+Every number comes from a view under `sql/` or an audit under `sql/audits/`; this module
+selects rows (runs, steps) and columns, and pools per-step rows over steps by their counts
+(Σ tokens · mean / Σ tokens), so no statistic has a second implementation here. Only
 aggregates leave the catalog, plus the tokens of the few worst samples for their strips.
 """
 
@@ -139,6 +140,12 @@ def require_selected_steps(con: duckdb.DuckDBPyConnection, sel: Selection, text:
         )
 
 
+def _catalog(con: duckdb.DuckDBPyConnection) -> str:
+    """The catalog database's quoted name, to reach its views under the TEMP ones."""
+    database = con.sql("SELECT current_database()").fetchall()[0][0]
+    return '"' + database.replace('"', '""') + '"'
+
+
 def restrict(con: duckdb.DuckDBPyConnection, sel: Selection) -> None:
     """Shadow the base views `tokens` and `samples` with TEMP views of the selection only.
 
@@ -147,9 +154,8 @@ def restrict(con: duckdb.DuckDBPyConnection, sel: Selection) -> None:
     pushing a filter on `rollout_id` down to the files. This is the mechanism `drift_settings`
     overrides use (docs/drift.md): the temp schema is searched first.
     """
-    database = con.sql("SELECT current_database()").fetchall()[0][0]
     for table in (schema.TOKENS, schema.SAMPLES):
-        source = f'"{database.replace(chr(34), chr(34) * 2)}".main.{table}'
+        source = f"{_catalog(con)}.main.{table}"
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM {source} WHERE {sel.where()}"
         )
@@ -164,10 +170,10 @@ CACHED_VIEWS = ("sample_stats", "group_stats", "step_stats", "drift_samples", "d
 
 def cache_views(con: duckdb.DuckDBPyConnection) -> None:
     """Compute `CACHED_VIEWS` once over the selection (after `restrict`): same SQL, same rows."""
-    database = con.sql("SELECT current_database()").fetchall()[0][0]
-    quoted = f'"{database.replace(chr(34), chr(34) * 2)}"'
     for name in CACHED_VIEWS:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {quoted}.main.{name}")
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {_catalog(con)}.main.{name}"
+        )
 
 
 def runs_overview(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
@@ -188,6 +194,41 @@ def runs_overview(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
             r.source_dir, r.extracted_at, r.tool, r.schema_version
         FROM runs AS r LEFT JOIN s USING (run) LEFT JOIN t USING (run)
         WHERE {sel.where(steps=False, alias="r")} ORDER BY r.run
+        """,
+    )
+
+
+def run_summary(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
+    """One row per run over the whole selection, pooled exactly from the per-step views.
+
+    `drift_steps`' token means (TM |δ|, k3) are weighted back into sums by the step's token
+    count, so Σ(tokens · mean) / Σ tokens is the mean over every selected token, not a mean of
+    step means. ESS is a ratio of step means (TM(w)² / TM(w²)) that no column pools, so its
+    lowest step is shown, with that step. Rewards are the means over every selected sample of
+    `sample_stats` (training `raw_reward`, eval `reward`), the samples `step_stats` averages.
+    """
+    if not sel.runs:
+        return []
+    where = sel.where()
+    return fetch(
+        con,
+        f"""
+        WITH d AS (
+            SELECT run, count(*) AS drift_steps, sum(tokens)::BIGINT AS tokens,
+                sum(tokens * mean_abs_lp_diff_tm) / sum(tokens) AS mean_abs_lp_diff,
+                sum(tokens * k3_kl) / sum(tokens) AS k3_kl,
+                min(ess) AS ess_min, arg_min(rollout_id, ess) AS ess_min_step
+            FROM drift_steps WHERE {where} AND tokens > 0 GROUP BY run
+        ), r AS (
+            SELECT run, avg(raw_reward) FILTER (WHERE NOT evaluation) AS reward_mean,
+                avg(reward) FILTER (WHERE evaluation) AS eval_reward_mean
+            FROM sample_stats WHERE {where} GROUP BY run
+        )
+        SELECT run, coalesce(d.drift_steps, 0) AS drift_steps, coalesce(d.tokens, 0) AS tokens,
+            d.mean_abs_lp_diff, d.k3_kl, d.ess_min, d.ess_min_step, r.reward_mean,
+            r.eval_reward_mean
+        FROM (SELECT UNNEST([{", ".join(sql_views.quote_literal(run) for run in sel.runs)}]) AS run)
+        LEFT JOIN d USING (run) LEFT JOIN r USING (run) ORDER BY run
         """,
     )
 
@@ -245,77 +286,180 @@ _BUCKET_LABEL = (
     "WHEN NOT isfinite(bucket_high) THEN '≥ ' || printf('%g', bucket_low) "
     "ELSE printf('%g to %g', bucket_low, bucket_high) END"
 )
-# The open tails of the histogram are drawn one bin wide (0.002 nats) beside their edge.
-_BIN_LOW = "CASE WHEN isfinite(bin_low) THEN bin_low ELSE bin_high - 0.002 END"
-_BIN_HIGH = "CASE WHEN isfinite(bin_high) THEN bin_high ELSE bin_low + 0.002 END"
+# The open tails of the histogram are drawn one bin wide beside their edge.
+_BIN_WIDTH = "(SELECT histogram_half_width / 50.0 FROM drift_settings)"
+_BIN_LOW = f"CASE WHEN isfinite(bin_low) THEN bin_low ELSE bin_high - {_BIN_WIDTH} END"
+_BIN_HIGH = f"CASE WHEN isfinite(bin_high) THEN bin_high ELSE bin_low + {_BIN_WIDTH} END"
+TAIL_BINS = (-51, 50)  # drift_histogram's open tails
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest 1, 2 or 5 × 10^k at or above `value` (> 0): a bin range that reads well.
+
+    Examples:
+        >>> [nice_ceiling(0.0137), nice_ceiling(0.1), nice_ceiling(3.2)]
+        [0.02, 0.1, 5.0]
+    """
+    exponent = math.floor(math.log10(value))
+    for mantissa in (1, 2, 5, 10):
+        candidate = float(f"{mantissa}e{exponent}")  # exact decimal, not 10 ** -k's rounding
+        if candidate >= value:
+            return candidate
+    raise AssertionError(value)  # unreachable: 10 × 10^k > value
+
+
+def fit_histogram(con: duckdb.DuckDBPyConnection, sel: Selection) -> float:
+    """Set `drift_histogram`'s range from the data and return it (nats): ± the largest p99 |δ|
+    of the selected steps (`drift_steps`), rounded up by `nice_ceiling`, so at most 1 % of any
+    step's tokens fall in the open tails. A TEMP `drift_settings` shadows the catalog's, as a
+    user's override does; without drift the view's default stays."""
+    p99 = con.sql(
+        f"SELECT max(p99_abs_lp_diff) FROM drift_steps WHERE {sel.where()} AND tokens > 0"
+    ).fetchall()[0][0]
+    if p99 is not None and math.isfinite(p99) and p99 > 0:
+        con.execute(
+            "CREATE OR REPLACE TEMP VIEW drift_settings AS SELECT * REPLACE "
+            f"({nice_ceiling(p99)!r}::DOUBLE AS histogram_half_width) "
+            f"FROM {_catalog(con)}.main.drift_settings"
+        )
+    return float(con.sql("SELECT histogram_half_width FROM drift_settings").fetchall()[0][0])
+
+
+ALL_STEPS = "all"  # the `step` of a breakdown row pooled over every selected step
+
+
+def with_all_steps(select: str, keys: Sequence[str], share_by: Sequence[str] = ()) -> str:
+    """`select`'s per-step breakdown rows, each with `step` (its step id as text), and one row
+    per run and bucket pooled over all the steps, with `step` = 'all'.
+
+    The pooling is exact from the counts the views give: Σ tokens and Σ samples (a sample lies
+    in one step), a token mean as Σ(tokens · mean) / Σ tokens, and the bucket's k3 share as its
+    Σ(tokens · k3) over the run's (within `share_by`, e.g. the breakdown's dimension).
+    """
+    group = ", ".join(["run", *keys])
+    scope = ", ".join(["run", *share_by])
+    return f"""
+        WITH v AS ({select})
+        SELECT *, rollout_id::VARCHAR AS step FROM v
+        UNION ALL BY NAME
+        SELECT {group}, '{ALL_STEPS}' AS step, sum(tokens)::BIGINT AS tokens,
+            sum(samples)::BIGINT AS samples,
+            sum(tokens * mean_abs_lp_diff) / sum(tokens) AS mean_abs_lp_diff,
+            sum(tokens * k3_kl) / sum(tokens) AS k3_kl,
+            sum(tokens * k3_kl) / nullif(sum(sum(tokens * k3_kl)) OVER (PARTITION BY {scope}), 0)
+                AS k3_share
+        FROM v GROUP BY {group}
+        ORDER BY run, step = '{ALL_STEPS}' DESC, rollout_id, {", ".join(keys)}
+    """
 
 
 def breakdown_datasets(con: duckdb.DuckDBPyConnection, sel: Selection) -> dict[str, Rows]:
     """Where the drift is: by position, probability/entropy bucket, turn, staleness (of the
-    sample and of each token), |δ| bins."""
+    sample and of each token), |δ| bins.
+
+    Every breakdown but the step × position heatmap also has its rows pooled over all the
+    selected steps (`with_all_steps`), which the charts show first.
+    """
     where = sel.where()
     stats = ", ".join(BREAKDOWN_COLUMNS)
     return {
         "by_position": fetch(
             con,
-            f"SELECT run, rollout_id, position_bucket, position_low, position_high, {stats} "
-            f"FROM drift_by_position WHERE {where} ORDER BY ALL",
+            "SELECT run, rollout_id, rollout_id::VARCHAR AS step, position_bucket, position_low, "
+            f"position_high, {stats} FROM drift_by_position WHERE {where} ORDER BY ALL",
         ),
         "by_prob": fetch(
             con,
-            f"SELECT run, rollout_id, dimension, bucket, {_BUCKET_LABEL} AS label, {stats} "
-            f"FROM drift_by_prob WHERE {where} ORDER BY ALL",
+            with_all_steps(
+                f"SELECT run, rollout_id, dimension, bucket, {_BUCKET_LABEL} AS label, {stats} "
+                f"FROM drift_by_prob WHERE {where}",
+                ("dimension", "bucket", "label"),
+                ("dimension",),
+            ),
         ),
         "by_turn": fetch(
-            con, f"SELECT run, rollout_id, turn_index, {stats} FROM drift_by_turn WHERE {where}"
+            con,
+            with_all_steps(
+                f"SELECT run, rollout_id, turn_index, {stats} FROM drift_by_turn WHERE {where}",
+                ("turn_index",),
+            ),
         ),
         "by_staleness": fetch(
             con,
-            f"SELECT run, rollout_id, staleness, mixed_version, {stats} "
-            f"FROM drift_by_staleness WHERE {where}",
+            with_all_steps(
+                f"SELECT run, rollout_id, staleness, mixed_version, {stats} "
+                f"FROM drift_by_staleness WHERE {where}",
+                ("staleness", "mixed_version"),
+            ),
         ),
         "by_token_staleness": fetch(
             con,
-            f"SELECT run, rollout_id, token_staleness, {stats} "
-            f"FROM drift_by_weight_version WHERE {where} AND token_staleness IS NOT NULL",
+            with_all_steps(
+                f"SELECT run, rollout_id, token_staleness, {stats} FROM drift_by_weight_version"
+                f" WHERE {where} AND token_staleness IS NOT NULL",
+                ("token_staleness",),
+            ),
         ),
         "histogram": fetch(
             con,
-            f"SELECT run, rollout_id, bin, {_BIN_LOW} AS x_low, {_BIN_HIGH} AS x_high, "
-            f"{_BUCKET_LABEL.replace('bucket_', 'bin_')} AS label, tokens, fraction "
-            f"FROM drift_histogram WHERE {where} AND tokens > 0 ORDER BY ALL",
+            f"""
+            WITH v AS (
+                SELECT run, rollout_id, bin, {_BIN_LOW} AS x_low, {_BIN_HIGH} AS x_high,
+                    {_BUCKET_LABEL.replace("bucket_", "bin_")} AS label, tokens
+                FROM drift_histogram WHERE {where} AND tokens > 0
+            )
+            SELECT *, rollout_id::VARCHAR AS step,
+                tokens / sum(tokens) OVER (PARTITION BY run, rollout_id) AS fraction
+            FROM v
+            UNION ALL BY NAME
+            SELECT run, bin, x_low, x_high, label, '{ALL_STEPS}' AS step,
+                sum(tokens)::BIGINT AS tokens, sum(tokens) / sum(sum(tokens)) OVER (PARTITION BY run) AS fraction
+            FROM v GROUP BY run, bin, x_low, x_high, label
+            ORDER BY run, step = '{ALL_STEPS}' DESC, rollout_id, bin
+            """,
         ),
     }
 
 
 def worst_tokens(con: duckdb.DuckDBPyConnection, sel: Selection, top: int) -> dict[str, Rows]:
-    """The top drifting token texts of each step (`drift_by_token`, by share of k3)."""
+    """The top drifting token texts of each step (`drift_by_token`, by share of k3); `latest`
+    marks each run's own last selected step."""
     where = sel.where()
     return {
         "top_tokens": fetch(
             con,
-            "SELECT run, rollout_id, token_id, coalesce(to_json(token_text)::VARCHAR, "
-            "'#' || token_id) AS label, tokens, mean_abs_lp_diff, k3_kl, k3_share, k3_rank "
+            "SELECT run, rollout_id, rollout_id::VARCHAR AS step, token_id, "
+            "coalesce(to_json(token_text)::VARCHAR, '#' || token_id) AS label, tokens, "
+            "mean_abs_lp_diff, k3_kl, k3_share, k3_rank, "
+            "rollout_id = max(rollout_id) OVER (PARTITION BY run) AS latest "
             f"FROM drift_by_token WHERE {where} AND k3_rank <= {top}",
         ),
     }
 
 
 def worst_samples(con: duckdb.DuckDBPyConnection, sel: Selection, per_run: int) -> Rows:
-    """The `per_run` samples of each run with the largest mean |δ| (`drift_samples`)."""
+    """The `per_run` samples of each run that carry the largest share of their step's Σ|δ|
+    (`drift_samples`: tokens · mean |δ| over the step's sum), so a 1-token sample with a large
+    mean does not lead; `abs_share` is that share (fraction)."""
     return fetch(
         con,
         f"""
+        WITH d AS (
+            SELECT *, tokens * mean_abs_lp_diff
+                / nullif(sum(tokens * mean_abs_lp_diff) OVER (PARTITION BY run, rollout_id), 0)
+                AS abs_share
+            FROM drift_samples WHERE {sel.where()}
+        )
         SELECT d.run, d.rollout_id, d.batch_position, d.sample_index, d.tokens,
-            d.mean_abs_lp_diff, d.max_abs_lp_diff, s.response_length
-        FROM drift_samples AS d
+            d.mean_abs_lp_diff, d.max_abs_lp_diff, d.abs_share, s.response_length
+        FROM d
         JOIN samples AS s ON s.run = d.run AND s.rollout_id = d.rollout_id
             AND NOT s.evaluation AND s.batch_position = d.batch_position
-        WHERE {sel.where(alias="d")}
         QUALIFY row_number() OVER (
-            PARTITION BY d.run ORDER BY d.mean_abs_lp_diff DESC, d.rollout_id, d.batch_position
+            PARTITION BY d.run
+            ORDER BY d.abs_share DESC NULLS LAST, d.rollout_id, d.batch_position
         ) <= {int(per_run)}
-        ORDER BY d.run, d.mean_abs_lp_diff DESC, d.rollout_id, d.batch_position
+        ORDER BY d.run, d.abs_share DESC NULLS LAST, d.rollout_id, d.batch_position
         """,
     )
 

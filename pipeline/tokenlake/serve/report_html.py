@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import importlib.resources
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,52 @@ def vega_bundle() -> str:
 
     major_minor = ".".join(altair.SCHEMA_VERSION.lstrip("v").split(".")[:2])
     return str(vl_convert.javascript_bundle(_GLOBALS, vl_version=major_minor))
+
+
+# Run names up to this long are shown whole; longer ones lose what all the runs share.
+SHORT_RUN = 24
+_PARTS = re.compile(r"([-_./ ]+)")  # the separators a run name splits at (kept)
+
+
+def short_runs(runs: Sequence[str]) -> dict[str, str]:
+    """A label per run for legends: long names lose the parts (between `-`, `_`, `.`, `/`
+    or spaces) that every run's name starts or ends with, so the middle that tells runs apart
+    stays; `…` marks what was cut. Names are kept whole when all are short, when there is one
+    run, or when cutting would make two labels equal.
+
+    Examples:
+        >>> short_runs(["qwen3-30b-a3b-grpo-bf16-lr1e-6-0", "qwen3-30b-a3b-grpo-fp8-lr1e-6-0"])
+        {'qwen3-30b-a3b-grpo-bf16-lr1e-6-0': '…bf16…', 'qwen3-30b-a3b-grpo-fp8-lr1e-6-0': '…fp8…'}
+        >>> short_runs(["tp-a", "tp-b"])
+        {'tp-a': 'tp-a', 'tp-b': 'tp-b'}
+    """
+    whole = {run: run for run in runs}
+    if len(runs) < 2 or all(len(run) <= SHORT_RUN for run in runs):
+        return whole
+    split = [_PARTS.split(run) for run in runs]  # words at even indexes, separators between
+    head = _common(split)
+    tail = _common([parts[::-1] for parts in split])
+    # Leave every name a word of its own.
+    while head + tail and any(len(parts) - head - tail < 1 for parts in split):
+        head, tail = (head - 2, tail) if head >= tail else (head, tail - 2)
+    labels = {
+        run: ("…" if head else "")
+        + "".join(parts[head : len(parts) - tail]).strip("-_./ ")
+        + ("…" if tail else "")
+        for run, parts in zip(runs, split, strict=True)
+    }
+    return labels if len(set(labels.values())) == len(runs) else whole
+
+
+def _common(split: Sequence[list[str]]) -> int:
+    """How many leading parts, ending after a separator, every name shares (even: words and
+    the separators after them)."""
+    shortest = min(len(parts) for parts in split)
+    count = 0
+    while count + 1 < shortest and all(p[count : count + 2] == split[0][count : count + 2]
+                                       for p in split):  # fmt: skip
+        count += 2
+    return count
 
 
 def cell(value: Any) -> str:
@@ -73,8 +120,9 @@ def note(text: str) -> str:
 
 
 def chart_div(chart: Chart, kind: str = "chart") -> str:
-    """The element a chart draws into."""
-    return f'<div class="{kind}" id="{html.escape(chart.id)}"></div>'
+    """The element a chart draws into, in its card: the card has the padding, so a chart
+    sized to its container (`width: "container"`) fits inside it."""
+    return f'<div class="card"><div class="{kind}" id="{html.escape(chart.id)}"></div></div>'
 
 
 def section(anchor: str, title: str, body: Sequence[str]) -> str:

@@ -7,6 +7,8 @@
   const data = JSON.parse(document.getElementById("report-data").textContent);
   const STATES = ["masked", "no log-prob pair", "non-finite", "covered"];
   const views = [];
+  // Each drawn chart's Vega view by element id, for the browser test to read scales and marks.
+  window.reportViews = {};
 
   // One row per response token from the per-field arrays of a worst sample.
   function stripRows(cells) {
@@ -44,15 +46,31 @@
     return window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)").matches;
   }
 
+  // A fixed-width chart (chart.fit > 0) is narrowed to its card (a strip's height alike).
+  // The card is measured, not the chart's element, which takes its drawn chart's width.
+  function fitted(chart, element, spec) {
+    const card = element.parentElement, style = getComputedStyle(card);
+    const room = card.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)
+      - chart.fit;
+    if (!chart.fit || !spec.width || spec.width <= room || room < 60) return spec;
+    const scale = room / spec.width;
+    const height = chart.aspect ? Math.max(7, Math.floor(spec.height * scale)) : spec.height;
+    return Object.assign(spec, { width: Math.floor(room), height });
+  }
+
+  // Legends below the plot: beside it they ran past a card's edge.
+  const CONFIG = { background: null, legend: { orient: "bottom", labelLimit: 300 } };
+
   function embed(chart) {
     const element = document.getElementById(chart.id);
-    const spec = Object.assign({}, chart.spec, { datasets: {} });
+    const spec = fitted(chart, element, Object.assign({}, chart.spec, { datasets: {} }));
     chart.datasets.forEach((name) => { spec.datasets[name] = data.datasets[name]; });
     if (chart.cells) spec.datasets[chart.datasets[0]] = stripRows(chart.cells);
     const options = { actions: false, renderer: chart.renderer, theme: dark() ? "dark" : undefined,
-                      config: { background: null } };
+                      config: CONFIG };
     return vegaEmbed(element, spec, options).then((result) => {
       views.push(result);
+      window.reportViews[chart.id] = result.view;
       element.dataset.marks = String(countMarks(result.view.scenegraph().root));
       if (chart.cells) element.dataset.cells = String(countMarks(result.view.scenegraph().root, "rect"));
     });
@@ -71,6 +89,14 @@
   }
 
   drawAll();
+  // Fixed-width charts were fitted to their cards: a new window width draws them again.
+  let drawnWidth = window.innerWidth, pending = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(pending);
+    pending = setTimeout(() => {
+      if (window.innerWidth !== drawnWidth) { drawnWidth = window.innerWidth; drawAll(); }
+    }, 250);
+  });
   if (window.matchMedia) {
     window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", drawAll);
   }
