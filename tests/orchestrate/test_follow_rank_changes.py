@@ -18,6 +18,7 @@ import pytest
 from tests.fixture_paths import NEXT_DUMPS, REAL_DUMPS
 from tests.follower import counts
 from tests.orchestrate.test_follow import step_train_files
+from tokenlake.orchestrate.extract import ExtractOptions
 from tokenlake.orchestrate.follow import FollowState, follow_round, is_complete
 from tokenlake.orchestrate.verify import verify_lake
 from tokenlake.read import dump
@@ -46,23 +47,31 @@ def test_a_step_with_fewer_ranks_than_the_last_is_extracted_once_settled(tmp_pat
     for path in sorted((live / "train_data").glob("1_*.pt")):
         shutil.move(path, parked / path.name)
     state = FollowState()
-    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (3, 0, 0, 0, 0)
+    assert counts(
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    ) == (3, 0, 0, 0, 0)
     assert state.expected_ranks == frozenset({0, 1, 2, 3})
 
     for rank in (0, 2):  # one file per DP shard from now on
         shutil.move(parked / f"1_{rank}.pt", live / "train_data" / f"1_{rank}.pt")
     # Not settled: ranks 1 and 3 could still come (and eval_0 is not settled either, so not
     # counted).
-    assert counts(follow_round(live, lake, "live", state, math.inf, 1, None)) == (0, 0, 1, 0, 0)
+    assert counts(
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=math.inf), None)
+    ) == (0, 0, 1, 0, 0)
     assert step_train_files(lake)[2] == (1, False, 0, False)
     # Settled: extracted with the two shards, which hold every sample; the new set is learnt.
-    assert counts(follow_round(live, lake, "live", state, 0.0, 1, None)) == (0, 1, 2, 0, 0)
+    assert counts(
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    ) == (0, 1, 2, 0, 0)
     assert step_train_files(lake)[2] == (1, False, 2, True)
     assert state.expected_ranks == frozenset({0, 2})
 
     # The next step with the new rank set is complete at once, settled or not.
     _copy_step(live, 1, 2, (0, 2))
-    assert counts(follow_round(live, lake, "live", state, math.inf, 1, None)) == (1, 0, 2, 0, 0)
+    assert counts(
+        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=math.inf), None)
+    ) == (1, 0, 2, 0, 0)
     assert step_train_files(lake)[3] == (2, False, 2, True)
     assert verify_lake(lake) == (4, [])
 

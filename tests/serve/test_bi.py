@@ -33,8 +33,9 @@ REFLECTED_TYPES = {
     "TIMESTAMP WITH TIME ZONE": "TIMESTAMP",
     "BIGINT[]": "NullType",
     "VARCHAR[]": "NullType",
+    "INTEGER[][]": "NullType",
 }
-LIST_COLUMNS = {"weight_versions", "prompt_token_ids"}
+LIST_COLUMNS = {"weight_versions", "prompt_token_ids", "routed_experts", "indexer_topk"}
 
 # miles' own reader on the `basic` dump (tests/fixtures/miles-real/oracle/basic).
 ORACLE_STEPS = {

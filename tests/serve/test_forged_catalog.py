@@ -66,7 +66,7 @@ def test_a_forged_catalog_file_never_reaches_a_reader(tmp_path: Path) -> None:
     assert (code, err) == (1, "")
     assert out.splitlines() == [
         "catalog `tokenlake.duckdb` lacks views `samples`, `runs`, `vocab`, `metrics`,"
-        " `drift_by_length` ...; run `tokenlake views LAKE` or extract again",
+        " `experts` ...; run `tokenlake views LAKE` or extract again",
         "3 steps checked, 1 problem",
     ]
     assert cli("views", str(lake))[0] == 0  # the way out verify names

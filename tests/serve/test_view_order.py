@@ -46,7 +46,7 @@ def test_inputs_continue_on_indented_lines_and_notes_are_not_inputs() -> None:
         (
             {"a": ("tokenz",)},
             "names unknown input `tokenz` in its `Inputs:` header (tables: tokens, samples,"
-            " runs, vocab, metrics; or a view under sql/)",
+            " runs, vocab, metrics, experts; or a view under sql/)",
         ),
         ({"a": None}, "has no `-- Inputs:` line in its header"),
     ],
