@@ -33,8 +33,11 @@ def test_token_staleness_chart_shows_the_span_versions(tmp_path):
     payload = _payload(tmp_path, "weight_spans")
     assert "by-token-staleness" in {c["id"] for c in payload["charts"]}
     rows = payload["datasets"]["by_token_staleness"]
-    got = sorted((r["rollout_id"], r["token_staleness"], r["tokens"]) for r in rows)
+    per_step = [r for r in rows if r["rollout_id"] is not None]
+    got = sorted((r["rollout_id"], r["token_staleness"], r["tokens"]) for r in per_step)
     assert got == [
         (0, -3, 3), (0, -2, 8), (0, -1, 20), (0, 0, 7),
         (1, -3, 2), (1, -2, 2), (1, -1, 13), (1, 0, 13), (1, 1, 6),
     ]  # fmt: skip
+    pooled = sorted((r["token_staleness"], r["tokens"]) for r in rows if r["rollout_id"] is None)
+    assert pooled == [(-3, 5), (-2, 10), (-1, 33), (0, 20), (1, 6)]  # all steps, exactly
