@@ -66,8 +66,13 @@ def create_base_views(
 ) -> None:
     """`tokens`, `samples`, `runs`, `vocab`, `metrics` over the Parquet files `records` (the
     lake's manifests, read once for the whole build) list."""
+    older = any(
+        step.schema_version < schema.SCHEMA_VERSION
+        for record in records
+        for step in record.steps.values()
+    )  # a lake written by an older tokenlake, not extracted again yet
     for table in schema.TABLES:
-        sql = base_view_sql(table, _listed_files(store_at(lake), records, table))
+        sql = base_view_sql(table, _listed_files(store_at(lake), records, table), older)
         con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
 
 

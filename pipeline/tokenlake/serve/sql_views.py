@@ -85,12 +85,14 @@ def duckdb_type(arrow_type: pa.DataType) -> str:
     return _ARROW_TO_DUCKDB[arrow_type]
 
 
-def base_view_sql(table: str, files: list[str]) -> str:
+def base_view_sql(table: str, files: list[str], older_files: bool = False) -> str:
     """`SELECT` over a table's files with the partition columns first, typed from the schema.
 
     The partition values are parsed from the end of each file's path by the lake's layout
     (`lake.partition_patterns`), not by DuckDB's Hive parsing of the whole path. DuckDB
     still prunes files on them: a filter on `rollout_id` reads only that step's files.
+    With `older_files` (some file was written by an older schema version, which lacks the
+    columns added since), the files are read by name and those columns read NULL.
     """
     table_schema = schema.TABLE_SCHEMAS[table]
     partitions = schema.TABLE_PARTITIONS[table]
@@ -106,7 +108,7 @@ def base_view_sql(table: str, files: list[str]) -> str:
     ]
     selected = ", ".join([*parsed, *(f.name for f in table_schema)])
     source = f"read_parquet([{file_list}], hive_partitioning = false, filename = true)"
-    if table in _GROWN_TABLES:
+    if table in _GROWN_TABLES or older_files:
         source = _with_added_columns(table, file_list)
     return f"SELECT {selected} FROM {source}"
 
