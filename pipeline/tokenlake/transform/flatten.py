@@ -322,13 +322,20 @@ def _first_of_each_pair(sample: np.ndarray, token: np.ndarray) -> np.ndarray:
 def _support_column(parts: Sequence[SampleTokens], total: int) -> pa.Array:
     if all(part.support_sizes is None for part in parts):
         return pa.nulls(total, pa.int32())
-    values = np.zeros(total, dtype=np.int32)
+    return _per_sample_column([part.support_sizes for part in parts], parts, np.int32, total)
+
+
+def _per_sample_column(
+    arrays: Sequence[np.ndarray | None], parts: Sequence[SampleTokens], dtype: type, total: int
+) -> pa.Array:
+    """One column from each sample's array over its rows (a sample without one: NULL rows)."""
+    values: np.ndarray = np.zeros(total, dtype=dtype)
     valid = np.zeros(total, dtype=bool)
     offset = 0
-    for part in parts:
+    for part, array in zip(parts, arrays, strict=True):
         n = len(part.token_ids)
-        if part.support_sizes is not None:
-            values[offset : offset + n] = part.support_sizes
+        if array is not None:
+            values[offset : offset + n] = array
             valid[offset : offset + n] = True
         offset += n
     return _with_validity(values, valid)
@@ -343,16 +350,7 @@ def _with_validity(values: np.ndarray, valid: np.ndarray) -> pa.Array:
 
 
 def _mask_column(parts: list[SampleTokens], total: int) -> pa.Array:
-    values = np.zeros(total, dtype=np.int8)
-    valid = np.zeros(total, dtype=bool)
-    offset = 0
-    for part in parts:
-        n = len(part.token_ids)
-        if part.mask is not None:
-            values[offset : offset + n] = part.mask
-            valid[offset : offset + n] = True
-        offset += n
-    return _with_validity(values, valid)
+    return _per_sample_column([part.mask for part in parts], parts, np.int8, total)
 
 
 def _covered(parts: list[SampleTokens], total: int) -> np.ndarray:
