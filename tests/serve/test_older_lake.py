@@ -41,10 +41,9 @@ def test_a_lake_of_schema_version_3_reads_with_the_new_columns_null(tmp_path):
     lake.close()
     _make_version_3(tmp_path / "lake", "basic")
     old = tokenlake.Lake(tmp_path / "lake")
-    assert (
-        old.sql("SELECT rollout_id, mean_abs_lp_diff_smtm FROM drift_steps ORDER BY 1").fetchall()
-        == expected
-    )
+    got = old.sql("SELECT rollout_id, mean_abs_lp_diff_smtm FROM drift_steps ORDER BY 1")
+    # DuckDB's parallel sums may move the last bit between two builds
+    assert got.fetchall() == [(step, pytest.approx(value, rel=1e-12)) for step, value in expected]
     assert old.sql(
         "SELECT count(*), count(token_version), count(support_size) FROM tokens"
     ).fetchall() == [(206, 0, 0)]
