@@ -27,6 +27,8 @@ def _defaults(table: str) -> dict[str, Any]:
     for field in schema.TABLE_SCHEMAS[table]:
         if not field.nullable:
             defaults[field.name] = False if pa.types.is_boolean(field.type) else 0
+    if table == schema.SAMPLES:  # a miles dump always says (NULL is NeMo-RL's, which logs none)
+        defaults[schema.TRUNCATED] = False
     return defaults
 
 

@@ -277,7 +277,7 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field(STEP_TRAIN_FILES, pa.int32(), nullable=False),
         pa.field(RAW_REWARD, pa.float64()),  # raw_reward[batch_position]
         pa.field(NORMALIZED_REWARD, pa.float64()),  # train `rewards` (group-normalised)
-        pa.field(TRUNCATED, pa.bool_(), nullable=False),  # train flag, else status
+        pa.field(TRUNCATED, pa.bool_()),  # train flag, else status; null: not logged
         pa.field(DUMPED_RANK, pa.int64()),  # lowest global rank holding the sample
         pa.field(ALIGNMENT_FAILED, pa.bool_(), nullable=False),  # CP reassembly refused
         pa.field(TRAIN_TOTAL_LENGTH, pa.int32()),  # train `total_lengths` (media expansion)

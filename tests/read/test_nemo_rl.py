@@ -60,6 +60,13 @@ def test_the_run_is_recorded_as_nemo_rl(lake: Path) -> None:
     ]
 
 
+def test_truncation_nemo_rl_does_not_log_is_null_never_false(lake: Path) -> None:
+    assert rows(lake, "SELECT count(*), count(truncated) FROM samples") == [
+        (rows(lake, "SELECT count(*) FROM samples")[0][0], 0)
+    ]
+    assert rows(lake, "SELECT count(truncated_frac) FROM step_stats") == [(0,)]
+
+
 def test_every_position_below_the_input_length_and_nothing_else_lands(lake: Path) -> None:
     expected = _jsonl(EXPECTED / "tokens.jsonl.gz")
     prompts = {

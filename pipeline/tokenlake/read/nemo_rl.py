@@ -58,8 +58,16 @@ LOG_NAME = re.compile(r"^(train|val)_data_step(\d+)\.jsonl$")
 # sequence of about 2.5 million tokens; a longer line fails its step.
 MAX_LINE_BYTES = 256 << 20
 MAX_DEPTH = 8  # {"content": [[{"role": ...}]]} nests 4 deep
-# Validation lines hold no tokens: their lengths are unknown, not 0.
-_NOT_IN_VALIDATION = ("response_length", "total_length", "prompt_length", "prompt_token_ids")
+# NeMo-RL logs no truncation: unknown, never false.
+_NOT_LOGGED = ("truncated",)
+# Validation lines hold no tokens either: their lengths are unknown, not 0.
+_NOT_IN_VALIDATION = (
+    *_NOT_LOGGED,
+    "response_length",
+    "total_length",
+    "prompt_length",
+    "prompt_token_ids",
+)
 _ARRAYS = ("token_ids", "token_loss_mask", "generation_logprobs", "prev_logprobs", "advantages")
 
 
@@ -109,7 +117,7 @@ def read_step(files: dump.StepFiles) -> StepRead:
     checked = validate.check_samples(path, samples)
     if files.evaluation:
         return StepRead(samples, checked, rows, 0, messages, unknown=_NOT_IN_VALIDATION)
-    return StepRead(samples, checked, rows, 1, messages)
+    return StepRead(samples, checked, rows, 1, messages, unknown=_NOT_LOGGED)
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
