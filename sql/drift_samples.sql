@@ -4,10 +4,10 @@
 --        `JOIN samples USING (run, rollout_id, evaluation, batch_position)` matches the one
 --        training sample, never the eval sample of the same position). Samples with no covered
 --        finite token are absent.
--- Inputs: drift_tokens, samples, drift_settings (log_ratio_clamp, k3_clamp, veto_min_ratio,
---         outlier_min_ratio, outlier_max_ratio, geo_band_low, geo_band_high, seq_ratio_low,
---         seq_ratio_high, icepop_low, icepop_high); macro sample_drift (sql/macros), which
---         holds every formula below.
+-- Inputs: drift_sample_parts (the per-sample rollup, computed with drift_settings'
+--         log_ratio_clamp, k3_clamp, veto_min_ratio, outlier_min_ratio, outlier_max_ratio,
+--         geo_band_low, geo_band_high, seq_ratio_low, seq_ratio_high, icepop_low, icepop_high
+--         by the macro sample_drift, which holds every formula below), samples.
 -- Columns:
 --   run                    VARCHAR  run name
 --   rollout_id             BIGINT   training step
@@ -68,7 +68,7 @@ SELECT
     s.reward::DOUBLE AS reward,
     s.raw_reward::DOUBLE AS raw_reward,
     s.staleness::BIGINT AS staleness
-FROM sample_drift(drift_tokens, drift_settings) AS p
+FROM drift_sample_parts AS p
 LEFT JOIN samples AS s
     ON s.run = p.run
     AND s.rollout_id = p.rollout_id

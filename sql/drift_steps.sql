@@ -5,11 +5,11 @@
 -- Notation: delta = train - rollout log-prob over drift_tokens (loss-covered, finite tokens);
 --   r = exp(delta); TM = mean over all the step's tokens; SMTM = mean over samples of each
 --   sample's token mean (drift_samples); w = clamp(r, 1/C, C) with C = is_cap.
--- Inputs: tokens, samples, drift_tokens, drift_settings (is_cap, veto_min_ratio,
---         outlier_min_ratio, outlier_max_ratio, icepop_low, icepop_high, log_ratio_clamp,
---         k3_clamp, geo/seq_ratio bands); macros sample_drift (drift_samples' per-sample
---         values, with the sample's token sums, in one pass), drift_covered, drift_finite,
---         ess_fraction (sql/macros).
+-- Inputs: drift_step_parts (the step's quantiles, correlation, spread and non-finite count),
+--         drift_sample_parts (drift_samples' per-sample values with the sample's token sums,
+--         computed with drift_settings' is_cap, veto_min_ratio, outlier_min_ratio,
+--         outlier_max_ratio, icepop_low, icepop_high, log_ratio_clamp, k3_clamp and the
+--         geo/seq_ratio bands), samples; macro ess_fraction (sql/macros).
 -- Columns (nats unless said otherwise; docs/drift.md gives every formula and framework name):
 --   run                    VARCHAR  run name
 --   rollout_id             BIGINT   training step
@@ -60,32 +60,8 @@
 --   ess_change             DOUBLE   the same (fraction)
 CREATE OR REPLACE VIEW drift_steps AS
 WITH step_tokens AS (
-    -- One pass over the training tokens lists the steps that have tokens, counts the covered
-    -- non-finite ones (drift_tokens leaves those out) and takes, over drift_tokens' rows (the
-    -- same filter and columns), what no per-sample partial sum gives exactly: quantiles,
-    -- correlation, spread. A separate read of drift_tokens for these cost a third Parquet read.
-    SELECT
-        run,
-        rollout_id,
-        COUNT(*) FILTER (WHERE covered AND NOT finite) AS nonfinite_tokens,
-        QUANTILE_CONT(ABS(lp_diff::DOUBLE), [0.5, 0.9, 0.99, 0.999])
-            FILTER (WHERE covered AND finite) AS abs_quantiles,
-        CORR(EXP(train_log_prob::DOUBLE), EXP(rollout_log_prob::DOUBLE))
-            FILTER (WHERE covered AND finite) AS prob_corr,
-        STDDEV_POP(EXP(lp_diff::DOUBLE)) FILTER (WHERE covered AND finite) AS is_ratio_std
-    FROM (
-        SELECT
-            run,
-            rollout_id,
-            lp_diff,
-            train_log_prob,
-            rollout_log_prob,
-            drift_covered(loss_mask, lp_diff) AS covered,
-            drift_finite(lp_diff, train_log_prob, rollout_log_prob) AS finite
-        FROM tokens
-        WHERE NOT evaluation
-    )
-    GROUP BY run, rollout_id
+    -- The steps that have tokens, with the statistics no per-sample partial sum gives.
+    SELECT * FROM drift_step_parts
 ),
 steps AS (
     -- Steps without any token row still get a row (samples lists every step's samples).
@@ -101,7 +77,7 @@ per_sample AS (
     -- One pass over drift_tokens: drift_samples' rows (the same macro, so the same formulas)
     -- with the sample's sums of per-token values, added up per step below into the token means.
     -- Reading drift_samples and drift_tokens separately would read every token twice.
-    SELECT * FROM sample_drift(drift_tokens, drift_settings)
+    SELECT * FROM drift_sample_parts
 ),
 step_level AS (
     SELECT
@@ -161,7 +137,10 @@ joined AS (
         st.nonfinite_tokens,
         COALESCE(sl.samples, 0) AS samples,
         sl.* EXCLUDE (run, rollout_id, tokens, samples),
-        tl.abs_quantiles,
+        tl.p50_abs_lp_diff,
+        tl.p90_abs_lp_diff,
+        tl.p99_abs_lp_diff,
+        tl.p999_abs_lp_diff,
         CASE WHEN ISNAN(tl.prob_corr) THEN NULL ELSE tl.prob_corr END AS prob_corr,
         tl.is_ratio_std,
         LAG(st.rollout_id) OVER run_steps AS prev_rollout_id,
@@ -187,10 +166,10 @@ SELECT
     mean_abs_lp_diff_tm::DOUBLE AS mean_abs_lp_diff_tm,
     mean_abs_lp_diff_smtm::DOUBLE AS mean_abs_lp_diff_smtm,
     max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,
-    abs_quantiles[1]::DOUBLE AS p50_abs_lp_diff,
-    abs_quantiles[2]::DOUBLE AS p90_abs_lp_diff,
-    abs_quantiles[3]::DOUBLE AS p99_abs_lp_diff,
-    abs_quantiles[4]::DOUBLE AS p999_abs_lp_diff,
+    p50_abs_lp_diff::DOUBLE AS p50_abs_lp_diff,
+    p90_abs_lp_diff::DOUBLE AS p90_abs_lp_diff,
+    p99_abs_lp_diff::DOUBLE AS p99_abs_lp_diff,
+    p999_abs_lp_diff::DOUBLE AS p999_abs_lp_diff,
     k1_kl::DOUBLE AS k1_kl,
     k2_kl::DOUBLE AS k2_kl,
     k3_kl::DOUBLE AS k3_kl,

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake import layout, schema
 from tokenlake.orchestrate.extract import extract_run
+from tokenlake.serve import sql_views
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
@@ -83,7 +84,7 @@ def test_sqlalchemy_reflects_every_view_and_column(lake):
         (c["name"], repr(c["type"])) for c in reflected["step_stats"]
     ]
     assert inspector.get_table_names() == []  # the catalog holds views only
-    expected_views = {*schema.TABLES, *(p.stem for p in SQL_DIR.glob("*.sql"))}
+    expected_views = {*schema.TABLES, *(p.stem for p in sql_views.iter_view_files())}
     assert sorted(views) == sorted(expected_views)
     for view in views:
         names = [c["name"] for c in reflected[view]]

@@ -56,8 +56,22 @@ def _sql_files(folder: Path, what: str) -> list[Path]:
 
 
 def iter_view_files() -> Iterator[Path]:
-    """Every view definition, one `CREATE OR REPLACE VIEW <file stem>` per file."""
+    """Every view definition, one `CREATE OR REPLACE VIEW <file stem>` per file: the views of
+    `sql/`, then the rollups of `sql/rollups/` (views too, whose rows are also computed for each
+    step at commit: serve/rollups.py)."""
     yield from _sql_files(sql_dir(), "SQL views")
+    yield from iter_rollup_files()
+
+
+def iter_rollup_files() -> Iterator[Path]:
+    """The rollup views: per-step partial aggregates that the views of `sql/` read."""
+    yield from _sql_files(sql_dir() / "rollups", "SQL rollups")
+
+
+def view_file(name: str) -> Path:
+    """The file that defines view `name` (a rollup's lies in `sql/rollups/`)."""
+    rollup = sql_dir() / "rollups" / f"{name}.sql"
+    return rollup if rollup.is_file() else sql_dir() / f"{name}.sql"
 
 
 def iter_macro_files() -> Iterator[Path]:
@@ -146,19 +160,20 @@ def create_sql_views(con: duckdb.DuckDBPyConnection) -> list[str]:
 
     texts = {path.stem: path.read_text(encoding="utf-8") for path in iter_view_files()}
     for name, text in texts.items():
-        _check_view_file(sql_dir() / f"{name}.sql", text)
+        _check_view_file(view_file(name), text)
     created = view_order({name: view_inputs(text) for name, text in texts.items()})
     for name in created:
         try:
             con.execute(texts[name])
         except duckdb.CatalogException as exc:  # it reads something its header does not name
             first = str(exc).splitlines()[0]
-            raise LakeError(sql_dir() / f"{name}.sql", f"view cannot be created: {first}") from exc
+            raise LakeError(view_file(name), f"view cannot be created: {first}") from exc
         con.execute(f"COMMENT ON VIEW {name} IS {quote_literal(header_comment(texts[name]))}")
     return created
 
 
 _INPUTS_LINE = re.compile(r"^--\s*Inputs:(.*)$", re.IGNORECASE)
+_SETTINGS_LINE = re.compile(r"^--\s*Settings:(.*)$", re.IGNORECASE)
 
 
 _HEADER_CONTINUATION = re.compile(r"^--\s{2,}(\S.*)$")
@@ -188,6 +203,33 @@ def view_inputs(sql_text: str) -> tuple[str, ...] | None:
             break
         text += " " + more.group(1)
     text = re.sub(r"\([^)]*\)", "", text).split(";")[0].strip().rstrip(".")
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    return () if names == ("none",) else names
+
+
+def view_settings(sql_text: str) -> tuple[str, ...] | None:
+    """The `drift_settings` columns a rollup file's header declares its rows depend on, under
+    `Settings:` (None: no such line; `none` is the empty tuple).
+
+    Examples:
+        >>> view_settings("-- Settings: is_cap, k3_clamp (the clamps).")
+        ('is_cap', 'k3_clamp')
+        >>> view_settings("-- Settings: none.")
+        ()
+    """
+    lines = header_comment_lines(sql_text)
+    start = next((i for i, line in enumerate(lines) if _SETTINGS_LINE.match(line)), None)
+    if start is None:
+        return None
+    match = _SETTINGS_LINE.match(lines[start])
+    assert match is not None
+    text = match.group(1)
+    for line in lines[start + 1 :]:
+        more = _HEADER_CONTINUATION.match(line)
+        if more is None:
+            break
+        text += " " + more.group(1)
+    text = re.sub(r"\([^)]*\)", "", text).strip().rstrip(".")
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     return () if names == ("none",) else names
 
@@ -286,11 +328,11 @@ def view_order(inputs: dict[str, tuple[str, ...] | None]) -> list[str]:
     known = set(schema.TABLES) | set(inputs)
     for name, needs in sorted(inputs.items()):
         if needs is None:
-            raise LakeError(sql_dir() / f"{name}.sql", "has no `-- Inputs:` line in its header")
+            raise LakeError(view_file(name), "has no `-- Inputs:` line in its header")
         unknown = [n for n in needs if n not in known]
         if unknown:
             raise LakeError(
-                sql_dir() / f"{name}.sql",
+                view_file(name),
                 f"names unknown input `{unknown[0]}` in its `Inputs:` header (tables:"
                 f" {', '.join(schema.TABLES)}; or a view under sql/)",
             )
