@@ -18,8 +18,9 @@ import pyarrow as pa
 from tokenlake import schema
 from tokenlake.layout import partition_dir
 from tokenlake.load import write
+from tokenlake.orchestrate import maintain
 from tokenlake.serve import catalog
-from tokenlake.store import manifest
+from tokenlake.store import manifest, store_at
 
 
 def _defaults(table: str) -> dict[str, Any]:
@@ -111,8 +112,17 @@ def build_lake(
     samples: list[dict[str, Any]] = (),  # type: ignore[assignment]
     runs: list[dict[str, Any]] = (),  # type: ignore[assignment]
 ) -> Path:
-    """Write the rows and build the catalog; returns the catalog path."""
+    """Write the rows, each step's rollups (as extraction would), and build the catalog;
+    returns the catalog path."""
     for table, rows in ((schema.TOKENS, tokens), (schema.SAMPLES, samples), (schema.RUNS, runs)):
         if rows:
             write_rows(lake, table, list(rows))
+    add_rollups(lake)
     return catalog.build_catalog(lake)
+
+
+def add_rollups(lake: Path) -> None:
+    """Compute the rollups of every step that lacks them, from its files."""
+    for record in manifest.load_all(lake):
+        if maintain.refresh_rollups(store_at(lake), record):
+            manifest.save_manifest(lake, record)

@@ -8,7 +8,10 @@ Each measured pipeline runs in a fresh subprocess so that its wall time, CPU tim
   for a baseline pipeline (torch.load each file + concatenate + write with the same Parquet
   settings), with the ratios;
 - the same for slime's format 2 and NeMo-RL's layouts of the batches (`--formats`);
-- every aggregate view's time as a ratio to a plain aggregate scan of `tokens` in the same\n  DuckDB process (interleaved, best of 5), so a busy machine slows both sides alike.
+- every aggregate view's time as a ratio to a plain aggregate scan of `tokens` in the same\n  DuckDB process (interleaved, best of 5), so a busy machine slows both sides alike;
+- the rollups (docs/rollups.md): their share of extraction time and of the lake's bytes, every
+  view and audit's seconds on the bench lake and on one with a quarter of its tokens at the same
+  steps and samples (shorter responses), with the ratio, and the report's build time on both.
 
 Usage: python -m benchmarks.bench [--scale 1.0] [--keep DIR]\n       python -m benchmarks.bench --views LAKE   (only the view ratios of an existing lake)
 """
@@ -283,8 +286,10 @@ def _best_extract(dump_dir: Path, lake: Path, workers: int, repeat: int) -> dict
     return min(runs, key=lambda fig: fig["wall"])
 
 
-def bench_variant(root: Path, preset: str, scale: float, baseline: bool, repeat: int) -> None:
-    """Generate one dump and print its figures."""
+def bench_variant(
+    root: Path, preset: str, scale: float, baseline: bool, repeat: int
+) -> dict[str, Any]:
+    """Generate one dump and print its figures; returns the `--workers 1` extraction's."""
     spec = scaled_spec(preset, scale)
     dump_dir = root / preset
     started = time.perf_counter()
@@ -317,6 +322,131 @@ def bench_variant(root: Path, preset: str, scale: float, baseline: bool, repeat:
     print(f"  2 workers vs 1: {one['wall'] / two['wall']:.2f}x")
     print(f"  views vs a plain aggregate scan of tokens ({one['tokens']:,} token rows), best of 5:")
     print_view_ratios(root / f"lake-{preset}-2")
+    return one
+
+
+# Goals of docs/rollups.md: seconds per per-step and per-sample view on the bench lake, and the
+# largest ratio of a view's time when the lake has 4x the tokens at the same steps.
+VIEW_SECONDS_GOAL = 0.1
+GROWTH_GOAL = 1.5
+
+
+def timed_queries(lake: Path, repeat: int = 5) -> dict[str, float]:
+    """Best seconds of every view (but the token-level ones) and every audit, one process."""
+    token_views = {"tokens", "drift_tokens", "drift_token_samples", "drift_teacher_tokens"}
+    queries = {
+        p.stem: f"SELECT * FROM {p.stem}"
+        for p in sql_views.iter_view_files()
+        if p.stem not in token_views
+    }
+    queries.update(
+        {f"audit {p.stem}": p.read_text(encoding="utf-8") for p in sql_views.iter_audit_files()}
+    )
+    con = catalog.connect(lake)
+    best = dict.fromkeys(queries, float("inf"))
+    try:
+        for sql in queries.values():
+            con.execute(sql).fetchall()  # warm the file cache and DuckDB's metadata
+        for _ in range(repeat):
+            for name, sql in queries.items():
+                started = time.perf_counter()
+                con.execute(sql).fetchall()
+                best[name] = min(best[name], time.perf_counter() - started)
+    finally:
+        con.close()
+    return best
+
+
+def rollup_cost(lake: Path) -> tuple[float, int, int]:
+    """Seconds `compute_step` takes over every step of the lake (as extraction runs it:
+    single-threaded, from the step's tables in memory), the rollups' bytes, the lake's."""
+    import pyarrow.parquet as pq
+
+    from tokenlake.serve import rollups
+    from tokenlake.store import manifest
+
+    seconds = 0.0
+    for record in manifest.load_all(lake):
+        for step in record.steps.values():
+            tokens = pq.read_table(lake / step.files[schema.TOKENS])
+            samples = pq.read_table(lake / step.files[schema.SAMPLES])
+            rollups.compute_step(tokens, samples, record.run, step.rollout_id)  # warm
+            started = time.perf_counter()
+            rollups.compute_step(tokens, samples, record.run, step.rollout_id)
+            seconds += time.perf_counter() - started
+    rollup_bytes = _disk_bytes(list((lake / schema.ROLLUP_DIR).rglob("*.parquet")))
+    lake_bytes = _disk_bytes([p for p in lake.rglob("*.parquet")])
+    return seconds, rollup_bytes, lake_bytes
+
+
+def report_seconds(lake: Path, out: Path, repeat: int = 2) -> float:
+    """Best wall seconds of `build_report` on the lake (imports warmed by a first build)."""
+    from tokenlake.serve.report import build_report
+
+    build_report(lake, out)
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        build_report(lake, out)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def bench_rollups(root: Path, scale: float, extract_fig: dict[str, Any]) -> None:
+    """Rollup figures: cost at extraction, and views at two token counts (same steps)."""
+    large = root / "lake-bench-1"
+    seconds, rollup_bytes, lake_bytes = rollup_cost(large)
+    print("\nrollups (docs/rollups.md):")
+    print(
+        f"  computed in {seconds:.2f} s over the bench lake's steps, single-threaded:"
+        f" {seconds / extract_fig['wall'] * 100:.1f} % of `--workers 1` extraction"
+        f" ({extract_fig['wall']:.2f} s wall), {seconds / extract_fig['cpu'] * 100:.1f} % of its"
+        f" CPU; {rollup_bytes / 1e6:.2f} MB, {rollup_bytes / lake_bytes * 100:.2f} % of the lake's"
+        " Parquet bytes"
+    )
+    spec = scaled_spec("bench", scale)
+    low, high = spec.response_length
+    short = dataclasses.replace(spec, response_length=(max(1, low // 4), max(1, high // 4)))
+    small_dump, small = root / "bench-short", root / "lake-bench-short"
+    synth.write_dump(small_dump, short)
+    _run_child("_extract", str(small_dump), str(small), "2")
+    shutil.rmtree(small_dump, ignore_errors=True)
+    tokens = {
+        lake: sum(s.tokens for r in _records(lake) for s in r.steps.values())
+        for lake in (small, large)
+    }
+    print(
+        f"  views and audits, best of 5: a lake of {tokens[small]:,} tokens, then the bench lake"
+        f" ({tokens[large]:,} tokens, {tokens[large] / tokens[small]:.1f}x) at the same"
+        f" {spec.steps} steps x {spec.samples_per_step} samples"
+    )
+    before, after = timed_queries(small), timed_queries(large)
+    for name in before:
+        growth = after[name] / before[name]
+        flags = []
+        if after[name] > VIEW_SECONDS_GOAL:
+            flags.append(f"over {VIEW_SECONDS_GOAL} s")
+        if growth > GROWTH_GOAL:
+            flags.append(f"grows over {GROWTH_GOAL}x")
+        note = f"  <- {', '.join(flags)}" if flags else ""
+        print(f"  {name:<36} {before[name]:7.3f} s -> {after[name]:7.3f} s  {growth:5.2f}x{note}")
+    worst = max(after, key=lambda n: after[n] / before[n])
+    slowest = max(after, key=lambda n: after[n])
+    print(
+        f"  slowest on the bench lake: {after[slowest]:.3f} s ({slowest});"
+        f" largest growth {after[worst] / before[worst]:.2f}x ({worst})"
+    )
+    small_report = report_seconds(small, root / "report-short.html")
+    large_report = report_seconds(large, root / "report.html")
+    print(
+        f"  report build: {small_report:.2f} s -> {large_report:.2f} s ({large_report / small_report:.2f}x)"
+    )
+
+
+def _records(lake: Path) -> list[Any]:
+    from tokenlake.store import manifest
+
+    return manifest.load_all(lake)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -327,6 +457,11 @@ def main(argv: list[str] | None = None) -> None:
         "--repeat", type=int, default=2, help="tokenlake runs per figure; the best is shown"
     )
     parser.add_argument("--views", type=Path, help="only print the view ratios of this lake")
+    parser.add_argument(
+        "--rollups",
+        action="store_true",
+        help="only the rollup figures (extraction of `bench`, then views at two token counts)",
+    )
     parser.add_argument(
         "--formats",
         nargs="*",
@@ -363,7 +498,15 @@ def main(argv: list[str] | None = None) -> None:
         f" median {ratios[2]:.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x"
     )
     try:
-        bench_variant(root, "bench", args.scale, baseline=True, repeat=args.repeat)
+        if args.rollups:
+            spec = scaled_spec("bench", args.scale)
+            synth.write_dump(root / "bench", spec)
+            _wait_until_settled(root / "bench")
+            one = _best_extract(root / "bench", root / "lake-bench-1", 1, args.repeat)
+            bench_rollups(root, args.scale, one)
+            return
+        one = bench_variant(root, "bench", args.scale, baseline=True, repeat=args.repeat)
+        bench_rollups(root, args.scale, one)
         bench_variant(root, "bench-cp", args.scale, baseline=False, repeat=args.repeat)
         for preset in args.formats:  # the other frameworks' layouts of the same batches
             bench_variant(root, preset, args.scale, baseline=False, repeat=args.repeat)

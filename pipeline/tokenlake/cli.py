@@ -314,18 +314,24 @@ def _summary_line(summary: Any) -> str:
 @main.command()
 @click.argument("lake", type=LAKE, default=Path("lake"))
 @click.option("--run", "run_name", help="Check only this run.")
-def verify(lake: Location, run_name: str | None) -> None:
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="Also compute each step's rollups from its tokens and compare them with the stored ones.",
+)
+def verify(lake: Location, run_name: str | None, deep: bool) -> None:
     """Reconcile the lake with its manifests and the dumps it came from; exit 1 on a mismatch.
 
     Checks every extracted step: files present, every sample once, token rows = sum of
-    response lengths, checksum of token ids and masks, source files unchanged.
+    response lengths, checksum of token ids and masks, source files unchanged; with --deep,
+    its rollups against its tokens.
 
     Example:
 
     \b
         tokenlake verify lake --run qwen
     """
-    checked, problems = _lake(lake).verify(run_name)
+    checked, problems = _lake(lake).verify(run_name, deep)
     for problem in problems:  # names from a manifest: never raw to the terminal
         say(str(problem), one_line=True)
     click.echo(f"{plural(checked, 'step')} checked, {plural(len(problems), 'problem')}")
@@ -335,8 +341,16 @@ def verify(lake: Location, run_name: str | None) -> None:
 
 @main.command()
 @click.argument("lake", type=LAKE, default=Path("lake"))
-def views(lake: Location) -> None:
+@click.option(
+    "--recompute",
+    is_flag=True,
+    help="Compute every step's rollups again from its tokens, current or not.",
+)
+def views(lake: Location, recompute: bool) -> None:
     """Rebuild LAKE/tokenlake.duckdb from the lake's Parquet files and the sql/ views.
+
+    Steps without rollups of this tokenlake version (written by an older one) get them first,
+    computed from their token files; the dumps are not read.
 
     Example:
 
@@ -344,7 +358,11 @@ def views(lake: Location) -> None:
         tokenlake views lake
     """
     warnings: list[str] = []
-    say(f"Rebuilt {_lake(lake).build_views(warnings)}", one_line=True)
+    computed: list[int] = []
+    where = _lake(lake).build_views(warnings, recompute, computed)
+    if computed and computed[0]:
+        say(f"Computed the rollups of {plural(computed[0], 'step')} from their tokens.")
+    say(f"Rebuilt {where}", one_line=True)
     for warning in warnings:
         say(f"Warning: {warning}", err=True, one_line=True)
 

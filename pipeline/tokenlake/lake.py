@@ -284,22 +284,30 @@ class Lake:
         self.close()
         return tag_run(self.store, run, set_tags, tuple(remove), warnings)
 
-    def build_views(self, warnings: list[str] | None = None) -> Path | str:
-        """Rebuild `tokenlake.duckdb` from the manifests and the views (`tokenlake views`);
-        returns its path or URL. A skipped user view is a line in `warnings`."""
+    def build_views(
+        self,
+        warnings: list[str] | None = None,
+        recompute: bool = False,
+        computed: list[int] | None = None,
+    ) -> Path | str:
+        """Compute the rollups steps lack (`recompute`: every step's) from their tokens and
+        rebuild `tokenlake.duckdb` from the manifests and the views (`tokenlake views`);
+        returns its path or URL. A skipped user view is a line in `warnings`; `computed`
+        receives how many steps got new rollups."""
         from tokenlake.orchestrate.maintain import rebuild_views
 
         self.close()
-        return rebuild_views(self.store, warnings)
+        return rebuild_views(self.store, warnings, recompute, computed)
 
     # --- checking ----------------------------------------------------------------------------
 
-    def verify(self, run: str | None = None) -> tuple[int, list[Problem]]:
-        """Reconcile the lake with its manifests and dumps (`tokenlake verify`): the number
-        of steps checked and the problems found."""
+    def verify(self, run: str | None = None, deep: bool = False) -> tuple[int, list[Problem]]:
+        """Reconcile the lake with its manifests and dumps (`tokenlake verify`; `deep`: also
+        each step's rollups against its tokens): the number of steps checked and the problems
+        found."""
         from tokenlake.orchestrate.verify import verify_lake
 
-        return verify_lake(self.store, run)
+        return verify_lake(self.store, run, deep)
 
     def audit(self, settings: Mapping[str, float] | None = None) -> list[AuditResult]:
         """Run the health checks of sql/audits/ (`tokenlake audit`), with `drift_settings`

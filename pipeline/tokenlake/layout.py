@@ -85,6 +85,25 @@ def temporary_path(folder: Path) -> Path:
     return folder / f".tokenlake-{os.getpid()}-{secrets.token_hex(4)}.tmp"
 
 
+def table_dir(table: str) -> str:
+    """Relative directory of a table: its name, or `rollups/<name>` for a rollup.
+
+    Examples:
+        >>> table_dir("tokens"), table_dir("drift_step_parts")
+        ('tokens', 'rollups/drift_step_parts')
+    """
+    return f"{schema.ROLLUP_DIR}/{table}" if table in schema.ROLLUP_TABLES else table
+
+
+def table_dir_parts(table: str) -> tuple[str, ...]:
+    """`table_dir` as path parts."""
+    return tuple(table_dir(table).split("/"))
+
+
+# The lake's own top-level folders: nothing else at the top is tokenlake's.
+TOP_LEVEL_DIRS = (*schema.TABLES, schema.ROLLUP_DIR, MANIFEST_DIR)
+
+
 def partition_dir(table: str, run: str, rollout_id: int | None = None) -> str:
     """Relative directory of one partition.
 
@@ -93,10 +112,12 @@ def partition_dir(table: str, run: str, rollout_id: int | None = None) -> str:
         'tokens/run=qwen/rollout_id=3'
         >>> partition_dir("runs", "qwen")
         'runs/run=qwen'
+        >>> partition_dir("drift_step_parts", "qwen", 3)
+        'rollups/drift_step_parts/run=qwen/rollout_id=3'
     """
     if schema.ROLLOUT_ID not in schema.TABLE_PARTITIONS[table]:
-        return f"{table}/{schema.RUN}={run}"
-    return f"{table}/{schema.RUN}={run}/{schema.ROLLOUT_ID}={rollout_id}"
+        return f"{table_dir(table)}/{schema.RUN}={run}"
+    return f"{table_dir(table)}/{schema.RUN}={run}/{schema.ROLLOUT_ID}={rollout_id}"
 
 
 def partition_patterns(table: str) -> dict[str, str]:

@@ -42,6 +42,16 @@ EXPERTS = "experts"  # only with `tokenlake extract --with-experts`
 TABLES = (TOKENS, SAMPLES, RUNS, VOCAB, METRICS, EXPERTS)
 # Tables with files per step (listed in each step's manifest record).
 STEP_TABLES = (TOKENS, SAMPLES, EXPERTS)
+# Rollups: per-step partial aggregates the views read instead of the tokens, one table each,
+# written with every step (`sql/rollups/<name>.sql` defines each, columns in its header;
+# pipeline/tokenlake/serve/rollups.py computes them). Stored under `LAKE/rollups/<name>/`.
+ROLLUP_TABLES = (
+    "drift_sample_parts",
+    "drift_step_parts",
+)
+ROLLUP_DIR = "rollups"
+# Every table the lake stores files of: what the stores list, sweep and check for links.
+LAKE_TABLES = (*TABLES, *ROLLUP_TABLES)
 
 CATALOG_FILE = "tokenlake.duckdb"
 
@@ -335,6 +345,7 @@ TABLE_PARTITIONS: dict[str, tuple[str, ...]] = {
     VOCAB: (RUN,),
     METRICS: (RUN,),
     EXPERTS: (RUN, ROLLOUT_ID),
+    **{rollup: (RUN, ROLLOUT_ID) for rollup in ROLLUP_TABLES},
 }
 
 

@@ -76,7 +76,7 @@ def unlisted_files(lake: Path) -> list[str]:
     listed = {
         str(lake / name)
         for record in manifest.load_all(lake)
-        for table in schema.TABLES
+        for table in schema.LAKE_TABLES
         for name in record.files(table)
     }
     extra = []

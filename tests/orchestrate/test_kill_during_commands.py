@@ -60,7 +60,7 @@ def leftovers(lake: Path) -> list[str]:
     listed = {
         name
         for record in manifest.load_all(lake)
-        for table in schema.TABLES
+        for table in schema.LAKE_TABLES
         for name in record.files(table)
     }
     kept = {layout.CATALOG_FILE, "_manifest/.tokenlake.lock"}

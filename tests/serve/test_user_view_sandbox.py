@@ -22,7 +22,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-from tests.lakes import write_rows
+from tests.lakes import add_rollups, write_rows
 from tokenlake import layout, schema
 from tokenlake.cli import main
 from tokenlake.serve import catalog, user_views
@@ -64,6 +64,7 @@ def lake_with_views(tmp_path: Path, files: dict[str, str]) -> Path:
         (folder / name).write_text(text, encoding="utf-8")
     write_rows(lake, schema.TOKENS, TOKENS)
     write_rows(lake, schema.RUNS, RUNS)
+    add_rollups(lake)
     return lake  # the test builds the catalog
 
 

@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.fixture_paths import REAL_DUMPS
+from tokenlake import schema
 from tokenlake.cli import main
 from tokenlake.errors import UsageError
 from tokenlake.orchestrate.extract import ExtractOptions
@@ -104,6 +105,7 @@ def test_full_disk_at_the_catalog_is_one_line_and_a_rerun_repairs(tiny_disk: Pat
     ]
     assert sorted(p.name for p in lake.iterdir()) == [
         "_manifest",
+        "rollups",
         "runs",
         "samples",
         "tokens",
@@ -132,14 +134,16 @@ def test_a_catalog_without_its_views_never_replaces_the_old_one(
     lake = tmp_path / "lake"
     extract(REAL_DUMPS / "basic", lake)
     before = (lake / "tokenlake.duckdb").read_bytes()
-    monkeypatch.setattr("tokenlake.serve.catalog.create_sql_views", lambda con: [])  # views "lost"
+    monkeypatch.setattr(
+        "tokenlake.serve.catalog.create_sql_views", lambda con, queries=None: []
+    )  # views "lost"
     code, out, err = cli("views", str(lake))
     assert (code, out) == (1, "")
     assert len(err) == 1
     assert err[0].startswith(
         f"Error: Lake `{lake}/tokenlake.duckdb`: catalog lacks views `drift_by_length`,"
     )
-    assert err[0].endswith("`step_stats` after its build")
+    assert err[0].endswith(f"`{schema.ROLLUP_TABLES[-1]}` after its build")
     assert (lake / "tokenlake.duckdb").read_bytes() == before
     assert sorted(p.name for p in lake.iterdir() if p.name.startswith(".")) == []
 
@@ -152,7 +156,7 @@ def test_duckdb_failing_on_a_full_disk_is_one_line(
     lake = tmp_path / "lake"
     extract(REAL_DUMPS / "basic", lake)
 
-    def full(con: Any) -> list[str]:
+    def full(con: Any, queries: Any = None) -> list[str]:
         raise duckdb.IOException('IO Error: Could not write file "x": No space left on device')
 
     monkeypatch.setattr("tokenlake.serve.catalog.create_sql_views", full)

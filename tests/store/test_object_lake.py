@@ -80,7 +80,7 @@ def listed_keys(bucket: str, prefix: str, lake: str) -> list[str]:
     keys = [f"{prefix}/{layout.CATALOG_FILE}"]
     for record in manifest.load_all(lake):
         keys.append(f"{prefix}/_manifest/{record.run}.json")
-        keys += [f"{prefix}/{name}" for table in schema.TABLES for name in record.files(table)]
+        keys += [f"{prefix}/{name}" for table in schema.LAKE_TABLES for name in record.files(table)]
     return sorted(keys)
 
 

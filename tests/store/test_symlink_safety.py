@@ -17,6 +17,7 @@ import pytest
 
 from tests.fixture_paths import REAL_DUMPS
 from tests.store.test_hostile_lake import cli, extract, snapshot
+from tokenlake import schema
 from tokenlake.errors import LakeError
 from tokenlake.store import manifest
 from tokenlake.store.local import LocalStore
@@ -82,8 +83,11 @@ def test_a_linked_step_folder_is_refused_and_never_swept(lakes: tuple[Path, Path
     plant_link(lake, step, other / "samples" / "run=basic" / "rollout_id=1")
     assert cli("drop", str(lake), "evil") == (1, "", [link_error(lake, step)])
     # the sweep itself (were it reached some other way) deletes nothing behind the link
-    assert LocalStore(lake).delete_unlisted(manifest.RunManifest(run="evil", source_dir="")) == 7
-    assert (lake / step).is_symlink()  # the other 7 files of the run are gone
+    files = 7 + 3 * len(schema.ROLLUP_TABLES)  # its tables' files, and its 3 steps' rollups
+    assert (
+        LocalStore(lake).delete_unlisted(manifest.RunManifest(run="evil", source_dir="")) == files
+    )
+    assert (lake / step).is_symlink()  # the run's other files are gone
     assert snapshot(other) == before
 
 

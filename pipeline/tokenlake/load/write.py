@@ -84,6 +84,7 @@ def write_lake_file(
     table: str,
     data: pa.Table,
     metadata: dict[bytes, bytes],
+    table_schema: pa.Schema | None = None,
 ) -> int:
     """Write one step's rows of `table` as the lake file `relative`, atomically.
 
@@ -92,12 +93,16 @@ def write_lake_file(
 
     Args:
         lake: A lake (`store_at`) or its location.
+        table_schema: The rows' schema, for a table whose columns `schema.TABLE_SCHEMAS` does
+            not hold (a rollup: its SQL header gives them, `serve.rollups.rollup_schema`).
 
     Returns:
         The number of rows written.
     """
     store = store_at(lake)
-    table_schema = schema.TABLE_SCHEMAS[table].with_metadata(metadata)
+    if table_schema is None:
+        table_schema = schema.TABLE_SCHEMAS[table]
+    table_schema = table_schema.with_metadata(metadata)
     if data.schema.remove_metadata() != table_schema.remove_metadata():
         where = store.url(relative)
         raise LakeError(where, f"rows do not match the `{table}` schema: {data.schema}")

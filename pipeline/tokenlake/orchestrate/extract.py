@@ -24,6 +24,7 @@ from tokenlake import schema
 from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError
 from tokenlake.layout import Location, check_run_name, manifest_name
 from tokenlake.load import lake_files
+from tokenlake.orchestrate import maintain
 from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_reporter
 from tokenlake.orchestrate.scheduler import Todo, run_steps, sigint_deferred, sigint_held
 from tokenlake.orchestrate.step import StepOutcome, StepStatus
@@ -307,6 +308,8 @@ def _publish_if_needed(
         summary.ignored_files.append(warning)
     metrics_changed, warnings = lake_files.refresh_metrics(store, record)
     summary.warnings.extend(warnings)
+    # Steps kept as they were but written by an older tokenlake get its rollups now.
+    rollups_changed = maintain.refresh_rollups(store, record) > 0
     # A new or changed meta.json (or a runs row of schema version 1) rewrites the runs row.
     meta_changed = lake_files.meta_source(record) != record.meta_source
     if (
@@ -314,6 +317,7 @@ def _publish_if_needed(
         or metrics_changed
         or meta_changed
         or tags_changed
+        or rollups_changed
         or _changed(summary)
         or catalog_is_stale(store)
     ):

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenlake import tags
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tokenlake import schema, tags
 from tokenlake.errors import LakeError
 from tokenlake.layout import Location
 from tokenlake.load import lake_files
+from tokenlake.orchestrate.step import write_step_files
 from tokenlake.processes import crash_point
 from tokenlake.read import dump
-from tokenlake.serve import catalog
+from tokenlake.serve import catalog, rollups
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
 
@@ -53,8 +57,16 @@ def tag_run(
     return record.tags
 
 
-def rebuild_views(lake: Location | Store, warnings: list[str] | None = None) -> Path | str:
-    """Rebuild the catalog from the manifests, under the writer lock; returns its path or URL.
+def rebuild_views(
+    lake: Location | Store,
+    warnings: list[str] | None = None,
+    recompute: bool = False,
+    computed: list[int] | None = None,
+) -> Path | str:
+    """Compute the rollups steps lack (written by an older tokenlake, or with other
+    drift_settings defaults; with `recompute`, every step's) from their token files, then
+    rebuild the catalog from the manifests, under the writer lock; returns the catalog's path
+    or URL; `computed`, when given, receives how many steps got new rollups.
 
     Never in a dump or a stray folder (`require`), never while an extraction writes the lake,
     nor under another program holding the catalog for writing; a catalog half-built by a
@@ -64,4 +76,73 @@ def rebuild_views(lake: Location | Store, warnings: list[str] | None = None) -> 
     with store.lock():
         catalog.refuse_if_held(store)
         store.delete_stale_temporaries()
-        return catalog.build_catalog(store, warnings)
+        records = manifest.load_all(store)
+        counts = {r.run: refresh_rollups(store, r, recompute) for r in records}
+        refreshed = [r for r in records if counts[r.run]]
+        if computed is not None:
+            computed.append(sum(counts.values()))
+        for record in refreshed:
+            manifest.save_manifest(store, record)  # the commit point of its new rollups
+        where = catalog.build_catalog(store, warnings)
+        for record in refreshed:
+            store.delete_unlisted(record)  # the rollups they replace
+        return where
+
+
+def refresh_rollups(store: Store, record: manifest.RunManifest, every: bool = False) -> int:
+    """Compute and write the rollups of the run's steps that lack current ones (`every`: of
+    all its steps), from the step's own token and sample files (never the dump), and point the
+    record at them; the caller saves the manifest. Returns how many steps got new rollups.
+
+    A step whose files were written by an older schema reads the columns added since as NULL,
+    as the views do; its next extraction rewrites it.
+    """
+    current = rollups.default_settings_digests()
+    refreshed = 0
+    for step in record.steps.values():
+        if not every and rollups.is_current(step, current):
+            continue
+        tables = {t: _read_step_table(store, step, t) for t in (schema.TOKENS, schema.SAMPLES)}
+        computed = rollups.compute_step(
+            tables[schema.TOKENS], tables[schema.SAMPLES], record.run, step.rollout_id
+        )
+        written: dict[str, str] = {}
+        where = (
+            step.rollout_id,
+            step.evaluation,
+            f"{schema.TOKENS}: {step.files.get(schema.TOKENS)}",
+        )
+        try:
+            write_step_files(store, record.run, where, list(computed.tables.items()), written)
+        except BaseException:
+            store.delete(written.values())  # half a step's rollups must not linger
+            raise
+        step.files.update(written)
+        step.rollup_version, step.rollup_settings = computed.version, computed.settings
+        refreshed += 1
+    return refreshed
+
+
+def _read_step_table(store: Store, step: manifest.StepRecord, table: str) -> pa.Table:
+    """One table of a committed step, as its current schema (columns added since its schema
+    version read NULL).
+
+    Raises:
+        LakeError: The file cannot be read.
+    """
+    name = step.files.get(table)
+    if name is None:  # a step without rows of the table: none to roll up
+        return schema.TABLE_SCHEMAS[table].empty_table()
+    try:
+        where, filesystem = store.arrow_source(name)
+        rows = pq.read_table(where, filesystem=filesystem)
+    except (pa.ArrowException, OSError) as exc:
+        raise LakeError(store.url(name), f"cannot be read ({exc}); extract the run again") from exc
+    wanted = schema.TABLE_SCHEMAS[table]
+    for field in wanted:
+        if field.name not in rows.column_names:
+            rows = rows.append_column(field.name, pa.nulls(rows.num_rows, field.type))
+    try:
+        return rows.select(wanted.names).cast(wanted)
+    except (pa.ArrowException, ValueError) as exc:
+        raise LakeError(store.url(name), f"does not hold the `{table}` columns ({exc})") from exc

@@ -25,6 +25,7 @@ from tokenlake.errors import (
 from tokenlake.layout import Location, new_name
 from tokenlake.load import write
 from tokenlake.read import dump, remote_dump
+from tokenlake.serve import rollups
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
 from tokenlake.transform.tables import StepResult, build_step
@@ -136,8 +137,9 @@ def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepSta
     except OSError as exc:  # a file vanished or became unreadable between listing and reading
         text = f"`{exc.filename}`: {exc.strerror}. Extract again once the file is readable."
         return StepOutcome(files.label, status, error=remote_dump.as_urls(files, read, text))
+    step_rollups = rollups.compute_step(tokens, samples_table, run, files.rollout_id)
     try:
-        written = _write_step(files, store, run, tokens, samples_table, experts)
+        written = _write_step(files, store, run, tokens, samples_table, experts, step_rollups)
     except LakeError as exc:
         return StepOutcome(files.label, status, lake_error=(exc.path, exc.problem))
     except OSError as exc:  # e.g. a partition directory cannot be created
@@ -153,6 +155,8 @@ def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepSta
         train_files=result.train_files,
         checksum=manifest.tokens_checksum(tokens),
         schema_version=schema.SCHEMA_VERSION,
+        rollup_version=step_rollups.version,
+        rollup_settings=step_rollups.settings,
     )
     return StepOutcome(files.label, status, result=result, record=record)
 
@@ -196,24 +200,43 @@ def _write_step(
     run: str,
     tokens: pa.Table,
     samples_table: pa.Table,
-    experts: pa.Table | None = None,
+    experts: pa.Table | None,
+    step_rollups: rollups.StepRollups,
 ) -> dict[str, str]:
-    """Write the step's files under fresh names; returns table -> name relative to the lake."""
-    stem = schema.EVAL_STEM if files.evaluation else schema.TRAIN_STEM
-    generation = secrets.token_hex(4)  # fresh names: the manifest decides when they count
+    """Write the step's files (its tables, then its rollups) under fresh names; returns
+    table -> name relative to the lake."""
     written: dict[str, str] = {}
-    tables = [(schema.TOKENS, tokens), (schema.SAMPLES, samples_table)]
+    tables: list[tuple[str, pa.Table]] = [(schema.TOKENS, tokens), (schema.SAMPLES, samples_table)]
     if experts is not None:
         tables.append((schema.EXPERTS, experts))
+    tables += list(step_rollups.tables.items())
     try:
-        for table, data in tables:
-            written[table] = new_name(table, run, stem, files.rollout_id, generation)
-            metadata = write.file_metadata(table, run, _source_name(files))
-            write.write_lake_file(store, written[table], table, data, metadata)
+        where = (files.rollout_id, files.evaluation, _source_name(files))
+        write_step_files(store, run, where, tables, written)
     except BaseException:
         store.delete(written.values())  # half a step must not linger (full or read-only lake)
         raise
     return written
+
+
+def write_step_files(
+    store: Store,
+    run: str,
+    step: tuple[int, bool, str],
+    tables: list[tuple[str, pa.Table]],
+    written: dict[str, str],
+) -> None:
+    """Write each (table, rows) of one step (rollout_id, evaluation, the source its files'
+    metadata names) under fresh names of one generation, recording each name in `written` as
+    soon as it exists (so a failure can delete what was written)."""
+    rollout_id, evaluation, source = step
+    stem = schema.EVAL_STEM if evaluation else schema.TRAIN_STEM
+    generation = secrets.token_hex(4)  # fresh names: the manifest decides when they count
+    for table, data in tables:
+        written[table] = new_name(table, run, stem, rollout_id, generation)
+        metadata = write.file_metadata(table, run, source)
+        table_schema = rollups.rollup_schema(table) if table in schema.ROLLUP_TABLES else None
+        write.write_lake_file(store, written[table], table, data, metadata, table_schema)
 
 
 def _source_name(files: dump.StepFiles) -> str:

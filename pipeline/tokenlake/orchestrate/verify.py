@@ -20,7 +20,7 @@ from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, PipelineError, UsageEr
 from tokenlake.layout import Location, check_relative, check_run_name
 from tokenlake.read import dump
 from tokenlake.read.remote_dump import is_object_store_url, is_remote, local_root, shown_path
-from tokenlake.serve import catalog
+from tokenlake.serve import catalog, rollups
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
 
@@ -39,8 +39,11 @@ class Problem:
         return f"run `{self.run}` step {self.step}: {self.message}"
 
 
-def verify_lake(lake: Location | Store, run: str | None = None) -> tuple[int, list[Problem]]:
-    """Check every (or one) run of the lake.
+def verify_lake(
+    lake: Location | Store, run: str | None = None, deep: bool = False
+) -> tuple[int, list[Problem]]:
+    """Check every (or one) run of the lake; with `deep`, also compute each step's rollups
+    from its tokens and compare them with the stored ones.
 
     Returns:
         The number of steps checked and the problems found (empty when consistent).
@@ -70,7 +73,7 @@ def verify_lake(lake: Location | Store, run: str | None = None) -> tuple[int, li
             )
         for key, step in sorted(record.steps.items(), key=lambda kv: (kv[1].rollout_id, kv[0])):
             checked += 1
-            found = check_step(lake, record, step, root)
+            found = check_step(lake, record, step, root, deep)
             problems += [Problem(record.run, key, m) for m in found]
     store = store_at(lake)
     if runs or store.exists(store.catalog_name):  # a catalog may outlive the last run
@@ -107,12 +110,14 @@ def check_step(
     record: manifest.RunManifest,
     step: manifest.StepRecord,
     root: Path | None = None,
+    deep: bool = False,
 ) -> list[str]:
     """The problems of one step (empty list when it is consistent).
 
     Args:
         root: Where the run's dump is read (`remote_dump.local_root`); None: not checked
             when the dump is on an object store that could not be listed.
+        deep: Also compute the step's rollups from its tokens and compare.
     """
     store = store_at(lake)
     missing = [name for name in step.files.values() if not store.exists(name)]
@@ -147,6 +152,29 @@ def check_step(
         problems.append(f"`tokens` has {tokens.num_rows} rows; extracted {step.tokens}")
     if manifest.tokens_checksum(tokens) != step.checksum:
         problems.append("token ids or loss masks differ from what was extracted (checksum)")
+    if deep and not problems:
+        problems += _check_rollups(record.run, step, tables)
+    return problems
+
+
+def _check_rollups(run: str, step: manifest.StepRecord, tables: dict[str, pa.Table]) -> list[str]:
+    """The step's stored rollups against the rollups of its tokens and samples."""
+    if not rollups.is_current(step, rollups.default_settings_digests()):
+        return [
+            "has no rollups of this tokenlake version (the views read its tokens);"
+            " `tokenlake views LAKE` computes them"
+        ]
+    computed = rollups.compute_step(
+        tables[schema.TOKENS], tables[schema.SAMPLES], run, step.rollout_id
+    )
+    problems = []
+    for name, rows in computed.tables.items():
+        found = rollups.differences(name, tables[name], rows)
+        if found is not None:
+            problems.append(
+                f"rollup `{name}` differs from its tokens: {found};"
+                " `tokenlake views LAKE --recompute` computes the rollups again"
+            )
     return problems
 
 

@@ -28,9 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tokenlake import schema
 from tokenlake.errors import DumpNotFoundError, LakeError
-from tokenlake.layout import MANIFEST_DIR, is_url
+from tokenlake.layout import TOP_LEVEL_DIRS, is_url
 from tokenlake.read import formats, ptread
 from tokenlake.read.dump import Dump, RemoteFiles, StepFiles
 from tokenlake.read.private_cache import PRIVATE_MODE, make_folders
@@ -177,7 +176,7 @@ def check_apart(listing: Dump, lake: Path | str) -> None:
     dump_key, lake_key = dump_at[2], store_at[2]
     if lake_key[: len(dump_key)] == dump_key:
         raise LakeError(where, f"is inside the dump `{dump}`; tokenlake never writes there")
-    own = [(*lake_key, name) for name in (*schema.TABLES, MANIFEST_DIR)]
+    own = [(*lake_key, name) for name in TOP_LEVEL_DIRS]
     if any(dump_key[: len(folder)] == folder for folder in own):
         raise LakeError(where, f"would write into the dump `{dump}`; choose another --lake")
 

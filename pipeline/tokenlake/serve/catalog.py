@@ -33,6 +33,7 @@ from tokenlake.errors import LakeError
 from tokenlake.layout import Location
 from tokenlake.processes import crash_point
 from tokenlake.read import dump
+from tokenlake.serve import rollups
 from tokenlake.serve.sql_views import (
     base_view_sql,
     create_sql_views,
@@ -116,16 +117,22 @@ def _catalog_url(store: Store) -> str:
 def create_all_views(
     con: duckdb.DuckDBPyConnection, lake: Location | Store, records: list[manifest.RunManifest]
 ) -> list[str]:
-    """Base views over the files `records` list, macros, tokenlake's views and the user's;
-    returns the skipped user views."""
+    """Base views over the files `records` list, macros, tokenlake's views (the rollups over
+    their stored files where every step has current ones) and the user's; returns one line for
+    steps without current rollups, then the skipped user views."""
     store = store_at(lake)
     if store.filesystem is not None:  # an object store: DuckDB reads it through fsspec
         con.register_filesystem(store.filesystem)
     create_base_views(con, lake, records)
     for path in iter_macro_files():
         con.execute(path.read_text(encoding="utf-8"))
-    create_sql_views(con)
-    return create_user_views(con, lake)
+    stored = rollups.catalog_views(
+        [step for record in records for step in record.steps.values()],
+        {name: _listed_files(store, records, name) for name in schema.ROLLUP_TABLES},
+    )
+    create_sql_views(con, stored.queries)
+    problems = [stored.problem] if stored.problem else []
+    return problems + create_user_views(con, lake)
 
 
 # How a catalog records the digest of the file lists it was built from: a macro, like the
@@ -146,7 +153,7 @@ def listed_digest(lake: Location | Store) -> str:
 def _digest_of(records: list[manifest.RunManifest]) -> str:
     digest = hashlib.blake2b(digest_size=16)
     for record in records:
-        for table in schema.TABLES:
+        for table in schema.LAKE_TABLES:
             for name in record.files(table):
                 line = f"{record.run}\0{table}\0{name}\n"
                 digest.update(line.encode("utf-8", "surrogatepass"))

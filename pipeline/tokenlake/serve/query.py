@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -17,12 +18,14 @@ import pyarrow as pa
 
 from tokenlake.errors import UsageError
 from tokenlake.layout import Location
-from tokenlake.serve import catalog
+from tokenlake.serve import catalog, rollups
 from tokenlake.store.base import Store
 from tokenlake.terminal import escape_controls, plural
 
 if TYPE_CHECKING:
     import duckdb
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("table", "csv", "json", "parquet")
 SETTINGS_VIEW = "drift_settings"
@@ -45,10 +48,30 @@ def open_lake(
     try:
         if settings:
             con.execute(settings_override_sql(con, settings))
+            _say_what_reads_the_tokens(con)
     except BaseException:
         con.close()
         raise
     return con
+
+
+def _say_what_reads_the_tokens(con: duckdb.DuckDBPyConnection) -> None:
+    """One line when the overrides change what stored rollups were computed with: those are
+    computed from the tokens for this connection (right, and slower)."""
+    changed = rollups.recomputed_rollups(con, _catalog_settings(con))
+    if changed:
+        names = ", ".join(f"`{name}`" for name in changed)
+        log.warning(
+            "these drift settings differ from those the stored rollups %s were computed with:"
+            " they are computed from the tokens for this query (slower)",
+            names,
+        )
+
+
+def _catalog_settings(con: duckdb.DuckDBPyConnection) -> str:
+    """The catalog's own `drift_settings`, by its qualified name (a TEMP one shadows it)."""
+    database = con.execute("SELECT current_database()").fetchall()[0][0]
+    return f"{_quote_ident(database)}.main.{SETTINGS_VIEW}"
 
 
 def settings_override_sql(con: duckdb.DuckDBPyConnection, settings: Mapping[str, float]) -> str:
@@ -57,8 +80,7 @@ def settings_override_sql(con: duckdb.DuckDBPyConnection, settings: Mapping[str,
     Raises:
         UsageError: A name is not a column of `drift_settings`.
     """
-    database = con.execute("SELECT current_database()").fetchall()[0][0]
-    qualified = f"{_quote_ident(database)}.main.{SETTINGS_VIEW}"
+    qualified = _catalog_settings(con)
     types = {name: type_ for name, type_, *_ in con.execute(f"DESCRIBE {qualified}").fetchall()}
     unknown = sorted(set(settings) - set(types))
     if unknown:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -150,8 +150,29 @@ def header_comment(sql_text: str) -> str:
     return "\n".join(line[2:].strip() for line in header_comment_lines(sql_text)).strip()
 
 
-def create_sql_views(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Create every `sql/*.sql` view, each after the views its `Inputs:` header names.
+def view_query(name: str, sql_text: str) -> str:
+    """The query of a view file: what follows `CREATE OR REPLACE VIEW <name> AS`.
+
+    Examples:
+        >>> view_query("v", "-- v\nCREATE OR REPLACE VIEW v AS\nSELECT 1;\n")
+        'SELECT 1'
+    """
+    match = re.search(
+        rf"CREATE\s+OR\s+REPLACE\s+VIEW\s+{re.escape(name)}\s+AS\s+(.*)",
+        sql_text,
+        re.DOTALL | re.IGNORECASE,
+    )
+    if match is None:
+        raise LakeError(view_file(name), f"must hold one `CREATE OR REPLACE VIEW {name} AS ...`")
+    return match.group(1).strip().rstrip(";").strip()
+
+
+def create_sql_views(
+    con: duckdb.DuckDBPyConnection, queries: Mapping[str, str] | None = None
+) -> list[str]:
+    """Create every `sql/*.sql` view, each after the views its `Inputs:` header names;
+    a view named in `queries` is defined by that query instead of its file (a rollup over its
+    stored files), still in its file's place in the order.
 
     Returns:
         The view names in the order they were created.
@@ -164,7 +185,10 @@ def create_sql_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     created = view_order({name: view_inputs(text) for name, text in texts.items()})
     for name in created:
         try:
-            con.execute(texts[name])
+            if queries and name in queries:
+                con.execute(f"CREATE OR REPLACE VIEW {name} AS {queries[name]}")
+            else:
+                con.execute(texts[name])
         except duckdb.CatalogException as exc:  # it reads something its header does not name
             first = str(exc).splitlines()[0]
             raise LakeError(view_file(name), f"view cannot be created: {first}") from exc

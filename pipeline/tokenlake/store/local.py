@@ -25,11 +25,13 @@ from tokenlake.layout import (
     CATALOG_FILE,
     LOCK_FILE,
     MANIFEST_DIR,
+    TOP_LEVEL_DIRS,
     USER_VIEWS_DIR,
     check_relative,
     local_path,
     manifest_name,
     new_name,
+    table_dir_parts,
     temporary_owner,
     temporary_path,
 )
@@ -225,11 +227,11 @@ class LocalStore:
         # The manifest's folder: a manifest that is itself a link is a damaged manifest, which
         # drop removes (the link, never what it points to).
         nofollow.refuse_links(self.root, PurePosixPath(manifest_name(run)).parts[:-1])
-        for table in schema.TABLES:
-            run_dir = (table, f"{schema.RUN}={run}")
+        for table in schema.LAKE_TABLES:
+            run_dir = (*table_dir_parts(table), f"{schema.RUN}={run}")
             nofollow.refuse_links(self.root, run_dir)
             with nofollow.opened(self.root, run_dir) as folders:
-                if len(folders) == 3:
+                if len(folders) == len(run_dir) + 1:  # the root, then each part
                     nofollow.refuse_links_in(self.root, folders[-1], "/".join(run_dir), depth=2)
 
     @property
@@ -278,7 +280,7 @@ class LocalStore:
             raise LakeError(self.root, "is inside the dump directory; tokenlake never writes there")
         if self.root.exists() and not self.root.is_dir():
             raise LakeError(self.root, "is a file, not a directory; choose another --lake")
-        own = [self.root / name for name in (*schema.TABLES, MANIFEST_DIR)]
+        own = [self.root / name for name in TOP_LEVEL_DIRS]
         if any(dump_root == p or p in dump_root.parents for p in own):
             raise LakeError(
                 self.root, f"would write into the dump `{dump_root}`; choose another --lake"
@@ -340,16 +342,17 @@ class LocalStore:
         Safe only under `lock`: then no other writer has files in flight.
         """
         listed = {
-            str(PurePosixPath(name)) for table in schema.TABLES for name in record.files(table)
+            str(PurePosixPath(name)) for table in schema.LAKE_TABLES for name in record.files(table)
         }
         deleted = 0
-        for table in schema.TABLES:
+        for table in schema.LAKE_TABLES:
             run_name = f"{schema.RUN}={record.run}"
-            with nofollow.opened(self.root, (table, run_name)) as folders:
-                if len(folders) < 3:
+            run_dir = (*table_dir_parts(table), run_name)
+            with nofollow.opened(self.root, run_dir) as folders:
+                if len(folders) < len(run_dir) + 1:
                     continue
-                deleted += nofollow.sweep_run(folders[2], f"{table}/{run_name}", listed)
-                nofollow.rmdir_in(folders[1], run_name)
+                deleted += nofollow.sweep_run(folders[-1], "/".join(run_dir), listed)
+                nofollow.rmdir_in(folders[-2], run_name)
         if deleted:
             log.info("deleted %d files of run %s that no manifest lists", deleted, record.run)
         return deleted

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -69,6 +70,11 @@ class StepRecord:
     # The `schema.SCHEMA_VERSION` its files were written with; manifests from before this
     # field existed were all version 1. A step of another version is extracted again.
     schema_version: int = 1
+    # What its rollup files (`files`, one per `schema.ROLLUP_TABLES`) were computed with: the
+    # digest of tokenlake's SQL (`serve.rollups.rollup_version`; "" for a step without
+    # rollups), and per rollup that depends on `drift_settings`, the digest of those settings.
+    rollup_version: str = ""
+    rollup_settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -278,12 +284,30 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
     return record
 
 
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+
+
+def _check_rollup_keys(step: StepRecord) -> None:
+    """A step's rollup digests are what tokenlake writes: hex digests, keyed by rollups
+    (ValueError). The catalog writes them into SQL as literals."""
+    if not isinstance(step.rollup_version, str) or not (
+        step.rollup_version == "" or _DIGEST.fullmatch(step.rollup_version)
+    ):
+        raise ValueError("a step's `rollup_version` is not a digest")
+    settings = _string_map(step.rollup_settings, "rollup_settings")
+    for rollup, digest in settings.items():
+        if rollup not in schema.ROLLUP_TABLES or not _DIGEST.fullmatch(digest):
+            raise ValueError(f"a step's `rollup_settings` holds {shown(rollup)}: {shown(digest)}")
+
+
 def _check_own_files(record: RunManifest) -> None:
     """A manifest lists only files of its own run's partitions, each once (ValueError)."""
     listed: list[str] = []
+    step_tables = (*schema.STEP_TABLES, *schema.ROLLUP_TABLES)
     for step in record.steps.values():
+        _check_rollup_keys(step)
         for table, name in step.files.items():
-            if table not in schema.STEP_TABLES:
+            if table not in step_tables:
                 raise ValueError(f"a step lists a file for {shown(table)}, not a step table")
             listed.append(check_listed(name, table, record.run, step.rollout_id))
     for table in (schema.RUNS, schema.VOCAB, schema.METRICS):

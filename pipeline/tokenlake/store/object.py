@@ -35,9 +35,11 @@ from tokenlake.layout import (
     CATALOG_FILE,
     LOCK_FILE,
     MANIFEST_DIR,
+    TOP_LEVEL_DIRS,
     USER_VIEWS_DIR,
     check_relative,
     is_data_file,
+    table_dir,
 )
 from tokenlake.store.base import FileWriter, RunListing, ViewFile
 
@@ -236,7 +238,7 @@ class ObjectStore:
         folders a lake writes but is not a lake."""
         if self.is_lake():
             return
-        for name in schema.TABLES:
+        for name in TOP_LEVEL_DIRS[:-1]:  # the manifest folder: is_lake said there is none
             if self._list(name)[:1]:
                 raise LakeError(
                     self.location,
@@ -293,11 +295,11 @@ class ObjectStore:
 
     def delete_unlisted(self, record: RunListing) -> int:
         """Delete the run's objects, named by this scheme, that its manifest does not list."""
-        listed = {name for table in schema.TABLES for name in record.files(table)}
+        listed = {name for table in schema.LAKE_TABLES for name in record.files(table)}
         doomed = [
             name
-            for table in schema.TABLES
-            for name in self._list(f"{table}/{schema.RUN}={record.run}")
+            for table in schema.LAKE_TABLES
+            for name in self._list(f"{table_dir(table)}/{schema.RUN}={record.run}")
             if name not in listed and is_data_file(name.rsplit("/", 1)[-1])
         ]
         self.delete(doomed)

@@ -1,0 +1,384 @@
+"""Rollups: the per-step partial aggregates that the views read instead of the tokens.
+
+Each file of `sql/rollups/` defines one rollup as a view over the base views (its header gives
+its grain, always within one step, its columns and the `drift_settings` it depends on). Two
+things are done with that one definition, so every formula has one owner:
+
+- At commit (`compute_step`), the rollup's rows for one step are computed by DuckDB from the
+  step's tables while they are in memory, and stored beside the step (`LAKE/rollups/<name>/`,
+  listed in the run manifest with the step's other files).
+- The catalog (`catalog_views`) defines the rollup's name over those stored files when every
+  step has them, computed by this tokenlake's SQL; otherwise the name keeps its definition over
+  the tokens (slower, never stale) and the build says so in one line. A rollup that depends on
+  `drift_settings` serves its stored rows only while the session's settings are the ones they
+  were computed with; under other settings (a TEMP override, `--set`) the same name computes
+  its rows from the tokens for that query.
+
+docs/rollups.md describes what each holds and how they are kept current and checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from tokenlake import schema
+from tokenlake.errors import LakeError
+from tokenlake.layout import partition_patterns
+from tokenlake.serve.sql_views import (
+    base_view_sql,
+    create_sql_views,
+    documented_columns,
+    iter_macro_files,
+    iter_rollup_files,
+    quote_literal,
+    sql_dir,
+    view_query,
+    view_settings,
+)
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from tokenlake.store.manifest import StepRecord
+
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "BOOLEAN": pa.bool_(),
+    "INTEGER": pa.int32(),
+    "BIGINT": pa.int64(),
+    "DOUBLE": pa.float64(),
+    "VARCHAR": pa.string(),
+}
+# Every rollup's first two columns: the step, which its files' partition folders name.
+_STEP_COLUMNS = (schema.RUN, schema.ROLLOUT_ID)
+
+
+@dataclass(frozen=True)
+class StepRollups:
+    """One step's rollup rows (without `run` and `rollout_id`, which its folders name), the
+    SQL digest they were computed with, and the settings digest of each that depends on
+    `drift_settings`."""
+
+    tables: dict[str, pa.Table]
+    version: str
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+def rollup_names() -> list[str]:
+    """The rollups `sql/rollups/` defines (`schema.ROLLUP_TABLES` names the same, in order)."""
+    return [path.stem for path in iter_rollup_files()]
+
+
+@cache
+def rollup_version() -> str:
+    """The digest of every SQL file tokenlake runs (views, rollups, macros, audits) and of the
+    schema version: rollups computed under another digest may hold other numbers, so they are
+    served only under this one."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"schema {schema.SCHEMA_VERSION}\n".encode())
+    root = sql_dir()
+    for path in sorted(root.rglob("*.sql")):
+        digest.update(f"{path.relative_to(root).as_posix()}\n".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@cache
+def _columns(name: str) -> tuple[tuple[str, str], ...]:
+    """The rollup's columns as its header documents them (name, DuckDB type)."""
+    path = sql_dir() / "rollups" / f"{name}.sql"
+    columns = documented_columns(path)
+    if tuple(c for c, _ in columns[:2]) != _STEP_COLUMNS:
+        raise LakeError(path, "a rollup's first columns must be `run` and `rollout_id`")
+    unknown = [(c, t) for c, t in columns if t not in _ARROW_TYPES]
+    if unknown:
+        raise LakeError(
+            path, f"column `{unknown[0][0]}` has type {unknown[0][1]}, not one a rollup stores"
+        )
+    return tuple(columns)
+
+
+def rollup_schema(name: str) -> pa.Schema:
+    """The columns of a rollup's files: its documented columns after `run` and `rollout_id`."""
+    return pa.schema([pa.field(c, _ARROW_TYPES[t]) for c, t in _columns(name)[2:]])
+
+
+@cache
+def settings_of(name: str) -> tuple[str, ...]:
+    """The `drift_settings` columns a rollup's rows depend on (its header's `Settings:`)."""
+    path = sql_dir() / "rollups" / f"{name}.sql"
+    settings = view_settings(path.read_text(encoding="utf-8"))
+    if settings is None:
+        raise LakeError(path, "has no `-- Settings:` line in its header")
+    return settings
+
+
+def settings_digest_sql(columns: Sequence[str]) -> str:
+    """A SQL expression over `drift_settings`' columns: the digest of their values, the same
+    at commit and in a query (each value as DuckDB writes it as text)."""
+    values = ", ".join(f"COALESCE({column}::VARCHAR, 'NULL')" for column in columns)
+    return f"md5(concat_ws('|', {values}))"
+
+
+# ---------------------------------------------------------------------------------------------
+# At commit: one step's rollups from its tables in memory
+# ---------------------------------------------------------------------------------------------
+
+_STEP_TOKENS = "tokenlake_step_tokens"
+_STEP_SAMPLES = "tokenlake_step_samples"
+_local = threading.local()  # one connection per thread: steps run in threads and processes
+
+
+def compute_step(tokens: pa.Table, samples: pa.Table, run: str, rollout_id: int) -> StepRollups:
+    """Every rollup's rows for one step (a train step or an eval file), computed by the
+    rollups' own SQL over the step's tables (without partition columns, as written).
+
+    DuckDB runs single-threaded here: extraction already runs one step per worker.
+    """
+    con = _step_connection()
+    con.register(_STEP_TOKENS, tokens)
+    con.register(_STEP_SAMPLES, samples)
+    try:
+        step = f"{quote_literal(run)}::VARCHAR AS {schema.RUN}, {int(rollout_id)}::BIGINT AS {schema.ROLLOUT_ID}"
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW {schema.TOKENS} AS SELECT {step}, * FROM {_STEP_TOKENS}"
+        )
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW {schema.SAMPLES} AS SELECT {step}, * FROM {_STEP_SAMPLES}"
+        )
+        tables = {name: _rows(con, name) for name in rollup_names()}
+        settings = {
+            name: _settings_digest(con, columns)
+            for name in rollup_names()
+            if (columns := settings_of(name))
+        }
+    finally:
+        con.unregister(_STEP_TOKENS)
+        con.unregister(_STEP_SAMPLES)
+    return StepRollups(tables, rollup_version(), settings)
+
+
+def _settings_digest(con: duckdb.DuckDBPyConnection, columns: Sequence[str]) -> str:
+    rows = con.execute(f"SELECT {settings_digest_sql(columns)} FROM drift_settings").fetchall()
+    return str(rows[0][0])  # drift_settings has one row
+
+
+def _rows(con: duckdb.DuckDBPyConnection, name: str) -> pa.Table:
+    query = f"SELECT * EXCLUDE ({', '.join(_STEP_COLUMNS)}) FROM {name}"
+    table = con.sql(query).to_arrow_table()
+    assert table is not None  # a query gives a table, empty or not
+    wanted = rollup_schema(name)
+    if table.schema.names != wanted.names:
+        raise LakeError(
+            sql_dir() / "rollups" / f"{name}.sql",
+            f"gives columns {', '.join(table.schema.names)}; its header documents {', '.join(wanted.names)}",
+        )
+    return table.cast(wanted)
+
+
+def default_settings_digests() -> dict[str, str]:
+    """The settings digest of each rollup that depends on `drift_settings`, under the defaults
+    of `sql/drift_settings.sql`: what `compute_step` records."""
+    con = _step_connection()
+    return {
+        name: _settings_digest(con, columns)
+        for name in rollup_names()
+        if (columns := settings_of(name))
+    }
+
+
+def is_current(step: StepRecord, settings: dict[str, str]) -> bool:
+    """Whether a step's rollups are this tokenlake's, computed under `settings` (as
+    `default_settings_digests` gives): nothing to compute again."""
+    return (
+        step.rollup_version == rollup_version()
+        and all(name in step.files for name in rollup_names())
+        and step.rollup_settings == settings
+    )
+
+
+# Floats computed in another order (DuckDB's sums) may differ in the last bits: equal within
+# this relative distance, or this absolute one near zero.
+TOLERANCE = 1e-12
+
+
+def differences(name: str, stored: pa.Table, computed: pa.Table) -> str | None:
+    """How one step's stored rows of a rollup differ from the rows computed from its tokens
+    (None: the same rows; counts, keys and flags exactly, floats within TOLERANCE).
+
+    Examples:
+        >>> t = pa.table({"k": [1, 2], "x": [0.5, 1.0]})
+        >>> differences("r", t, t) is None
+        True
+        >>> differences("r", t, pa.table({"k": [1, 2], "x": [0.5, 1.5]}))
+        'row 2 of 2: `x` is 1.0 stored, 1.5 from the tokens'
+    """
+    if stored.schema.names != computed.schema.names:
+        return f"columns {', '.join(stored.schema.names)}; the tokens give {', '.join(computed.schema.names)}"
+    if stored.num_rows != computed.num_rows:
+        return f"{stored.num_rows:,} rows stored; the tokens give {computed.num_rows:,}"
+    left, right = _sorted_rows(stored), _sorted_rows(computed)
+    for number, (a, b) in enumerate(zip(left, right, strict=True), start=1):
+        for column, x, y in zip(stored.schema.names, a, b, strict=True):
+            if not _same(x, y):
+                return f"row {number} of {len(left)}: `{column}` is {x!r} stored, {y!r} from the tokens"
+    return None
+
+
+def _sorted_rows(table: pa.Table) -> list[tuple[object, ...]]:
+    """The rows, ordered by their exact columns (keys, counts, flags), then the floats."""
+    rows = list(zip(*(table.column(i).to_pylist() for i in range(table.num_columns)), strict=True))
+    exact = [i for i, f in enumerate(table.schema) if not pa.types.is_floating(f.type)]
+    floats = [i for i, f in enumerate(table.schema) if pa.types.is_floating(f.type)]
+
+    def key(row: tuple[object, ...]) -> tuple[object, ...]:
+        return tuple((row[i] is None, repr(row[i])) for i in (*exact, *floats))
+
+    return sorted(rows, key=key)
+
+
+def _same(x: object, y: object) -> bool:
+    if isinstance(x, float) and isinstance(y, float):
+        if math.isnan(x) or math.isnan(y):
+            return math.isnan(x) and math.isnan(y)
+        return math.isclose(x, y, rel_tol=TOLERANCE, abs_tol=TOLERANCE)
+    return x == y
+
+
+def _step_connection() -> duckdb.DuckDBPyConnection:
+    con: duckdb.DuckDBPyConnection | None = getattr(_local, "con", None)
+    if con is None:
+        con = _new_step_connection()
+        _local.con = con
+    return con
+
+
+def _new_step_connection() -> duckdb.DuckDBPyConnection:
+    import duckdb
+
+    con = duckdb.connect(config={"threads": 1, "autoload_known_extensions": False})
+    for table in schema.TABLES:  # typed and empty; tokens and samples become the step's
+        con.execute(f"CREATE VIEW {table} AS {base_view_sql(table, [])}")
+    for path in iter_macro_files():
+        con.execute(path.read_text(encoding="utf-8"))
+    create_sql_views(con)
+    return con
+
+
+def recomputed_rollups(con: duckdb.DuckDBPyConnection, catalog_settings: str) -> list[str]:
+    """The rollups whose rows a connection computes from the tokens because its
+    `drift_settings` (a TEMP override) differ, in the columns the rollup depends on, from the
+    catalog's (`catalog_settings`: its qualified name), which the stored rows were computed
+    with."""
+    changed = []
+    for name in rollup_names():
+        columns = settings_of(name)
+        if not columns:
+            continue
+        digest = settings_digest_sql(columns)
+        rows = con.execute(
+            f"SELECT (SELECT {digest} FROM drift_settings)"
+            f" <> (SELECT {digest} FROM {catalog_settings})"
+        ).fetchall()
+        if rows[0][0]:
+            changed.append(name)
+    return changed
+
+
+# ---------------------------------------------------------------------------------------------
+# In the catalog: each rollup over its stored files, or over the tokens
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CatalogRollups:
+    """The SQL the catalog defines stored rollups with (name -> query), and one line for the
+    steps whose rollups cannot be served (None: every step's can)."""
+
+    queries: dict[str, str]
+    problem: str | None
+
+
+def catalog_views(steps: Sequence[StepRecord], files: dict[str, list[str]]) -> CatalogRollups:
+    """How the catalog defines each rollup, given every step record of the lake and each
+    rollup's files (paths or URLs, as the base views list them)."""
+    version = rollup_version()
+    lacking = [s for s in steps if s.rollup_version != version or not _has_all_files(s)]
+    queries: dict[str, str] = {}
+    mixed = 0
+    if not lacking:
+        for name in rollup_names():
+            settings = settings_of(name)
+            digests = {s.rollup_settings.get(name) for s in steps}
+            if settings and len(digests) > 1:
+                mixed += 1
+                continue
+            query = _stored_query(name, files.get(name, []))
+            digest = next(iter(digests), None)
+            if settings and digest is not None:
+                query = _guarded(name, query, settings, digest)
+            queries[name] = query
+    return CatalogRollups(queries, _problem(len(lacking), len(steps), mixed))
+
+
+def _has_all_files(step: StepRecord) -> bool:
+    return all(name in step.files for name in rollup_names())
+
+
+def _problem(lacking: int, steps: int, mixed: int) -> str | None:
+    if lacking:
+        return (
+            f"{lacking:,} of {steps:,} steps have no rollups of this tokenlake version: the views"
+            " read the tokens (slower) until `tokenlake views LAKE` computes them"
+        )
+    if mixed:
+        return (
+            f"{mixed} rollups were computed with different drift_settings defaults across steps:"
+            " they read the tokens (slower) until `tokenlake views LAKE` computes them again"
+        )
+    return None
+
+
+def _stored_query(name: str, files: Iterable[str]) -> str:
+    """The rollup over its files, typed as its header says, the step from each file's path."""
+    columns = _columns(name)
+    listed = [quote_literal(str(f)) for f in files]
+    if not listed:
+        nothing = ", ".join(f"NULL::{t} AS {c}" for c, t in columns)
+        return f"SELECT {nothing} WHERE false"
+    parsed = [
+        f"CAST(regexp_extract(filename, {quote_literal(pattern)}, 1) AS {t}) AS {c}"
+        for (c, t), pattern in zip(columns[:2], partition_patterns(name).values(), strict=True)
+    ]
+    typed = [f"CAST({c} AS {t}) AS {c}" for c, t in columns[2:]]
+    source = f"read_parquet([{', '.join(listed)}], hive_partitioning = false, filename = true)"
+    return f"SELECT {', '.join([*parsed, *typed])} FROM {source}"
+
+
+_HIT = "tokenlake_settings_hit"
+
+
+def _guarded(name: str, stored: str, settings: Sequence[str], digest: str) -> str:
+    """The stored rows while the session's drift_settings give `digest`, else the rollup's
+    own query over the tokens. The fallback is a join with a one-row-or-empty relation: DuckDB
+    skips a hash join's probe side when its build side is empty, so the tokens are not read
+    while the settings match (a WHERE on a scalar subquery would still scan them)."""
+    if not re.fullmatch(r"[0-9a-f]{32}", digest):  # the manifest check allows only digests
+        raise ValueError(f"not a settings digest: {digest!r}")
+    current = f"(SELECT {settings_digest_sql(settings)} FROM drift_settings)"
+    live = view_query(name, (sql_dir() / "rollups" / f"{name}.sql").read_text(encoding="utf-8"))
+    return (
+        f"SELECT * FROM ({stored}) WHERE {current} = '{digest}'\n"
+        f"UNION ALL\n"
+        f"SELECT live.* EXCLUDE ({_HIT}) FROM (SELECT *, 1 AS {_HIT} FROM ({live})) AS live\n"
+        f"JOIN (SELECT 1 AS {_HIT} FROM drift_settings"
+        f" WHERE {settings_digest_sql(settings)} <> '{digest}') AS guard USING ({_HIT})"
+    )
