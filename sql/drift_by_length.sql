@@ -2,8 +2,9 @@
 -- Grain: one row per (run, rollout_id, length_bucket) with at least one covered finite token.
 -- Buckets are log2-spaced on samples.response_length R: bucket b holds R in
 --   [2^b, 2^(b+1) - 1], i.e. 0: {1}, 1: {2, 3}, 2: {4..7}, ...; null when R is unknown.
--- Inputs: drift_token_samples; macros drift_breakdown, drift_statistics, log2_bucket
---         (sql/macros).
+-- Inputs: drift_sample_parts (the per-sample rollup: each sample's token count and sums, so no
+--         pass over the tokens), samples; macros drift_totals, drift_statistics, log2_bucket
+--         (sql/macros). A sample without a row in `samples` keeps its tokens, with null keys.
 -- Columns:
 --   run              VARCHAR  run name
 --   rollout_id       BIGINT   training step
@@ -16,18 +17,26 @@
 CREATE OR REPLACE VIEW drift_by_length AS
 WITH keyed AS (
     SELECT
-        run,
-        rollout_id,
-        batch_position,
+        p.run,
+        p.rollout_id,
         '' AS share_scope,
-        log2_bucket(response_length) AS length_bucket,
-        lp_diff,
-        abs_lp_diff,
-        k3
-    FROM drift_token_samples
+        log2_bucket(s.response_length) AS length_bucket,
+        1 AS samples,
+        p.tokens,
+        p.sum_lp_diff AS lp_diff_sum,
+        p.abs_lp_diff_sum,
+        p.max_abs_lp_diff,
+        p.k3_sum,
+        p.exp_abs_lp_diff_sum
+    FROM drift_sample_parts AS p
+    LEFT JOIN samples AS s
+        ON s.run = p.run
+        AND s.rollout_id = p.rollout_id
+        AND NOT s.evaluation
+        AND s.batch_position = p.batch_position
 ),
 grouped AS MATERIALIZED (
-    SELECT * FROM drift_breakdown(keyed)
+    SELECT * FROM drift_totals(keyed)
 )
 SELECT
     run,

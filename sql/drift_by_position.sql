@@ -2,7 +2,8 @@
 -- Grain: one row per (run, rollout_id, position_bucket) with at least one covered finite token.
 -- Buckets are log2-spaced: bucket b holds response positions [2^b - 1, 2^(b+1) - 2], i.e.
 --   0: {0}, 1: {1, 2}, 2: {3..6}, 3: {7..14}, ...
--- Inputs: drift_tokens; macros drift_breakdown, drift_statistics, log2_bucket (sql/macros).
+-- Inputs: drift_breakdown_parts (the per-step rollup, dimension 'position'); macro
+--         drift_statistics (sql/macros).
 -- Columns:
 --   run              VARCHAR  run name
 --   rollout_id       BIGINT   training step
@@ -13,20 +14,15 @@
 --     samples, mean_lp_diff, mean_abs_lp_diff, max_abs_lp_diff, k3_kl, k3_share (within the
 --     step), mult_prob_error
 CREATE OR REPLACE VIEW drift_by_position AS
-WITH keyed AS (
+WITH grouped AS MATERIALIZED (
     SELECT
         run,
         rollout_id,
-        batch_position,
         '' AS share_scope,
-        log2_bucket(position + 1) AS position_bucket,
-        lp_diff,
-        abs_lp_diff,
-        k3
-    FROM drift_tokens
-),
-grouped AS MATERIALIZED (
-    SELECT * FROM drift_breakdown(keyed)
+        bucket AS position_bucket,
+        * EXCLUDE (run, rollout_id, dimension, bucket, token_version, token_staleness)
+    FROM drift_breakdown_parts
+    WHERE dimension = 'position'
 )
 SELECT
     run,

@@ -6,7 +6,8 @@
 --                  0.9 | 0.99 | inf   (buckets 0..9; bucket 9 includes probability 1)
 --   entropy (nats): -inf | 0.01 | 0.1 | 0.5 | 1 | 2 | 4 | inf   (buckets 0..6; tokens without
 --                  a dumped entropy are not in this dimension)
--- Inputs: drift_tokens; macros drift_parts, drift_rollup, drift_statistics (sql/macros).
+-- Inputs: drift_breakdown_parts (the per-step rollup, dimensions 'rollout_prob' and 'entropy',
+--         whose buckets are the lower edges below); macro drift_statistics (sql/macros).
 -- Columns:
 --   run              VARCHAR  run name
 --   rollout_id       BIGINT   training step
@@ -38,70 +39,17 @@ WITH edges (dimension, bucket, bucket_low, bucket_high) AS (
         ('entropy', 5, 2.0, 4.0),
         ('entropy', 6, 4.0, 'inf'::DOUBLE)
 ),
-keyed AS (
-    -- One read of drift_tokens: each token carries both buckets, by the lower edges of
-    -- `edges` above written out as CASE (4x cheaper per token than searching a list of the
-    -- edges; tests/transform/test_breakdown_samples.py checks that both agree at every edge).
-    -- NULL entropy: no entropy bucket.
-    SELECT
-        run,
-        rollout_id,
-        batch_position,
-        CASE
-            WHEN rollout_prob < 1e-6 THEN 0
-            WHEN rollout_prob < 1e-5 THEN 1
-            WHEN rollout_prob < 1e-4 THEN 2
-            WHEN rollout_prob < 1e-3 THEN 3
-            WHEN rollout_prob < 1e-2 THEN 4
-            WHEN rollout_prob < 0.1 THEN 5
-            WHEN rollout_prob < 0.5 THEN 6
-            WHEN rollout_prob < 0.9 THEN 7
-            WHEN rollout_prob < 0.99 THEN 8
-            ELSE 9
-        END AS prob_bucket,
-        CASE
-            WHEN entropy IS NULL THEN NULL
-            WHEN entropy < 0.01 THEN 0
-            WHEN entropy < 0.1 THEN 1
-            WHEN entropy < 0.5 THEN 2
-            WHEN entropy < 1.0 THEN 3
-            WHEN entropy < 2.0 THEN 4
-            WHEN entropy < 4.0 THEN 5
-            ELSE 6
-        END AS entropy_bucket,
-        lp_diff,
-        abs_lp_diff,
-        k3
-    FROM drift_tokens
-),
-parts AS MATERIALIZED (
-    -- Partial sums per (prob bucket, entropy bucket, sample block): at most 10 x 8 x blocks
-    -- rows a step, which both dimensions roll up from (measured faster than two reads of
-    -- drift_tokens, or unnesting each token into two rows).
-    SELECT * FROM drift_parts(keyed)
-),
-dimensions AS (
-    SELECT
-        'rollout_prob' AS share_scope,
-        'rollout_prob' AS dimension,
-        prob_bucket AS bucket,
-        * EXCLUDE (prob_bucket, entropy_bucket)
-    FROM parts
-    UNION ALL
-    SELECT
-        'entropy' AS share_scope,
-        'entropy' AS dimension,
-        entropy_bucket AS bucket,
-        * EXCLUDE (prob_bucket, entropy_bucket)
-    FROM parts
-    WHERE entropy_bucket IS NOT NULL
-),
 grouped AS MATERIALIZED (
     SELECT
-        g.*,
+        p.run,
+        p.rollout_id,
+        p.dimension AS share_scope,
+        p.dimension,
+        p.bucket,
         e.bucket_low,
-        e.bucket_high
-    FROM drift_rollup(dimensions) AS g
+        e.bucket_high,
+        p.* EXCLUDE (run, rollout_id, dimension, bucket, token_version, token_staleness)
+    FROM drift_breakdown_parts AS p
     JOIN edges AS e USING (dimension, bucket)
 )
 SELECT * REPLACE (

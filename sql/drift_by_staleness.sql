@@ -1,7 +1,9 @@
 -- Drift by weight-version lag: do stale or mixed-version samples drift more?
 -- Grain: one row per (run, rollout_id, staleness, mixed_version) with at least one covered
 --        finite token; null keys group samples whose versions are unknown.
--- Inputs: drift_token_samples; macros drift_breakdown, drift_statistics (sql/macros).
+-- Inputs: drift_sample_parts (the per-sample rollup: each sample's token count and sums, so no
+--         pass over the tokens), samples; macros drift_totals, drift_statistics
+--         (sql/macros). A sample without a row in `samples` keeps its tokens, with null keys.
 -- Columns:
 --   run              VARCHAR  run name
 --   rollout_id       BIGINT   training step
@@ -14,19 +16,27 @@
 CREATE OR REPLACE VIEW drift_by_staleness AS
 WITH keyed AS (
     SELECT
-        run,
-        rollout_id,
-        batch_position,
+        p.run,
+        p.rollout_id,
         '' AS share_scope,
-        staleness,
-        mixed_version,
-        lp_diff,
-        abs_lp_diff,
-        k3
-    FROM drift_token_samples
+        s.staleness,
+        s.mixed_version,
+        1 AS samples,
+        p.tokens,
+        p.sum_lp_diff AS lp_diff_sum,
+        p.abs_lp_diff_sum,
+        p.max_abs_lp_diff,
+        p.k3_sum,
+        p.exp_abs_lp_diff_sum
+    FROM drift_sample_parts AS p
+    LEFT JOIN samples AS s
+        ON s.run = p.run
+        AND s.rollout_id = p.rollout_id
+        AND NOT s.evaluation
+        AND s.batch_position = p.batch_position
 ),
 grouped AS MATERIALIZED (
-    SELECT * FROM drift_breakdown(keyed)
+    SELECT * FROM drift_totals(keyed)
 )
 SELECT * REPLACE (staleness::BIGINT AS staleness, mixed_version::BOOLEAN AS mixed_version)
 FROM drift_statistics(grouped)

@@ -1,9 +1,9 @@
 -- Drift by token id: which vocabulary entries carry the mismatch (the top offenders).
 -- Grain: one row per (run, rollout_id, token_id) with at least one covered finite token.
 -- Token texts come from the run's `vocab` table (NULL when the dump saved no tokenizer/).
--- Inputs: drift_tokens, vocab; macros drift_terms, drift_totals (sql/macros).
--- `samples` adds up drift_tokens.first_occurrence (one true row per sample and token id, set
--- at extraction): a distinct count over ~30 k ids a step cost twice the time.
+-- Inputs: drift_token_id_parts (the per-step rollup: one row per token id with its statistics;
+--         `samples` adds up drift_tokens.first_occurrence), vocab; macro step_share
+--         (sql/macros).
 -- Columns:
 --   run               VARCHAR  run name
 --   rollout_id        BIGINT   training step
@@ -19,23 +19,8 @@
 --   k3_rank           BIGINT   1 = the token with the largest k3_share in the step (ties by id)
 --   mult_prob_error   DOUBLE   mean exp(|delta|) (ratio)
 CREATE OR REPLACE VIEW drift_by_token AS
-WITH keyed AS (
-    SELECT
-        run,
-        rollout_id,
-        '' AS share_scope,
-        token_id,
-        first_occurrence::INTEGER AS samples,
-        lp_diff,
-        abs_lp_diff,
-        k3
-    FROM drift_tokens
-),
-terms AS (
-    SELECT * FROM drift_terms(keyed)
-),
-grouped AS MATERIALIZED (
-    SELECT * FROM drift_totals(terms)
+WITH grouped AS MATERIALIZED (
+    SELECT '' AS share_scope, * FROM drift_token_id_parts
 ),
 ranked AS (
     SELECT

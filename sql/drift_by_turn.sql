@@ -5,8 +5,9 @@
 -- a segment is a maximal run of tokens with loss_mask > 0; turn_index numbers them from 0. A new
 -- segment therefore starts after each run of masked tokens (tool/observation output); masked
 -- tokens before the first trained token do not open a segment of their own. The number is
--- stored per token at extraction (`tokens.turn_index`), so this is one GROUP BY.
--- Inputs: drift_tokens; macros drift_breakdown, drift_statistics (sql/macros).
+-- stored per token at extraction (`tokens.turn_index`), so the rollup groups by it.
+-- Inputs: drift_breakdown_parts (the per-step rollup, dimension 'turn'); macro
+--         drift_statistics (sql/macros).
 -- Columns:
 --   run              VARCHAR  run name
 --   rollout_id       BIGINT   training step
@@ -15,20 +16,15 @@
 --     samples, mean_lp_diff, mean_abs_lp_diff, max_abs_lp_diff, k3_kl, k3_share (within the
 --     step), mult_prob_error
 CREATE OR REPLACE VIEW drift_by_turn AS
-WITH keyed AS (
+WITH grouped AS MATERIALIZED (
     SELECT
         run,
         rollout_id,
-        batch_position,
         '' AS share_scope,
-        turn_index,
-        lp_diff,
-        abs_lp_diff,
-        k3
-    FROM drift_tokens
-),
-grouped AS MATERIALIZED (
-    SELECT * FROM drift_breakdown(keyed)
+        bucket AS turn_index,
+        * EXCLUDE (run, rollout_id, dimension, bucket, token_version, token_staleness)
+    FROM drift_breakdown_parts
+    WHERE dimension = 'turn'
 )
 SELECT * REPLACE (turn_index::INTEGER AS turn_index)
 FROM drift_statistics(grouped)

@@ -2,7 +2,8 @@
 -- Grain: one row per (run, rollout_id, token_version, token_staleness) with at least one covered
 --        finite token; null keys group the tokens whose version is unknown (outside every
 --        weight-version span, or a legacy list whose calls cannot be placed).
--- Inputs: drift_tokens; macros drift_breakdown, drift_statistics (sql/macros).
+-- Inputs: drift_breakdown_parts (the per-step rollup, dimension 'weight_version'); macro
+--         drift_statistics (sql/macros).
 -- Columns:
 --   run              VARCHAR  run name
 --   rollout_id       BIGINT   training step
@@ -12,21 +13,14 @@
 --     samples, mean_lp_diff, mean_abs_lp_diff, max_abs_lp_diff, k3_kl, k3_share (within the
 --     step), mult_prob_error
 CREATE OR REPLACE VIEW drift_by_weight_version AS
-WITH keyed AS (
+WITH grouped AS MATERIALIZED (
     SELECT
         run,
         rollout_id,
-        batch_position,
         '' AS share_scope,
-        token_version,
-        token_staleness,
-        lp_diff,
-        abs_lp_diff,
-        k3
-    FROM drift_tokens
-),
-grouped AS MATERIALIZED (
-    SELECT * FROM drift_breakdown(keyed)
+        * EXCLUDE (run, rollout_id, dimension, bucket)
+    FROM drift_breakdown_parts
+    WHERE dimension = 'weight_version'
 )
 SELECT * REPLACE (
     token_version::VARCHAR AS token_version, token_staleness::BIGINT AS token_staleness
