@@ -1,8 +1,9 @@
 -- Per-step token counts and correlations behind the step audits mixed_sampling_support,
 -- shifted_log_probs and tokens_beyond_ln2 (which apply their thresholds to these rows).
 -- Grain: one row per training step (run, rollout_id) with at least one row in drift_tokens.
--- Neighbours: the next / previous drift token of the same sample by position (LEAD / LAG
---   within the sample, so within the step).
+-- Neighbours: the next / previous drift token of the same sample by position, as LEAD / LAG
+--   over the sample would give: each sample's log-probs are listed in position order once
+--   and unnested beside the same lists shifted by one (cheaper than a window over the step).
 -- Inputs: drift_tokens.
 -- Settings: none.
 -- Columns:
@@ -19,29 +20,64 @@
 --   corr_previous     DOUBLE   correlation of train_log_prob with the previous one's
 --                              rollout_log_prob
 CREATE OR REPLACE VIEW drift_step_checks AS
-WITH neighbours AS (
+WITH per_sample AS (
     SELECT
         run,
         rollout_id,
-        support_size,
-        lp_diff,
-        train_log_prob,
-        rollout_log_prob,
-        LEAD(rollout_log_prob) OVER sample_order AS next_rollout_log_prob,
-        LAG(rollout_log_prob) OVER sample_order AS previous_rollout_log_prob
+        COUNT(*) FILTER (WHERE ISFINITE(lp_diff)) AS tokens,
+        COUNT(*) FILTER (WHERE ISFINITE(lp_diff) AND ABS(lp_diff) > LN(2)) AS beyond_ln2,
+        COUNT(*) FILTER (WHERE support_size IS NOT NULL) AS bounded_tokens,
+        COUNT(*) FILTER (WHERE support_size IS NULL) AS unbounded_tokens,
+        LIST(train_log_prob ORDER BY position) AS train_lps,
+        LIST(rollout_log_prob ORDER BY position) AS rollout_lps
     FROM drift_tokens
-    WINDOW sample_order AS (PARTITION BY run, rollout_id, batch_position ORDER BY position)
+    GROUP BY run, rollout_id, batch_position
+),
+neighbours AS (
+    -- UNNEST zips the lists, padding the shorter ones with NULL (which CORR and COUNT skip):
+    -- rollout_lps[2:] puts the next token's value beside each token, the list with a NULL
+    -- prepended the previous one's.
+    SELECT
+        run,
+        rollout_id,
+        UNNEST(train_lps) AS train_log_prob,
+        UNNEST(rollout_lps) AS rollout_log_prob,
+        UNNEST(rollout_lps[2:]) AS next_rollout_log_prob,
+        UNNEST(list_prepend(NULL, rollout_lps)) AS previous_rollout_log_prob
+    FROM per_sample
+),
+correlations AS (
+    SELECT
+        run,
+        rollout_id,
+        COUNT(next_rollout_log_prob) AS pairs,
+        CORR(train_log_prob, rollout_log_prob) AS corr_same,
+        CORR(train_log_prob, next_rollout_log_prob) AS corr_next,
+        CORR(train_log_prob, previous_rollout_log_prob) AS corr_previous
+    FROM neighbours
+    GROUP BY run, rollout_id
+),
+counts AS (
+    SELECT
+        run,
+        rollout_id,
+        SUM(tokens) AS tokens,
+        SUM(beyond_ln2) AS beyond_ln2,
+        SUM(bounded_tokens) AS bounded_tokens,
+        SUM(unbounded_tokens) AS unbounded_tokens
+    FROM per_sample
+    GROUP BY run, rollout_id
 )
 SELECT
     run::VARCHAR AS run,
     rollout_id::BIGINT AS rollout_id,
-    COUNT(*) FILTER (WHERE ISFINITE(lp_diff))::BIGINT AS tokens,
-    COUNT(*) FILTER (WHERE ISFINITE(lp_diff) AND ABS(lp_diff) > LN(2))::BIGINT AS beyond_ln2,
-    COUNT(*) FILTER (WHERE support_size IS NOT NULL)::BIGINT AS bounded_tokens,
-    COUNT(*) FILTER (WHERE support_size IS NULL)::BIGINT AS unbounded_tokens,
-    COUNT(next_rollout_log_prob)::BIGINT AS pairs,
-    CORR(train_log_prob, rollout_log_prob)::DOUBLE AS corr_same,
-    CORR(train_log_prob, next_rollout_log_prob)::DOUBLE AS corr_next,
-    CORR(train_log_prob, previous_rollout_log_prob)::DOUBLE AS corr_previous
-FROM neighbours
-GROUP BY run, rollout_id
+    c.tokens::BIGINT AS tokens,
+    c.beyond_ln2::BIGINT AS beyond_ln2,
+    c.bounded_tokens::BIGINT AS bounded_tokens,
+    c.unbounded_tokens::BIGINT AS unbounded_tokens,
+    r.pairs::BIGINT AS pairs,
+    r.corr_same::DOUBLE AS corr_same,
+    r.corr_next::DOUBLE AS corr_next,
+    r.corr_previous::DOUBLE AS corr_previous
+FROM counts AS c
+JOIN correlations AS r USING (run, rollout_id)
