@@ -6,7 +6,11 @@
 --   from the data's |delta| quantiles). A token goes to bin k = floor(delta * 50 / h) computed
 --   in DOUBLE, clamped to [-51, 50]:
 --   k = -51: (-inf, -h); -50 <= k <= 49: [k h / 50, (k + 1) h / 50); k = 50: [h, +inf).
--- Inputs: drift_tokens, drift_settings (histogram_half_width); macro clamp_to (sql/macros).
+-- Counts: from the rollup drift_histogram_parts, which bins every step for each half-width of
+--   histogram_half_widths() (1, 2, 5 x 10^k nats, k = -3..1); for any other h the view bins
+--   drift_tokens itself by the formula above.
+-- Inputs: drift_histogram_parts, drift_tokens, drift_settings (histogram_half_width); macros
+--         clamp_to, histogram_half_widths (sql/macros).
 -- Columns:
 --   run                  VARCHAR  run name
 --   rollout_id           BIGINT   training step
@@ -21,17 +25,32 @@ WITH bins AS (
     SELECT range::INTEGER AS bin FROM RANGE(-51, 51)
 ),
 counted AS MATERIALIZED (
-    SELECT
-        run,
-        rollout_id,
-        clamp_to(FLOOR(lp_diff * (50.0 / ds.histogram_half_width)), -51, 50)::INTEGER AS bin,
-        COUNT(*) AS tokens
-    FROM drift_tokens
-    CROSS JOIN drift_settings AS ds
-    GROUP BY ALL
+    SELECT p.run, p.rollout_id, p.bin, p.tokens
+    FROM drift_histogram_parts AS p
+    JOIN drift_settings AS ds ON p.half_width = ds.histogram_half_width
+    UNION ALL
+    -- Only for a half-width the rollup does not hold (the guard is empty otherwise, and DuckDB
+    -- then skips this scan).
+    SELECT live.* EXCLUDE (hit)
+    FROM (
+        SELECT
+            run,
+            rollout_id,
+            clamp_to(FLOOR(lp_diff * (50.0 / ds.histogram_half_width)), -51, 50)::INTEGER AS bin,
+            COUNT(*) AS tokens,
+            1 AS hit
+        FROM drift_tokens
+        CROSS JOIN drift_settings AS ds
+        GROUP BY ALL
+    ) AS live
+    JOIN (
+        SELECT 1 AS hit
+        FROM drift_settings
+        WHERE NOT COALESCE(list_contains(histogram_half_widths(), histogram_half_width), false)
+    ) AS g USING (hit)
 ),
 steps AS (
-    -- The step totals from the bin counts: drift_tokens is read once.
+    -- The step totals from the bin counts, not from another pass over the tokens.
     SELECT run, rollout_id, SUM(tokens) AS step_tokens
     FROM counted
     GROUP BY run, rollout_id

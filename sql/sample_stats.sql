@@ -1,6 +1,6 @@
 -- Per-sample summary: the reference reader's 30 summary columns (dump-format.md 6.2).
 -- Grain: one row per run, rollout_id, evaluation, batch_position
--- Inputs: samples, tokens (base views)
+-- Inputs: samples (base view), sample_token_parts (rollup of the masked token statistics)
 -- Masked statistics use only loss-covered tokens (loss_mask > 0) of samples with a train side;
 -- they are NULL when the sample has no train side, when no position is covered (removed or
 -- all-masked samples, R = 0) or when the field is absent from the dump. NaN/inf propagate.
@@ -45,33 +45,6 @@
 --   alignment_failed       BOOLEAN  CP reassembly refused for this sample
 --   has_train_row          BOOLEAN  some train file holds the sample
 CREATE OR REPLACE VIEW sample_stats AS
-WITH masked_stats AS (
-    SELECT
-        run,
-        rollout_id,
-        evaluation,
-        batch_position,
-        AVG(entropy) AS mean_entropy,
-        MAX(entropy) AS max_entropy,
-        AVG(ref_entropy) AS ref_entropy_mean,
-        AVG(ABS(lp_diff)) AS mean_abs_lp_diff,
-        -- DuckDB orders NaN above +inf, so MAX returns NaN when any value is NaN (as torch).
-        MAX(ABS(lp_diff)) AS max_abs_lp_diff,
-        -- Kept in DOUBLE: a FLOAT cast of exp() raises on overflow where torch gives inf.
-        AVG(EXP(lp_diff)) AS mean_imp_ratio,
-        AVG(advantage) AS adv_mean,
-        STDDEV_SAMP(advantage) AS adv_std,
-        AVG(returns) AS return_mean
-    -- Aggregated per sample before the join with samples (which keeps only train-side samples),
-    -- so the join sees one row per sample instead of one per token.
-    FROM tokens
-    WHERE loss_mask > 0
-    GROUP BY
-        run,
-        rollout_id,
-        evaluation,
-        batch_position
-)
 SELECT
     s.run::VARCHAR AS run,
     s.rollout_id::BIGINT AS rollout_id,
@@ -109,7 +82,8 @@ SELECT
     s.alignment_failed::BOOLEAN AS alignment_failed,
     s.has_train_row::BOOLEAN AS has_train_row
 FROM samples AS s
-LEFT JOIN masked_stats AS m
+-- The rollup is aggregated per sample, so the join sees one row per sample, not one per token.
+LEFT JOIN sample_token_parts AS m
     -- Only train-side samples count: their stat columns are NULL where loss_mask = 0, but a
     -- sample without a train side may carry a rollout mask and rollout log-probs.
     ON s.has_train_row

@@ -46,10 +46,16 @@ STEP_TABLES = (TOKENS, SAMPLES, EXPERTS)
 # written with every step (`sql/rollups/<name>.sql` defines each, columns in its header;
 # pipeline/tokenlake/serve/rollups.py computes them). Stored under `LAKE/rollups/<name>/`.
 ROLLUP_TABLES = (
+    "audit_token_rows",
     "drift_breakdown_parts",
+    "drift_histogram_parts",
+    "drift_outlier_parts",
     "drift_sample_parts",
+    "drift_step_checks",
     "drift_step_parts",
+    "drift_teacher_step_parts",
     "drift_token_id_parts",
+    "sample_token_parts",
 )
 ROLLUP_DIR = "rollups"
 # Every table the lake stores files of: what the stores list, sweep and check for links.

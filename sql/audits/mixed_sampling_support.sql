@@ -5,14 +5,13 @@
 -- Severity: warning
 -- Grain: one row per mixing step (run, rollout_id).
 -- Rule: among the step's drift_tokens, some have support_size null and some not. Parameters: none.
--- Inputs: drift_tokens.
+-- Inputs: drift_step_checks (the rollup of per-step drift-token counts).
 SELECT
     run,
     rollout_id,
-    count(*) FILTER (WHERE support_size IS NOT NULL) AS bounded_tokens,
-    count(*) FILTER (WHERE support_size IS NULL) AS unbounded_tokens
-FROM drift_tokens
-GROUP BY run, rollout_id
-HAVING count(*) FILTER (WHERE support_size IS NOT NULL) > 0
-    AND count(*) FILTER (WHERE support_size IS NULL) > 0
+    bounded_tokens,
+    unbounded_tokens
+FROM drift_step_checks
+WHERE bounded_tokens > 0
+    AND unbounded_tokens > 0
 ORDER BY run, rollout_id

@@ -5,7 +5,7 @@
 -- Grain: one row per offending token (run, rollout_id, evaluation, batch_position, position).
 -- Rule: any of train_log_prob, rollout_log_prob, lp_diff is non-null and not finite, whatever
 -- the mask (train and eval rows). Parameters: none.
--- Inputs: tokens.
+-- Inputs: audit_token_rows (the rollup of the candidate token rows of each step).
 SELECT
     run,
     rollout_id,
@@ -18,7 +18,22 @@ SELECT
     train_log_prob,
     rollout_log_prob,
     lp_diff
-FROM tokens
+FROM (
+    -- The rollup's rows in the tokens' own types (the widening casts are exact both ways).
+    SELECT
+        run,
+        rollout_id,
+        evaluation,
+        batch_position,
+        sample_index,
+        position,
+        token_id,
+        loss_mask::TINYINT AS loss_mask,
+        train_log_prob::FLOAT AS train_log_prob,
+        rollout_log_prob::FLOAT AS rollout_log_prob,
+        lp_diff::FLOAT AS lp_diff
+    FROM audit_token_rows
+)
 WHERE NOT ISFINITE(train_log_prob)
     OR NOT ISFINITE(rollout_log_prob)
     OR NOT ISFINITE(lp_diff)

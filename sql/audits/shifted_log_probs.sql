@@ -9,31 +9,10 @@
 -- position; judged only with at least shift_min_tokens such pairs. Healthy drift keeps the
 -- same-position correlation near 1; unrelated log-probs (noise) track no neighbour.
 -- Parameters (drift_settings): shift_min_corr (0.9), shift_min_tokens (32).
--- Inputs: drift_tokens, drift_settings.
+-- Inputs: drift_step_checks (the rollup of per-step pair counts and correlations),
+--         drift_settings.
 -- Columns: run, rollout_id, pairs (count), corr_same (same position), corr_next (the rollout
 --   log-prob one position later), corr_previous (one position earlier), threshold.
-WITH neighbours AS (
-    SELECT
-        run,
-        rollout_id,
-        train_log_prob,
-        rollout_log_prob,
-        LEAD(rollout_log_prob) OVER sample_order AS next_rollout_log_prob,
-        LAG(rollout_log_prob) OVER sample_order AS previous_rollout_log_prob
-    FROM drift_tokens
-    WINDOW sample_order AS (PARTITION BY run, rollout_id, batch_position ORDER BY position)
-),
-per_step AS (
-    SELECT
-        run,
-        rollout_id,
-        COUNT(next_rollout_log_prob) AS pairs,
-        CORR(train_log_prob, rollout_log_prob) AS corr_same,
-        CORR(train_log_prob, next_rollout_log_prob) AS corr_next,
-        CORR(train_log_prob, previous_rollout_log_prob) AS corr_previous
-    FROM neighbours
-    GROUP BY run, rollout_id
-)
 SELECT
     p.run::VARCHAR AS run,
     p.rollout_id::BIGINT AS rollout_id,
@@ -42,7 +21,7 @@ SELECT
     p.corr_next::DOUBLE AS corr_next,
     p.corr_previous::DOUBLE AS corr_previous,
     s.shift_min_corr::DOUBLE AS threshold
-FROM per_step AS p
+FROM drift_step_checks AS p
 CROSS JOIN drift_settings AS s
 WHERE p.pairs >= s.shift_min_tokens
     AND GREATEST(p.corr_next, p.corr_previous) >= s.shift_min_corr

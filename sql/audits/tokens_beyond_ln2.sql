@@ -8,19 +8,9 @@
 -- Rule: among the step's training drift tokens with a finite lp_diff, the fraction with
 -- |lp_diff| > ln 2 is above alarm_beyond_ln2_frac.
 -- Parameters (drift_settings): alarm_beyond_ln2_frac (0.01).
--- Inputs: drift_tokens, drift_settings.
+-- Inputs: drift_step_checks (the rollup of per-step drift-token counts), drift_settings.
 -- Columns: run, rollout_id, tokens (count), beyond_ln2 (count), beyond_ln2_frac (fraction),
 --   threshold (fraction).
-WITH per_step AS (
-    SELECT
-        run,
-        rollout_id,
-        COUNT(*) AS tokens,
-        COUNT(*) FILTER (WHERE ABS(lp_diff) > LN(2)) AS beyond_ln2
-    FROM drift_tokens
-    WHERE ISFINITE(lp_diff)
-    GROUP BY run, rollout_id
-)
 SELECT
     p.run::VARCHAR AS run,
     p.rollout_id::BIGINT AS rollout_id,
@@ -28,7 +18,8 @@ SELECT
     p.beyond_ln2::BIGINT AS beyond_ln2,
     (p.beyond_ln2 / p.tokens)::DOUBLE AS beyond_ln2_frac,
     s.alarm_beyond_ln2_frac::DOUBLE AS threshold
-FROM per_step AS p
+FROM drift_step_checks AS p
 CROSS JOIN drift_settings AS s
-WHERE p.beyond_ln2 / p.tokens > s.alarm_beyond_ln2_frac
+WHERE p.tokens > 0
+    AND p.beyond_ln2 / p.tokens > s.alarm_beyond_ln2_frac
 ORDER BY p.run, p.rollout_id
