@@ -1,9 +1,8 @@
 -- Drift by token id: which vocabulary entries carry the mismatch (the top offenders).
 -- Grain: one row per (run, rollout_id, token_id) with at least one covered finite token.
 -- Token texts come from the run's `vocab` table (NULL when the dump saved no tokenizer/).
--- Inputs: drift_token_id_parts (the per-step rollup: one row per token id with its statistics;
---         `samples` adds up drift_tokens.first_occurrence), vocab; macro step_share
---         (sql/macros).
+-- Inputs: drift_token_id_parts (the per-step rollup: one row per token id with its statistics,
+--         share and rank; `samples` adds up drift_tokens.first_occurrence), vocab.
 -- Columns:
 --   run               VARCHAR  run name
 --   rollout_id        BIGINT   training step
@@ -19,16 +18,6 @@
 --   k3_rank           BIGINT   1 = the token with the largest k3_share in the step (ties by id)
 --   mult_prob_error   DOUBLE   mean exp(|delta|) (ratio)
 CREATE OR REPLACE VIEW drift_by_token AS
-WITH grouped AS MATERIALIZED (
-    SELECT '' AS share_scope, * FROM drift_token_id_parts
-),
-ranked AS (
-    SELECT
-        *,
-        step_share(k3_sum, run, rollout_id, share_scope) AS k3_share,
-        ROW_NUMBER() OVER (PARTITION BY run, rollout_id ORDER BY k3_sum DESC, token_id) AS k3_rank
-    FROM grouped
-)
 SELECT
     r.run::VARCHAR AS run,
     r.rollout_id::BIGINT AS rollout_id,
@@ -43,6 +32,6 @@ SELECT
     r.k3_share::DOUBLE AS k3_share,
     r.k3_rank::BIGINT AS k3_rank,
     r.mult_prob_error::DOUBLE AS mult_prob_error
-FROM ranked AS r
+FROM drift_token_id_parts AS r
 LEFT JOIN vocab AS v ON v.run = r.run AND v.token_id = r.token_id
 ORDER BY r.run, r.rollout_id, r.k3_rank

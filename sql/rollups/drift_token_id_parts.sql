@@ -15,8 +15,9 @@
 --   mean_abs_lp_diff  DOUBLE   mean |delta| (nats)
 --   max_abs_lp_diff   DOUBLE   max |delta| (nats)
 --   k3_kl             DOUBLE   mean of r - 1 - delta (nats)
---   k3_sum            DOUBLE   sum of r - 1 - delta (nats): drift_by_token's k3_share and
---                              k3_rank come from it
+--   k3_sum            DOUBLE   sum of r - 1 - delta (nats)
+--   k3_share          DOUBLE   k3_sum / the step's k3 sum (fraction; null when that sum is 0)
+--   k3_rank           BIGINT   1 = the step's largest k3_sum (ties by token_id)
 --   mult_prob_error   DOUBLE   mean exp(|delta|) (ratio)
 CREATE OR REPLACE VIEW drift_token_id_parts AS
 WITH keyed AS (
@@ -32,6 +33,9 @@ WITH keyed AS (
 ),
 terms AS (
     SELECT * FROM drift_terms(keyed)
+),
+totals AS (
+    SELECT '' AS share_scope, * FROM drift_totals(terms)
 )
 SELECT
     run::VARCHAR AS run,
@@ -44,5 +48,9 @@ SELECT
     max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,
     k3_kl::DOUBLE AS k3_kl,
     k3_sum::DOUBLE AS k3_sum,
+    -- Both within the step: computed once at commit, not at every query.
+    step_share(k3_sum, run, rollout_id, share_scope)::DOUBLE AS k3_share,
+    ROW_NUMBER() OVER (PARTITION BY run, rollout_id ORDER BY k3_sum DESC, token_id)::BIGINT
+        AS k3_rank,
     mult_prob_error::DOUBLE AS mult_prob_error
-FROM drift_totals(terms)
+FROM totals
