@@ -7,14 +7,16 @@ run; breakdowns by step carry a step selector.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec
 
 import altair as alt
 
 from tokenlake.serve.report_data import ALL_STEPS
 
+P = ParamSpec("P")
 ScaleType = Literal["linear", "symlog"]  # y scales of the per-step charts
 
 GREY = "#9a9a9a"
@@ -47,8 +49,11 @@ def _run_color() -> alt.Color:
     return alt.Color("run_label:N", title="run", scale=alt.Scale(scheme="tableau10"))
 
 
-def _faded(toggle: Any) -> Any:
-    return alt.condition(toggle, alt.value(1.0), alt.value(0.12))
+def _faded(toggle: Any) -> alt.OpacityValue:
+    # A channel object, not `alt.condition`'s plain dict: `encode` turns a dict or a shorthand
+    # string into a channel with `from_dict`, which indexes every schema class each call
+    # (~10 ms; a second per report). Every encoding here is given as a channel object so.
+    return alt.OpacityValue(**alt.condition(toggle, alt.value(1.0), alt.value(0.12)))
 
 
 def _step_axis() -> alt.X:
@@ -73,18 +78,32 @@ def _finish(
     return Chart(chart_id, spec, tuple(datasets), renderer, fit, aspect)
 
 
+def _unvalidated(build: Callable[P, Chart]) -> Callable[P, Chart]:
+    """`build` with altair's check of every object against the Vega-Lite schema as it is made
+    turned off (~0.2 CPU-s a report): the specs are fixed by this module, and the browser test
+    draws each of them."""
+
+    @functools.wraps(build)
+    def unvalidated(*args: P.args, **kwargs: P.kwargs) -> Chart:
+        with alt.utils.schemapi.debug_mode(False):
+            return build(*args, **kwargs)
+
+    return unvalidated
+
+
 def threshold_rule(value: float, label: str) -> Any:
     """A dashed horizontal rule with its label: an alarm threshold of `drift_settings`."""
     data = alt.Data(values=[{"threshold": value, "label": label}])
-    rule = alt.Chart(data).mark_rule(color=ALARM, strokeDash=[5, 4]).encode(y="threshold:Q")
+    rule = alt.Chart(data).mark_rule(color=ALARM, strokeDash=[5, 4]).encode(y=alt.Y("threshold:Q"))
     text = (
         alt.Chart(data)
         .mark_text(color=ALARM, align="left", baseline="bottom", dx=4, dy=-2)
-        .encode(y="threshold:Q", x=alt.value(0), text="label:N")
+        .encode(y=alt.Y("threshold:Q"), x=alt.XValue(0), text=alt.Text("label:N"))
     )
     return rule + text
 
 
+@_unvalidated
 def per_step(
     chart_id: str,
     dataset: str,
@@ -146,8 +165,8 @@ def per_step(
         base.transform_filter("datum.points === 1")
         .mark_text(align="left", dx=7, fontWeight="bold")
         .encode(
-            x="rollout_id:Q",
-            y="value:Q",
+            x=alt.X("rollout_id:Q"),
+            y=alt.Y("value:Q"),
             text=alt.Text("value:Q", format=".4~g"),
             color=_run_color(),
             opacity=_faded(toggle),
@@ -164,6 +183,7 @@ def _label_expression(fields: dict[str, str]) -> str:
     return cases + "datum.column"
 
 
+@_unvalidated
 def position_heatmap(chart_id: str) -> Chart:
     """Step × response-position heatmap of mean |δ|, one panel per run (covered tokens only)."""
     chart = (
@@ -224,6 +244,7 @@ def _step_selector(steps: Sequence[int], first: str = ALL_STEPS) -> Any:
     )
 
 
+@_unvalidated
 def by_step_selected(
     chart_id: str,
     dataset: str,
@@ -262,6 +283,7 @@ def by_step_selected(
     return _finish(chart, chart_id, [dataset])
 
 
+@_unvalidated
 def histogram(
     chart_id: str, steps: Sequence[int], half_width: float, outside: Sequence[str]
 ) -> Chart:
@@ -304,6 +326,7 @@ def histogram(
     return _finish(chart, chart_id, ["histogram"])
 
 
+@_unvalidated
 def top_tokens(chart_id: str, steps: Sequence[int]) -> Chart:
     """The tokens carrying most of the picked step's k3, one bar per run."""
     toggle = _run_toggle()
@@ -334,6 +357,7 @@ def top_tokens(chart_id: str, steps: Sequence[int]) -> Chart:
     return _finish(chart, chart_id, ["top_tokens"])
 
 
+@_unvalidated
 def strip(chart_id: str, dataset: str, tokens: int, limit: float) -> Chart:
     """One sample's per-token strip: a cell per response token coloured by δ, masked grey.
     Its label is the page's (HTML wraps on a narrow window, a chart title would not).
@@ -361,11 +385,11 @@ def strip(chart_id: str, dataset: str, tokens: int, limit: float) -> Chart:
         .mark_rect(invalid="show")
         .encode(
             x=alt.X("col:Q", axis=None, scale=alt.Scale(domain=[0, width], nice=False)),
-            x2="col_end:Q",
+            x2=alt.X2("col_end:Q"),
             y=alt.Y(
                 "row:Q", axis=None, scale=alt.Scale(domain=[0, rows], reverse=True, nice=False)
             ),
-            y2="row_end:Q",
+            y2=alt.Y2("row_end:Q"),
             color=colour,
             tooltip=[
                 alt.Tooltip("position:Q", title="position"),

@@ -9,14 +9,21 @@ as `\\u` escapes.
 from __future__ import annotations
 
 import html
+import importlib.metadata
 import importlib.resources
 import json
+import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenlake.errors import CacheError, LakeError
+from tokenlake.read.private_cache import private_folder
+from tokenlake.read.remote_stage import cache_root
 from tokenlake.serve.report_charts import Chart
+from tokenlake.store.local import atomic_write
 
 ASSETS = Path(str(importlib.resources.files("tokenlake.serve"))) / "report_assets"
 
@@ -24,16 +31,70 @@ ASSETS = Path(str(importlib.resources.files("tokenlake.serve"))) / "report_asset
 _GLOBALS = "window.vegaEmbed = vegaEmbed; window.vega = vega; window.vegaLite = vegaLite;"
 
 
+# A bundle is ~0.9 MB; a cached file larger than this is not one of ours.
+MAX_BUNDLE_BYTES = 16 * 2**20
+
+
 def vega_bundle() -> str:
     """Vega, Vega-Lite and Vega-Embed as one script that sets them on `window` (offline).
 
-    The Vega-Lite version is the one altair writes its specs for (e.g. 6.4).
+    The Vega-Lite version is the one altair writes its specs for (e.g. 6.4). Bundling takes
+    vl-convert 1.3-1.9 CPU-s, most of a report's build, and gives the same text for the same
+    vl-convert and Vega-Lite versions: it is kept in tokenlake's private cache
+    (`$TOKENLAKE_CACHE/report/`, a folder only the user can write) under a name holding both
+    versions, and read from there by the next report. A cache that cannot be used (not
+    private, unwritable, damaged) only costs the bundling again.
     """
     import altair
     import vl_convert
 
     major_minor = ".".join(altair.SCHEMA_VERSION.lstrip("v").split(".")[:2])
-    return str(vl_convert.javascript_bundle(_GLOBALS, vl_version=major_minor))
+    version = importlib.metadata.version("vl-convert-python")
+    name = f"vega-bundle-{version}-vl{major_minor}.js"
+    cached = _read_cached_bundle(name)
+    if cached is not None:
+        return cached
+    bundle = str(vl_convert.javascript_bundle(_GLOBALS, vl_version=major_minor))
+    _cache_bundle(name, bundle)
+    return bundle
+
+
+def _bundle_folder() -> Path:
+    """The private folder of cached bundles (CacheError or OSError when it cannot be one)."""
+    root = private_folder(cache_root(), root=True)
+    return private_folder(root / "report")
+
+
+def _read_cached_bundle(name: str) -> str | None:
+    """A cached bundle's text, or None when there is none fit to use: never through a link,
+    bounded in size. It is whole: only tokenlake writes in the private folder, by rename."""
+    try:
+        descriptor = os.open(_bundle_folder() / name, os.O_RDONLY | os.O_NOFOLLOW)
+    except (CacheError, OSError):
+        return None
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            return None
+        raw = file.read(MAX_BUNDLE_BYTES + 1)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if 0 < len(raw) <= MAX_BUNDLE_BYTES else None
+
+
+def _cache_bundle(name: str, bundle: str) -> None:
+    """Keep `bundle` for the next report: written beside its place, then renamed, so a
+    reader never sees half of it. Best effort: a report never fails for its cache."""
+    try:
+        target = _bundle_folder() / name
+        atomic_write(target, lambda temporary: _write_text(temporary, bundle))
+    except (CacheError, LakeError, OSError):
+        return
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
 
 
 # Run names up to this long are shown whole; longer ones lose what all the runs share.
