@@ -438,11 +438,38 @@ def bench_rollups(root: Path, scale: float, extract_fig: dict[str, Any]) -> None
         f"  slowest on the bench lake: {after[slowest]:.3f} s ({slowest});"
         f" largest growth {after[worst] / before[worst]:.2f}x ({worst})"
     )
+    print_step_growth(root)
     small_report = report_seconds(small, root / "report-short.html")
     large_report = report_seconds(large, root / "report.html")
     print(
         f"  report build: {small_report:.2f} s -> {large_report:.2f} s ({large_report / small_report:.2f}x)"
     )
+
+
+STEP_COUNTS = (4, 32)
+
+
+def print_step_growth(root: Path) -> None:
+    """Views on two lakes of small steps that differ only in their number of steps: what a
+    view costs per step (rollup files read), for docs/scale.md's projection."""
+    times = {}
+    for steps in STEP_COUNTS:
+        spec = dataclasses.replace(
+            scaled_spec("bench", 1 / 16), steps=steps, response_length=(16, 256)
+        )
+        dump_dir, lake = root / f"steps-{steps}", root / f"lake-steps-{steps}"
+        synth.write_dump(dump_dir, spec)
+        _run_child("_extract", str(dump_dir), str(lake), "2")
+        shutil.rmtree(dump_dir, ignore_errors=True)
+        times[steps] = timed_queries(lake)
+    low, high = STEP_COUNTS
+    print(f"  views and audits on lakes of {low} and {high} small steps (per added step):")
+    for name in times[low]:
+        slope = (times[high][name] - times[low][name]) / (high - low)
+        print(
+            f"  {name:<36} {times[low][name]:7.3f} s -> {times[high][name]:7.3f} s"
+            f"  {slope * 1000:6.2f} ms/step"
+        )
 
 
 def _records(lake: Path) -> list[Any]:
