@@ -2,8 +2,8 @@
 -- Grain: one row per (run, rollout_id, length_bucket) with at least one covered finite token.
 -- Buckets are log2-spaced on samples.response_length R: bucket b holds R in
 --   [2^b, 2^(b+1) - 1], i.e. 0: {1}, 1: {2, 3}, 2: {4..7}, ...; null when R is unknown.
--- Inputs: drift_sample_parts (the per-sample rollup: each sample's token count and sums, so no
---         pass over the tokens), samples; macros drift_totals, drift_statistics, log2_bucket
+-- Inputs: drift_sample_terms (each sample's sums from the per-sample rollup, beside its
+--         properties: no pass over the tokens); macros drift_totals, drift_statistics, log2_bucket
 --         (sql/macros). A sample without a row in `samples` keeps its tokens, with null keys.
 -- Columns:
 --   run              VARCHAR  run name
@@ -17,23 +17,12 @@
 CREATE OR REPLACE VIEW drift_by_length AS
 WITH keyed AS (
     SELECT
-        p.run,
-        p.rollout_id,
+        run,
+        rollout_id,
         '' AS share_scope,
-        log2_bucket(s.response_length) AS length_bucket,
-        1 AS samples,
-        p.tokens,
-        p.sum_lp_diff AS lp_diff_sum,
-        p.abs_lp_diff_sum,
-        p.max_abs_lp_diff,
-        p.k3_sum,
-        p.exp_abs_lp_diff_sum
-    FROM drift_sample_parts AS p
-    LEFT JOIN samples AS s
-        ON s.run = p.run
-        AND s.rollout_id = p.rollout_id
-        AND NOT s.evaluation
-        AND s.batch_position = p.batch_position
+        log2_bucket(response_length) AS length_bucket,
+        * EXCLUDE (run, rollout_id, batch_position, response_length, dumped_rank, staleness, mixed_version)
+    FROM drift_sample_terms
 ),
 grouped AS MATERIALIZED (
     SELECT * FROM drift_totals(keyed)

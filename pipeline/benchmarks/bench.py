@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -227,19 +228,28 @@ def view_ratios(lake: Path, repeat: int = 5) -> list[tuple[str, float, float]]:
     """
     names = [p.stem for p in sql_views.iter_view_files() if p.stem not in _NOT_AGGREGATES]
     queries = {"scan": SCAN_SQL, **{n: f"SELECT * FROM {n}" for n in names}}
+    best = best_seconds(lake, queries, repeat, lambda con, sql: con.execute(sql).fetchall())
+    return [(n, best[n], best[n] / best["scan"]) for n in ["scan", *names]]
+
+
+def best_seconds(
+    lake: Path, queries: dict[str, str], repeat: int, fetch: Callable[[Any, str], object]
+) -> dict[str, float]:
+    """Best seconds of each query over `repeat` interleaved rounds in one DuckDB process,
+    after a warm-up round (the file cache and DuckDB's metadata)."""
     con = catalog.connect(lake)
     best = dict.fromkeys(queries, float("inf"))
     try:
         for sql in queries.values():
-            con.execute(sql).fetchall()  # warm the file cache and DuckDB's metadata
+            fetch(con, sql)
         for _ in range(repeat):
             for name, sql in queries.items():
                 started = time.perf_counter()
-                con.execute(sql).fetchall()
+                fetch(con, sql)
                 best[name] = min(best[name], time.perf_counter() - started)
     finally:
         con.close()
-    return [(n, best[n], best[n] / best["scan"]) for n in ["scan", *names]]
+    return best
 
 
 def print_view_ratios(lake: Path, repeat: int = 5) -> None:
@@ -344,19 +354,7 @@ def timed_queries(lake: Path, repeat: int = 5) -> dict[str, float]:
     queries.update(
         {f"audit {p.stem}": p.read_text(encoding="utf-8") for p in sql_views.iter_audit_files()}
     )
-    con = catalog.connect(lake)
-    best = dict.fromkeys(queries, float("inf"))
-    try:
-        for sql in queries.values():
-            con.sql(sql).to_arrow_table()  # warm the file cache and DuckDB's metadata
-        for _ in range(repeat):
-            for name, sql in queries.items():
-                started = time.perf_counter()
-                con.sql(sql).to_arrow_table()
-                best[name] = min(best[name], time.perf_counter() - started)
-    finally:
-        con.close()
-    return best
+    return best_seconds(lake, queries, repeat, lambda con, sql: con.sql(sql).to_arrow_table())
 
 
 def rollup_cost(lake: Path) -> tuple[float, int, int]:

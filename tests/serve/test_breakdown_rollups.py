@@ -8,9 +8,9 @@ from tests.lakes import build_lake
 from tokenlake.serve import catalog, sql_views
 
 BREAKDOWNS = {
-    "drift_by_length": ("drift_sample_parts", "samples"),
-    "drift_by_rank": ("drift_sample_parts", "samples"),
-    "drift_by_staleness": ("drift_sample_parts", "samples"),
+    "drift_by_length": ("drift_sample_terms",),
+    "drift_by_rank": ("drift_sample_terms",),
+    "drift_by_staleness": ("drift_sample_terms",),
     "drift_by_position": ("drift_breakdown_parts",),
     "drift_by_turn": ("drift_breakdown_parts",),
     "drift_by_weight_version": ("drift_breakdown_parts",),

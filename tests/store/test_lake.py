@@ -222,6 +222,12 @@ def test_the_documented_layout_is_the_one_the_code_makes() -> None:
         ]
     }
     made |= {"samples/run=<run>/rollout_id=<step>/{train,eval}-<gen>.parquet"}
+    rollup = new_name(schema.ROLLUP_TABLES[0], "<run>", "train", 7, "0a1b2c3d")
+    made |= {
+        rollup.replace(schema.ROLLUP_TABLES[0], "<rollup>")
+        .replace("rollout_id=7", "rollout_id=<step>")
+        .replace("train-0a1b2c3d", "{train,eval}-<gen>")
+    }
     made |= {manifest_name("<run>"), f"{layout.USER_VIEWS_DIR}/<name>.sql", layout.CATALOG_FILE}
     made = {m.replace("_manifest/<run>.json", f"{layout.MANIFEST_DIR}/<run>.json") for m in made}
     assert sorted(documented) == sorted(made)
