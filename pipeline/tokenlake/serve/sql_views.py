@@ -154,7 +154,7 @@ def view_query(name: str, sql_text: str) -> str:
     """The query of a view file: what follows `CREATE OR REPLACE VIEW <name> AS`.
 
     Examples:
-        >>> view_query("v", "-- v\nCREATE OR REPLACE VIEW v AS\nSELECT 1;\n")
+        >>> view_query("v", "-- v\\nCREATE OR REPLACE VIEW v AS\\nSELECT 1;\\n")
         'SELECT 1'
     """
     match = re.search(
