@@ -263,5 +263,5 @@ def test_rollups_are_replaced_with_their_step_and_dropped_with_their_run(tmp_pat
 
 
 def test_the_schema_names_every_rollup_file() -> None:
-    assert list(schema.ROLLUP_TABLES) == rollups.rollup_names()
-    assert rollups.rollup_names() == sorted(rollups.rollup_names())
+    assert schema.ROLLUP_TABLES == rollups.rollup_names()
+    assert list(rollups.rollup_names()) == sorted(rollups.rollup_names())

@@ -72,9 +72,11 @@ class StepRollups:
     settings: dict[str, str] = field(default_factory=dict)
 
 
-def rollup_names() -> list[str]:
-    """The rollups `sql/rollups/` defines (`schema.ROLLUP_TABLES` names the same, in order)."""
-    return [path.stem for path in iter_rollup_files()]
+@cache
+def rollup_names() -> tuple[str, ...]:
+    """The rollups `sql/rollups/` defines (`schema.ROLLUP_TABLES` names the same, in order);
+    read once, as every step's commit asks."""
+    return tuple(path.stem for path in iter_rollup_files())
 
 
 @cache
@@ -198,10 +200,14 @@ def default_settings_digests() -> dict[str, str]:
 def is_current(step: StepRecord, settings: dict[str, str]) -> bool:
     """Whether a step's rollups are this tokenlake's, computed under `settings` (as
     `default_settings_digests` gives): nothing to compute again."""
-    return (
-        step.rollup_version == rollup_version()
-        and all(name in step.files for name in rollup_names())
-        and step.rollup_settings == settings
+    return has_this_sql(step) and step.rollup_settings == settings
+
+
+def has_this_sql(step: StepRecord) -> bool:
+    """Whether a step lists every rollup, computed by this tokenlake's SQL (under whichever
+    settings)."""
+    return step.rollup_version == rollup_version() and all(
+        name in step.files for name in rollup_names()
     )
 
 
@@ -310,8 +316,7 @@ class CatalogRollups:
 def catalog_views(steps: Sequence[StepRecord], files: dict[str, list[str]]) -> CatalogRollups:
     """How the catalog defines each rollup, given every step record of the lake and each
     rollup's files (paths or URLs, as the base views list them)."""
-    version = rollup_version()
-    lacking = [s for s in steps if s.rollup_version != version or not _has_all_files(s)]
+    lacking = [s for s in steps if not has_this_sql(s)]
     queries: dict[str, str] = {}
     mixed = 0
     if not lacking:
@@ -327,10 +332,6 @@ def catalog_views(steps: Sequence[StepRecord], files: dict[str, list[str]]) -> C
                 query = _guarded(name, query, settings, digest)
             queries[name] = query
     return CatalogRollups(queries, _problem(len(lacking), len(steps), mixed))
-
-
-def _has_all_files(step: StepRecord) -> bool:
-    return all(name in step.files for name in rollup_names())
 
 
 def _problem(lacking: int, steps: int, mixed: int) -> str | None:
