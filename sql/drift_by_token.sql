@@ -1,8 +1,9 @@
 -- Drift by token id: which vocabulary entries carry the mismatch (the top offenders).
 -- Grain: one row per (run, rollout_id, token_id) with at least one covered finite token.
 -- Token texts come from the run's `vocab` table (NULL when the dump saved no tokenizer/).
--- Inputs: drift_token_id_parts (the per-step rollup: one row per token id with its statistics,
---         share and rank; `samples` adds up drift_tokens.first_occurrence), vocab.
+-- Inputs: drift_token_id_parts (the per-step rollup: one row per token id with its partial
+--         sums and rank; `samples` adds up drift_tokens.first_occurrence), vocab; macros
+--         drift_means, drift_statistics (sql/macros).
 -- Columns:
 --   run               VARCHAR  run name
 --   rollout_id        BIGINT   training step
@@ -18,6 +19,19 @@
 --   k3_rank           BIGINT   1 = the token with the largest k3_share in the step (ties by id)
 --   mult_prob_error   DOUBLE   mean exp(|delta|) (ratio)
 CREATE OR REPLACE VIEW drift_by_token AS
+WITH keyed AS (
+    SELECT
+        run,
+        rollout_id,
+        '' AS share_scope,
+        token_id,
+        k3_rank,
+        * EXCLUDE (run, rollout_id, token_id, k3_rank)
+    FROM drift_token_id_parts
+),
+grouped AS MATERIALIZED (
+    SELECT * FROM drift_means(keyed)
+)
 SELECT
     r.run::VARCHAR AS run,
     r.rollout_id::BIGINT AS rollout_id,
@@ -32,6 +46,6 @@ SELECT
     r.k3_share::DOUBLE AS k3_share,
     r.k3_rank::BIGINT AS k3_rank,
     r.mult_prob_error::DOUBLE AS mult_prob_error
-FROM drift_token_id_parts AS r
+FROM drift_statistics(grouped) AS r
 LEFT JOIN vocab AS v ON v.run = r.run AND v.token_id = r.token_id
 ORDER BY r.run, r.rollout_id, r.k3_rank

@@ -181,7 +181,7 @@ def delta_writer_properties() -> Any:
 
     columns: dict[str, Any] = {}
     for table in STEP_TABLES:
-        options = write._writer_options(schema.TABLE_SCHEMAS[table])
+        options = write._writer_options(table, schema.TABLE_SCHEMAS[table])
         for name, encoding in options["column_encoding"].items():  # type: ignore[attr-defined]
             columns[name] = ColumnProperties(dictionary_enabled=False, encoding=encoding)
         for name in options["use_dictionary"]:  # type: ignore[attr-defined]

@@ -1,6 +1,7 @@
 -- The one aggregate block of the drift_by_* views, as DuckDB macros: table macros drift_terms,
--- drift_parts, drift_counts, drift_totals, drift_rollup, drift_breakdown and drift_statistics
--- (the views' shared output columns), and the scalar macro step_share.
+-- drift_parts, drift_counts, drift_sums, drift_means, drift_totals, drift_rollup,
+-- drift_breakdown and drift_statistics (the views' shared output columns), and the scalar
+-- macro step_share.
 --
 -- drift_breakdown(keyed): `keyed` names a relation (a CTE of the calling view) with one row per
 -- covered finite token and the columns run, rollout_id, batch_position, share_scope, the
@@ -18,7 +19,13 @@
 -- table with one entry per (key, sample): drift_by_token (one key per vocabulary entry) ran in
 -- about half the time (docs/performance.md). drift_by_token does without sets: one
 -- drift_terms row per token, its `samples` 1 on drift_tokens.first_occurrence (a sample's
--- first row with the token id), summed by drift_totals.
+-- first row with the token id), summed by drift_sums.
+--
+-- drift_sums(counted): the partial sums of `counted` (drift_terms' or drift_sums' columns)
+-- added up per key: what the rollup drift_token_id_parts stores (sums of float32 deltas
+-- compress to about 60 % of the bytes of their means). drift_means(summed) divides one row's
+-- sums by its `tokens` (drift_by_token over that rollup); drift_totals(counted) is the two in
+-- turn.
 -- Columns added:
 --   tokens           BIGINT  covered finite tokens
 --   samples          BIGINT  samples with such a token
@@ -30,7 +37,7 @@
 --   mult_prob_error  DOUBLE  mean exp(|delta|) (ratio)
 -- drift_statistics (below) turns them into a view's output columns, with k3_share =
 -- step_share(k3_sum, run, rollout_id, share_scope): k3_sum over the sum of k3_sum across the
--- step's rows with the same share_scope (fraction); drift_by_token applies step_share itself.
+-- step's rows with the same share_scope (fraction).
 
 -- drift_terms(keyed): one row per row of keyed, with its contribution to each partial sum
 -- below (tokens 1, lp_diff_sum delta, abs_lp_diff_sum and max_abs_lp_diff |delta|, k3_sum k3,
@@ -75,23 +82,37 @@ GROUP BY ALL;
 -- drift_parts' columns) whose `samples` counts samples that no other row of the same keys
 -- counts, so the counts add up: drift_counts' rows (one per keys and sample_block), or one
 -- row per token with samples 1 on the sample's first row of the keys (drift_by_token).
-CREATE OR REPLACE MACRO drift_totals(counted) AS TABLE
+CREATE OR REPLACE MACRO drift_sums(counted) AS TABLE
 SELECT
     * EXCLUDE (tokens, samples, lp_diff_sum, abs_lp_diff_sum, max_abs_lp_diff, k3_sum,
         exp_abs_lp_diff_sum),
     SUM(tokens)::BIGINT AS tokens,
     SUM(samples)::BIGINT AS samples,
-    SUM(lp_diff_sum) / SUM(tokens) AS mean_lp_diff,
-    SUM(abs_lp_diff_sum) / SUM(tokens) AS mean_abs_lp_diff,
+    SUM(lp_diff_sum) AS lp_diff_sum,
+    SUM(abs_lp_diff_sum) AS abs_lp_diff_sum,
     MAX(max_abs_lp_diff) AS max_abs_lp_diff,
-    SUM(k3_sum) / SUM(tokens) AS k3_kl,
     SUM(k3_sum) AS k3_sum,
-    SUM(exp_abs_lp_diff_sum) / SUM(tokens) AS mult_prob_error
+    SUM(exp_abs_lp_diff_sum) AS exp_abs_lp_diff_sum
 FROM query_table(counted)
 GROUP BY ALL;
 
--- drift_counts(blocks): drift_parts' rows, unique per (keys, sample_block), with the sample
--- set's bits counted into `samples`.
+CREATE OR REPLACE MACRO drift_means(summed) AS TABLE
+SELECT
+    * EXCLUDE (lp_diff_sum, abs_lp_diff_sum, k3_sum, exp_abs_lp_diff_sum, max_abs_lp_diff),
+    lp_diff_sum / tokens AS mean_lp_diff,
+    abs_lp_diff_sum / tokens AS mean_abs_lp_diff,
+    max_abs_lp_diff,
+    k3_sum / tokens AS k3_kl,
+    k3_sum,
+    exp_abs_lp_diff_sum / tokens AS mult_prob_error
+FROM query_table(summed);
+
+CREATE OR REPLACE MACRO drift_totals(counted) AS TABLE
+WITH summed AS (
+    SELECT * FROM drift_sums(counted)
+)
+SELECT * FROM drift_means(summed);
+
 CREATE OR REPLACE MACRO drift_counts(blocks) AS TABLE
 SELECT
     * EXCLUDE (sample_block, sample_bits_0, sample_bits_1, sample_bits_2, sample_bits_3),
