@@ -41,6 +41,7 @@ from tokenlake.serve.sql_views import (
     iter_rollup_files,
     quote_literal,
     sql_dir,
+    view_inputs,
     view_query,
     view_settings,
 )
@@ -156,7 +157,13 @@ def compute_step(tokens: pa.Table, samples: pa.Table, run: str, rollout_id: int)
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW {schema.SAMPLES} AS SELECT {step}, * FROM {_STEP_SAMPLES}"
         )
-        tables = {name: _rows(con, name) for name in rollup_names()}
+        has_drift_tokens = bool(con.execute("SELECT 1 FROM drift_tokens LIMIT 1").fetchall())
+        tables = {
+            name: _rows(con, name)
+            if has_drift_tokens or name not in drift_token_rollups()
+            else rollup_schema(name).empty_table()
+            for name in rollup_names()
+        }
         settings = {
             name: _settings_digest(con, columns)
             for name in rollup_names()
@@ -166,6 +173,20 @@ def compute_step(tokens: pa.Table, samples: pa.Table, run: str, rollout_id: int)
         con.unregister(_STEP_TOKENS)
         con.unregister(_STEP_SAMPLES)
     return StepRollups(tables, rollup_version(), settings)
+
+
+@cache
+def drift_token_rollups() -> frozenset[str]:
+    """The rollups whose `Inputs:` are `drift_tokens` alone (with `drift_settings`): each has
+    one row per key of at least one drift token, so none for a step without any (an eval
+    file, a rollout-only step), whose commit then skips their SQL (tests/serve check it)."""
+    alone = {"drift_tokens", "drift_settings"}
+    names = set()
+    for path in iter_rollup_files():
+        inputs = view_inputs(path.read_text(encoding="utf-8")) or ()
+        if "drift_tokens" in inputs and set(inputs) <= alone:
+            names.add(path.stem)
+    return frozenset(names)
 
 
 def _settings_digest(con: duckdb.DuckDBPyConnection, columns: Sequence[str]) -> str:
