@@ -182,6 +182,40 @@ def test_catalog_object_lists_exactly_the_manifest_objects(bucket: str) -> None:
     assert set(re.findall(r"'(s3://[^']+\.parquet)'", sql)) == listed
 
 
+def test_building_a_catalog_asks_for_no_object_one_at_a_time(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB binds every view over the listed objects; the filesystem it reads through
+    answers their sizes from one listing per table and run, not a HEAD per object and view."""
+    url = f"s3://{bucket}/lake"
+    extract_run(BASIC, url, ExtractOptions(run_name="basic"))
+    heads: list[str] = []
+    listings: list[str] = []
+    given = ObjectStore.reading_filesystem
+
+    def counted(store: ObjectStore, runs):
+        fs = given(store, runs)
+        call = fs._call_s3
+
+        async def counting(method, *args, **kwargs):
+            name = getattr(method, "__name__", str(method))
+            (heads if name == "head_object" else listings).append(name)
+            return await call(method, *args, **kwargs)
+
+        fs._call_s3 = counting
+        return fs
+
+    monkeypatch.setattr(ObjectStore, "reading_filesystem", counted)
+    con = catalog.connect(url)
+    try:
+        assert con.sql("SELECT count(*) FROM drift_steps").fetchall() == [(2,)]
+        assert con.sql("SELECT count(*) FROM tokens").fetchall() == [(206,)]
+    finally:
+        con.close()
+    assert heads == []
+    assert "get_object" in listings  # the views did read through it
+
+
 def test_follow_a_run_into_an_object_store_lake(bucket: str, tmp_path: Path) -> None:
     url, live = f"s3://{bucket}/lake", tmp_path / "live"
     for folder in ("rollout_data", "train_data", "trajectory"):

@@ -121,8 +121,9 @@ def create_all_views(
     their stored files where every step has current ones) and the user's; returns one line for
     steps without current rollups, then the skipped user views."""
     store = store_at(lake)
-    if store.filesystem is not None:  # an object store: DuckDB reads it through fsspec
-        con.register_filesystem(store.filesystem)
+    reading = store.reading_filesystem(record.run for record in records)
+    if reading is not None:  # an object store: DuckDB reads it through fsspec
+        con.register_filesystem(reading)
     create_base_views(con, lake, records)
     for path in iter_macro_files():
         con.execute(path.read_text(encoding="utf-8"))

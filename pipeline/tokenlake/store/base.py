@@ -52,6 +52,10 @@ class Store(Protocol):
     def filesystem(self) -> Any:
         """The pyarrow-usable filesystem of `url` names (None: the local one)."""
 
+    def reading_filesystem(self, runs: Iterable[str]) -> Any:
+        """The filesystem DuckDB reads the runs' files through while a catalog is built
+        (None: the local one)."""
+
     @property
     def catalog_name(self) -> str:
         """The catalog's name relative to the lake."""

@@ -78,6 +78,10 @@ class LocalStore:
         """The pyarrow-usable filesystem of `url` names: None, the local one."""
         return None
 
+    def reading_filesystem(self, runs: Iterable[str]) -> None:
+        """None: DuckDB reads a local lake's files itself."""
+        return None
+
     def url(self, relative: str) -> str:
         """The name DuckDB and pyarrow read a lake file by."""
         return str(self.file(relative))
