@@ -186,15 +186,15 @@ def test_building_a_catalog_asks_for_no_object_one_at_a_time(
     bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """DuckDB binds every view over the listed objects; the filesystem it reads through
-    answers their sizes from one listing per table and run, not a HEAD per object and view."""
+    answers their sizes from one listing per table folder, not a HEAD per object and view."""
     url = f"s3://{bucket}/lake"
     extract_run(BASIC, url, ExtractOptions(run_name="basic"))
     heads: list[str] = []
     listings: list[str] = []
     given = ObjectStore.reading_filesystem
 
-    def counted(store: ObjectStore, runs):
-        fs = given(store, runs)
+    def counted(store: ObjectStore):
+        fs = given(store)
         call = fs._call_s3
 
         async def counting(method, *args, **kwargs):

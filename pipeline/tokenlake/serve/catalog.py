@@ -121,7 +121,7 @@ def create_all_views(
     their stored files where every step has current ones) and the user's; returns one line for
     steps without current rollups, then the skipped user views."""
     store = store_at(lake)
-    reading = store.reading_filesystem(record.run for record in records)
+    reading = store.reading_filesystem()
     if reading is not None:  # an object store: DuckDB reads it through fsspec
         con.register_filesystem(reading)
     create_base_views(con, lake, records)

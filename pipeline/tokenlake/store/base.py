@@ -52,8 +52,8 @@ class Store(Protocol):
     def filesystem(self) -> Any:
         """The pyarrow-usable filesystem of `url` names (None: the local one)."""
 
-    def reading_filesystem(self, runs: Iterable[str]) -> Any:
-        """The filesystem DuckDB reads the runs' files through while a catalog is built
+    def reading_filesystem(self) -> Any:
+        """The filesystem DuckDB reads the lake's files through while a catalog is built
         (None: the local one)."""
 
     @property

@@ -78,7 +78,7 @@ class LocalStore:
         """The pyarrow-usable filesystem of `url` names: None, the local one."""
         return None
 
-    def reading_filesystem(self, runs: Iterable[str]) -> None:
+    def reading_filesystem(self) -> None:
         """None: DuckDB reads a local lake's files itself."""
         return None
 

@@ -78,21 +78,20 @@ class ObjectStore:
     def filesystem(self) -> Any:
         return self.fs
 
-    def reading_filesystem(self, runs: Iterable[str]) -> Any:
+    def reading_filesystem(self) -> Any:
         """A filesystem of its own for DuckDB's reads while a catalog is built, its listing
-        cache filled by one listing per table and run (what the sweep lists): binding a view
+        cache filled by one listing per table folder (1,000 objects a request): binding a view
         over N objects then asks the store for no HEAD per object and view (measured: 9 per
         object and command on the test lake). Its own, because the lake's filesystem must not
         answer a lock's or a manifest's HEAD from a listing."""
         fs, _ = _filesystem(self.location, shared=False)
-        for run in runs:
-            for table in schema.LAKE_TABLES:
-                try:
-                    fs.find(f"{self.base}/{table_dir(table)}/{schema.RUN}={run}")
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    raise self.error(table_dir(table), "cannot be listed", exc) from exc
+        for table in schema.LAKE_TABLES:
+            try:
+                fs.find(f"{self.base}/{table_dir(table)}")
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise self.error(table_dir(table), "cannot be listed", exc) from exc
         return fs
 
     @property
