@@ -5,7 +5,8 @@ The CLI turns any `PipelineError` into one line, ``Error: <message>``, and exit 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -18,6 +19,24 @@ SHOWN_CHARS = 60
 SHOWN_PATH_CHARS = 1000
 # str() refuses integers over 4 300 digits (sys.int_max_str_digits); stay well below.
 _MAX_SHOWN_INT_BITS = 13_000
+
+
+# What DuckDB raises (a RuntimeError) when a Ctrl-C arrives while it runs a query: it takes
+# the signal itself, so Python never raises KeyboardInterrupt there.
+DUCKDB_INTERRUPTED = "Query interrupted"
+
+
+@contextmanager
+def ctrl_c_from_duckdb() -> Iterator[None]:
+    """Give a Ctrl-C that landed in a DuckDB query back as KeyboardInterrupt, so that no
+    catch-all (a step's "one step's bug is one line") takes it for an error and carries on.
+    """
+    try:
+        yield
+    except RuntimeError as exc:
+        if str(exc) == DUCKDB_INTERRUPTED:
+            raise KeyboardInterrupt from exc
+        raise
 
 
 def shown(value: Any, limit: int = SHOWN_CHARS, *, literal: bool = True) -> str:

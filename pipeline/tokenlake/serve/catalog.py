@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenlake import layout, schema
-from tokenlake.errors import LakeError
+from tokenlake.errors import LakeError, ctrl_c_from_duckdb
 from tokenlake.layout import Location
 from tokenlake.processes import crash_point
 from tokenlake.read import dump
@@ -121,10 +121,17 @@ def create_all_views(
     their stored files where every step has current ones) and the user's; returns one line for
     steps without current rollups, then the skipped user views."""
     store = store_at(lake)
+    with ctrl_c_from_duckdb():
+        return _create_all_views(con, store, records)
+
+
+def _create_all_views(
+    con: duckdb.DuckDBPyConnection, store: Store, records: list[manifest.RunManifest]
+) -> list[str]:
     reading = store.reading_filesystem()
     if reading is not None:  # an object store: DuckDB reads it through fsspec
         con.register_filesystem(reading)
-    create_base_views(con, lake, records)
+    create_base_views(con, store, records)
     for path in iter_macro_files():
         con.execute(path.read_text(encoding="utf-8"))
     stored = rollups.catalog_views(
@@ -133,7 +140,7 @@ def create_all_views(
     )
     create_sql_views(con, stored.queries)
     problems = [stored.problem] if stored.problem else []
-    return problems + create_user_views(con, lake)
+    return problems + create_user_views(con, store)
 
 
 # How a catalog records the digest of the file lists it was built from: a macro, like the

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tokenlake.errors import UsageError
+from tokenlake.errors import UsageError, ctrl_c_from_duckdb
 from tokenlake.layout import Location
 from tokenlake.serve import catalog, rollups
 from tokenlake.store.base import Store
@@ -121,8 +121,9 @@ def run_query(
 
     con = open_lake(lake, settings)
     try:
-        relation = con.sql(sql)
-        return pa.table({}) if relation is None else relation.to_arrow_table()
+        with ctrl_c_from_duckdb():
+            relation = con.sql(sql)
+            return pa.table({}) if relation is None else relation.to_arrow_table()
     except duckdb.Error as exc:
         raise UsageError(f"Query failed: {exc}") from exc
     finally:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from tokenlake import schema
-from tokenlake.errors import LakeError
+from tokenlake.errors import LakeError, ctrl_c_from_duckdb
 from tokenlake.layout import partition_patterns
 from tokenlake.serve.sql_views import (
     base_view_sql,
@@ -147,6 +147,13 @@ def compute_step(tokens: pa.Table, samples: pa.Table, run: str, rollout_id: int)
     DuckDB runs single-threaded here: extraction already runs one step per worker.
     """
     con = _step_connection()
+    with ctrl_c_from_duckdb():
+        return _compute_step(con, tokens, samples, run, rollout_id)
+
+
+def _compute_step(
+    con: duckdb.DuckDBPyConnection, tokens: pa.Table, samples: pa.Table, run: str, rollout_id: int
+) -> StepRollups:
     con.register(_STEP_TOKENS, tokens)
     con.register(_STEP_SAMPLES, samples)
     try:

@@ -1,0 +1,50 @@
+"""A Ctrl-C that lands while DuckDB runs a query (a step's rollups, a catalog build, a user's
+query) stops the command: DuckDB turns it into RuntimeError('Query interrupted'), which a
+step's catch-all would otherwise report as that step's bug while the run, or a `--follow`,
+went on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import duckdb
+import pytest
+
+from tests.fixture_paths import REAL_DUMPS
+from tokenlake.errors import ctrl_c_from_duckdb
+from tokenlake.orchestrate.extract import ExtractInterrupted, ExtractOptions, extract_run
+from tokenlake.serve import rollups
+from tokenlake.store import manifest
+
+ENDLESS = "SELECT count(*) FROM range(1000000000000) AS t(x) WHERE x % 7 = 3"
+
+
+def test_a_ctrl_c_during_a_duckdb_query_is_a_keyboard_interrupt():
+    con = duckdb.connect()
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt), ctrl_c_from_duckdb():
+            con.sql(ENDLESS).fetchall()
+    finally:
+        timer.cancel()
+        con.close()
+
+
+def test_other_duckdb_errors_pass_through():
+    with pytest.raises(duckdb.Error, match="no_such_table"), ctrl_c_from_duckdb():
+        duckdb.connect().sql("SELECT * FROM no_such_table")
+
+
+def _interrupted(*args, **kwargs):
+    raise RuntimeError("Query interrupted")  # what DuckDB raises on a Ctrl-C
+
+
+def test_a_ctrl_c_in_a_steps_rollups_stops_the_extraction(tmp_path, monkeypatch):
+    monkeypatch.setattr(rollups, "_rows", _interrupted)
+    with pytest.raises(ExtractInterrupted) as stopped:
+        extract_run(REAL_DUMPS / "basic", tmp_path / "lake", ExtractOptions(run_name="basic"))
+    assert stopped.value.summary.failed == []  # not one step's "unexpected error"
+    assert manifest.load_manifest(tmp_path / "lake", "basic") is None
