@@ -26,7 +26,7 @@ from tokenlake.cli_util import (
     read_sql,
     say,
 )
-from tokenlake.errors import PipelineError, UsageError
+from tokenlake.errors import PipelineError, UsageError, ctrl_c_from_duckdb
 from tokenlake.steps import parse_steps
 from tokenlake.terminal import plural, safe_text
 
@@ -49,7 +49,8 @@ class _Command(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with ctrl_c_from_duckdb():  # click then says "Aborted!", as for any Ctrl-C
+                return super().invoke(ctx)
         except PipelineError as exc:
             if ctx.params.get("debug") or os.environ.get("TOKENLAKE_DEBUG"):
                 raise

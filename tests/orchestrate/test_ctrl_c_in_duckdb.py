@@ -48,3 +48,14 @@ def test_a_ctrl_c_in_a_steps_rollups_stops_the_extraction(tmp_path, monkeypatch)
         extract_run(REAL_DUMPS / "basic", tmp_path / "lake", ExtractOptions(run_name="basic"))
     assert stopped.value.summary.failed == []  # not one step's "unexpected error"
     assert manifest.load_manifest(tmp_path / "lake", "basic") is None
+
+
+def test_any_command_interrupted_in_duckdb_says_aborted(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tokenlake.cli import main
+    from tokenlake.lake import Lake
+
+    monkeypatch.setattr(Lake, "audit", _interrupted)
+    result = CliRunner().invoke(main, ["audit", str(tmp_path)])
+    assert (result.exit_code, result.output) == (1, "\nAborted!\n")
