@@ -59,3 +59,25 @@ def test_any_command_interrupted_in_duckdb_says_aborted(tmp_path, monkeypatch):
     monkeypatch.setattr(Lake, "audit", _interrupted)
     result = CliRunner().invoke(main, ["audit", str(tmp_path)])
     assert (result.exit_code, result.output) == (1, "\nAborted!\n")
+
+
+def test_follow_stops_after_a_round_that_swallowed_a_ctrl_c(tmp_path, monkeypatch):
+    from tokenlake.orchestrate import follow
+    from tokenlake.orchestrate.extract import ExtractSummary
+
+    rounds = []
+
+    def swallowing_round(dump_dir, lake, run, state, options, progress, clock):
+        rounds.append(run)
+        if len(rounds) > 2:
+            raise AssertionError("the follower went on after a Ctrl-C")
+        try:  # a library that takes the signal and carries on
+            os.kill(os.getpid(), signal.SIGINT)
+            threading.Event().wait(5)
+        except KeyboardInterrupt:
+            pass
+        return ExtractSummary(run=run, lake=lake)
+
+    monkeypatch.setattr(follow, "follow_round", swallowing_round)
+    follow.follow_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name="r"))
+    assert rounds == ["r"]

@@ -30,6 +30,7 @@ from tokenlake.orchestrate.extract import (
     extract_run,
 )
 from tokenlake.orchestrate.progress import ProgressCallback
+from tokenlake.orchestrate.scheduler import ctrl_c_remembered
 from tokenlake.read import dump, remote_dump
 from tokenlake.store import manifest
 from tokenlake.store.base import Store
@@ -70,17 +71,21 @@ def follow_run(
     run = check_run_name(run_name if run_name is not None else remote_dump.dump_name(dump_dir))
     state = FollowState(expected_ranks=_known_ranks(lake, run))
     try:
-        while not should_stop():
-            summary = follow_round(dump_dir, lake, run, state, options, progress, clock)
-            if options.dump_format is None and summary.steps:
-                # Detected once a step landed: later rounds skip the look inside a rollout
-                # file that tells miles from slime (a download, for a dump on a store).
-                options = replace(options, dump_format=summary.dump_format)
-            if on_round is not None:
-                on_round(summary)
-            if should_stop():
-                break
-            time.sleep(options.poll_seconds)
+        with ctrl_c_remembered() as ctrl_c:
+            while not (should_stop() or ctrl_c):
+                summary = follow_round(dump_dir, lake, run, state, options, progress, clock)
+                if options.dump_format is None and summary.steps:
+                    # Detected once a step landed: later rounds skip the look inside a
+                    # rollout file that tells miles from slime (a download, for a dump on a
+                    # store).
+                    options = replace(options, dump_format=summary.dump_format)
+                if on_round is not None:
+                    on_round(summary)
+                if should_stop() or ctrl_c:
+                    break
+                time.sleep(options.poll_seconds)
+        if ctrl_c:  # a Ctrl-C whose KeyboardInterrupt a library swallowed: the round ended
+            log.info("stopped by the user; the lake holds every step committed so far")
     except KeyboardInterrupt as exc:
         if isinstance(exc, ExtractInterrupted) and on_round is not None:  # a round cut short
             on_round(exc.summary)

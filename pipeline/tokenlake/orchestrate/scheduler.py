@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+from typing import Any
 
 from tokenlake.layout import Location
 from tokenlake.orchestrate.step import StepOutcome, StepStatus, extract_step, worker_died_text
@@ -159,6 +160,32 @@ def sigint_deferred() -> Iterator[list[bool]]:
     previous = signal.signal(signal.SIGINT, lambda *_: received.append(True))
     try:
         yield received
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def ctrl_c_remembered() -> Iterator[list[bool]]:
+    """Note every Ctrl-C in the yielded list (non-empty once one came), and raise it as
+    KeyboardInterrupt as before: a loop that checks the list stops at its next turn even when
+    a library caught the KeyboardInterrupt (or took the signal, as DuckDB does) and went on.
+    Only the main thread can set handlers; elsewhere the list stays empty."""
+    seen: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def remember(signum: int, frame: Any) -> None:
+        seen.append(True)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, remember)
+    try:
+        yield seen
     finally:
         signal.signal(signal.SIGINT, previous)
 
