@@ -70,6 +70,7 @@ def follow_run(
     run_name = options.run_name
     run = check_run_name(run_name if run_name is not None else remote_dump.dump_name(dump_dir))
     state = FollowState(expected_ranks=_known_ranks(lake, run))
+    stopped = False
     try:
         with ctrl_c_remembered() as ctrl_c:
             while not (should_stop() or ctrl_c):
@@ -84,11 +85,12 @@ def follow_run(
                 if should_stop() or ctrl_c:
                     break
                 time.sleep(options.poll_seconds)
-        if ctrl_c:  # a Ctrl-C whose KeyboardInterrupt a library swallowed: the round ended
-            log.info("stopped by the user; the lake holds every step committed so far")
+        stopped = bool(ctrl_c)  # a Ctrl-C whose KeyboardInterrupt a library swallowed
     except KeyboardInterrupt as exc:
         if isinstance(exc, ExtractInterrupted) and on_round is not None:  # a round cut short
             on_round(exc.summary)
+        stopped = True
+    if stopped:
         log.info("stopped by the user; the lake holds every step committed so far")
     return state
 
