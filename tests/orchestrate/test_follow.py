@@ -252,16 +252,22 @@ def test_step_deleted_from_a_followed_run_is_removed(tmp_path: Path) -> None:
 def _start_follow(dump: Path, lake: Path, workers: int) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "tokenlake", "extract", str(dump), "--lake", str(lake)]
     command += ["--follow", "--poll", "0.1", "--settle", "0.2", "--workers", str(workers)]
-    # Its own process group, so SIGINT reaches it and its workers, as Ctrl-C in a terminal does.
+    # Its own process group, so SIGINT reaches it and its workers, as Ctrl-C in a terminal does;
+    # faulthandler, so a follower that hangs can be made to print where (`_ctrl_c`).
     return subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )  # fmt: skip
 
 
 def _ctrl_c(process: subprocess.Popen[str]) -> tuple[str, str]:
     os.killpg(process.pid, signal.SIGINT)
-    return process.communicate(timeout=60)
+    try:
+        return process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+        _, err = process.communicate(timeout=30)
+        pytest.fail(f"still running 60 s after a Ctrl-C; its stacks:\n{err}")
 
 
 def _killed_if_stuck(process: subprocess.Popen[str]) -> threading.Timer:
