@@ -39,6 +39,20 @@ def ctrl_c_from_duckdb() -> Iterator[None]:
         raise
 
 
+def duckdb_problem(exc: Exception) -> str:
+    r"""The first line of a DuckDB error, escaped, as one line of a message: DuckDB adds lines
+    of hints (candidate names, `union_by_name`), and a lake's bytes can put control
+    characters into what it quotes.
+
+    Examples:
+        >>> duckdb_problem(ValueError('Failed to read file "x": bad.\nCandidate names: \x1b'))
+        'Failed to read file "x": bad'
+    """
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    # It names files, so as long as a path may be; its full stop is the message's to put.
+    return shown(lines[0].rstrip("."), SHOWN_PATH_CHARS, literal=False)
+
+
 def shown(value: Any, limit: int = SHOWN_CHARS, *, literal: bool = True) -> str:
     r"""A dump value as a message quotes it: escaped, and cut after `limit` characters.
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from tokenlake.errors import LakeError
+from tokenlake.errors import LakeError, duckdb_problem
 from tokenlake.layout import Location
 from tokenlake.serve import sql_views
 from tokenlake.serve.query import format_table, open_lake
@@ -117,7 +117,8 @@ def run_audits(
             try:
                 rows = con.sql(text).to_arrow_table()
             except duckdb.Error as exc:
-                raise LakeError(str(lake), f"audit `{path.stem}` cannot run: {exc}") from exc
+                problem = duckdb_problem(exc)
+                raise LakeError(str(lake), f"audit `{path.stem}` cannot run: {problem}") from exc
             results.append(AuditResult(path.stem, describe(text), rows, level))
     finally:
         con.close()

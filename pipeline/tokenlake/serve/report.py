@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tokenlake.errors import LakeError, OutputError
+from tokenlake.errors import LakeError, OutputError, duckdb_problem
 from tokenlake.layout import Location, temporary_path
 from tokenlake.serve import report_charts as rc
 from tokenlake.serve import report_data as rd
@@ -28,6 +28,9 @@ from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.store.local import atomic_write
 from tokenlake.terminal import plural
+
+if TYPE_CHECKING:
+    import duckdb
 
 WORST_SAMPLES = 10  # samples with a per-token strip, per run
 TOP_TOKENS = 10  # tokens per step in "Top drifting tokens"
@@ -134,29 +137,46 @@ def _collect(
     steps: Sequence[int] | StepSelection | None,
     worst: int,
 ) -> _Page:
+    import duckdb
+
     con = open_lake(lake)
     try:
-        con.execute("SET enable_progress_bar = false")  # no bar on the CLI's terminal
-        sel = rd.Selection(rd.resolve_runs(con, runs), _step_ranges(steps))
-        rd.require_selected_steps(con, sel, str(as_selection(steps)))
-        rd.restrict(con, sel)
-        rd.cache_views(con)
-        page = _Page(sel)
-        page.sections.append(_summary_section(rd.run_summary(con, sel)))
-        page.sections.append(_runs_section(rd.runs_overview(con, sel)))
-        page.sections.append(_audits_section(rd.audits(con, sel)))
-        page.datasets.update(rd.step_datasets(con, sel))
-        limits = rd.settings(con)
-        page.sections.append(_reward_section(page, limits))
-        page.sections.append(_drift_section(page, limits))
-        half_width = rd.fit_histogram(con, sel)
-        page.datasets.update(rd.breakdown_datasets(con, sel))
-        page.sections.append(_where_section(page, half_width))
-        page.datasets.update(rd.worst_tokens(con, sel, TOP_TOKENS))
-        samples = rd.worst_samples(con, sel, worst)
-        page.sections.append(_worst_section(page, rd.strip_tokens(con, samples)))
+        return _sections(con, runs, steps, worst)
+    except duckdb.Error as exc:  # the report's own SQL failing is the lake's files failing it
+        raise LakeError(
+            str(store_at(lake).location),
+            f"the report cannot read it: {duckdb_problem(exc)};"
+            " `tokenlake verify LAKE` names the damaged files",
+        ) from exc
     finally:
         con.close()
+
+
+def _sections(
+    con: duckdb.DuckDBPyConnection,
+    runs: Sequence[str],
+    steps: Sequence[int] | StepSelection | None,
+    worst: int,
+) -> _Page:
+    con.execute("SET enable_progress_bar = false")  # no bar on the CLI's terminal
+    sel = rd.Selection(rd.resolve_runs(con, runs), _step_ranges(steps))
+    rd.require_selected_steps(con, sel, str(as_selection(steps)))
+    rd.restrict(con, sel)
+    rd.cache_views(con)
+    page = _Page(sel)
+    page.sections.append(_summary_section(rd.run_summary(con, sel)))
+    page.sections.append(_runs_section(rd.runs_overview(con, sel)))
+    page.sections.append(_audits_section(rd.audits(con, sel)))
+    page.datasets.update(rd.step_datasets(con, sel))
+    limits = rd.settings(con)
+    page.sections.append(_reward_section(page, limits))
+    page.sections.append(_drift_section(page, limits))
+    half_width = rd.fit_histogram(con, sel)
+    page.datasets.update(rd.breakdown_datasets(con, sel))
+    page.sections.append(_where_section(page, half_width))
+    page.datasets.update(rd.worst_tokens(con, sel, TOP_TOKENS))
+    samples = rd.worst_samples(con, sel, worst)
+    page.sections.append(_worst_section(page, rd.strip_tokens(con, samples)))
     return page
 
 
