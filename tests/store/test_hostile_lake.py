@@ -468,3 +468,59 @@ def test_a_moved_lake_is_read_where_it_is_now(tmp_path: Path) -> None:
     assert cli("audit", str(new))[0] in (0, 1)  # runs its queries, no traceback
     assert cli("views", str(new))[:2] == (0, f"Rebuilt {new / 'tokenlake.duckdb'}\n")
     assert rows(new) == BASIC_STEPS
+
+
+# --- a file of other columns under a tokenlake name --------------------------------------
+
+
+def _forge(path: Path) -> None:
+    """Another program's Parquet file, with a control character in its one value."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": ["evil\x1b[2J"] * 3}), path)
+
+
+@pytest.mark.parametrize(
+    ("table", "first_column", "way_out"),
+    [
+        ("tokens", "evaluation", "delete it and extract again"),
+        (
+            "drift_sample_parts",
+            "batch_position",
+            "`tokenlake views LAKE --recompute` computes the rollups again",
+        ),
+    ],
+)
+def test_a_foreign_file_under_a_tokenlake_name_is_one_line_and_verify_names_it(
+    tmp_path: Path, table: str, first_column: str, way_out: str
+) -> None:
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    folder = schema.ROLLUP_DIR + "/" if table != "tokens" else ""
+    (forged,) = (lake / f"{folder}{table}/run=basic/rollout_id=1").glob("train-*.parquet")
+    _forge(forged)
+    name = forged.relative_to(lake).as_posix()
+
+    code, out, _ = cli("verify", str(lake))
+    assert (code, out.splitlines()) == (
+        1,
+        [
+            f"run `basic` step 1: file `{name}` does not hold the columns of `{table}`:"
+            f" `{first_column}` is missing; {way_out}",
+            "3 steps checked, 1 problem",
+        ],
+    )
+    code, out, err = cli("report", str(lake), "-o", str(tmp_path / "report.html"))
+    assert (code, out, len(err)) == (1, "", 1)
+    assert err[0].startswith(f"Error: Lake `{lake}`: the report cannot read it: ")
+    assert err[0].endswith(f"{forged}\"; `tokenlake verify LAKE` names the damaged files")
+    assert "\x1b" not in err[0]
+    assert not (tmp_path / "report.html").exists()
+
+    if table == "tokens":
+        forged.unlink()
+        assert extract(REAL_DUMPS / "basic", lake)[0] == 0
+    else:
+        assert cli("views", str(lake), "--recompute")[0] == 0
+    assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")

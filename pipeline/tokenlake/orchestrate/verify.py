@@ -130,10 +130,19 @@ def check_step(
     for table, name in step.files.items():
         try:
             where, filesystem = store.arrow_source(name)
-            tables[table] = pq.read_table(where, filesystem=filesystem)
+            read = pq.read_table(where, filesystem=filesystem)
         except (pa.ArrowException, OSError) as exc:  # truncated or overwritten by something else
             # extract skips a step whose files exist and sources are unchanged: delete first
-            problems.append(f"file `{name}` cannot be read ({exc}); delete it and extract again")
+            problems.append(f"file `{name}` cannot be read ({exc}); {_WAY_OUT[_kind(table)]}")
+            continue
+        unlike = columns_difference(table, read.schema, step)
+        if unlike is not None:  # another program's file under tokenlake's name
+            problems.append(
+                f"file `{name}` does not hold the columns of `{table}`: {unlike};"
+                f" {_WAY_OUT[_kind(table)]}"
+            )
+            continue
+        tables[table] = read
     if len(tables) < len(step.files):
         return problems
     tokens, samples = tables[schema.TOKENS], tables[schema.SAMPLES]
@@ -155,6 +164,62 @@ def check_step(
     if deep and not problems:
         problems += _check_rollups(record.run, step, tables)
     return problems
+
+
+_WAY_OUT = {
+    "step": "delete it and extract again",
+    "rollup": "`tokenlake views LAKE --recompute` computes the rollups again",
+}
+# The columns verify reads from a step's files of any schema version.
+_READ_COLUMNS = {
+    schema.TOKENS: (schema.TOKEN_ID, schema.LOSS_MASK),
+    schema.SAMPLES: (schema.BATCH_POSITION, schema.RESPONSE_LENGTH),
+}
+
+
+def _kind(table: str) -> str:
+    return "step" if table in schema.STEP_TABLES else "rollup"
+
+
+def columns_difference(table: str, found: pa.Schema, step: manifest.StepRecord) -> str | None:
+    """How a step's file of `table` differs in its columns from what tokenlake writes there
+    (None: the same names and types, in any order). A file written by another schema version,
+    or rollups of other SQL (which no view reads), need only the columns verify reads.
+
+    Examples:
+        >>> step = manifest.StepRecord(0, False, [], {}, 0, 0, 0, "", schema.SCHEMA_VERSION)
+        >>> columns_difference("samples", pa.schema([("x", pa.string())]), step)
+        '`evaluation` is missing'
+        >>> older = manifest.StepRecord(0, False, [], {}, 0, 0, 0, "", schema_version=1)
+        >>> columns_difference("tokens", pa.schema([("token_id", pa.int64())]), older)
+        '`loss_mask` is missing'
+    """
+    expected = _written_schema(table, step)
+    if expected is None:
+        needed = _READ_COLUMNS.get(table, ())
+        missing = [c for c in needed if c not in found.names]
+        return f"`{missing[0]}` is missing" if missing else None
+    have = {f.name: f.type for f in found}
+    for field in expected:
+        if field.name not in have:
+            return f"`{field.name}` is missing"
+        if have[field.name] != field.type:
+            return f"`{field.name}` is {have[field.name]}, not {field.type}"
+    extra = [n for n in found.names if n not in expected.names]
+    if extra:
+        return f"it has `{shown(extra[0], literal=False)}`, which `{table}` has not"
+    return None
+
+
+def _written_schema(table: str, step: manifest.StepRecord) -> pa.Schema | None:
+    """The columns this tokenlake writes to a step's file of `table`; None when the file was
+    written by another schema version or SQL."""
+    if table in schema.STEP_TABLES:
+        current = step.schema_version == schema.SCHEMA_VERSION
+        return schema.TABLE_SCHEMAS[table] if current else None
+    if table in rollups.rollup_names() and step.rollup_version == rollups.rollup_version():
+        return rollups.rollup_schema(table)
+    return None
 
 
 def _check_rollups(run: str, step: manifest.StepRecord, tables: dict[str, pa.Table]) -> list[str]:
