@@ -514,7 +514,7 @@ def test_a_foreign_file_under_a_tokenlake_name_is_one_line_and_verify_names_it(
     code, out, err = cli("report", str(lake), "-o", str(tmp_path / "report.html"))
     assert (code, out, len(err)) == (1, "", 1)
     assert err[0].startswith(f"Error: Lake `{lake}`: the report cannot read it: ")
-    assert err[0].endswith(f"{forged}\"; `tokenlake verify LAKE` names the damaged files")
+    assert err[0].endswith(f'{forged}"; `tokenlake verify LAKE` names the damaged files')
     assert "\x1b" not in err[0]
     assert not (tmp_path / "report.html").exists()
 
@@ -524,3 +524,32 @@ def test_a_foreign_file_under_a_tokenlake_name_is_one_line_and_verify_names_it(
     else:
         assert cli("views", str(lake), "--recompute")[0] == 0
     assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
+
+
+def test_a_directory_under_a_token_files_name_is_never_read_as_its_rows(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    (planted,) = (lake / "tokens/run=basic/rollout_id=1").glob("train-*.parquet")
+    planted.unlink()
+    planted.mkdir()  # pyarrow reads a directory as a dataset of the files it holds
+    for other in (lake / "samples/run=basic/rollout_id=0").glob("*.parquet"):
+        shutil.copy(other, planted)
+    step_1 = lake / schema.ROLLUP_DIR / "drift_step_parts/run=basic/rollout_id=1"
+    kept = snapshot(step_1)
+
+    # The other steps get their rollups; this one keeps its own, and says why in one line.
+    code, out, err = cli("views", str(lake), "--recompute")
+    assert (code, out, err) == (
+        0,
+        f"Computed the rollups of 2 steps from their tokens.\nRebuilt {lake / 'tokenlake.duckdb'}\n",
+        [
+            f"Warning: run `basic` step 1: rollups not computed: Lake `{planted}`: cannot be read"
+            f" ([Errno 21] not a regular file: '{planted}'); extract the run again"
+        ],
+    )
+    assert snapshot(step_1) == kept
+    name = planted.relative_to(lake).as_posix()
+    assert cli("verify", str(lake))[:2] == (
+        1,
+        f"run `basic` step 1: file `{name}` is missing\n3 steps checked, 1 problem\n",
+    )

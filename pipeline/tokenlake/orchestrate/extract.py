@@ -309,7 +309,7 @@ def _publish_if_needed(
     metrics_changed, warnings = lake_files.refresh_metrics(store, record)
     summary.warnings.extend(warnings)
     # Steps kept as they were but written by an older tokenlake get its rollups now.
-    rollups_changed = maintain.refresh_rollups(store, record) > 0
+    rollups_changed = maintain.refresh_rollups(store, record, warnings=summary.warnings) > 0
     # A new or changed meta.json (or a runs row of schema version 1) rewrites the runs row.
     meta_changed = lake_files.meta_source(record) != record.meta_source
     if (

@@ -77,7 +77,7 @@ def rebuild_views(
         catalog.refuse_if_held(store)
         store.delete_stale_temporaries()
         records = manifest.load_all(store)
-        counts = {r.run: refresh_rollups(store, r, recompute) for r in records}
+        counts = {r.run: refresh_rollups(store, r, recompute, warnings) for r in records}
         refreshed = [r for r in records if counts[r.run]]
         if computed is not None:
             computed.append(sum(counts.values()))
@@ -89,20 +89,33 @@ def rebuild_views(
         return where
 
 
-def refresh_rollups(store: Store, record: manifest.RunManifest, every: bool = False) -> int:
+def refresh_rollups(
+    store: Store,
+    record: manifest.RunManifest,
+    every: bool = False,
+    warnings: list[str] | None = None,
+) -> int:
     """Compute and write the rollups of the run's steps that lack current ones (`every`: of
     all its steps), from the step's own token and sample files (never the dump), and point the
     record at them; the caller saves the manifest. Returns how many steps got new rollups.
 
     A step whose files were written by an older schema reads the columns added since as NULL,
-    as the views do; its next extraction rewrites it.
+    as the views do; its next extraction rewrites it. A step whose files cannot be read keeps
+    the rollups it had (the views read its tokens if it has none) and is one line in
+    `warnings` (None: raised); the other steps get theirs.
     """
     current = rollups.default_settings_digests()
     refreshed = 0
     for step in record.steps.values():
         if not every and rollups.is_current(step, current):
             continue
-        tables = {t: _read_step_table(store, step, t) for t in (schema.TOKENS, schema.SAMPLES)}
+        try:
+            tables = {t: _read_step_table(store, step, t) for t in (schema.TOKENS, schema.SAMPLES)}
+        except LakeError as exc:
+            if warnings is None:
+                raise
+            warnings.append(f"run `{record.run}` step {step.key}: rollups not computed: {exc}")
+            continue
         computed = rollups.compute_step(
             tables[schema.TOKENS], tables[schema.SAMPLES], record.run, step.rollout_id
         )

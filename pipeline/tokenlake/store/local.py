@@ -91,8 +91,16 @@ class LocalStore:
         return str(self.root / relative)
 
     def arrow_source(self, relative: str) -> tuple[str, None]:
-        """Where pyarrow reads a lake file: (path, filesystem)."""
-        return str(self.file(relative)), None
+        """Where pyarrow reads a lake file: (path, filesystem).
+
+        Raises:
+            OSError: Something other than a regular file is there (pyarrow would read a
+                directory planted under a file's name as a dataset of whatever it holds).
+        """
+        path = self.file(relative)
+        if path.exists() and not path.is_file():
+            raise OSError(errno.EISDIR, "not a regular file", str(path))
+        return str(path), None
 
     def exists(self, relative: str) -> bool:
         return self.file(relative).is_file()
