@@ -5,7 +5,7 @@
 --   rollout_prob = exp(rollout_log_prob): 0 | 1e-6 | 1e-5 | 1e-4 | 1e-3 | 1e-2 | 0.1 | 0.5 |
 --                  0.9 | 0.99 | inf   (buckets 0..9; bucket 9 includes probability 1)
 --   entropy (nats): -inf | 0.01 | 0.1 | 0.5 | 1 | 2 | 4 | inf   (buckets 0..6; tokens without
---                  a dumped entropy are not in this dimension)
+--                  a dumped, or with a NaN or infinite, entropy are not in this dimension)
 -- Inputs: drift_breakdown_parts (the per-step rollup, dimensions 'rollout_prob' and 'entropy',
 --         whose buckets are the lower edges below); macro drift_statistics (sql/macros).
 -- Columns:

@@ -15,8 +15,8 @@
 --   'rollout_prob'    drift_by_prob: the exp(rollout_log_prob) bucket, 0..9, by the lower
 --                     edges 0 | 1e-6 | 1e-5 | 1e-4 | 1e-3 | 1e-2 | 0.1 | 0.5 | 0.9 | 0.99
 --   'entropy'         drift_by_prob: the entropy bucket, 0..6, by the lower edges
---                     -inf | 0.01 | 0.1 | 0.5 | 1 | 2 | 4 (nats); tokens without a dumped
---                     entropy are not in this dimension
+--                     -inf | 0.01 | 0.1 | 0.5 | 1 | 2 | 4 (nats); tokens without a dumped,
+--                     or with a NaN or infinite, entropy are not in this dimension
 -- Columns:
 --   run              VARCHAR  run name
 --   rollout_id       BIGINT   training step
@@ -40,7 +40,8 @@ WITH keyed AS (
     -- searching a list of the edges; tests/transform/test_breakdown_samples.py checks that
     -- both agree at every edge); the probability's from the top, where most tokens stop at
     -- the first test (a quarter cheaper on the bench step, whose tokens are less sure).
-    -- NULL entropy: no entropy bucket.
+    -- NULL or non-finite entropy (broken data: a finite vocabulary's entropy is finite; NaN
+    -- would compare above every edge): no entropy bucket.
     SELECT
         run,
         rollout_id,
@@ -62,7 +63,7 @@ WITH keyed AS (
             ELSE 0
         END AS prob_bucket,
         CASE
-            WHEN entropy IS NULL THEN NULL
+            WHEN entropy IS NULL OR NOT ISFINITE(entropy) THEN NULL
             WHEN entropy < 0.01 THEN 0
             WHEN entropy < 0.1 THEN 1
             WHEN entropy < 0.5 THEN 2

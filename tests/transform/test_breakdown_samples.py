@@ -88,3 +88,24 @@ def test_prob_and_entropy_buckets_follow_the_edges_column(tmp_path):
             expected[dimension, max(low for low in edges if low <= value)] += 1
     assert {(d, low): n for d, low, n in got} == dict(expected)
     assert set(lows["rollout_prob"]) <= {0.0, *edges_p}
+
+
+def test_a_non_finite_entropy_is_in_no_entropy_bucket(tmp_path):
+    """NaN compares above every edge in DuckDB: it must not read as an entropy of 4 nats or
+    more (nor -inf as below 0.01); such tokens stay in the probability dimension."""
+    entropies = [math.nan, math.inf, -math.inf, 0.3, None]
+    rows = [
+        {"run": "r", "rollout_id": 0, "batch_position": i, "position": 0, "token_id": 1,
+         "loss_mask": 1, "train_log_prob": -0.5, "rollout_log_prob": -0.5, "lp_diff": 0.0,
+         "entropy": entropy}
+        for i, entropy in enumerate(entropies)
+    ]  # fmt: skip
+    build_lake(tmp_path, tokens=rows)
+    con = catalog.connect(tmp_path)
+    try:
+        got = con.sql(
+            "SELECT dimension, bucket_low, tokens FROM drift_by_prob ORDER BY ALL"
+        ).fetchall()
+    finally:
+        con.close()
+    assert got == [("entropy", 0.1, 1), ("rollout_prob", 0.5, 5)]
