@@ -517,6 +517,11 @@ def test_a_foreign_file_under_a_tokenlake_name_is_one_line_and_verify_names_it(
     assert err[0].endswith(f'{forged}"; `tokenlake verify LAKE` names the damaged files')
     assert "\x1b" not in err[0]
     assert not (tmp_path / "report.html").exists()
+    view = "drift_samples" if table != "tokens" else "tokens"
+    code, out, err = cli("query", str(lake), f"SELECT max(batch_position) FROM {view}")
+    assert (code, out, len(err)) == (1, "", 1)
+    assert err[0].startswith(f"Error: Lake `{lake}`: a query cannot read it: ")
+    assert err[0].endswith("; `tokenlake verify LAKE` names the damaged files")
 
     if table == "tokens":
         forged.unlink()

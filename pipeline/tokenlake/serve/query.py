@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tokenlake.errors import UsageError, ctrl_c_from_duckdb
+from tokenlake.errors import LakeError, UsageError, ctrl_c_from_duckdb, duckdb_problem
 from tokenlake.layout import Location
 from tokenlake.serve import catalog, rollups
+from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.terminal import escape_controls, plural
 
@@ -116,6 +117,7 @@ def run_query(
 
     Raises:
         UsageError: DuckDB rejected the query; the message is DuckDB's.
+        LakeError: A file of the lake could not be read (damaged, or another program's).
     """
     import duckdb
 
@@ -125,6 +127,13 @@ def run_query(
             relation = con.sql(sql)
             return pa.table({}) if relation is None else relation.to_arrow_table()
     except duckdb.Error as exc:
+        location = str(store_at(lake).location)
+        if location.rstrip("/") + "/" in duckdb_problem(exc):  # a lake file failed, not the SQL
+            raise LakeError(
+                location,
+                f"a query cannot read it: {duckdb_problem(exc)};"
+                " `tokenlake verify LAKE` names the damaged files",
+            ) from exc
         raise UsageError(f"Query failed: {exc}") from exc
     finally:
         con.close()
