@@ -32,3 +32,31 @@ def test_catalog_works_from_another_directory_with_quotes_and_globs_in_the_path(
     finally:
         os.chdir(cwd)
     assert rows == [("r'1", 2, 0)]
+
+
+def test_a_catalog_found_healthy_is_opened_again_once_it_changes(tmp_path, monkeypatch):
+    """A follower checks the catalog every round: an unchanged file is not opened again, and
+    any change to it (here a view dropped in place by a DuckDB client) is seen."""
+    from tests.fixture_paths import REAL_DUMPS
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+    from tokenlake.serve import catalog
+
+    lake = tmp_path / "lake"
+    extract_run(REAL_DUMPS / "basic", lake, ExtractOptions(workers=1))
+    opened = []
+    check = catalog._opened_file_problem
+
+    def counted(*args):
+        opened.append(args[0])
+        return check(*args)
+
+    monkeypatch.setattr(catalog, "_opened_file_problem", counted)
+    assert [catalog.catalog_problem(lake) for _ in range(3)] == [None, None, None]
+    assert len(opened) == 1
+    with duckdb.connect(str(lake / "tokenlake.duckdb")) as con:
+        con.execute("DROP VIEW step_stats")
+    assert catalog.catalog_problem(lake) == (
+        "catalog `tokenlake.duckdb` lacks views `step_stats`; run `tokenlake views LAKE` or"
+        " extract again"
+    )
+    assert len(opened) == 2

@@ -420,7 +420,32 @@ def catalog_problem(lake: Location | Store) -> str | None:
         return _file_problem(copy, rebuild, current)
 
 
+# The catalog files last found healthy in this process, each with its file's identity and
+# the manifests' digest then: a follower checks the catalog every round, and opening it costs
+# about 50 ms; any write to the file or rename over it changes its identity (ctime included).
+_HEALTHY: dict[str, tuple[tuple[int, ...], str]] = {}
+
+
+def _identity(path: Path) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _file_problem(path: Path, rebuild: str, current: str) -> str | None:
+    identity = _identity(path)
+    if identity is not None and _HEALTHY.get(str(path)) == (identity, current):
+        return None
+    checked, problem = _opened_file_problem(path, rebuild, current)
+    if checked and problem is None and identity is not None and _identity(path) == identity:
+        _HEALTHY[str(path)] = (identity, current)
+    return problem
+
+
+def _opened_file_problem(path: Path, rebuild: str, current: str) -> tuple[bool, str | None]:
+    """Whether the file could be checked, and its problem."""
     import duckdb
 
     try:
@@ -429,9 +454,15 @@ def _file_problem(path: Path, rebuild: str, current: str) -> str | None:
             recorded = recorded_digest(con)
     except duckdb.Error as exc:
         if "Could not set lock" in str(exc):
-            return None  # a client holds it for writing: it cannot be checked, nor is broken
+            return False, None  # a client holds it for writing: not checkable, nor broken
         first = str(exc).splitlines()[0][:200]
-        return f"catalog `{layout.CATALOG_FILE}` cannot be opened ({first}); {rebuild}"
+        return True, f"catalog `{layout.CATALOG_FILE}` cannot be opened ({first}); {rebuild}"
+    return True, _contents_problem(missing, recorded, current, rebuild)
+
+
+def _contents_problem(
+    missing: list[str], recorded: str | None, current: str, rebuild: str
+) -> str | None:
     if missing:
         names = ", ".join(f"`{v}`" for v in missing[:5]) + (" ..." if len(missing) > 5 else "")
         return f"catalog `{layout.CATALOG_FILE}` lacks views {names}; {rebuild}"
