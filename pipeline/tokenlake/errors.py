@@ -53,6 +53,17 @@ def duckdb_problem(exc: Exception) -> str:
     return shown(lines[0].rstrip("."), SHOWN_PATH_CHARS, literal=False)
 
 
+def lake_read_error(location: str, reader: str, exc: Exception) -> LakeError:
+    """The one line for a DuckDB error while `reader` ("the report", "a query") read the lake
+    at `location`: its files failed the read (damaged, or another program's), and verify
+    names them."""
+    return LakeError(
+        location,
+        f"{reader} cannot read it: {duckdb_problem(exc)};"
+        " `tokenlake verify LAKE` names the damaged files",
+    )
+
+
 def shown(value: Any, limit: int = SHOWN_CHARS, *, literal: bool = True) -> str:
     r"""A dump value as a message quotes it: escaped, and cut after `limit` characters.
 

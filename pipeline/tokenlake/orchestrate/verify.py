@@ -237,8 +237,7 @@ def _check_rollups(run: str, step: manifest.StepRecord, tables: dict[str, pa.Tab
         found = rollups.differences(name, tables[name], rows)
         if found is not None:
             problems.append(
-                f"rollup `{name}` differs from its tokens: {found};"
-                " `tokenlake views LAKE --recompute` computes the rollups again"
+                f"rollup `{name}` differs from its tokens: {found}; {_WAY_OUT['rollup']}"
             )
     return problems
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tokenlake.errors import LakeError, UsageError, ctrl_c_from_duckdb, duckdb_problem
+from tokenlake.errors import UsageError, ctrl_c_from_duckdb, duckdb_problem, lake_read_error
 from tokenlake.layout import Location
 from tokenlake.serve import catalog, rollups
 from tokenlake.store import store_at
@@ -129,11 +129,7 @@ def run_query(
     except duckdb.Error as exc:
         location = str(store_at(lake).location)
         if location.rstrip("/") + "/" in duckdb_problem(exc):  # a lake file failed, not the SQL
-            raise LakeError(
-                location,
-                f"a query cannot read it: {duckdb_problem(exc)};"
-                " `tokenlake verify LAKE` names the damaged files",
-            ) from exc
+            raise lake_read_error(location, "a query", exc) from exc
         raise UsageError(f"Query failed: {exc}") from exc
     finally:
         con.close()

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenlake.errors import LakeError, OutputError, duckdb_problem
+from tokenlake.errors import LakeError, OutputError, lake_read_error
 from tokenlake.layout import Location, temporary_path
 from tokenlake.serve import report_charts as rc
 from tokenlake.serve import report_data as rd
@@ -143,11 +143,7 @@ def _collect(
     try:
         return _sections(con, runs, steps, worst)
     except duckdb.Error as exc:  # the report's own SQL failing is the lake's files failing it
-        raise LakeError(
-            str(store_at(lake).location),
-            f"the report cannot read it: {duckdb_problem(exc)};"
-            " `tokenlake verify LAKE` names the damaged files",
-        ) from exc
+        raise lake_read_error(str(store_at(lake).location), "the report", exc) from exc
     finally:
         con.close()
 
