@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,15 +20,32 @@ from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
 
 
+@dataclass(frozen=True)
+class TagResult:
+    """What `tokenlake tag` did."""
+
+    tags: dict[str, str]  # the run's tags after the change
+    warnings: tuple[str, ...]  # user views the rebuilt catalog skipped, one line each
+
+
+@dataclass(frozen=True)
+class ViewsResult:
+    """What `tokenlake views` did."""
+
+    catalog: Path | str  # the rebuilt catalog's path or URL
+    rollups_computed: int  # steps that got new rollups, computed from their token files
+    # User views skipped, steps whose rollups could not be computed: one line each.
+    warnings: tuple[str, ...]
+
+
 def tag_run(
     lake: Location | Store,
     run: str,
     set_tags: dict[str, str],
     remove: list[str] | tuple[str, ...] = (),
-    warnings: list[str] | None = None,
-) -> dict[str, str]:
+) -> TagResult:
     """Change a run's tags without reading its dump: runs row, manifest, catalog, under the
-    writer lock. Returns the run's tags after the change; `warnings` as in `build_catalog`.
+    writer lock. Returns the run's tags after the change and the catalog's warnings.
 
     Each step leaves a consistent lake (a new runs row is unlisted until the manifest, the
     commit point, lists it; readers follow the manifest until the catalog is rebuilt), so a
@@ -38,6 +56,7 @@ def tag_run(
         UsageError: A bad key, or a key both set and removed.
     """
     store = dump.require_lake(store_at(lake))
+    warnings: list[str] = []
     with store.lock():
         record = manifest.load_manifest(store.location, run)
         if record is None:
@@ -54,39 +73,32 @@ def tag_run(
         catalog.build_catalog(store.location, warnings)
         crash_point("tag:catalog")
         store.delete_unlisted(record)
-    return record.tags
+    return TagResult(record.tags, tuple(warnings))
 
 
-def rebuild_views(
-    lake: Location | Store,
-    warnings: list[str] | None = None,
-    recompute: bool = False,
-    computed: list[int] | None = None,
-) -> Path | str:
+def rebuild_views(lake: Location | Store, recompute: bool = False) -> ViewsResult:
     """Compute the rollups steps lack (written by an older tokenlake, or with other
     drift_settings defaults; with `recompute`, every step's) from their token files, then
-    rebuild the catalog from the manifests, under the writer lock; returns the catalog's path
-    or URL; `computed`, when given, receives how many steps got new rollups.
+    rebuild the catalog from the manifests, under the writer lock.
 
     Never in a dump or a stray folder (`require`), never while an extraction writes the lake,
     nor under another program holding the catalog for writing; a catalog half-built by a
-    killed command is swept first. `warnings` as in `build_catalog`.
+    killed command is swept first.
     """
     store = dump.require_lake(store_at(lake))
+    warnings: list[str] = []
     with store.lock():
         catalog.refuse_if_held(store)
         store.delete_stale_temporaries()
         records = manifest.load_all(store)
         counts = {r.run: refresh_rollups(store, r, recompute, warnings) for r in records}
         refreshed = [r for r in records if counts[r.run]]
-        if computed is not None:
-            computed.append(sum(counts.values()))
         for record in refreshed:
             manifest.save_manifest(store, record)  # the commit point of its new rollups
         where = catalog.build_catalog(store, warnings)
         for record in refreshed:
             store.delete_unlisted(record)  # the rollups they replace
-        return where
+        return ViewsResult(where, sum(counts.values()), tuple(warnings))
 
 
 def refresh_rollups(
