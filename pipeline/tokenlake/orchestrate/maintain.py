@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tokenlake import schema, tags
 from tokenlake.errors import LakeError
@@ -16,7 +15,7 @@ from tokenlake.orchestrate.step import write_step_files
 from tokenlake.processes import crash_point
 from tokenlake.read import dump
 from tokenlake.serve import catalog, rollups
-from tokenlake.store import manifest, store_at
+from tokenlake.store import manifest, parquet, store_at
 from tokenlake.store.base import Store
 
 
@@ -159,10 +158,9 @@ def _read_step_table(store: Store, step: manifest.StepRecord, table: str) -> pa.
     if name is None:  # a step without rows of the table: none to roll up
         return schema.TABLE_SCHEMAS[table].empty_table()
     try:
-        where, filesystem = store.arrow_source(name)
-        rows = pq.read_table(where, filesystem=filesystem)
-    except (pa.ArrowException, OSError) as exc:
-        raise LakeError(store.url(name), f"cannot be read ({exc}); extract the run again") from exc
+        rows = parquet.read_table(store, name)
+    except parquet.UnreadableLakeFile as exc:
+        raise LakeError(exc.path, f"cannot be read ({exc.reason}); extract the run again") from exc
     wanted = schema.TABLE_SCHEMAS[table]
     for field in wanted:
         if field.name not in rows.column_names:
