@@ -33,7 +33,7 @@ from tokenlake.terminal import plural, safe_text
 if TYPE_CHECKING:
     from tokenlake.lake import Lake
     from tokenlake.layout import Location
-    from tokenlake.orchestrate.extract import ExtractOptions
+    from tokenlake.orchestrate.extract import ExtractOptions, ExtractSummary
 
 
 def _lake(location: Location) -> Lake:
@@ -269,11 +269,13 @@ def extract(
 
 
 def _follow(lake: Lake, dump_dir: Path | str, options: ExtractOptions, silent: bool) -> None:
-    def on_round(summary: Any) -> None:
+    from tokenlake.orchestrate.step import StepStatus
+
+    def on_round(summary: ExtractSummary) -> None:
         for label, message in summary.failed:
             say(f"Not yet: step {label}: {message}", err=True, one_line=True)
         _say_warnings(summary)
-        if summary.steps or summary.counts["removed"]:
+        if summary.steps or summary.counts[StepStatus.REMOVED]:
             say(_summary_line(summary), one_line=True)
 
     if not silent:
@@ -285,7 +287,7 @@ def _follow(lake: Lake, dump_dir: Path | str, options: ExtractOptions, silent: b
     say("Stopped; the lake holds every step extracted so far.", err=True)
 
 
-def _say_format(summary: Any, forced: str | None) -> None:
+def _say_format(summary: ExtractSummary, forced: str | None) -> None:
     """Which format the dump was read in: said for every format but miles' own (the one
     tokenlake read before it read others), and whenever --format chose it."""
     from tokenlake.read.formats import FORMATS
@@ -296,12 +298,12 @@ def _say_format(summary: Any, forced: str | None) -> None:
     say(f"Read the dump as {FORMATS[summary.dump_format].title} ({how}).", err=True)
 
 
-def _say_warnings(summary: Any) -> None:
-    for warning in getattr(summary, "warnings", ()):
+def _say_warnings(summary: ExtractSummary) -> None:
+    for warning in summary.warnings:
         say(f"Warning: {warning}", err=True, one_line=True)
 
 
-def _summary_line(summary: Any) -> str:
+def _summary_line(summary: ExtractSummary) -> str:
     counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items())
     text = (
         f"Run `{summary.run}`: {counts} steps; wrote {summary.samples:,} samples and"
@@ -358,13 +360,11 @@ def views(lake: Location, recompute: bool) -> None:
     \b
         tokenlake views lake
     """
-    warnings: list[str] = []
-    computed: list[int] = []
-    where = _lake(lake).build_views(warnings, recompute, computed)
-    if computed and computed[0]:
-        say(f"Computed the rollups of {plural(computed[0], 'step')} from their tokens.")
-    say(f"Rebuilt {where}", one_line=True)
-    for warning in warnings:
+    result = _lake(lake).build_views(recompute)
+    if result.rollups_computed:
+        say(f"Computed the rollups of {plural(result.rollups_computed, 'step')} from their tokens.")
+    say(f"Rebuilt {result.catalog}", one_line=True)
+    for warning in result.warnings:
         say(f"Warning: {warning}", err=True, one_line=True)
 
 
@@ -443,11 +443,10 @@ def tag(lake: Location, run_name: str, tag_args: tuple[str, ...], remove: tuple[
 
     if not tag_args and not remove:
         raise UsageError("Give tags to set (`key=value`) or --remove KEY.")
-    warnings: list[str] = []
-    tags = _lake(lake).tag(run_name, parse_tags(tag_args), remove, warnings)
-    for warning in warnings:
+    result = _lake(lake).tag(run_name, parse_tags(tag_args), remove)
+    for warning in result.warnings:
         say(f"Warning: {warning}", err=True, one_line=True)
-    shown = ", ".join(f"{k}={v}" for k, v in sorted(tags.items())) or "none"
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(result.tags.items())) or "none"
     say(f"Run `{run_name}` tags: {shown}", one_line=True)
 
 

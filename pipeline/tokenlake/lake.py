@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
     from tokenlake.orchestrate.extract import ExtractOptions, ExtractSummary
     from tokenlake.orchestrate.follow import FollowState
+    from tokenlake.orchestrate.maintain import TagResult, ViewsResult
     from tokenlake.orchestrate.progress import ProgressCallback, Reporter
     from tokenlake.orchestrate.verify import Problem
     from tokenlake.serve.audit import AuditResult
@@ -276,28 +277,23 @@ class Lake:
         run: str,
         set_tags: dict[str, str],
         remove: Sequence[str] = (),
-        warnings: list[str] | None = None,
-    ) -> dict[str, str]:
-        """Set or remove a run's tags without reading its dump; returns its tags after."""
+    ) -> TagResult:
+        """Set or remove a run's tags without reading its dump (`tokenlake tag`): its tags
+        after (`.tags`) and the catalog's warnings (`.warnings`, a skipped user view each)."""
         from tokenlake.orchestrate.maintain import tag_run
 
         self.close()
-        return tag_run(self.store, run, set_tags, tuple(remove), warnings)
+        return tag_run(self.store, run, set_tags, tuple(remove))
 
-    def build_views(
-        self,
-        warnings: list[str] | None = None,
-        recompute: bool = False,
-        computed: list[int] | None = None,
-    ) -> Path | str:
+    def build_views(self, recompute: bool = False) -> ViewsResult:
         """Compute the rollups steps lack (`recompute`: every step's) from their tokens and
-        rebuild `tokenlake.duckdb` from the manifests and the views (`tokenlake views`);
-        returns its path or URL. A skipped user view is a line in `warnings`; `computed`
-        receives how many steps got new rollups."""
+        rebuild `tokenlake.duckdb` from the manifests and the views (`tokenlake views`): the
+        catalog's path or URL (`.catalog`), how many steps got new rollups
+        (`.rollups_computed`) and one line per skipped user view or step (`.warnings`)."""
         from tokenlake.orchestrate.maintain import rebuild_views
 
         self.close()
-        return rebuild_views(self.store, warnings, recompute, computed)
+        return rebuild_views(self.store, recompute)
 
     # --- checking ----------------------------------------------------------------------------
 

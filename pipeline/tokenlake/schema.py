@@ -467,3 +467,21 @@ def table_from_rows(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
             missing = [name for name in table_schema.names if name not in row]
             raise RowKeysError(table, index, unknown, missing)
     return pa.Table.from_pylist(list(rows), schema=table_schema)
+
+
+# The one map between the lake's Arrow types and DuckDB's type names: base views cast to them,
+# rollup headers name them (`sql/rollups/*.sql`) and their files are written from them.
+DUCKDB_TYPES: dict[pa.DataType, str] = {
+    pa.bool_(): "BOOLEAN",
+    pa.int8(): "TINYINT",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float32(): "FLOAT",
+    pa.float64(): "DOUBLE",
+    pa.string(): "VARCHAR",
+    pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
+    pa.list_(pa.string()): "VARCHAR[]",
+    pa.list_(pa.int64()): "BIGINT[]",
+    pa.list_(pa.list_(pa.int32())): "INTEGER[][]",  # experts: per layer, the top-k
+}
+ARROW_TYPES: dict[str, pa.DataType] = {name: t for t, name in DUCKDB_TYPES.items()}

@@ -17,6 +17,7 @@ from tests.fixture_paths import REAL_DUMPS
 from tokenlake.cli import main
 from tokenlake.errors import LakeError, PipelineError, UsageError
 from tokenlake.orchestrate.extract import ExtractOptions
+from tokenlake.orchestrate.maintain import TagResult, ViewsResult
 from tokenlake.store.local import LocalStore
 
 BASIC = REAL_DUMPS / "basic"
@@ -73,9 +74,10 @@ def test_query_verify_and_audit_answer_as_the_commands_do(lake: tokenlake.Lake) 
 def test_tag_drop_and_views_are_methods(tmp_path: Path) -> None:
     with tokenlake.Lake(tmp_path / "lake") as lake:
         lake.extract(BASIC, ExtractOptions(run_name="one", steps=[0]))
-        assert lake.tag("one", {"precision": "fp8"}) == {"precision": "fp8"}
-        assert lake.tag("one", {}, remove=["precision"]) == {}
-        assert lake.build_views() == tmp_path / "lake" / "tokenlake.duckdb"
+        assert lake.tag("one", {"precision": "fp8"}) == TagResult({"precision": "fp8"}, ())
+        assert lake.tag("one", {}, remove=["precision"]) == TagResult({}, ())
+        assert lake.build_views() == ViewsResult(tmp_path / "lake" / "tokenlake.duckdb", 0, ())
+        assert lake.build_views(recompute=True).rollups_computed == 2  # step 0, its eval file
         assert lake.sql("SELECT count(*) FROM runs").fetchall() == [(1,)]
         lake.drop("one")
         assert lake.sql("SELECT count(*) FROM runs").fetchall() == [(0,)]

@@ -108,7 +108,9 @@ def test_pp_stage_zero_lacks_trainer_fields(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_rewards_follow_grpo_normalisation_of_the_fixture() -> None:
-    for path in sorted((FIXTURES / "basic" / "train_data").glob("*.pt")):
+    paths = sorted((FIXTURES / "basic" / "train_data").glob("*.pt"))
+    assert len(paths) == 8, paths  # 2 steps x 4 ranks: a check over no file proves nothing
+    for path in paths:
         data = _load(path)["rollout_data"]
         step = _load(path)["rollout_id"]
         normalised = synth.grpo_normalise(np.array(data["raw_reward"]), 2)

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -315,7 +316,7 @@ def test_the_sandbox_alone_stops_a_file_read(
 ) -> None:
     """The second wall: with the syntax check switched off, binding on the sandbox (no file
     access) still refuses the view before the catalog sees it."""
-    monkeypatch.setattr(user_views, "check_tree", lambda *args: None)
+    monkeypatch.setattr(user_views, "check_tree", lambda *args: Counter())  # it reads nothing
     lake = lake_with_views(
         tmp_path, {"v.sql": "CREATE VIEW v AS SELECT * FROM read_text('/etc/passwd')"}
     )
@@ -517,3 +518,63 @@ def test_a_reader_of_a_bucket_never_runs_its_views(tmp_path: Path) -> None:
             opened.close()
         assert list_keys(bucket) == keys  # no loot.txt, nothing else
     assert not written.exists()
+
+
+# --- views that multiply: DuckDB binds a view again wherever it is read -----------------------
+
+EXPANDS = (
+    "binding it would bind more than 500 tables and views (DuckDB binds a view again at every"
+    " place a query reads it)"
+)
+
+
+def test_views_that_double_at_each_step_are_refused_from_the_one_past_the_bound(
+    tmp_path: Path,
+) -> None:
+    """v_k = v_(k-1) UNION ALL v_(k-1): 23 such files of 1.6 KB made every reader bind 2^23
+    times (hours); 14 are enough to show the bound, and take seconds without it."""
+    files = {"v00.sql": "CREATE VIEW v00 AS SELECT run FROM runs"}
+    for k in range(1, 14):
+        files[f"v{k:02}.sql"] = (
+            f"CREATE VIEW v{k:02} AS SELECT * FROM v{k - 1:02} UNION ALL SELECT * FROM v{k - 1:02}"
+        )
+    lake = lake_with_views(tmp_path, files)
+    # v_k binds 2 (1 + v_(k-1)'s): v07 382 tables and views, v08 766
+    assert build(lake) == [skipped(lake, f"v{k:02}.sql", EXPANDS) for k in range(8, 14)]
+    assert query(lake, "SELECT count(*) FROM v07") == [(128,)]
+    code = CliRunner().invoke(main, ["query", str(lake), "SELECT count(*) AS n FROM v07"])
+    assert (code.exit_code, code.output.splitlines()[-1]) == (0, "(1 row)")
+
+
+def test_one_file_reading_a_view_many_times_counts_each_read(tmp_path: Path) -> None:
+    many = " UNION ALL ".join(["SELECT * FROM twice"] * 167)
+    lake = lake_with_views(
+        tmp_path,
+        {
+            "twice.sql": "CREATE VIEW twice AS SELECT run FROM runs UNION ALL SELECT run FROM runs",
+            "wide.sql": f"CREATE VIEW wide AS {many}",  # 167 x (1 + 2) bindings
+            "cte.sql": "CREATE VIEW cte AS WITH twice AS (SELECT 1 AS x) SELECT * FROM twice",
+        },
+    )
+    assert build(lake) == [skipped(lake, "wide.sql", EXPANDS)]
+    assert query(lake, "SELECT * FROM cte") == [(1,)]  # a CTE of a view's name reads no view
+
+
+def test_expanded_reads_of_a_cycle_and_a_long_chain() -> None:
+    cycle = user_views.bindings({"a": Counter({"b": 1}), "b": Counter({"a": 1})})
+    assert cycle == {"a": 501, "b": 501}
+    chain = {f"v{k}": Counter({f"v{k - 1}": 1}) for k in range(1, 5_000)}
+    chain["v0"] = Counter({"tokens": 1})
+    found = user_views.bindings(chain)  # no recursion limit hit
+    assert (found["v0"], found["v499"], found["v500"], found["v4999"]) == (1, 500, 501, 501)
+
+
+def test_many_views_together_stay_within_the_total(tmp_path: Path) -> None:
+    """Each of 6 files binds 400 (within 500): the first five fit the total of 2,000."""
+    many = " UNION ALL ".join(["SELECT run FROM runs"] * 400)
+    lake = lake_with_views(tmp_path, {f"w{k}.sql": f"CREATE VIEW w{k} AS {many}" for k in range(6)})
+    total = (
+        "the user views before it (by file name) bind 2,000 tables and views; together they may"
+        " bind at most 2,000"
+    )
+    assert build(lake) == [skipped(lake, "w5.sql", total)]

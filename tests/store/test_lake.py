@@ -123,7 +123,9 @@ def test_every_writer_goes_through_the_one_atomic_write() -> None:
     """Nothing else in the package renames files into place or builds a partition path."""
     # synth writes dumps, remote_stage a remote dump's local stage: neither writes a lake
     owners = {"layout.py", "local.py", "synth.py", "remote_stage.py"}
-    for path in sorted((ROOT / "pipeline").rglob("*.py")):
+    paths = sorted((ROOT / "pipeline").rglob("*.py"))
+    assert {"layout.py", "local.py", "write.py"} <= {p.name for p in paths}, ROOT
+    for path in paths:
         text = path.read_text(encoding="utf-8")
         if path.name not in owners:
             assert "os.replace(" not in text, path.name

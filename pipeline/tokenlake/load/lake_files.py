@@ -20,7 +20,7 @@ from tokenlake.load import write
 from tokenlake.read import dashboard, formats
 from tokenlake.read.dump import Dump
 from tokenlake.read.remote_dump import local_root, shown_path, urls_in
-from tokenlake.store import manifest, store_at
+from tokenlake.store import manifest, parquet, store_at
 from tokenlake.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -98,18 +98,13 @@ def meta_source(record: manifest.RunManifest) -> manifest.SourceFile | None:
 def stored_run_row(lake: Location | Store, record: manifest.RunManifest) -> dict[str, Any]:
     """The run's current `runs` row as a dict (a file of schema version 1 lacks the metadata
     columns: absent keys), so it can be rewritten without reading the dump."""
-    import pyarrow.parquet as pq
-
     if record.runs_file is None:
         return {}
     store = store_at(lake)
-    where, filesystem = store.arrow_source(record.runs_file)
     try:
-        table = pq.read_table(where, filesystem=filesystem)
-    except (OSError, pa.ArrowException) as exc:
-        raise LakeError(
-            store.url(record.runs_file), f"cannot be read ({exc}); extract the run again"
-        ) from exc
+        table = parquet.read_table(store, record.runs_file)
+    except parquet.UnreadableLakeFile as exc:
+        raise LakeError(exc.path, f"cannot be read ({exc.reason}); extract the run again") from exc
     return table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
 
 
@@ -200,13 +195,10 @@ def _write_metrics(store: Store, record: manifest.RunManifest, table: pa.Table) 
 
 def _merge_metrics(store: Store, record: manifest.RunManifest) -> str:
     """One file for all of the run's metrics files (a long `--follow` writes one per round)."""
-    import pyarrow.parquet as pq
-
     try:
-        sources = [store.arrow_source(name) for name in record.metrics_files]
-        parts = [pq.read_table(where, filesystem=fs) for where, fs in sources]
-    except (OSError, pa.ArrowException) as exc:
-        raise LakeError(store.location, f"metrics files cannot be merged ({exc})") from exc
+        parts = [parquet.read_table(store, name) for name in record.metrics_files]
+    except parquet.UnreadableLakeFile as exc:
+        raise LakeError(store.location, f"metrics files cannot be merged ({exc.reason})") from exc
     merged = pa.concat_tables([p.replace_schema_metadata(None) for p in parts])
     return _write_metrics(store, record, merged)
 

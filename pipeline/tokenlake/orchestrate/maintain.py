@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tokenlake import schema, tags
 from tokenlake.errors import LakeError
@@ -15,8 +15,26 @@ from tokenlake.orchestrate.step import write_step_files
 from tokenlake.processes import crash_point
 from tokenlake.read import dump
 from tokenlake.serve import catalog, rollups
-from tokenlake.store import manifest, store_at
+from tokenlake.store import manifest, parquet, store_at
 from tokenlake.store.base import Store
+
+
+@dataclass(frozen=True)
+class TagResult:
+    """What `tokenlake tag` did."""
+
+    tags: dict[str, str]  # the run's tags after the change
+    warnings: tuple[str, ...]  # user views the rebuilt catalog skipped, one line each
+
+
+@dataclass(frozen=True)
+class ViewsResult:
+    """What `tokenlake views` did."""
+
+    catalog: Path | str  # the rebuilt catalog's path or URL
+    rollups_computed: int  # steps that got new rollups, computed from their token files
+    # User views skipped, steps whose rollups could not be computed: one line each.
+    warnings: tuple[str, ...]
 
 
 def tag_run(
@@ -24,10 +42,9 @@ def tag_run(
     run: str,
     set_tags: dict[str, str],
     remove: list[str] | tuple[str, ...] = (),
-    warnings: list[str] | None = None,
-) -> dict[str, str]:
+) -> TagResult:
     """Change a run's tags without reading its dump: runs row, manifest, catalog, under the
-    writer lock. Returns the run's tags after the change; `warnings` as in `build_catalog`.
+    writer lock. Returns the run's tags after the change and the catalog's warnings.
 
     Each step leaves a consistent lake (a new runs row is unlisted until the manifest, the
     commit point, lists it; readers follow the manifest until the catalog is rebuilt), so a
@@ -38,6 +55,7 @@ def tag_run(
         UsageError: A bad key, or a key both set and removed.
     """
     store = dump.require_lake(store_at(lake))
+    warnings: list[str] = []
     with store.lock():
         record = manifest.load_manifest(store.location, run)
         if record is None:
@@ -54,39 +72,32 @@ def tag_run(
         catalog.build_catalog(store.location, warnings)
         crash_point("tag:catalog")
         store.delete_unlisted(record)
-    return record.tags
+    return TagResult(record.tags, tuple(warnings))
 
 
-def rebuild_views(
-    lake: Location | Store,
-    warnings: list[str] | None = None,
-    recompute: bool = False,
-    computed: list[int] | None = None,
-) -> Path | str:
+def rebuild_views(lake: Location | Store, recompute: bool = False) -> ViewsResult:
     """Compute the rollups steps lack (written by an older tokenlake, or with other
     drift_settings defaults; with `recompute`, every step's) from their token files, then
-    rebuild the catalog from the manifests, under the writer lock; returns the catalog's path
-    or URL; `computed`, when given, receives how many steps got new rollups.
+    rebuild the catalog from the manifests, under the writer lock.
 
     Never in a dump or a stray folder (`require`), never while an extraction writes the lake,
     nor under another program holding the catalog for writing; a catalog half-built by a
-    killed command is swept first. `warnings` as in `build_catalog`.
+    killed command is swept first.
     """
     store = dump.require_lake(store_at(lake))
+    warnings: list[str] = []
     with store.lock():
         catalog.refuse_if_held(store)
         store.delete_stale_temporaries()
         records = manifest.load_all(store)
         counts = {r.run: refresh_rollups(store, r, recompute, warnings) for r in records}
         refreshed = [r for r in records if counts[r.run]]
-        if computed is not None:
-            computed.append(sum(counts.values()))
         for record in refreshed:
             manifest.save_manifest(store, record)  # the commit point of its new rollups
         where = catalog.build_catalog(store, warnings)
         for record in refreshed:
             store.delete_unlisted(record)  # the rollups they replace
-        return where
+        return ViewsResult(where, sum(counts.values()), tuple(warnings))
 
 
 def refresh_rollups(
@@ -147,10 +158,9 @@ def _read_step_table(store: Store, step: manifest.StepRecord, table: str) -> pa.
     if name is None:  # a step without rows of the table: none to roll up
         return schema.TABLE_SCHEMAS[table].empty_table()
     try:
-        where, filesystem = store.arrow_source(name)
-        rows = pq.read_table(where, filesystem=filesystem)
-    except (pa.ArrowException, OSError) as exc:
-        raise LakeError(store.url(name), f"cannot be read ({exc}); extract the run again") from exc
+        rows = parquet.read_table(store, name)
+    except parquet.UnreadableLakeFile as exc:
+        raise LakeError(exc.path, f"cannot be read ({exc.reason}); extract the run again") from exc
     wanted = schema.TABLE_SCHEMAS[table]
     for field in wanted:
         if field.name not in rows.column_names:

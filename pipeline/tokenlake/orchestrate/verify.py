@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tokenlake import schema
 from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, PipelineError, UsageError, shown
@@ -21,7 +20,7 @@ from tokenlake.layout import Location, check_relative, check_run_name
 from tokenlake.read import dump
 from tokenlake.read.remote_dump import is_object_store_url, is_remote, local_root, shown_path
 from tokenlake.serve import catalog, rollups
-from tokenlake.store import manifest, store_at
+from tokenlake.store import manifest, parquet, store_at
 from tokenlake.store.base import Store
 
 
@@ -129,11 +128,12 @@ def check_step(
     tables: dict[str, pa.Table] = {}
     for table, name in step.files.items():
         try:
-            where, filesystem = store.arrow_source(name)
-            read = pq.read_table(where, filesystem=filesystem)
-        except (pa.ArrowException, OSError) as exc:  # truncated or overwritten by something else
+            read = parquet.read_table(store, name)
+        except parquet.UnreadableLakeFile as exc:  # truncated or overwritten by something else
             # extract skips a step whose files exist and sources are unchanged: delete first
-            problems.append(f"file `{name}` cannot be read ({exc}); {_WAY_OUT[_kind(table)]}")
+            problems.append(
+                f"file `{name}` cannot be read ({exc.reason}); {_WAY_OUT[_kind(table)]}"
+            )
             continue
         unlike = columns_difference(table, read.schema, step)
         if unlike is not None:  # another program's file under tokenlake's name

@@ -51,13 +51,8 @@ if TYPE_CHECKING:
 
     from tokenlake.store.manifest import StepRecord
 
-_ARROW_TYPES: dict[str, pa.DataType] = {
-    "BOOLEAN": pa.bool_(),
-    "INTEGER": pa.int32(),
-    "BIGINT": pa.int64(),
-    "DOUBLE": pa.float64(),
-    "VARCHAR": pa.string(),
-}
+# The DuckDB types a rollup's header may give its columns (`schema.ARROW_TYPES` maps them).
+_ROLLUP_TYPES = ("BOOLEAN", "INTEGER", "BIGINT", "DOUBLE", "VARCHAR")
 # Every rollup's first two columns: the step, which its files' partition folders name.
 _STEP_COLUMNS = (schema.RUN, schema.ROLLOUT_ID)
 
@@ -101,7 +96,7 @@ def _columns(name: str) -> tuple[tuple[str, str], ...]:
     columns = documented_columns(path)
     if tuple(c for c, _ in columns[:2]) != _STEP_COLUMNS:
         raise LakeError(path, "a rollup's first columns must be `run` and `rollout_id`")
-    unknown = [(c, t) for c, t in columns if t not in _ARROW_TYPES]
+    unknown = [(c, t) for c, t in columns if t not in _ROLLUP_TYPES]
     if unknown:
         raise LakeError(
             path, f"column `{unknown[0][0]}` has type {unknown[0][1]}, not one a rollup stores"
@@ -111,7 +106,7 @@ def _columns(name: str) -> tuple[tuple[str, str], ...]:
 
 def rollup_schema(name: str) -> pa.Schema:
     """The columns of a rollup's files: its documented columns after `run` and `rollout_id`."""
-    return pa.schema([pa.field(c, _ARROW_TYPES[t]) for c, t in _columns(name)[2:]])
+    return pa.schema([pa.field(c, schema.ARROW_TYPES[t]) for c, t in _columns(name)[2:]])
 
 
 @cache

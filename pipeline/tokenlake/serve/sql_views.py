@@ -25,21 +25,6 @@ if TYPE_CHECKING:
 _VIEW_STATEMENT = re.compile(r"CREATE\s+OR\s+REPLACE\s+VIEW\s+(\w+)\s", re.IGNORECASE)
 
 
-_ARROW_TO_DUCKDB: dict[pa.DataType, str] = {
-    pa.bool_(): "BOOLEAN",
-    pa.int8(): "TINYINT",
-    pa.int32(): "INTEGER",
-    pa.int64(): "BIGINT",
-    pa.float32(): "FLOAT",
-    pa.float64(): "DOUBLE",
-    pa.string(): "VARCHAR",
-    pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
-    pa.list_(pa.string()): "VARCHAR[]",
-    pa.list_(pa.int64()): "BIGINT[]",
-    pa.list_(pa.list_(pa.int32())): "INTEGER[][]",  # experts: per layer, the top-k
-}
-
-
 def sql_dir() -> Path:
     """The one place that knows where the SQL files live: the folder of the package
     `tokenlake.sql` (the repository's top-level `sql/`, shipped inside the wheel)."""
@@ -96,7 +81,7 @@ def quote_literal(text: str) -> str:
 
 def duckdb_type(arrow_type: pa.DataType) -> str:
     """DuckDB type name of a schema column type."""
-    return _ARROW_TO_DUCKDB[arrow_type]
+    return schema.DUCKDB_TYPES[arrow_type]
 
 
 def base_view_sql(table: str, files: list[str], older_files: bool = False) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -202,8 +203,9 @@ def query_tree(sandbox: duckdb.DuckDBPyConnection, query: str) -> dict[str, Any]
     return dict(statements[0])
 
 
-def check_tree(tree: dict[str, Any], relations: set[str], table_macros: set[str]) -> None:
-    """Refuse a query that reads or calls anything but what a user view may.
+def check_tree(tree: dict[str, Any], relations: set[str], table_macros: set[str]) -> Counter[str]:
+    """Refuse a query that reads or calls anything but what a user view may; returns how many
+    places of it read each relation (lower-cased names; its own CTEs are not counted).
 
     Args:
         tree: `query_tree`'s result.
@@ -214,6 +216,24 @@ def check_tree(tree: dict[str, Any], relations: set[str], table_macros: set[str]
     Raises:
         Refused: What it reads or calls that it may not.
     """
+    reads: Counter[str] = Counter()
+    for node, ctes in _nodes(tree):
+        _check_node(node, relations | ctes, table_macros)
+        reads.update(name for name in _relations_read(node) if name not in ctes)
+    return reads
+
+
+def count_reads(tree: dict[str, Any]) -> Counter[str]:
+    """How many places of a query (`query_tree`'s result) read each relation, unchecked: for
+    tokenlake's own views, which `check_tree` would hold to a user view's rules."""
+    reads: Counter[str] = Counter()
+    for node, ctes in _nodes(tree):
+        reads.update(name for name in _relations_read(node) if name not in ctes)
+    return reads
+
+
+def _nodes(tree: dict[str, Any]) -> Iterator[tuple[dict[str, Any], frozenset[str]]]:
+    """Every node of a syntax tree with the CTE names visible there (lower-cased)."""
     stack: list[tuple[Any, frozenset[str]]] = [(tree, frozenset())]
     while stack:  # iterative: a deep tree must not exhaust Python's stack
         node, ctes = stack.pop()
@@ -223,8 +243,28 @@ def check_tree(tree: dict[str, Any], relations: set[str], table_macros: set[str]
         if not isinstance(node, dict):
             continue
         ctes = ctes | _cte_names(node)
-        _check_node(node, relations | ctes, table_macros)
+        yield node, ctes
         stack.extend((value, ctes) for value in node.values())
+
+
+def _relations_read(node: dict[str, Any]) -> list[str]:
+    """The relations one node reads (lower-cased): a table reference's name, or the names a
+    table macro is given (`_check_table_function` allows no other argument)."""
+    if "class" in node:
+        return []
+    if node.get("type") == "BASE_TABLE":
+        return [str(node.get("table_name", "")).lower()]
+    function = node.get("function") or {}
+    name = str(function.get("function_name", "")).lower()
+    if node.get("type") == "TABLE_FUNCTION" and name not in ALLOWED_TABLE_FUNCTIONS:
+        arguments = function.get("arguments") or []
+        expressions = [argument.get("expression") or {} for argument in arguments]
+        return [
+            str(e["column_names"][0]).lower()
+            for e in expressions
+            if e.get("class") == "COLUMN_REF" and len(e.get("column_names") or []) == 1
+        ]
+    return []
 
 
 def _cte_names(node: dict[str, Any]) -> frozenset[str]:

@@ -12,6 +12,7 @@ does not bind is skipped with one warning line; the rest of the catalog is built
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from tokenlake.serve.user_view_check import (
     Refused,
     catalog_objects,
     check_tree,
+    count_reads,
     create_checked,
     first_line,
     lake_relations,
@@ -43,6 +45,13 @@ log = logging.getLogger(__name__)
 # times that: 64 KiB (7 times tokenlake's largest view) keeps a hostile file's check to about
 # 150 MB and a second or two, where 1 MiB took 21 s and gigabytes.
 MAX_USER_VIEW_BYTES = 1 << 16
+# DuckDB binds a view's query again at every place that reads the view, so a chain of views
+# each reading the one before twice binds 2^n times (23 files of 1.6 KB: hours). A user view
+# may make this many bindings of the tables and views it reads, counted through the views it
+# reads (tokenlake's and the user's); one costs 1.5 to 3 ms of CPU (docs/security.md). All the
+# user views of a lake together may make MAX_TOTAL_BINDINGS, in file name order.
+MAX_BINDINGS = 500
+MAX_TOTAL_BINDINGS = 2_000
 # DuckDB's messages quote the user's SQL: room for a whole first line, no more.
 _SHOWN_PROBLEM_CHARS = 500
 
@@ -99,12 +108,15 @@ def _create_checked_views(
     relations = lake_relations(sandbox) | {c.file.stem.lower() for c in candidates}
     macros = _table_macros(sandbox)
     checked = []
+    reads: dict[str, Counter[str]] = {}
     for candidate in candidates:
         try:
-            check_tree(query_tree(sandbox, candidate.query), relations, macros)
+            tree = query_tree(sandbox, candidate.query)
+            reads[candidate.file.stem.lower()] = check_tree(tree, relations, macros)
             checked.append(candidate)
         except Refused as refused:
             skipped[candidate.file] = refused.reason
+    checked = _within_bindings(checked, bindings(reads, tokenlake_view_bindings(sandbox)), skipped)
     created = _create_in_order(con, sandbox, checked, skipped)
     log.info("user views created: %s", ", ".join(created) or "none")
     return skipped
@@ -128,6 +140,83 @@ def _candidate(
     except UnicodeDecodeError as exc:
         raise Refused(f"it is not UTF-8 text (byte {exc.start})") from None
     return _Candidate(path, text, view_query(sandbox, path.stem, text))
+
+
+def _within_bindings(
+    checked: list[_Candidate], expanded: dict[str, int], skipped: dict[UserViewFile, str]
+) -> list[_Candidate]:
+    """The candidates whose binding stays within MAX_BINDINGS, and all of them together
+    within MAX_TOTAL_BINDINGS (in file name order); the others are skipped, saying why."""
+    kept: list[_Candidate] = []
+    total = 0
+    for candidate in sorted(checked, key=lambda c: _by_name(c.file)):
+        cost = expanded[candidate.file.stem.lower()]
+        if cost > MAX_BINDINGS:
+            skipped[candidate.file] = (
+                f"binding it would bind more than {MAX_BINDINGS:,} tables and views (DuckDB"
+                " binds a view again at every place a query reads it)"
+            )
+        elif total + cost > MAX_TOTAL_BINDINGS:
+            skipped[candidate.file] = (
+                f"the user views before it (by file name) bind {total:,} tables and views;"
+                f" together they may bind at most {MAX_TOTAL_BINDINGS:,}"
+            )
+        else:
+            total += cost
+            kept.append(candidate)
+    return kept
+
+
+def tokenlake_view_bindings(sandbox: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """How many bindings of tables and views binding each of tokenlake's views makes (the
+    sandbox holds them, and the lake's tables as views reading nothing, before any user
+    view)."""
+    rows = sandbox.execute(
+        "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal"
+    ).fetchall()
+    reads = {
+        str(name).lower(): count_reads(query_tree(sandbox, view_query(sandbox, name, sql)))
+        for name, sql in rows
+    }
+    return bindings(reads)
+
+
+def bindings(reads: dict[str, Counter[str]], known: dict[str, int] | None = None) -> dict[str, int]:
+    """How many bindings of tables and views binding each view of `reads` makes (capped just
+    above MAX_BINDINGS): each place it reads a relation binds that relation, and a view's
+    query again with all the bindings it makes (from `reads`, else `known`, else none: a
+    table), for DuckDB binds a view's query wherever it is read.
+
+    `reads` maps each view to the relations it names and how often (`check_tree`). A cycle
+    counts as too many (DuckDB could never bind it). Iterative, for long chains.
+
+    Examples:
+        >>> bindings({"a": Counter({"tokens": 2}), "b": Counter({"a": 3, "runs": 1})})
+        {'a': 2, 'b': 10}
+        >>> bindings({"a": Counter({"drift_steps": 2})}, {"drift_steps": 40})
+        {'a': 82}
+    """
+    cap = MAX_BINDINGS + 1
+    done: dict[str, int] = dict(known or {})
+    for start in reads:
+        if start in done:
+            continue
+        stack, on_path = [start], {start}
+        while stack:
+            view = stack[-1]
+            pending = [n for n in reads[view] if n in reads and n not in done]
+            looped = [n for n in pending if n in on_path]
+            if looped:
+                done[view] = cap
+            elif pending:
+                stack.append(pending[0])
+                on_path.add(pending[0])
+                continue
+            else:
+                total = sum(count * (1 + done.get(n, 0)) for n, count in reads[view].items())
+                done[view] = min(total, cap)
+            on_path.discard(stack.pop())
+    return {view: done[view] for view in reads}
 
 
 def _table_macros(sandbox: duckdb.DuckDBPyConnection) -> set[str]:
