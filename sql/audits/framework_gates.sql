@@ -10,7 +10,8 @@
 -- gate_miles_log_prob_diff (0.03).
 -- Inputs: drift_steps, runs.
 -- Columns: run, rollout_id, framework, gate (the framework's metric), value, rule ('>' or
---   '>='), threshold, source (where the framework publishes the gate).
+--   '>='), threshold, source (the framework's file and line publishing the gate, short enough
+--   for a terminal column; docs/drift.md gives the repositories and full paths).
 SELECT
     d.run::VARCHAR AS run,  -- run name
     d.rollout_id::BIGINT AS rollout_id,  -- training step
@@ -20,9 +21,9 @@ SELECT
     (CASE WHEN r.framework = 'nemo-rl' THEN '>=' ELSE '>' END)::VARCHAR AS rule,  -- fails when
     d.framework_gate_limit::DOUBLE AS threshold,  -- from drift_settings
     (CASE r.framework
-        WHEN 'slime' THEN 'THUDM/slime slime/backends/megatron_utils/model.py:900-902'
-        WHEN 'nemo-rl' THEN 'NVIDIA-NeMo/RL tests/functional/grpo_megatron.sh:44'
-        WHEN 'miles' THEN 'radixark/miles miles/backends/training_utils/log_utils.py:285-288'
+        WHEN 'slime' THEN 'slime megatron_utils/model.py:900-902'
+        WHEN 'nemo-rl' THEN 'NeMo-RL functional/grpo_megatron.sh:44'
+        WHEN 'miles' THEN 'miles training_utils/log_utils.py:285'
     END)::VARCHAR AS source  -- the framework's file and lines
 FROM drift_steps AS d
 JOIN runs AS r ON r.run = d.run
