@@ -37,6 +37,14 @@
 --                                         this (0.25, the dashboard's)
 --   alarm_beyond_ln2_frac        DOUBLE   tokens_beyond_ln2: share of a step's drift tokens with
 --                                         |delta| > ln 2 above this (0.01, fraction)
+--   gate_slime_abs_diff          DOUBLE   framework_gates: slime's --ci-test bound on
+--                                         train/train_rollout_logprob_abs_diff (0.1, nats)
+--   gate_nemo_rl_mult_prob_error DOUBLE   framework_gates: NeMo-RL's functional tests' bound on
+--                                         train/token_mult_prob_error, which must stay below it
+--                                         (1.05, ratio)
+--   gate_miles_log_prob_diff     DOUBLE   framework_gates: miles' --ci-test tolerance between
+--                                         rollout/log_probs and rollout/rollout_log_probs (0.03,
+--                                         nats)
 --   shift_min_corr               DOUBLE   shifted_log_probs: the correlation with a neighbour's
 --                                         rollout log-prob that counts as tracking it (0.9)
 --   shift_min_tokens             BIGINT   shifted_log_probs: pairs a step needs to be judged (32)
@@ -64,5 +72,8 @@ SELECT
     0.5::DOUBLE AS alarm_zero_std_group_frac,
     0.25::DOUBLE AS alarm_truncated_frac,
     0.01::DOUBLE AS alarm_beyond_ln2_frac,
+    0.1::DOUBLE AS gate_slime_abs_diff,
+    1.05::DOUBLE AS gate_nemo_rl_mult_prob_error,
+    0.03::DOUBLE AS gate_miles_log_prob_diff,
     0.9::DOUBLE AS shift_min_corr,
     32::BIGINT AS shift_min_tokens

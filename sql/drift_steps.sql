@@ -9,7 +9,8 @@
 --         drift_sample_parts (drift_samples' per-sample values with the sample's token sums,
 --         computed with drift_settings' is_cap, veto_min_ratio, outlier_min_ratio,
 --         outlier_max_ratio, icepop_low, icepop_high, log_ratio_clamp, k3_clamp and the
---         geo/seq_ratio bands), samples; macro ess_fraction (sql/macros).
+--         geo/seq_ratio bands), samples, runs (the run's framework), drift_settings (the
+--         framework gates' limits); macro ess_fraction (sql/macros).
 -- Columns (nats unless said otherwise; docs/drift.md gives every formula and framework name):
 --   run                    VARCHAR  run name
 --   rollout_id             BIGINT   training step
@@ -58,6 +59,20 @@
 --                                   value minus the run's previous step's (nats)
 --   mult_prob_error_change DOUBLE   the same (ratio)
 --   ess_change             DOUBLE   the same (fraction)
+--   framework_gate         VARCHAR  the drift metric the run's framework gates its CI on, NULL
+--                                   when it publishes none (or the lake did not record it):
+--                                   slime 'train/train_rollout_logprob_abs_diff', NeMo-RL
+--                                   'train/token_mult_prob_error', miles
+--                                   '|rollout/log_probs - rollout/rollout_log_probs|'
+--   framework_gate_value   DOUBLE   that metric computed the framework's way: slime SMTM |delta|
+--                                   x samples / train_samples (its sum over samples divided by
+--                                   the global batch size); NeMo-RL mult_prob_error; miles |SMTM
+--                                   delta| x samples / train_samples
+--   framework_gate_limit   DOUBLE   the framework's published bound (drift_settings gate_*)
+--   framework_gate_passed  BOOLEAN  the framework's rule: slime value <= limit, NeMo-RL value <
+--                                   limit, miles value <= limit; NULL without a gate or value
+--   train_samples          BIGINT   the step's training samples with a train row, removed ones
+--                                   included: the global batch size of one optimizer step
 CREATE OR REPLACE VIEW drift_steps AS
 WITH step_tokens AS (
     -- The steps that have tokens, with the statistics no per-sample partial sum gives.
@@ -71,6 +86,14 @@ steps AS (
         UNION ALL
         SELECT run, rollout_id, 0 FROM samples WHERE NOT evaluation
     )
+    GROUP BY run, rollout_id
+),
+batch AS (
+    -- The samples the step trained on, removed ones included: the denominator slime and miles
+    -- divide their sums of per-sample means by (one optimizer step per rollout).
+    SELECT run, rollout_id, COUNT(*) FILTER (WHERE has_train_row) AS train_samples
+    FROM samples
+    WHERE NOT evaluation
     GROUP BY run, rollout_id
 ),
 per_sample AS (
@@ -150,11 +173,39 @@ joined AS (
             AS mean_abs_lp_diff_smtm_change,
         sl.k3_kl - LAG(sl.k3_kl) OVER run_steps AS k3_kl_change,
         sl.mult_prob_error - LAG(sl.mult_prob_error) OVER run_steps AS mult_prob_error_change,
-        sl.ess - LAG(sl.ess) OVER run_steps AS ess_change
+        sl.ess - LAG(sl.ess) OVER run_steps AS ess_change,
+        COALESCE(b.train_samples, 0) AS train_samples,
+        r.framework
     FROM steps AS st
     LEFT JOIN step_level AS sl USING (run, rollout_id)
     LEFT JOIN step_tokens AS tl USING (run, rollout_id)
+    LEFT JOIN batch AS b USING (run, rollout_id)
+    LEFT JOIN runs AS r ON r.run = st.run
     WINDOW run_steps AS (PARTITION BY st.run ORDER BY st.rollout_id)
+),
+gated AS (
+    -- Each framework's published drift gate, computed the way that framework logs it
+    -- (docs/drift.md, "Each run by its own framework's gate").
+    SELECT
+        j.*,
+        CASE j.framework
+            WHEN 'slime' THEN 'train/train_rollout_logprob_abs_diff'
+            WHEN 'nemo-rl' THEN 'train/token_mult_prob_error'
+            WHEN 'miles' THEN '|rollout/log_probs - rollout/rollout_log_probs|'
+        END AS framework_gate,
+        CASE j.framework
+            WHEN 'slime' THEN j.mean_abs_lp_diff_smtm * j.samples / j.train_samples
+            WHEN 'nemo-rl' THEN j.mult_prob_error
+            WHEN 'miles' THEN
+                ABS(j.train_mean_log_prob - j.rollout_mean_log_prob) * j.samples / j.train_samples
+        END AS framework_gate_value,
+        CASE j.framework
+            WHEN 'slime' THEN s.gate_slime_abs_diff
+            WHEN 'nemo-rl' THEN s.gate_nemo_rl_mult_prob_error
+            WHEN 'miles' THEN s.gate_miles_log_prob_diff
+        END AS framework_gate_limit
+    FROM joined AS j
+    CROSS JOIN drift_settings AS s
 )
 SELECT
     run::VARCHAR AS run,
@@ -212,6 +263,14 @@ SELECT
     mean_abs_lp_diff_smtm_change::DOUBLE AS mean_abs_lp_diff_smtm_change,
     k3_kl_change::DOUBLE AS k3_kl_change,
     mult_prob_error_change::DOUBLE AS mult_prob_error_change,
-    ess_change::DOUBLE AS ess_change
-FROM joined
+    ess_change::DOUBLE AS ess_change,
+    framework_gate::VARCHAR AS framework_gate,
+    framework_gate_value::DOUBLE AS framework_gate_value,
+    framework_gate_limit::DOUBLE AS framework_gate_limit,
+    CASE
+        WHEN framework = 'nemo-rl' THEN framework_gate_value < framework_gate_limit
+        ELSE framework_gate_value <= framework_gate_limit
+    END::BOOLEAN AS framework_gate_passed,
+    train_samples::BIGINT AS train_samples
+FROM gated
 ORDER BY run, rollout_id

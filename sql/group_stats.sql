@@ -1,8 +1,9 @@
 -- Per prompt group (GRPO group) reward and length summary (dump-format.md 6.3).
 -- Grain: one row per run, rollout_id, evaluation, group_index
--- Inputs: samples (base view)
+-- Inputs: samples (base view), runs (base view); macro step_reward (sql/macros)
 -- All samples with a NULL group_index of one dump (typically eval samples) form one group.
--- The reward is raw_reward for training steps and the rollout-side reward for eval dumps.
+-- The reward is step_reward's: raw_reward for miles and slime training steps, the sample's
+-- reward for other frameworks' (NeMo-RL) and for eval dumps (docs/columns.md).
 -- Columns:
 --   run                   VARCHAR  run name (partition)
 --   rollout_id            BIGINT   training step the rollout dump belongs to (partition)
@@ -13,19 +14,22 @@
 --   reward_std            DOUBLE   sample std (n - 1) of the non-NULL rewards; NULL if fewer than 2
 --   response_length_mean  DOUBLE   mean response length R (tokens)
 --   truncated_frac        DOUBLE   fraction of samples truncated (0..1)
---   zero_std              BOOLEAN  reward_mean is not NULL and reward_std (NULL taken as 0) <=
---                                  1e-12: a degenerate group that gives GRPO no signal
+--   zero_std              BOOLEAN  reward_std (NULL taken as 0) <= 1e-12: a degenerate group that
+--                                  gives GRPO no signal; NULL when the group has no reward data
+--                                  or is a training step's samples without a group_index (the
+--                                  dump does not say which share a prompt, as in NeMo-RL's)
 CREATE OR REPLACE VIEW group_stats AS
 WITH group_rewards AS (
     SELECT
-        run,
-        rollout_id,
-        evaluation,
-        group_index,
-        CASE WHEN evaluation THEN reward ELSE raw_reward END AS group_reward,
-        response_length,
-        truncated
-    FROM samples
+        s.run,
+        s.rollout_id,
+        s.evaluation,
+        s.group_index,
+        step_reward(r.framework, s.evaluation, s.reward, s.raw_reward) AS group_reward,
+        s.response_length,
+        s.truncated
+    FROM samples AS s
+    LEFT JOIN runs AS r ON r.run = s.run
 ),
 aggregated AS (
     SELECT
@@ -56,6 +60,10 @@ SELECT
     reward_std::DOUBLE AS reward_std,
     response_length_mean::DOUBLE AS response_length_mean,
     truncated_frac::DOUBLE AS truncated_frac,
-    (reward_mean IS NOT NULL AND COALESCE(reward_std, 0.0) <= 1e-12)::BOOLEAN AS zero_std
+    -- Unknown is NULL, not "not degenerate": no rewards, or no prompt groups in a training step.
+    CASE
+        WHEN reward_mean IS NULL OR (group_index IS NULL AND NOT evaluation) THEN NULL
+        ELSE COALESCE(reward_std, 0.0) <= 1e-12
+    END::BOOLEAN AS zero_std
 FROM aggregated
 ORDER BY run, rollout_id, evaluation, group_index NULLS FIRST

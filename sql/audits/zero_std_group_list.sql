@@ -3,8 +3,8 @@
 -- `zero_std_groups` warns when they reach the dashboard's share. Eval groups are not listed.
 -- Severity: info
 -- Grain: one row per zero-std group (run, rollout_id, group_index).
--- Rule: group_stats.zero_std on a training step (reward_mean not null and reward_std, null
--- taken as 0, <= 1e-12). Parameters: none.
+-- Rule: group_stats.zero_std on a training step (reward_std, null taken as 0, <= 1e-12, in a
+-- prompt group with reward data; a NULL zero_std is unknown and not listed). Parameters: none.
 -- Inputs: group_stats.
 SELECT
     run,

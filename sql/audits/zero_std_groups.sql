@@ -3,8 +3,9 @@
 -- in GRPO, and `zero_std_group_list` lists them.
 -- Severity: warning
 -- Grain: one row per offending training step (run, rollout_id).
--- Rule: among the step's training groups with reward data (group_stats.reward_mean not null),
--- the fraction with zero_std is at least alarm_zero_std_group_frac. Every step is checked, not
+-- Rule: among the step's training prompt groups with reward data (group_stats.zero_std not
+-- null: samples without a group_index are no prompt group), the fraction with zero_std is at
+-- least alarm_zero_std_group_frac. Every step is checked, not
 -- only the newest. Parameters (drift_settings): alarm_zero_std_group_frac (0.5).
 -- Inputs: group_stats, drift_settings.
 -- Columns: run, rollout_id, groups_with_reward (count), zero_std_groups (count),
@@ -13,7 +14,7 @@ WITH per_step AS (
     SELECT
         run,
         rollout_id,
-        COUNT(*) FILTER (WHERE reward_mean IS NOT NULL) AS groups_with_reward,
+        COUNT(zero_std) AS groups_with_reward,
         COUNT(*) FILTER (WHERE zero_std) AS zero_std_groups
     FROM group_stats
     WHERE NOT evaluation

@@ -67,6 +67,47 @@ def test_truncation_nemo_rl_does_not_log_is_null_never_false(lake: Path) -> None
     assert rows(lake, "SELECT count(truncated_frac) FROM step_stats") == [(0,)]
 
 
+def test_reward_health_reads_the_logged_rewards_and_leaves_prompt_groups_unknown(
+    lake: Path,
+) -> None:
+    """NeMo-RL logs `rewards` (samples.reward) and no raw_reward; it logs no prompt groups, so
+    whether a group's rewards have zero spread is unknown: NULL, never 0."""
+    import statistics
+
+    logged: dict[int, list[float]] = defaultdict(list)
+    for line in _jsonl(EXPECTED / "samples.jsonl"):
+        logged[line["step"]].append(line["reward"])
+    got = rows(
+        lake,
+        "SELECT rollout_id, reward_mean, reward_std, zero_std_group_frac FROM step_stats"
+        " ORDER BY rollout_id",
+    )
+    assert [(step, mean, frac) for step, mean, _, frac in got] == [
+        (1, 0.5, None),
+        (2, 0.1875, None),
+        (3, 0.25, None),
+    ]
+    for step, _, std, _ in got:
+        assert math.isclose(std, statistics.stdev(logged[step]), rel_tol=1e-12)
+    assert [round(std, 6) for _, _, std, _ in got] == [0.516398, 0.403113, 0.447214]
+    assert rows(
+        lake,
+        "SELECT evaluation, count(*), count(zero_std) FROM group_stats GROUP BY ALL ORDER BY 1",
+    ) == [(False, 3, 0), (True, 1, 1)]
+
+
+def test_the_report_shows_the_logged_reward(lake: Path) -> None:
+    import duckdb
+
+    from tokenlake.serve.report_data import Selection, run_summary
+
+    with duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True) as con:
+        summary = run_summary(con, Selection(("grpo_multiturn",)))
+    assert [(r["run"], r["reward_mean"], r["eval_reward_mean"]) for r in summary] == [
+        ("grpo_multiturn", (8 + 3 + 4) / 48, 0.5)
+    ]
+
+
 def test_every_position_below_the_input_length_and_nothing_else_lands(lake: Path) -> None:
     expected = _jsonl(EXPECTED / "tokens.jsonl.gz")
     prompts = {

@@ -248,7 +248,7 @@ def test_train_groups_use_raw_reward_and_zero_std_rules(con):
     assert _groups(con, "a", 0, False) == [
         (0, 2, 0.5, float(np.std([1.0, 0.0], ddof=1)), 2.5, 0.5, False),
         (1, 1, 1.0, None, 1.0, 0.0, True),  # one rewarded sample: degenerate
-        (2, 1, None, None, 0.0, 0.0, False),  # no reward data: not degenerate
+        (2, 1, None, None, 0.0, 0.0, None),  # no reward data: unknown, not "not degenerate"
     ]
 
 
@@ -258,8 +258,9 @@ def test_eval_group_uses_reward_and_null_group_index_forms_one_group(con):
     ]
 
 
-def test_null_group_index_train_group_with_equal_rewards_is_zero_std(con):
-    assert _groups(con, "a", 1, False) == [(None, 2, 0.5, 0.0, 1.5, 0.0, True)]
+def test_train_samples_without_group_index_are_no_group_whose_spread_is_known(con):
+    # Equal rewards, but nothing says the two samples share a prompt: zero_std is unknown.
+    assert _groups(con, "a", 1, False) == [(None, 2, 0.5, 0.0, 1.5, 0.0, None)]
 
 
 def test_step_stats(con):
@@ -272,12 +273,12 @@ def test_step_stats(con):
         float(np.std([1.0, 0.0, 1.0], ddof=1)),
         1.5,
         0.25,
-        1 / 3,
+        0.5,  # group 1 of groups 0 and 1; group 2 (no reward data) is unknown, not counted
         0.4375,  # unweighted mean of 0.375 and 0.5
         0.5625,  # mean of 0.375 and 0.75
         1 / 3,  # bp2 has no mixed_version and is skipped
     )
-    assert rows[1][:8] == ("a", 1, 2, 0.5, 0.0, 1.5, 0.0, 1.0)
+    assert rows[1][:8] == ("a", 1, 2, 0.5, 0.0, 1.5, 0.0, None)  # no prompt groups: unknown
     assert math.isnan(rows[1][9])  # a NaN per-sample mean_entropy makes the step's NaN
     assert rows[1][8] == _mean([0.5, 0.25]) and rows[1][10] is None
     assert rows[2] == ("b", 0, 1, 0.25, None, 1.0, 0.0, 1.0, 1.0, 2.0, 1.0)

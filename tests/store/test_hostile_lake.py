@@ -409,7 +409,7 @@ def test_a_catalog_held_read_write_does_not_stop_a_reader(tmp_path: Path, comman
     finally:
         holder.kill()
         holder.wait()
-    assert expected[0] == (1 if command == "audit" else 0)  # basic's noise fails drift_alarms
+    assert expected[0] == (1 if command == "audit" else 0)  # basic's noise fails miles' own gate
 
 
 DAMAGE = {

@@ -205,7 +205,8 @@ def run_summary(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
     count, so Σ(tokens · mean) / Σ tokens is the mean over every selected token, not a mean of
     step means. ESS is a ratio of step means (TM(w)² / TM(w²)) that no column pools, so its
     lowest step is shown, with that step. Rewards are the means over every selected sample of
-    `sample_stats` (training `raw_reward`, eval `reward`), the samples `step_stats` averages.
+    `sample_stats` (training: the step's reward, `step_reward`; eval `reward`), the samples
+    `step_stats` averages.
     """
     if not sel.runs:
         return []
@@ -220,9 +221,13 @@ def run_summary(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
                 min(ess) AS ess_min, arg_min(rollout_id, ess) AS ess_min_step
             FROM drift_steps WHERE {where} AND tokens > 0 GROUP BY run
         ), r AS (
-            SELECT run, avg(raw_reward) FILTER (WHERE NOT evaluation) AS reward_mean,
+            SELECT run,
+                avg(step_reward(framework, evaluation, reward, raw_reward))
+                    FILTER (WHERE NOT evaluation) AS reward_mean,
                 avg(reward) FILTER (WHERE evaluation) AS eval_reward_mean
-            FROM sample_stats WHERE {where} GROUP BY run
+            FROM (SELECT * FROM sample_stats WHERE {where})
+            LEFT JOIN (SELECT run, framework FROM runs) USING (run)
+            GROUP BY run
         )
         SELECT run, coalesce(d.drift_steps, 0) AS drift_steps, coalesce(d.tokens, 0) AS tokens,
             d.mean_abs_lp_diff, d.k3_kl, d.ess_min, d.ess_min_step, r.reward_mean,
