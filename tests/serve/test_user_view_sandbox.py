@@ -50,6 +50,7 @@ TOKENLAKE_MACROS = {
     "k3_term",
     "log2_bucket",
     "sample_drift",
+    "step_reward",
     "step_share",
     "tokenlake_listed_digest",  # the catalog's record of the files it lists
 }
