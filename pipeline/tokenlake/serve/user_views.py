@@ -97,7 +97,7 @@ def _create_checked_views(
         except Refused as refused:
             skipped[path] = refused.reason
     relations = lake_relations(sandbox) | {c.file.stem.lower() for c in candidates}
-    macros = _table_macros(sandbox)
+    macros = table_macros(sandbox)
     checked = []
     for candidate in candidates:
         try:
@@ -130,7 +130,7 @@ def _candidate(
     return _Candidate(path, text, view_query(sandbox, path.stem, text))
 
 
-def _table_macros(sandbox: duckdb.DuckDBPyConnection) -> set[str]:
+def table_macros(sandbox: duckdb.DuckDBPyConnection) -> set[str]:
     rows = sandbox.execute(
         "SELECT function_name FROM duckdb_functions()"
         " WHERE NOT internal AND function_type = 'table_macro'"
