@@ -57,8 +57,10 @@ PAGE_SECONDS = 120.0
 STAMP_EVERY_SECONDS = 2.0
 THREADS = 4
 
+# Scripts only from the server itself (no inline script can run, whatever a lake's text holds);
+# 'unsafe-eval' because Vega compiles its chart expressions into functions.
 CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:;"
+    "default-src 'none'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; img-src 'self' data:;"
     " connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 SECURITY_HEADERS = {

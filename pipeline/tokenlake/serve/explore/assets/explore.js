@@ -10,6 +10,16 @@
     "#d62728", "#2ca02c", "#9467bd", "#e377c2", "#393b79"];
   const WINDOWS = { "256": 256, "1k": 1024, "4k": 4096, "all": Infinity };
   const CLIP_PERCENTILE = 99;
+  // Colour ramps as stops (the bundle exposes vegaEmbed only, not Vega's schemes).
+  const DIVERGING = [[33, 102, 172], [146, 197, 222], [247, 247, 247], [244, 165, 130], [178, 24, 43]];
+  const SEQUENTIAL = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+  function ramp(stops) {
+    return (t) => {
+      const x = Math.max(0, Math.min(1, t)) * (stops.length - 1), i = Math.min(stops.length - 2, Math.floor(x)), f = x - i;
+      const c = stops[i].map((v, k) => Math.round(v + (stops[i + 1][k] - v) * f));
+      return "rgb(" + c.join(",") + ")";
+    };
+  }
   const explorer = (window.explorer = { charts: {}, colours: {} });
 
   // --- small helpers --------------------------------------------------------------------
@@ -107,7 +117,7 @@
     const holder = el("div", { class: "chart", id });
     const slot = document.getElementById(id + "-slot");
     (slot || main).appendChild(holder);
-    const options = { actions: false, renderer: "svg", ast: true, expr: vega.expressionInterpreter,
+    const options = { actions: false, renderer: "svg",
       config: { background: null, legend: { orient: "bottom", labelLimit: 400, columns: 4 } } };
     const result = await vegaEmbed(holder, Object.assign({ width: chartWidth(), height: 180 }, spec), options);
     explorer.charts[id] = result.view;
@@ -188,6 +198,10 @@
       if (!rows.some((r) => r[field] !== null && r[field] !== undefined)) continue;
       await draw(id, perStepSpec(t, rows, field, allRuns, threshold), open);
     }
+    main.appendChild(el("details", { class: "card", id: "step-list" }, el("summary", {}, "Every step"),
+      data.runs.map((r) => el("p", {}, swatch(r, allRuns), r + ": ",
+        [...new Set(data.step_stats.filter((x) => x.run === r).map((x) => x.rollout_id))].map((st) =>
+          el("a", { href: stepPath(r, st, false), class: "badge step-link" }, String(st)))))));
     const metricNames = [...new Set(data.metrics.map((m) => m.metric))].sort();
     if (metricNames.length) {
       const picked = params().get("metric") || metricNames[0];
@@ -311,7 +325,7 @@
       const c = spec.centre;
       const spread = values.map((v) => Math.abs(v - c)).sort((a, b) => a - b);
       const clip = percentile(spread, CLIP_PERCENTILE) || 1e-12;
-      const colours = vega.scheme("blueorange");
+      const colours = ramp(DIVERGING);
       return { covered: values.length, low: c - clip, high: c + clip, clip,
         beyond: spread.filter((x) => x > clip).length,
         colour: (v) => colours(Math.max(0, Math.min(1, (v - c) / clip / 2 + 0.5))),
@@ -320,7 +334,7 @@
     }
     const sorted = values.slice().sort((a, b) => a - b);
     const low = percentile(sorted, 100 - CLIP_PERCENTILE), high = percentile(sorted, CLIP_PERCENTILE);
-    const colours = vega.scheme("viridis");
+    const colours = ramp(SEQUENTIAL);
     const span = high - low || 1e-12;
     return { covered: values.length, low, high, beyond: values.filter((v) => v < low || v > high).length,
       colour: (v) => colours(Math.max(0, Math.min(1, (v - low) / span))),
