@@ -28,6 +28,7 @@ export TL_RUN_NAME := $(value RUN_NAME)
 export TL_Q := $(value Q)
 export TL_OUT := $(value OUT)
 export TL_STEPS := $(value STEPS)
+export TL_PORT := $(value PORT)
 export TL_REPLACE := $(value REPLACE)
 export TL_EXAMPLE_DUMP := $(value EXAMPLE_DUMP)
 export CALLER_DIR
@@ -52,7 +53,7 @@ endef
 # The files the example dump is generated from: `make example` rewrites it only when they change.
 GENERATOR := pipeline/tokenlake/generator/synth.py pipeline/tokenlake/generator/synth_spec.py pipeline/tokenlake/read/cp_layout.py
 
-.PHONY: help setup setup-test lock extract example follow verify views audit sql report test test-fast lint fmt bench bench-formats clean
+.PHONY: help setup setup-test lock extract example follow verify views audit sql report serve test test-fast lint fmt bench bench-formats clean
 
 help: ## list the targets (with the defaults in force)
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
@@ -117,6 +118,9 @@ sql: setup ## Q="SELECT ..." [LAKE=$(LAKE)]: run a query against the catalog
 report: setup ## [LAKE=$(LAKE)] [RUN_NAME=name] [STEPS=0-9] [OUT=report.html]: one self-contained HTML report
 	@$(ABS); $(PY) -m tokenlake report "$$(abs "$$TL_LAKE")" $${TL_RUN_NAME:+--run "$$TL_RUN_NAME"} \
 	  $${TL_STEPS:+--steps "$$TL_STEPS"} -o "$$(abs "$$TL_OUT")"
+
+serve: setup ## [LAKE=$(LAKE)] [PORT=8765]: the explorer over the lake at http://127.0.0.1:PORT/ (Ctrl-C stops)
+	@$(ABS); $(PY) -m tokenlake serve "$$(abs "$$TL_LAKE")" --port "$${TL_PORT:-8765}"
 
 lint: setup-test ## ruff check + format check + mypy (strict defs in pipeline/)
 	$(VENV)/bin/ruff check pipeline tests

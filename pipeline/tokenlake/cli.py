@@ -587,3 +587,35 @@ def report(
         f"Wrote {summary.path} ({summary.size / 1e6:.1f} MB, {plural(len(summary.runs), 'run')})"
         f" in {summary.seconds:.1f} s"
     )
+
+
+@main.command()
+@click.argument("lake", type=LAKE, default=Path("lake"))
+@click.option(
+    "--port",
+    type=click.IntRange(min=0, max=65535),
+    default=8765,
+    show_default=True,
+    help="The TCP port to listen on (0: a free one).",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address to listen on; any but a loopback one requires the token printed in the URL.",
+)
+def serve(lake: Location, port: int, host: str) -> None:
+    """Serve the explorer: pages over the lake's runs, steps, samples and tokens, and a
+    read-only SQL console. Prints the URL to open; Ctrl-C stops it.
+
+    Example:
+
+    \b
+        tokenlake serve lake
+        tokenlake serve lake --host 0.0.0.0 --port 8800   # prints a URL with ?token=...
+    """
+
+    def announce(url: str) -> None:
+        say(f"Serving `{_lake(lake).root}` at {url} (Ctrl-C stops)", one_line=True)
+
+    _lake(lake).serve(host=host, port=port, announce=announce)

@@ -324,6 +324,18 @@ class Lake:
 
         return build_report(self.store, output, runs, steps, worst)
 
+    def serve(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        announce: Callable[[str], None] = print,
+    ) -> None:
+        """Serve the explorer over this lake (`tokenlake serve`) until Ctrl-C; `announce`
+        receives its URL once (with the token when `host` is not a loopback address)."""
+        from tokenlake.serve.explore.server import ServeOptions, serve_forever
+
+        serve_forever(self.store, ServeOptions(host=host, port=port), announce)
+
     def query(self, sql: str, settings: Mapping[str, float] | None = None) -> pa.Table:
         """Run one query with `drift_settings` overrides (`tokenlake query`): an Arrow table."""
         from tokenlake.serve.query import run_query

@@ -30,6 +30,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("tokenlake.transform",),
     ("tokenlake.load",),
     ("tokenlake.serve", "tokenlake.sql"),
+    ("tokenlake.serve.explore",),  # the explorer reads through the catalog and the report below
     ("tokenlake.orchestrate", "tokenlake.generator"),
     ("tokenlake.lake",),
     ("tokenlake.cli", "tokenlake.cli_util", "tokenlake.__main__", "tokenlake"),

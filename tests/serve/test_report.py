@@ -178,13 +178,15 @@ class _DevTools:
 
 
 @contextmanager
-def _browser(profile: Path):
+def _browser(profile: Path, host_rules: str = "MAP * ~NOTFOUND"):
+    """Headless Chromium with no network: every name resolves to nothing (`host_rules`; the
+    explorer's tests exclude 127.0.0.1, where their server listens)."""
     process = subprocess.Popen(
         [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
          "--no-first-run", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", f"--user-data-dir={profile}", "--remote-debugging-port=0",
          "--remote-debugging-address=127.0.0.1", "--proxy-server=127.0.0.1:9",
-         "--host-resolver-rules=MAP * ~NOTFOUND", "--window-size=1280,900", "about:blank"],
+         f"--host-resolver-rules={host_rules}", "--window-size=1280,900", "about:blank"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

@@ -106,7 +106,7 @@ def _create_checked_views(
         except Refused as refused:
             skipped[path] = refused.reason
     relations = lake_relations(sandbox) | {c.file.stem.lower() for c in candidates}
-    macros = _table_macros(sandbox)
+    macros = table_macros(sandbox)
     checked = []
     reads: dict[str, Counter[str]] = {}
     for candidate in candidates:
@@ -219,7 +219,7 @@ def bindings(reads: dict[str, Counter[str]], known: dict[str, int] | None = None
     return {view: done[view] for view in reads}
 
 
-def _table_macros(sandbox: duckdb.DuckDBPyConnection) -> set[str]:
+def table_macros(sandbox: duckdb.DuckDBPyConnection) -> set[str]:
     rows = sandbox.execute(
         "SELECT function_name FROM duckdb_functions()"
         " WHERE NOT internal AND function_type = 'table_macro'"

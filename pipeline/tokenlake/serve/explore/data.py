@@ -1,0 +1,331 @@
+"""What each explorer page reads, as JSON-ready dicts, through the catalog's views.
+
+Every function takes a cursor of the served catalog and binds the page's values (run names,
+steps, positions) as query parameters: a run name is never pasted into SQL. Values JSON cannot
+hold (NaN, infinities) are None in the aggregates; in a sample's token columns a non-finite
+value becomes its text ("NaN", "Infinity", "-Infinity"), so the page can say which it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tokenlake.errors import UsageError
+from tokenlake.serve import audit, sql_views
+from tokenlake.serve import report_data as rd
+
+if TYPE_CHECKING:
+    import duckdb
+
+Rows = list[dict[str, Any]]
+
+# The statistics a token strip can be coloured by: the `tokens` column, or the SQL computing
+# it from one; `signed` ones get a colour scale symmetric around `centre`.
+TOKEN_STATS: dict[str, dict[str, Any]] = {
+    "lp_diff": {"sql": "t.lp_diff", "signed": True, "centre": 0.0},
+    "imp_ratio": {"sql": "exp(t.lp_diff)", "signed": True, "centre": 1.0},
+    "k3": {"sql": "exp(t.lp_diff) - 1 - t.lp_diff", "signed": False},
+    "entropy": {"sql": "t.entropy", "signed": False},
+    "advantage": {"sql": "t.advantage", "signed": True, "centre": 0.0},
+    "train_log_prob": {"sql": "t.train_log_prob", "signed": False},
+    "rollout_log_prob": {"sql": "t.rollout_log_prob", "signed": False},
+    "ref_log_prob": {"sql": "t.ref_log_prob", "signed": False},
+    "teacher_log_prob": {"sql": "t.teacher_log_prob", "signed": False},
+    "token_staleness": {"sql": "t.token_staleness", "signed": False},
+}
+
+# A sample page shows at most this many tokens (a sample holds far fewer: the dumps' longest
+# responses are ~100 k tokens).
+MAX_SAMPLE_TOKENS = 1_000_000
+METRIC_ROWS = 50_000
+
+
+def rows(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> Rows:
+    """Rows of a query as dicts of JSON-safe values."""
+    table = con.sql(sql, params=list(params)).to_arrow_table()
+    return [{k: rd.clean(v) for k, v in row.items()} for row in table.to_pylist()]
+
+
+def run_names(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Every run of the lake, sorted: the order that gives each run its colour."""
+    return [str(r[0]) for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall()]
+
+
+def _known(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str]:
+    known = run_names(con)
+    for name in runs:
+        if name not in known:
+            raise UsageError(f"The lake has no run {json.dumps(name)}.")
+    return sorted(set(runs))
+
+
+def runs_page(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """Every run: its metadata and tags, steps, samples, tokens, reward, headline drift, and
+    the audits it fails."""
+    names = run_names(con)
+    sel = rd.Selection(tuple(names))
+    overview = {r["run"]: r for r in rd.runs_overview(con, sel)}
+    summary = {r["run"]: r for r in rd.run_summary(con, sel)}
+    meta = {
+        r["run"]: r
+        for r in rows(
+            con,
+            "SELECT run, framework, dump_format, format_version, tool, start_ts, hf_checkpoint,"
+            " wandb_project, wandb_run_id, tags_json FROM runs ORDER BY run",
+        )
+    }
+    failing = failing_audits(con)
+    runs = []
+    for name in names:
+        row = {**meta[name], **overview.get(name, {}), **summary.get(name, {})}
+        row["tags"] = _tags(row.pop("tags_json", None))
+        row["audits"] = failing.get(name, [])
+        runs.append(row)
+    return {"runs": runs}
+
+
+def _tags(text: str | None) -> dict[str, str]:
+    try:
+        parsed = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in parsed.items()} if isinstance(parsed, dict) else {}
+
+
+def failing_audits(con: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
+    """Per run, each audit with offending rows: name, severity, rows."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for path in sql_views.iter_audit_files():
+        text = path.read_text(encoding="utf-8").strip().rstrip(";")
+        columns = [c[0] for c in con.execute(f"SELECT * FROM ({text}) LIMIT 0").description]
+        if "run" not in columns:
+            continue
+        severity = audit.severity(path, text)
+        counted = con.execute(f"SELECT run, count(*) FROM ({text}) GROUP BY run").fetchall()
+        for run, count in counted:
+            entry = {"name": path.stem, "severity": severity, "rows": int(count)}
+            found.setdefault(str(run), []).append(entry)
+    return found
+
+
+def steps_page(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, Any]:
+    """Per step of the chosen runs: reward health, eval reward, drift, the logged metrics,
+    and the alarm thresholds."""
+    chosen = _known(con, runs)
+    if not chosen:
+        raise UsageError("Choose at least one run.")
+    datasets = rd.step_datasets(con, rd.Selection(tuple(chosen)))
+    holes = ", ".join("?" for _ in chosen)
+    metrics = rows(
+        con,
+        f"SELECT run, step, metric, value FROM metrics WHERE run IN ({holes})"
+        f" AND step IS NOT NULL ORDER BY run, metric, step LIMIT {METRIC_ROWS}",
+        chosen,
+    )
+    return {
+        "runs": chosen,
+        "all_runs": run_names(con),
+        **datasets,
+        "metrics": metrics,
+        "settings": rd.settings(con),
+    }
+
+
+def step_page(
+    con: duckdb.DuckDBPyConnection, run: str, step: int, evaluation: bool
+) -> dict[str, Any]:
+    """One step: its numbers, every sample (with its drift), its groups and its drift
+    breakdowns."""
+    _known(con, [run])
+    key = [run, step]
+    samples = rows(
+        con,
+        "SELECT s.*, d.tokens AS drift_tokens, d.mean_lp_diff, d.k3_kl_clamped, d.log_ppl_diff,"
+        " d.min_ratio, d.max_ratio, d.seq_ratio, d.veto_tokens, d.outlier_tokens,"
+        " d.vetoed, d.geo_rejected, d.seq_ratio_rejected"
+        " FROM sample_stats AS s LEFT JOIN drift_samples AS d USING"
+        " (run, rollout_id, evaluation, batch_position)"
+        " WHERE s.run = ? AND s.rollout_id = ? AND s.evaluation = ? ORDER BY s.batch_position",
+        [*key, evaluation],
+    )
+    if not samples:
+        raise UsageError(f"Run {json.dumps(run)} has no {_kind(evaluation)} step {step}.")
+    numbers = _one(con, "SELECT * FROM step_stats WHERE run = ? AND rollout_id = ?", key)
+    drift = _one(con, "SELECT * FROM drift_steps WHERE run = ? AND rollout_id = ?", key)
+    groups = rows(
+        con,
+        "SELECT * FROM group_stats WHERE run = ? AND rollout_id = ? AND evaluation = ?"
+        " ORDER BY group_index",
+        [*key, evaluation],
+    )
+    steps = rows(
+        con,
+        "SELECT DISTINCT rollout_id, evaluation FROM samples WHERE run = ? ORDER BY ALL",
+        [run],
+    )
+    return {
+        "run": run,
+        "step": step,
+        "evaluation": evaluation,
+        "numbers": None if evaluation else numbers,
+        "drift": None if evaluation else drift,
+        "samples": samples,
+        "groups": groups,
+        "breakdowns": {} if evaluation else _breakdowns(con, key),
+        "steps": steps,
+    }
+
+
+def _kind(evaluation: bool) -> str:
+    return "eval" if evaluation else "training"
+
+
+def _one(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any]) -> dict[str, Any] | None:
+    found = rows(con, sql, params)
+    return found[0] if found else None
+
+
+def _breakdowns(con: duckdb.DuckDBPyConnection, key: list[Any]) -> dict[str, Rows]:
+    where = "WHERE run = ? AND rollout_id = ?"
+    stats = "tokens, samples, mean_abs_lp_diff, k3_kl, k3_share"
+    return {
+        "position": rows(
+            con,
+            f"SELECT position_low, position_high, {stats} FROM drift_by_position {where}"
+            " ORDER BY position_low",
+            key,
+        ),
+        "prob": rows(
+            con,
+            f"SELECT dimension, bucket_low, bucket_high, {stats} FROM drift_by_prob {where}"
+            " ORDER BY dimension, bucket",
+            key,
+        ),
+        "turn": rows(
+            con, f"SELECT turn_index, {stats} FROM drift_by_turn {where} ORDER BY turn_index", key
+        ),
+        "weight_version": rows(
+            con,
+            f"SELECT * EXCLUDE (run, rollout_id) FROM drift_by_weight_version {where} ORDER BY ALL",
+            key,
+        ),
+        "token": rows(
+            con,
+            "SELECT d.token_id, v.token_text, d.tokens, d.samples, d.mean_abs_lp_diff, d.k3_kl,"
+            " d.k3_share FROM drift_by_token AS d LEFT JOIN vocab AS v USING (run, token_id)"
+            " WHERE d.run = ? AND d.rollout_id = ? ORDER BY d.k3_share DESC NULLS LAST,"
+            " d.token_id LIMIT 30",
+            key,
+        ),
+    }
+
+
+def sample_page(
+    con: duckdb.DuckDBPyConnection, run: str, step: int, position: int, evaluation: bool
+) -> dict[str, Any]:
+    """One sample: its row, its texts and conversation, every token with every statistic,
+    its neighbours, its group's siblings and the same sample index in the other runs.
+
+    The tokens are read with the run, the step and the evaluation flag in the condition, so
+    DuckDB reads only that step's file, and the batch position prunes its row groups.
+    """
+    _known(con, [run])
+    key = [run, step, evaluation, position]
+    sample = _one(
+        con,
+        "SELECT s.*, x.prompt_text, x.response_text, x.messages_json, x.label,"
+        " x.metadata_json, x.prompt_length FROM sample_stats AS s JOIN samples AS x"
+        " USING (run, rollout_id, evaluation, batch_position)"
+        " WHERE s.run = ? AND s.rollout_id = ? AND s.evaluation = ? AND s.batch_position = ?",
+        key,
+    )
+    if sample is None:
+        raise UsageError(
+            f"Run {json.dumps(run)} has no sample at batch position {position}"
+            f" in {_kind(evaluation)} step {step}."
+        )
+    return {
+        "run": run,
+        "step": step,
+        "evaluation": evaluation,
+        "sample": sample,
+        "messages": _messages(sample.pop("messages_json")),
+        "tokens": sample_tokens(con, key),
+        "stats": {
+            name: {k: v for k, v in s.items() if k != "sql"} for name, s in TOKEN_STATS.items()
+        },
+        "neighbours": _neighbours(con, key),
+        "siblings": _siblings(con, key, sample.get("group_index")),
+        "other_runs": _other_runs(con, run, step, evaluation, sample.get("sample_index")),
+    }
+
+
+def _messages(text: str | None) -> Any:
+    """The conversation as the dump holds it (JSON), or its text when it is not JSON."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def sample_tokens(con: duckdb.DuckDBPyConnection, key: list[Any]) -> dict[str, list[Any]]:
+    """Every response token of one sample, one list per column, by position."""
+    stats = ", ".join(f"{spec['sql']} AS {name}" for name, spec in TOKEN_STATS.items())
+    table = con.sql(
+        f"SELECT t.position, t.token_id, v.token_text AS text, t.loss_mask, t.turn_index, {stats}"
+        " FROM tokens AS t LEFT JOIN vocab AS v ON v.run = t.run AND v.token_id = t.token_id"
+        " WHERE t.run = ? AND t.rollout_id = ? AND t.evaluation = ? AND t.batch_position = ?"
+        f" ORDER BY t.position LIMIT {MAX_SAMPLE_TOKENS}",
+        params=key,
+    ).to_arrow_table()
+    columns = {name: table.column(name).to_pylist() for name in table.column_names}
+    for name in TOKEN_STATS:
+        columns[name] = [_token_value(v) for v in columns[name]]
+    return columns
+
+
+def _token_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def _neighbours(con: duckdb.DuckDBPyConnection, key: list[Any]) -> dict[str, Any]:
+    found = con.execute(
+        "SELECT max(batch_position) FILTER (WHERE batch_position < $4),"
+        " min(batch_position) FILTER (WHERE batch_position > $4) FROM samples"
+        " WHERE run = $1 AND rollout_id = $2 AND evaluation = $3",
+        key,
+    ).fetchall()
+    previous, following = found[0] if found else (None, None)
+    return {"previous": previous, "next": following}
+
+
+def _siblings(con: duckdb.DuckDBPyConnection, key: list[Any], group: Any) -> Rows:
+    if group is None:
+        return []
+    return rows(
+        con,
+        "SELECT batch_position, sample_index, reward, raw_reward, response_length,"
+        " mean_abs_lp_diff FROM sample_stats WHERE run = ? AND rollout_id = ?"
+        " AND evaluation = ? AND group_index = ? ORDER BY batch_position",
+        [*key[:3], group],
+    )
+
+
+def _other_runs(
+    con: duckdb.DuckDBPyConnection, run: str, step: int, evaluation: bool, index: Any
+) -> Rows:
+    if index is None:
+        return []
+    return rows(
+        con,
+        "SELECT run, batch_position FROM samples WHERE run <> ? AND rollout_id = ?"
+        " AND evaluation = ? AND sample_index = ? ORDER BY run, batch_position",
+        [run, step, evaluation, index],
+    )

@@ -1,0 +1,490 @@
+"""The explorer's web server (aiohttp): one page, its assets, and JSON endpoints that read the
+lake's catalog.
+
+What every request meets, in order (`_guard`):
+1. Only GET and HEAD: no endpoint writes.
+2. Bound to a loopback address, the `Host` header must name that address (a web page elsewhere
+   cannot reach the server through a DNS name it controls); bound beyond it, the request must
+   carry the token printed once at start (`?token=`, then an HttpOnly cookie), as Jupyter does.
+3. Routes are fixed strings: the page, the named assets held in memory, the endpoints. No part
+   of a request's path is ever joined to a folder.
+4. Every answer carries a Content-Security-Policy that runs only the server's own scripts, and
+   the page writes every lake value as text (never as HTML).
+
+Queries run in a pool of threads, each on its own cursor with a time limit, so a slow one never
+holds up the others; the server's loop only routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import importlib.resources
+import ipaddress
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tokenlake.errors import LakeError, PipelineError, UsageError
+from tokenlake.layout import Location
+from tokenlake.serve import catalog
+from tokenlake.serve.explore import console, data
+from tokenlake.serve.query import format_table
+from tokenlake.store import store_at
+from tokenlake.store.base import Store
+
+if TYPE_CHECKING:
+    import duckdb
+    from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_PORT = 8765
+TOKEN_COOKIE = "tokenlake_token"
+# A page's own queries are tokenlake's views (tens of milliseconds on the bench lake); the
+# limit only stops a lake so large that a page would never come.
+PAGE_SECONDS = 120.0
+# How often the catalog's identity is looked at (an object store answers over the network).
+STAMP_EVERY_SECONDS = 2.0
+THREADS = 4
+
+# Scripts only from the server itself (no inline script can run, whatever a lake's text holds);
+# 'unsafe-eval' because Vega compiles its chart expressions into functions.
+CSP = (
+    "default-src 'none'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; img-src 'self' data:;"
+    " connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",  # the token never leaves in a Referer
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How the explorer serves.
+
+    Attributes:
+        host: The address to bind; a non-loopback one requires the token.
+        port: The TCP port (0: a free one).
+        query_rows: The SQL console's row limit.
+        query_seconds: The SQL console's time limit, after which a query is interrupted.
+    """
+
+    host: str = LOOPBACK
+    port: int = DEFAULT_PORT
+    query_rows: int = 10_000
+    query_seconds: float = 10.0
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (or `localhost`)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ServedLake:
+    """The lake's catalog, built once and again whenever an extraction replaces it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._stamp: object = None
+        self._looked_at = 0.0
+        self.version = 0
+        self.relations: set[str] = set()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A cursor of the current catalog (its own connection: queries run side by side)."""
+        with self._lock:
+            now = time.monotonic()
+            if self._con is None or now - self._looked_at >= STAMP_EVERY_SECONDS:
+                self._looked_at = now
+                stamp = self.store.catalog_stamp()
+                if self._con is None or stamp != self._stamp:
+                    self._connect(stamp)
+            assert self._con is not None
+            return self._con.cursor()
+
+    def _connect(self, stamp: object) -> None:
+        con = catalog.connect(self.store)
+        self._con, self._stamp = con, stamp  # the old one closes once its cursors are done
+        self.relations = console.catalog_relations(con)
+        self.version += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._con is not None:
+                self._con.close()
+            self._con = None
+
+
+def _asset_bytes(name: str) -> bytes:
+    return (importlib.resources.files("tokenlake.serve.explore") / "assets" / name).read_bytes()
+
+
+def _assets() -> dict[str, tuple[bytes, str]]:
+    """Every file the page loads, by the path it asks for: read once, held in memory."""
+    from tokenlake.serve import report_html
+
+    return {
+        "/assets/explore.js": (_asset_bytes("explore.js"), "text/javascript; charset=utf-8"),
+        "/assets/explore.css": (_asset_bytes("explore.css"), "text/css; charset=utf-8"),
+        "/assets/vega.js": (
+            report_html.vega_bundle().encode("utf-8"),
+            "text/javascript; charset=utf-8",
+        ),
+    }
+
+
+PAGE_PATHS = (
+    "/",
+    "/compare",
+    "/sql",
+    "/runs/{run}",
+    "/runs/{run}/steps/{step}",
+    "/runs/{run}/steps/{step}/samples/{position}",
+)
+
+
+class Explorer:
+    """The aiohttp application over one lake."""
+
+    def __init__(self, lake: ServedLake, options: ServeOptions, token: str | None) -> None:
+        self.lake = lake
+        self.options = options
+        self.token = token
+        self.port = options.port
+        self.pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="tokenlake-serve")
+        self.console = console.Console()
+        self.assets = _assets()
+        self.page = _asset_bytes("explore.html")
+
+    def app(self) -> web.Application:
+        from aiohttp import web
+
+        app = web.Application(middlewares=[self._guard], client_max_size=64 * 1024)
+        for path in PAGE_PATHS:
+            app.router.add_get(path, self._page)
+        for path in self.assets:
+            app.router.add_get(path, self._asset)
+        endpoints: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
+            "/api/runs": self._runs,
+            "/api/steps": self._steps,
+            "/api/step": self._step,
+            "/api/sample": self._sample,
+            "/api/sql": self._sql,
+            "/api/version": self._version,
+        }
+        for path, handler in endpoints.items():
+            app.router.add_get(path, handler)
+        return app
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.console.close()
+
+    # --- what every request meets ----------------------------------------------------------
+
+    @property
+    def _guard(self) -> Any:
+        from aiohttp import web
+
+        @web.middleware
+        async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+            refusal = self._refusal(request)
+            if refusal is not None:
+                response: web.StreamResponse = web.Response(
+                    status=refusal[0], text=refusal[1] + "\n", content_type="text/plain"
+                )
+            else:
+                try:
+                    response = await handler(request)
+                except web.HTTPException as exc:
+                    response = web.Response(
+                        status=exc.status, text=f"{exc.reason}\n", content_type="text/plain"
+                    )
+                if self.token is not None and request.query.get("token") == self.token:
+                    response.set_cookie(
+                        TOKEN_COOKIE, self.token, httponly=True, samesite="Strict", path="/"
+                    )
+            response.headers.update(SECURITY_HEADERS)
+            return response
+
+        return guard
+
+    def _refusal(self, request: web.Request) -> tuple[int, str] | None:
+        """(status, line) when the request may not be answered."""
+        if request.method not in ("GET", "HEAD"):
+            return 405, "Refused: the explorer only reads (GET); nothing can be written."
+        if self.token is None:
+            if request.host not in self._loopback_hosts():
+                return 403, "Refused: this server answers only to its own address on this machine."
+            return None
+        given = request.query.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
+        if not hmac.compare_digest(given.encode("utf-8"), self.token.encode("utf-8")):
+            return 403, (
+                "Refused: this explorer needs its token; open the URL `tokenlake serve` printed"
+                " (it ends with ?token=...)."
+            )
+        return None
+
+    def _loopback_hosts(self) -> set[str]:
+        return {f"{name}:{self.port}" for name in ("127.0.0.1", "localhost", "[::1]")}
+
+    # --- the page and its assets -----------------------------------------------------------
+
+    async def _page(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
+        return web.Response(
+            body=self.page,
+            content_type="text/html",
+            charset="utf-8",
+            headers={"Cache-Control": "no-store"},
+        )
+
+    async def _asset(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
+        body, kind = self.assets[request.path]
+        return web.Response(
+            body=body, headers={"Content-Type": kind, "Cache-Control": "private, max-age=3600"}
+        )
+
+    # --- data --------------------------------------------------------------------------------
+
+    async def _answer(
+        self,
+        request: web.Request,
+        compute: Callable[[duckdb.DuckDBPyConnection], Any],
+        seconds: float = PAGE_SECONDS,
+    ) -> web.StreamResponse:
+        """`compute` on a cursor in the pool, as JSON; a refusal or error as `{"error": line}`."""
+        from aiohttp import web
+
+        def work() -> Any:
+            with _limited(self.lake.cursor(), seconds) as cursor:
+                return compute(cursor)
+
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self.pool, work)
+        except UsageError as exc:
+            return _json({"error": str(exc)}, 400)
+        except PipelineError as exc:
+            return _json({"error": str(exc)}, 500)
+        except Exception as exc:  # noqa: BLE001 - one line for the page, the rest in the log
+            log.error("an explorer request (%s) failed: %s", request.path_qs, _first(exc))
+            log.debug("the failure", exc_info=True)
+            return _json(
+                {"error": f"The server failed on this request ({type(exc).__name__})."}, 500
+            )
+        if isinstance(result, web.StreamResponse):
+            return result
+        return _json(result)
+
+    async def _runs(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request, data.runs_page)
+
+    async def _steps(self, request: web.Request) -> web.StreamResponse:
+        runs = [name for name in request.query.get("runs", "").split(",") if name]
+        return await self._answer(request, lambda cursor: data.steps_page(cursor, runs))
+
+    async def _step(self, request: web.Request) -> web.StreamResponse:
+        query = request.query
+        run, step, evaluation = query.get("run", ""), _integer(query, "step"), _flag(query)
+        if step is None:
+            return _json({"error": "Give the step as a whole number."}, 400)
+        return await self._answer(
+            request, lambda cursor: data.step_page(cursor, run, step, evaluation)
+        )
+
+    async def _sample(self, request: web.Request) -> web.StreamResponse:
+        query = request.query
+        run, evaluation = query.get("run", ""), _flag(query)
+        step, position = _integer(query, "step"), _integer(query, "position")
+        if step is None or position is None:
+            return _json({"error": "Give the step and the batch position as whole numbers."}, 400)
+        return await self._answer(
+            request, lambda cursor: data.sample_page(cursor, run, step, position, evaluation)
+        )
+
+    async def _version(self, request: web.Request) -> web.StreamResponse:
+        def version(cursor: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+            found = cursor.execute(
+                "SELECT count(*) FROM (SELECT DISTINCT run, rollout_id, evaluation FROM samples)"
+            ).fetchall()
+            return {"version": self.lake.version, "steps": found[0][0] if found else 0}
+
+        return await self._answer(request, version)
+
+    async def _sql(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
+        sql, fmt = request.query.get("q", ""), request.query.get("format", "json")
+        if fmt not in ("json", "csv", "parquet"):
+            return _json({"error": "Give format json, csv or parquet."}, 400)
+        options = self.options
+
+        def run(cursor: duckdb.DuckDBPyConnection) -> Any:
+            self.console.check(sql, self.lake.relations)
+            result = console.run_limited(cursor, sql, options.query_rows, options.query_seconds)
+            if fmt == "json":
+                return _table_json(result, options.query_rows)
+            rendered = format_table(result.table, fmt)
+            body = rendered.encode("utf-8") if isinstance(rendered, str) else rendered
+            kind = "text/csv" if fmt == "csv" else "application/vnd.apache.parquet"
+            disposition = f'attachment; filename="tokenlake-query.{fmt}"'
+            return web.Response(
+                body=body, headers={"Content-Type": kind, "Content-Disposition": disposition}
+            )
+
+        return await self._answer(request, run, seconds=options.query_seconds + 5)
+
+
+@contextmanager
+def _limited(cursor: duckdb.DuckDBPyConnection, seconds: float) -> Iterator[Any]:
+    """The cursor, interrupted after `seconds`, closed afterwards."""
+    timer = threading.Timer(seconds, cursor.interrupt)
+    timer.start()
+    try:
+        yield cursor
+    finally:
+        timer.cancel()
+        cursor.close()
+
+
+def _table_json(result: console.ConsoleResult, limit: int) -> dict[str, Any]:
+    from tokenlake.serve import report_data as rd
+
+    table = result.table
+    columns = [{"name": f.name, "type": str(f.type)} for f in table.schema]
+    values = [[rd.clean(v) for v in row.values()] for row in table.to_pylist()]
+    return {"columns": columns, "rows": values, "truncated": result.truncated, "limit": limit}
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+def _integer(query: Any, name: str) -> int | None:
+    text = str(query.get(name, ""))
+    if not text.isdigit() or len(text) > 12:
+        return None
+    return int(text)
+
+
+def _flag(query: Any) -> bool:
+    return str(query.get("eval", "0")) == "1"
+
+
+def _json(payload: Any, status: int = 200) -> web.Response:
+    from aiohttp import web
+
+    text = json.dumps(payload, allow_nan=False, default=str, ensure_ascii=False)
+    return web.Response(
+        text=text,
+        status=status,
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+# --- starting and stopping -------------------------------------------------------------------
+
+
+@dataclass
+class Running:
+    """A started explorer: its URL (with the token when there is one) and how to stop it."""
+
+    url: str
+    stop: Callable[[], None]
+
+
+def _bind(options: ServeOptions) -> socket.socket:
+    family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((options.host, options.port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(
+            f"Cannot listen on {options.host}:{options.port} ({exc.strerror or exc});"
+            " give another --port or --host."
+        ) from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def _url(host: str, port: int, token: str | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Running:
+    """Start the explorer on a thread of its own; returns once it answers.
+
+    Raises:
+        LakeError: The lake cannot be read (not a lake, no catalog).
+        UsageError: The address cannot be bound.
+    """
+    from aiohttp import web
+
+    served = ServedLake(store_at(lake))
+    served.cursor().close()  # the catalog now: a lake that cannot be read fails here
+    sock = _bind(options)
+    port = sock.getsockname()[1]
+    token = None if is_loopback(options.host) else secrets.token_urlsafe(32)
+    explorer = Explorer(served, ServeOptions(**{**options.__dict__, "port": port}), token)
+    explorer.port = port
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(explorer.app(), access_log=None)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.SockSite(runner, sock).start())
+    thread = threading.Thread(target=loop.run_forever, name="tokenlake-serve", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        loop.close()
+        explorer.close()
+        served.close()
+
+    return Running(_url(options.host, port, token), stop)
+
+
+def serve_forever(
+    lake: Location | Store, options: ServeOptions, announce: Callable[[str], None]
+) -> None:
+    """Serve until Ctrl-C (`tokenlake serve`), announcing the URL once."""
+    running = start(lake, options)
+    try:
+        announce(running.url)
+        threading.Event().wait()
+    finally:
+        running.stop()
+
+
+__all__ = ["LakeError", "ServeOptions", "Running", "start", "serve_forever", "is_loopback"]

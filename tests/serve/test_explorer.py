@@ -1,0 +1,359 @@
+"""`tokenlake serve`: the explorer, driven in a real headless Chromium (test_report.py's
+DevTools helpers) over a lake of miles, slime and NeMo-RL runs and a run with a hostile name.
+
+Screenshots of each page land in the test's folder, or in $TOKENLAKE_SCREENSHOTS when set
+(how docs/images/explorer-*.png are made).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.fixture_paths import NEMO_RL_REAL, SLIME_REAL
+from tests.serve.test_report import _browser, _problems
+from tests.serve.test_report_hostile_text import _with_hostile_vocab
+from tokenlake.generator import synth
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.serve.explore.server import ServeOptions, start
+from tokenlake.serve.query import run_query
+
+HOSTILE_RUN = "<b>x<i>y'\"&amp;<!--"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("explorer")
+    lake = root / "lake"
+    synth.write_dump(root / "example", synth.PRESETS["example"])
+    multi_turn = dataclasses.replace(synth.PRESETS["cp-thd"], multi_turn=True, steps=2)
+    synth.write_dump(root / "cp", multi_turn)
+    extract_run(root / "example", lake, ExtractOptions(run_name="example", workers=1))
+    extract_run(root / "cp", lake, ExtractOptions(run_name="multi-turn", workers=1))
+    extract_run(SLIME_REAL / "v2_dp2_cp2", lake, ExtractOptions(run_name="slime", workers=1))
+    extract_run(NEMO_RL_REAL / "grpo_multiturn", lake, ExtractOptions(run_name="nemo", workers=1))
+    extract_run(root / "example", lake, ExtractOptions(run_name=HOSTILE_RUN, workers=1))
+    _with_hostile_vocab(lake, HOSTILE_RUN)
+    return lake
+
+
+@pytest.fixture(scope="module")
+def server(lake):
+    running = start(lake, ServeOptions(port=0))
+    yield running.url
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    rules = "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
+    with _browser(tmp_path_factory.mktemp("profile"), rules) as tools:
+        for domain in ("Runtime", "Log", "Network", "Page"):
+            tools.send(f"{domain}.enable")
+        yield tools
+
+
+def _outside(events: list[dict], server: str) -> list[str]:
+    """Console errors, exceptions, and any request that does not go to the explorer."""
+    return [p for p in _problems(events) if not p.startswith(f"request: {server}")]
+
+
+def _open(tools, url: str) -> None:
+    tools.evaluate("document.documentElement.dataset.rendered = 'leaving'")
+    tools.send("Page.navigate", url=url)
+    _wait(tools)
+
+
+def _wait(tools) -> None:
+    deadline = time.monotonic() + 60  # generous: a loaded machine draws slowly
+    while True:
+        state = tools.evaluate(
+            "location.href + ' ' + (document.documentElement.dataset.rendered || '')"
+        )
+        if state and state.split(" ")[-1] in ("done", "failed") and "leaving" not in state:
+            break
+        assert time.monotonic() < deadline, f"page still {state!r}"
+        time.sleep(0.1)
+    assert state.endswith("done"), (state, tools.evaluate("document.body.innerText"))
+
+
+def _click(tools, selector: str) -> None:
+    tools.evaluate("document.documentElement.dataset.rendered = 'leaving'")
+    tools.evaluate(f"document.querySelector({json.dumps(selector)}).click()")
+    _wait(tools)
+
+
+def _shot(tools, name: str, folder: Path) -> None:
+    target = Path(os.environ.get("TOKENLAKE_SCREENSHOTS") or folder)
+    shot = tools.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+    (target / f"explorer-{name}.png").write_bytes(base64.b64decode(shot["data"]))
+
+
+def _cells(tools, selector: str) -> list[str]:
+    return tools.evaluate(
+        f"[...document.querySelectorAll({json.dumps(selector)})].map(e => e.textContent)"
+    )
+
+
+def test_runs_to_step_to_sample_and_back_with_the_views_values(lake, server, browser, tmp_path):
+    _open(browser, server)
+    names = _cells(browser, "a.run-link")
+    assert names == sorted(["example", "multi-turn", "slime", "nemo", HOSTILE_RUN])
+    expected = run_query(
+        lake,
+        "SELECT run, sum(tokens * mean_abs_lp_diff_tm) / sum(tokens) AS m FROM drift_steps"
+        " WHERE tokens > 0 GROUP BY run ORDER BY run",
+    ).to_pylist()
+    headers = _cells(browser, "thead th")
+    column = headers.index("mean_abs_lp_diff") + 1
+    shown = _cells(browser, f"tbody tr td:nth-child({column})")
+    for row, text in zip(expected, shown, strict=True):
+        assert float(text) == pytest.approx(row["m"], rel=1e-3), row
+    frameworks = _cells(browser, f"tbody tr td:nth-child({headers.index('framework') + 1})")
+    assert sorted(set(frameworks)) == ["miles", "nemo-rl", "slime"]
+    _shot(browser, "runs", tmp_path)
+
+    browser.evaluate(
+        "[...document.querySelectorAll('a.run-link')].find(a => a.textContent === 'multi-turn').click()"
+    )
+    _wait(browser)
+    assert browser.evaluate("location.pathname") == "/runs/multi-turn"
+    assert browser.evaluate("Object.keys(explorer.charts).includes('mean-abs')")
+    _shot(browser, "run", tmp_path)
+
+    _click(browser, "a.step-link")
+    assert browser.evaluate("location.pathname") == "/runs/multi-turn/steps/0"
+    samples = (
+        run_query(
+            lake,
+            "SELECT count(*) AS n FROM samples WHERE run = 'multi-turn' AND rollout_id = 0"
+            " AND NOT evaluation",
+        )
+        .column("n")[0]
+        .as_py()
+    )
+    assert f"{samples} sample(s)" in browser.evaluate(
+        "document.getElementById('samples').innerText"
+    )
+    _shot(browser, "step", tmp_path)
+
+    _click(browser, "a.sample-link")
+    assert browser.evaluate("location.pathname") == "/runs/multi-turn/steps/0/samples/0"
+    length = (
+        run_query(
+            lake,
+            "SELECT count(*) AS n FROM tokens WHERE run = 'multi-turn' AND rollout_id = 0"
+            " AND NOT evaluation AND batch_position = 0",
+        )
+        .column("n")[0]
+        .as_py()
+    )
+    browser.evaluate(
+        "document.getElementById('window').value = 'all';"
+        "document.getElementById('window').dispatchEvent(new Event('change'))"
+    )
+    assert browser.evaluate("document.getElementById('strip').dataset.cells") == str(length)
+    _shot(browser, "sample", tmp_path)
+
+    browser.evaluate("document.documentElement.dataset.rendered = 'leaving'")
+    browser.send(
+        "Page.navigateToHistoryEntry",
+        entryId=browser.send("Page.getNavigationHistory")["entries"][-2]["id"],
+    )
+    _wait(browser)
+    assert browser.evaluate("location.pathname") == "/runs/multi-turn/steps/0"
+    assert _outside(browser.events, server) == []
+
+
+def _masked_sample(lake: Path) -> tuple[int, int, int]:
+    """(step, batch position, tokens without an lp_diff) of a multi-turn sample with masked
+    tokens between covered ones."""
+    row = run_query(
+        lake,
+        "SELECT rollout_id, batch_position, count(*) FILTER (WHERE loss_mask = 0 OR lp_diff IS NULL"
+        " OR NOT isfinite(lp_diff)) AS blank FROM tokens WHERE run = 'multi-turn'"
+        " AND NOT evaluation GROUP BY ALL HAVING max(turn_index) > 0 ORDER BY ALL LIMIT 1",
+    ).to_pylist()[0]
+    return row["rollout_id"], row["batch_position"], row["blank"]
+
+
+def test_masked_tokens_are_drawn_as_no_value_and_reload_keeps_the_state(
+    lake, server, browser, tmp_path
+):
+    step, position, blank = _masked_sample(lake)
+    _open(
+        browser, f"{server}runs/multi-turn/steps/{step}/samples/{position}?window=all&stat=lp_diff"
+    )
+    assert blank > 0
+    cells = browser.evaluate(
+        "[...document.querySelectorAll('#strip .tok')].map(c => [c.dataset.state,"
+        " c.style.background, c.title.split('\\n')[1]])"
+    )
+    empty = [c for c in cells if c[0] == "none"]
+    assert len(empty) == blank
+    assert {c[1] for c in empty} == {""}  # no colour at all, never the colour of 0
+    assert {c[2] for c in empty} == {"lp_diff: masked (loss_mask = 0): no value, drawn blank"}
+    legend = browser.evaluate("document.getElementById('legend-text').textContent")
+    assert legend.startswith("lp_diff: colour symmetric around 0, clipped at ±")
+    assert "the 99th percentile of |lp_diff| over the " in legend
+
+    browser.evaluate(
+        "document.getElementById('stat').value = 'train_log_prob';"
+        "document.getElementById('stat').dispatchEvent(new Event('change'))"
+    )
+    browser.evaluate(
+        "document.getElementById('window').value = '256';"
+        "document.getElementById('window').dispatchEvent(new Event('change'))"
+    )
+    browser.evaluate("document.documentElement.dataset.rendered = 'leaving'")
+    browser.send("Page.reload")
+    _wait(browser)
+    assert browser.evaluate(
+        "[document.getElementById('stat').value, document.getElementById('window').value]"
+    ) == ["train_log_prob", "256"]
+
+
+def test_one_run_keeps_its_colour_on_every_chart(lake, server, browser):
+    colours = {}
+    for url in (
+        f"{server}compare?runs=example,multi-turn,nemo,slime",
+        f"{server}runs/nemo",
+        f"{server}compare?runs=nemo,slime",
+    ):
+        _open(browser, url)
+        drawn = browser.evaluate(
+            "Object.entries(explorer.charts).filter(([id]) => id !== 'profile').map(([id, v]) =>"
+            " [id, v.scale('color') ? v.scale('color')('nemo') : null])"
+        )
+        assert drawn
+        for chart, colour in drawn:
+            colours.setdefault(colour, []).append((url, chart))
+    assert len(colours) == 1, colours
+
+
+def test_nothing_leaves_a_420_px_screen(server, browser, lake, tmp_path):
+    step, position, _ = _masked_sample(lake)
+    browser.send(
+        "Emulation.setDeviceMetricsOverride",
+        width=420,
+        height=800,
+        deviceScaleFactor=1,
+        mobile=True,
+    )
+    try:
+        for path in (
+            "",
+            "runs/nemo",
+            f"runs/multi-turn/steps/{step}",
+            f"runs/multi-turn/steps/{step}/samples/{position}",
+            "sql?q=SELECT%20*%20FROM%20runs",
+        ):
+            _open(browser, server + path)
+            width = browser.evaluate("[document.documentElement.scrollWidth, innerWidth]")
+            assert width[0] <= width[1] == 420, (path, width)
+        _shot(browser, "narrow", tmp_path)
+    finally:
+        browser.send("Emulation.clearDeviceMetricsOverride")
+
+
+@pytest.mark.parametrize(
+    ("sql", "line"),
+    [
+        (
+            "COPY (SELECT 1) TO '/tmp/x.csv'",
+            "Refused: its query is not one SELECT (Only SELECT statements can be serialized to json!).",
+        ),
+        (
+            "ATTACH '/tmp/other.db' AS o",
+            "Refused: its query is not one SELECT (Only SELECT statements can be serialized to json!).",
+        ),
+        (
+            "SELECT * FROM read_text('/etc/passwd')",
+            "Refused: it calls table function `read_text`; a user view may read only the lake's tables and views (and generate_series, range, unnest).",
+        ),
+        (
+            "SELECT getenv('HOME')",
+            "Refused: it calls `getenv`, which a user view may not (it reads the reader's environment).",
+        ),
+    ],
+)
+def test_the_sql_console_refuses_what_a_user_view_may_not(server, browser, sql, line):
+    _open(browser, server + "sql?" + urllib.parse.urlencode({"q": sql}))
+    assert browser.evaluate("document.getElementById('sql-error').textContent") == line
+
+
+def test_the_sql_console_shows_a_query_and_its_downloads(lake, server, browser, tmp_path):
+    _open(browser, server + "sql?q=SELECT%20run%2C%20framework%20FROM%20runs%20ORDER%20BY%20run")
+    assert _cells(browser, "#result tbody td:nth-child(1)") == sorted(
+        ["example", "multi-turn", "slime", "nemo", HOSTILE_RUN]
+    )
+    with urllib.request.urlopen(server + "api/sql?format=csv&q=SELECT%201%20AS%20x") as answer:
+        assert answer.read() == b'"x"\n1\n'
+    _shot(browser, "sql", tmp_path)
+
+
+def test_a_hostile_run_name_and_token_texts_stay_text(lake, server, browser):
+    browser.events.clear()  # the console's refusals before this are answers of 400
+    _open(browser, server)
+    assert HOSTILE_RUN in _cells(browser, "a.run-link")
+    step_path = f"runs/{urllib.parse.quote(HOSTILE_RUN, safe='')}/steps/0/samples/0?window=all"
+    _open(browser, server + step_path)
+    assert (
+        browser.evaluate(
+            "document.querySelectorAll('main b, main i, main img, main script').length"
+        )
+        == 0
+    )
+    texts = browser.evaluate(
+        "[...document.querySelectorAll('#strip .tok')].map(c => c.textContent)"
+    )
+    assert texts and all(t.startswith("</script><!--<b>&amp;") for t in texts)
+    assert browser.evaluate("document.querySelector('h1').textContent").startswith(HOSTILE_RUN)
+    assert _outside(browser.events, server) == []
+
+
+def test_beyond_localhost_a_request_without_the_token_is_refused(lake):
+    running = start(lake, ServeOptions(host="0.0.0.0", port=0))
+    try:
+        assert "?token=" in running.url
+        port = running.url.split(":")[2].split("/")[0]
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs")
+        assert refused.value.code == 403
+        assert refused.value.read().decode() == (
+            "Refused: this explorer needs its token; open the URL `tokenlake serve` printed"
+            " (it ends with ?token=...).\n"
+        )
+        token = running.url.split("?token=")[1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs?token={token}") as answer:
+            assert answer.status == 200
+            assert "HttpOnly" in answer.headers["Set-Cookie"]
+    finally:
+        running.stop()
+
+
+def test_on_localhost_another_host_name_and_writes_are_refused(server):
+    port = server.split(":")[2].rstrip("/")
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/runs", headers={"Host": f"evil.example:{port}"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request)
+    assert refused.value.code == 403
+    request = urllib.request.Request(server + "api/runs", data=b"x", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request)
+    assert refused.value.code == 405
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(server + "assets/..%2F..%2Fexplore.html")
+    assert refused.value.code == 404
