@@ -7,7 +7,8 @@ what comes back.
 
 Commit protocol (see pipeline/tokenlake/store/manifest.py): a step's two Parquet files are written under fresh
 names, then the run manifest is replaced to list them; the catalog is rebuilt from the
-manifests; files no manifest lists (superseded or left by a crash) are deleted last.
+manifests; files no manifest lists (superseded, or left by a crash or by this extraction when
+it is interrupted or fails) are deleted last, also when a Ctrl-C or SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -206,19 +207,22 @@ def extract_run(
         interrupted = False
         try:
             try:
+                crash_point("extract:planned")
                 for outcome in _outcomes(todo, store, run, options, reporter):
                     _commit(store, record, outcome, summary, options.strict, reporter)
             except KeyboardInterrupt:
                 interrupted = True
                 reporter.stopping([])
-        finally:  # also on Ctrl-C or an error: publish the steps committed so far
-            with sigint_deferred() as deferred:  # a Ctrl-C now must not cut publishing short
+        finally:  # also on Ctrl-C or an error: publish the steps committed so far, then
+            # delete every file no manifest lists (written for steps not committed)
+            with sigint_deferred() as deferred:  # a Ctrl-C now must not cut these short
                 _publish_if_needed(store, record, summary, tags_changed)
+                crash_point("extract:published")
+                sweep_leftovers(store)
             interrupted = interrupted or bool(deferred)
         if interrupted:  # Ctrl-C still propagates, with what was committed so far
             summary.seconds = time.perf_counter() - started
             raise ExtractInterrupted(summary)
-        _sweep(store, run)
     summary.seconds = time.perf_counter() - started
     return summary
 
@@ -250,16 +254,26 @@ def drop_run(lake: Location | Store, run: str) -> None:
         store.delete([manifest_name(run)])
 
 
-def _sweep(store: Store, run: str) -> None:
-    """Delete leftovers of an interrupted extraction (temporary or never-committed files).
+def sweep_leftovers(store: Store) -> int:
+    """Delete what interrupted extractions left, of any run: files the naming scheme made that
+    no manifest lists (written for a step never committed, or superseded), and temporaries
+    whose writer is gone. Returns how many lake files were deleted.
 
-    Judged against the manifest on disk, which the catalog (not stale) agrees with: the
-    in-memory record may differ when nothing was published.
+    Judged against the manifests on disk, which the catalog (not stale) agrees with: the
+    in-memory record may differ when nothing was published. Only under the lake's lock: no
+    other writer has files in flight then. A damaged manifest sweeps nothing (what it lists
+    is unknown); the extraction that repairs it sweeps.
     """
-    committed = manifest.load_manifest(store, run)
-    if committed is not None:
-        store.delete_unlisted(committed)
+    try:
+        doomed = manifest.leftovers(store)
+    except DamagedManifestError as exc:
+        log.info("not swept: %s", exc)
+        doomed = []
+    store.delete(doomed)
     store.delete_stale_temporaries()
+    if doomed:
+        log.info("deleted %d files that no manifest lists", len(doomed))
+    return len(doomed)
 
 
 def _changed(summary: ExtractSummary) -> bool:
@@ -443,6 +457,7 @@ def _commit(
         log.info("step %s skipped: %s", outcome.label, outcome.error)
         return
     assert outcome.record is not None and outcome.result is not None
+    crash_point("extract:written")  # the step's files are written, not yet committed
     previous = record.steps.get(outcome.label)
     record.steps[outcome.label] = outcome.record
     try:
@@ -458,3 +473,4 @@ def _commit(
     summary.warnings.extend(outcome.result.warnings)
     summary.counts[outcome.status] += 1
     reporter.done(outcome.result)
+    crash_point("extract:committed")

@@ -24,6 +24,7 @@ from tokenlake.errors import (
 )
 from tokenlake.layout import Location, new_name
 from tokenlake.load import write
+from tokenlake.processes import crash_point
 from tokenlake.read import dump, remote_dump
 from tokenlake.serve import rollups
 from tokenlake.store import manifest, store_at
@@ -237,6 +238,7 @@ def write_step_files(
         metadata = write.file_metadata(table, run, source)
         table_schema = rollups.rollup_schema(table) if table in schema.ROLLUP_TABLES else None
         write.write_lake_file(store, written[table], table, data, metadata, table_schema)
+        crash_point("step:file-written")  # in the middle of a step: some of its files written
 
 
 def _source_name(files: dump.StepFiles) -> str:

@@ -26,7 +26,8 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import MANIFEST_DIR as MANIFEST_DIR
-from tokenlake.layout import Location, check_listed, manifest_name, step_label
+from tokenlake.layout import Location, check_listed, manifest_name, step_label, temporary_owner
+from tokenlake.processes import process_alive
 from tokenlake.store import store_at
 from tokenlake.store.base import Store
 
@@ -137,6 +138,26 @@ def load_manifest(lake: Location | Store, run: str) -> RunManifest | None:
 def load_all(lake: Location | Store) -> list[RunManifest]:
     """Every run's manifest, by run name."""
     return [load_listed(lake, run) for run in store_at(lake).manifest_runs()]
+
+
+def leftovers(lake: Location | Store) -> list[str]:
+    """Files the naming scheme made that no manifest lists (what an interrupted extraction
+    left, or a file it superseded), other than temporaries a running tokenlake still writes.
+
+    A damaged manifest raises (DamagedManifestError): what it lists is unknown, so nothing
+    counts as a leftover then.
+    """
+    store = store_at(lake)
+    records = load_all(store)
+    listed = {name for r in records for table in schema.LAKE_TABLES for name in r.files(table)}
+    made = store.made_files()
+    return sorted(name for name in made if name not in listed and not _in_flight(name))
+
+
+def _in_flight(name: str) -> bool:
+    """Whether a lake file is the temporary of a tokenlake process that still runs."""
+    owner = temporary_owner(name.rsplit("/", 1)[-1])
+    return owner is not None and process_alive(owner)
 
 
 def load_listed(lake: Location | Store, run: str) -> RunManifest:
