@@ -23,14 +23,14 @@ from pathlib import Path
 
 from tokenlake import schema
 from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError
-from tokenlake.layout import Location, check_run_name, manifest_name
+from tokenlake.layout import Location, check_run_name, manifest_name, step_label
 from tokenlake.load import lake_files
 from tokenlake.orchestrate import maintain
 from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_reporter
 from tokenlake.orchestrate.scheduler import Todo, run_steps, sigint_deferred, sigint_held
-from tokenlake.orchestrate.step import StepOutcome, StepStatus
+from tokenlake.orchestrate.step import StepOutcome, StepStatus, incomplete_text, not_yet_text
 from tokenlake.processes import crash_point
-from tokenlake.read import dump, remote_dump
+from tokenlake.read import completeness, dump, remote_dump
 from tokenlake.serve import catalog
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
@@ -150,6 +150,7 @@ def extract_run(
     *,
     progress: ProgressCallback | Reporter | None = None,
     ready: Callable[[dump.StepFiles], bool] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> ExtractSummary:
     """Extract a dump directory into `lake` and rebuild the catalog.
 
@@ -167,6 +168,8 @@ def extract_run(
         ready: Only steps for which it returns true are considered (live runs, see follow.py);
             the run's other steps are kept as they are, except that steps whose rollout file
             is gone are removed.
+        clock: The time (seconds since the epoch, like a file's mtime) an incomplete step's
+            files are judged settled against (`read.completeness`; follow.py passes its own).
 
     Returns:
         What was written, what was skipped and why.
@@ -200,7 +203,8 @@ def extract_run(
         retagged = {**record.tags, **(options.tags or {})}
         tags_changed, record.tags = retagged != record.tags, retagged
         selected = [s for s in chosen if ready is None or ready(s)]
-        todo = _plan(store, record, selected, summary)
+        judge = Completeness(summary, options.settle_seconds, clock())
+        todo = _plan(store, record, judge.steps(selected, listing.steps), summary)
         if options.steps is None:  # `ready` only defers present steps; a vanished one is gone
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
         reporter.planned(len(todo))
@@ -209,7 +213,9 @@ def extract_run(
             try:
                 crash_point("extract:planned")
                 for outcome in _outcomes(todo, store, run, options, reporter):
+                    outcome = judge.batch(record, outcome, store)
                     _commit(store, record, outcome, summary, options.strict, reporter)
+                judge.short_batches_before(record)
             except KeyboardInterrupt:
                 interrupted = True
                 reporter.stopping([])
@@ -225,6 +231,96 @@ def extract_run(
             raise ExtractInterrupted(summary)
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+@dataclass
+class Completeness:
+    """Applies each format's completeness rule (`read.completeness`) to an extraction: an
+    incomplete step whose files still change is not extracted (skipped as not yet complete);
+    a settled one is extracted, marked incomplete, with one warning line."""
+
+    summary: ExtractSummary
+    settle: float
+    now: float
+
+    def steps(
+        self, selected: list[dump.StepFiles], listed: tuple[dump.StepFiles, ...]
+    ) -> list[dump.StepFiles]:
+        """The steps to extract, the settled incomplete ones marked; not-yet ones skipped."""
+        reference = completeness.reference_ranks(listed)
+        judged = []
+        for files in selected:
+            missing = completeness.step_missing(
+                files, reference.get(files.label), self.now, self.settle
+            )
+            if missing is None:
+                judged.append(files)
+            elif missing.fresh:
+                self._not_yet(files.label, missing.what)
+            else:
+                judged.append(dataclasses.replace(files, incomplete=missing.what))
+        return judged
+
+    def batch(
+        self, record: manifest.RunManifest, outcome: StepOutcome, store: Store
+    ) -> StepOutcome:
+        """NeMo-RL: a training step whose sample count is below the run's batch size is not
+        yet complete while its file still changes (its files are deleted), else marked."""
+        step = outcome.record
+        if step is None or step.evaluation or self.summary.dump_format != completeness.NEMO_RL:
+            return outcome
+        short = completeness.short_batch(step.samples, _batch_sizes(record, outcome.label))
+        if short is None:
+            return outcome
+        newest = max((source.mtime_ns for source in step.sources), default=0) / 1e9
+        if self.now - newest < self.settle:
+            store.delete(step.files.values())
+            return dataclasses.replace(
+                outcome, record=None, result=None, error=not_yet_text(short, self.settle)
+            )
+        return _marked(outcome, short)
+
+    def short_batches_before(self, record: manifest.RunManifest) -> None:
+        """Steps committed by this extraction before a larger one came in: their sample
+        count is now known to be short (the steps of one extraction finish in any order)."""
+        done = {result_label(result) for result in self.summary.steps}
+        for label in sorted(done & set(record.steps)):
+            step = record.steps[label]
+            if step.evaluation or step.incomplete is not None:
+                continue
+            if self.summary.dump_format != completeness.NEMO_RL:
+                continue
+            short = completeness.short_batch(step.samples, _batch_sizes(record, label))
+            if short is not None:
+                record.steps[label] = dataclasses.replace(step, incomplete=short)
+                self.summary.warnings.append(incomplete_text(label, short))
+
+    def _not_yet(self, label: str, missing: str) -> None:
+        self.summary.failed.append((label, not_yet_text(missing, self.settle)))
+        self.summary.counts[StepStatus.SKIPPED] += 1
+
+
+def result_label(result: StepResult) -> str:
+    return step_label(result.rollout_id, result.evaluation)
+
+
+def _batch_sizes(record: manifest.RunManifest, label: str) -> list[int]:
+    """The sample counts of the run's other complete training steps."""
+    return [
+        step.samples
+        for key, step in record.steps.items()
+        if key != label and not step.evaluation and step.incomplete is None
+    ]
+
+
+def _marked(outcome: StepOutcome, missing: str) -> StepOutcome:
+    assert outcome.record is not None and outcome.result is not None
+    warnings = (*outcome.result.warnings, incomplete_text(outcome.label, missing))
+    return dataclasses.replace(
+        outcome,
+        record=dataclasses.replace(outcome.record, incomplete=missing),
+        result=dataclasses.replace(outcome.result, warnings=warnings),
+    )
 
 
 def drop_run(lake: Location | Store, run: str) -> None:

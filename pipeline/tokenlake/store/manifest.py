@@ -76,6 +76,10 @@ class StepRecord:
     # rollups), and per rollup that depends on `drift_settings`, the digest of those settings.
     rollup_version: str = ""
     rollup_settings: dict[str, str] = field(default_factory=dict)
+    # What the step's files lacked when it was extracted (`read.completeness`: missing rank
+    # files, a short batch), once they had settled; None: complete, or not judged (older
+    # manifests).
+    incomplete: str | None = None
 
     @property
     def key(self) -> str:
@@ -279,6 +283,8 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
         steps[key] = StepRecord(sources=sources, **step)
         if not isinstance(steps[key].files, dict):
             raise TypeError("`files` is not an object")
+        if not isinstance(steps[key].incomplete, (str, type(None))):
+            raise TypeError("`incomplete` is not a string")
     vocab_source = data.get("vocab_source")
     meta_source = data.get("meta_source")
     record = RunManifest(
