@@ -182,8 +182,8 @@ def not_yet_text(missing: str, settle: float) -> str:
     """The reason an incomplete step whose files still change is not extracted yet.
 
     Examples:
-        >>> not_yet_text("it has no train file yet", 30)
-        'not yet complete: it has no train file yet, and its files changed less than 30 s ago; extract again once they are written'
+        >>> not_yet_text("rank 1 of ranks 0-1 has no train file", 30)
+        'not yet complete: rank 1 of ranks 0-1 has no train file, and its files changed less than 30 s ago; extract again once they are written'
     """
     return (
         f"not yet complete: {missing}, and its files changed less than {settle:g} s ago;"

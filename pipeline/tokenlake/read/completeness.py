@@ -13,8 +13,9 @@ dump declares:
 - NeMo-RL (`train_data_step{N}.jsonl`): a file cut at a line boundary loads; its sample count
   is then below the run's batch size, the largest count of its other training steps
   (`short_batch`, judged when the counts are known, at commit).
-- Every format: a training step that has no train file yet is incomplete while it is fresh
-  (its train files come long after its rollout file); settled, it is a rollout-only step.
+- Every format: a training step without any train file is a rollout-only step (`samples`
+  says so: `train_files` 0), extracted again when its train files appear; `--follow` waits
+  for it to settle first (pipeline/tokenlake/orchestrate/follow.py).
 
 An incomplete step is *fresh* while any of its files changed less than `settle` seconds ago
 (every file of the step, not only one that fails to load): it is not extracted yet. Settled,
@@ -48,20 +49,14 @@ def step_missing(
     """What the step's files lack by its format's rule (None: complete, or nothing to count).
 
     `expected_ranks`: the ranks another step of the run has (`reference_ranks`), if known."""
-    if files.evaluation or files.format == NEMO_RL:
-        return None
-    if not files.train_files:
-        age = seconds_since_change(files, now)
-        if age < settle:
-            return Missing("it has no train file yet", True, age)
-        return None  # settled without train files: a rollout-only step
-    if files.format not in PER_RANK_FORMATS:
+    if files.evaluation or files.format not in PER_RANK_FORMATS or not files.train_files:
         return None
     gone = missing_ranks(files.ranks, expected_ranks)
     if not gone:
         return None
     age = seconds_since_change(files, now)
-    what = f"{_ranges(gone)} of {_ranges(gone | files.ranks)} have no train file"
+    verb = "has" if len(gone) == 1 else "have"
+    what = f"{_ranges(gone)} of {_ranges(gone | files.ranks)} {verb} no train file"
     return Missing(what, age < settle, age)
 
 

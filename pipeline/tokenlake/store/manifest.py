@@ -283,8 +283,7 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
         steps[key] = StepRecord(sources=sources, **step)
         if not isinstance(steps[key].files, dict):
             raise TypeError("`files` is not an object")
-        if not isinstance(steps[key].incomplete, (str, type(None))):
-            raise TypeError("`incomplete` is not a string")
+        _check_incomplete(steps[key].incomplete)
     vocab_source = data.get("vocab_source")
     meta_source = data.get("meta_source")
     record = RunManifest(
@@ -312,6 +311,14 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
 
 
 _DIGEST = re.compile(r"[0-9a-f]{32}")
+# What tokenlake writes in a step's `incomplete`: one short line of printable text.
+_INCOMPLETE = re.compile(r"[^\x00-\x1f\x7f]{1,500}")
+
+
+def _check_incomplete(value: Any) -> None:
+    """A step's `incomplete` is None or one line tokenlake writes (the catalog quotes it)."""
+    if value is not None and not (isinstance(value, str) and _INCOMPLETE.fullmatch(value)):
+        raise ValueError(f"a step's `incomplete` is {shown(value)}, not a line of text")
 
 
 def _check_rollup_keys(step: StepRecord) -> None:
