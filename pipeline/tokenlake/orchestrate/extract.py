@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tokenlake import schema
 from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError
-from tokenlake.layout import Location, check_run_name, manifest_name, step_label
+from tokenlake.layout import Location, check_run_name, manifest_name
 from tokenlake.load import lake_files
 from tokenlake.orchestrate import maintain
 from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_reporter
@@ -222,7 +222,7 @@ def extract_run(
         finally:  # also on Ctrl-C or an error: publish the steps committed so far, then
             # delete every file no manifest lists (written for steps not committed)
             with sigint_deferred() as deferred:  # a Ctrl-C now must not cut these short
-                _publish_if_needed(store, record, summary, tags_changed)
+                _publish_if_needed(store, record, summary, tags_changed or judge.marked)
                 crash_point("extract:published")
                 sweep_leftovers(store)
             interrupted = interrupted or bool(deferred)
@@ -242,6 +242,7 @@ class Completeness:
     summary: ExtractSummary
     settle: float
     now: float
+    marked: bool = False  # a step committed earlier was marked incomplete
 
     def steps(
         self, selected: list[dump.StepFiles], listed: tuple[dump.StepFiles, ...]
@@ -281,27 +282,23 @@ class Completeness:
         return _marked(outcome, short)
 
     def short_batches_before(self, record: manifest.RunManifest) -> None:
-        """Steps committed by this extraction before a larger one came in: their sample
-        count is now known to be short (the steps of one extraction finish in any order)."""
-        done = {result_label(result) for result in self.summary.steps}
-        for label in sorted(done & set(record.steps)):
-            step = record.steps[label]
+        """NeMo-RL steps committed before a larger one came in (earlier, or in this
+        extraction, whose steps finish in any order): their sample count is now known to be
+        short. Marked, with a warning; `marked` says the manifest changed."""
+        if self.summary.dump_format != completeness.NEMO_RL:
+            return
+        for label, step in sorted(record.steps.items()):
             if step.evaluation or step.incomplete is not None:
-                continue
-            if self.summary.dump_format != completeness.NEMO_RL:
                 continue
             short = completeness.short_batch(step.samples, _batch_sizes(record, label))
             if short is not None:
                 record.steps[label] = dataclasses.replace(step, incomplete=short)
                 self.summary.warnings.append(incomplete_text(label, short))
+                self.marked = True
 
     def _not_yet(self, label: str, missing: str) -> None:
         self.summary.failed.append((label, not_yet_text(missing, self.settle)))
         self.summary.counts[StepStatus.SKIPPED] += 1
-
-
-def result_label(result: StepResult) -> str:
-    return step_label(result.rollout_id, result.evaluation)
 
 
 def _batch_sizes(record: manifest.RunManifest, label: str) -> list[int]:
