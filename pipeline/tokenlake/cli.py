@@ -150,9 +150,10 @@ class _SafeFormatter(logging.Formatter):
     default=30.0,
     show_default=True,
     callback=bounded(0, MAX_SECONDS),
-    help="With --follow: seconds without change after which a step counts as complete"
-    " when its train files do not cover the newest extracted step's ranks (the first step,"
-    " eval files, a step written on another rank layout).",
+    help="Seconds without change after which an incomplete step (rank files missing, a short"
+    " NeMo-RL batch) lands marked incomplete instead of waiting; with --follow also after which"
+    " a step counts as complete when its train files do not cover the newest extracted step's"
+    " ranks (the first step, eval files, a step written on another rank layout).",
 )
 @click.option(
     "--tag",

@@ -101,8 +101,10 @@ class ExtractOptions:
         ray_address: With `ray`: the cluster to connect to.
         follow: Keep watching a live run, extracting each step once complete (follow.py).
         poll_seconds: With `follow`: seconds between looks at the dump.
-        settle_seconds: With `follow`: seconds without change after which a step whose rank
-            set is not known yet (the first step, eval files) counts as complete.
+        settle_seconds: Seconds without change after which an incomplete step
+            (`read.completeness`) lands marked incomplete instead of waiting; with `follow`
+            also after which a step whose rank set is not known yet (the first step, eval
+            files) counts as complete.
         dump_format: The dump's format (`miles`, `slime-v1`, `slime-v2`, `nemo-rl`);
             default: detected from its layout (pipeline/tokenlake/read/formats.py).
         with_experts: Also write the routing-replay arrays to the `experts` table; steps
