@@ -206,7 +206,7 @@ def extract_run(
         tags_changed, record.tags = retagged != record.tags, retagged
         selected = [s for s in chosen if ready is None or ready(s)]
         judge = Completeness(summary, options.settle_seconds, clock())
-        todo = _plan(store, record, judge.steps(selected, listing.steps), summary)
+        todo = judge.todo(_plan(store, record, selected, summary), listing.steps)
         if options.steps is None:  # `ready` only defers present steps; a vanished one is gone
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
         reporter.planned(len(todo))
@@ -246,22 +246,21 @@ class Completeness:
     now: float
     marked: bool = False  # a step committed earlier was marked incomplete
 
-    def steps(
-        self, selected: list[dump.StepFiles], listed: tuple[dump.StepFiles, ...]
-    ) -> list[dump.StepFiles]:
-        """The steps to extract, the settled incomplete ones marked; not-yet ones skipped."""
+    def todo(self, planned: list[Todo], listed: tuple[dump.StepFiles, ...]) -> list[Todo]:
+        """The planned steps to extract, the settled incomplete ones marked; not-yet ones
+        skipped (a step extracted before keeps what the lake has for it)."""
         reference = completeness.reference_ranks(listed)
         judged = []
-        for files in selected:
+        for files, status in planned:
             missing = completeness.step_missing(
                 files, reference.get(files.label), self.now, self.settle
             )
             if missing is None:
-                judged.append(files)
+                judged.append((files, status))
             elif missing.fresh:
                 self._not_yet(files.label, missing.what)
             else:
-                judged.append(dataclasses.replace(files, incomplete=missing.what))
+                judged.append((dataclasses.replace(files, incomplete=missing.what), status))
         return judged
 
     def batch(

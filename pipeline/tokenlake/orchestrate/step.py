@@ -25,7 +25,7 @@ from tokenlake.errors import (
 from tokenlake.layout import Location, new_name
 from tokenlake.load import write
 from tokenlake.processes import crash_point
-from tokenlake.read import dump, remote_dump
+from tokenlake.read import completeness, dump, remote_dump
 from tokenlake.serve import rollups
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
@@ -131,6 +131,8 @@ def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepSta
             sources = _fingerprint(files)
             tokens, samples_table, result, experts = build_step(read, files.with_experts)
         warnings = tuple(remote_dump.as_urls(files, read, w) for w in result.warnings)
+        if files.incomplete is not None and completeness.covers_every_sample(samples_table):
+            files = replace(files, incomplete=None)  # another rank layout, every sample there
         if files.incomplete is not None:
             warnings += (incomplete_text(files.label, files.incomplete),)
         result = replace(result, warnings=warnings)

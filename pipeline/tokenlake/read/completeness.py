@@ -4,10 +4,10 @@ No framework writes a completion marker (dump-format.md 7), so a step is judged 
 dump declares:
 
 - miles and slime format 1 (`train_data/{rid}_{rank}.pt`): the ranks a step must have are
-  every rank from 0 to its highest, and every rank of the nearest other training step of the
-  dump that has train files (the one before it, else the one after; a live follower passes the
-  rank set of the newest step already extracted instead). A rank missing from that set is
-  missing from the step.
+  those of the nearest other training step of the dump that has train files (the one before
+  it, else the one after). A rank missing from that set is missing from the step, unless,
+  once read, the step's train files hold every sample of its rollout, none refused by the
+  CP/PP reassembly (a run resumed on another rank layout: `covers_every_sample`).
 - slime format 2 (`train_data/{rid}.pt`): the one train file is written whole by one rank
   (a file cut short fails to load, `ptread`); nothing more to count.
 - NeMo-RL (`train_data_step{N}.jsonl`): a file cut at a line boundary loads; its sample count
@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from tokenlake import schema
 from tokenlake.read import dump
 
 PER_RANK_FORMATS = ("miles", "slime-v1")
@@ -61,16 +63,16 @@ def step_missing(
 
 
 def missing_ranks(present: frozenset[int], expected: frozenset[int] | None) -> frozenset[int]:
-    """Ranks from 0 to the highest present, and those `expected`, that are not present.
+    """The `expected` ranks that are not present (rank numbers may be sparse: miles writes
+    one file per DP/CP shard since 2026-09, dump-format.md 9b, so no gap counts by itself).
 
     Examples:
         >>> sorted(missing_ranks(frozenset({0, 2}), frozenset({0, 1, 2, 3})))
         [1, 3]
-        >>> sorted(missing_ranks(frozenset({0}), None))
+        >>> sorted(missing_ranks(frozenset({8, 12}), None))
         []
     """
-    wanted = set(range(max(present) + 1)) if present else set()
-    return frozenset((wanted | set(expected or ())) - present)
+    return frozenset(expected or ()) - present
 
 
 def reference_ranks(steps: Sequence[dump.StepFiles]) -> dict[str, frozenset[int]]:
@@ -102,6 +104,18 @@ def short_batch(samples: int, others: Sequence[int]) -> str | None:
     if samples >= batch:
         return None
     return f"it has {samples} samples; the run's other training steps have {batch}"
+
+
+def covers_every_sample(samples: Any) -> bool:
+    """Whether a training step's `samples` table shows every sample with a train row and
+    none refused by the CP/PP reassembly: its rank files are all there, whatever their set."""
+    import pyarrow.compute as pc
+
+    if samples.num_rows == 0:
+        return False
+    covered = pc.all(samples.column(schema.HAS_TRAIN_ROW)).as_py()
+    refused = pc.any(samples.column(schema.ALIGNMENT_FAILED)).as_py()
+    return bool(covered) and not refused
 
 
 def seconds_since_change(files: dump.StepFiles, now: float) -> float:
