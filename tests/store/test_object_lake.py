@@ -390,7 +390,7 @@ def test_views_audit_and_report_read_an_object_store_lake(bucket: str, tmp_path:
     remote_audit, local_audit = cli("audit", url), cli("audit", str(local))
     assert remote_audit == local_audit
     # the real fixture's log-probs are noise: its drift alarms fire (tests/serve/test_audits.py)
-    assert remote_audit[1].splitlines()[-1] == "1 of 13 audits failed; 3 warnings, 1 info."
+    assert remote_audit[1].splitlines()[-1] == "1 of 14 audits failed; 3 warnings, 1 info."
     page = tmp_path / "report.html"
     code, out = cli("report", url, "-o", str(page))
     assert code == 0, out
