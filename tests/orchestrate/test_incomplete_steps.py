@@ -181,6 +181,10 @@ def test_a_manifest_whose_mark_is_not_a_line_of_text_is_damaged(tmp_path: Path) 
     data = json.loads(path.read_text())
     data["steps"]["3"]["incomplete"] = "x'); DROP TABLE y; --\n"
     path.write_text(json.dumps(data))
-    code, out, err = run_cli("verify", str(lake))
-    assert code == 1
-    assert "a step's `incomplete` is" in out + err and "not a line of text" in out + err
+    assert run_cli("verify", str(lake)) == (
+        1,
+        "",
+        f"Error: Lake `{path}`: manifest is damaged: a step's `incomplete` is"
+        """ "x'); DROP TABLE y; --\\n", not a line of text. Remove the run with `tokenlake"""
+        " drop LAKE nemo` or extract it again\n",
+    )
