@@ -186,7 +186,11 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
 def save_manifest(lake: Location | Store, manifest: RunManifest) -> None:
     """Replace the run's manifest atomically (temporary file, fsync, rename; one PUT on an
     object store)."""
-    data = json.dumps(asdict(manifest), ensure_ascii=False, indent=1).encode("utf-8")
+    content = asdict(manifest)
+    for step in content["steps"].values():
+        if step["incomplete"] is None:  # a complete step's entry reads as before the field
+            del step["incomplete"]
+    data = json.dumps(content, ensure_ascii=False, indent=1).encode("utf-8")
     store_at(lake).put_bytes(
         manifest_name(manifest.run), data, durable=True, problem="manifest cannot be written"
     )
