@@ -150,9 +150,10 @@ class _SafeFormatter(logging.Formatter):
     default=30.0,
     show_default=True,
     callback=bounded(0, MAX_SECONDS),
-    help="With --follow: seconds without change after which a step counts as complete"
-    " when its train files do not cover the newest extracted step's ranks (the first step,"
-    " eval files, a step written on another rank layout).",
+    help="Seconds without change after which an incomplete step (rank files missing, a short"
+    " NeMo-RL batch) lands marked incomplete instead of waiting; with --follow also after which"
+    " a step counts as complete when its train files do not cover the newest extracted step's"
+    " ranks (the first step, eval files, a step written on another rank layout).",
 )
 @click.option(
     "--tag",
@@ -223,6 +224,7 @@ def extract(
     """
     from tokenlake.orchestrate.extract import ExtractInterrupted, ExtractOptions
     from tokenlake.orchestrate.progress import cli_reporter
+    from tokenlake.orchestrate.scheduler import sigterm_as_ctrl_c
     from tokenlake.read.formats import parse_format
     from tokenlake.tags import user_tags
 
@@ -245,11 +247,13 @@ def extract(
         with_experts=with_experts,
     ).check()
     if follow:
-        _follow(_lake(lake), dump_dir, options, silent)
+        with sigterm_as_ctrl_c():
+            _follow(_lake(lake), dump_dir, options, silent)
         return
     reporter = None if silent else cli_reporter(sys.stderr)
     try:
-        summary = _lake(lake).extract(dump_dir, options, progress=reporter)
+        with sigterm_as_ctrl_c():
+            summary = _lake(lake).extract(dump_dir, options, progress=reporter)
     except ExtractInterrupted as exc:
         say(_summary_line(exc.summary), one_line=True)
         say("Interrupted; the lake holds every step committed so far.", err=True)

@@ -230,6 +230,17 @@ def is_data_file(name: str) -> bool:
     return bool(_DATA_FILE.match(name))
 
 
+def is_run_folder(name: str) -> bool:
+    """Whether a folder name in a table's folder is one `partition_dir` makes for a run
+    (`run=<name>`).
+
+    Examples:
+        >>> is_run_folder("run=qwen"), is_run_folder("qwen")
+        (True, False)
+    """
+    return name.startswith(f"{schema.RUN}=")
+
+
 def is_partition_folder(name: str) -> bool:
     """Whether a folder name is one `partition_dir` makes below a run's folder
     (`rollout_id=<n>`): the only folders a sweep enters or removes there.

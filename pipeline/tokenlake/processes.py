@@ -6,16 +6,21 @@ from __future__ import annotations
 import os
 import signal
 
-# Test-only: the name of a crash point (`crash_point`) at which the process kills itself, so
-# that tests can stop `drop`, `tag` and `views` at each step. Never set it otherwise.
+# Test-only: the name of a crash point (`crash_point`) at which the process signals itself, so
+# that tests can stop `extract`, `drop`, `tag` and `views` at each step. Never set it otherwise.
 KILL_VARIABLE = "TOKENLAKE_TEST_KILL_AT"
+# Test-only: the signal sent there, `KILL` (the default), `INT` (a Ctrl-C) or `TERM`.
+KILL_SIGNAL_VARIABLE = "TOKENLAKE_TEST_KILL_SIGNAL"
 
 
 def crash_point(name: str) -> None:
-    """Test-only: SIGKILL this process here when `$TOKENLAKE_TEST_KILL_AT` is `name`
-    (e.g. `drop:emptied`); a no-op otherwise. Marks each step of a multi-file operation."""
+    """Test-only: send this process `$TOKENLAKE_TEST_KILL_SIGNAL` (default SIGKILL) here when
+    `$TOKENLAKE_TEST_KILL_AT` is `name` (e.g. `drop:emptied`); a no-op otherwise. Marks each
+    step of a multi-file operation. A SIGINT or SIGTERM sent from the main thread is handled
+    before the next line runs, so the moment it lands is exact."""
     if os.environ.get(KILL_VARIABLE) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+        chosen = os.environ.get(KILL_SIGNAL_VARIABLE, "KILL")
+        os.kill(os.getpid(), getattr(signal, f"SIG{chosen}", signal.SIGKILL))
 
 
 def process_alive(pid: object) -> bool:

@@ -139,7 +139,7 @@ def test_audit_passes_the_slime_runs_slime_passes(slime_lake: Path) -> None:
         " |rollout/log_probs - rollout/rollout_log_probs| above 0.03 nats (the limits in"
         " drift_settings, each cited in docs/drift.md).",
     ]
-    assert lines[-1] == "0 of 14 audits failed; 3 warnings, 2 info."
+    assert lines[-1] == "0 of 15 audits failed; 3 warnings, 2 info."
 
 
 def test_audit_fails_the_nemo_rl_run_on_nemo_rls_gate_alone(every_lake: Path) -> None:

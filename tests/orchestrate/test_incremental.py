@@ -205,7 +205,7 @@ def test_rerun_after_a_crash_before_publishing_repairs_the_catalog(
     assert [r[:2] for r in catalog_rows(lake, STEPS_SQL)] == [(0, False), (0, True)]
     with monkeypatch.context() as patched:
         patched.setattr(extract_module, "_publish", lambda lake, record, dump_format: None)
-        patched.setattr(extract_module, "_sweep", lambda lake, run: None)
+        patched.setattr(extract_module, "sweep_leftovers", lambda store: 0)
         extract_run(dump, lake, ExtractOptions(steps=None, workers=1))  # "killed" before publishing
     partition = lake / "tokens" / "run=basic" / "rollout_id=1"
     leftovers = [
@@ -218,8 +218,19 @@ def test_rerun_after_a_crash_before_publishing_repairs_the_catalog(
         "catalog `tokenlake.duckdb` lists other files than the manifests (a command was"
         " interrupted before rebuilding it); run `tokenlake views LAKE` or extract again"
     )
+    left = (
+        "is not listed in any manifest: left by an interrupted extraction, drop or tag;"
+        " `tokenlake extract` sweeps it"
+    )
     checked, problems = verify_lake(lake)  # the manifest is consistent; the catalog is behind
-    assert (checked, [str(p) for p in problems]) == (3, [behind])
+    assert (checked, [str(p) for p in problems]) == (
+        3,
+        [
+            f"file `tokens/run=basic/rollout_id=1/.tokenlake-{2**22 + 17}-0bad0bad.tmp` {left}",
+            f"file `tokens/run=basic/rollout_id=1/train-0bad0bad.parquet` {left}",
+            behind,
+        ],
+    )
     assert [r[:2] for r in catalog_rows(lake, STEPS_SQL)] == [(0, False), (0, True)]
 
     code, out, _ = extract(dump, lake)

@@ -73,6 +73,22 @@ def leftovers(lake: Path) -> list[str]:
     return found
 
 
+def verified(steps: int, problems: list[str], lake: Path) -> tuple[int, str]:
+    """What `verify` says: a line for each file no manifest lists (in a run's folder), then
+    `problems`, then the count."""
+    left = [
+        f"file `{name}` is not listed in any manifest: left by an interrupted extraction, drop"
+        " or tag; `tokenlake extract` sweeps it"
+        for name in leftovers(lake)
+        if "/run=" in name
+    ]
+    lines = [*left, *problems]
+    count = f"{len(lines)} problem{'s' if len(lines) != 1 else ''}"
+    return (1 if lines else 0), "".join(f"{line}\n" for line in lines) + (
+        f"{steps} steps checked, {count}\n"
+    )
+
+
 BOTH = "run      n\n-----  ---\nbasic  206\npp2    194\n(2 rows)\n"
 PP2_ONLY = "run    n\n---  ---\npp2  194\n(1 row)\n"
 
@@ -94,10 +110,12 @@ def test_the_lake_before_any_kill(lake: Path) -> None:
 def test_drop_killed_at_each_step(lake: Path, point: str, problems: list[str]) -> None:
     killed = tokenlake("drop", str(lake), "basic", kill_at=point)
     assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, "")
-    code = 1 if problems else 0
-    # basic's manifest lists nothing now: only pp2's 3 steps are checked
-    assert verify(lake) == (code, "".join(p + "\n" for p in problems) + "3 steps checked, "
-                            f"{len(problems)} problem{'s' if len(problems) != 1 else ''}\n")  # fmt: skip
+    # basic's manifest lists nothing now: only pp2's 3 steps are checked; basic's files are
+    # leftovers until deleted (`drop:files` deleted them)
+    assert verify(lake) == verified(3, problems, lake)
+    left = [name for name in leftovers(lake) if "/run=" in name]
+    assert all("/run=basic/" in name for name in left)
+    assert len(left) == (0 if point == "drop:files" else 38)  # basic's 3 steps, run row, vocab
     assert query_runs(lake) == PP2_ONLY  # never a row of the dropped run
     again = tokenlake("drop", str(lake), "basic")
     assert (again.returncode, again.stdout, again.stderr) == (
@@ -144,9 +162,10 @@ UNTAGGED = "run    tags_json\n-----  ---------\nbasic  NULL\npp2    NULL\n(2 row
 def test_tag_killed_at_each_step(lake: Path, point: str, problems: list[str], seen: str) -> None:
     killed = tokenlake("tag", str(lake), "basic", "precision=fp8", kill_at=point)
     assert (killed.returncode, killed.stdout) == (-signal.SIGKILL, "")
-    code = 1 if problems else 0
-    assert verify(lake) == (code, "".join(p + "\n" for p in problems) + "6 steps checked, "
-                            f"{len(problems)} problem{'s' if len(problems) != 1 else ''}\n")  # fmt: skip
+    # the runs row not yet listed (`tag:row`) or no longer listed (after): a leftover
+    left = [name for name in leftovers(lake) if "/run=" in name]
+    assert len(left) == 1 and left[0].startswith("runs/run=basic/run-")
+    assert verify(lake) == verified(6, problems, lake)
     done = tokenlake("query", str(lake), TAGS_SQL)
     assert (done.returncode, done.stdout, done.stderr) == (0, seen, "")
     again = tokenlake("tag", str(lake), "basic", "precision=fp8")
@@ -182,7 +201,8 @@ def test_a_manifest_deleted_behind_the_catalogs_back(lake: Path) -> None:
     """The state a `drop` that deletes the manifest first leaves when killed: found, never
     served, and repaired by the next extraction even if nothing changed."""
     (lake / "_manifest" / "basic.json").unlink()
-    assert verify(lake) == (1, f"{BEHIND}\n3 steps checked, 1 problem\n")
+    assert len([name for name in leftovers(lake) if "/run=basic/" in name]) == 38
+    assert verify(lake) == verified(3, [BEHIND], lake)
     assert query_runs(lake) == PP2_ONLY
     done = tokenlake("extract", str(REAL_DUMPS / "pp2"), "--lake", str(lake), "--silent")
     assert done.returncode == 0 and "0 new, 0 updated, 3 unchanged" in done.stdout

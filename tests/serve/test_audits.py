@@ -22,13 +22,15 @@ from tests.fixture_paths import REAL_DUMPS
 from tests.lakes import build_lake
 from tokenlake.cli import main
 from tokenlake.errors import LakeError
-from tokenlake.serve import sql_views
+from tokenlake.serve import catalog, sql_views
 from tokenlake.serve.audit import AuditResult, format_audit_report, has_errors, run_audits, severity
+from tokenlake.store import manifest
 
 AUDITS = [
     "alignment_failed",
     "drift_alarms",
     "framework_gates",
+    "incomplete_steps",
     "large_lp_diff",
     "missing_train_rows",
     "mixed_sampling_support",
@@ -45,6 +47,7 @@ SEVERITY = {
     "alignment_failed": "warning",
     "drift_alarms": "error",
     "framework_gates": "error",
+    "incomplete_steps": "warning",
     "large_lp_diff": "error",
     "missing_train_rows": "warning",
     "mixed_sampling_support": "warning",
@@ -136,6 +139,11 @@ def healthy(tmp_path_factory):
 def tripped(tmp_path_factory):
     lake = tmp_path_factory.mktemp("tripped")
     build_lake(lake, *trip_rows())
+    record = manifest.load_manifest(lake, "r")
+    assert record is not None  # step 1 extracted although a rank file never came
+    record.steps["1"].incomplete = "rank 1 of ranks 0-1 has no train file"
+    manifest.save_manifest(lake, record)
+    catalog.build_catalog(lake)
     return {r.name: r for r in run_audits(lake)}, lake
 
 
@@ -143,7 +151,7 @@ def test_healthy_lake_passes_every_audit(healthy):
     results = run_audits(healthy)
     assert [r.name for r in results] == AUDITS
     assert all(r.passed for r in results)
-    assert format_audit_report(results).splitlines()[-1] == "All 14 audits passed."
+    assert format_audit_report(results).splitlines()[-1] == "All 15 audits passed."
 
 
 def test_every_audit_fires_on_the_tripped_lake(tripped):
@@ -324,7 +332,9 @@ def test_audits_fire_on_generated_dumps_built_to_trip_them(tmp_path, preset, aud
     from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
-    extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name=preset))
+    # settle 0: the dump is finished (a missing rank lands, marked incomplete)
+    options = ExtractOptions(run_name=preset, settle_seconds=0.0)
+    extract_run(tmp_path / "dump", tmp_path / "lake", options)
     results = {r.name: r for r in run_audits(tmp_path / "lake")}
     assert not results[audit].passed
     if rows is None:  # count the non-finite tokens independently, with numpy
@@ -379,6 +389,7 @@ def test_cli_exits_1_on_errors_and_prints_severities(tripped):
         "WARN  alignment_failed [warning]",
         "FAIL  drift_alarms [error]",
         "PASS  framework_gates [error]",
+        "WARN  incomplete_steps [warning]",
         "FAIL  large_lp_diff [error]",
         "WARN  missing_train_rows [warning]",
         "WARN  mixed_sampling_support [warning]",
@@ -390,7 +401,7 @@ def test_cli_exits_1_on_errors_and_prints_severities(tripped):
         "WARN  truncated_steps [warning]",
         "INFO  zero_std_group_list [info]",
         "WARN  zero_std_groups [warning]",
-        "3 of 14 audits failed; 7 warnings, 2 info.",
+        "3 of 15 audits failed; 8 warnings, 2 info.",
     ]
 
 
@@ -400,7 +411,7 @@ def test_cli_exits_0_when_only_warnings_and_info_fire(tmp_path):
     build_lake(tmp_path, tokens, [_sample(0, bp, 1.0) for bp in range(4)])
     result = CliRunner().invoke(main, ["audit", str(tmp_path)])
     assert result.exit_code == 0
-    assert result.output.splitlines()[-1] == "0 of 14 audits failed; 1 warning, 1 info."
+    assert result.output.splitlines()[-1] == "0 of 15 audits failed; 1 warning, 1 info."
 
 
 @pytest.mark.slow
@@ -413,7 +424,7 @@ def test_the_example_run_passes_the_audit(tmp_path):
     extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name="example"))
     result = CliRunner().invoke(main, ["audit", str(tmp_path / "lake")])
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines()[-1] == "0 of 14 audits failed; 0 warnings, 2 info."
+    assert result.output.splitlines()[-1] == "0 of 15 audits failed; 0 warnings, 2 info."
 
 
 @pytest.mark.slow
@@ -439,3 +450,10 @@ def test_real_miles_fixtures_are_judged_by_miles_own_log_prob_gate(tmp_path, cas
     ]
     code = CliRunner().invoke(main, ["audit", str(tmp_path / "lake")]).exit_code
     assert code == (1 if failing_steps else 0)
+
+
+def test_incomplete_steps_rows(tripped):
+    result = tripped[0]["incomplete_steps"]
+    assert _rows(result, "run", "rollout_id", "missing") == [
+        ("r", 1, "rank 1 of ranks 0-1 has no train file")
+    ]

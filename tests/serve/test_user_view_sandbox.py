@@ -45,6 +45,7 @@ TOKENLAKE_MACROS = {
     "drift_totals",
     "ess_fraction",
     "histogram_half_widths",
+    "incomplete_steps",  # the steps the manifests mark incomplete
     "large_lp_diff_floor",
     "outliers_kept",
     "k3_term",
@@ -359,7 +360,8 @@ def test_tokenlake_macros_shadow_no_builtin() -> None:
         macros = {name for (name,) in rows.fetchall()}
     finally:
         sandbox.close()
-    assert macros == TOKENLAKE_MACROS - {"tokenlake_listed_digest"}  # the sandbox lists no files
+    # the sandbox lists no files and no manifest's marks
+    assert macros == TOKENLAKE_MACROS - {"tokenlake_listed_digest", "incomplete_steps"}
     assert TOKENLAKE_MACROS & builtins == set()
 
 

@@ -344,7 +344,10 @@ def test_a_writer_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_
     assert record is not None and 1 <= len(record.steps) < 7  # killed after a commit
     checked, problems = verify_lake(url)
     assert checked == len(record.steps)
-    assert [p.message for p in problems if "catalog" not in p.message] == []
+    left = "not listed in any manifest"  # files of steps in flight when it was killed
+    assert [
+        p.message for p in problems if "catalog" not in p.message and left not in p.message
+    ] == []
 
     # Same host, holder gone: the next writer takes the lock over at once and completes.
     rerun = subprocess.run([*command, "--silent"], cwd=ROOT, capture_output=True, text=True)
@@ -387,9 +390,59 @@ def test_views_audit_and_report_read_an_object_store_lake(bucket: str, tmp_path:
     remote_audit, local_audit = cli("audit", url), cli("audit", str(local))
     assert remote_audit == local_audit
     # the real fixture's log-probs are noise: miles' own log-prob gate fails it (test_audits.py)
-    assert remote_audit[1].splitlines()[-1] == "1 of 14 audits failed; 3 warnings, 1 info."
+    assert remote_audit[1].splitlines()[-1] == "1 of 15 audits failed; 3 warnings, 1 info."
     page = tmp_path / "report.html"
     code, out = cli("report", url, "-o", str(page))
     assert code == 0, out
     html = page.read_text(encoding="utf-8")
     assert "<h1>tokenlake report</h1>" in html and url in html
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_an_extraction_stopped_before_its_first_commit_leaves_no_object(
+    bucket: str, monkeypatch: pytest.MonkeyPatch, sig: str
+) -> None:
+    from tests.fixture_paths import SLIME_REAL
+    from tokenlake.orchestrate.extract import ExtractInterrupted
+    from tokenlake.orchestrate.scheduler import sigterm_as_ctrl_c
+    from tokenlake.processes import KILL_SIGNAL_VARIABLE, KILL_VARIABLE
+
+    url = f"s3://{bucket}/lake"
+    monkeypatch.setenv(KILL_VARIABLE, "extract:written")  # a step written, not committed
+    monkeypatch.setenv(KILL_SIGNAL_VARIABLE, sig)
+    with pytest.raises(ExtractInterrupted) as stopped, sigterm_as_ctrl_c():
+        extract_run(SLIME_REAL / "v2_dp2_cp2", url, ExtractOptions(workers=1))
+    assert (stopped.value.summary.counts["new"], stopped.value.summary.tokens) == (0, 0)
+    assert list_keys(bucket) == []  # not a Parquet file: the lock is gone too
+    with pytest.raises(LakeError, match="is not a lake: it has no `_manifest/`"):
+        verify_lake(url)
+
+
+def test_verify_names_an_object_no_manifest_lists_and_extract_sweeps_it(bucket: str) -> None:
+    import boto3
+
+    from tests.fixture_paths import SLIME_REAL
+
+    url = f"s3://{bucket}/lake"
+    dump = SLIME_REAL / "v2_dp2_cp2"
+    extract_run(dump, url, ExtractOptions(workers=1))
+    listed = manifest.load_manifest(url, "v2_dp2_cp2")
+    assert listed is not None
+    source = listed.steps["0"].files[schema.TOKENS]
+    left = source.rsplit("-", 1)[0] + "-0badf00d.parquet"  # a name the scheme makes
+    boto3.client("s3").copy_object(
+        Bucket=bucket, Key=f"lake/{left}", CopySource={"Bucket": bucket, "Key": f"lake/{source}"}
+    )
+    checked, problems = verify_lake(url)
+    assert (checked, [str(p) for p in problems]) == (
+        4,
+        [
+            f"file `{left}` is not listed in any manifest: left by an interrupted extraction,"
+            " drop or tag; `tokenlake extract` sweeps it"
+        ],
+    )
+    summary = extract_run(dump, url, ExtractOptions(workers=1))
+    assert summary.counts["unchanged"] == 4
+    assert f"lake/{left}" not in list_keys(bucket)
+    assert list_keys(bucket) == listed_keys(bucket, "lake", url)
+    assert verify_lake(url) == (4, [])

@@ -7,7 +7,8 @@ what comes back.
 
 Commit protocol (see pipeline/tokenlake/store/manifest.py): a step's two Parquet files are written under fresh
 names, then the run manifest is replaced to list them; the catalog is rebuilt from the
-manifests; files no manifest lists (superseded or left by a crash) are deleted last.
+manifests; files no manifest lists (superseded, or left by a crash or by this extraction when
+it is interrupted or fails) are deleted last, also when a Ctrl-C or SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from tokenlake.load import lake_files
 from tokenlake.orchestrate import maintain
 from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_reporter
 from tokenlake.orchestrate.scheduler import Todo, run_steps, sigint_deferred, sigint_held
-from tokenlake.orchestrate.step import StepOutcome, StepStatus
+from tokenlake.orchestrate.step import StepOutcome, StepStatus, incomplete_text, not_yet_text
 from tokenlake.processes import crash_point
-from tokenlake.read import dump, remote_dump
+from tokenlake.read import completeness, dump, remote_dump
 from tokenlake.serve import catalog
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
@@ -100,8 +101,10 @@ class ExtractOptions:
         ray_address: With `ray`: the cluster to connect to.
         follow: Keep watching a live run, extracting each step once complete (follow.py).
         poll_seconds: With `follow`: seconds between looks at the dump.
-        settle_seconds: With `follow`: seconds without change after which a step whose rank
-            set is not known yet (the first step, eval files) counts as complete.
+        settle_seconds: Seconds without change after which an incomplete step
+            (`read.completeness`) lands marked incomplete instead of waiting; with `follow`
+            also after which a step whose rank set is not known yet (the first step, eval
+            files) counts as complete.
         dump_format: The dump's format (`miles`, `slime-v1`, `slime-v2`, `nemo-rl`);
             default: detected from its layout (pipeline/tokenlake/read/formats.py).
         with_experts: Also write the routing-replay arrays to the `experts` table; steps
@@ -149,6 +152,7 @@ def extract_run(
     *,
     progress: ProgressCallback | Reporter | None = None,
     ready: Callable[[dump.StepFiles], bool] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> ExtractSummary:
     """Extract a dump directory into `lake` and rebuild the catalog.
 
@@ -166,6 +170,8 @@ def extract_run(
         ready: Only steps for which it returns true are considered (live runs, see follow.py);
             the run's other steps are kept as they are, except that steps whose rollout file
             is gone are removed.
+        clock: The time (seconds since the epoch, like a file's mtime) an incomplete step's
+            files are judged settled against (`read.completeness`; follow.py passes its own).
 
     Returns:
         What was written, what was skipped and why.
@@ -199,28 +205,120 @@ def extract_run(
         retagged = {**record.tags, **(options.tags or {})}
         tags_changed, record.tags = retagged != record.tags, retagged
         selected = [s for s in chosen if ready is None or ready(s)]
-        todo = _plan(store, record, selected, summary)
+        judge = Completeness(summary, options.settle_seconds, clock())
+        todo = judge.todo(_plan(store, record, selected, summary), listing.steps)
         if options.steps is None:  # `ready` only defers present steps; a vanished one is gone
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
         reporter.planned(len(todo))
         interrupted = False
         try:
             try:
+                crash_point("extract:planned")
                 for outcome in _outcomes(todo, store, run, options, reporter):
+                    outcome = judge.batch(record, outcome, store)
                     _commit(store, record, outcome, summary, options.strict, reporter)
+                judge.short_batches_before(record)
             except KeyboardInterrupt:
                 interrupted = True
                 reporter.stopping([])
-        finally:  # also on Ctrl-C or an error: publish the steps committed so far
-            with sigint_deferred() as deferred:  # a Ctrl-C now must not cut publishing short
-                _publish_if_needed(store, record, summary, tags_changed)
+        finally:  # also on Ctrl-C or an error: publish the steps committed so far, then
+            # delete every file no manifest lists (written for steps not committed)
+            with sigint_deferred() as deferred:  # a Ctrl-C now must not cut these short
+                _publish_if_needed(store, record, summary, tags_changed or judge.marked)
+                crash_point("extract:published")
+                sweep_leftovers(store)
             interrupted = interrupted or bool(deferred)
         if interrupted:  # Ctrl-C still propagates, with what was committed so far
             summary.seconds = time.perf_counter() - started
             raise ExtractInterrupted(summary)
-        _sweep(store, run)
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+@dataclass
+class Completeness:
+    """Applies each format's completeness rule (`read.completeness`) to an extraction: an
+    incomplete step whose files still change is not extracted (skipped as not yet complete);
+    a settled one is extracted, marked incomplete, with one warning line."""
+
+    summary: ExtractSummary
+    settle: float
+    now: float
+    marked: bool = False  # a step committed earlier was marked incomplete
+
+    def todo(self, planned: list[Todo], listed: tuple[dump.StepFiles, ...]) -> list[Todo]:
+        """The planned steps to extract, the settled incomplete ones marked; not-yet ones
+        skipped (a step extracted before keeps what the lake has for it)."""
+        reference = completeness.reference_ranks(listed)
+        judged = []
+        for files, status in planned:
+            missing = completeness.step_missing(
+                files, reference.get(files.label), self.now, self.settle
+            )
+            if missing is None:
+                judged.append((files, status))
+            elif missing.fresh:
+                self._not_yet(files.label, missing.what)
+            else:
+                judged.append((dataclasses.replace(files, incomplete=missing.what), status))
+        return judged
+
+    def batch(
+        self, record: manifest.RunManifest, outcome: StepOutcome, store: Store
+    ) -> StepOutcome:
+        """NeMo-RL: a training step whose sample count is below the run's batch size is not
+        yet complete while its file still changes (its files are deleted), else marked."""
+        step = outcome.record
+        if step is None or step.evaluation or self.summary.dump_format != completeness.NEMO_RL:
+            return outcome
+        short = completeness.short_batch(step.samples, _batch_sizes(record, outcome.label))
+        if short is None:
+            return outcome
+        newest = max((source.mtime_ns for source in step.sources), default=0) / 1e9
+        if self.now - newest < self.settle:
+            store.delete(step.files.values())
+            return dataclasses.replace(
+                outcome, record=None, result=None, error=not_yet_text(short, self.settle)
+            )
+        return _marked(outcome, short)
+
+    def short_batches_before(self, record: manifest.RunManifest) -> None:
+        """NeMo-RL steps committed before a larger one came in (earlier, or in this
+        extraction, whose steps finish in any order): their sample count is now known to be
+        short. Marked, with a warning; `marked` says the manifest changed."""
+        if self.summary.dump_format != completeness.NEMO_RL:
+            return
+        for label, step in sorted(record.steps.items()):
+            if step.evaluation or step.incomplete is not None:
+                continue
+            short = completeness.short_batch(step.samples, _batch_sizes(record, label))
+            if short is not None:
+                record.steps[label] = dataclasses.replace(step, incomplete=short)
+                self.summary.warnings.append(incomplete_text(label, short))
+                self.marked = True
+
+    def _not_yet(self, label: str, missing: str) -> None:
+        self.summary.failed.append((label, not_yet_text(missing, self.settle)))
+        self.summary.counts[StepStatus.SKIPPED] += 1
+
+
+def _batch_sizes(record: manifest.RunManifest, label: str) -> list[int]:
+    """The sample counts of the run's other complete training steps."""
+    return [
+        step.samples
+        for key, step in record.steps.items()
+        if key != label and not step.evaluation and step.incomplete is None
+    ]
+
+
+def _marked(outcome: StepOutcome, missing: str) -> StepOutcome:
+    assert outcome.record is not None and outcome.result is not None
+    warnings = (*outcome.result.warnings, incomplete_text(outcome.label, missing))
+    return dataclasses.replace(
+        outcome,
+        record=dataclasses.replace(outcome.record, incomplete=missing),
+        result=dataclasses.replace(outcome.result, warnings=warnings),
+    )
 
 
 def drop_run(lake: Location | Store, run: str) -> None:
@@ -250,16 +348,26 @@ def drop_run(lake: Location | Store, run: str) -> None:
         store.delete([manifest_name(run)])
 
 
-def _sweep(store: Store, run: str) -> None:
-    """Delete leftovers of an interrupted extraction (temporary or never-committed files).
+def sweep_leftovers(store: Store) -> int:
+    """Delete what interrupted extractions left, of any run: files the naming scheme made that
+    no manifest lists (written for a step never committed, or superseded), and temporaries
+    whose writer is gone. Returns how many lake files were deleted.
 
-    Judged against the manifest on disk, which the catalog (not stale) agrees with: the
-    in-memory record may differ when nothing was published.
+    Judged against the manifests on disk, which the catalog (not stale) agrees with: the
+    in-memory record may differ when nothing was published. Only under the lake's lock: no
+    other writer has files in flight then. A damaged manifest sweeps nothing (what it lists
+    is unknown); the extraction that repairs it sweeps.
     """
-    committed = manifest.load_manifest(store, run)
-    if committed is not None:
-        store.delete_unlisted(committed)
+    try:
+        doomed = manifest.leftovers(store)
+    except DamagedManifestError as exc:
+        log.info("not swept: %s", exc)
+        doomed = []
+    store.delete(doomed)
     store.delete_stale_temporaries()
+    if doomed:
+        log.info("deleted %d files that no manifest lists", len(doomed))
+    return len(doomed)
 
 
 def _changed(summary: ExtractSummary) -> bool:
@@ -443,6 +551,7 @@ def _commit(
         log.info("step %s skipped: %s", outcome.label, outcome.error)
         return
     assert outcome.record is not None and outcome.result is not None
+    crash_point("extract:written")  # the step's files are written, not yet committed
     previous = record.steps.get(outcome.label)
     record.steps[outcome.label] = outcome.record
     try:
@@ -458,3 +567,4 @@ def _commit(
     summary.warnings.extend(outcome.result.warnings)
     summary.counts[outcome.status] += 1
     reporter.done(outcome.result)
+    crash_point("extract:committed")

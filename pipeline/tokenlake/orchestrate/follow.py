@@ -117,7 +117,7 @@ def follow_round(
         return is_complete(files, state.expected_ranks, now, options.settle_seconds)
 
     once = replace(options, run_name=run, steps=None, strict=False, follow=False)
-    summary = extract_run(dump_dir, lake, once, progress=progress, ready=ready)
+    summary = extract_run(dump_dir, lake, once, progress=progress, ready=ready, clock=lambda: now)
     for label, message in summary.failed:
         state.failed[label] = attempted[label]
         # info: `on_round` shows the failure to the user (the CLI prints "Not yet: ...")

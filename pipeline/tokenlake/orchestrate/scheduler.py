@@ -191,6 +191,22 @@ def ctrl_c_remembered() -> Iterator[list[bool]]:
 
 
 @contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Within the block, a SIGTERM (`kill`, a job scheduler stopping the job) stops like a
+    Ctrl-C: it raises SIGINT, so it is held, deferred or raised wherever a Ctrl-C would be,
+    and the extraction publishes what it committed and deletes what it did not. Only the
+    main thread can set handlers; elsewhere the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
 def sigint_held() -> Iterator[None]:
     """Run the block to its end with a Ctrl-C held, then raise it (KeyboardInterrupt) if one
     came: for work a Ctrl-C must not cut in the middle of, whose caller still stops."""
@@ -202,16 +218,17 @@ def sigint_held() -> Iterator[None]:
 
 @contextmanager
 def sigint_blocked() -> Iterator[None]:
-    """Block SIGINT in this thread while worker processes start, and hold a Ctrl-C until then.
+    """Block SIGINT and SIGTERM in this thread while worker processes start, and hold a Ctrl-C
+    until then.
 
-    Children inherit the signal mask through fork and exec, so they never see a Ctrl-C sent
-    to the process group. Masking this thread alone does not stop Python from raising
+    Children inherit the signal mask through fork and exec, so they never see a Ctrl-C or a
+    SIGTERM sent to the process group (they end with the parent, `_exit_with_parent`). Masking this thread alone does not stop Python from raising
     KeyboardInterrupt here: another thread (Arrow's, DuckDB's) may take the signal and
     Python then raises it in the main thread, which would cut a worker's start-up data short
     (the worker prints an EOFError traceback). So a Ctrl-C that comes meanwhile is held and
     raised once the workers are started.
     """
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         with sigint_held():
             yield

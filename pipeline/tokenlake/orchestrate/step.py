@@ -24,7 +24,8 @@ from tokenlake.errors import (
 )
 from tokenlake.layout import Location, new_name
 from tokenlake.load import write
-from tokenlake.read import dump, remote_dump
+from tokenlake.processes import crash_point
+from tokenlake.read import completeness, dump, remote_dump
 from tokenlake.serve import rollups
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
@@ -130,6 +131,10 @@ def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepSta
             sources = _fingerprint(files)
             tokens, samples_table, result, experts = build_step(read, files.with_experts)
         warnings = tuple(remote_dump.as_urls(files, read, w) for w in result.warnings)
+        if files.incomplete is not None and completeness.covers_every_sample(samples_table):
+            files = replace(files, incomplete=None)  # another rank layout, every sample there
+        if files.incomplete is not None:
+            warnings += (incomplete_text(files.label, files.incomplete),)
         result = replace(result, warnings=warnings)
     except PipelineError as exc:
         text = remote_dump.as_urls(files, read, input_error_text(read, exc))
@@ -157,8 +162,35 @@ def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepSta
         schema_version=schema.SCHEMA_VERSION,
         rollup_version=step_rollups.version,
         rollup_settings=step_rollups.settings,
+        incomplete=files.incomplete,
     )
     return StepOutcome(files.label, status, result=result, record=record)
+
+
+def incomplete_text(label: str, missing: str) -> str:
+    """The warning of a step extracted although its files are incomplete (they settled).
+
+    Examples:
+        >>> incomplete_text("1", "ranks 1-3 of ranks 0-3 have no train file")
+        'Step 1 is incomplete: ranks 1-3 of ranks 0-3 have no train file; its files no longer change, so it is extracted as it is and marked incomplete (`tokenlake audit`: incomplete_steps)'
+    """
+    return (
+        f"Step {label} is incomplete: {missing}; its files no longer change, so it is extracted"
+        " as it is and marked incomplete (`tokenlake audit`: incomplete_steps)"
+    )
+
+
+def not_yet_text(missing: str, settle: float) -> str:
+    """The reason an incomplete step whose files still change is not extracted yet.
+
+    Examples:
+        >>> not_yet_text("rank 1 of ranks 0-1 has no train file", 30)
+        'not yet complete: rank 1 of ranks 0-1 has no train file, and its files changed less than 30 s ago; extract again once they are written'
+    """
+    return (
+        f"not yet complete: {missing}, and its files changed less than {settle:g} s ago;"
+        " extract again once they are written"
+    )
 
 
 def _fingerprint(files: dump.StepFiles) -> list[manifest.SourceFile]:
@@ -237,6 +269,7 @@ def write_step_files(
         metadata = write.file_metadata(table, run, source)
         table_schema = rollups.rollup_schema(table) if table in schema.ROLLUP_TABLES else None
         write.write_lake_file(store, written[table], table, data, metadata, table_schema)
+        crash_point("step:file-written")  # in the middle of a step: some of its files written
 
 
 def _source_name(files: dump.StepFiles) -> str:

@@ -74,12 +74,35 @@ def verify_lake(
             checked += 1
             found = check_step(lake, record, step, root, deep)
             problems += [Problem(record.run, key, m) for m in found]
+    problems += [Problem("", "", leftover_text(name)) for name in _leftovers(lake, run)]
     store = store_at(lake)
     if runs or store.exists(store.catalog_name):  # a catalog may outlive the last run
         broken = catalog.catalog_problem(lake)
         if broken is not None:
             problems.append(Problem("", "", broken))
     return checked, problems
+
+
+def leftover_text(name: str) -> str:
+    """The line for a lake file no manifest lists.
+
+    Examples:
+        >>> leftover_text("tokens/run=a/rollout_id=3/train-0a1b2c3d.parquet")
+        'file `tokens/run=a/rollout_id=3/train-0a1b2c3d.parquet` is not listed in any manifest: left by an interrupted extraction, drop or tag; `tokenlake extract` sweeps it'
+    """
+    return (
+        f"file `{shown(name, SHOWN_PATH_CHARS, literal=False)}` is not listed in any manifest:"
+        " left by an interrupted extraction, drop or tag; `tokenlake extract` sweeps it"
+    )
+
+
+def _leftovers(lake: Location | Store, run: str | None) -> list[str]:
+    """The lake's files no manifest lists (of `run` only, when given). Files a running
+    extraction is writing are among them until it commits them."""
+    names = manifest.leftovers(lake)
+    if run is None:
+        return names
+    return [name for name in names if f"/{schema.RUN}={run}/" in name]
 
 
 def _dump_root(record: manifest.RunManifest) -> tuple[Path | None, str | None]:

@@ -132,6 +132,8 @@ class StepFiles:
     unread: tuple[Path, ...] = ()
     # Also extract the routing-replay arrays into the `experts` table (--with-experts).
     with_experts: bool = False
+    # What the step's files lack, settled (`read.completeness`): it lands marked incomplete.
+    incomplete: str | None = None
 
     def __post_init__(self) -> None:
         if self.root is None:  # rollout files live in ROOT/rollout_data/

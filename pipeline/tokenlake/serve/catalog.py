@@ -75,6 +75,38 @@ def create_base_views(
     for table in schema.TABLES:
         sql = base_view_sql(table, _listed_files(store_at(lake), records, table), older)
         con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
+    con.execute(f"CREATE OR REPLACE MACRO {INCOMPLETE_STEPS}() AS TABLE {incomplete_sql(records)}")
+
+
+# The table macro listing the steps extracted although their files were incomplete (their
+# manifests' `incomplete`): a macro, so the catalog still holds views only.
+INCOMPLETE_STEPS = "incomplete_steps"
+
+
+def incomplete_sql(records: list[manifest.RunManifest]) -> str:
+    """A query of one row per step marked incomplete: `run`, `rollout_id`, `missing` (the
+    manifest's text, as literals: a manifest's text never becomes SQL).
+
+    Examples:
+        >>> incomplete_sql([])
+        'SELECT CAST(NULL AS VARCHAR) AS run, CAST(NULL AS BIGINT) AS rollout_id, CAST(NULL AS VARCHAR) AS missing WHERE false'
+    """
+    rows = [
+        f"({quote_literal(record.run)}, {int(step.rollout_id)}, {quote_literal(step.incomplete)})"
+        for record in records
+        for step in sorted(record.steps.values(), key=lambda step: step.rollout_id)
+        if step.incomplete is not None and not step.evaluation
+    ]
+    if not rows:
+        return (
+            "SELECT CAST(NULL AS VARCHAR) AS run, CAST(NULL AS BIGINT) AS rollout_id,"
+            " CAST(NULL AS VARCHAR) AS missing WHERE false"
+        )
+    return (
+        "SELECT CAST(run AS VARCHAR) AS run, CAST(rollout_id AS BIGINT) AS rollout_id,"
+        f" CAST(missing AS VARCHAR) AS missing FROM (VALUES {', '.join(rows)})"
+        " AS marked(run, rollout_id, missing)"
+    )
 
 
 def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -134,5 +134,9 @@ class Store(Protocol):
     def delete_unlisted(self, record: RunListing) -> int:
         """Delete the run's files the naming scheme made that its manifest does not list."""
 
+    def made_files(self) -> list[str]:
+        """Every file of every run that the naming scheme made, whether a manifest lists it
+        or not (leftovers of an interrupted extraction are among them)."""
+
     def delete_stale_temporaries(self) -> int:
         """Delete tokenlake's temporaries whose writer is gone."""

@@ -28,6 +28,7 @@ from tokenlake.layout import (
     TOP_LEVEL_DIRS,
     USER_VIEWS_DIR,
     check_relative,
+    is_run_folder,
     local_path,
     manifest_name,
     new_name,
@@ -368,6 +369,24 @@ class LocalStore:
         if deleted:
             log.info("deleted %d files of run %s that no manifest lists", deleted, record.run)
         return deleted
+
+    def made_files(self) -> list[str]:
+        """Every file of a run that the naming scheme made, listed or not: regular files in
+        each table's `run=<name>` folders and their `rollout_id=<n>` folders, never through a
+        link."""
+        found: list[str] = []
+        for table in schema.LAKE_TABLES:
+            parts = table_dir_parts(table)
+            with nofollow.opened(self.root, parts) as folders:
+                if len(folders) < len(parts) + 1:
+                    continue
+                for entry in nofollow.entries(folders[-1]):
+                    if entry.is_dir(follow_symlinks=False) and is_run_folder(entry.name):
+                        with nofollow.opened_in(folders[-1], entry.name) as run_folder:
+                            if run_folder is not None:
+                                where = "/".join((*parts, entry.name))
+                                found += nofollow.made_files(run_folder, where)
+        return found
 
     def delete_stale_temporaries(self) -> int:
         """Delete tokenlake's temporary files whose writer (pid in the name) no longer runs."""

@@ -26,7 +26,8 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import MANIFEST_DIR as MANIFEST_DIR
-from tokenlake.layout import Location, check_listed, manifest_name, step_label
+from tokenlake.layout import Location, check_listed, manifest_name, step_label, temporary_owner
+from tokenlake.processes import process_alive
 from tokenlake.store import store_at
 from tokenlake.store.base import Store
 
@@ -75,6 +76,10 @@ class StepRecord:
     # rollups), and per rollup that depends on `drift_settings`, the digest of those settings.
     rollup_version: str = ""
     rollup_settings: dict[str, str] = field(default_factory=dict)
+    # What the step's files lacked when it was extracted (`read.completeness`: missing rank
+    # files, a short batch), once they had settled; None: complete, or not judged (older
+    # manifests).
+    incomplete: str | None = None
 
     @property
     def key(self) -> str:
@@ -139,6 +144,26 @@ def load_all(lake: Location | Store) -> list[RunManifest]:
     return [load_listed(lake, run) for run in store_at(lake).manifest_runs()]
 
 
+def leftovers(lake: Location | Store) -> list[str]:
+    """Files the naming scheme made that no manifest lists (what an interrupted extraction
+    left, or a file it superseded), other than temporaries a running tokenlake still writes.
+
+    A damaged manifest raises (DamagedManifestError): what it lists is unknown, so nothing
+    counts as a leftover then.
+    """
+    store = store_at(lake)
+    records = load_all(store)
+    listed = {name for r in records for table in schema.LAKE_TABLES for name in r.files(table)}
+    made = store.made_files()
+    return sorted(name for name in made if name not in listed and not _in_flight(name))
+
+
+def _in_flight(name: str) -> bool:
+    """Whether a lake file is the temporary of a tokenlake process that still runs."""
+    owner = temporary_owner(name.rsplit("/", 1)[-1])
+    return owner is not None and process_alive(owner)
+
+
 def load_listed(lake: Location | Store, run: str) -> RunManifest:
     """A manifest `manifest_runs` listed (a hand-made bad file name fails in parsing)."""
     store = store_at(lake)
@@ -161,7 +186,11 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
 def save_manifest(lake: Location | Store, manifest: RunManifest) -> None:
     """Replace the run's manifest atomically (temporary file, fsync, rename; one PUT on an
     object store)."""
-    data = json.dumps(asdict(manifest), ensure_ascii=False, indent=1).encode("utf-8")
+    content = asdict(manifest)
+    for step in content["steps"].values():
+        if step["incomplete"] is None:  # a complete step's entry reads as before the field
+            del step["incomplete"]
+    data = json.dumps(content, ensure_ascii=False, indent=1).encode("utf-8")
     store_at(lake).put_bytes(
         manifest_name(manifest.run), data, durable=True, problem="manifest cannot be written"
     )
@@ -258,6 +287,7 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
         steps[key] = StepRecord(sources=sources, **step)
         if not isinstance(steps[key].files, dict):
             raise TypeError("`files` is not an object")
+        _check_incomplete(steps[key].incomplete)
     vocab_source = data.get("vocab_source")
     meta_source = data.get("meta_source")
     record = RunManifest(
@@ -285,6 +315,14 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
 
 
 _DIGEST = re.compile(r"[0-9a-f]{32}")
+# What tokenlake writes in a step's `incomplete`: one short line of printable text.
+_INCOMPLETE = re.compile(r"[^\x00-\x1f\x7f]{1,500}")
+
+
+def _check_incomplete(value: Any) -> None:
+    """A step's `incomplete` is None or one line tokenlake writes (the catalog quotes it)."""
+    if value is not None and not (isinstance(value, str) and _INCOMPLETE.fullmatch(value)):
+        raise ValueError(f"a step's `incomplete` is {shown(value)}, not a line of text")
 
 
 def _check_rollup_keys(step: StepRecord) -> None:

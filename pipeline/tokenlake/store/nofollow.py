@@ -132,6 +132,21 @@ def sweep_run(folder: int, where: str, listed: set[str]) -> int:
     return deleted
 
 
+def made_files(folder: int, where: str) -> list[str]:
+    """Names in the lake of the scheme's regular files in a run's opened folder (`where` in
+    the lake) and in its `rollout_id=<n>` folders; other folders are never entered."""
+    found = []
+    for entry in entries(folder):
+        name = f"{where}/{entry.name}"
+        if entry.is_dir(follow_symlinks=False) and is_partition_folder(entry.name):
+            with opened_in(folder, entry.name) as step:
+                if step is not None:
+                    found += made_files(step, name)
+        elif entry.is_file(follow_symlinks=False) and made_here(entry.name):
+            found.append(name)
+    return found
+
+
 def entries(folder: int) -> list[os.DirEntry[str]]:
     """The entries of an opened folder, by name."""
     with os.scandir(folder) as found:

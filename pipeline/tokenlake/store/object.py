@@ -39,6 +39,8 @@ from tokenlake.layout import (
     USER_VIEWS_DIR,
     check_relative,
     is_data_file,
+    is_partition_folder,
+    is_run_folder,
     table_dir,
 )
 from tokenlake.store.base import FileWriter, RunListing, ViewFile
@@ -322,6 +324,21 @@ class ObjectStore:
         if doomed:
             log.info("deleted %d objects of run %s that no manifest lists", len(doomed), record.run)
         return len(doomed)
+
+    def made_files(self) -> list[str]:
+        """Every object of a run that the naming scheme made, listed or not: data files in
+        each table's `run=<name>` folders and their `rollout_id=<n>` folders."""
+        found = []
+        for table in schema.LAKE_TABLES:
+            folder = table_dir(table)
+            for name in self._list(folder):
+                parts = name[len(folder) + 1 :].split("/")
+                in_partition = len(parts) == 2 or (
+                    len(parts) == 3 and is_partition_folder(parts[1])
+                )
+                if in_partition and is_run_folder(parts[0]) and is_data_file(parts[-1]):
+                    found.append(name)
+        return found
 
     def delete_stale_temporaries(self) -> int:
         """None are made: objects are written under their final, fresh names. (An upload
