@@ -24,6 +24,7 @@ FLOORS: list[tuple[str, ...]] = [
         "tokenlake.tags",
         "tokenlake.terminal",
         "tokenlake.steps",
+        "tokenlake.steptypes",
     ),
     ("tokenlake.store",),
     ("tokenlake.read",),

@@ -23,7 +23,7 @@ from typing import Any
 
 from tokenlake.errors import DumpNotFoundError, UsageError, shown
 from tokenlake.read import dump, nemo_rl, ptread, slime_v2
-from tokenlake.read.step_read import StepRead
+from tokenlake.steptypes import StepRead
 
 
 @dataclass(frozen=True)

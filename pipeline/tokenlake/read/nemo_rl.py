@@ -49,9 +49,8 @@ from tokenlake.errors import (
 )
 from tokenlake.read import dump, ptread, validate
 from tokenlake.read.jsontext import clean_text, to_json
-from tokenlake.read.resolve import TrainRow
-from tokenlake.read.step_read import StepRead
 from tokenlake.read.train_checks import exact_int, numbers
+from tokenlake.steptypes import StepRead, TrainRow
 
 LOG_NAME = re.compile(r"^(train|val)_data_step(\d+)\.jsonl$")
 # One sample's line: ~20 bytes per position for each of its five arrays, so 256 MiB is a

@@ -22,9 +22,9 @@ import numpy as np
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, shown
 from tokenlake.read import dump, ptread, train_checks, validate
-from tokenlake.read.resolve import Location, TrainFile, TrainRow, resolve_sample
-from tokenlake.read.step_read import StepRead
+from tokenlake.read.resolve import Location, TrainFile, resolve_sample
 from tokenlake.read.train_checks import exact_int, is_column
+from tokenlake.steptypes import StepRead, TrainRow
 
 FORMAT_VERSION = 2
 # The v2 sample keys that become the train row's columns, under miles' column names.

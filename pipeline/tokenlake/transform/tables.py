@@ -15,8 +15,8 @@ import pyarrow as pa
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, SampleValueError
 from tokenlake.read import dump, formats, replay, tinker, trajectory, validate
-from tokenlake.read.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
-from tokenlake.read.step_read import StepRead
+from tokenlake.read.resolve import TrainFile, locate_rows, resolve_sample
+from tokenlake.steptypes import StepRead, TrainRow
 from tokenlake.transform import flatten
 
 
