@@ -18,7 +18,7 @@ import pytest
 
 from tokenlake.orchestrate import step
 from tokenlake.read import dump as dump_module
-from tokenlake.read import ptread
+from tokenlake.read.pt import ptread
 from tokenlake.transform import tables
 
 

@@ -274,7 +274,7 @@ def _wait_until_settled(dump_dir: Path) -> None:
     """Measure a finished run: files younger than `ptread.FRESH_SECONDS` are read into memory
     (a live writer may still truncate them), older ones memory-mapped; mixing both would make
     the first runs of a figure slower than the rest."""
-    from tokenlake.read import ptread
+    from tokenlake.read.pt import ptread
 
     newest = max(p.stat().st_mtime for p in _dump_files(dump_dir))
     time.sleep(max(0.0, newest + ptread.FRESH_SECONDS + 1 - time.time()))

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake.errors import DumpFileError, DumpNotFoundError, UnsafePickleError
-from tokenlake.read import ptglobals, ptread, ptzip
+from tokenlake.read.pt import ptglobals, ptread, ptzip
 
 DUMPS = REAL_DUMPS
 REAL_FILES = sorted(DUMPS.glob("*/*/*.pt"))

@@ -11,7 +11,7 @@ import pytest
 
 from tests.read.test_ptread import assert_same, load_torch_reference
 from tokenlake.generator import synth
-from tokenlake.read import ptread
+from tokenlake.read.pt import ptread
 
 # Small copies of every preset; the bench ones shrunk to one step of two prompts.
 LAYOUTS = {

@@ -26,8 +26,9 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import step_label
-from tokenlake.read import ptread, train_checks
-from tokenlake.read.ptglobals import SpecInfo
+from tokenlake.read import train_checks
+from tokenlake.read.pt import ptread
+from tokenlake.read.pt.ptglobals import SpecInfo
 from tokenlake.read.values import INT64_MAX
 from tokenlake.store import manifest
 from tokenlake.store.base import Store

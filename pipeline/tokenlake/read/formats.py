@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenlake.errors import DumpNotFoundError, UsageError, shown
-from tokenlake.read import dump, nemo_rl, ptread, slime_v2
+from tokenlake.read import dump, nemo_rl, slime_v2
+from tokenlake.read.pt import ptread
 from tokenlake.steptypes import StepRead
 
 

@@ -47,8 +47,9 @@ from tokenlake.errors import (
     PipelineError,
     shown,
 )
-from tokenlake.read import dump, ptread, validate
+from tokenlake.read import dump, validate
 from tokenlake.read.jsontext import clean_text, to_json
+from tokenlake.read.pt import ptread
 from tokenlake.read.train_checks import exact_int, numbers
 from tokenlake.steptypes import StepRead, TrainRow
 

@@ -30,9 +30,10 @@ from typing import Any
 
 from tokenlake.errors import DumpNotFoundError, LakeError
 from tokenlake.layout import TOP_LEVEL_DIRS, is_url
-from tokenlake.read import formats, ptread
+from tokenlake.read import formats
 from tokenlake.read.dump import Dump, RemoteFiles, StepFiles
 from tokenlake.read.private_cache import PRIVATE_MODE, make_folders
+from tokenlake.read.pt import ptread
 from tokenlake.read.remote_stage import (
     CACHE_VARIABLE,
     DumpLocation,

@@ -21,7 +21,8 @@ import numpy as np
 
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, shown
-from tokenlake.read import dump, ptread, train_checks, validate
+from tokenlake.read import dump, train_checks, validate
+from tokenlake.read.pt import ptread
 from tokenlake.read.resolve import Location, TrainFile, resolve_sample
 from tokenlake.read.train_checks import exact_int, is_column
 from tokenlake.steptypes import StepRead, TrainRow

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenlake.read.ptopcodes import (
+from tokenlake.read.pt.ptopcodes import (
     ATOMS,
     COUNTED,
     GETS,

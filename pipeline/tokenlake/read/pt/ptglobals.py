@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tokenlake.errors import shown
-from tokenlake.read import ptnumpy
-from tokenlake.read.pttensor import STORAGE_DTYPES, TORCH_DTYPES, TorchDType
-from tokenlake.read.ptzip import Corrupt
+from tokenlake.read.pt import ptnumpy
+from tokenlake.read.pt.pttensor import STORAGE_DTYPES, TORCH_DTYPES, TorchDType
+from tokenlake.read.pt.ptzip import Corrupt
 
 
 class Forbidden(Exception):

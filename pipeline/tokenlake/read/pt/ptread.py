@@ -38,10 +38,10 @@ from tokenlake.errors import (
     UnsafePickleError,
     shown,
 )
-from tokenlake.read.ptcheck import budget_of, check_opcodes, settle
-from tokenlake.read.ptglobals import ALLOWED, Call, Forbidden
-from tokenlake.read.pttensor import TorchDType, counted, tensor_view, tensor_view_v3, widen_bf16
-from tokenlake.read.ptzip import (
+from tokenlake.read.pt.ptcheck import budget_of, check_opcodes, settle
+from tokenlake.read.pt.ptglobals import ALLOWED, Call, Forbidden
+from tokenlake.read.pt.pttensor import TorchDType, counted, tensor_view, tensor_view_v3, widen_bf16
+from tokenlake.read.pt.ptzip import (
     Archive,
     BigEndian,
     Changed,

@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tokenlake.errors import shown
-from tokenlake.read.ptcheck import Placeholder
-from tokenlake.read.ptzip import Corrupt
+from tokenlake.read.pt.ptcheck import Placeholder
+from tokenlake.read.pt.ptzip import Corrupt
 
 try:  # numpy >= 2 moved the pickle helpers; 1.x pickles name `numpy.core`, 2.x `numpy._core`
     from numpy._core import multiarray as _multiarray

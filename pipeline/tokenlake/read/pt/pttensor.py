@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tokenlake.read.ptcheck import too_big
-from tokenlake.read.ptzip import Corrupt
+from tokenlake.read.pt.ptcheck import too_big
+from tokenlake.read.pt.ptzip import Corrupt
 
 
 class TorchDType(NamedTuple):

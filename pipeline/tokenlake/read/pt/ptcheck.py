@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenlake.read.ptopcodes import (
+from tokenlake.read.pt.ptopcodes import (
     ATOMS,
     COUNTED,
     GETS,
@@ -37,8 +37,8 @@ from tokenlake.read.ptopcodes import (
     TWO_LINES,
     WIDTH,
 )
-from tokenlake.read.ptvector import vector_scan
-from tokenlake.read.ptzip import Corrupt
+from tokenlake.read.pt.ptvector import vector_scan
+from tokenlake.read.pt.ptzip import Corrupt
 
 ITEMS_PER_BYTE = 4  # expanded items (container slots, array elements, 8 characters) per byte
 ITEMS_SLACK = 1 << 20  # so that tiny files may still hold ordinary small values

@@ -1,0 +1,1 @@
+"""The only reader of `.pt` files: an allow-listed unpickler over the zip container, no torch."""
