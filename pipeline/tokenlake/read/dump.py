@@ -26,9 +26,7 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import step_label
-from tokenlake.read import train_checks
-from tokenlake.read.pt import ptread
-from tokenlake.read.pt.ptglobals import SpecInfo
+from tokenlake.read import pt, train_checks
 from tokenlake.read.values import INT64_MAX
 from tokenlake.store import manifest
 from tokenlake.store.base import Store
@@ -347,7 +345,7 @@ def describe_steps(steps: tuple[StepFiles, ...], limit: int = 12) -> str:
 
 def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
     """Load a rollout dump and check its top-level structure (section 2.1)."""
-    data = ptread.load(path)
+    data = pt.load(path)
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise DumpFormatError(path, "is not a rollout dump: it has no `samples` list")
     found = data.get("rollout_id")
@@ -363,7 +361,7 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
                 sample=f"position {position}",
             )
         info = sample.get("spec_info")
-        if isinstance(info, SpecInfo):  # dumps of 2025-11 .. 2025-12 pickled the object
+        if isinstance(info, pt.SpecInfo):  # dumps of 2025-11 .. 2025-12 pickled the object
             sample["spec_info"] = info.to_dict()  # the later stages read today's dict
     data.setdefault("metadata", {})
     return data
@@ -371,7 +369,7 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
 
 def load_train(path: Path, rank: int) -> dict[str, Any]:
     """Load one rank's train dump and check its top-level structure (section 3.1)."""
-    data = ptread.load(path)
+    data = pt.load(path)
     if not isinstance(data, dict) or not isinstance(data.get("rollout_data"), dict):
         raise DumpFormatError(path, "is not a train dump: it has no `rollout_data` dict")
     columns = data["rollout_data"]

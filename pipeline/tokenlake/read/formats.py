@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenlake.errors import DumpNotFoundError, UsageError, shown
-from tokenlake.read import dump, nemo_rl, slime_v2
-from tokenlake.read.pt import ptread
+from tokenlake.read import dump, nemo_rl, pt, slime_v2
 from tokenlake.steptypes import StepRead
 
 
@@ -99,7 +98,7 @@ def layout_of(root: Path) -> Layout:
     )
 
 
-def discover(dump_dir: Path, forced: str | None = None, load: Loader = ptread.load) -> dump.Dump:
+def discover(dump_dir: Path, forced: str | None = None, load: Loader = pt.load) -> dump.Dump:
     """List a dump's steps in its format (detected, or `forced`); `Dump.format` says which."""
     root = dump.checked_root(dump_dir)
     fmt = FORMATS[forced] if forced is not None else detect(dump_dir, root, load)
@@ -118,7 +117,7 @@ def parse_format(name: str | None) -> str | None:
     raise UsageError(f"--format {shown(name)} is not a format tokenlake reads ({names}).")
 
 
-def detect(dump_dir: Path, root: Path, load: Loader = ptread.load) -> Format:
+def detect(dump_dir: Path, root: Path, load: Loader = pt.load) -> Format:
     """The format of the directory's layout; an unrecognised or mixed one is an error."""
     found = layout_of(root)
     pt_based = found.rollout_dir or found.per_rank or found.per_step

@@ -30,10 +30,9 @@ from typing import Any
 
 from tokenlake.errors import DumpNotFoundError, LakeError
 from tokenlake.layout import TOP_LEVEL_DIRS, is_url
-from tokenlake.read import formats
+from tokenlake.read import formats, pt
 from tokenlake.read.dump import Dump, RemoteFiles, StepFiles
 from tokenlake.read.private_cache import PRIVATE_MODE, make_folders
-from tokenlake.read.pt import ptread
 from tokenlake.read.remote_stage import (
     CACHE_VARIABLE,
     DumpLocation,
@@ -117,7 +116,7 @@ def _remote_loader(url: str, root: Path) -> formats.Loader:
         name = path.relative_to(root).as_posix()
         remote = RemoteFiles(url, ((name, info.st_size, info.st_mtime_ns),))
         with hydrated(StepFiles(0, True, path, root=root, remote=remote)) as read:
-            return ptread.load(read.rollout_file)
+            return pt.load(read.rollout_file)
 
     return load
 

@@ -21,8 +21,7 @@ import numpy as np
 
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, shown
-from tokenlake.read import dump, train_checks, validate
-from tokenlake.read.pt import ptread
+from tokenlake.read import dump, pt, train_checks, validate
 from tokenlake.read.resolve import Location, TrainFile, resolve_sample
 from tokenlake.read.train_checks import exact_int, is_column
 from tokenlake.steptypes import StepRead, TrainRow
@@ -55,7 +54,7 @@ def read_step(files: dump.StepFiles) -> StepRead:
 
 def load_train(path: Path, rollout_id: int) -> dict[str, Any]:
     """Load a format-2 train file and check its top-level structure."""
-    data = ptread.load(path)
+    data = pt.load(path)
     if not isinstance(data, dict):
         raise DumpFormatError(path, f"is {shown(data)}, not a slime train dump (a dict)")
     version = data.get("format_version")
