@@ -19,7 +19,7 @@ from tokenlake.layout import Location, new_name
 from tokenlake.load import write
 from tokenlake.read import dashboard, formats
 from tokenlake.read.dump import Dump
-from tokenlake.read.remote_dump import local_root, shown_path, urls_in
+from tokenlake.read.remote.remote_dump import local_root, shown_path, urls_in
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
 

@@ -29,7 +29,8 @@ from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_report
 from tokenlake.orchestrate.scheduler import Todo, run_steps, sigint_deferred, sigint_held
 from tokenlake.orchestrate.step import StepOutcome, StepStatus
 from tokenlake.processes import crash_point
-from tokenlake.read import dump, remote_dump
+from tokenlake.read import dump
+from tokenlake.read.remote import remote_dump
 from tokenlake.serve import catalog
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store

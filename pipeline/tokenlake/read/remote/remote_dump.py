@@ -32,8 +32,7 @@ from tokenlake.errors import DumpNotFoundError, LakeError
 from tokenlake.layout import TOP_LEVEL_DIRS, is_url
 from tokenlake.read import formats, pt
 from tokenlake.read.dump import Dump, RemoteFiles, StepFiles
-from tokenlake.read.private_cache import PRIVATE_MODE, make_folders
-from tokenlake.read.remote_stage import (
+from tokenlake.read.remote.remote_stage import (
     CACHE_VARIABLE,
     DumpLocation,
     RemoteObjectError,
@@ -46,6 +45,7 @@ from tokenlake.read.remote_stage import (
     stage_root,
     temporary_name,
 )
+from tokenlake.store.private_cache import PRIVATE_MODE, make_folders
 
 __all__ = [
     "CACHE_VARIABLE",

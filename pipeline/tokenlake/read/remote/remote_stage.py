@@ -49,7 +49,7 @@ from tokenlake.read.dump import (
     TRAJECTORY_DIR,
 )
 from tokenlake.read.nemo_rl import is_log_name
-from tokenlake.read.private_cache import (
+from tokenlake.store.private_cache import (
     CACHE_VARIABLE,
     foreign_entry,
     make_folders,
