@@ -51,6 +51,7 @@ from tokenlake.read.dump import (
 from tokenlake.read.nemo_rl import is_log_name
 from tokenlake.store.private_cache import (
     CACHE_VARIABLE,
+    cache_root,
     foreign_entry,
     make_folders,
     private_folder,
@@ -97,16 +98,6 @@ def dump_name(location: DumpLocation) -> str:
     if not is_remote(location):
         return Path(location).resolve().name
     return str(location).split("://", 1)[1].rstrip("/").rsplit("/", 1)[-1]
-
-
-def cache_root() -> Path:
-    """Where stages live: `$TOKENLAKE_CACHE`, else `$XDG_CACHE_HOME/tokenlake`, else
-    `~/.cache/tokenlake`."""
-    configured = os.environ.get(CACHE_VARIABLE)
-    if configured:
-        return Path(configured)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "tokenlake"
 
 
 def stage_root(url: str) -> Path:
