@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenlake.errors import DumpNotFoundError, UsageError, shown
-from tokenlake.read import dump, nemo_rl, pt, slime_v2
+from tokenlake.read import dump, miles, nemo_rl, pt, slime_v2
 from tokenlake.steptypes import StepRead
 
 
@@ -47,13 +47,22 @@ MILES_FOLDERS = (dump.DASHBOARD_DIR, "dashboard_columns", dump.TRAJECTORY_DIR)
 Loader = Callable[[Path], Any]  # loads a `.pt` file of the dump (a remote one: downloaded)
 
 
-def step_reader(
-    name: str, miles: Callable[[dump.StepFiles], StepRead]
-) -> Callable[[dump.StepFiles], StepRead]:
-    """The reader of a format's steps; `miles` (pipeline/tokenlake/transform/step.py) reads
-    miles' and slime format 1's, which share their files."""
-    readers = {SLIME_V2.name: slime_v2.read_step, NEMO_RL.name: nemo_rl.read_step}
-    return readers.get(name, miles)
+# Each format's reader of one step; miles' reads slime format 1 too (their files are the same).
+STEP_READERS: dict[str, Callable[[dump.StepFiles], StepRead]] = {
+    MILES.name: miles.read_step,
+    SLIME_V1.name: miles.read_step,
+    SLIME_V2.name: slime_v2.read_step,
+    NEMO_RL.name: nemo_rl.read_step,
+}
+
+
+def read_step(files: dump.StepFiles) -> StepRead:
+    """One step, read by its format's reader; train files of a layout its format does not read
+    fail the step (`dump.unread_train_error`), never a silent rollout-only step."""
+    unread = dump.unread_train_error(files)
+    if unread is not None:
+        raise unread
+    return STEP_READERS[files.format](files)
 
 
 @dataclass(frozen=True)
