@@ -1,4 +1,4 @@
-"""`tokenlake.read.ptread.load` against `torch.load`, and its refusals (unsafe pickles, bad files)."""
+"""`tokenlake.read.pt.ptread.load` against `torch.load`, and its refusals (unsafe pickles, bad files)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ LAYOUTS = {
         else spec
     )
     for name, spec in synth.PRESETS.items()
-    if spec.framework != "nemo-rl"  # no `.pt` file at all (tests/test_nemo_rl.py reads it)
+    if spec.framework != "nemo-rl"  # no `.pt` file at all (tests/read/test_nemo_rl.py reads it)
 }
 
 

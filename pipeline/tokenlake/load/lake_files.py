@@ -1,6 +1,6 @@
 """The lake's per-run side files: the `runs` row, the `vocab` table and the `metrics` table.
 
-Names and storage come from `tokenlake.layout.store_at`; this module only decides what the files hold.
+Names and storage come from `tokenlake.store.store_at`; this module only decides what the files hold.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def extract_run(
 
     Args:
         dump_dir: The `--dump-details` directory, or the URL of a dump on an object store
-            (`s3://bucket/dump`, staged locally: pipeline/tokenlake/read/remote_dump.py). Only read.
+            (`s3://bucket/dump`, staged locally: pipeline/tokenlake/read/remote/remote_dump.py). Only read.
         lake: The lake's store, or its location (a directory or an object-store URL, created
             if missing).
         options: How (`ExtractOptions`; its `follow` fields are follow.py's).

@@ -67,7 +67,7 @@ class Dump:
     # (path, why) of files that are not extracted (a dump on an object store: their URLs)
     ignored: tuple[tuple[Path | str, str], ...] = field(default=())
     # A dump on an object store: its URL; `root` is then its local stage
-    # (pipeline/tokenlake/read/remote_dump.py).
+    # (pipeline/tokenlake/read/remote/remote_dump.py).
     url: str | None = None
     # The format its steps are read in (`read/formats.py`): `miles`, `slime-v2`, ...
     format: str = "miles"
@@ -121,7 +121,7 @@ class StepFiles:
     train_files: tuple[tuple[int, Path], ...] = ()
     # The dump the files belong to; `discover` sets it (default: the rollout file's dump).
     root: Path | None = None
-    # On an object store: what to download before reading (pipeline/tokenlake/read/remote_dump.py).
+    # On an object store: what to download before reading (pipeline/tokenlake/read/remote/remote_dump.py).
     remote: RemoteFiles | None = None
     # The dump format that reads the step (`read/formats.py` names them); `miles` reads the
     # rank files above, `slime-v2` one per-step train file (given as rank 0).

@@ -5,7 +5,7 @@ dict per trained sample with `rollout_position` (its index in `rollout_data/{rid
 join key), `sample_index`, `data_parallel_rank` and every column at full length (slime
 gathered the context-parallel slices before writing), so there is no TP/PP/CP resolution.
 Each sample's columns become one train row, read by the same checks as a miles rank file's
-(`transform.resolve.resolve_sample`); the rollout side is miles' (`dump.load_rollout`).
+(`read/resolve.py`, `resolve_sample`); the rollout side is miles' (`dump.load_rollout`).
 
 `ref_entropy` is the exception slime leaves: it is not gathered over CP ranks, so with CP > 1
 it holds CP rank 0's chunks only. Placed nowhere, it is NULL (not an alignment failure); at

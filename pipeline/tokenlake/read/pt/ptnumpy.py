@@ -3,8 +3,8 @@ exactly their bytes.
 
 A real `numpy.dtype` lets a pickle's BUILD forge object fields (raw bytes read as pointers), and
 an array's state may claim more bytes than it gives; so the pickle gets proxies
-(`tokenlake.read.ptcheck.Placeholder`) that become a dtype or an array only once their state is
-exactly what numpy itself writes. `tokenlake.read.ptglobals` lists these callables under numpy's
+(`tokenlake.read.pt.ptcheck.Placeholder`) that become a dtype or an array only once their state is
+exactly what numpy itself writes. `tokenlake.read.pt.ptglobals` lists these callables under numpy's
 names.
 """
 

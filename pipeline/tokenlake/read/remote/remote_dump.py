@@ -2,7 +2,7 @@
 
 Discovery, planning and fingerprints work on local paths (pipeline/tokenlake/read/dump.py,
 `manifest.fingerprint`: name, size, mtime by stat). So `discover(url)` first brings the dump's
-local stage up to date (pipeline/tokenlake/read/remote_stage.py: sparse placeholders of the `.pt` and
+local stage up to date (pipeline/tokenlake/read/remote/remote_stage.py: sparse placeholders of the `.pt` and
 trajectory objects, whole copies of the tokenizer and dashboard files), discovers the stage,
 and gives each step the URL and its objects (`StepFiles.remote`).
 
