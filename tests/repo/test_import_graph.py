@@ -9,6 +9,7 @@ an import that hides inside a function to dodge a cycle still counts.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pipeline" / "tokenlake"
@@ -220,3 +221,14 @@ def test_the_benchmarks_stay_out_of_the_package() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [frozenset({"a", "b", "c"})]
+
+
+def test_every_folder_of_the_package_is_in_the_wheel() -> None:
+    """pyproject.toml lists the packages the wheel carries: a folder left out would be missing
+    from every installation but the editable one."""
+    pyproject = PACKAGE.parents[1].joinpath("pyproject.toml").read_text(encoding="utf-8")
+    packages = re.search(r"^packages = \[(.*?)^\]", pyproject, re.M | re.S)
+    assert packages is not None  # (Python 3.10, which the package supports, has no tomllib)
+    listed = re.findall(r'"([\w.]+)"', packages.group(1))
+    assert {"tokenlake.read.pt", "tokenlake.read.remote"} <= _PACKAGES
+    assert sorted(_PACKAGES) == sorted(p for p in listed if p != "tokenlake.sql")
