@@ -1,4 +1,4 @@
-"""A one-step dump held in memory: `ptread.load` is replaced by a lookup, so the whole step path
+"""A one-step dump held in memory: `pt.load` is replaced by a lookup, so the whole step path
 (`dump.load_*` checks, join, CP resolution, flattening, trajectory) runs without torch.
 
     dump = MemDump(tmp_path, monkeypatch)
@@ -18,7 +18,7 @@ import pytest
 
 from tokenlake.orchestrate import step
 from tokenlake.read import dump as dump_module
-from tokenlake.read import ptread
+from tokenlake.read import pt
 from tokenlake.transform import tables
 
 
@@ -30,7 +30,7 @@ class MemDump:
         self.evaluation = False
         for name in (dump_module.ROLLOUT_DIR, dump_module.TRAIN_DIR, "trajectory"):
             (root / name).mkdir(parents=True, exist_ok=True)
-        monkeypatch.setattr(ptread, "load", lambda path: self.contents[Path(path)])
+        monkeypatch.setattr(pt, "load", lambda path: self.contents[Path(path)])
 
     def _put(self, path: Path, data: Any) -> Path:
         path.write_bytes(b"")  # fingerprinting stats the file; its content comes from memory

@@ -271,13 +271,13 @@ def _fmt_run(name: str, fig: dict[str, Any], token_bytes: int | None) -> str:
 
 
 def _wait_until_settled(dump_dir: Path) -> None:
-    """Measure a finished run: files younger than `ptread.FRESH_SECONDS` are read into memory
+    """Measure a finished run: files younger than `pt.FRESH_SECONDS` are read into memory
     (a live writer may still truncate them), older ones memory-mapped; mixing both would make
     the first runs of a figure slower than the rest."""
-    from tokenlake.read import ptread
+    from tokenlake.read import pt
 
     newest = max(p.stat().st_mtime for p in _dump_files(dump_dir))
-    time.sleep(max(0.0, newest + ptread.FRESH_SECONDS + 1 - time.time()))
+    time.sleep(max(0.0, newest + pt.FRESH_SECONDS + 1 - time.time()))
 
 
 def _dump_files(dump_dir: Path) -> list[Path]:

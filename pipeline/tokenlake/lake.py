@@ -351,7 +351,7 @@ def _options(options: ExtractOptions | None, fields: Mapping[str, Any]) -> Extra
 
 
 def _dump_source(dump: Path | str) -> Path | str:
-    from tokenlake.read.remote_dump import is_remote
+    from tokenlake.read.remote.remote_dump import is_remote
 
     return dump if is_remote(dump) else Path(dump)  # a Path would fold a URL's `//`
 

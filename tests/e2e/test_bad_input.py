@@ -28,7 +28,7 @@ from tokenlake.cli import main
 from tokenlake.orchestrate.verify import verify_lake
 
 FIXTURES = REAL_DUMPS
-OLD = 7200.0  # seconds: older than ptread.FRESH_SECONDS, so a bad file is not "still written"
+OLD = 7200.0  # seconds: older than pt.FRESH_SECONDS, so a bad file is not "still written"
 REPLACE = "Replace or remove the file, then extract again."
 ALL_STEPS = "Run `{run}`: 3 new, 0 updated, 0 unchanged, 0 removed, 0 skipped steps"
 

@@ -15,7 +15,7 @@ from tests.fixture_paths import NEMO_RL_REAL, SLIME_REAL
 from tests.s3server import moto_server, new_bucket, rows
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.orchestrate.follow import FollowState, follow_round
-from tokenlake.read import remote_dump
+from tokenlake.read.remote import remote_dump
 
 pytestmark = pytest.mark.slow  # real extractions, worker processes, a server
 

@@ -15,7 +15,7 @@ import pytest
 from tests.fixture_paths import NEMO_RL_REAL, REAL_DUMPS, SLIME_REAL
 from tokenlake.errors import DumpNotFoundError
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
-from tokenlake.read import formats
+from tokenlake.read import formats, miles, nemo_rl, slime_v2
 
 NEMO = NEMO_RL_REAL / "grpo_multiturn"
 V1 = SLIME_REAL / "v1_tp2"
@@ -209,3 +209,26 @@ def test_a_runs_row_from_before_the_format_columns_reads_null_until_reextracted(
     summary = extract_run(V2, lake, ExtractOptions(run_name="r", workers=1))
     assert summary.counts["updated"] == 4
     assert query() == [(schema.SCHEMA_VERSION, "slime", "slime-v2", 2)]
+
+
+def test_every_format_has_its_step_reader_in_the_table() -> None:
+    assert list(formats.STEP_READERS) == list(formats.FORMATS)
+    assert formats.STEP_READERS["miles"] is formats.STEP_READERS["slime-v1"] is miles.read_step
+    assert formats.STEP_READERS["slime-v2"] is slime_v2.read_step
+    assert formats.STEP_READERS["nemo-rl"] is nemo_rl.read_step
+
+
+@pytest.mark.parametrize(
+    ("dump", "samples", "train_files"),
+    [(MILES, 8, 4), (V1, 16, 4), (V2, 16, 1), (NEMO, 16, 1)],
+    ids=["miles", "slime-v1", "slime-v2", "nemo-rl"],
+)
+def test_read_step_gives_each_format_s_first_step_as_one_step_read(
+    dump: Path, samples: int, train_files: int
+) -> None:
+    """Every sample checked and joined to its train row; one train file per rank (slime format
+    2 and NeMo-RL: one per step)."""
+    step = formats.read_step(formats.discover(dump).steps[0])
+    assert len(step.samples) == len(step.checked) == samples
+    assert sorted(step.train_rows) == list(range(samples))
+    assert step.train_files == train_files

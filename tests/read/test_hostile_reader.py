@@ -23,7 +23,7 @@ import pytest
 from tests.forge import BZIP2, DEFLATED, NATIVE, Member, Pickle, laughs, write_pt
 from tests.limits import run_limited
 from tokenlake.errors import DumpFileError
-from tokenlake.read import ptcheck, ptread, ptvector, ptzip
+from tokenlake.read.pt import ptcheck, ptread, ptvector, ptzip
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMORY_LIMIT = 512 << 20  # address space of the child: numpy + the reader need ~100 MB
@@ -144,7 +144,7 @@ def test_genuine_numpy_objects_still_load(tmp_path: Path) -> None:
 def _limited_load(path: Path) -> subprocess.CompletedProcess[str]:
     """`ptread.load(path)` in a child limited to MEMORY_LIMIT bytes of address space."""
     code = (
-        "from tokenlake.read import ptread\n"
+        "from tokenlake.read.pt import ptread\n"
         "from tokenlake.errors import PipelineError\n"
         "try:\n"
         f"    value = ptread.load({str(path)!r})\n"
@@ -360,7 +360,7 @@ def test_truncating_a_file_in_a_reading_loop_never_kills_the_process(tmp_path: P
     path = write_pt(tmp_path / "big.pt", p, {"0": b"\1" * (64 << 20)})
     whole = path.read_bytes()
     code = (
-        "from tokenlake.read import ptread\nfrom tokenlake.errors import PipelineError\n"
+        "from tokenlake.read.pt import ptread\nfrom tokenlake.errors import PipelineError\n"
         f"for _ in range(40):\n    try:\n        ptread.load({str(path)!r}).sum()\n"
         "    except PipelineError as exc:\n        assert '\\n' not in str(exc)\n"
         "print('survived')\n"

@@ -19,7 +19,7 @@ import pytest
 from tests.read.test_remote_dump import BASIC, bucket, s3, upload  # noqa: F401 - fixtures
 from tests.s3server import cli, rows
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
-from tokenlake.read import remote_dump, remote_stage
+from tokenlake.read.remote import remote_dump, remote_stage
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
 

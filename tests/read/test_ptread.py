@@ -1,4 +1,4 @@
-"""`tokenlake.read.ptread.load` against `torch.load`, and its refusals (unsafe pickles, bad files)."""
+"""`tokenlake.read.pt.ptread.load` against `torch.load`, and its refusals (unsafe pickles, bad files)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake.errors import DumpFileError, DumpNotFoundError, UnsafePickleError
-from tokenlake.read import ptglobals, ptread, ptzip
+from tokenlake.read.pt import ptglobals, ptread, ptzip
 
 DUMPS = REAL_DUMPS
 REAL_FILES = sorted(DUMPS.glob("*/*/*.pt"))

@@ -11,7 +11,7 @@ import pytest
 
 from tests.read.test_ptread import assert_same, load_torch_reference
 from tokenlake.generator import synth
-from tokenlake.read import ptread
+from tokenlake.read import pt
 
 # Small copies of every preset; the bench ones shrunk to one step of two prompts.
 LAYOUTS = {
@@ -21,7 +21,7 @@ LAYOUTS = {
         else spec
     )
     for name, spec in synth.PRESETS.items()
-    if spec.framework != "nemo-rl"  # no `.pt` file at all (tests/test_nemo_rl.py reads it)
+    if spec.framework != "nemo-rl"  # no `.pt` file at all (tests/read/test_nemo_rl.py reads it)
 }
 
 
@@ -34,4 +34,4 @@ def test_every_file_of_every_layout_equals_torch(tmp_path: Path, name: str) -> N
     old = time.time() - 3600  # a finished run: the reader memory-maps files this old
     for path in files:
         os.utime(path, (old, old))
-        assert_same(ptread.load(path), load_torch_reference(path), str(path.relative_to(tmp_path)))
+        assert_same(pt.load(path), load_torch_reference(path), str(path.relative_to(tmp_path)))

@@ -25,7 +25,8 @@ from tokenlake.cli import main
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.orchestrate.step import StepStatus, extract_step
 from tokenlake.orchestrate.verify import verify_lake
-from tokenlake.read import dump, remote_dump
+from tokenlake.read import dump
+from tokenlake.read.remote import remote_dump
 from tokenlake.serve import catalog
 from tokenlake.store import manifest
 

@@ -21,7 +21,7 @@ from tests.e2e.test_bad_input import REPLACE, age, extract
 from tests.fixture_paths import NEXT_DUMPS, NEXT_ORACLE
 from tokenlake.errors import SampleValueError
 from tokenlake.read import weight_versions
-from tokenlake.read.weight_versions import Span, WeightVersions
+from tokenlake.steptypes import Span, WeightVersions
 
 
 @pytest.fixture(scope="module")

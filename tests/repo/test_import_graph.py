@@ -1,4 +1,6 @@
-"""The package's import graph has no cycle, and every import runs down a floor.
+"""The package's import graph has no cycle, every import runs down a floor, and the wings of
+`read/` keep their rules: the unpickler (`read/pt/`) is entered only through its `__init__`,
+remote staging (`read/remote/`) is never imported by `serve/`, `transform/` never by `read/`.
 
 Read from the source (every `import` and `from ... import`, function-local ones included), so
 an import that hides inside a function to dodge a cycle still counts.
@@ -7,12 +9,14 @@ an import that hides inside a function to dodge a cycle still counts.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pipeline" / "tokenlake"
 # The floors, lowest first: a module imports only lower floors, or its own folder on its floor.
 # Names and errors at the ground; storage; the stages in pipeline order; orchestration and the
-# generator over them; the user's lake object; the command line on top.
+# generator over them; the user's lake object; the command line on top. `read/` has two wings on
+# floors of their own: the unpickler under the format readers, remote staging over them.
 FLOORS: list[tuple[str, ...]] = [
     (
         "tokenlake.errors",
@@ -24,9 +28,12 @@ FLOORS: list[tuple[str, ...]] = [
         "tokenlake.tags",
         "tokenlake.terminal",
         "tokenlake.steps",
+        "tokenlake.steptypes",
     ),
     ("tokenlake.store",),
+    ("tokenlake.read.pt",),
     ("tokenlake.read",),
+    ("tokenlake.read.remote",),
     ("tokenlake.transform",),
     ("tokenlake.load",),
     ("tokenlake.serve", "tokenlake.sql"),
@@ -125,6 +132,70 @@ def _upward(graph: dict[str, set[str]]) -> list[str]:
     return found
 
 
+# Wings: folders inside a floor's folder with rules of their own. A sealed wing is entered only
+# through its `__init__` (its one way in); a wing may also be kept from some floors.
+SEALED = ("tokenlake.read.pt",)  # the allow-listed unpickler, a security boundary
+KEPT_FROM = {
+    "tokenlake.read.remote": ("tokenlake.serve",),  # the report and queries never stage a dump
+    "tokenlake.transform": ("tokenlake.read",),  # the readers give values; no callback comes back
+}
+
+
+def _inside(module: str, folder: str) -> bool:
+    return module == folder or module.startswith(folder + ".")
+
+
+def _wing_breaches(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, imported in sorted(graph.items()):
+        for other in sorted(imported):
+            for wing in SEALED:
+                if _inside(other, wing) and other != wing and not _inside(module, wing):
+                    found.append(f"{module} imports {other}, inside the sealed {wing}")
+            for wing, kept_from in KEPT_FROM.items():
+                for folder in kept_from:
+                    if _inside(other, wing) and _inside(module, folder):
+                        found.append(f"{module} imports {other}: {folder} never imports {wing}")
+    return found
+
+
+def _benchmark_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    benchmarks = sorted(PACKAGE.parent.joinpath("benchmarks").glob("*.py"))
+    assert len(benchmarks) >= 3
+    return {f"benchmarks.{path.stem}": _imports(path, modules) for path in benchmarks}
+
+
+def test_wings_keep_their_rules() -> None:
+    graph = _graph()
+    assert {wing for wing in (*SEALED, *KEPT_FROM) if wing in graph} == {*SEALED, *KEPT_FROM}
+    assert _wing_breaches({**graph, **_benchmark_graph()}) == []
+
+
+def test_the_unpickler_is_entered_only_through_its_init() -> None:
+    graph = _graph()
+    inner = sorted(m for m in graph if m.startswith("tokenlake.read.pt."))
+    assert len(inner) == 8  # the wing holds the unpickler's modules
+    outside = {m for m, imported in graph.items() if "tokenlake.read.pt" in imported}
+    assert {"tokenlake.read.dump", "tokenlake.read.formats"} <= outside
+
+
+def test_the_wing_check_finds_each_breach() -> None:
+    graph = {
+        "tokenlake.read.dump": {"tokenlake.read.pt.ptzip", "tokenlake.read.pt"},
+        "tokenlake.read.pt.ptread": {"tokenlake.read.pt.ptzip"},
+        "tokenlake.serve.report_html": {"tokenlake.read.remote.remote_stage"},
+        "tokenlake.read.formats": {"tokenlake.transform.tables"},
+    }
+    assert _wing_breaches(graph) == [
+        "tokenlake.read.dump imports tokenlake.read.pt.ptzip, inside the sealed tokenlake.read.pt",
+        "tokenlake.read.formats imports tokenlake.transform.tables: tokenlake.read never imports"
+        " tokenlake.transform",
+        "tokenlake.serve.report_html imports tokenlake.read.remote.remote_stage: tokenlake.serve"
+        " never imports tokenlake.read.remote",
+    ]
+
+
 def test_no_import_cycle() -> None:
     assert _cycles(_graph()) == []
 
@@ -136,7 +207,7 @@ def test_imports_run_downward() -> None:
 def test_the_floor_check_finds_an_upward_import() -> None:
     graph = {"tokenlake.read.dump": {"tokenlake.serve.catalog"}, "tokenlake.serve.catalog": set()}
     assert _upward(graph) == [
-        "tokenlake.read.dump (floor 2) imports tokenlake.serve.catalog (floor 5)"
+        "tokenlake.read.dump (floor 3) imports tokenlake.serve.catalog (floor 7)"
     ]
 
 
@@ -151,3 +222,14 @@ def test_the_benchmarks_stay_out_of_the_package() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [frozenset({"a", "b", "c"})]
+
+
+def test_every_folder_of_the_package_is_in_the_wheel() -> None:
+    """pyproject.toml lists the packages the wheel carries: a folder left out would be missing
+    from every installation but the editable one."""
+    pyproject = PACKAGE.parents[1].joinpath("pyproject.toml").read_text(encoding="utf-8")
+    packages = re.search(r"^packages = \[(.*?)^\]", pyproject, re.M | re.S)
+    assert packages is not None  # (Python 3.10, which the package supports, has no tomllib)
+    listed = re.findall(r'"([\w.]+)"', packages.group(1))
+    assert {"tokenlake.read.pt", "tokenlake.read.remote"} <= _PACKAGES
+    assert sorted(_PACKAGES) == sorted(p for p in listed if p != "tokenlake.sql")

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from tokenlake.cli import main
 from tokenlake.errors import LakeError
 from tokenlake.read.dump import Dump
-from tokenlake.read.remote_dump import check_apart
+from tokenlake.read.remote.remote_dump import check_apart
 
 ROWS_SQL = "SELECT run, count(*) AS n FROM tokens GROUP BY run ORDER BY run"
 WAY_OUT = ". Remove the run with `tokenlake drop LAKE pp2` or extract it again"

@@ -12,7 +12,8 @@ import pytest
 from tests.fixture_paths import REAL_DUMPS
 from tests.read.test_remote_dump import upload
 from tests.s3server import cli, moto_server, new_bucket
-from tokenlake.read import remote_dump, vocab
+from tokenlake.read import vocab
+from tokenlake.read.remote import remote_dump
 from tokenlake.store import manifest, object_lock
 
 pytestmark = pytest.mark.slow  # a server, and real extractions

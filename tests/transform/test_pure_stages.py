@@ -12,7 +12,7 @@ import pytest
 from tests.memdump import MemDump, column, sample, train_rows
 from tokenlake import schema
 from tokenlake.read import validate
-from tokenlake.read.resolve import TrainRow
+from tokenlake.steptypes import TrainRow
 from tokenlake.transform import flatten
 
 

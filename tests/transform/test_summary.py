@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenlake.read.ptglobals import SpecInfo
+from tokenlake.read.pt import SpecInfo
 from tokenlake.transform.summary import sample_summary
 
 

@@ -1,6 +1,6 @@
 """Deterministic generator of miles `--dump-details` directories (dump-format.md sections 1-5),
 and of the same batches in slime's and NeMo-RL's layouts (`DumpSpec.framework`, written by
-`tokenlake.tools.synth_frameworks`).
+`tokenlake.generator.synth_frameworks`).
 
 Keys, key order, Python types and tensor dtypes copy the real dumps under
 ``tests/fixtures/miles-real/dumps``; only the values are synthetic. Layout choices, all within

@@ -57,9 +57,9 @@ class DumpSpec:
     # dtype of the train-side `rollout_log_probs` copy: "float32", or "bfloat16"/"float16" as
     # under --true-on-policy-mode with bf16/fp16 (spec 3.3, 8.12); the rollout dump keeps float64
     train_rlp_dtype: str = "float32"
-    # The layout written (tokenlake.tools.synth_frameworks): miles, slime-v1, slime-v2, nemo-rl
+    # The layout written (tokenlake.generator.synth_frameworks): miles, slime-v1, slime-v2, nemo-rl
     framework: str = "miles"
-    # Newer and older shapes (dump-format.md 9, 9b; tokenlake.tools.synth_shapes):
+    # Newer and older shapes (dump-format.md 9, 9b; tokenlake.generator.synth_shapes):
     weight_spans: bool = False  # weight_versions as per-call lists of spans (#1891/#1892)
     spec_renamed: bool = False  # speculative-decoding counters under #2598's names, non-zero
     sampling_support: bool = False  # rollout_sampling_mask_ids / _offsets (#2595)

@@ -59,7 +59,7 @@ class SampleTruth:
     # False: the dump holds no tokens for the sample (NeMo-RL's validation lines), so the
     # lake's `response_length` and `prompt_length` are NULL
     lengths_known: bool = True
-    # The newer shapes (tokenlake.tools.synth_shapes): what a reader gives each response
+    # The newer shapes (tokenlake.generator.synth_shapes): what a reader gives each response
     # token as its weight version and support size (None: NULL), and the sample's
     # spec_accept_rate; whether its conversation is inside the `.pt` (pre_dashboard).
     token_versions: tuple[str | None, ...] = ()

@@ -1,6 +1,6 @@
 """The lake's per-run side files: the `runs` row, the `vocab` table and the `metrics` table.
 
-Names and storage come from `tokenlake.layout.store_at`; this module only decides what the files hold.
+Names and storage come from `tokenlake.store.store_at`; this module only decides what the files hold.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tokenlake.layout import Location, new_name
 from tokenlake.load import write
 from tokenlake.read import dashboard, formats
 from tokenlake.read.dump import Dump
-from tokenlake.read.remote_dump import local_root, shown_path, urls_in
+from tokenlake.read.remote.remote_dump import local_root, shown_path, urls_in
 from tokenlake.store import manifest, parquet, store_at
 from tokenlake.store.base import Store
 

@@ -1,1 +1,5 @@
-"""Orchestration: extraction, following, verification and the executors that run the stages."""
+"""Orchestration: running the stages over a dump. `extract.py` plans, commits and publishes a
+run; `step.py` is one step's job in a worker, run by `scheduler.py` (or `ray_executor.py` on a
+cluster) and shown by `progress.py`; `follow.py` follows a live run; `verify.py` reconciles a
+lake with its manifests and sources; `maintain.py` changes a lake without a dump.
+"""

@@ -30,7 +30,8 @@ from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_report
 from tokenlake.orchestrate.scheduler import Todo, run_steps, sigint_deferred, sigint_held
 from tokenlake.orchestrate.step import StepOutcome, StepStatus, incomplete_text, not_yet_text
 from tokenlake.processes import crash_point
-from tokenlake.read import completeness, dump, remote_dump
+from tokenlake.read import completeness, dump
+from tokenlake.read.remote import remote_dump
 from tokenlake.serve import catalog
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
@@ -162,7 +163,7 @@ def extract_run(
 
     Args:
         dump_dir: The `--dump-details` directory, or the URL of a dump on an object store
-            (`s3://bucket/dump`, staged locally: pipeline/tokenlake/read/remote_dump.py). Only read.
+            (`s3://bucket/dump`, staged locally: pipeline/tokenlake/read/remote/remote_dump.py). Only read.
         lake: The lake's store, or its location (a directory or an object-store URL, created
             if missing).
         options: How (`ExtractOptions`; its `follow` fields are follow.py's).

@@ -31,7 +31,8 @@ from tokenlake.orchestrate.extract import (
 )
 from tokenlake.orchestrate.progress import ProgressCallback
 from tokenlake.orchestrate.scheduler import ctrl_c_remembered
-from tokenlake.read import dump, remote_dump
+from tokenlake.read import dump
+from tokenlake.read.remote import remote_dump
 from tokenlake.store import manifest
 from tokenlake.store.base import Store
 

@@ -23,7 +23,8 @@ from tokenlake.errors import shown
 from tokenlake.layout import Location
 from tokenlake.orchestrate.scheduler import Todo
 from tokenlake.orchestrate.step import StepOutcome, StepStatus, extract_step
-from tokenlake.read import dump, remote_dump
+from tokenlake.read import dump
+from tokenlake.read.remote import remote_dump
 from tokenlake.store.base import Store
 
 log = logging.getLogger(__name__)

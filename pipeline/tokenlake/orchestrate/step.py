@@ -25,7 +25,8 @@ from tokenlake.errors import (
 from tokenlake.layout import Location, new_name
 from tokenlake.load import write
 from tokenlake.processes import crash_point
-from tokenlake.read import completeness, dump, remote_dump
+from tokenlake.read import completeness, dump
+from tokenlake.read.remote import remote_dump
 from tokenlake.serve import rollups
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store

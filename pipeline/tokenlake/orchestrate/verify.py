@@ -18,7 +18,7 @@ from tokenlake import schema
 from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, PipelineError, UsageError, shown
 from tokenlake.layout import Location, check_relative, check_run_name
 from tokenlake.read import dump
-from tokenlake.read.remote_dump import is_object_store_url, is_remote, local_root, shown_path
+from tokenlake.read.remote.remote_dump import is_object_store_url, is_remote, local_root, shown_path
 from tokenlake.serve import catalog, rollups
 from tokenlake.store import manifest, parquet, store_at
 from tokenlake.store.base import Store

@@ -26,8 +26,7 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import step_label
-from tokenlake.read import ptread, train_checks
-from tokenlake.read.ptglobals import SpecInfo
+from tokenlake.read import pt, train_checks
 from tokenlake.read.values import INT64_MAX
 from tokenlake.store import manifest
 from tokenlake.store.base import Store
@@ -68,7 +67,7 @@ class Dump:
     # (path, why) of files that are not extracted (a dump on an object store: their URLs)
     ignored: tuple[tuple[Path | str, str], ...] = field(default=())
     # A dump on an object store: its URL; `root` is then its local stage
-    # (pipeline/tokenlake/read/remote_dump.py).
+    # (pipeline/tokenlake/read/remote/remote_dump.py).
     url: str | None = None
     # The format its steps are read in (`read/formats.py`): `miles`, `slime-v2`, ...
     format: str = "miles"
@@ -122,7 +121,7 @@ class StepFiles:
     train_files: tuple[tuple[int, Path], ...] = ()
     # The dump the files belong to; `discover` sets it (default: the rollout file's dump).
     root: Path | None = None
-    # On an object store: what to download before reading (pipeline/tokenlake/read/remote_dump.py).
+    # On an object store: what to download before reading (pipeline/tokenlake/read/remote/remote_dump.py).
     remote: RemoteFiles | None = None
     # The dump format that reads the step (`read/formats.py` names them); `miles` reads the
     # rank files above, `slime-v2` one per-step train file (given as rank 0).
@@ -348,7 +347,7 @@ def describe_steps(steps: tuple[StepFiles, ...], limit: int = 12) -> str:
 
 def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
     """Load a rollout dump and check its top-level structure (section 2.1)."""
-    data = ptread.load(path)
+    data = pt.load(path)
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise DumpFormatError(path, "is not a rollout dump: it has no `samples` list")
     found = data.get("rollout_id")
@@ -364,7 +363,7 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
                 sample=f"position {position}",
             )
         info = sample.get("spec_info")
-        if isinstance(info, SpecInfo):  # dumps of 2025-11 .. 2025-12 pickled the object
+        if isinstance(info, pt.SpecInfo):  # dumps of 2025-11 .. 2025-12 pickled the object
             sample["spec_info"] = info.to_dict()  # the later stages read today's dict
     data.setdefault("metadata", {})
     return data
@@ -372,7 +371,7 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
 
 def load_train(path: Path, rank: int) -> dict[str, Any]:
     """Load one rank's train dump and check its top-level structure (section 3.1)."""
-    data = ptread.load(path)
+    data = pt.load(path)
     if not isinstance(data, dict) or not isinstance(data.get("rollout_data"), dict):
         raise DumpFormatError(path, "is not a train dump: it has no `rollout_data` dict")
     columns = data["rollout_data"]

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenlake.errors import DumpNotFoundError, UsageError, shown
-from tokenlake.read import dump, nemo_rl, ptread, slime_v2
-from tokenlake.read.step_read import StepRead
+from tokenlake.read import dump, miles, nemo_rl, pt, slime_v2
+from tokenlake.steptypes import StepRead
 
 
 @dataclass(frozen=True)
@@ -47,13 +47,22 @@ MILES_FOLDERS = (dump.DASHBOARD_DIR, "dashboard_columns", dump.TRAJECTORY_DIR)
 Loader = Callable[[Path], Any]  # loads a `.pt` file of the dump (a remote one: downloaded)
 
 
-def step_reader(
-    name: str, miles: Callable[[dump.StepFiles], StepRead]
-) -> Callable[[dump.StepFiles], StepRead]:
-    """The reader of a format's steps; `miles` (pipeline/tokenlake/transform/step.py) reads
-    miles' and slime format 1's, which share their files."""
-    readers = {SLIME_V2.name: slime_v2.read_step, NEMO_RL.name: nemo_rl.read_step}
-    return readers.get(name, miles)
+# Each format's reader of one step; miles' reads slime format 1 too (their files are the same).
+STEP_READERS: dict[str, Callable[[dump.StepFiles], StepRead]] = {
+    MILES.name: miles.read_step,
+    SLIME_V1.name: miles.read_step,
+    SLIME_V2.name: slime_v2.read_step,
+    NEMO_RL.name: nemo_rl.read_step,
+}
+
+
+def read_step(files: dump.StepFiles) -> StepRead:
+    """One step, read by its format's reader; train files of a layout its format does not read
+    fail the step (`dump.unread_train_error`), never a silent rollout-only step."""
+    unread = dump.unread_train_error(files)
+    if unread is not None:
+        raise unread
+    return STEP_READERS[files.format](files)
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,7 @@ def layout_of(root: Path) -> Layout:
     )
 
 
-def discover(dump_dir: Path, forced: str | None = None, load: Loader = ptread.load) -> dump.Dump:
+def discover(dump_dir: Path, forced: str | None = None, load: Loader = pt.load) -> dump.Dump:
     """List a dump's steps in its format (detected, or `forced`); `Dump.format` says which."""
     root = dump.checked_root(dump_dir)
     fmt = FORMATS[forced] if forced is not None else detect(dump_dir, root, load)
@@ -117,7 +126,7 @@ def parse_format(name: str | None) -> str | None:
     raise UsageError(f"--format {shown(name)} is not a format tokenlake reads ({names}).")
 
 
-def detect(dump_dir: Path, root: Path, load: Loader = ptread.load) -> Format:
+def detect(dump_dir: Path, root: Path, load: Loader = pt.load) -> Format:
     """The format of the directory's layout; an unrecognised or mixed one is an error."""
     found = layout_of(root)
     pt_based = found.rollout_dir or found.per_rank or found.per_step

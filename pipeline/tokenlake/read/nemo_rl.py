@@ -47,11 +47,10 @@ from tokenlake.errors import (
     PipelineError,
     shown,
 )
-from tokenlake.read import dump, ptread, validate
+from tokenlake.read import dump, pt, validate
 from tokenlake.read.jsontext import clean_text, to_json
-from tokenlake.read.resolve import TrainRow
-from tokenlake.read.step_read import StepRead
 from tokenlake.read.train_checks import exact_int, numbers
+from tokenlake.steptypes import StepRead, TrainRow
 
 LOG_NAME = re.compile(r"^(train|val)_data_step(\d+)\.jsonl$")
 # One sample's line: ~20 bytes per position for each of its five arrays, so 256 MiB is a
@@ -146,7 +145,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:
     """A last line without its newline: NeMo-RL ends every line with one, so the file is
     still being written (a young file: extract again later) or was cut short."""
-    if time.time() - mtime < ptread.FRESH_SECONDS:
+    if time.time() - mtime < pt.FRESH_SECONDS:
         return DumpFileError(path, f"its last line ({label}) has no newline", still_writing=True)
     return DumpFormatError(path, "ends without a newline: the file was cut short", sample=label)
 

@@ -31,6 +31,7 @@ from tokenlake.read.train_checks import (
 )
 from tokenlake.read.validate import sample_label
 from tokenlake.read.values import is_int
+from tokenlake.steptypes import TrainRow
 
 
 @dataclass(frozen=True)
@@ -59,23 +60,6 @@ class Location:
     def has(self, key: str) -> bool:
         column = self.file.columns.get(key)
         return column is not None and is_column(column) and self.row < len(column)
-
-
-@dataclass(frozen=True)
-class TrainRow:
-    """The resolved train side of one sample (a value: later stages read it, never change it)."""
-
-    dumped_rank: int | None  # None: the format records no rank (NeMo-RL)
-    response_length: int
-    total_length: int
-    loss_mask: np.ndarray  # int, length R (train side, authoritative)
-    normalized_reward: float | None
-    truncated: bool | None
-    raw_reward: float | None
-    fields: dict[str, np.ndarray | None]  # CP-sliced field -> full response array or None
-    alignment_failed: bool
-    # bool [R]: positions no CP rank stores (prompt length 0); unknown in every CP-sliced field
-    holes: np.ndarray | None = None
 
 
 def locate_rows(

@@ -5,7 +5,7 @@ dict per trained sample with `rollout_position` (its index in `rollout_data/{rid
 join key), `sample_index`, `data_parallel_rank` and every column at full length (slime
 gathered the context-parallel slices before writing), so there is no TP/PP/CP resolution.
 Each sample's columns become one train row, read by the same checks as a miles rank file's
-(`transform.resolve.resolve_sample`); the rollout side is miles' (`dump.load_rollout`).
+(`read/resolve.py`, `resolve_sample`); the rollout side is miles' (`dump.load_rollout`).
 
 `ref_entropy` is the exception slime leaves: it is not gathered over CP ranks, so with CP > 1
 it holds CP rank 0's chunks only. Placed nowhere, it is NULL (not an alignment failure); at
@@ -21,10 +21,10 @@ import numpy as np
 
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, shown
-from tokenlake.read import dump, ptread, train_checks, validate
-from tokenlake.read.resolve import Location, TrainFile, TrainRow, resolve_sample
-from tokenlake.read.step_read import StepRead
+from tokenlake.read import dump, pt, train_checks, validate
+from tokenlake.read.resolve import Location, TrainFile, resolve_sample
 from tokenlake.read.train_checks import exact_int, is_column
+from tokenlake.steptypes import StepRead, TrainRow
 
 FORMAT_VERSION = 2
 # The v2 sample keys that become the train row's columns, under miles' column names.
@@ -54,7 +54,7 @@ def read_step(files: dump.StepFiles) -> StepRead:
 
 def load_train(path: Path, rollout_id: int) -> dict[str, Any]:
     """Load a format-2 train file and check its top-level structure."""
-    data = ptread.load(path)
+    data = pt.load(path)
     if not isinstance(data, dict):
         raise DumpFormatError(path, f"is {shown(data)}, not a slime train dump (a dict)")
     version = data.get("format_version")

@@ -14,7 +14,6 @@ changed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,27 +23,7 @@ from tokenlake import schema
 from tokenlake.errors import DumpFormatError, SampleValueError, shown
 from tokenlake.read import sampling_support, weight_versions
 from tokenlake.read.values import INT64_MAX, INT64_MIN, flat_array, is_int
-from tokenlake.read.weight_versions import WeightVersions
-
-
-@dataclass(frozen=True)
-class CheckedSample:
-    """One sample's per-token lists, checked and converted (each exactly once)."""
-
-    tokens: np.ndarray  # int64 [T], ids from 0
-    response_length: int  # R, from 0 to T
-    loss_mask: np.ndarray | None  # 1-D integers or bools; its length is not checked against R
-    rollout_log_probs: np.ndarray | None  # 1-D numbers; its length is not checked against R
-    weights: WeightVersions = weight_versions.NONE  # `weight_versions`, either shape
-    support_sizes: np.ndarray | None = None  # int32 [R] sampler support sizes; None: unbounded
-    # `schema.ROLLOUT_TOKEN_FIELDS` the sample has (teacher log-probs, loss weights, ...):
-    # 1-D numbers each; their lengths are not checked against R
-    per_token: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def response_tokens(self) -> np.ndarray:
-        """The last R token ids: the response."""
-        return self.tokens[len(self.tokens) - self.response_length :]
+from tokenlake.steptypes import CheckedSample
 
 
 def sample_label(position: int, sample: dict[str, Any]) -> str:

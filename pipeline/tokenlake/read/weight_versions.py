@@ -23,37 +23,11 @@ import numpy as np
 from tokenlake.errors import SampleValueError, shown
 from tokenlake.read.jsontext import clean_text
 from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int
+from tokenlake.steptypes import NO_WEIGHT_VERSIONS, Span, WeightVersions
 
 FIELD = "weight_versions"
 _DIGITS = re.compile(r"[0-9]+")
 _SPAN_KEYS = ("version", "abs_start", "abs_end")
-
-
-@dataclass(frozen=True)
-class Span:
-    """Tokens `start` .. `end - 1` of `Sample.tokens` were generated under weights `version`."""
-
-    version: str
-    start: int
-    end: int
-
-
-@dataclass(frozen=True)
-class WeightVersions:
-    """One sample's weight versions, checked."""
-
-    versions: tuple[str, ...]  # every version in call order (spans flattened)
-    calls: int | None  # engine calls: spans' entries; a legacy list's length; None if unknown
-    spans: tuple[Span, ...] | None  # None for the legacy shape
-
-    @property
-    def numeric_min(self) -> int | None:
-        """The least all-digit version (`weight_version_min`), None when there is none."""
-        numeric = [int(v) for v in self.versions if _DIGITS.fullmatch(v)]
-        return min(numeric) if numeric else None
-
-
-NONE = WeightVersions((), None, None)
 
 
 def parse(value: Any) -> WeightVersions:
@@ -63,11 +37,11 @@ def parse(value: Any) -> WeightVersions:
         SampleValueError: a value is of the wrong type, or spans are not increasing.
     """
     if value is None:
-        return NONE
+        return NO_WEIGHT_VERSIONS
     if not isinstance(value, list | tuple):
         raise SampleValueError(FIELD, f"is {shown(value)}, not a list")
     if not value:
-        return NONE
+        return NO_WEIGHT_VERSIONS
     if isinstance(value[0], list | tuple):
         return _parse_spans(value)
     versions = tuple(_version(version, f"entry {entry}") for entry, version in enumerate(value))

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from tokenlake.errors import CacheError, LakeError
-from tokenlake.read.private_cache import private_folder
-from tokenlake.read.remote_stage import cache_root
 from tokenlake.serve.report_charts import Chart
 from tokenlake.store.local import atomic_write
+from tokenlake.store.private_cache import cache_root, private_folder
 
 ASSETS = Path(str(importlib.resources.files("tokenlake.serve"))) / "report_assets"
 

@@ -1,6 +1,8 @@
 """Storage: the lake's stores (a directory, an object-store prefix), its manifests and locks.
 
-`store_at(location)` is the one place a location becomes a store (`Store`, store/base.py).
+`store_at(location)` is the one place a location becomes a store (`Store`, `base.py`): a
+directory (`local.py`, walked by `nofollow.py`) or an object-store prefix (`object.py`, locked
+by `object_lock.py`); `manifest.py` is the commit point; `private_cache.py` the user's cache.
 """
 
 from __future__ import annotations

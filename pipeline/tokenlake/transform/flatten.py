@@ -14,8 +14,7 @@ import pyarrow as pa
 
 from tokenlake import schema
 from tokenlake.read import replay, weight_versions
-from tokenlake.read.resolve import TrainRow
-from tokenlake.read.validate import CheckedSample
+from tokenlake.steptypes import CheckedSample, TrainRow
 from tokenlake.transform.summary import sample_summary
 
 

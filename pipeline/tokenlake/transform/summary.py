@@ -12,8 +12,8 @@ from tokenlake import schema
 from tokenlake.errors import SampleValueError, shown
 from tokenlake.read import sampling_support, validate, weight_versions
 from tokenlake.read.jsontext import clean_text, to_json
-from tokenlake.read.resolve import TrainRow
 from tokenlake.read.values import INT64_MAX, INT64_MIN
+from tokenlake.steptypes import TrainRow
 
 # Speculative-decoding counters (accepted, drafted): each as its names, newest first (#2598
 # renamed them; a dump has one of the two).

@@ -1,22 +1,19 @@
-"""One step's `tokens` and `samples` tables, built in memory from its rollout and train files:
-load (read/), check (read/validate.py), resolve the train rows (resolve.py), flatten
+"""One step's `tokens` and `samples` tables, built in memory from what its format's reader gives
+(`read/formats.py`, `read_step`: the samples checked, the train rows resolved), flattened
 (flatten.py). Nothing here writes: orchestrate/step.py writes what this returns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from tokenlake import schema
-from tokenlake.errors import DumpFormatError, SampleValueError
+from tokenlake.errors import SampleValueError
 from tokenlake.read import dump, formats, replay, tinker, trajectory, validate
-from tokenlake.read.resolve import TrainFile, TrainRow, locate_rows, resolve_sample
-from tokenlake.read.step_read import StepRead
 from tokenlake.transform import flatten
 
 
@@ -44,10 +41,7 @@ def build_step(
     files: dump.StepFiles, with_experts: bool
 ) -> tuple[pa.Table, pa.Table, StepResult, pa.Table | None]:
     """The step's `tokens` and `samples` tables, and with `with_experts` its `experts`."""
-    unread = dump.unread_train_error(files)
-    if unread is not None:  # never a silent rollout-only step
-        raise unread
-    step = formats.step_reader(files.format, read_miles_step)(files)
+    step = formats.read_step(files)
     samples, checked, train_rows = step.samples, step.checked, step.train_rows
     batch_is_tinker = tinker.is_tinker(step.batch_metadata)
     if batch_is_tinker:  # its rewards are 0.0 filler (read/tinker.py)
@@ -105,51 +99,6 @@ def _experts(files: dump.StepFiles, samples: list[dict[str, Any]], indices: list
             exc.position = position
             raise validate.located(exc, files.rollout_file, samples) from None
     return flatten.experts_table(files.evaluation, indices, arrays)
-
-
-def read_miles_step(files: dump.StepFiles) -> StepRead:
-    """A miles (or slime format 1) step: its rollout file and its rank files, joined."""
-    rollout = dump.load_rollout(files.rollout_file, files.rollout_id)
-    samples: list[dict[str, Any]] = rollout["samples"]
-    checked = validate.check_samples(files.rollout_file, samples)  # before anything reads them
-    train_files = [
-        TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
-    ]
-    train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
-    return StepRead(
-        samples, checked, train_rows, len(train_files), batch_metadata=rollout.get("metadata")
-    )
-
-
-def resolve_train_rows(
-    rollout_path: Path, samples: list[dict[str, Any]], train_files: list[TrainFile]
-) -> dict[int, TrainRow]:
-    """Batch position → resolved train row, for every sample some train file holds."""
-    if not train_files:
-        return {}
-    raw_reward = _raw_reward(rollout_path, samples, train_files)
-    located = locate_rows(samples, train_files)
-    return {
-        position: resolve_sample(position, samples[position], locations, raw_reward)
-        for position, locations in sorted(located.items())
-    }
-
-
-def _raw_reward(
-    rollout_path: Path, samples: list[dict[str, Any]], train_files: list[TrainFile]
-) -> list[Any] | None:
-    for train_file in train_files:
-        raw = train_file.columns.get("raw_reward")
-        if raw is None:
-            continue
-        if len(raw) != len(samples):
-            raise DumpFormatError(
-                train_file.path,
-                f"`raw_reward` has {len(raw)} entries but `{rollout_path.name}` has"
-                f" {len(samples)} samples (it is batch-global)",
-            )
-        return list(raw)
-    return None
 
 
 def count_nonfinite(tokens: pa.Table) -> int:

@@ -1,6 +1,7 @@
 """Folders only the user can write: tokenlake's cache, where remote dumps are staged.
 
-The cache (`$TOKENLAKE_CACHE`, see pipeline/tokenlake/read/remote_stage.py) may sit where
+The cache (`cache_root`: `$TOKENLAKE_CACHE`; remote dumps are staged in it by
+pipeline/tokenlake/read/remote/remote_stage.py, the report keeps its assets there) may sit where
 others can write, such as a shared scratch disk. Whatever tokenlake later reads, overwrites or
 deletes there must be what it made itself, so:
 
@@ -25,6 +26,16 @@ from tokenlake.errors import SHOWN_PATH_CHARS, CacheError, shown
 CACHE_VARIABLE = "TOKENLAKE_CACHE"
 PRIVATE_MODE = 0o700
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def cache_root() -> Path:
+    """The cache, where stages live: `$TOKENLAKE_CACHE`, else `$XDG_CACHE_HOME/tokenlake`, else
+    `~/.cache/tokenlake`."""
+    configured = os.environ.get(CACHE_VARIABLE)
+    if configured:
+        return Path(configured)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tokenlake"
 
 
 def private_folder(path: Path, *, root: bool = False) -> Path:

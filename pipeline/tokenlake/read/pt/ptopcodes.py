@@ -1,5 +1,5 @@
 """The pickle opcode tables that both opcode checks read: the exact scan
-(`tokenlake.read.ptcheck`) and its vectorised twin (`tokenlake.read.ptvector`).
+(`tokenlake.read.pt.ptcheck`) and its vectorised twin (`tokenlake.read.pt.ptvector`).
 
 Opcodes are named by their byte (pickletools lists them). Each table answers one question the
 scans ask of an opcode: how wide it is, whether it carries a length field, a text line, a memo

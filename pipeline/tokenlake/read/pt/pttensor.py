@@ -4,7 +4,7 @@ A tensor in a torch pickle is `_rebuild_tensor_v2/v3(storage, offset, size, stri
 storage (one zip member); here it becomes a zero-copy numpy view on that storage's array. Torch's
 storage classes and dtypes are `TorchDType` markers naming the numpy dtype of their bytes;
 bfloat16, which numpy lacks, is widened to float32 once per storage. All views of one file
-together may claim at most `tokenlake.read.ptcheck.budget_of` elements (`counted`): a stride-0
+together may claim at most `tokenlake.read.pt.ptcheck.budget_of` elements (`counted`): a stride-0
 view repeats one element as often as it likes.
 """
 
@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tokenlake.read.ptcheck import too_big
-from tokenlake.read.ptzip import Corrupt
+from tokenlake.read.pt.ptcheck import too_big
+from tokenlake.read.pt.ptzip import Corrupt
 
 
 class TorchDType(NamedTuple):
@@ -40,7 +40,7 @@ def tensor_view(
     """`_rebuild_tensor_v2`: a numpy view with the tensor's offset, shape and strides.
 
     How many elements a view may claim (stride 0 repeats one) is bounded later, with the whole
-    value graph (`tokenlake.read.ptcheck.settle`).
+    value graph (`tokenlake.read.pt.ptcheck.settle`).
     """
     if type(storage) is not np.ndarray or storage.ndim != 1:
         raise Corrupt(f"a tensor was rebuilt from a `{type(storage).__name__}`, not a storage")

@@ -1,4 +1,4 @@
-"""The local stage of a dump on an object store (used through pipeline/tokenlake/read/remote_dump.py).
+"""The local stage of a dump on an object store (used through pipeline/tokenlake/read/remote/remote_dump.py).
 
 `stage(url)` lists every object under the prefix once and mirrors what tokenlake reads into
 `$TOKENLAKE_CACHE/dumps/<hash>/<name>/` (default `~/.cache/tokenlake`), a folder of ours,
@@ -17,7 +17,7 @@ Every file appears by rename (temporary names `.tokenlake-<pid>-<hex8>.tmp`), so
 staging one URL never see half a file. Only LIST and GET on the prefix.
 
 The cache root, `dumps/`, `dumps/<hash>/` and the stage are folders only the user can write
-(pipeline/tokenlake/read/private_cache.py); one that is not is an error and is not touched. A
+(pipeline/tokenlake/store/private_cache.py); one that is not is an error and is not touched. A
 stage holding an entry tokenlake did not make (a link, a FIFO, another user's file, whatever
 its recorded size, mtime or `.tokenlake-remote.json` claim) is not trusted: it is deleted and
 staged again from the listing, with a warning.
@@ -49,8 +49,9 @@ from tokenlake.read.dump import (
     TRAJECTORY_DIR,
 )
 from tokenlake.read.nemo_rl import is_log_name
-from tokenlake.read.private_cache import (
+from tokenlake.store.private_cache import (
     CACHE_VARIABLE,
+    cache_root,
     foreign_entry,
     make_folders,
     private_folder,
@@ -97,16 +98,6 @@ def dump_name(location: DumpLocation) -> str:
     if not is_remote(location):
         return Path(location).resolve().name
     return str(location).split("://", 1)[1].rstrip("/").rsplit("/", 1)[-1]
-
-
-def cache_root() -> Path:
-    """Where stages live: `$TOKENLAKE_CACHE`, else `$XDG_CACHE_HOME/tokenlake`, else
-    `~/.cache/tokenlake`."""
-    configured = os.environ.get(CACHE_VARIABLE)
-    if configured:
-        return Path(configured)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "tokenlake"
 
 
 def stage_root(url: str) -> Path:

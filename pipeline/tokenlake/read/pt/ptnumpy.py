@@ -3,8 +3,8 @@ exactly their bytes.
 
 A real `numpy.dtype` lets a pickle's BUILD forge object fields (raw bytes read as pointers), and
 an array's state may claim more bytes than it gives; so the pickle gets proxies
-(`tokenlake.read.ptcheck.Placeholder`) that become a dtype or an array only once their state is
-exactly what numpy itself writes. `tokenlake.read.ptglobals` lists these callables under numpy's
+(`tokenlake.read.pt.ptcheck.Placeholder`) that become a dtype or an array only once their state is
+exactly what numpy itself writes. `tokenlake.read.pt.ptglobals` lists these callables under numpy's
 names.
 """
 
@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tokenlake.errors import shown
-from tokenlake.read.ptcheck import Placeholder
-from tokenlake.read.ptzip import Corrupt
+from tokenlake.read.pt.ptcheck import Placeholder
+from tokenlake.read.pt.ptzip import Corrupt
 
 try:  # numpy >= 2 moved the pickle helpers; 1.x pickles name `numpy.core`, 2.x `numpy._core`
     from numpy._core import multiarray as _multiarray

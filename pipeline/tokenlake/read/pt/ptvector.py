@@ -1,4 +1,4 @@
-"""The opcode check of `tokenlake.read.ptcheck`, vectorised: the same verdicts, at half the cost
+"""The opcode check of `tokenlake.read.pt.ptcheck`, vectorised: the same verdicts, at half the cost
 on pickles of tensor metadata (a rank file's: memo opcodes between short runs of opcodes).
 
 Pickles whose opcodes are mostly short (tensor metadata, memo opcodes between them) cost the
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenlake.read.ptopcodes import (
+from tokenlake.read.pt.ptopcodes import (
     ATOMS,
     COUNTED,
     GETS,

@@ -2,13 +2,13 @@
 
 `torch.load(weights_only=True)` is safe but unpickles in pure Python, which is ~10x slower on
 rollout files holding millions of Python floats. `load` runs the C unpickler instead, with a
-`find_class` that resolves only the allow-list of `tokenlake.read.ptglobals` (dump-format.md 2.4
+`find_class` that resolves only the allow-list of `tokenlake.read.pt.ptglobals` (dump-format.md 2.4
 and 3.6), and turns every tensor into a numpy array that is a zero-copy view on a private copy
-of the file (`tokenlake.read.pttensor`; the zip container is `tokenlake.read.ptzip`).
+of the file (`tokenlake.read.pt.pttensor`; the zip container is `tokenlake.read.pt.ptzip`).
 
 Every byte is hostile (docs/live-runs.md, "Hostile files"): every allowed callable checks the
 exact types of its arguments, numpy objects are built only from plain dtypes and exactly the
-bytes they need (`tokenlake.read.ptnumpy`), and `tokenlake.read.ptcheck` bounds what the pickle
+bytes they need (`tokenlake.read.pt.ptnumpy`), and `tokenlake.read.pt.ptcheck` bounds what the pickle
 costs before and after it runs.
 
 Examples:
@@ -38,10 +38,10 @@ from tokenlake.errors import (
     UnsafePickleError,
     shown,
 )
-from tokenlake.read.ptcheck import budget_of, check_opcodes, settle
-from tokenlake.read.ptglobals import ALLOWED, Call, Forbidden
-from tokenlake.read.pttensor import TorchDType, counted, tensor_view, tensor_view_v3, widen_bf16
-from tokenlake.read.ptzip import (
+from tokenlake.read.pt.ptcheck import budget_of, check_opcodes, settle
+from tokenlake.read.pt.ptglobals import ALLOWED, Call, Forbidden
+from tokenlake.read.pt.pttensor import TorchDType, counted, tensor_view, tensor_view_v3, widen_bf16
+from tokenlake.read.pt.ptzip import (
     Archive,
     BigEndian,
     Changed,
@@ -113,7 +113,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 
 def _unpickle(archive: Archive) -> Any:
-    """Unpickle `data.pkl` of an opened archive, within the bounds of `tokenlake.read.ptcheck`."""
+    """Unpickle `data.pkl` of an opened archive, within the bounds of `tokenlake.read.pt.ptcheck`."""
     payload = bytes(entry_bytes(archive, archive.prefix + "data.pkl"))
     shares = check_opcodes(payload)
     # BufferedReader adds `peek`, which lets the C unpickler prefetch instead of calling
@@ -141,7 +141,7 @@ def load(path: Path) -> Any:
     on a private, writable copy of the file (an anonymous memory map; a bytearray for files
     younger than `FRESH_SECONDS`). bfloat16 tensors become float32 (exact); float16 stays
     float16. Miles dataclasses become `AdapterRef`, `RewardSpec` and `SpecInfo` from
-    `tokenlake.read.ptglobals`.
+    `tokenlake.read.pt.ptglobals`.
 
     Args:
         path: A `.pt` file written by `torch.save` (zip format).

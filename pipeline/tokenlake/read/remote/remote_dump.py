@@ -2,7 +2,7 @@
 
 Discovery, planning and fingerprints work on local paths (pipeline/tokenlake/read/dump.py,
 `manifest.fingerprint`: name, size, mtime by stat). So `discover(url)` first brings the dump's
-local stage up to date (pipeline/tokenlake/read/remote_stage.py: sparse placeholders of the `.pt` and
+local stage up to date (pipeline/tokenlake/read/remote/remote_stage.py: sparse placeholders of the `.pt` and
 trajectory objects, whole copies of the tokenizer and dashboard files), discovers the stage,
 and gives each step the URL and its objects (`StepFiles.remote`).
 
@@ -30,10 +30,9 @@ from typing import Any
 
 from tokenlake.errors import DumpNotFoundError, LakeError
 from tokenlake.layout import TOP_LEVEL_DIRS, is_url
-from tokenlake.read import formats, ptread
+from tokenlake.read import formats, pt
 from tokenlake.read.dump import Dump, RemoteFiles, StepFiles
-from tokenlake.read.private_cache import PRIVATE_MODE, make_folders
-from tokenlake.read.remote_stage import (
+from tokenlake.read.remote.remote_stage import (
     CACHE_VARIABLE,
     DumpLocation,
     RemoteObjectError,
@@ -46,6 +45,7 @@ from tokenlake.read.remote_stage import (
     stage_root,
     temporary_name,
 )
+from tokenlake.store.private_cache import PRIVATE_MODE, make_folders
 
 __all__ = [
     "CACHE_VARIABLE",
@@ -116,7 +116,7 @@ def _remote_loader(url: str, root: Path) -> formats.Loader:
         name = path.relative_to(root).as_posix()
         remote = RemoteFiles(url, ((name, info.st_size, info.st_mtime_ns),))
         with hydrated(StepFiles(0, True, path, root=root, remote=remote)) as read:
-            return ptread.load(read.rollout_file)
+            return pt.load(read.rollout_file)
 
     return load
 

@@ -1,11 +1,11 @@
 """The allow-list of a `.pt` file's pickle: every global it may name, and what each becomes.
 
-`tokenlake.read.ptread`'s unpickler resolves a global only through `ALLOWED` (dump-format.md 2.4
+`tokenlake.read.pt.ptread`'s unpickler resolves a global only through `ALLOWED` (dump-format.md 2.4
 and 3.6); any other name raises `Forbidden` before the pickle runs. No name resolves to the real
 object: the miles dataclasses become sealed stand-ins defined here (`AdapterRef`, `RewardSpec`,
 `SpecInfo`), builtins become immutable wrappers (`Call`) that check the exact types of their
-arguments, numpy's constructors come from `tokenlake.read.ptnumpy`, and torch's storage classes
-and dtypes are markers from `tokenlake.read.pttensor`.
+arguments, numpy's constructors come from `tokenlake.read.pt.ptnumpy`, and torch's storage classes
+and dtypes are markers from `tokenlake.read.pt.pttensor`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tokenlake.errors import shown
-from tokenlake.read import ptnumpy
-from tokenlake.read.pttensor import STORAGE_DTYPES, TORCH_DTYPES, TorchDType
-from tokenlake.read.ptzip import Corrupt
+from tokenlake.read.pt import ptnumpy
+from tokenlake.read.pt.pttensor import STORAGE_DTYPES, TORCH_DTYPES, TorchDType
+from tokenlake.read.pt.ptzip import Corrupt
 
 
 class Forbidden(Exception):

@@ -3,7 +3,7 @@
 A `.pt` file is a zip archive of stored (uncompressed) members: `<archive>/data.pkl`, the
 pickle, and one `<archive>/data/<key>` member per tensor storage. `open_archive` reads the file
 into private memory and parses the directory; `entry_bytes` returns a member as a zero-copy view
-of that memory. The pickle itself is `tokenlake.read.ptread`'s business.
+of that memory. The pickle itself is `tokenlake.read.pt.ptread`'s business.
 
 The file is never memory-mapped: a mapped file that shrinks kills the process with SIGBUS on the
 next access, and dumps are written in place. Reading costs one copy of the file (memory ≤ its

@@ -1,10 +1,10 @@
-"""Checks that bound what a hostile pickle can cost, before and after `tokenlake.read.ptread` runs it.
+"""Checks that bound what a hostile pickle can cost, before and after `tokenlake.read.pt.ptread` runs it.
 
 Before: `check_opcodes` walks the opcode stream (at regex speed, not per opcode in Python) and
 refuses what would make the C unpickler allocate far more than the file: a memo index beyond
 the pickle's length (`LONG_BINPUT 2**28` alone allocates 4 GB), a length field longer than the
 rest of the pickle, unknown opcodes. Pickles of tensor metadata are first tried by
-`tokenlake.read.ptvector` (whole-array, the same verdicts; it leaves what it cannot decide here).
+`tokenlake.read.pt.ptvector` (whole-array, the same verdicts; it leaves what it cannot decide here).
 
 After: `settle` walks the unpickled value graph once, following shared references only once,
 and refuses a graph that expands to more than `ITEMS_PER_BYTE` items per file byte (a
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenlake.read.ptopcodes import (
+from tokenlake.read.pt.ptopcodes import (
     ATOMS,
     COUNTED,
     GETS,
@@ -37,8 +37,8 @@ from tokenlake.read.ptopcodes import (
     TWO_LINES,
     WIDTH,
 )
-from tokenlake.read.ptvector import vector_scan
-from tokenlake.read.ptzip import Corrupt
+from tokenlake.read.pt.ptvector import vector_scan
+from tokenlake.read.pt.ptzip import Corrupt
 
 ITEMS_PER_BYTE = 4  # expanded items (container slots, array elements, 8 characters) per byte
 ITEMS_SLACK = 1 << 20  # so that tiny files may still hold ordinary small values
@@ -60,7 +60,7 @@ _MIXED = re.compile(
 _FLOATS = 4096  # BINFLOATs checked per strided slice (torch.save appends 1000 at a time)
 _FEW = 128  # fewer floats in a row cost less through the regex than a slice and a regex call
 _COUNTED8 = {0x8D, 0x8E, 0x96, 0x95}  # BINUNICODE8, BINBYTES8, BYTEARRAY8, FRAME
-# `tokenlake.read.ptvector` decides pickles up to this size whose BINFLOATs fill less than a
+# `tokenlake.read.pt.ptvector` decides pickles up to this size whose BINFLOATs fill less than a
 # quarter (runs of floats cost `_Scan` far less than a vectorised pass over every byte).
 VECTOR_MAX = 1 << 20  # its pass takes ~40 bytes per pickle byte for a moment
 
