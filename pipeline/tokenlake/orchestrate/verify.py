@@ -151,7 +151,7 @@ def check_step(
     positions = samples.column(schema.BATCH_POSITION).to_numpy()
     if not np.array_equal(np.sort(positions), np.arange(len(positions))):
         problems.append("`samples` batch positions are not 0..n-1 exactly once")
-    expected_tokens = int(samples.column("response_length").to_numpy().sum())
+    expected_tokens = _token_rows_of(samples)
     if tokens.num_rows != expected_tokens:
         problems.append(
             f"`tokens` has {tokens.num_rows} rows; the samples' response lengths sum to"
@@ -164,6 +164,15 @@ def check_step(
     if deep and not problems:
         problems += _check_rollups(record.run, step, tables)
     return problems
+
+
+def _token_rows_of(samples: pa.Table) -> int:
+    """How many `tokens` rows the samples make: the sum of their response lengths, where a
+    NULL length (a sample logged without tokens: NeMo-RL's validation lines) makes none."""
+    import pyarrow.compute as pc
+
+    total = pc.sum(samples.column(schema.RESPONSE_LENGTH)).as_py()
+    return 0 if total is None else int(total)
 
 
 _WAY_OUT = {
