@@ -21,6 +21,7 @@ from tokenlake.cli_util import (
     LAKE,
     MAX_SECONDS,
     MAX_WORKERS,
+    FreeTextArgs,
     bounded,
     parse_settings,
     read_sql,
@@ -45,7 +46,10 @@ def _lake(location: Location) -> Lake:
 
 
 class _Command(click.Group):
-    """Turns library errors into one readable line."""
+    """Turns library errors into one readable line; its commands take arguments that begin
+    with `-` when they cannot be options (SQL starting with a `--` comment)."""
+
+    command_class = FreeTextArgs
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
