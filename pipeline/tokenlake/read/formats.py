@@ -16,7 +16,8 @@ another layout then fail their steps, see `dump.unread_train_error`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,33 @@ class Layout:
         if self.logs:
             parts.append(f"{self.logs} NeMo-RL log file(s) `train_data_step{{N}}.jsonl`")
         return " and ".join(parts)
+
+
+def dump_mark(entries: Iterable[tuple[str, bool]]) -> str | None:
+    """What makes a folder a dump, from its entries (name, whether a folder), as a message
+    names it; None: nothing does (detection needs one of these to read a folder at all).
+
+    Examples:
+        >>> dump_mark([("notes", True), ("rollout_data", True)])
+        'miles, slime: it holds `rollout_data/`'
+        >>> dump_mark([("train_data_step3.jsonl", False)]), dump_mark([("rollout_data", False)])
+        ('NeMo-RL: it holds `train_data_step3.jsonl`', None)
+    """
+    for name, is_folder in sorted(entries):  # the same line whatever the listing's order
+        if is_folder and name == dump.ROLLOUT_DIR:
+            return f"miles, slime: it holds `{dump.ROLLOUT_DIR}/`"
+        if not is_folder and nemo_rl.is_log_name(name):
+            return f"NeMo-RL: it holds `{shown(name, literal=False)}`"
+    return None
+
+
+def local_dump_mark(folder: Path) -> str | None:
+    """`dump_mark` of a local folder (None as well when it is missing or cannot be listed)."""
+    try:
+        with os.scandir(folder) as entries:
+            return dump_mark((e.name, e.is_dir()) for e in entries)
+    except OSError:
+        return None
 
 
 def layout_of(root: Path) -> Layout:

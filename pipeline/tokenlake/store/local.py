@@ -286,17 +286,11 @@ class LocalStore:
             )
         return self
 
-    def check_writable_for(self, dump_root: Path) -> None:
-        """Refuse a lake that would write into the dump or into folders that are not its own."""
-        if self.root == dump_root or dump_root in self.root.parents:
-            raise LakeError(self.root, "is inside the dump directory; tokenlake never writes there")
+    def check_writable(self) -> None:
+        """Refuse a lake directory that is a file, or holds folders that are not its own."""
         if self.root.exists() and not self.root.is_dir():
             raise LakeError(self.root, "is a file, not a directory; choose another --lake")
         own = [self.root / name for name in TOP_LEVEL_DIRS]
-        if any(dump_root == p or p in dump_root.parents for p in own):
-            raise LakeError(
-                self.root, f"would write into the dump `{dump_root}`; choose another --lake"
-            )
         if self.root.is_dir() and not self.manifest_dir.exists():  # not a lake (yet)
             foreign = [p.name for p in own if p.exists()]
             if foreign:
