@@ -115,13 +115,16 @@ def local_dump_mark(folder: Path) -> str | None:
 
 
 def layout_of(root: Path) -> Layout:
+    """The directory's layout, from one listing of it and of its `train_data/` (a folder the
+    OS refuses to list is an UnreadableError, never a layout without it)."""
+    top = dump.listed(root)  # first: an unsearchable root fails here, with its own line
     train_dir = root / dump.TRAIN_DIR
-    names = sorted(p.name for p in train_dir.iterdir()) if train_dir.is_dir() else []
+    names = [p.name for p in dump.listed(train_dir)] if train_dir.is_dir() else []
     return Layout(
         rollout_dir=(root / dump.ROLLOUT_DIR).is_dir(),
         per_rank=sum(1 for n in names if dump._TRAIN_NAME.match(n)),
         per_step=sum(1 for n in names if dump._TRAIN_STEP_NAME.match(n)),
-        logs=sum(1 for p in root.iterdir() if nemo_rl.is_log_name(p.name)),
+        logs=sum(1 for p in top if nemo_rl.is_log_name(p.name)),
         miles_folders=tuple(f for f in MILES_FOLDERS if (root / f).is_dir()),
     )
 
@@ -175,7 +178,7 @@ def _has_miles_metadata(root: Path, load: Loader) -> bool:
     rollout file since 2026-07-10; never slime's). A dump without a readable rollout file
     reads as miles: the files are the same, and each step reports its own problem."""
     candidates = []
-    for path in (root / dump.ROLLOUT_DIR).iterdir():
+    for path in dump.listed(root / dump.ROLLOUT_DIR):
         match = dump._ROLLOUT_NAME.match(path.name)
         if dump.not_a_dump_file(path, match, (2,)) is None:
             candidates.append((path.stat().st_size, path.name, path))
