@@ -5,6 +5,7 @@ The CLI turns any `PipelineError` into one line, ``Error: <message>``, and exit 
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePath
@@ -55,12 +56,18 @@ def duckdb_problem(exc: Exception) -> str:
 
 def lake_read_error(location: str, reader: str, exc: Exception) -> LakeError:
     """The one line for a DuckDB error while `reader` ("the report", "a query") read the lake
-    at `location`: its files failed the read (damaged, or another program's), and verify
-    names them."""
+    at `location`: the OS refused a file (the fix: access rights), or its files failed the
+    read (damaged, or another program's), and verify names them."""
+    problem = duckdb_problem(exc)
+    if problem.endswith(": Permission denied"):  # DuckDB's text for EACCES; nothing is damaged
+        return LakeError(
+            location,
+            f"{reader} cannot read it: {problem}; give your user access to the lake's files"
+            " (`chmod -R u+rX LAKE`, or `chown` them to your user)",
+        )
     return LakeError(
         location,
-        f"{reader} cannot read it: {duckdb_problem(exc)};"
-        " `tokenlake verify LAKE` names the damaged files",
+        f"{reader} cannot read it: {problem}; `tokenlake verify LAKE` names the damaged files",
     )
 
 
@@ -232,15 +239,28 @@ class UnreadableError(BoundedReadError):
         )
 
 
+# The OS's refusals of a file or folder whose content is not at fault.
+REFUSALS = frozenset(
+    {
+        errno.EPERM,
+        errno.ENOENT,
+        errno.EIO,
+        errno.EACCES,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EROFS,
+    }
+)
+
+
 def _os_problem(code: int | None, action: str) -> tuple[str, str]:
     """What an OS error number means for a file tokenlake needs, and the fix."""
-    import errno
-
     if code == errno.EROFS:
         return "its file system is read-only", "give a location on a writable file system"
     if code in (errno.EACCES, errno.EPERM):
         right = "w" if action == "written" else "r"
-        fix = f"`chmod u+{right}x` on it" if action == "listed" else f"`chmod u+{right}` on it"
+        folder = action in ("listed", "opened")  # a folder's entries need x as well as r
+        fix = f"`chmod u+{right}{'x' if folder else ''}` on it"
         return "permission denied", (
             f"give your user access: {fix} and `chmod u+x` on each folder above it, or `chown`"
             " it to your user"

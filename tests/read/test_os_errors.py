@@ -174,3 +174,61 @@ def test_an_io_error_and_a_directory_are_named_as_what_they_are(
         f"`{real}` cannot be read: an input/output error (the OS says: [Errno 5] Input/output"
         " error); check the disk or the network file system it is on (`dmesg`)"
     )
+
+
+OPEN_FIX = LIST_FIX
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Path:
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+
+    lake = tmp_path / "lake"
+    assert extract_run(REAL_DUMPS / "basic", lake, ExtractOptions(workers=1)).failed == []
+    return lake
+
+
+def test_an_unopenable_lake_folder_is_one_line_for_every_command(lake: Path) -> None:
+    (lake / "tokens").chmod(0)
+    line = f"Error: `{lake / 'tokens'}` cannot be opened: {DENIED}; {OPEN_FIX}"
+    assert as_a_user("verify", lake) == (1, [line])
+    assert extract(REAL_DUMPS / "basic", lake) == (1, [line])
+    assert as_a_user("drop", lake, "basic") == (1, [line])
+    (lake / "tokens").chmod(0o755)
+    (lake / "_manifest").chmod(0)
+    line = f"Error: `{lake / '_manifest'}` cannot be listed: {DENIED}; {LIST_FIX}"
+    assert as_a_user("verify", lake) == (1, [line])  # never "0 steps checked, 0 problems"
+    assert as_a_user("query", lake, "SELECT count(*) FROM tokens") == (1, [line])
+
+
+def test_an_unreadable_lake_file_is_named_with_the_fix_never_deleted(lake: Path) -> None:
+    token_file = sorted(lake.glob("tokens/run=basic/rollout_id=1/*.parquet"))[0]
+    name = token_file.relative_to(lake)
+    token_file.chmod(0)
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenlake", "verify", str(lake)],
+        capture_output=True,
+        text=True,
+        preexec_fn=_as_a_user,
+    )
+    assert done.returncode == 1
+    assert done.stdout == (
+        f"run `basic` step 1: file `{name}` cannot be read: permission denied (the OS says:"
+        f" [Errno 13] Failed to open local file '{token_file}'. Detail: [errno 13] Permission"
+        f" denied); {READ_FIX}\n3 steps checked, 1 problem\n"
+    )
+    assert as_a_user("query", lake, "SELECT count(*) FROM tokens") == (
+        1,
+        [
+            f"Error: Lake `{lake}`: a query cannot read it: IO Error: Cannot open file"
+            f' "{token_file}": Permission denied; give your user access to the lake\'s files'
+            " (`chmod -R u+rX LAKE`, or `chown` them to your user)"
+        ],
+    )
+    token_file.chmod(0o644)
+    manifest_file = lake / "_manifest" / "basic.json"
+    manifest_file.chmod(0)
+    assert as_a_user("verify", lake) == (
+        1,
+        [f"Error: Lake `{manifest_file}`: cannot be read: {DENIED}; {READ_FIX}"],
+    )

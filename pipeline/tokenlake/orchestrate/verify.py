@@ -16,7 +16,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokenlake import schema
-from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, PipelineError, UsageError, shown
+from tokenlake.errors import (
+    REFUSALS,
+    SHOWN_PATH_CHARS,
+    LakeError,
+    PipelineError,
+    UnreadableError,
+    UsageError,
+    shown,
+)
 from tokenlake.layout import Location, check_relative, check_run_name
 from tokenlake.read import dump
 from tokenlake.read.remote_dump import is_object_store_url, is_remote, local_root, shown_path
@@ -132,8 +140,7 @@ def check_step(
             where, filesystem = store.arrow_source(name)
             read = pq.read_table(where, filesystem=filesystem)
         except (pa.ArrowException, OSError) as exc:  # truncated or overwritten by something else
-            # extract skips a step whose files exist and sources are unchanged: delete first
-            problems.append(f"file `{name}` cannot be read ({exc}); {_WAY_OUT[_kind(table)]}")
+            problems.append(_unreadable_file(name, exc, table))
             continue
         unlike = columns_difference(table, read.schema, step)
         if unlike is not None:  # another program's file under tokenlake's name
@@ -173,6 +180,15 @@ def _token_rows_of(samples: pa.Table) -> int:
 
     total = pc.sum(samples.column(schema.RESPONSE_LENGTH)).as_py()
     return 0 if total is None else int(total)
+
+
+def _unreadable_file(name: str, exc: Exception, table: str) -> str:
+    """The problem line of a step's file that cannot be read: the OS refusing it (its fix,
+    never a deletion of a good file), or a damaged file (extract skips a step whose files
+    exist and sources are unchanged: delete it first)."""
+    if isinstance(exc, OSError) and exc.errno in REFUSALS:
+        return f"file `{name}` {UnreadableError(name, exc).problem}"
+    return f"file `{name}` cannot be read ({exc}); {_WAY_OUT[_kind(table)]}"
 
 
 _WAY_OUT = {

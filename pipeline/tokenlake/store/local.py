@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from tokenlake import bounded, schema
-from tokenlake.errors import LakeError
+from tokenlake.errors import LakeError, UnreadableError
 from tokenlake.layout import (
     CATALOG_FILE,
     LOCK_FILE,
@@ -198,9 +198,15 @@ class LocalStore:
 
     def manifest_paths(self) -> list[Path]:
         """Every run's manifest file, by name."""
-        if not self.manifest_dir.is_dir():
+        try:  # never glob: it reads a folder the OS refuses as an empty one (no runs at all)
+            with os.scandir(self.manifest_dir) as entries:
+                names = [e.name for e in entries]
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(p for p in self.manifest_dir.glob("*.json") if not p.name.startswith("."))
+        except OSError as exc:
+            raise UnreadableError(self.manifest_dir, exc, "listed") from None
+        chosen = (n for n in names if n.endswith(".json") and not n.startswith("."))
+        return sorted(self.manifest_dir / name for name in chosen)
 
     def new_file(
         self,
