@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tokenlake.errors import BoundedReadError
+from tokenlake.errors import BoundedReadError, UnreadableError
 
 MiB = 1 << 20
 READ_CHUNK = MiB  # bytes read at a time by `lines`
@@ -95,7 +95,7 @@ def _require_regular(path: Path | str, mode: int) -> None:
 
 
 def _unreadable(path: Path | str, exc: OSError) -> BoundedReadError:
-    return BoundedReadError(path, f"cannot be read ({exc.strerror or exc})")
+    return UnreadableError(path, exc)
 
 
 def too_large(path: Path | str, size: int, limit: int, what: str) -> BoundedReadError:

@@ -21,12 +21,19 @@ from tokenlake.cli_util import (
     LAKE,
     MAX_SECONDS,
     MAX_WORKERS,
+    FreeTextArgs,
     bounded,
     parse_settings,
     read_sql,
     say,
 )
-from tokenlake.errors import PipelineError, UsageError, ctrl_c_from_duckdb
+from tokenlake.errors import (
+    REFUSALS,
+    PipelineError,
+    UnreadableError,
+    UsageError,
+    ctrl_c_from_duckdb,
+)
 from tokenlake.steps import parse_steps
 from tokenlake.terminal import plural, safe_text
 
@@ -45,17 +52,32 @@ def _lake(location: Location) -> Lake:
 
 
 class _Command(click.Group):
-    """Turns library errors into one readable line."""
+    """Turns library errors into one readable line; its commands take arguments that begin
+    with `-` when they cannot be options (SQL starting with a `--` comment)."""
+
+    command_class = FreeTextArgs
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             with ctrl_c_from_duckdb():  # click then says "Aborted!", as for any Ctrl-C
                 return super().invoke(ctx)
         except PipelineError as exc:
-            if ctx.params.get("debug") or os.environ.get("TOKENLAKE_DEBUG"):
+            if _debug(ctx):
                 raise
-            say(f"Error: {exc}", err=True)
-            sys.exit(1)
+            _fail(exc)
+        except OSError as exc:  # the OS refused a file no reader named: still one line
+            if exc.errno not in REFUSALS or exc.filename is None or _debug(ctx):
+                raise
+            _fail(UnreadableError(exc.filename, exc, "used"))
+
+
+def _debug(ctx: click.Context) -> bool:
+    return bool(ctx.params.get("debug") or os.environ.get("TOKENLAKE_DEBUG"))
+
+
+def _fail(exc: PipelineError) -> None:
+    say(f"Error: {exc}", err=True)
+    sys.exit(1)
 
 
 @click.group(cls=_Command)

@@ -112,3 +112,78 @@ class DumpLocationType(LakeLocationType):
 
 
 DUMP = DumpLocationType()
+
+
+# What an option looks like on a command line: `-o`, `-oFILE`, `--format`, `--format=csv`.
+# Anything else that starts with `-` (`-- a comment\nSELECT ...`, `- x`) is free text.
+_OPTION_SHAPE = re.compile(r"-[A-Za-z0-9]\S*|--[A-Za-z0-9][-\w]*(=.*)?", re.DOTALL)
+
+
+def is_free_text(token: str) -> bool:
+    """Whether a command-line token that starts with `-` cannot be an option: an argument's
+    text, such as SQL beginning with a `--` comment.
+
+    Examples:
+        >>> is_free_text("-- Steps where drift is large\\nSELECT 1"), is_free_text("--- x")
+        (True, True)
+        >>> is_free_text("--format"), is_free_text("--set=a=1"), is_free_text("-o"), is_free_text("-")
+        (False, False, False, False)
+    """
+    return token.startswith("-") and token != "-" and _OPTION_SHAPE.fullmatch(token) is None
+
+
+class FreeTextArgs(click.Command):
+    """A command whose arguments may begin with `-` when they cannot be an option.
+
+    Click reads every token that starts with `-` as an option, so `tokenlake query LAKE "$(cat
+    q.sql)"` with a `-- comment` first line failed as "No such option". Here a token of free
+    text (`is_free_text`) goes to the arguments, in its place among them; an option-shaped
+    token the command lacks (`--fromat`) still fails with click's line and its suggestion,
+    and the values an option takes stay with it (`--set x=-1`, `--worst -1`).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, self._free_text_as_arguments(ctx, args))
+
+    def _free_text_as_arguments(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """`args` as options first, then `--`, then the arguments in their order."""
+        if not any(is_free_text(token) for token in args):
+            return args  # click's own parse, untouched
+        takes = self._values_taken(ctx)
+        options: list[str] = []
+        arguments: list[str] = []
+        rest = list(args)
+        while rest:
+            token = rest.pop(0)
+            if token == "--":
+                arguments += rest
+                break
+            if not _is_option(token, takes):
+                arguments.append(token)
+                continue
+            long = token.startswith("--")
+            name, attached = (
+                (token.split("=", 1)[0], "=" in token) if long else (token[:2], len(token) > 2)
+            )
+            taken = 0 if attached else takes.get(name, 0)
+            options += [token, *rest[:taken]]
+            del rest[:taken]
+        return [*options, "--", *arguments]
+
+    def _values_taken(self, ctx: click.Context) -> dict[str, int]:
+        """How many tokens each option name of the command takes after it."""
+        takes: dict[str, int] = {}
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Option):
+                count = 0 if param.is_flag or param.count else param.nargs
+                takes.update(dict.fromkeys(param.opts, count))
+                takes.update(dict.fromkeys(param.secondary_opts, 0))
+        return takes
+
+
+def _is_option(token: str, takes: dict[str, int]) -> bool:
+    """Whether click should read `token` as an option: a known short one with its value
+    attached (`-oout file.csv`), or anything of an option's shape (unknown ones fail there)."""
+    if not token.startswith("-") or token == "-":
+        return False
+    return (not token.startswith("--") and token[:2] in takes) or not is_free_text(token)

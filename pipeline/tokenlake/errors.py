@@ -5,6 +5,7 @@ The CLI turns any `PipelineError` into one line, ``Error: <message>``, and exit 
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePath
@@ -55,12 +56,18 @@ def duckdb_problem(exc: Exception) -> str:
 
 def lake_read_error(location: str, reader: str, exc: Exception) -> LakeError:
     """The one line for a DuckDB error while `reader` ("the report", "a query") read the lake
-    at `location`: its files failed the read (damaged, or another program's), and verify
-    names them."""
+    at `location`: the OS refused a file (the fix: access rights), or its files failed the
+    read (damaged, or another program's), and verify names them."""
+    problem = duckdb_problem(exc)
+    if problem.endswith(": Permission denied"):  # DuckDB's text for EACCES; nothing is damaged
+        return LakeError(
+            location,
+            f"{reader} cannot read it: {problem}; give your user access to the lake's files"
+            " (`chmod -R u+rX LAKE`, or `chown` them to your user)",
+        )
     return LakeError(
         location,
-        f"{reader} cannot read it: {duckdb_problem(exc)};"
-        " `tokenlake verify LAKE` names the damaged files",
+        f"{reader} cannot read it: {problem}; `tokenlake verify LAKE` names the damaged files",
     )
 
 
@@ -204,6 +211,74 @@ class BoundedReadError(PipelineError):
         self.size = size
         self.limit = limit
         super().__init__(f"`{self.path}` {problem}")
+
+
+class UnreadableError(BoundedReadError):
+    """The operating system refused a file or folder: permission denied, missing, a directory
+    where a file should be, an I/O error. Its content is not at fault, so the message names
+    what the OS said and the fix (access rights, the disk), never "corrupt" or "remove".
+
+    A `BoundedReadError` too: every reader that turns an unreadable small file into a warning
+    (a tokenizer, a trajectory, a dashboard file) says this line.
+
+    Examples:
+        >>> import errno
+        >>> print(UnreadableError("d/1_2.pt", OSError(errno.EACCES, "Permission denied")))
+        `d/1_2.pt` cannot be read: permission denied (the OS says: [Errno 13] Permission denied); give your user access: `chmod u+r` on it and `chmod u+x` on each folder above it, or `chown` it to your user
+        >>> print(UnreadableError("lake/_manifest", OSError(errno.EIO, "I/O error"), "written"))
+        `lake/_manifest` cannot be written: an input/output error (the OS says: [Errno 5] I/O error); check the disk or the network file system it is on (`dmesg`)
+    """
+
+    def __init__(self, path: Path | str, exc: OSError, action: str = "read") -> None:
+        self.errno = exc.errno
+        self.os_said = f"[Errno {exc.errno}] {exc.strerror}" if exc.errno else str(exc)
+        self.what, self.fix = _os_problem(exc.errno, action)
+        self.action = action
+        super().__init__(
+            path, f"cannot be {action}: {self.what} (the OS says: {self.os_said}); {self.fix}"
+        )
+
+
+# The OS's refusals of a file or folder whose content is not at fault.
+REFUSALS = frozenset(
+    {
+        errno.EPERM,
+        errno.ENOENT,
+        errno.EIO,
+        errno.EACCES,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EROFS,
+    }
+)
+
+
+def _os_problem(code: int | None, action: str) -> tuple[str, str]:
+    """What an OS error number means for a file tokenlake needs, and the fix."""
+    if code == errno.EROFS:
+        return "its file system is read-only", "give a location on a writable file system"
+    if code in (errno.EACCES, errno.EPERM):
+        right = "w" if action == "written" else "r"
+        folder = action in ("listed", "opened")  # a folder's entries need x as well as r
+        fix = f"`chmod u+{right}{'x' if folder else ''}` on it"
+        return "permission denied", (
+            f"give your user access: {fix} and `chmod u+x` on each folder above it, or `chown`"
+            " it to your user"
+        )
+    if code == errno.ENOENT:
+        return "it does not exist", "check the path, and that nothing moves or deletes it meanwhile"
+    if code == errno.EISDIR:
+        return "it is a directory where a file should be", (
+            "put the file back under this name; the directory is not tokenlake's"
+        )
+    if code == errno.ENOTDIR:
+        return "a folder of its path is a file", "put the folder back under that name"
+    if code == errno.EIO:
+        return (
+            "an input/output error",
+            "check the disk or the network file system it is on (`dmesg`)",
+        )
+    return "the operating system refused it", "fix what the OS says"
 
 
 class LakeError(PipelineError):

@@ -150,3 +150,41 @@ def test_ctrl_c_prints_what_was_committed(tmp_path, monkeypatch):
         r"Interrupted; the lake holds every step committed so far\.\n",
         err,
     )
+
+
+SQL_WITH_COMMENT = "-- Steps where drift is large\nSELECT 1"
+
+
+@pytest.mark.parametrize(
+    ("args", "sql", "fmt", "settings"),
+    [
+        (["lake", SQL_WITH_COMMENT], SQL_WITH_COMMENT, "table", ()),
+        (["lake", SQL_WITH_COMMENT, "--format", "csv"], SQL_WITH_COMMENT, "csv", ()),
+        (["--set", "k3=-1", "lake", "-- x", "--format=json"], "-- x", "json", ("k3=-1",)),
+        (["lake", "--", "--- y"], "--- y", "table", ()),
+    ],
+)
+def test_query_takes_sql_that_begins_with_a_comment(args, sql, fmt, settings):
+    from tokenlake.cli import query
+
+    params = query.make_context("query", list(args)).params
+    assert (str(params["lake"]), params["sql"], params["fmt"], params["settings"]) == (
+        "lake",
+        sql,
+        fmt,
+        settings,
+    )
+
+
+def test_an_unknown_option_beside_free_text_is_still_refused():
+    code, out, err = run("query", "lake", "-- a comment\nSELECT 1", "--fromat", "csv")
+    assert (code, out) == (2, "")
+    assert err.endswith("Error: No such option '--fromat'. Did you mean '--format'?\n")
+
+
+def test_tag_values_beginning_with_dashes_reach_the_tag_check():
+    code, _, err = run("tag", "lake", "qwen", "-- not a tag")
+    assert (code, err) == (
+        1,
+        "Error: --tag `-- not a tag` is not `key=value`, e.g. `--tag precision=fp8`.\n",
+    )

@@ -37,7 +37,10 @@ def test_devices_directories_and_links_are_refused(tmp_path: Path) -> None:
     assert bounded.read_file(link, 100, "a test file") == b"{}"  # a dump may link its files
     problem = "is a symbolic link; tokenlake reads only a file it wrote"
     assert refusal(link, follow=False).problem == problem
-    assert refusal(tmp_path / "none").problem == "cannot be read (No such file or directory)"
+    assert refusal(tmp_path / "none").problem == (
+        "cannot be read: it does not exist (the OS says: [Errno 2] No such file or directory);"
+        " check the path, and that nothing moves or deletes it meanwhile"
+    )
 
 
 def test_a_file_over_its_limit_names_its_size_and_the_limit(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import tokenlake
-from tests.fixture_paths import REAL_DUMPS
+from tests.fixture_paths import NEMO_RL_REAL, REAL_DUMPS
 from tests.follower import Follower
 from tests.s3server import cli, list_keys, moto_server, new_bucket, rows, text_rows
 from tokenlake.cli import main
@@ -265,7 +265,8 @@ def test_what_is_not_extracted_is_named_by_its_url(bucket: str, tmp_path: Path) 
     )
     assert cli("extract", url, "--lake", f"{url}/lake") == (
         1,
-        f"Error: Lake `{url}/lake`: is inside the dump `{url}`; tokenlake never writes there\n",
+        f"Error: Lake `{url}/lake`: is inside the dump `{url}`; a lake and a dump never share"
+        " a folder: choose a --lake outside every dump\n",
     )
 
 
@@ -288,3 +289,27 @@ def test_lines_about_dead_workers_and_ray_tasks_name_a_remote_dump_by_its_url() 
     assert ray_executor.task_died_text(files, 2).startswith(url + "the Ray task extracting")
     failed = ray_executor.task_failed_text(files, ModuleNotFoundError("x"))
     assert failed.startswith(url + "the Ray task extracting this step failed with")
+
+
+def test_a_lake_in_or_at_another_dump_on_the_object_store_is_refused(
+    bucket: str, tmp_path: Path
+) -> None:
+    miles = upload(bucket, "runs/cp2", REAL_DUMPS / "cp2", ["rollout_data/0.pt"])
+    nemo = upload(bucket, "logs/nemo", NEMO_RL_REAL / "grpo_multiturn", ["train_data_step1.jsonl"])
+    never = "a lake and a dump never share a folder: choose a --lake outside every dump"
+    before = list_keys(bucket)
+    assert cli("extract", str(BASIC), "--lake", miles, "--silent") == (
+        1,
+        f"Error: Lake `{miles}`: is a dump (miles, slime: it holds `rollout_data/`); {never}\n",
+    )
+    assert cli("extract", str(BASIC), "--lake", f"{miles}/x/lake", "--silent") == (
+        1,
+        f"Error: Lake `{miles}/x/lake`: is inside `{miles}`, a dump (miles, slime: it holds"
+        f" `rollout_data/`); {never}\n",
+    )
+    assert cli("extract", str(BASIC), "--lake", f"{nemo}/lake", "--silent") == (
+        1,
+        f"Error: Lake `{nemo}/lake`: is inside `{nemo}`, a dump (NeMo-RL: it holds"
+        f" `train_data_step1.jsonl`); {never}\n",
+    )
+    assert list_keys(bucket) == before

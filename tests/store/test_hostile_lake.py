@@ -294,8 +294,8 @@ def test_a_dump_folder_named_like_a_table_never_receives_files(tmp_path: Path) -
     code, out, err = extract(tmp_path / "tokens", tmp_path)
     assert (code, out) == (1, "")
     assert err == [
-        f"Error: Lake `{tmp_path}`: would write into the dump `{tmp_path / 'tokens'}`;"
-        " choose another --lake"
+        f"Error: Lake `{tmp_path}`: holds the dump `{tmp_path / 'tokens'}`; a lake and a dump"
+        " never share a folder: choose a --lake outside every dump"
     ]
     elsewhere = tmp_path / "other"
     (elsewhere / "samples").mkdir(parents=True)  # somebody's folder, not a lake's

@@ -20,9 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from tokenlake.cli import main
-from tokenlake.errors import LakeError
-from tokenlake.read.dump import Dump
-from tokenlake.read.remote.remote_dump import check_apart
+from tokenlake.orchestrate.extract import overlap
 
 ROWS_SQL = "SELECT run, count(*) AS n FROM tokens GROUP BY run ORDER BY run"
 WAY_OUT = ". Remove the run with `tokenlake drop LAKE pp2` or extract it again"
@@ -198,33 +196,28 @@ def test_query_table_cells_escape_control_characters(lake: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "lake_url",
+    ("lake_url", "problem"),
     [
-        "s3://b/run/lake",
-        "s3a://b/run/lake",
-        "s3n://b/run/lake",
-        "S3A://b//run/lake/",
-        "s3a://b/run",
+        ("s3://b/run/lake", "is inside the dump `s3://b/run`"),
+        ("s3a://b/run/lake", "is inside the dump `s3://b/run`"),
+        ("s3n://b/run/lake", "is inside the dump `s3://b/run`"),
+        ("S3A://b//run/lake/", "is inside the dump `s3://b/run`"),
+        ("s3a://b/run", "is the dump `s3://b/run` itself"),
+        ("s3a://b/", "holds the dump `s3://b/run`"),
     ],
 )
-def test_a_lake_inside_the_dump_is_refused_whatever_the_scheme(lake_url: str) -> None:
-    with pytest.raises(LakeError) as caught:
-        check_apart(Dump(Path("stage"), url="s3://b/run"), lake_url)
-    assert str(caught.value) == (
-        f"Lake `{lake_url.rstrip('/')}`: is inside the dump `s3://b/run`; tokenlake never writes"
-        " there"
-    )
+def test_a_lake_overlapping_the_dump_is_refused_whatever_the_scheme(
+    lake_url: str, problem: str
+) -> None:
+    assert overlap("s3://b/run", lake_url) == problem
 
 
 @pytest.mark.parametrize("lake_url", ["s3a://b/runs", "s3://c/run/lake", "gs://b/run/lake"])
 def test_a_lake_beside_the_dump_is_accepted(lake_url: str) -> None:
-    assert check_apart(Dump(Path("stage"), url="s3://b/run"), lake_url) is None
+    assert overlap("s3://b/run", lake_url) is None
 
 
 def test_a_dump_inside_the_lakes_tables_is_refused() -> None:
-    with pytest.raises(LakeError) as caught:
-        check_apart(Dump(Path("stage"), url="s3://b/lake/tokens/run"), "s3a://b/lake")
-    assert str(caught.value) == (
-        "Lake `s3a://b/lake`: would write into the dump `s3://b/lake/tokens/run`; choose another"
-        " --lake"
+    assert overlap("s3://b/lake/tokens/run", "s3a://b/lake") == (
+        "holds the dump `s3://b/lake/tokens/run`"
     )

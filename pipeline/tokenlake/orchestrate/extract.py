@@ -30,7 +30,7 @@ from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_report
 from tokenlake.orchestrate.scheduler import Todo, run_steps, sigint_deferred, sigint_held
 from tokenlake.orchestrate.step import StepOutcome, StepStatus, incomplete_text, not_yet_text
 from tokenlake.processes import crash_point
-from tokenlake.read import completeness, dump
+from tokenlake.read import completeness, dump, formats
 from tokenlake.read.remote import remote_dump
 from tokenlake.serve import catalog
 from tokenlake.store import manifest, store_at
@@ -185,12 +185,11 @@ def extract_run(
         require_ray()
     _import_engines()
     listing = remote_dump.discover(dump_dir, options.dump_format)
-    remote_dump.check_apart(listing, str(lake))
     run = check_run_name(options.run_name if options.run_name is not None else listing.root.name)
     chosen = dump.select_steps(listing, options.steps)
     if options.with_experts:
         chosen = tuple(dataclasses.replace(s, with_experts=True) for s in chosen)
-    store = prepare_lake(lake, listing.root)
+    store = prepare_lake(lake, listing)
     summary = ExtractSummary(
         run=run,
         lake=store.location,
@@ -444,13 +443,81 @@ def _publish(store: Store, record: manifest.RunManifest, dump_format: str) -> li
     return warnings
 
 
-def prepare_lake(lake: Location | Store, dump_root: Path) -> Store:
-    """The lake's store, its directory created; refuses one that would write into the dump
-    or into folders that are not a lake's (never write there)."""
+def prepare_lake(lake: Location | Store, listing: dump.Dump) -> Store:
+    """The lake's store, its directory created; refuses one that overlaps a dump or holds
+    folders that are not a lake's (never write there)."""
     store = store_at(lake)
-    store.check_writable_for(dump_root)
+    check_apart(listing, store)
+    store.check_writable()
     store.create()
     return store
+
+
+def check_apart(listing: dump.Dump, store: Store) -> None:
+    """Refuse a lake that overlaps a dump, the one place this is decided: the lake inside the
+    dump being read (`overlap`), the same folder, the dump inside the lake, or the lake (or a
+    folder above it) being some other dump by its layout (`formats.dump_mark`)."""
+    problem = overlap(listing.url or listing.root, store.location) or _dump_at_or_above(store)
+    if problem is not None:
+        raise LakeError(store.location, f"{problem}; {_NEVER}")
+
+
+_NEVER = "a lake and a dump never share a folder: choose a --lake outside every dump"
+
+
+def overlap(dump_location: Path | str, lake_location: Path | str) -> str | None:
+    """How the lake's location overlaps the dump's (None: apart). Local paths are compared
+    resolved (symbolic links followed); object-store URLs as (store, bucket, key segments).
+
+    Examples:
+        >>> overlap("s3://b/run", "s3a://b//run/lake/"), overlap("s3://b/run", "s3://b/runs")
+        ('is inside the dump `s3://b/run`', None)
+        >>> overlap("s3://b/lake/tokens/run", "s3://b/lake"), overlap("s3://b/x", "S3A://b/x/")
+        ('holds the dump `s3://b/lake/tokens/run`', 'is the dump `s3://b/x` itself')
+    """
+    dump_at, lake_at = _place(dump_location), _place(lake_location)
+    if dump_at[:2] != lake_at[:2]:
+        return None
+    dump_keys, lake_keys = dump_at[2], lake_at[2]
+    if lake_keys == dump_keys:
+        return f"is the dump `{dump_location}` itself"
+    if lake_keys[: len(dump_keys)] == dump_keys:
+        return f"is inside the dump `{dump_location}`"
+    if dump_keys[: len(lake_keys)] == lake_keys:
+        return f"holds the dump `{dump_location}`"
+    return None
+
+
+def _place(location: Path | str) -> tuple[str, str, tuple[str, ...]]:
+    """(store, bucket, key segments) of an object-store URL; ("", "", path parts) of a local
+    path, resolved."""
+    if isinstance(location, str) and remote_dump.is_remote(location):
+        return remote_dump.store_location(location)
+    return "", "", Path(location).resolve().parts
+
+
+def _dump_at_or_above(store: Store) -> str | None:
+    """How the lake's folder, or a folder above it, is a dump by its layout (None: neither
+    is): one listing of each, for an object store up to its bucket."""
+    location = str(store.location)
+    if not remote_dump.is_remote(location):
+        for folder in (Path(location), *Path(location).parents):
+            mark = formats.local_dump_mark(folder)
+            if mark is not None:
+                return _dump_named(location, str(folder), mark)
+        return None
+    _, bucket, keys = _place(location)
+    scheme = location.split("://", 1)[0]
+    for depth in range(len(keys), -1, -1):
+        url = "/".join((f"{scheme}://{bucket}", *keys[:depth]))
+        mark = remote_dump.remote_dump_mark(url)
+        if mark is not None:
+            return _dump_named(location, location if depth == len(keys) else url, mark)
+    return None
+
+
+def _dump_named(lake: str, folder: str, mark: str) -> str:
+    return f"is a dump ({mark})" if folder == lake else f"is inside `{folder}`, a dump ({mark})"
 
 
 def _check_other_manifests(store: Store, run: str) -> None:

@@ -20,6 +20,7 @@ from tokenlake.errors import (
     DumpNotFoundError,
     LakeError,
     PipelineError,
+    UnreadableError,
     shown,
 )
 from tokenlake.layout import Location, new_name
@@ -141,8 +142,9 @@ def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepSta
         text = remote_dump.as_urls(files, read, input_error_text(read, exc))
         return StepOutcome(files.label, status, error=text)
     except OSError as exc:  # a file vanished or became unreadable between listing and reading
-        text = f"`{exc.filename}`: {exc.strerror}. Extract again once the file is readable."
-        return StepOutcome(files.label, status, error=remote_dump.as_urls(files, read, text))
+        refused = UnreadableError(exc.filename or files.rollout_file, exc)
+        text = remote_dump.as_urls(files, read, input_error_text(read, refused))
+        return StepOutcome(files.label, status, error=text)
     step_rollups = rollups.compute_step(tokens, samples_table, run, files.rollout_id)
     try:
         written = _write_step(files, store, run, tokens, samples_table, experts, step_rollups)
@@ -220,6 +222,8 @@ def input_error_text(files: dump.StepFiles, exc: PipelineError) -> str:
     )
     where = f"rank {rank}: " if rank is not None else ""
     text = str(exc).rstrip(".")
+    if isinstance(exc, UnreadableError):  # the OS refused it: its fix, never "remove"
+        return f"{where}{text}, then extract again."
     if isinstance(exc, DumpNotFoundError):  # deleted between listing and reading
         return f"{where}{text}. Extract again to pick up the current files."
     if getattr(exc, "still_writing", False):  # its message already says "extract again later"

@@ -15,7 +15,15 @@ import numpy as np
 import pyarrow as pa
 
 from tokenlake import schema
-from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, PipelineError, UsageError, shown
+from tokenlake.errors import (
+    REFUSALS,
+    SHOWN_PATH_CHARS,
+    LakeError,
+    PipelineError,
+    UnreadableError,
+    UsageError,
+    shown,
+)
 from tokenlake.layout import Location, check_relative, check_run_name
 from tokenlake.read import dump
 from tokenlake.read.remote.remote_dump import is_object_store_url, is_remote, local_root, shown_path
@@ -152,11 +160,8 @@ def check_step(
     for table, name in step.files.items():
         try:
             read = parquet.read_table(store, name)
-        except parquet.UnreadableLakeFile as exc:  # truncated or overwritten by something else
-            # extract skips a step whose files exist and sources are unchanged: delete first
-            problems.append(
-                f"file `{name}` cannot be read ({exc.reason}); {_WAY_OUT[_kind(table)]}"
-            )
+        except parquet.UnreadableLakeFile as exc:  # truncated, overwritten, or refused by the OS
+            problems.append(_unreadable_file(name, exc.cause, table))
             continue
         unlike = columns_difference(table, read.schema, step)
         if unlike is not None:  # another program's file under tokenlake's name
@@ -174,7 +179,7 @@ def check_step(
     positions = samples.column(schema.BATCH_POSITION).to_numpy()
     if not np.array_equal(np.sort(positions), np.arange(len(positions))):
         problems.append("`samples` batch positions are not 0..n-1 exactly once")
-    expected_tokens = int(samples.column("response_length").to_numpy().sum())
+    expected_tokens = _token_rows_of(samples)
     if tokens.num_rows != expected_tokens:
         problems.append(
             f"`tokens` has {tokens.num_rows} rows; the samples' response lengths sum to"
@@ -187,6 +192,24 @@ def check_step(
     if deep and not problems:
         problems += _check_rollups(record.run, step, tables)
     return problems
+
+
+def _token_rows_of(samples: pa.Table) -> int:
+    """How many `tokens` rows the samples make: the sum of their response lengths, where a
+    NULL length (a sample logged without tokens: NeMo-RL's validation lines) makes none."""
+    import pyarrow.compute as pc
+
+    total = pc.sum(samples.column(schema.RESPONSE_LENGTH)).as_py()
+    return 0 if total is None else int(total)
+
+
+def _unreadable_file(name: str, exc: Exception, table: str) -> str:
+    """The problem line of a step's file that cannot be read: the OS refusing it (its fix,
+    never a deletion of a good file), or a damaged file (extract skips a step whose files
+    exist and sources are unchanged: delete it first)."""
+    if isinstance(exc, OSError) and exc.errno in REFUSALS:
+        return f"file `{name}` {UnreadableError(name, exc).problem}"
+    return f"file `{name}` cannot be read ({exc}); {_WAY_OUT[_kind(table)]}"
 
 
 _WAY_OUT = {

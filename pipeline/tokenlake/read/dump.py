@@ -22,6 +22,7 @@ from tokenlake.errors import (
     DumpFormatError,
     DumpNotFoundError,
     LakeError,
+    UnreadableError,
     UsageError,
     shown,
 )
@@ -182,7 +183,7 @@ def discover(dump_dir: Path, format: str = "miles", per_step_train: bool = False
         )
     train, unread, ignored = _list_train_files(Dump(root).train_dir, per_step_train)
     steps: dict[tuple[int, bool], StepFiles] = {}
-    for path in sorted(rollout_dir.iterdir()):
+    for path in listed(rollout_dir):
         match = _ROLLOUT_NAME.match(path.name)
         why = not_a_dump_file(path, match, (2,))
         if why is not None:
@@ -208,8 +209,12 @@ def discover(dump_dir: Path, format: str = "miles", per_step_train: bool = False
 def checked_root(dump_dir: Path) -> Path:
     """The dump directory, resolved: it exists, is a directory, and its path is UTF-8."""
     root = dump_dir.resolve()
-    if not root.exists():
-        raise DumpNotFoundError(dump_dir, "does not exist")
+    try:
+        root.stat()
+    except FileNotFoundError:
+        raise DumpNotFoundError(dump_dir, "does not exist") from None
+    except OSError as exc:  # a folder above it is not searchable
+        raise UnreadableError(dump_dir, exc) from None
     if not root.is_dir():
         raise DumpNotFoundError(dump_dir, "is not a directory")
     _require_utf8(dump_dir, root)
@@ -247,8 +252,19 @@ def _file_kind(path: Path) -> str | None:
     """`a FIFO`, `a directory`, ... for anything but a regular file (following links)."""
     try:
         return bounded.kind_of(path.stat().st_mode)
+    except FileNotFoundError:  # a dangling link, or gone since the listing
+        return "a name whose file does not exist"
+    except OSError as exc:  # never ignore a file the OS hides: the step would lack it
+        raise UnreadableError(path, exc) from None
+
+
+def listed(folder: Path) -> list[Path]:
+    """The entries of one of the dump's folders, sorted; the OS refusing to list it is an
+    UnreadableError naming the folder and the fix."""
+    try:
+        return sorted(folder.iterdir())
     except OSError as exc:
-        return f"unreadable ({exc.strerror or exc})"
+        raise UnreadableError(folder, exc, "listed") from None
 
 
 def refuse_duplicate(earlier: StepFiles | Path | None, path: Path, what: str = "step") -> None:
@@ -274,7 +290,7 @@ def _list_train_files(
     if not train_dir.is_dir():
         return by_step, unread, ignored
     read, other = (_TRAIN_STEP_NAME, _TRAIN_NAME) if per_step else (_TRAIN_NAME, _TRAIN_STEP_NAME)
-    for path in sorted(train_dir.iterdir()):
+    for path in listed(train_dir):
         match = read.match(path.name)
         foreign = None if match else other.match(path.name)
         if foreign is not None and not_a_dump_file(path, foreign, (1,)) is None:

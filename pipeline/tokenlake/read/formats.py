@@ -16,7 +16,8 @@ another layout then fail their steps, see `dump.unread_train_error`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -95,14 +96,44 @@ class Layout:
         return " and ".join(parts)
 
 
+def dump_mark(entries: Iterable[tuple[str, bool]]) -> str | None:
+    """What makes a folder a dump, from its entries (name, whether a folder), as a message
+    names it; None: nothing does (detection needs one of these to read a folder at all).
+
+    Examples:
+        >>> dump_mark([("notes", True), ("rollout_data", True)])
+        'miles, slime: it holds `rollout_data/`'
+        >>> dump_mark([("train_data_step3.jsonl", False)]), dump_mark([("rollout_data", False)])
+        ('NeMo-RL: it holds `train_data_step3.jsonl`', None)
+    """
+    for name, is_folder in sorted(entries):  # the same line whatever the listing's order
+        if is_folder and name == dump.ROLLOUT_DIR:
+            return f"miles, slime: it holds `{dump.ROLLOUT_DIR}/`"
+        if not is_folder and nemo_rl.is_log_name(name):
+            return f"NeMo-RL: it holds `{shown(name, literal=False)}`"
+    return None
+
+
+def local_dump_mark(folder: Path) -> str | None:
+    """`dump_mark` of a local folder (None as well when it is missing or cannot be listed)."""
+    try:
+        with os.scandir(folder) as entries:
+            return dump_mark((e.name, e.is_dir()) for e in entries)
+    except OSError:
+        return None
+
+
 def layout_of(root: Path) -> Layout:
+    """The directory's layout, from one listing of it and of its `train_data/` (a folder the
+    OS refuses to list is an UnreadableError, never a layout without it)."""
+    top = dump.listed(root)  # first: an unsearchable root fails here, with its own line
     train_dir = root / dump.TRAIN_DIR
-    names = sorted(p.name for p in train_dir.iterdir()) if train_dir.is_dir() else []
+    names = [p.name for p in dump.listed(train_dir)] if train_dir.is_dir() else []
     return Layout(
         rollout_dir=(root / dump.ROLLOUT_DIR).is_dir(),
         per_rank=sum(1 for n in names if dump._TRAIN_NAME.match(n)),
         per_step=sum(1 for n in names if dump._TRAIN_STEP_NAME.match(n)),
-        logs=sum(1 for p in root.iterdir() if nemo_rl.is_log_name(p.name)),
+        logs=sum(1 for p in top if nemo_rl.is_log_name(p.name)),
         miles_folders=tuple(f for f in MILES_FOLDERS if (root / f).is_dir()),
     )
 
@@ -156,7 +187,7 @@ def _has_miles_metadata(root: Path, load: Loader) -> bool:
     rollout file since 2026-07-10; never slime's). A dump without a readable rollout file
     reads as miles: the files are the same, and each step reports its own problem."""
     candidates = []
-    for path in (root / dump.ROLLOUT_DIR).iterdir():
+    for path in dump.listed(root / dump.ROLLOUT_DIR):
         match = dump._ROLLOUT_NAME.match(path.name)
         if dump.not_a_dump_file(path, match, (2,)) is None:
             candidates.append((path.stat().st_size, path.name, path))

@@ -45,6 +45,7 @@ from tokenlake.errors import (
     DumpFormatError,
     DumpNotFoundError,
     PipelineError,
+    UnreadableError,
     shown,
 )
 from tokenlake.read import dump, pt, validate
@@ -85,7 +86,7 @@ def discover(root: Path) -> dump.Dump:
     `val_data_step{N}.jsonl` as evaluation step N."""
     steps: dict[tuple[int, bool], dump.StepFiles] = {}
     ignored: list[tuple[Path | str, str]] = []
-    for path in sorted(root.iterdir()):
+    for path in dump.listed(root):
         match = LOG_NAME.match(path.name)
         if match is None:
             continue
@@ -123,6 +124,8 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, JSON object) of each non-blank line, read one line at a time."""
     try:
         handle = bounded.open_regular(path)
+    except UnreadableError:
+        raise  # the OS refused it: its own line and fix
     except BoundedReadError as exc:
         raise DumpNotFoundError(path, exc.problem) from None
     with handle:

@@ -119,8 +119,9 @@ class Store(Protocol):
         """This store, or a one-line LakeError saying why the location is not a lake (a dump is
         named as one by `read.dump.require_lake`)."""
 
-    def check_writable_for(self, dump_root: Path) -> None:
-        """Refuse a lake that would write into the dump or into folders not its own."""
+    def check_writable(self) -> None:
+        """Refuse a lake location that is a file or holds folders not its own (overlap with
+        a dump: `orchestrate.extract.check_apart`)."""
 
     def check_links(self, run: str) -> None:
         """Refuse the run if any of its folders or files is a symbolic link (local lakes)."""

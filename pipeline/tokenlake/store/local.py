@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from tokenlake import bounded, schema
-from tokenlake.errors import LakeError
+from tokenlake.errors import LakeError, UnreadableError
 from tokenlake.layout import (
     CATALOG_FILE,
     LOCK_FILE,
@@ -199,9 +199,15 @@ class LocalStore:
 
     def manifest_paths(self) -> list[Path]:
         """Every run's manifest file, by name."""
-        if not self.manifest_dir.is_dir():
+        try:  # never glob: it reads a folder the OS refuses as an empty one (no runs at all)
+            with os.scandir(self.manifest_dir) as entries:
+                names = [e.name for e in entries]
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(p for p in self.manifest_dir.glob("*.json") if not p.name.startswith("."))
+        except OSError as exc:
+            raise UnreadableError(self.manifest_dir, exc, "listed") from None
+        chosen = (n for n in names if n.endswith(".json") and not n.startswith("."))
+        return sorted(self.manifest_dir / name for name in chosen)
 
     def new_file(
         self,
@@ -287,17 +293,11 @@ class LocalStore:
             )
         return self
 
-    def check_writable_for(self, dump_root: Path) -> None:
-        """Refuse a lake that would write into the dump or into folders that are not its own."""
-        if self.root == dump_root or dump_root in self.root.parents:
-            raise LakeError(self.root, "is inside the dump directory; tokenlake never writes there")
+    def check_writable(self) -> None:
+        """Refuse a lake directory that is a file, or holds folders that are not its own."""
         if self.root.exists() and not self.root.is_dir():
             raise LakeError(self.root, "is a file, not a directory; choose another --lake")
         own = [self.root / name for name in TOP_LEVEL_DIRS]
-        if any(dump_root == p or p in dump_root.parents for p in own):
-            raise LakeError(
-                self.root, f"would write into the dump `{dump_root}`; choose another --lake"
-            )
         if self.root.is_dir() and not self.manifest_dir.exists():  # not a lake (yet)
             foreign = [p.name for p in own if p.exists()]
             if foreign:

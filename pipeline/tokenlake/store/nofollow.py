@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, shown
+from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, UnreadableError, shown
 from tokenlake.layout import is_partition_folder, made_here
 
 # A folder opened without following a link: a sweep walks only what it opened this way.
@@ -94,7 +94,7 @@ def opened(root: Path, parts: Iterable[str]) -> Iterator[list[int]]:
                     raise link_error(root, "/".join(walked)) from None
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                     break
-                raise
+                raise UnreadableError(root.joinpath(*walked), exc, "opened") from None
         yield folders
     finally:
         for descriptor in folders:

@@ -251,9 +251,8 @@ class ObjectStore:
             )
         return self
 
-    def check_writable_for(self, dump_root: Path) -> None:
-        """A local dump is never under an object-store prefix; refuse a prefix that holds
-        folders a lake writes but is not a lake."""
+    def check_writable(self) -> None:
+        """Refuse a prefix that holds folders a lake writes but is not a lake."""
         if self.is_lake():
             return
         for name in TOP_LEVEL_DIRS[:-1]:  # the manifest folder: is_lake said there is none

@@ -13,11 +13,12 @@ from tokenlake.store.base import Store
 
 class UnreadableLakeFile(LakeError):
     """A lake file pyarrow cannot read: truncated, another program's bytes, not a regular file,
-    or an OS error (`reason` is what the reader said)."""
+    or an OS error (`cause`; `reason` is what it said)."""
 
-    def __init__(self, url: str, reason: str) -> None:
-        self.reason = reason
-        super().__init__(url, f"cannot be read ({reason})")
+    def __init__(self, url: str, cause: Exception) -> None:
+        self.cause = cause
+        self.reason = str(cause)
+        super().__init__(url, f"cannot be read ({self.reason})")
 
 
 def read_table(store: Store, name: str) -> pa.Table:
@@ -30,4 +31,4 @@ def read_table(store: Store, name: str) -> pa.Table:
         where, filesystem = store.arrow_source(name)
         return pq.read_table(where, filesystem=filesystem)
     except (OSError, pa.ArrowException) as exc:
-        raise UnreadableLakeFile(store.url(name), str(exc)) from exc
+        raise UnreadableLakeFile(store.url(name), exc) from exc

@@ -35,6 +35,7 @@ from tokenlake.errors import (
     DumpFileError,
     DumpNotFoundError,
     PipelineError,
+    UnreadableError,
     UnsafePickleError,
     shown,
 )
@@ -127,11 +128,14 @@ def _unpickle(archive: Archive) -> Any:
 
 
 def _stat(path: Path) -> os.stat_result:
-    """`os.stat`, with a missing file reported as DumpNotFoundError."""
+    """`os.stat`, with a missing file reported as DumpNotFoundError, any other refusal of the
+    OS (a folder above it not searchable) as UnreadableError."""
     try:
         return path.stat()
     except FileNotFoundError as exc:
         raise DumpNotFoundError(path, "does not exist") from exc
+    except OSError as exc:
+        raise UnreadableError(path, exc) from None
 
 
 def load(path: Path) -> Any:
@@ -179,6 +183,8 @@ def load(path: Path) -> Any:
     except PipelineError:
         raise
     except Exception as exc:  # any other failure inside the pickle is a corrupt file
+        if isinstance(exc, OSError) and exc.errno is not None:  # but the OS refused it
+            raise UnreadableError(path, exc) from None
         # 200: the unpickler's own sentence whole (it may quote the file's bytes, so cut)
         text = shown(str(exc), 200, literal=False)
         reason = f"its pickle is corrupt ({type(exc).__name__}: {text})"

@@ -28,8 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tokenlake.errors import DumpNotFoundError, LakeError
-from tokenlake.layout import TOP_LEVEL_DIRS, is_url
+from tokenlake.errors import DumpNotFoundError, PipelineError
 from tokenlake.read import formats, pt
 from tokenlake.read.dump import Dump, RemoteFiles, StepFiles
 from tokenlake.read.remote.remote_stage import (
@@ -52,12 +51,12 @@ __all__ = [
     "RemoteObjectError",
     "as_urls",
     "OBJECT_STORE_SCHEMES",
-    "check_apart",
     "discover",
     "dump_name",
     "hydrated",
     "is_object_store_url",
     "is_remote",
+    "remote_dump_mark",
     "local_root",
     "shown_path",
     "stage",
@@ -156,29 +155,18 @@ def is_object_store_url(location: str) -> bool:
     return is_remote(location) and location.partition("://")[0].lower() in OBJECT_STORE_SCHEMES
 
 
-def check_apart(listing: Dump, lake: Path | str) -> None:
-    """A lake URL inside a remote dump's prefix (or one whose tables would hold the dump) is
-    refused, as for directories: tokenlake never writes into a dump. Locations are compared
-    as (store, bucket, key prefix), not as text.
-
-    Examples:
-        >>> check_apart(Dump(Path("stage"), url="s3://b/run"), "s3a://b/run/lake")
-        Traceback (most recent call last):
-        ...
-        tokenlake.errors.LakeError: Lake `s3a://b/run/lake`: is inside the dump `s3://b/run`; tokenlake never writes there
-    """
-    if listing.url is None or not is_url(lake):
-        return
-    dump, where = listing.url.rstrip("/"), str(lake).rstrip("/")
-    dump_at, store_at = store_location(dump), store_location(where)
-    if dump_at[:2] != store_at[:2]:
-        return
-    dump_key, lake_key = dump_at[2], store_at[2]
-    if lake_key[: len(dump_key)] == dump_key:
-        raise LakeError(where, f"is inside the dump `{dump}`; tokenlake never writes there")
-    own = [(*lake_key, name) for name in TOP_LEVEL_DIRS]
-    if any(dump_key[: len(folder)] == folder for folder in own):
-        raise LakeError(where, f"would write into the dump `{dump}`; choose another --lake")
+def remote_dump_mark(url: str) -> str | None:
+    """`formats.dump_mark` of an object-store prefix, from one listing of its top level (None
+    as well when it holds nothing or cannot be listed)."""
+    try:
+        fs, base = filesystem(url)
+        entries = fs.ls(base, detail=True, refresh=True)
+    except (OSError, PipelineError):  # cannot be listed: nothing says it is a dump
+        return None
+    return formats.dump_mark(
+        (str(e["name"]).rstrip("/").rsplit("/", 1)[-1], e.get("type") == "directory")
+        for e in entries
+    )
 
 
 def _remote_files(url: str, files: StepFiles) -> RemoteFiles:
