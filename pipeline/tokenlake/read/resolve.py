@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,9 @@ class TrainRow:
     alignment_failed: bool
     # bool [R]: positions no CP rank stores (prompt length 0); unknown in every CP-sliced field
     holes: np.ndarray | None = None
+    # field -> bool [R]: positions the format wrote as unknown (prime-rl's `null`): NULL in
+    # that field's column, and in `lp_diff` where either log-prob is unknown
+    nulls: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def locate_rows(
