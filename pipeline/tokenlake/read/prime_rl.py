@@ -25,9 +25,10 @@ mapping; in short:
   NULL. The ratio fields (`log_importance_ratio`, `mismatch_kl`, ...) are derived from the two
   log-probs: the lake derives them from `lp_diff`, with the same sign.
 
-A step folder without `STABLE` is still being written: reading it is refused as "not yet"
-(`StepNotReadyError`), so no step lands half; extracting again (or `--follow`) picks it up once
-`STABLE` is there. No reward, group index, weight version or truncation flag is exported: NULL.
+A step folder without `STABLE` is still being written: it is not listed as a step ("not yet",
+among the ignored files), so no step lands half; extracting again (or `--follow`, which lists
+the run again each round) picks it up once `STABLE` is there. `STABLE` is the step's first
+file, so its fingerprint covers it. No reward, group index, weight version or truncation flag is exported: NULL.
 
 Lines are streamed one at a time (`bounded.lines`): a line longer than `MAX_LINE_BYTES`, a rank
 file larger than `MAX_FILE_BYTES`, a line nested deeper than `MAX_DEPTH`, or one that is not a
@@ -53,7 +54,6 @@ from tokenlake.errors import (
     BoundedReadError,
     DumpFormatError,
     DumpNotFoundError,
-    StepNotReadyError,
     shown,
 )
 from tokenlake.read import dump, validate
@@ -78,6 +78,7 @@ MAX_FILE_BYTES = 16 << 30
 MAX_DEPTH = 4  # {"token_ids": [1, 2]} nests 2 deep
 # prime-rl exports no truncation flag: unknown, never false.
 _NOT_EXPORTED = ("truncated",)
+NOT_YET = f"not yet: it has no `{STABLE}`, prime-rl is still writing the step"
 _FLOATS = ("advantages", "inference_logprobs", "trainer_logprobs", "entropy")
 _WEIGHTS = ("rl_weights", "ce_weights", "ref_kl_weights")
 _FLAGS = ("is_masked", "is_masked_high", "is_masked_low")
@@ -117,14 +118,25 @@ def discover(root: Path) -> dump.Dump:
         if not ranks:
             ignored.append((folder, "holds no `rank_{R}.jsonl` file"))
             continue
-        rid = int(match.group(1))
         stable = folder / STABLE
+        if not _is_regular(stable):  # not yet: never read half a step
+            ignored.append((folder, NOT_YET))
+            continue
+        rid = int(match.group(1))
         dump.refuse_duplicate(steps.get(rid), stable)
         steps[rid] = dump.StepFiles(
             rid, False, stable, tuple(sorted(ranks.items())), root=root, format="prime-rl"
         )
     ordered = sorted(steps.values(), key=lambda s: s.rollout_id)
     return dump.Dump(root, tuple(ordered), tuple(sorted(ignored)))
+
+
+def _is_regular(path: Path) -> bool:
+    """A regular file, not a link (`STABLE` is an empty file prime-rl touches)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _rank_files(folder: Path, ignored: list[tuple[Path | str, str]]) -> dict[int, Path]:
@@ -160,19 +172,10 @@ def read_step(files: dump.StepFiles) -> StepRead:
 
 
 def _require_stable(files: dump.StepFiles) -> None:
-    """`STABLE` is there (a regular file, not a link): every rank flushed the step."""
+    """`STABLE` is still there (listing found it): every rank flushed the step."""
     marker = files.rollout_file
-    try:
-        info = os.lstat(marker)
-    except FileNotFoundError:
-        raise StepNotReadyError(
-            marker.parent, f"has no `{STABLE}` yet: prime-rl is still writing the step"
-        ) from None
-    if not stat.S_ISREG(info.st_mode):
-        kind = bounded.kind_of(info.st_mode) or "a link"
-        raise DumpFormatError(
-            marker, f"is {kind}, not the empty file prime-rl marks a complete step with"
-        )
+    if not _is_regular(marker):
+        raise DumpNotFoundError(marker.parent, f"lost its `{STABLE}` since it was listed")
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
