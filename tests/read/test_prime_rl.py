@@ -369,6 +369,24 @@ def test_a_step_without_stable_is_not_yet_and_lands_once_stable_appears(tmp_path
     assert rows(tmp_path / "lake", "SELECT count(*) FROM samples") == [(16,)]
 
 
+def test_the_cli_says_which_step_is_not_yet_and_what_it_read(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tokenlake.cli import main
+
+    run = _copy(tmp_path)
+    (run / "token_exports" / "step_2" / "STABLE").unlink()
+    result = CliRunner().invoke(main, ["extract", str(run), "--lake", str(tmp_path / "lake")])
+    assert result.exit_code == 0
+    lines = result.stderr.splitlines()
+    assert lines[-2:] == [
+        "Read the dump as prime-rl (detected from its layout).",
+        f"Ignored `{run}/token_exports/step_2`: not yet: it has no `STABLE`, prime-rl is still"
+        " writing the step",
+    ]
+    assert result.stdout.startswith("Run `run`: 1 new, 0 updated, 0 unchanged, 0 removed")
+
+
 def test_a_changed_rank_file_re_extracts_its_step_alone(tmp_path: Path) -> None:
     run = _copy(tmp_path)
     lake = tmp_path / "lake"
@@ -529,11 +547,14 @@ def test_stray_files_and_folders_are_ignored_with_a_reason(tmp_path: Path) -> No
     exports = run / "token_exports"
     (exports / "step_1" / "rank_0.jsonl.bak").write_text("")
     (exports / "latest").mkdir()
+    (exports / "step_8").mkdir()  # just created by prime-rl: no rank file, no STABLE yet
     (exports / "step_9").mkdir()
+    (exports / "step_9" / "STABLE").touch()
     listing = prime_rl.discover(run)
     assert [s.label for s in listing.steps] == ["1", "2"]
     assert listing.ignored == (
         (exports / "latest", "not a `step_{N}` folder of prime-rl's token exports"),
         (exports / "step_1" / "rank_0.jsonl.bak", "not a rollout or train dump file name"),
+        (exports / "step_8", "not yet: it has no `STABLE`, prime-rl is still writing the step"),
         (exports / "step_9", "holds no `rank_{R}.jsonl` file"),
     )

@@ -114,13 +114,13 @@ def discover(root: Path) -> dump.Dump:
         if int(match.group(1)) > INT64_MAX:
             ignored.append((folder, f"its step exceeds the largest step id ({INT64_MAX})"))
             continue
-        ranks = _rank_files(folder, ignored)
-        if not ranks:
-            ignored.append((folder, "holds no `rank_{R}.jsonl` file"))
-            continue
         stable = folder / STABLE
         if not _is_regular(stable):  # not yet: never read half a step
             ignored.append((folder, NOT_YET))
+            continue
+        ranks = _rank_files(folder, ignored)
+        if not ranks:
+            ignored.append((folder, "holds no `rank_{R}.jsonl` file"))
             continue
         rid = int(match.group(1))
         dump.refuse_duplicate(steps.get(rid), stable)
