@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from tests.fixture_paths import PRIME_RL_REAL
-from tokenlake.errors import UsageError
 from tokenlake.generator.synth import PRESETS, write_dump
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
@@ -115,13 +114,3 @@ def test_the_bench_preset_is_prime_rls_layout_at_the_bench_size() -> None:
     assert (bench.framework, small.framework) == ("prime-rl", "prime-rl")
     assert bench.samples_per_step == PRESETS["bench"].samples_per_step
     assert bench.dashboard_columns is False
-
-
-def test_its_ground_truth_is_refused_rather_than_wrong(tmp_path: Path) -> None:
-    with pytest.raises(UsageError) as caught:
-        write_dump(tmp_path / "run", PRESETS["prime-rl"], keep_truth=True)
-    assert str(caught.value) == (
-        "The ground truth of a dump in prime-rl's layout is not kept (its samples are"
-        " reordered by rank and its prompts end at the first loss token); compare its drift"
-        " with the miles layout's of the same spec."
-    )

@@ -408,12 +408,6 @@ def write_dump(
     """
     extras.require_torch("Writing a synthetic dump")
     _validate(spec)
-    if keep_truth and spec.framework == "prime-rl":
-        raise UsageError(
-            "The ground truth of a dump in prime-rl's layout is not kept (its samples are"
-            " reordered by rank and its prompts end at the first loss token); compare its"
-            " drift with the miles layout's of the same spec."
-        )
     out = Path(out)
     _prepare(out, spec, force)
     truth = Truth(spec=spec, samples={}) if keep_truth else None
