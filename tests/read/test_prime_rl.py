@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -487,13 +488,24 @@ def test_a_line_that_is_not_an_object_fails_its_step(
     assert summary.failed[0][1].startswith(f"`{path}` (line 3): {problem}")
 
 
-def test_a_rank_file_cut_mid_line_fails_its_step(tmp_path: Path) -> None:
-    """prime-rl writes whole lines before `STABLE`: a complete step ending mid-line was cut."""
+def test_a_rank_file_cut_mid_line_is_being_rewritten_or_was_cut_short(tmp_path: Path) -> None:
+    """prime-rl writes whole lines before `STABLE`: a complete step's file ending mid-line is
+    being rewritten when it is young (a resumed run re-running the step), else was cut."""
     run = _copy(tmp_path)
     path = run / "token_exports" / "step_1" / "rank_1.jsonl"
     text = path.read_text()
     path.write_text(text[:-100])
-    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1))
+    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1, steps={1}))
+    assert summary.failed == [
+        (
+            "1",
+            f"Cannot read `{path}`: its last line (line 4) has no newline. It was modified less"
+            " than a minute ago and is probably still being written; extract again later.",
+        )
+    ]
+    old = path.stat().st_mtime - 3600
+    os.utime(path, (old, old))
+    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1, steps={1}))
     assert summary.failed == [
         ("1", f"`{path}` (line 4): ends without a newline: the file was cut short. {AFTER}")
     ]

@@ -43,6 +43,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,13 @@ import numpy as np
 from tokenlake import bounded
 from tokenlake.errors import (
     BoundedReadError,
+    DumpFileError,
     DumpFormatError,
     DumpNotFoundError,
+    PipelineError,
     shown,
 )
-from tokenlake.read import dump, validate
+from tokenlake.read import dump, ptread, validate
 from tokenlake.read.resolve import TrainRow
 from tokenlake.read.step_read import StepRead
 from tokenlake.read.train_checks import exact_int
@@ -185,7 +188,8 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     except BoundedReadError as exc:
         raise DumpNotFoundError(path, exc.problem) from None
     with handle:
-        size = os.fstat(handle.fileno()).st_size
+        info = os.fstat(handle.fileno())
+        size = info.st_size
         if size > MAX_FILE_BYTES:
             raise DumpFormatError(
                 path,
@@ -202,13 +206,18 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                     sample=label,
                 )
             if not line.complete and line.text.strip():
-                # prime-rl writes each line whole, before `STABLE`: a step marked complete
-                # whose file ends mid-line was cut short
-                raise DumpFormatError(
-                    path, "ends without a newline: the file was cut short", sample=label
-                )
+                raise _cut_short(path, label, info.st_mtime)
             if line.text.strip():
                 yield number, _parse(path, line.text, label)
+
+
+def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:
+    """A last line without its newline in a step marked complete: prime-rl writes each line
+    whole before `STABLE`, so a young file is being rewritten (a resumed run re-running the
+    step truncates it first: extract again later), an older one was cut short."""
+    if time.time() - mtime < ptread.FRESH_SECONDS:
+        return DumpFileError(path, f"its last line ({label}) has no newline", still_writing=True)
+    return DumpFormatError(path, "ends without a newline: the file was cut short", sample=label)
 
 
 def _parse(path: Path, raw: bytes, label: str) -> dict[str, Any]:
