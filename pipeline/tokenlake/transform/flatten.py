@@ -128,10 +128,11 @@ def _unknown(train: TrainRow, columns: dict[str, np.ndarray | None]) -> dict[str
         **schema.FLAG_TOKEN_FIELDS,
         schema.ROLLOUT_LOG_PROBS_FIELD: schema.ROLLOUT_LOG_PROB,
     }
+    # lp_diff is unknown wherever either of its log-probs is
+    in_lp_diff = ("log_probs", schema.ROLLOUT_LOG_PROBS_FIELD)
     for name, where in train.nulls.items():
-        for column in (by_field[name], schema.LP_DIFF):
-            if column == schema.LP_DIFF and name not in ("log_probs", "rollout_log_probs"):
-                continue
+        targets = (by_field[name], schema.LP_DIFF) if name in in_lp_diff else (by_field[name],)
+        for column in targets:
             if columns.get(column) is not None:
                 earlier = unknown.get(column)
                 unknown[column] = where if earlier is None else earlier | where
