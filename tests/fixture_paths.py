@@ -15,10 +15,11 @@ MILES_REAL = Path(__file__).resolve().parent / "fixtures" / "miles-real"
 REAL_DUMPS = MILES_REAL / "dumps"
 REAL_ORACLE = MILES_REAL / "oracle"
 
-# Real slime dumps and NeMo-RL logs written by each framework's own code, with reference answers
+# Real slime dumps, NeMo-RL logs and prime-rl token exports written by each framework's own code, with reference answers
 # (each folder's README says how); listed with their hashes in each MANIFEST.sha256.
 SLIME_REAL = Path(__file__).resolve().parent / "fixtures" / "slime-real"
 NEMO_RL_REAL = Path(__file__).resolve().parent / "fixtures" / "nemo-rl-real"
+PRIME_RL_REAL = Path(__file__).resolve().parent / "fixtures" / "prime-rl-real"
 MILES_NEXT = Path(__file__).resolve().parent / "fixtures" / "miles-next"
 NEXT_DUMPS = MILES_NEXT / "dumps"
 NEXT_ORACLE = MILES_NEXT / "oracle"

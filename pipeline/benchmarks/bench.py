@@ -7,7 +7,7 @@ Each measured pipeline runs in a fresh subprocess so that its wall time, CPU tim
   and of the largest worker, bytes per token on disk — for tokenlake with 1 and 2 workers, and
   for a baseline pipeline (torch.load each file + concatenate + write with the same Parquet
   settings), with the ratios;
-- the same for slime's format 2 and NeMo-RL's layouts of the batches (`--formats`);
+- the same for slime's format 2, NeMo-RL's and prime-rl's layouts of the batches (`--formats`);
 - every aggregate view's time as a ratio to a plain aggregate scan of `tokens` in the same\n  DuckDB process (interleaved, best of 5), so a busy machine slows both sides alike;
 - the rollups (docs/rollups.md): their share of extraction time and of the lake's bytes, every
   view and audit's seconds on the bench lake and on one with a quarter of its tokens at the same
@@ -281,8 +281,13 @@ def _wait_until_settled(dump_dir: Path) -> None:
 
 
 def _dump_files(dump_dir: Path) -> list[Path]:
-    """The files extraction reads: `.pt` files, or NeMo-RL's logged batches."""
-    return [*dump_dir.rglob("*.pt"), *dump_dir.glob("*_data_step*.jsonl")]
+    """The files extraction reads: `.pt` files, NeMo-RL's logged batches, or prime-rl's token
+    exports."""
+    return [
+        *dump_dir.rglob("*.pt"),
+        *dump_dir.glob("*_data_step*.jsonl"),
+        *dump_dir.glob("token_exports/step_*/rank_*.jsonl"),
+    ]
 
 
 def _best_extract(dump_dir: Path, lake: Path, workers: int, repeat: int) -> dict[str, Any]:
@@ -492,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--formats",
         nargs="*",
-        default=["bench-slime-v2", "bench-nemo-rl"],
+        default=["bench-slime-v2", "bench-nemo-rl", "bench-prime-rl"],
         help="presets of the other dump formats to measure too (none: miles only)",
     )
     args, rest = parser.parse_known_args(argv)

@@ -202,7 +202,7 @@ class _SafeFormatter(logging.Formatter):
     "--format",
     "dump_format",
     metavar="FORMAT",
-    help="The dump's format: miles, slime-v1, slime-v2 or nemo-rl (docs/frameworks.md)."
+    help="The dump's format: miles, slime-v1, slime-v2, nemo-rl or prime-rl (docs/frameworks.md)."
     " Default: detected from the directory's layout.",
 )
 @click.option(

@@ -161,6 +161,18 @@ class DumpFileError(PipelineError):
         super().__init__(f"Cannot read `{self.path}`: {reason}.{hint}")
 
 
+class StepNotReadyError(PipelineError):
+    """A step its framework is still writing (prime-rl's step folder without `STABLE`): not
+    yet, never read half; extracting again once it is complete picks it up."""
+
+    still_writing = True  # the step's line says "not yet", not "replace the file"
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"`{self.path}` {reason}; extract again once it is there")
+
+
 class UnsafePickleError(DumpFileError):
     """A pickle references a global outside tokenlake's allow-list; nothing from it was run."""
 

@@ -27,7 +27,9 @@ from tokenlake.errors import RowKeysError
 #    `token_version`, `token_staleness`, `support_size`, `teacher_log_prob`,
 #    `teacher_entropy`, `opd_reverse_kl`, `value` and `loss_weight`; `samples` gained
 #    `bounded_sampling`, `start_weight_version` and `start_staleness`.
-SCHEMA_VERSION = 4
+# 5: `tokens` gained `rl_weight`, `ce_weight`, `ref_kl_weight`, `dppo_masked`,
+#    `dppo_masked_high` and `dppo_masked_low` (prime-rl); `samples` gained `env_name`.
+SCHEMA_VERSION = 5
 TOOL_NAME = "tokenlake"
 
 # ---------------------------------------------------------------------------------------------
@@ -100,6 +102,12 @@ TEACHER_ENTROPY = "teacher_entropy"
 OPD_REVERSE_KL = "opd_reverse_kl"
 VALUE = "value"
 LOSS_WEIGHT = "loss_weight"
+RL_WEIGHT = "rl_weight"
+CE_WEIGHT = "ce_weight"
+REF_KL_WEIGHT = "ref_kl_weight"
+DPPO_MASKED = "dppo_masked"
+DPPO_MASKED_HIGH = "dppo_masked_high"
+DPPO_MASKED_LOW = "dppo_masked_low"
 
 TOKENS_SCHEMA = pa.schema(
     [
@@ -163,6 +171,19 @@ TOKENS_SCHEMA = pa.schema(
         # Client-supplied per-token loss weight (Tinker-style batches, miles `loss_weights`;
         # may be fractional or negative, unlike loss_mask); null where the sample had none.
         pa.field(LOSS_WEIGHT, pa.float32()),
+        # prime-rl's per-token loss component weights (`rl_weights`, `ce_weights`,
+        # `ref_kl_weights`); null where the micro-batch had no such stream (prime-rl's
+        # defaults: rl 1.0 on the loss mask, no ce or ref_kl component) and in other formats.
+        pa.field(RL_WEIGHT, pa.float32()),
+        pa.field(CE_WEIGHT, pa.float32()),
+        pa.field(REF_KL_WEIGHT, pa.float32()),
+        # prime-rl's DPPO trust-region masks (`is_masked`, `is_masked_high`, `is_masked_low`):
+        # the token was masked out of the policy loss (its probability moved past the bound;
+        # high: with a positive advantage, low: with a negative one). Null where prime-rl
+        # computed none (a pure cross-entropy micro-batch, another loss) and in other formats.
+        pa.field(DPPO_MASKED, pa.bool_()),
+        pa.field(DPPO_MASKED_HIGH, pa.bool_()),
+        pa.field(DPPO_MASKED_LOW, pa.bool_()),
     ]
 )
 
@@ -189,6 +210,18 @@ ROLLOUT_TOKEN_FIELDS: dict[str, str] = {
     "loss_weights": LOSS_WEIGHT,
     "advantages": ADVANTAGE,
 }
+# Per-token fields only some formats' readers give (prime-rl), never CP-sliced, and the
+# `tokens` column each becomes: weights (float32) and flags (bool).
+WEIGHT_TOKEN_FIELDS: dict[str, str] = {
+    "rl_weights": RL_WEIGHT,
+    "ce_weights": CE_WEIGHT,
+    "ref_kl_weights": REF_KL_WEIGHT,
+}
+FLAG_TOKEN_FIELDS: dict[str, str] = {
+    "is_masked": DPPO_MASKED,
+    "is_masked_high": DPPO_MASKED_HIGH,
+    "is_masked_low": DPPO_MASKED_LOW,
+}
 ROLLOUT_LOG_PROBS_FIELD = "rollout_log_probs"
 # Every CP-sliced field the resolver reassembles (the reference's seven, dump-format.md 4.7).
 CP_SLICED_FIELDS: tuple[str, ...] = (ROLLOUT_LOG_PROBS_FIELD, *TRAIN_TOKEN_FIELDS)
@@ -208,7 +241,12 @@ TOKEN_STAT_COLUMNS: tuple[str, ...] = (
     OPD_REVERSE_KL,
     VALUE,
     LOSS_WEIGHT,
+    RL_WEIGHT,
+    CE_WEIGHT,
+    REF_KL_WEIGHT,
 )
+# Per-token flag columns (bool; NULL where the loss mask is 0, as the stat columns).
+TOKEN_FLAG_COLUMNS: tuple[str, ...] = tuple(FLAG_TOKEN_FIELDS.values())
 
 # ---------------------------------------------------------------------------------------------
 # `samples`: one row per sample of every rollout dump, keyed by
@@ -251,6 +289,7 @@ DUMPED_RANK = "dumped_rank"
 ALIGNMENT_FAILED = "alignment_failed"
 TRAIN_TOTAL_LENGTH = "train_total_length"
 TRAIN_RESPONSE_LENGTH = "train_response_length"
+ENV_NAME = "env_name"
 
 SAMPLES_SCHEMA = pa.schema(
     [
@@ -300,6 +339,7 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field(ALIGNMENT_FAILED, pa.bool_(), nullable=False),  # CP reassembly refused
         pa.field(TRAIN_TOTAL_LENGTH, pa.int32()),  # train `total_lengths` (media expansion)
         pa.field(TRAIN_RESPONSE_LENGTH, pa.int32()),  # train `response_lengths`
+        pa.field(ENV_NAME, pa.string()),  # the environment the sample came from (prime-rl)
     ]
 )
 
@@ -413,8 +453,9 @@ FORMAT_VERSION = "format_version"
 
 RUN_FORMAT_SCHEMA = pa.schema(
     [
-        pa.field(FRAMEWORK, pa.string()),  # miles, slime or nemo-rl
-        pa.field(DUMP_FORMAT, pa.string()),  # miles, slime-v1, slime-v2 or nemo-rl (--format)
+        pa.field(FRAMEWORK, pa.string()),  # miles, slime, nemo-rl or prime-rl
+        # miles, slime-v1, slime-v2, nemo-rl or prime-rl (--format)
+        pa.field(DUMP_FORMAT, pa.string()),
         # The framework's numbered train dump format (slime: 1 or 2); NULL for unnumbered ones.
         pa.field(FORMAT_VERSION, pa.int32()),
     ]

@@ -81,6 +81,9 @@ class TrainRow:
     alignment_failed: bool
     # bool [R]: positions no CP rank stores (prompt length 0); unknown in every CP-sliced field
     holes: np.ndarray | None = None
+    # field -> bool [R]: positions the format wrote as unknown (prime-rl's `null`): NULL in
+    # that field's column, and in `lp_diff` where either log-prob is unknown
+    nulls: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -33,3 +33,15 @@ def test_view_ratios_cover_every_aggregate_view(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines] == ["scan", *expected]
     assert all(line.endswith("x the plain scan") for line in lines)
+
+
+def test_the_dump_size_counts_every_format_s_files(tmp_path):
+    """The dump sizes `make bench` prints count the files extraction reads: prime-rl's rank
+    files (not its `STABLE` markers or `metrics.jsonl`), NeMo-RL's logs, `.pt` files."""
+    from tokenlake.generator.synth import PRESETS, write_dump
+
+    write_dump(tmp_path / "prime", PRESETS["prime-rl"])
+    files = sorted(
+        p.relative_to(tmp_path / "prime").as_posix() for p in bench._dump_files(tmp_path / "prime")
+    )
+    assert files == [f"token_exports/step_{s}/rank_{r}.jsonl" for s in (1, 2, 3) for r in (0, 1)]

@@ -376,8 +376,9 @@ def _file(path: Path) -> Path:
         (lambda tmp: tmp / "nope", "does not exist"),
         (
             _directory,
-            "is not a dump tokenlake reads: it has no `rollout_data/` directory (miles, slime)"
-            " and no `train_data_step{N}.jsonl` (NeMo-RL)",
+            "is not a dump tokenlake reads: it has no `rollout_data/` directory (miles, slime),"
+            " no `train_data_step{N}.jsonl` (NeMo-RL) and no"
+            " `token_exports/step_{N}/rank_{R}.jsonl` (prime-rl)",
         ),
         (lambda tmp: _file(tmp / "0.pt"), "is not a directory"),
     ],

@@ -40,7 +40,8 @@ def test_directory_that_is_not_a_dump(tmp_path):
     assert code == 1
     assert err == (
         f"Error: `{tmp_path}` is not a dump tokenlake reads: it has no `rollout_data/`"
-        " directory (miles, slime) and no `train_data_step{N}.jsonl` (NeMo-RL)\n"
+        " directory (miles, slime), no `train_data_step{N}.jsonl` (NeMo-RL) and no"
+        " `token_exports/step_{N}/rank_{R}.jsonl` (prime-rl)\n"
     )
 
 

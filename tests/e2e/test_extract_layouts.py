@@ -45,7 +45,8 @@ def _stat_arrays(t: SampleTruth) -> dict[str, np.ndarray | None]:
         stats[schema.ROLLOUT_LOG_PROB] = t.rollout_log_probs.astype(np.float32)
         return stats
     # Fields the generator does not write (teacher, critic, loss weights) are NULL.
-    stats = {c: getattr(t, f, None) for f, c in schema.TRAIN_TOKEN_FIELDS.items()}
+    stats = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)  # the weight streams: prime-rl's own
+    stats.update({c: getattr(t, f, None) for f, c in schema.TRAIN_TOKEN_FIELDS.items()})
     stats[schema.ROLLOUT_LOG_PROB] = t.train_rollout_log_probs
     lp, rlp = t.log_probs, t.train_rollout_log_probs
     with np.errstate(invalid="ignore"):
@@ -61,7 +62,10 @@ def _sample_columns(t: SampleTruth) -> dict[str, Column]:
         schema.ROLLOUT_ID: (np.full(r, t.rollout_id), np.ones(r, bool)),
         schema.EVALUATION: (np.full(r, t.evaluation), np.ones(r, bool)),
         schema.BATCH_POSITION: (np.full(r, t.batch_position), np.ones(r, bool)),
-        schema.SAMPLE_INDEX: (np.full(r, t.sample_index), np.ones(r, bool)),
+        schema.SAMPLE_INDEX: (
+            np.full(r, t.sample_index or 0),
+            np.full(r, t.sample_index is not None),
+        ),
         schema.POSITION: (np.arange(r), np.ones(r, bool)),
         schema.TOKEN_ID: (t.token_ids[t.prompt_length :], np.ones(r, bool)),
         schema.LOSS_MASK: (
@@ -179,6 +183,7 @@ def test_every_layout_preset_is_covered() -> None:
         "nonfinite",
         "pp",
         "pre-dashboard",
+        "prime-rl",
         "removed",
         "rollout-only",
         "sampling-support",

@@ -1,9 +1,9 @@
 """One lake, one run of each framework: the same tables and views for all, side by side.
 
 The generator writes one batch spec in each framework's layout (`DumpSpec.framework`); the
-four runs must give the same drift, step for step (NeMo-RL numbers its steps from 1). The real
-dumps of the three frameworks then share one lake, and the drift views and the report list
-every run.
+five runs must give the same drift, step for step (NeMo-RL and prime-rl number their steps
+from 1). The real dumps of the four frameworks then share one lake, and the drift views and the
+report list every run.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixture_paths import NEMO_RL_REAL, REAL_DUMPS, SLIME_REAL
+from tests.fixture_paths import NEMO_RL_REAL, PRIME_RL_REAL, REAL_DUMPS, SLIME_REAL
 from tokenlake.generator.synth import PRESETS, write_dump
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
-pytestmark = pytest.mark.slow  # generates and extracts four dumps
+pytestmark = pytest.mark.slow  # generates and extracts five dumps
 
-FRAMEWORKS = ("miles", "slime-v1", "slime-v2", "nemo-rl")
+FRAMEWORKS = ("miles", "slime-v1", "slime-v2", "nemo-rl", "prime-rl")
 SPEC = replace(PRESETS["slime-v2"], cp=2, dp=2, record_cp=True)
 DRIFT_SQL = """
 SELECT run, rollout_id, tokens, samples, mean_lp_diff, mean_abs_lp_diff_smtm, k3_kl,
@@ -46,7 +46,8 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
         spec = replace(SPEC, framework=name, record_cp=name != "slime-v1")
         write_dump(root / name, spec)
         summary = extract_run(root / name, lake, ExtractOptions(workers=1))
-        assert (summary.failed, summary.dump_format, summary.counts["new"]) == ([], name, 4)
+        steps = 3 if name == "prime-rl" else 4  # prime-rl exports no evaluation
+        assert (summary.failed, summary.dump_format, summary.counts["new"]) == ([], name, steps)
     return lake
 
 
@@ -56,6 +57,7 @@ def test_runs_record_each_framework(generated: Path) -> None:
     ) == [
         ("miles", "miles", "miles", None),
         ("nemo-rl", "nemo-rl", "nemo-rl", None),
+        ("prime-rl", "prime-rl", "prime-rl", None),
         ("slime-v1", "slime", "slime-v1", 1),
         ("slime-v2", "slime", "slime-v2", 2),
     ]
@@ -71,6 +73,7 @@ def test_the_same_batches_give_the_same_drift_in_every_framework(generated: Path
         "slime-v1": miles,
         "slime-v2": miles,
         "nemo-rl": [(rid + 1, *rest) for rid, *rest in miles],  # NeMo-RL's steps start at 1
+        "prime-rl": [(rid + 1, *rest) for rid, *rest in miles],  # so do prime-rl's
     }
     for run, want in expected.items():
         got = by_run[run]
@@ -89,6 +92,7 @@ def test_what_a_framework_does_not_log_is_null_not_a_number(generated: Path) -> 
     assert got == [
         ("miles", 24, 24, 24, 24),
         ("nemo-rl", 0, 0, 0, 0),
+        ("prime-rl", 0, 0, 21, 0),  # its rank; the 3 samples without a loss token not exported
         ("slime-v1", 24, 24, 24, 24),
         ("slime-v2", 24, 24, 24, 24),
     ]
@@ -102,6 +106,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Path:
         SLIME_REAL / "v1_tp2",
         SLIME_REAL / "v2_dp2_cp2",
         NEMO_RL_REAL / "grpo_multiturn",
+        PRIME_RL_REAL / "packed_2ranks",
     ):
         assert extract_run(dump, lake, ExtractOptions(workers=1)).failed == []
     return lake
@@ -116,6 +121,7 @@ def test_the_drift_views_hold_every_real_run_side_by_side(real: Path) -> None:
     assert got == [
         ("miles", "basic", 2, 164, True),
         ("nemo-rl", "grpo_multiturn", 3, 1307, True),
+        ("prime-rl", "packed_2ranks", 2, 181, True),
         ("slime", "v1_tp2", 3, 776, True),
         ("slime", "v2_dp2_cp2", 3, 771, True),
     ]
@@ -131,5 +137,5 @@ def test_the_report_shows_every_framework(real: Path, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     page = out.read_text()
-    for run in ("basic", "grpo_multiturn", "v1_tp2", "v2_dp2_cp2"):
+    for run in ("basic", "grpo_multiturn", "packed_2ranks", "v1_tp2", "v2_dp2_cp2"):
         assert run in page

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixture_paths import NEMO_RL_REAL, SLIME_REAL
+from tests.fixture_paths import NEMO_RL_REAL, PRIME_RL_REAL, SLIME_REAL
 from tests.s3server import moto_server, new_bucket, rows
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.orchestrate.follow import FollowState, follow_round
+from tokenlake.read import prime_rl
 from tokenlake.read.remote import remote_dump
 
 pytestmark = pytest.mark.slow  # real extractions, worker processes, a server
@@ -23,7 +24,9 @@ DUMPS = {
     "slime-v1": SLIME_REAL / "v1_tp2",
     "slime-v2": SLIME_REAL / "v2_dp2_cp2",
     "nemo-rl": NEMO_RL_REAL / "grpo_multiturn",
+    "prime-rl": PRIME_RL_REAL / "packed_2ranks",
 }
+STEPS = {"slime-v1": 4, "slime-v2": 4, "nemo-rl": 4, "prime-rl": 2}
 TABLES_SQL = ("SELECT * FROM tokens", "SELECT * FROM samples")
 
 
@@ -40,22 +43,23 @@ def _counts(summary: object) -> dict[str, int]:
 @pytest.mark.parametrize("name", DUMPS)
 def test_workers_and_incremental_reextraction(name: str, tmp_path: Path) -> None:
     dump = _copy(name, tmp_path)
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert _counts(extract_run(dump, one, ExtractOptions(workers=1))) == {"new": 4}
-    assert _counts(extract_run(dump, two, ExtractOptions(workers=2))) == {"new": 4}
+    one, two, steps = tmp_path / "one", tmp_path / "two", STEPS[name]
+    assert _counts(extract_run(dump, one, ExtractOptions(workers=1))) == {"new": steps}
+    assert _counts(extract_run(dump, two, ExtractOptions(workers=2))) == {"new": steps}
     for sql in TABLES_SQL:
         assert rows(one, sql) == rows(two, sql) != []
-    assert _counts(extract_run(dump, two, ExtractOptions(workers=2))) == {"unchanged": 4}
+    assert _counts(extract_run(dump, two, ExtractOptions(workers=2))) == {"unchanged": steps}
     # one step's train file changes: that step alone is read again
     changed = {
         "slime-v1": dump / "train_data" / "1_3.pt",
         "slime-v2": dump / "train_data" / "1.pt",
         "nemo-rl": dump / "train_data_step1.jsonl",
+        "prime-rl": dump / "token_exports" / "step_1" / "rank_1.jsonl",
     }[name]
     stamp = changed.stat().st_mtime_ns + 10**9
     os.utime(changed, ns=(stamp, stamp))
     summary = extract_run(dump, two, ExtractOptions(workers=2))
-    assert _counts(summary) == {"updated": 1, "unchanged": 3}
+    assert _counts(summary) == {"updated": 1, "unchanged": steps - 1}
     assert [s.rollout_id for s in summary.steps] == [1]
     for sql in TABLES_SQL:
         assert rows(one, sql) == rows(two, sql)
@@ -87,6 +91,24 @@ def test_following_a_nemo_rl_log_directory_as_its_files_appear(tmp_path: Path) -
     assert _counts(later) == {"new": 1, "unchanged": 2}
 
 
+def test_following_a_prime_rl_run_takes_a_step_when_its_stable_appears(tmp_path: Path) -> None:
+    """A step folder is extracted once prime-rl touched its `STABLE`, never before, however
+    long its rank files have been there."""
+    run, lake = _copy("prime-rl", tmp_path), tmp_path / "lake"
+    marker = run / "token_exports" / "step_2" / "STABLE"
+    marker.unlink()
+    state, options = FollowState(), ExtractOptions(settle_seconds=30.0)
+    first = follow_round(run, lake, "live", state, options, None, clock=lambda: 2e9)
+    assert [s.rollout_id for s in first.steps] == [1]
+    again = follow_round(run, lake, "live", state, options, None, clock=lambda: 2e9 + 60)
+    assert (again.steps, again.failed, _counts(again)) == ([], [], {"unchanged": 1})
+    marker.touch()
+    later = follow_round(run, lake, "live", state, options, None, clock=lambda: 2e9 + 120)
+    assert [s.rollout_id for s in later.steps] == [2]
+    assert _counts(later) == {"new": 1, "unchanged": 1}
+    assert rows(lake, "SELECT count(*) FROM samples") == [("16",)]
+
+
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
     import s3fs
@@ -114,18 +136,20 @@ def test_a_dump_on_an_object_store_gives_the_local_lake(
     monkeypatch.setenv(remote_dump.CACHE_VARIABLE, str(tmp_path / "cache"))
     url = _upload(new_bucket(), name, DUMPS[name])
     far = extract_run(url, tmp_path / "far", ExtractOptions(workers=1))
-    assert (far.dump_format, _counts(far)) == (name, {"new": 4})
+    assert (far.dump_format, _counts(far)) == (name, {"new": STEPS[name]})
     near = extract_run(DUMPS[name], tmp_path / "near", ExtractOptions(workers=1, run_name=name))
-    for sql in TABLES_SQL:
+    for sql in (*TABLES_SQL, "SELECT * EXCLUDE (run) FROM metrics"):
         assert rows(tmp_path / "far", sql) == rows(tmp_path / "near", sql)
     assert rows(tmp_path / "far", "SELECT dump_format FROM runs") == [(repr(name),)]
     assert near.failed == []
     # the stage holds placeholders only: nothing downloaded stays behind
     staged = [p for p in remote_dump.stage_root(url).rglob("*") if p.is_file()]
-    read_per_step = [p for p in staged if p.suffix in (".pt", ".jsonl")]
+    read_per_step = [
+        p for p in staged if p.suffix in (".pt", ".jsonl") and p.name != prime_rl.METRICS_FILE
+    ]
     assert read_per_step and all(p.stat().st_blocks == 0 for p in read_per_step)
     assert _counts(extract_run(url, tmp_path / "far", ExtractOptions(workers=1))) == {
-        "unchanged": 4
+        "unchanged": STEPS[name]
     }
 
 

@@ -1,5 +1,5 @@
-"""`--executor ray` reads every dump format: slime's format 2 and NeMo-RL's logs give on a
-Ray cluster the lake a local extraction gives."""
+"""`--executor ray` reads every dump format: slime's format 2, NeMo-RL's logs and prime-rl's
+token exports give on a Ray cluster the lake a local extraction gives."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixture_paths import NEMO_RL_REAL, SLIME_REAL
+from tests.fixture_paths import NEMO_RL_REAL, PRIME_RL_REAL, SLIME_REAL
 from tests.s3server import rows
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
@@ -29,15 +29,19 @@ def cluster():
 
 
 @pytest.mark.parametrize(
-    "dump",
-    [SLIME_REAL / "v2_dp2_cp2", NEMO_RL_REAL / "grpo_multiturn"],
-    ids=["slime-v2", "nemo-rl"],
+    ("dump", "steps"),
+    [
+        (SLIME_REAL / "v2_dp2_cp2", 4),
+        (NEMO_RL_REAL / "grpo_multiturn", 4),
+        (PRIME_RL_REAL / "packed_2ranks", 2),
+    ],
+    ids=["slime-v2", "nemo-rl", "prime-rl"],
 )
-def test_ray_tasks_read_every_format(cluster, dump: Path, tmp_path: Path) -> None:
+def test_ray_tasks_read_every_format(cluster, dump: Path, steps: int, tmp_path: Path) -> None:
     far = extract_run(
         dump, tmp_path / "ray", ExtractOptions(executor="ray", ray_address=cluster.address)
     )
     near = extract_run(dump, tmp_path / "local", ExtractOptions(workers=1))
-    assert (far.failed, far.dump_format, far.counts["new"]) == ([], near.dump_format, 4)
+    assert (far.failed, far.dump_format, far.counts["new"]) == ([], near.dump_format, steps)
     for sql in ("SELECT * FROM tokens", "SELECT * FROM samples"):
         assert rows(tmp_path / "ray", sql) == rows(tmp_path / "local", sql) != []

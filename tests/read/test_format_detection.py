@@ -22,8 +22,9 @@ V1 = SLIME_REAL / "v1_tp2"
 V2 = SLIME_REAL / "v2_dp2_cp2"
 MILES = REAL_DUMPS / "basic"
 NO_DUMP = (
-    "is not a dump tokenlake reads: it has no `rollout_data/` directory (miles, slime) and no"
-    " `train_data_step{N}.jsonl` (NeMo-RL)"
+    "is not a dump tokenlake reads: it has no `rollout_data/` directory (miles, slime), no"
+    " `train_data_step{N}.jsonl` (NeMo-RL) and no `token_exports/step_{N}/rank_{R}.jsonl`"
+    " (prime-rl)"
 )
 
 
@@ -119,7 +120,7 @@ def test_an_unknown_format_is_one_line(tmp_path: Path) -> None:
     assert (code, out) == (1, "")
     assert err == (
         "Error: --format 'verl' is not a format tokenlake reads (`miles`, `slime-v1`,"
-        " `slime-v2`, `nemo-rl`).\n"
+        " `slime-v2`, `nemo-rl`, `prime-rl`).\n"
     )
 
 

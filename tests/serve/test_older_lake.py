@@ -12,9 +12,10 @@ import tokenlake
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake import schema
 
-# Columns schema version 4 added; a version-3 file has none of them.
+# Columns schema versions 4 and 5 added; a version-3 file has none of them.
 NEW_TOKEN_COLUMNS = ["token_version", "token_staleness", "support_size", "teacher_log_prob"]
-NEW_SAMPLE_COLUMNS = ["bounded_sampling", "start_weight_version", "start_staleness"]
+NEW_TOKEN_COLUMNS += ["rl_weight", "ce_weight", "ref_kl_weight", "dppo_masked"]
+NEW_SAMPLE_COLUMNS = ["bounded_sampling", "start_weight_version", "start_staleness", "env_name"]
 
 
 def _make_version_3(lake, run):
@@ -48,5 +49,9 @@ def test_a_lake_of_schema_version_3_reads_with_the_new_columns_null(tmp_path):
         "SELECT count(*), count(token_version), count(support_size) FROM tokens"
     ).fetchall() == [(206, 0, 0)]
     assert old.sql("SELECT count(start_weight_version) FROM samples").fetchall() == [(0,)]
+    assert old.sql(
+        "SELECT count(rl_weight), count(dppo_masked), count(*) FROM tokens"
+    ).fetchall() == [(0, 0, 206)]
+    assert old.sql("SELECT count(env_name) FROM samples").fetchall() == [(0,)]
     assert old.tokens(columns=["token_version"]).collect()["token_version"].null_count() == 206
     assert old.audit() != []  # every audit still binds

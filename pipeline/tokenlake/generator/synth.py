@@ -63,7 +63,7 @@ from tokenlake.generator.synth_spec import (
     trainer_fields,
 )
 from tokenlake.generator.synth_truth import Truth, step_truth
-from tokenlake.read import nemo_rl
+from tokenlake.read import nemo_rl, prime_rl
 from tokenlake.read.cp_layout import slice_for_rank
 
 logger = logging.getLogger(__name__)
@@ -217,6 +217,9 @@ def _write_rollout(out: Path, spec: DumpSpec, step: StepBatch, evaluation: bool)
     if spec.framework == "nemo-rl":
         synth_frameworks.write_nemo_rl_step(out, spec, step, evaluation)
         return
+    if spec.framework == "prime-rl":
+        synth_frameworks.write_prime_rl_step(out, spec, step, evaluation)
+        return
 
     count = eval_count(step) if evaluation else step.n
     stem = f"eval_{step.rid}" if evaluation else str(step.rid)
@@ -308,7 +311,7 @@ def _write_train(out: Path, spec: DumpSpec, step: StepBatch) -> None:
     if spec.framework == "slime-v2":
         synth_frameworks.write_slime_v2_train(out, spec, step)
         return
-    if spec.framework == "nemo-rl":
+    if spec.framework in ("nemo-rl", "prime-rl"):
         return
 
     rlp32 = train_rollout_log_probs(spec, step)
@@ -377,6 +380,7 @@ def _prepare(out: Path, spec: DumpSpec, force: bool) -> None:
                 " its rollout_data/, train_data/, dashboard_columns/ and trajectory/."
             )
         logs = [p.name for p in out.iterdir() if nemo_rl.is_log_name(p.name)]
+        logs += [prime_rl.EXPORT_DIR, prime_rl.METRICS_FILE]
         for name in (*DUMP_SUBDIRS, *logs):
             target = out / name
             if target.is_symlink() or target.is_file():
@@ -385,7 +389,9 @@ def _prepare(out: Path, spec: DumpSpec, force: bool) -> None:
                 shutil.rmtree(target)
     out.mkdir(parents=True, exist_ok=True)
     miles = ["rollout_data", "train_data"] + ([] if spec.pre_dashboard else ["trajectory"])
-    wanted = {"miles": miles, "nemo-rl": []}.get(spec.framework, ["rollout_data", "train_data"])
+    wanted = {"miles": miles, "nemo-rl": [], "prime-rl": []}.get(
+        spec.framework, ["rollout_data", "train_data"]
+    )
     wanted += ["dashboard_columns"] if spec.dashboard_columns else []
     for name in wanted:
         (out / name).mkdir(parents=True, exist_ok=True)

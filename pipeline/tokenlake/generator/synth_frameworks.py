@@ -15,6 +15,13 @@ checked against each other.
   step, `val_data_step{rid}.jsonl`; one line per sample, each value wrapped in a one-entry
   list, sequences right-padded with 0 to the step's longest. `log_probs=False` writes
   `prev_logprobs` as 0.0 everywhere, as `loss_fn.force_on_policy_ratio` does.
+- prime-rl: `token_exports/step_{rid + 1}/rank_{R}.jsonl` (prime-rl counts steps from 1), one
+  line per sample with a loss token, as `TokenExporter` writes them (the keys in its order,
+  `separators=(",", ":")`, non-finite values as `null`, the 0.0 placeholders of
+  `inference_logprobs` and `advantages` off the sampled tokens, the ratio fields and DPPO masks
+  computed in float32 as `compute_importance_ratio_and_mismatch_kl` does, no weight streams),
+  sample i on DP rank i % dp (rank `dp * cp`: one writer per CP group), then `STABLE`; no
+  evaluation export; and `metrics.jsonl` with each step's `mismatch_kl/all/mean`.
 """
 
 from __future__ import annotations
@@ -36,10 +43,13 @@ from tokenlake.generator.synth_spec import (
 )
 from tokenlake.read.cp_layout import slice_for_rank
 
-FRAMEWORKS = ("miles", "slime-v1", "slime-v2", "nemo-rl")
+FRAMEWORKS = ("miles", "slime-v1", "slime-v2", "nemo-rl", "prime-rl")
 # miles' sample keys that slime's `Sample` does not have
 _MILES_ONLY = ("rollout_indexer_topk", "opd_reverse_kl", "adapter", "reward_spec", "routing_key")
 PROMPT_LOG_PROB = -2.0  # NeMo-RL's trainer log-prob of a prompt token: any value, never read
+PRIME_RL_VOCAB = 512  # prime-rl's first token of a micro-batch: log(1/vocab), entropy log(vocab)
+PRIME_RL_DPPO = (0.2, 0.2)  # DefaultLossConfig's dppo_mask_low, dppo_mask_high
+PRIME_RL_START = 1_786_000_000.0  # metrics.jsonl's `time` of step 1
 
 
 def slime_rollout(payload: dict[str, Any], spec: DumpSpec) -> dict[str, Any]:
@@ -177,3 +187,94 @@ def _val_line(step: StepBatch, i: int) -> dict[str, Any]:
 def _floats(values: np.ndarray) -> list[float]:
     """float32 values as JSON numbers that read back as the same float32."""
     return np.asarray(values, dtype=np.float32).astype(np.float64).tolist()
+
+
+def write_prime_rl_step(out: Path, spec: DumpSpec, step: StepBatch, evaluation: bool) -> None:
+    """One trainer step's token exports (prime-rl exports no evaluation): each DP rank's
+    lines, then `STABLE`; and the step's line of `metrics.jsonl`."""
+    if evaluation:
+        return
+    folder = out / "token_exports" / f"step_{step.rid + 1}"
+    folder.mkdir(parents=True, exist_ok=True)
+    k3_sum, k3_count = np.float32(0.0), 0
+    for dp in range(spec.dp):
+        lines: list[str] = []
+        for i in range(dp, step.n, spec.dp):
+            record, k3 = _prime_rl_line(spec, step, i, dp * spec.cp, len(lines))
+            if record is not None:
+                lines.append(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
+                k3_sum, k3_count = k3_sum + k3.sum(dtype=np.float32), k3_count + len(k3)
+        if lines:
+            (folder / f"rank_{dp * spec.cp}.jsonl").write_text("".join(lines))
+    (folder / "STABLE").touch()
+    metrics = {"step": step.rid + 1, "time": PRIME_RL_START + step.rid}
+    if k3_count:
+        metrics["mismatch_kl/all/mean"] = float(k3_sum / np.float32(k3_count))
+    with open(out / "metrics.jsonl", "a") as handle:
+        handle.write(json.dumps(metrics) + "\n")
+
+
+def _prime_rl_line(
+    spec: DumpSpec, step: StepBatch, i: int, rank: int, line: int
+) -> tuple[dict[str, Any] | None, np.ndarray]:
+    """One sample's line and its k3 values on the loss tokens (None: no loss token, which
+    prime-rl never exports)."""
+    prompt, length = int(step.plen[i]), int(step.t_off[i + 1] - step.t_off[i])
+    loss = np.zeros(length, dtype=bool)
+    loss[prompt:] = step.resp(step.train_mask, i) != 0
+    if not loss.any():
+        return None, np.zeros(0, dtype=np.float32)
+    inference = np.zeros(length, dtype=np.float32)
+    inference[prompt:] = np.where(
+        loss[prompt:], step.resp(train_rollout_log_probs(spec, step), i), 0.0
+    )
+    trainer = np.full(length, PROMPT_LOG_PROB, dtype=np.float32)
+    trainer[0] = -np.log(np.float32(PRIME_RL_VOCAB))
+    trainer[prompt:] = step.resp(step.trainer["log_probs"], i)
+    entropy = np.full(length, np.log(np.float32(PRIME_RL_VOCAB)), dtype=np.float32)
+    if spec.entropy:
+        entropy[prompt:] = step.resp(step.trainer["entropy"], i)
+    advantages = np.zeros(length, dtype=np.float32)
+    advantages[prompt:] = np.where(loss[prompt:], step.resp(step.trainer["advantages"], i), 0.0)
+    with np.errstate(all="ignore"):  # a non-finite value is exported as null
+        log_ratio = trainer - inference
+        ratio = np.exp(log_ratio)
+        k3 = ratio - log_ratio - np.float32(1.0)
+        delta = np.exp(trainer) - np.exp(inference)
+    low, high = PRIME_RL_DPPO
+    invalid_high, invalid_low = delta > high, delta < -low
+    positive, negative = advantages > 0, advantages < 0
+    nothing = [None] * length
+    record = {
+        "schema_version": 1,
+        "step": step.rid + 1,
+        "rank": rank,
+        "micro_step": 0,
+        "micro_sequence_idx": line,
+        "export_sequence_idx": line,
+        "env_name": "synth",
+        "token_ids": step.tok(i).tolist(),
+        "position_ids": list(range(length)),
+        "loss_mask": loss.tolist(),
+        "advantages": _json_floats(advantages),
+        "inference_logprobs": _json_floats(inference),
+        "trainer_logprobs": _json_floats(trainer),
+        "entropy": _json_floats(entropy),
+        "mismatch_kl": _json_floats(k3),
+        "log_importance_ratio": _json_floats(log_ratio),
+        "importance_ratio": _json_floats(ratio),
+        "prob_delta": _json_floats(delta),
+        "is_masked": (loss & np.where(positive, invalid_high, invalid_low)).tolist(),
+        "is_masked_high": (loss & positive & invalid_high).tolist(),
+        "is_masked_low": (loss & negative & invalid_low).tolist(),
+        "rl_weights": nothing,
+        "ce_weights": nothing,
+        "ref_kl_weights": nothing,
+    }
+    return record, k3[loss & np.isfinite(k3)]
+
+
+def _json_floats(values: np.ndarray) -> list[float | None]:
+    """float32 values as prime-rl writes them: numbers reading back as the same float32, and
+    `null` for NaN and infinities."""
+    return [v if np.isfinite(v) else None for v in _floats(values)]

@@ -57,7 +57,8 @@ class DumpSpec:
     # dtype of the train-side `rollout_log_probs` copy: "float32", or "bfloat16"/"float16" as
     # under --true-on-policy-mode with bf16/fp16 (spec 3.3, 8.12); the rollout dump keeps float64
     train_rlp_dtype: str = "float32"
-    # The layout written (tokenlake.generator.synth_frameworks): miles, slime-v1, slime-v2, nemo-rl
+    # The layout written (tokenlake.generator.synth_frameworks): miles, slime-v1, slime-v2, nemo-rl,
+    # prime-rl
     framework: str = "miles"
     # Newer and older shapes (dump-format.md 9, 9b; tokenlake.generator.synth_shapes):
     weight_spans: bool = False  # weight_versions as per-call lists of spans (#1891/#1892)
@@ -138,6 +139,8 @@ PRESETS: dict[str, DumpSpec] = {
     "nemo-rl": replace(_SLIME, framework="nemo-rl"),
     "bench-slime-v2": replace(_BENCH, framework="slime-v2", dashboard_columns=False, cp=2),
     "bench-nemo-rl": replace(_BENCH, framework="nemo-rl", dashboard_columns=False),
+    "prime-rl": replace(_SLIME, framework="prime-rl"),
+    "bench-prime-rl": replace(_BENCH, framework="prime-rl", dashboard_columns=False),
 }
 
 

@@ -34,8 +34,8 @@ class SampleTruth:
     rollout_id: int
     evaluation: bool
     batch_position: int
-    sample_index: int
-    group_index: int
+    sample_index: int | None  # None: the layout has none (prime-rl)
+    group_index: int | None
     status: str | None
     remove_sample: bool
     token_ids: np.ndarray  # int64, T = P + R
@@ -159,7 +159,54 @@ def step_truth(
         in_framework(spec, _sample_truth(spec, step, i, evaluation, has_train, probe))
         for i in range(count)
     ]
+    if spec.framework == "prime-rl":
+        samples = in_prime_rl(spec, samples) if not evaluation else []
     return {(t.rollout_id, t.evaluation, t.batch_position): t for t in samples}
+
+
+def in_prime_rl(spec: DumpSpec, samples: list[SampleTruth]) -> list[SampleTruth]:
+    """A step's truth as the lake holds it from prime-rl's token exports: its steps counted
+    from 1; only samples with a loss token, ordered by rank (DP shard, sample i on i % dp) then
+    line; each prompt ends at the first loss token; nothing but the tokens, the two log-probs,
+    entropy and advantage exported (no index, group, status, reward or eval)."""
+    ordered = [samples[i] for dp in range(spec.dp) for i in range(dp, len(samples), spec.dp)]
+    kept: list[SampleTruth] = []
+    for truth in ordered:
+        assert truth.loss_mask is not None  # every training sample of a prime-rl step
+        sampled = np.flatnonzero(truth.loss_mask)
+        if not sampled.size:
+            continue  # a line without a loss token is never written
+        cut = int(sampled[0])
+
+        def rest(values: np.ndarray | None, cut: int = cut) -> np.ndarray | None:
+            return None if values is None else values[cut:]
+
+        kept.append(
+            replace(
+                truth,
+                rollout_id=truth.rollout_id + 1,
+                batch_position=len(kept),
+                sample_index=None,
+                group_index=None,
+                status=None,
+                remove_sample=False,
+                prompt_length=truth.prompt_length + cut,
+                response_length=truth.response_length - cut,
+                loss_mask=rest(truth.loss_mask),
+                rollout_loss_mask=None,
+                rollout_log_probs=truth.rollout_log_probs[cut:],
+                train_rollout_log_probs=rest(truth.train_rollout_log_probs),
+                log_probs=rest(truth.log_probs),
+                entropy=rest(truth.entropy),
+                advantages=rest(truth.advantages),
+                ref_log_probs=None,
+                ref_entropy=None,
+                returns=None,
+                raw_reward=None,
+                normalized_reward=None,
+            )  # fmt: skip
+        )
+    return kept
 
 
 def in_framework(spec: DumpSpec, truth: SampleTruth) -> SampleTruth:

@@ -1,7 +1,8 @@
 """Whether a step's files are all there, from what the dump itself says: one rule per format.
 
-No framework writes a completion marker (dump-format.md 7), so a step is judged by what its
-dump declares:
+miles, slime and NeMo-RL write no completion marker (dump-format.md 7), so a step is judged
+by what its dump declares; prime-rl writes one, and its reader lists a step only once its
+`STABLE` is there (read/prime_rl.py):
 
 - miles and slime format 1 (`train_data/{rid}_{rank}.pt`): the ranks a step must have are
   those of the nearest other training step of the dump that has train files (the one before
@@ -9,7 +10,7 @@ dump declares:
   once read, the step's train files hold every sample of its rollout, none refused by the
   CP/PP reassembly (a run resumed on another rank layout: `covers_every_sample`).
 - slime format 2 (`train_data/{rid}.pt`): the one train file is written whole by one rank
-  (a file cut short fails to load, `ptread`); nothing more to count.
+  (a file cut short fails to load, `pt.load`); nothing more to count.
 - NeMo-RL (`train_data_step{N}.jsonl`): a file cut at a line boundary loads; its sample count
   is then below the run's batch size, the largest count of its other training steps
   (`short_batch`, judged when the counts are known, at commit).

@@ -49,12 +49,16 @@ import pyarrow as pa
 
 from tokenlake import bounded, schema
 from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, UsageError, shown
+from tokenlake.read import prime_rl
 from tokenlake.read.dump import Dump
 from tokenlake.read.jsontext import clean_text
 
 META_FILE = "meta.json"
 METRICS_FILE = "metrics.jsonl"
 METRICS_PARTITION_DIR = "metrics"
+# prime-rl's FileMonitor stream, `OUTPUT_DIR/metrics.jsonl`, named relative to `dashboard/`
+# as every stream is (pipeline/tokenlake/read/prime_rl.py turns its lines into payloads).
+PRIME_RL_METRICS = f"../{prime_rl.METRICS_FILE}"
 META_SCHEMA_VERSION = 1
 
 MAX_META_BYTES = 1 << 20  # meta.json is a few hundred bytes; anything past 1 MiB is not miles'
@@ -215,10 +219,14 @@ def metrics_files(dump_root: Path | str) -> dict[str, Path]:
 
     The flat `metrics.jsonl` first (miles' layout), then `metrics/*.jsonl` by name (hourly
     partitions `YYYYMMDD_HH.jsonl` sort by time). Only regular files: a device or a FIFO in
-    an attacker's dump would never end.
+    an attacker's dump would never end. A prime-rl run's `metrics.jsonl` (beside its
+    `token_exports/`) comes first, as `PRIME_RL_METRICS`.
     """
     root = Dump(Path(dump_root)).dashboard_dir
     found: dict[str, Path] = {}
+    prime_rl_metrics = root.parent / prime_rl.METRICS_FILE
+    if (root.parent / prime_rl.EXPORT_DIR).is_dir() and prime_rl_metrics.is_file():
+        found[PRIME_RL_METRICS] = prime_rl_metrics
     if (root / METRICS_FILE).is_file():
         found[METRICS_FILE] = root / METRICS_FILE
     partitions = root / METRICS_PARTITION_DIR
@@ -313,8 +321,11 @@ def _record_problem(record: Any) -> str | None:
     return None
 
 
-def _take_line(line: bytes | None, columns: _Columns, out: MetricsRead) -> str | None:
-    """Add one complete line's values to `columns`; returns why it was refused, if it was."""
+def _take_line(
+    line: bytes | None, columns: _Columns, out: MetricsRead, prime: bool = False
+) -> str | None:
+    """Add one complete line's values to `columns` (`prime`: a line of prime-rl's stream);
+    returns why it was refused, if it was."""
     if line is None:
         return f"longer than {MAX_LINE_BYTES} bytes"
     if not line.strip():
@@ -323,6 +334,8 @@ def _take_line(line: bytes | None, columns: _Columns, out: MetricsRead) -> str |
         record = json.loads(line)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         return f"not valid JSON ({str(exc).splitlines()[0][:80]})"
+    if prime:
+        record = prime_rl.tracking_payload(record)
     problem = _record_problem(record)
     if problem is None:
         out.skipped += columns.add(record)
@@ -354,7 +367,7 @@ def _read_file(path: Path, name: str, start: int, budget: int, state: _Reading) 
                     out.inside_long.add(name)  # its rest, when written, is skipped too
                 if line.text is None and line.start == start and resumed:
                     continue  # the rest of a line already reported
-                problem = _take_line(line.text, state.columns, out)
+                problem = _take_line(line.text, state.columns, out, name == PRIME_RL_METRICS)
                 if problem:
                     bad.append(f"`{where}` at byte {line.start}: {problem}; line skipped.")
             if end < size and stop < size:

@@ -6,6 +6,7 @@
 | `slime-v1` | slime, train dump format 1 | the same names, none of miles' own folders, rollout files without `metadata` |
 | `slime-v2` | slime, train dump format 2 | `rollout_data/{rid}.pt`, `train_data/{rid}.pt` |
 | `nemo-rl` | NVIDIA NeMo-RL | `train_data_step{N}.jsonl`, `val_data_step{N}.jsonl` |
+| `prime-rl` | prime-rl | `token_exports/step_{N}/rank_{R}.jsonl` (and `STABLE`) |
 
 Telling miles from slime format 1, whose file names are the same, needs one look inside: the
 smallest rollout file is loaded (by the same allow-listed reader as every step's) to see
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenlake.errors import DumpNotFoundError, UsageError, shown
-from tokenlake.read import dump, miles, nemo_rl, pt, slime_v2
+from tokenlake.read import dump, miles, nemo_rl, prime_rl, pt, slime_v2
 from tokenlake.steptypes import StepRead
 
 
@@ -41,7 +42,8 @@ MILES = Format("miles", "miles", None, "miles")
 SLIME_V1 = Format("slime-v1", "slime", 1, "slime (train dump format 1)")
 SLIME_V2 = Format("slime-v2", "slime", 2, "slime (train dump format 2)")
 NEMO_RL = Format("nemo-rl", "nemo-rl", None, "NeMo-RL")
-FORMATS: dict[str, Format] = {f.name: f for f in (MILES, SLIME_V1, SLIME_V2, NEMO_RL)}
+PRIME_RL = Format("prime-rl", "prime-rl", None, "prime-rl")
+FORMATS: dict[str, Format] = {f.name: f for f in (MILES, SLIME_V1, SLIME_V2, NEMO_RL, PRIME_RL)}
 # Folders only miles writes (dump-format.md section 1).
 MILES_FOLDERS = (dump.DASHBOARD_DIR, "dashboard_columns", dump.TRAJECTORY_DIR)
 
@@ -54,6 +56,7 @@ STEP_READERS: dict[str, Callable[[dump.StepFiles], StepRead]] = {
     SLIME_V1.name: miles.read_step,
     SLIME_V2.name: slime_v2.read_step,
     NEMO_RL.name: nemo_rl.read_step,
+    PRIME_RL.name: prime_rl.read_step,
 }
 
 
@@ -75,6 +78,7 @@ class Layout:
     per_step: int  # train_data/{rid}.pt
     logs: int  # NeMo-RL's *_data_step{N}.jsonl
     miles_folders: tuple[str, ...]
+    exports: int = 0  # prime-rl's token_exports/step_{N}/rank_{R}.jsonl
 
     def found(self) -> str:
         """The layouts found, as a message lists them."""
@@ -93,6 +97,11 @@ class Layout:
             )
         if self.logs:
             parts.append(f"{self.logs} NeMo-RL log file(s) `train_data_step{{N}}.jsonl`")
+        if self.exports:
+            parts.append(
+                f"{self.exports} prime-rl token export file(s)"
+                f" `{prime_rl.EXPORT_DIR}/step_{{N}}/rank_{{R}}.jsonl`"
+            )
         return " and ".join(parts)
 
 
@@ -135,6 +144,7 @@ def layout_of(root: Path) -> Layout:
         per_step=sum(1 for n in names if dump._TRAIN_STEP_NAME.match(n)),
         logs=sum(1 for p in top if nemo_rl.is_log_name(p.name)),
         miles_folders=tuple(f for f in MILES_FOLDERS if (root / f).is_dir()),
+        exports=prime_rl.export_files(root),
     )
 
 
@@ -144,6 +154,8 @@ def discover(dump_dir: Path, forced: str | None = None, load: Loader = pt.load) 
     fmt = FORMATS[forced] if forced is not None else detect(dump_dir, root, load)
     if fmt is NEMO_RL:
         listing = nemo_rl.discover(root)
+    elif fmt is PRIME_RL:
+        listing = prime_rl.discover(root)
     else:
         listing = dump.discover(root, fmt.name, per_step_train=fmt is SLIME_V2)
     return replace(listing, root=root, format=fmt.name)
@@ -161,18 +173,22 @@ def detect(dump_dir: Path, root: Path, load: Loader = pt.load) -> Format:
     """The format of the directory's layout; an unrecognised or mixed one is an error."""
     found = layout_of(root)
     pt_based = found.rollout_dir or found.per_rank or found.per_step
-    if found.logs and pt_based or found.per_rank and found.per_step:
+    layouts = sum(1 for kind in (pt_based, found.logs, found.exports) if kind)
+    if layouts > 1 or found.per_rank and found.per_step:
         raise DumpNotFoundError(
             dump_dir,
             f"mixes dump layouts: it holds {found.found()}; give --format to read one of them",
         )
     if found.logs:
         return NEMO_RL
+    if found.exports:
+        return PRIME_RL
     if not found.rollout_dir:
         raise DumpNotFoundError(
             dump_dir,
             f"is not a dump tokenlake reads: it has no `{dump.ROLLOUT_DIR}/` directory (miles,"
-            " slime) and no `train_data_step{N}.jsonl` (NeMo-RL)"
+            " slime), no `train_data_step{N}.jsonl` (NeMo-RL) and no"
+            f" `{prime_rl.EXPORT_DIR}/step_{{N}}/rank_{{R}}.jsonl` (prime-rl)"
             + (f"; it holds {found.found()}" if pt_based else ""),
         )
     if found.per_step:

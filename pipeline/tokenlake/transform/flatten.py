@@ -96,6 +96,8 @@ def _train_columns(
         rollout_lp = None
     train_rlp = _f32(fields.get(schema.ROLLOUT_LOG_PROBS_FIELD))
     # The trainer compared its log-probs with the train-side copy: lp_diff uses that pair.
+    for name, column in (*schema.WEIGHT_TOKEN_FIELDS.items(), *schema.FLAG_TOKEN_FIELDS.items()):
+        columns[column] = _f32(fields.get(name))  # flags as 1.0 / 0.0 until `_flag_column`
     lp = columns[schema.TRAIN_LOG_PROB]
     columns[schema.LP_DIFF] = None if lp is None or train_rlp is None else lp - train_rlp
     columns[schema.ROLLOUT_LOG_PROB] = train_rlp if train_rlp is not None else _f32(rollout_lp)
@@ -116,7 +118,27 @@ def _add_rollout_fields(columns: dict[str, np.ndarray | None], checked: CheckedS
 
 
 def _unknown(train: TrainRow, columns: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
-    """Positions no CP rank stored, in every column built from a CP-sliced field."""
+    """Positions no CP rank stored, in every column built from a CP-sliced field, and the
+    positions the format wrote as unknown (`TrainRow.nulls`)."""
+    unknown = _cp_holes(train, columns)
+    by_field = {
+        **schema.TRAIN_TOKEN_FIELDS,
+        **schema.WEIGHT_TOKEN_FIELDS,
+        **schema.FLAG_TOKEN_FIELDS,
+        schema.ROLLOUT_LOG_PROBS_FIELD: schema.ROLLOUT_LOG_PROB,
+    }
+    # lp_diff is unknown wherever either of its log-probs is
+    in_lp_diff = ("log_probs", schema.ROLLOUT_LOG_PROBS_FIELD)
+    for name, where in train.nulls.items():
+        targets = (by_field[name], schema.LP_DIFF) if name in in_lp_diff else (by_field[name],)
+        for column in targets:
+            if columns.get(column) is not None:
+                earlier = unknown.get(column)
+                unknown[column] = where if earlier is None else earlier | where
+    return unknown
+
+
+def _cp_holes(train: TrainRow, columns: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
     if train.holes is None:
         return {}
     # A column filled from the rollout sample instead (`_add_rollout_fields`) has no holes.
@@ -179,6 +201,8 @@ def tokens_table(
     covered = _covered(parts, total)
     for column in schema.TOKEN_STAT_COLUMNS:
         arrays[column] = _stat_column(parts, column, covered, total)
+    for column in schema.TOKEN_FLAG_COLUMNS:
+        arrays[column] = _stat_column(parts, column, covered, total).cast(pa.bool_())
     arrays[schema.FIRST_OCCURRENCE] = first_occurrence_column(arrays, lengths)
     arrays[schema.TOKEN_VERSION], arrays[schema.TOKEN_STALENESS] = version_columns(
         parts, total, rollout_id

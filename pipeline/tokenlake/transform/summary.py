@@ -100,6 +100,7 @@ def _rollout_side(rollout_id: int, sample: dict[str, Any]) -> dict[str, Any]:
         schema.METADATA_JSON: to_json(_or_empty(sample.get("metadata")), "metadata"),
         # checked with the sample (`validate.check_sample`): both keys or neither
         schema.BOUNDED_SAMPLING: sample.get(sampling_support.OFFSETS) is not None,
+        schema.ENV_NAME: _optional_text(sample.get("env_name"), "env_name"),
     }
 
 

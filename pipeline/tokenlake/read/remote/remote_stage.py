@@ -4,12 +4,13 @@
 `$TOKENLAKE_CACHE/dumps/<hash>/<name>/` (default `~/.cache/tokenlake`), a folder of ours,
 never inside the lake or the dump:
 
-- every object under `rollout_data/`, `train_data/` and `trajectory/` (and NeMo-RL's
-  `train_data_step{N}.jsonl` / `val_data_step{N}.jsonl` at the top) becomes a *sparse
-  placeholder*: an empty file truncated to the object's size, its mtime the object's
+- every object under `rollout_data/`, `train_data/`, `trajectory/` and prime-rl's
+  `token_exports/` (and NeMo-RL's `train_data_step{N}.jsonl` / `val_data_step{N}.jsonl` at the
+  top) becomes a *sparse placeholder*: an empty file truncated to the object's size, its mtime the object's
   LastModified; it costs no disk and is never read (a step's objects are downloaded apart,
   see `remote_dump.hydrated`);
-- the small side files under `tokenizer/` and `dashboard/` are downloaded whole (again only
+- the small side files under `tokenizer/` and `dashboard/`, and prime-rl's `metrics.jsonl` at
+  the top, are downloaded whole (again only
   when their size or LastModified changed, as `.tokenlake-remote.json` in the stage records);
 - whatever is no longer under the prefix is removed from the stage.
 
@@ -49,6 +50,7 @@ from tokenlake.read.dump import (
     TRAJECTORY_DIR,
 )
 from tokenlake.read.nemo_rl import is_log_name
+from tokenlake.read.prime_rl import EXPORT_DIR, METRICS_FILE
 from tokenlake.store.private_cache import (
     CACHE_VARIABLE,
     cache_root,
@@ -61,7 +63,8 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = ".tokenlake-remote.json"  # in the stage root: the URL and what was staged
 MAX_STATE_BYTES = 64 << 20  # ~100 bytes per staged object
-PLACEHOLDER_DIRS = (ROLLOUT_DIR, TRAIN_DIR, TRAJECTORY_DIR)  # read per step, downloaded then
+# read per step, downloaded then
+PLACEHOLDER_DIRS = (ROLLOUT_DIR, TRAIN_DIR, TRAJECTORY_DIR, EXPORT_DIR)
 COPIED_DIRS = (TOKENIZER_DIR, DASHBOARD_DIR)  # read by the driver: downloaded whole
 _PRIVATE_PREFIX = ".tokenlake-"  # temporaries and private download folders
 _TEMPORARY = re.compile(r"^\.tokenlake-(\d+)-[0-9a-f]{8}\.tmp$")  # as `temporary_path` names
@@ -233,7 +236,12 @@ def _wanted(name: str) -> bool:
     """
     parts = name.split("/")
     return (
-        (len(parts) >= 2 and parts[0] in (*PLACEHOLDER_DIRS, *COPIED_DIRS) or is_log_name(name))
+        (
+            len(parts) >= 2
+            and parts[0] in (*PLACEHOLDER_DIRS, *COPIED_DIRS)
+            or is_log_name(name)
+            or name == METRICS_FILE  # prime-rl's
+        )
         and all(p not in ("", ".", "..") and "\\" not in p and "\x00" not in p for p in parts)
         and not parts[-1].startswith(_PRIVATE_PREFIX)
     )

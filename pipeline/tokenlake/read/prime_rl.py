@@ -1,0 +1,433 @@
+"""prime-rl's token exports: `token_exports/step_{N}/rank_{R}.jsonl` and `metrics.jsonl`.
+
+With `trainer.enable_token_export = true`, prime-rl's trainer (`TokenExporter`,
+`src/prime_rl/trainer/rl/token_export.py`, schema version 1) writes one JSON object per line,
+one line per exported sample, into `OUTPUT_DIR/token_exports/step_{N}/rank_{R}.jsonl` (R the
+world rank; with context parallelism only each CP group's first rank writes), and an empty
+`STABLE` in the step folder once every rank has flushed the step. docs/frameworks.md has the
+mapping; in short:
+
+- a line is a sample, keyed by (step, rank, `export_sequence_idx`); its aligned per-token lists
+  (`token_ids`, `loss_mask`, `inference_logprobs`, `trainer_logprobs`, ...) cover the whole
+  sequence, padding already cut off. The samples of a step are its rank files' lines, by rank
+  then line: that is their batch position;
+- the prompt is what precedes the first token with `loss_mask` true (the engine-sampled
+  tokens); the response, the lake's rows, is everything from there on, tool observations
+  included (their mask false);
+- `inference_logprobs` and `advantages` are 0.0 placeholders off the sampled tokens: masked,
+  so NULL; a `null` (prime-rl writes non-finite values so) is NULL, never a number;
+- the tokens that count for drift are those prime-rl's mismatch statistics count: the loss
+  mask, and where the micro-batch has weight streams also `rl_weights != 0` or
+  `ref_kl_weights != 0`. On the others (cross-entropy-only tokens, whose inference log-probs
+  are not this policy's engine's) `rollout_log_prob`, hence `lp_diff`, is NULL;
+- the weight streams and the DPPO masks land in `rl_weight`, `ce_weight`, `ref_kl_weight`,
+  `dppo_masked*`; an all-`null` list (no such stream, a pure cross-entropy micro-batch) is
+  NULL. The ratio fields (`log_importance_ratio`, `mismatch_kl`, ...) are derived from the two
+  log-probs: the lake derives them from `lp_diff`, with the same sign.
+
+A step folder without `STABLE` is still being written: it is not listed as a step ("not yet",
+among the ignored files), so no step lands half; extracting again (or `--follow`, which lists
+the run again each round) picks it up once `STABLE` is there. `STABLE` is the step's first
+file, so its fingerprint covers it. No reward, group index, weight version or truncation flag is exported: NULL.
+
+Lines are streamed one at a time (`bounded.lines`): a line longer than `MAX_LINE_BYTES`, a rank
+file larger than `MAX_FILE_BYTES`, a line nested deeper than `MAX_DEPTH`, or one that is not a
+JSON object of the expected types fails the step with one line naming the file and the line.
+
+`metrics.jsonl` (prime-rl's `FileMonitor`, one `{"step", "time", name: value, ...}` per step)
+becomes the run's `metrics` rows (`tracking_payload`, read by read/dashboard.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenlake import bounded
+from tokenlake.errors import (
+    BoundedReadError,
+    DumpFileError,
+    DumpFormatError,
+    DumpNotFoundError,
+    PipelineError,
+    shown,
+)
+from tokenlake.read import dump, pt, validate
+from tokenlake.read.train_checks import exact_int
+from tokenlake.read.values import INT64_MAX
+from tokenlake.steptypes import StepRead, TrainRow
+
+EXPORT_DIR = "token_exports"
+STABLE = "STABLE"
+METRICS_FILE = "metrics.jsonl"
+SCHEMA_VERSION = 1
+STEP_DIR = re.compile(r"^step_(\d+)$")
+RANK_FILE = re.compile(r"^rank_(\d+)\.jsonl$")
+# One sample's line holds ~17 values per token, ~200 bytes per token, so 256 MiB is a sequence
+# of about 1.3 million tokens; a longer line fails its step. Parsing one line takes about 3
+# times its size for the moment it is parsed.
+MAX_LINE_BYTES = 256 << 20
+# One rank's exports of one step: 16 GiB is about 80 million tokens; a larger file fails its
+# step. What a step keeps of its files (numpy arrays, the token ids) is less than their size.
+MAX_FILE_BYTES = 16 << 30
+MAX_DEPTH = 4  # {"token_ids": [1, 2]} nests 2 deep
+# prime-rl exports no truncation flag: unknown, never false.
+_NOT_EXPORTED = ("truncated",)
+NOT_YET = f"not yet: it has no `{STABLE}`, prime-rl is still writing the step"
+_FLOATS = ("advantages", "inference_logprobs", "trainer_logprobs", "entropy")
+_WEIGHTS = ("rl_weights", "ce_weights", "ref_kl_weights")
+_FLAGS = ("is_masked", "is_masked_high", "is_masked_low")
+_KEYS = ("micro_step", "micro_sequence_idx", "export_sequence_idx")
+
+
+def export_files(root: Path) -> int:
+    """How many `token_exports/step_{N}/rank_{R}.jsonl` names a directory holds (the layout
+    `read/formats.py` recognises prime-rl by)."""
+    exports = root / EXPORT_DIR
+    if not exports.is_dir():
+        return 0
+    return sum(
+        1
+        for step in exports.iterdir()
+        if STEP_DIR.match(step.name) and step.is_dir()
+        for path in step.iterdir()
+        if RANK_FILE.match(path.name)
+    )
+
+
+def discover(root: Path) -> dump.Dump:
+    """The run's steps: each `token_exports/step_{N}` holding rank files is training step N,
+    its `STABLE` marker as the step's first file and its rank files as its train files."""
+    steps: dict[int, dump.StepFiles] = {}
+    ignored: list[tuple[Path | str, str]] = []
+    exports = root / EXPORT_DIR
+    for folder in sorted(exports.iterdir()) if exports.is_dir() else ():
+        match = STEP_DIR.match(folder.name)
+        if match is None or not folder.is_dir() or folder.is_symlink():
+            ignored.append((folder, "not a `step_{N}` folder of prime-rl's token exports"))
+            continue
+        if int(match.group(1)) > INT64_MAX:
+            ignored.append((folder, f"its step exceeds the largest step id ({INT64_MAX})"))
+            continue
+        stable = folder / STABLE
+        if not _is_regular(stable):  # not yet: never read half a step
+            ignored.append((folder, NOT_YET))
+            continue
+        ranks = _rank_files(folder, ignored)
+        if not ranks:
+            ignored.append((folder, "holds no `rank_{R}.jsonl` file"))
+            continue
+        rid = int(match.group(1))
+        dump.refuse_duplicate(steps.get(rid), stable)
+        steps[rid] = dump.StepFiles(
+            rid, False, stable, tuple(sorted(ranks.items())), root=root, format="prime-rl"
+        )
+    ordered = sorted(steps.values(), key=lambda s: s.rollout_id)
+    return dump.Dump(root, tuple(ordered), tuple(sorted(ignored)))
+
+
+def _is_regular(path: Path) -> bool:
+    """A regular file, not a link (`STABLE` is an empty file prime-rl touches)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _rank_files(folder: Path, ignored: list[tuple[Path | str, str]]) -> dict[int, Path]:
+    ranks: dict[int, Path] = {}
+    for path in sorted(folder.iterdir()):
+        if path.name == STABLE:
+            continue
+        match = RANK_FILE.match(path.name)
+        why = dump.not_a_dump_file(path, match, (1,))
+        if match is None or why is not None:
+            ignored.append((path, why or dump.NOT_A_DUMP_FILE))
+            continue
+        rank = int(match.group(1))
+        dump.refuse_duplicate(ranks.get(rank), path, "rank")
+        ranks[rank] = path
+    return ranks
+
+
+def read_step(files: dump.StepFiles) -> StepRead:
+    """One complete step: every rank file's lines as samples and their train rows."""
+    _require_stable(files)
+    samples: list[dict[str, Any]] = []
+    rows: dict[int, TrainRow] = {}
+    for rank, path in files.train_files:
+        for number, record in _records(path):
+            label = f"line {number}"
+            sample, train = _sample(path, record, label, files.rollout_id, rank)
+            rows[len(samples)] = train
+            samples.append(sample)
+    checked = validate.check_samples(files.rollout_file, samples)
+    messages: list[str | None] = [None] * len(samples)
+    return StepRead(samples, checked, rows, len(files.train_files), messages, unknown=_NOT_EXPORTED)
+
+
+def _require_stable(files: dump.StepFiles) -> None:
+    """`STABLE` is still there (listing found it): every rank flushed the step."""
+    marker = files.rollout_file
+    if not _is_regular(marker):
+        raise DumpNotFoundError(marker.parent, f"lost its `{STABLE}` since it was listed")
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, JSON object) of each non-blank line, read one line at a time."""
+    try:
+        handle = bounded.open_regular(path)
+    except BoundedReadError as exc:
+        raise DumpNotFoundError(path, exc.problem) from None
+    with handle:
+        info = os.fstat(handle.fileno())
+        size = info.st_size
+        if size > MAX_FILE_BYTES:
+            raise DumpFormatError(
+                path,
+                f"is {bounded.amount(size)}, more than {bounded.amount(MAX_FILE_BYTES)},"
+                " tokenlake's bound for one rank's token exports of a step",
+            )
+        for number, line in enumerate(bounded.lines(handle, 0, size, MAX_LINE_BYTES), 1):
+            label = f"line {number}"
+            if line.text is None:
+                raise DumpFormatError(
+                    path,
+                    f"is longer than {bounded.amount(MAX_LINE_BYTES)}, tokenlake's bound for"
+                    " one sample's line",
+                    sample=label,
+                )
+            if not line.complete and line.text.strip():
+                raise _cut_short(path, label, info.st_mtime)
+            if line.text.strip():
+                yield number, _parse(path, line.text, label)
+
+
+def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:
+    """A last line without its newline in a step marked complete: prime-rl writes each line
+    whole before `STABLE`, so a young file is being rewritten (a resumed run re-running the
+    step truncates it first: extract again later), an older one was cut short."""
+    if time.time() - mtime < pt.FRESH_SECONDS:
+        return DumpFileError(path, f"its last line ({label}) has no newline", still_writing=True)
+    return DumpFormatError(path, "ends without a newline: the file was cut short", sample=label)
+
+
+def _parse(path: Path, raw: bytes, label: str) -> dict[str, Any]:
+    try:
+        record = bounded.loads(raw, MAX_DEPTH)
+    except UnicodeDecodeError as exc:
+        raise DumpFormatError(
+            path, f"byte {exc.start + 1} of the line is not UTF-8", sample=label
+        ) from None
+    except ValueError as exc:  # not JSON, or nested too deep
+        raise DumpFormatError(path, f"is not JSON ({shown(str(exc))})", sample=label) from None
+    if not isinstance(record, dict):
+        raise DumpFormatError(path, f"is {shown(record)}, not a JSON object", sample=label)
+    return record
+
+
+def _sample(
+    path: Path, record: dict[str, Any], label: str, step: int, rank: int
+) -> tuple[dict[str, Any], TrainRow]:
+    """One line: the sample (miles' keys) and its train row."""
+    _check_header(path, record, label, step, rank)
+    tokens = _ints(path, record, "token_ids", label)
+    n = len(tokens)
+    if tokens.size and tokens.min() < 0:
+        raise DumpFormatError(path, "`token_ids` holds a negative token id", sample=label)
+    _ints(path, record, "position_ids", label, n)
+    loss_mask = _bools(path, record, "loss_mask", label, n)
+    assert loss_mask is not None  # `_bools` refuses nulls unless asked to allow them
+    values = {key: _floats(path, record, key, label, n) for key in (*_FLOATS, *_WEIGHTS)}
+    flags = {key: _bools(path, record, key, label, n, nullable=True) for key in _FLAGS}
+    sampled = np.flatnonzero(loss_mask)
+    prompt = int(sampled[0]) if sampled.size else n
+    env_name = record.get("env_name")
+    if env_name is not None and not isinstance(env_name, str):
+        raise DumpFormatError(path, f"`env_name` is {shown(env_name)}, not a string", sample=label)
+    sample = {
+        "index": None,
+        "tokens": tokens.tolist(),
+        "response_length": n - prompt,
+        "env_name": env_name,
+        "metadata": {"rank": rank, **{key: record[key] for key in _KEYS}},
+        "non_generation_time": None,
+    }
+    train = _train_row(rank, prompt, loss_mask, values, flags)
+    return sample, train
+
+
+def _check_header(path: Path, record: dict[str, Any], label: str, step: int, rank: int) -> None:
+    version = record.get("schema_version")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise DumpFormatError(
+            path,
+            f"`schema_version` is {shown(version)}; tokenlake reads prime-rl's token export"
+            f" schema {SCHEMA_VERSION}",
+            sample=label,
+        )
+    for key, want in (("step", step), ("rank", rank)):
+        got = exact_int(_required(path, record, key, label), path, key, label)
+        if got != want:
+            raise DumpFormatError(
+                path, f"`{key}` is {got}, but the file is {key} {want}'s", sample=label
+            )
+    for key in _KEYS:
+        exact_int(_required(path, record, key, label), path, key, label)
+
+
+def _required(path: Path, record: dict[str, Any], key: str, label: str) -> Any:
+    if key not in record:
+        raise DumpFormatError(path, f"lacks `{key}`", sample=label)
+    return record[key]
+
+
+def _list(path: Path, record: dict[str, Any], key: str, label: str, n: int | None) -> list[Any]:
+    values = _required(path, record, key, label)
+    if not isinstance(values, list):
+        raise DumpFormatError(path, f"`{key}` is {shown(values)}, not a list", sample=label)
+    if n is not None and len(values) != n:
+        raise DumpFormatError(
+            path, f"`{key}` has {len(values)} positions; `token_ids` has {n}", sample=label
+        )
+    return values
+
+
+def _ints(
+    path: Path, record: dict[str, Any], key: str, label: str, n: int | None = None
+) -> np.ndarray:
+    values = _list(path, record, key, label, n)
+    array = np.asarray(values) if values else np.zeros(0, dtype=np.int64)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise DumpFormatError(path, f"`{key}` is not a flat list of integers", sample=label)
+    return array.astype(np.int64, copy=False)
+
+
+def _floats(
+    path: Path, record: dict[str, Any], key: str, label: str, n: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values, null positions) of a list of numbers and `null`s; None when every entry is
+    `null` (prime-rl's way of writing a stream the micro-batch does not have)."""
+    values = _list(path, record, key, label, n)
+    array = np.asarray(values) if values else np.zeros(0)
+    if array.ndim == 1 and array.dtype.kind in "iuf":
+        return array.astype(np.float64, copy=False), np.zeros(n, dtype=bool)
+    nulls = np.fromiter((v is None for v in values), dtype=bool, count=n)
+    if n and nulls.all():
+        return None
+    numbers = all(
+        v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in values
+    )
+    if not numbers:
+        raise DumpFormatError(path, f"`{key}` holds values that are not numbers", sample=label)
+    try:
+        filled = np.asarray([0.0 if v is None else v for v in values], dtype=np.float64)
+    except OverflowError:
+        raise DumpFormatError(
+            path, f"`{key}` holds a number beyond float64", sample=label
+        ) from None
+    return filled, nulls
+
+
+def _bools(
+    path: Path, record: dict[str, Any], key: str, label: str, n: int, *, nullable: bool = False
+) -> np.ndarray | None:
+    """A list of bools; with `nullable`, `null`s allowed (as NaN in a float array, 1.0 for
+    true) and None when every entry is `null`."""
+    values = _list(path, record, key, label, n)
+    if all(isinstance(v, bool) for v in values):
+        array = np.array(values, dtype=bool)
+        return array.astype(np.float64) if nullable else array
+    if nullable and all(v is None or isinstance(v, bool) for v in values):
+        if all(v is None for v in values):
+            return None
+        return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+    allowed = "true, false or null" if nullable else "true or false"
+    raise DumpFormatError(path, f"`{key}` holds values other than {allowed}", sample=label)
+
+
+def _train_row(
+    rank: int,
+    prompt: int,
+    loss_mask: np.ndarray,
+    values: dict[str, tuple[np.ndarray, np.ndarray] | None],
+    flags: dict[str, np.ndarray | None],
+) -> TrainRow:
+    n = len(loss_mask)
+    covered = _drift_covered(loss_mask, values["rl_weights"], values["ref_kl_weights"])
+    fields: dict[str, np.ndarray | None] = {}
+    nulls: dict[str, np.ndarray] = {}
+    names = {
+        "inference_logprobs": "rollout_log_probs",
+        "trainer_logprobs": "log_probs",
+        "entropy": "entropy",
+        "advantages": "advantages",
+        **{key: key for key in _WEIGHTS},
+    }
+    for key, name in names.items():
+        pair = values[key]
+        if pair is None:
+            fields[name] = None
+            continue
+        array, null = pair
+        fields[name] = array[prompt:]
+        if name == "rollout_log_probs":  # not this policy's engine's: no drift there
+            null = null | ~covered
+        if null[prompt:].any():
+            nulls[name] = null[prompt:]
+    for key, flag in flags.items():
+        fields[key] = None if flag is None else flag[prompt:]
+        if flag is not None and np.isnan(flag[prompt:]).any():
+            nulls[key] = np.isnan(flag[prompt:])
+    return TrainRow(
+        dumped_rank=rank,
+        response_length=n - prompt,
+        total_length=n,
+        loss_mask=loss_mask[prompt:].astype(np.int8),
+        normalized_reward=None,
+        truncated=None,
+        raw_reward=None,
+        fields=fields,
+        alignment_failed=False,
+        nulls=nulls,
+    )
+
+
+def _drift_covered(
+    loss_mask: np.ndarray,
+    rl: tuple[np.ndarray, np.ndarray] | None,
+    ref_kl: tuple[np.ndarray, np.ndarray] | None,
+) -> np.ndarray:
+    """prime-rl's mismatch mask (train.py): the loss mask, and where the micro-batch has weight
+    streams also an rl or ref_kl member (`weight != 0`; a non-finite weight, written `null`,
+    is != 0 to torch too)."""
+    if rl is None and ref_kl is None:
+        return loss_mask
+    sampled = loss_mask.copy() if rl is None else (rl[0] != 0) | rl[1]
+    if ref_kl is not None:
+        sampled |= (ref_kl[0] != 0) | ref_kl[1]
+    return loss_mask & sampled
+
+
+def tracking_payload(record: Any) -> Any:
+    """A `metrics.jsonl` line of prime-rl's `FileMonitor` (`{"step", "time", name: value}`) as
+    the tracking payload miles' metrics reader reads (`{"ts", "step_key", "step", "metrics"}`):
+    the step is the trainer step, the `rollout_id` of `token_exports/step_{N}`, so it is logged
+    on the `rollout/step` axis and joins the drift views as miles' does. Anything else is
+    returned as it is (the reader then says why it is not a payload)."""
+    if not isinstance(record, dict) or "metrics" in record:
+        return record
+    metrics = {k: v for k, v in record.items() if k not in ("step", "time")}
+    return {
+        "ts": record.get("time"),
+        "step_key": "rollout/step",
+        "step": record.get("step"),
+        "metrics": metrics,
+    }
