@@ -26,6 +26,7 @@ from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve.explore.server import ServeOptions, start
 from tokenlake.serve.query import run_query
+from tokenlake.serve.run_colours import run_colours
 
 HOSTILE_RUN = "<b>x<i>y'\"&amp;<!--"
 pytestmark = pytest.mark.slow
@@ -269,6 +270,10 @@ def test_one_run_keeps_its_colour_on_every_chart(lake, server, browser):
         for chart, colour in drawn:
             colours.setdefault(colour, []).append((url, chart))
     assert len(colours) == 1, colours
+    # the lake's colour for the run, the report's too (tokenlake.serve.run_colours)
+    assert set(colours) == {
+        run_colours(["example", "multi-turn", "slime", "nemo", HOSTILE_RUN])["nemo"]
+    }
 
 
 def test_nothing_leaves_a_420_px_screen(server, browser, lake, tmp_path):

@@ -59,7 +59,7 @@
   }
 
   // Legends below the plot: beside it they ran past a card's edge.
-  const CONFIG = { background: null, legend: { orient: "bottom", labelLimit: 300 } };
+  const CONFIG = { background: null, legend: { orient: "bottom", labelLimit: 300, columns: 3 } };
 
   function embed(chart) {
     const element = document.getElementById(chart.id);
@@ -97,6 +97,10 @@
       if (window.innerWidth !== drawnWidth) { drawnWidth = window.innerWidth; drawAll(); }
     }, 250);
   });
+  // A folded part's fixed-width charts had no card width to fit while closed.
+  document.querySelectorAll("details.folded").forEach((d) => d.addEventListener("toggle", () => {
+    if (d.open && d.querySelector(".strip")) drawAll();
+  }));
   if (window.matchMedia) {
     window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", drawAll);
   }
