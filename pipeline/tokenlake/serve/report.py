@@ -22,7 +22,7 @@ from tokenlake.layout import Location, temporary_path
 from tokenlake.serve import report_charts as rc
 from tokenlake.serve import report_data as rd
 from tokenlake.serve import report_html as rh
-from tokenlake.serve.query import open_lake
+from tokenlake.serve.query import connect_reader
 from tokenlake.serve.run_colours import run_colours
 from tokenlake.steps import StepSelection, as_selection
 from tokenlake.store import store_at
@@ -197,7 +197,7 @@ def _collect(
 ) -> _Page:
     import duckdb
 
-    con = open_lake(lake)
+    con = connect_reader(lake)
     try:
         return _sections(con, runs, steps, worst)
     except duckdb.Error as exc:  # the report's own SQL failing is the lake's files failing it
