@@ -285,3 +285,29 @@ def test_an_object_store_lake_is_served_with_the_values_of_a_local_one(s3, lake)
     finally:
         far.stop()
         near.stop()
+
+
+# --- a lake that changes under the server ----------------------------------------------------
+
+
+def test_the_runs_page_shows_a_step_committed_while_the_server_runs(tmp_path):
+    from tokenlake.generator import synth
+
+    synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
+    lake = tmp_path / "lake"
+    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[0]))
+    running = start(lake, ServeOptions(port=0))
+    try:
+
+        def shown() -> tuple[int, int]:
+            status, page = _get(running.url + "api/runs")
+            assert status == 200
+            (run,) = page["runs"]
+            return run["steps"], run["eval_steps"]
+
+        assert shown() == shown() == (1, 1)  # asked twice: the second from the kept page
+        extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[1]))
+        _until(lambda: _get(running.url + "api/version")[1]["steps"] == 3, "the new catalog")
+        assert shown() == (2, 1)
+    finally:
+        running.stop()
