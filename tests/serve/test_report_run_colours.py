@@ -158,6 +158,9 @@ def test_a_report_of_many_steps_shows_a_bounded_number_of_them(tmp_path, monkeyp
     assert sum(r["tokens"] for r in pooled) == sum(
         r["tokens"] for r in payload["datasets"]["histogram"] if r["step"] != "all"
     ) + _tokens_of_left_out_steps(tmp_path / "lake", [1, 2, 3, 5, 6, 7])  # every step pooled
+    # a whole response's strip carries no position array, and no text without a vocabulary
+    (strip,) = payload["strips"]
+    assert sorted(strip["cells"]) == ["delta", "rollout", "status", "token_id", "train"]
     html = out.read_text(encoding="utf-8")
     assert (
         "9 steps selected: the per-step charts show 5 of them, evenly spaced (the first and the"

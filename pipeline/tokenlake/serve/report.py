@@ -648,6 +648,25 @@ def _percent(share: float | None) -> str:
     return "— %" if share is None else f"{100 * share:.3g} %"
 
 
+def _compact(cells: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """A strip's arrays without the two that say nothing: `position` when it is 0, 1, 2, ...
+    (a whole response) and `text` when no token has one (no vocabulary): a fifth of a long
+    strip's bytes (report.js reads them as the index and no text).
+
+    Examples:
+        >>> _compact({"position": [0, 1], "text": [None, None], "status": [3, 0]})
+        {'status': [3, 0]}
+        >>> _compact({"position": [0, 2], "text": ["a", None], "status": [3, 0]})
+        {'position': [0, 2], 'text': ['a', None], 'status': [3, 0]}
+    """
+    kept = dict(cells)
+    if kept.get("position") == list(range(len(kept.get("position", [])))):
+        del kept["position"]
+    if all(text is None for text in kept.get("text", [])):
+        kept.pop("text", None)
+    return kept
+
+
 def _strip(page: _Page, index: int, sample: dict[str, Any], limit: float) -> str:
     cells = sample["cells"]
     label = (
@@ -657,7 +676,7 @@ def _strip(page: _Page, index: int, sample: dict[str, Any], limit: float) -> str
         f" {plural(sample['tokens'], 'token')} · {plural(len(cells['position']), 'response token')}"
     )
     chart = rc.strip(f"strip-{index}", f"strip_{index}", len(cells["position"]), limit)
-    page.strips.append({**vars(chart), "cells": cells})
+    page.strips.append({**vars(chart), "cells": _compact(cells)})
     keys = " ".join(
         f'data-{name}="{int(sample[key])}"'
         for name, key in (("rollout-id", "rollout_id"), ("batch-position", "batch_position"))
