@@ -40,7 +40,7 @@ OPEN_STRIPS = 3  # strips of a run shown open; the rest are folded under one lin
 # most SERIES_STEPS steps, the charts by step (breakdowns, heatmap, top tokens) at most
 # BREAKDOWN_STEPS, evenly spaced over the selected steps, the first and last always kept.
 SERIES_STEPS = 500
-BREAKDOWN_STEPS = 24
+BREAKDOWN_STEPS = 12
 # The datasets of each kind (their rows pooled over all steps, `step` = 'all', are all kept).
 SERIES_DATASETS = ("step_stats", "eval_reward", "drift_steps")
 BREAKDOWN_DATASETS = (
