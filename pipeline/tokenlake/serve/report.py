@@ -38,7 +38,7 @@ TOP_TOKENS = 10  # tokens per step in "Top drifting tokens"
 OPEN_STRIPS = 3  # strips of a run shown open; the rest are folded under one line
 # What keeps a page under 5 MB at any step count (docs/report.md): the per-step charts show at
 # most SERIES_STEPS steps, the charts by step (breakdowns, heatmap, top tokens) at most
-# BREAKDOWN_STEPS, evenly spaced over the selected steps, the first and last always kept.
+# BREAKDOWN_STEPS, evenly spaced over the selected steps, the first and each run's last kept.
 SERIES_STEPS = 500
 BREAKDOWN_STEPS = 12
 # The datasets of each kind (their rows pooled over all steps, `step` = 'all', are all kept).
@@ -78,26 +78,34 @@ class _Page:
             ("series", SERIES_DATASETS, SERIES_STEPS),
             ("breakdowns", BREAKDOWN_DATASETS, BREAKDOWN_STEPS),
         ):
-            found = [name for name in names if name in datasets]
-            steps = sorted({row["rollout_id"] for name in found for row in datasets[name]
-                            if row.get("rollout_id") is not None})  # fmt: skip
-            # Each run's own last step too: "each run's latest" of the top tokens reads it.
-            last: dict[str, int] = {}
-            for name in found:
-                for row in datasets[name]:
-                    if row.get("rollout_id") is not None:
-                        last[row["run"]] = max(last.get(row["run"], -1), row["rollout_id"])
-            kept = set(spread(steps, bound)) | set(last.values())
-            if len(kept) < len(steps):
-                self.thinned[kind] = (len(kept), len(steps))
-                for name in found:
-                    datasets[name] = [row for row in datasets[name]
-                                      if row.get("rollout_id") is None or row["rollout_id"] in kept]  # fmt: skip
+            thinned = _thin([name for name in names if name in datasets], datasets, bound)
+            if thinned is not None:
+                self.thinned[kind] = thinned
         self.datasets.update(datasets)
 
     def chart(self, chart: rc.Chart) -> str:
         self.charts.append(chart)
         return rh.chart_div(chart)
+
+
+def _thin(names: list[str], datasets: dict[str, rd.Rows], bound: int) -> tuple[int, int] | None:
+    """Keep in `datasets[names]` only the rows of `bound` steps spread over theirs, and each
+    run's last step ("each run's latest" of the top tokens reads it); rows of no step (pooled
+    over all steps) stay. Returns (steps kept, steps there were), or None when all are kept."""
+    last: dict[str, int] = {}
+    for name in names:
+        for row in datasets[name]:
+            if row.get("rollout_id") is not None:
+                last[row["run"]] = max(last.get(row["run"], row["rollout_id"]), row["rollout_id"])
+    steps = sorted({row["rollout_id"] for name in names for row in datasets[name]
+                    if row.get("rollout_id") is not None})  # fmt: skip
+    kept = set(spread(steps, bound)) | set(last.values())
+    if len(kept) == len(steps):
+        return None
+    for name in names:
+        datasets[name] = [row for row in datasets[name]
+                          if row.get("rollout_id") is None or row["rollout_id"] in kept]  # fmt: skip
+    return len(kept), len(steps)
 
 
 def spread(steps: Sequence[int], bound: int) -> list[int]:
