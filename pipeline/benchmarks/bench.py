@@ -11,7 +11,10 @@ Each measured pipeline runs in a fresh subprocess so that its wall time, CPU tim
 - every aggregate view's time as a ratio to a plain aggregate scan of `tokens` in the same\n  DuckDB process (interleaved, best of 5), so a busy machine slows both sides alike;
 - the rollups (docs/rollups.md): their share of extraction time and of the lake's bytes, every
   view and audit's seconds on the bench lake and on one with a quarter of its tokens at the same
-  steps and samples (shorter responses), with the ratio, and the report's build time on both.
+  steps and samples (shorter responses), with the ratio, and the report's build time on both;
+- the explorer (`benchmarks/bench_explorer.py`): each page's data from the server, the page of
+  the longest sample, the first page drawn in headless Chromium, and the runs and step pages
+  on lakes of 4 and 32 small steps.
 
 Usage: python -m benchmarks.bench [--scale 1.0] [--keep DIR]\n       python -m benchmarks.bench --views LAKE   (only the view ratios of an existing lake)
 """
@@ -447,24 +450,43 @@ def bench_rollups(root: Path, scale: float, extract_fig: dict[str, Any]) -> None
     print(
         f"  report build: {small_report:.2f} s -> {large_report:.2f} s ({large_report / small_report:.2f}x)"
     )
+    bench_explorer(root, large)
+
+
+def bench_explorer(root: Path, lake: Path) -> None:
+    """The explorer's figures (docs/performance.md): pages' data, the longest sample's page,
+    the first draw in Chromium, and the pages on lakes of 4 and 32 small steps."""
+    from benchmarks import bench_explorer as explorer
+
+    print("\nexplorer (docs/explorer.md):")
+    explorer.print_explorer(lake, "the bench lake")
+    explorer.print_step_growth(small_step_lakes(root))
 
 
 STEP_COUNTS = (4, 32)
 
 
+def small_step_lakes(root: Path) -> dict[int, Path]:
+    """Lakes of `STEP_COUNTS` small steps, alike but for their number of steps (made once)."""
+    lakes = {}
+    for steps in STEP_COUNTS:
+        lake = root / f"lake-steps-{steps}"
+        if not lake.exists():
+            spec = dataclasses.replace(
+                scaled_spec("bench", 1 / 16), steps=steps, response_length=(16, 256)
+            )
+            dump_dir = root / f"steps-{steps}"
+            synth.write_dump(dump_dir, spec)
+            _run_child("_extract", str(dump_dir), str(lake), "2")
+            shutil.rmtree(dump_dir, ignore_errors=True)
+        lakes[steps] = lake
+    return lakes
+
+
 def print_step_growth(root: Path) -> None:
     """Views on two lakes of small steps that differ only in their number of steps: what a
     view costs per step (rollup files read), for docs/scale.md's projection."""
-    times = {}
-    for steps in STEP_COUNTS:
-        spec = dataclasses.replace(
-            scaled_spec("bench", 1 / 16), steps=steps, response_length=(16, 256)
-        )
-        dump_dir, lake = root / f"steps-{steps}", root / f"lake-steps-{steps}"
-        synth.write_dump(dump_dir, spec)
-        _run_child("_extract", str(dump_dir), str(lake), "2")
-        shutil.rmtree(dump_dir, ignore_errors=True)
-        times[steps] = timed_queries(lake)
+    times = {steps: timed_queries(lake) for steps, lake in small_step_lakes(root).items()}
     low, high = STEP_COUNTS
     print(f"  views and audits on lakes of {low} and {high} small steps (per added step):")
     for name in times[low]:
@@ -489,6 +511,11 @@ def main(argv: list[str] | None = None) -> None:
         "--repeat", type=int, default=2, help="tokenlake runs per figure; the best is shown"
     )
     parser.add_argument("--views", type=Path, help="only print the view ratios of this lake")
+    parser.add_argument(
+        "--explorer",
+        action="store_true",
+        help="only the explorer's figures (extraction of `bench`, then its pages)",
+    )
     parser.add_argument(
         "--rollups",
         action="store_true",
@@ -530,6 +557,11 @@ def main(argv: list[str] | None = None) -> None:
         f" median {ratios[2]:.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x"
     )
     try:
+        if args.explorer:
+            synth.write_dump(root / "bench", scaled_spec("bench", args.scale))
+            _run_child("_extract", str(root / "bench"), str(root / "lake-bench-1"), "2")
+            bench_explorer(root, root / "lake-bench-1")
+            return
         if args.rollups:
             spec = scaled_spec("bench", args.scale)
             synth.write_dump(root / "bench", spec)

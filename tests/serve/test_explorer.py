@@ -26,6 +26,7 @@ from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve.explore.server import ServeOptions, start
 from tokenlake.serve.query import run_query
+from tokenlake.serve.run_colours import run_colours
 
 HOSTILE_RUN = "<b>x<i>y'\"&amp;<!--"
 pytestmark = pytest.mark.slow
@@ -58,6 +59,7 @@ def server(lake):
 def browser(tmp_path_factory):
     rules = "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
     with _browser(tmp_path_factory.mktemp("profile"), rules) as tools:
+        tools.socket.settimeout(PATIENCE)  # a screenshot of a long page, on a loaded machine
         for domain in ("Runtime", "Log", "Network", "Page"):
             tools.send(f"{domain}.enable")
         yield tools
@@ -74,16 +76,45 @@ def _open(tools, url: str) -> None:
     _wait(tools)
 
 
-def _wait(tools) -> None:
-    deadline = time.monotonic() + 60  # generous: a loaded machine draws slowly
-    while True:
-        state = tools.evaluate(
-            "location.href + ' ' + (document.documentElement.dataset.rendered || '')"
+PATIENCE = 120.0  # seconds: generous, a loaded machine draws slowly
+
+
+def _evaluate_now(tools, expression: str):
+    """`expression`'s value, or None while the page has no document to evaluate it in (a
+    navigation between two pages: DevTools answers with an error then, not a value)."""
+    tools.next_id += 1
+    tools.socket.send(
+        json.dumps(
+            {
+                "id": tools.next_id,
+                "method": "Runtime.evaluate",
+                "params": {"expression": expression, "returnByValue": True},
+            }
         )
-        if state and state.split(" ")[-1] in ("done", "failed") and "leaving" not in state:
-            break
-        assert time.monotonic() < deadline, f"page still {state!r}"
+    )
+    while True:
+        message = json.loads(tools.socket.recv())
+        if message.get("id") == tools.next_id:
+            return message.get("result", {}).get("result", {}).get("value")
+        tools.events.append(message)
+
+
+def _until(tools, expression: str, what: str):
+    """Wait until `expression` is truthy in the page (never a fixed sleep); its value."""
+    deadline = time.monotonic() + PATIENCE
+    while not (value := _evaluate_now(tools, expression)):
+        assert time.monotonic() < deadline, f"still waiting for {what}"
         time.sleep(0.1)
+    return value
+
+
+def _wait(tools) -> None:
+    state = _until(
+        tools,
+        "(r => ['done', 'failed'].includes(r) && location.href + ' ' + r)"
+        "(document.documentElement.dataset.rendered)",
+        "the page to be drawn",
+    )
     assert state.endswith("done"), (state, tools.evaluate("document.body.innerText"))
 
 
@@ -239,6 +270,10 @@ def test_one_run_keeps_its_colour_on_every_chart(lake, server, browser):
         for chart, colour in drawn:
             colours.setdefault(colour, []).append((url, chart))
     assert len(colours) == 1, colours
+    # the lake's colour for the run, the report's too (tokenlake.serve.run_colours)
+    assert set(colours) == {
+        run_colours(["example", "multi-turn", "slime", "nemo", HOSTILE_RUN])["nemo"]
+    }
 
 
 def test_nothing_leaves_a_420_px_screen(server, browser, lake, tmp_path):
@@ -357,3 +392,85 @@ def test_on_localhost_another_host_name_and_writes_are_refused(server):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(server + "assets/..%2F..%2Fexplore.html")
     assert refused.value.code == 404
+
+
+def _click_point(tools, chart: str, match: str) -> dict:
+    """A real mouse click (DevTools input events, as a user's) on a point of `chart` whose
+    datum satisfies the JavaScript condition `match` on `d` and that no other point covers;
+    waits for the page it opens. Returns the point's datum."""
+    found = tools.evaluate(
+        "(() => { for (const mark of document.querySelectorAll("
+        f"{json.dumps('#' + chart + ' .mark-symbol path')})) {{"
+        f" const d = mark.__data__ && mark.__data__.datum; if (!d || !({match})) continue;"
+        " mark.scrollIntoView({block: 'center'}); const r = mark.getBoundingClientRect();"
+        " const x = r.x + r.width / 2, y = r.y + r.height / 2;"
+        " if (document.elementFromPoint(x, y) === mark) return [x, y, d]; } return null; })()"
+    )
+    assert found, f"no uncovered point of {chart} where {match}"
+    tools.evaluate("document.documentElement.dataset.rendered = 'leaving'")
+    x, y, datum = found
+    tools.send("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+    for kind in ("mousePressed", "mouseReleased"):
+        tools.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
+    _wait(tools)
+    return datum
+
+
+def test_clicking_a_chart_point_opens_its_step_and_a_scatter_point_its_sample(
+    lake, server, browser
+):
+    _open(browser, server + "compare?runs=example,multi-turn")
+    _click_point(browser, "mean-abs", "d.run === 'multi-turn' && d.rollout_id === 1")
+    assert browser.evaluate("location.pathname") == "/runs/multi-turn/steps/1"
+    assert browser.evaluate("document.querySelector('h1').textContent") == "multi-turn · step 1"
+
+    point = _click_point(browser, "scatter", "d.batch_position > 0")
+    position = point["batch_position"]
+    assert browser.evaluate("location.pathname") == f"/runs/multi-turn/steps/1/samples/{position}"
+    assert browser.evaluate("document.querySelector('h1').textContent") == (
+        f"multi-turn · step 1 · sample {position}"
+    )
+
+
+def test_the_console_page_says_where_rows_were_cut(lake, browser):
+    running = start(lake, ServeOptions(port=0, query_rows=5))
+    try:
+        _open(browser, running.url + "sql?q=SELECT%20range%20AS%20n%20FROM%20range(12)")
+        assert browser.evaluate("document.querySelector('#result p').textContent") == (
+            "5 row(s), cut at the limit of 5CSVParquet"
+        )
+        assert _cells(browser, "#result tbody td") == ["0", "1", "2", "3", "4"]
+    finally:
+        running.stop()
+
+
+def test_a_step_committed_while_a_page_is_open_is_offered_without_a_restart(browser, tmp_path):
+    synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
+    lake = tmp_path / "lake"
+    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[0]))
+    running = start(lake, ServeOptions(port=0))
+    try:
+        version = running.url + "api/version"
+        _open(browser, running.url + "runs/live")
+        assert _cells(browser, "a.step-link") == ["0"]
+        with urllib.request.urlopen(version) as answer:
+            assert json.load(answer) == {"version": 1, "steps": 2}  # step 0 and its eval file
+        assert browser.evaluate("document.getElementById('live').hidden") is True
+
+        extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[1]))
+        _until(browser, "!document.getElementById('live').hidden", "the new-steps banner")
+        with urllib.request.urlopen(version) as answer:
+            seen = json.load(answer)
+        assert seen["steps"] == 3 and seen["version"] > 1  # the server read the new catalog
+        assert browser.evaluate("document.getElementById('live').textContent") == (
+            "New steps in the lake: reload"
+        )
+        assert browser.evaluate("document.getElementById('live').href") == running.url + "runs/live"
+
+        browser.evaluate("document.documentElement.dataset.rendered = 'leaving'")
+        browser.evaluate("document.getElementById('live').click()")
+        _wait(browser)
+        assert _cells(browser, "a.step-link") == ["0", "1"]
+        assert browser.evaluate("document.getElementById('live').hidden") is True
+    finally:
+        running.stop()

@@ -134,7 +134,7 @@ def test_report_is_one_offline_file_of_aggregates(two_runs, report_file):
     assert {c["id"] for c in payload["charts"]} >= {"reward-mean", "mean-abs", "heatmap", "by-turn"}
     # Aggregates only: the strips hold the worst samples' tokens, 3 per run, nothing else.
     tokens = run_query(two_runs, "SELECT count(*) AS n FROM tokens").column("n")[0].as_py()
-    strip_cells = sum(len(s["cells"]["position"]) for s in payload["strips"])
+    strip_cells = sum(len(s["cells"]["status"]) for s in payload["strips"])
     assert len(payload["strips"]) == 6 and strip_cells < tokens / 4
     # The failing audits come first, with their offending rows.
     audits = re.findall(r'<div class="audit"><span class="(\w+)">', text)

@@ -19,7 +19,7 @@ import pyarrow as pa
 from tokenlake.errors import LakeError, duckdb_problem
 from tokenlake.layout import Location
 from tokenlake.serve import sql_views
-from tokenlake.serve.query import format_table, open_lake
+from tokenlake.serve.query import connect_reader, format_table
 from tokenlake.store.base import Store
 
 # Offending rows shown per failed audit; the rest are counted, not printed.
@@ -108,7 +108,7 @@ def run_audits(
     """
     import duckdb
 
-    con = open_lake(lake, settings)
+    con = connect_reader(lake, settings)
     results = []
     try:
         for path in sql_views.iter_audit_files():

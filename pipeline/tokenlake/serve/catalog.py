@@ -1,7 +1,7 @@
 """Build the DuckDB catalog `LAKE/tokenlake.duckdb`: base views over the Parquet files, then
 every view under `sql/`, each after the inputs its header declares. This is the only module
 that creates or opens the catalog file; the readers (query.py, audit.py, report_data.py) import
-duckdb only to query the connection `connect` gives them (through `query.open_lake`).
+duckdb only to query the connection `connect` gives them (through `query.connect_reader`).
 
 The base views list the Parquet files that the run manifests name (pipeline/tokenlake/store/manifest.py),
 with absolute paths, so the catalog works from any working directory, shows only committed

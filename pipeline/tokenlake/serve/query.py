@@ -32,10 +32,11 @@ FORMATS = ("table", "csv", "json", "parquet")
 SETTINGS_VIEW = "drift_settings"
 
 
-def open_lake(
+def connect_reader(
     lake: Location | Store, settings: Mapping[str, float] | None = None
 ) -> duckdb.DuckDBPyConnection:
-    """A read-only connection to the catalog, with `settings` overriding `drift_settings`.
+    """A reader's DuckDB connection to the catalog (not a `Lake`: that is
+    `tokenlake.open_lake`), with `settings` overriding `drift_settings`.
 
     Args:
         lake: The lake directory (holding `tokenlake.duckdb`).
@@ -110,7 +111,7 @@ def run_query(
     Args:
         lake: The lake directory.
         sql: The query; may read every view of the catalog.
-        settings: Optional `drift_settings` overrides, see `open_lake`.
+        settings: Optional `drift_settings` overrides, see `connect_reader`.
 
     Returns:
         The result as an Arrow table (zero columns when the last statement returns nothing).
@@ -121,7 +122,7 @@ def run_query(
     """
     import duckdb
 
-    con = open_lake(lake, settings)
+    con = connect_reader(lake, settings)
     try:
         with ctrl_c_from_duckdb():
             relation = con.sql(sql)

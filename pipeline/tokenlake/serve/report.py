@@ -22,7 +22,8 @@ from tokenlake.layout import Location, temporary_path
 from tokenlake.serve import report_charts as rc
 from tokenlake.serve import report_data as rd
 from tokenlake.serve import report_html as rh
-from tokenlake.serve.query import open_lake
+from tokenlake.serve.query import connect_reader
+from tokenlake.serve.run_colours import run_colours
 from tokenlake.steps import StepSelection, as_selection
 from tokenlake.store import store_at
 from tokenlake.store.base import Store
@@ -34,6 +35,18 @@ if TYPE_CHECKING:
 
 WORST_SAMPLES = 10  # samples with a per-token strip, per run
 TOP_TOKENS = 10  # tokens per step in "Top drifting tokens"
+OPEN_STRIPS = 3  # strips of a run shown open; the rest are folded under one line
+# What keeps a page under 5 MB at any step count (docs/report.md): the per-step charts show at
+# most SERIES_STEPS steps, the charts by step (breakdowns, heatmap, top tokens) at most
+# BREAKDOWN_STEPS, evenly spaced over the selected steps, the first and each run's last kept.
+SERIES_STEPS = 500
+BREAKDOWN_STEPS = 12
+# The datasets of each kind (their rows pooled over all steps, `step` = 'all', are all kept).
+SERIES_DATASETS = ("step_stats", "eval_reward", "drift_steps")
+BREAKDOWN_DATASETS = (
+    "by_position", "by_prob", "by_turn", "by_staleness", "by_token_staleness", "histogram",
+    "top_tokens",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -51,14 +64,67 @@ class _Page:
     """The page under construction: section HTML, charts, datasets."""
 
     sel: rd.Selection
+    runs: rc.RunScale
     sections: list[str] = field(default_factory=list)
     charts: list[rc.Chart] = field(default_factory=list)
     strips: list[dict[str, Any]] = field(default_factory=list)
     datasets: dict[str, rd.Rows] = field(default_factory=dict)
+    # Per kind ("series", "breakdowns"): (steps shown, steps selected) where some were left out.
+    thinned: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def add(self, datasets: dict[str, rd.Rows]) -> None:
+        """Take `datasets`, their steps thinned to the page's bounds."""
+        for kind, names, bound in (
+            ("series", SERIES_DATASETS, SERIES_STEPS),
+            ("breakdowns", BREAKDOWN_DATASETS, BREAKDOWN_STEPS),
+        ):
+            thinned = _thin([name for name in names if name in datasets], datasets, bound)
+            if thinned is not None:
+                self.thinned[kind] = thinned
+        self.datasets.update(datasets)
 
     def chart(self, chart: rc.Chart) -> str:
         self.charts.append(chart)
         return rh.chart_div(chart)
+
+
+def _thin(names: list[str], datasets: dict[str, rd.Rows], bound: int) -> tuple[int, int] | None:
+    """Keep in `datasets[names]` only the rows of `bound` steps spread over theirs, and each
+    run's last step ("each run's latest" of the top tokens reads it); rows of no step (pooled
+    over all steps) stay. Returns (steps kept, steps there were), or None when all are kept."""
+    last: dict[str, int] = {}
+    for name in names:
+        for row in datasets[name]:
+            if row.get("rollout_id") is not None:
+                last[row["run"]] = max(last.get(row["run"], row["rollout_id"]), row["rollout_id"])
+    steps = sorted({row["rollout_id"] for name in names for row in datasets[name]
+                    if row.get("rollout_id") is not None})  # fmt: skip
+    kept = set(spread(steps, bound)) | set(last.values())
+    if len(kept) == len(steps):
+        return None
+    for name in names:
+        datasets[name] = [row for row in datasets[name]
+                          if row.get("rollout_id") is None or row["rollout_id"] in kept]  # fmt: skip
+    return len(kept), len(steps)
+
+
+def spread(steps: Sequence[int], bound: int) -> list[int]:
+    """At most `bound` of `steps` (sorted), evenly spaced, the first and the last kept.
+
+    Examples:
+        >>> spread(list(range(10)), 4)
+        [0, 3, 6, 9]
+        >>> spread([2, 5], 4)
+        [2, 5]
+        >>> spread(list(range(300)), 2)
+        [0, 299]
+    """
+    if len(steps) <= bound:
+        return list(steps)
+    if bound < 2:
+        return list(steps[-bound:]) if bound > 0 else []
+    last = len(steps) - 1
+    return [steps[round(i * last / (bound - 1))] for i in range(bound)]
 
 
 def build_report(
@@ -139,7 +205,7 @@ def _collect(
 ) -> _Page:
     import duckdb
 
-    con = open_lake(lake)
+    con = connect_reader(lake)
     try:
         return _sections(con, runs, steps, worst)
     except duckdb.Error as exc:  # the report's own SQL failing is the lake's files failing it
@@ -157,20 +223,23 @@ def _sections(
     con.execute("SET enable_progress_bar = false")  # no bar on the CLI's terminal
     sel = rd.Selection(rd.resolve_runs(con, runs), _step_ranges(steps))
     rd.require_selected_steps(con, sel, str(as_selection(steps)))
+    colours = run_colours(str(run) for (run,) in con.execute("SELECT run FROM runs").fetchall())
     rd.restrict(con, sel)
     rd.cache_views(con)
-    page = _Page(sel)
+    labels = rh.short_runs(sel.runs)
+    scale = rc.RunScale(tuple(labels[r] for r in sel.runs), tuple(colours[r] for r in sel.runs))
+    page = _Page(sel, scale)
     page.sections.append(_summary_section(rd.run_summary(con, sel)))
     page.sections.append(_runs_section(rd.runs_overview(con, sel)))
     page.sections.append(_audits_section(rd.audits(con, sel)))
-    page.datasets.update(rd.step_datasets(con, sel))
+    page.add(rd.step_datasets(con, sel))
     limits = rd.settings(con)
     page.sections.append(_reward_section(page, limits))
     page.sections.append(_drift_section(page, limits))
     half_width = rd.fit_histogram(con, sel)
-    page.datasets.update(rd.breakdown_datasets(con, sel))
+    page.add(rd.breakdown_datasets(con, sel))
     page.sections.append(_where_section(page, half_width))
-    page.datasets.update(rd.worst_tokens(con, sel, TOP_TOKENS))
+    page.add(rd.worst_tokens(con, sel, TOP_TOKENS))
     samples = rd.worst_samples(con, sel, worst)
     page.sections.append(_worst_section(page, rd.strip_tokens(con, samples)))
     return page
@@ -275,7 +344,8 @@ def _audits_section(results: list[rd.AuditSection]) -> str:
             f"[{result.severity}]: {rh.cell(result.description)}</div>"
         )
         if result.count:
-            body.append(rh.table(result.columns, result.rows))
+            rows = plural(len(result.rows), "row")
+            body.append(rh.folded(rows, [rh.table(result.columns, result.rows)]))
             if result.count > len(result.rows):
                 body.append(rh.note(f"First {len(result.rows)} of {result.count:,} rows."))
     return rh.section("audits", "3. Audits", body)
@@ -297,7 +367,15 @@ def _per_step(page: _Page, chart_id: str, dataset: str, fields: dict[str, str],
     domain = _flat_domain(_values(page.datasets[dataset], fields), kwargs.get("baseline"), rule)
     return page.chart(
         rc.per_step(
-            chart_id, dataset, fields, title, unit, threshold=threshold, domain=domain, **kwargs
+            page.runs,
+            chart_id,
+            dataset,
+            fields,
+            title,
+            unit,
+            threshold=threshold,
+            domain=domain,
+            **kwargs,
         )  # fmt: skip
     )
 
@@ -347,6 +425,22 @@ def _off_scale(rows: rd.Rows, fields: dict[str, str], threshold: float) -> bool:
     return bool(values) and threshold > 0 and threshold > OFF_SCALE * max(values)
 
 
+THINNED = {
+    "series": "{selected:,} steps selected: the per-step charts show {shown:,} of them, evenly"
+    " spaced (the first and the last kept), so that the page stays small.",
+    "breakdowns": "{selected:,} steps selected: the charts by step offer {shown:,} of them,"
+    ' evenly spaced (the first and each run\'s last kept); "all steps" pools every selected'
+    " step.",
+}
+
+
+def _thinned_note(page: _Page, kind: str) -> list[str]:
+    if kind not in page.thinned:
+        return []
+    shown, selected = page.thinned[kind]
+    return [rh.note(THINNED[kind].format(shown=shown, selected=selected))]
+
+
 def _single_step_note(rows: rd.Rows) -> list[str]:
     steps = {row["rollout_id"] for row in rows}
     if len(steps) == 1:
@@ -383,7 +477,8 @@ def _reward_section(page: _Page, limits: dict[str, Any]) -> str:
         )
     else:
         charts.append(rh.note("Eval reward: no eval files in the selected runs and steps."))
-    body = _single_step_note(rows) + ['<div class="grid">', *charts, "</div>"]
+    body = _single_step_note(rows) + _thinned_note(page, "series")
+    body += ['<div class="grid">', *charts, "</div>"]
     return rh.section("reward", "4. Reward health per step", body)
 
 
@@ -413,7 +508,8 @@ def _drift_section(page: _Page, limits: dict[str, Any]) -> str:
                   "Mean exp(|δ|)", "ratio",
                   threshold=(limits["alarm_mult_prob_error"], "alarm"), baseline=1),
     ]  # fmt: skip
-    body = _single_step_note(rows) + ['<div class="grid">', *charts, "</div>"]
+    body = _single_step_note(rows) + _thinned_note(page, "series")
+    body += ['<div class="grid">', *charts, "</div>"]
     return rh.section("drift", "5. Drift per step", body + _rejection_charts(page, limits))
 
 
@@ -484,32 +580,33 @@ def _where_section(page: _Page, half_width: float) -> str:
         return rh.section("where", title, [rh.note("No loss-covered token with both log-probs.")])
     steps = [row["rollout_id"] for row in data["by_position"]]
     body = [
+        *_thinned_note(page, "breakdowns"),
         '<div class="wide">', page.chart(rc.position_heatmap("heatmap")), "</div>",
         '<div class="grid">',
-        page.chart(rc.by_step_selected(
+        page.chart(rc.by_step_selected(page.runs,
             "by-prob", "by_prob", steps, ("label", "rollout probability", "bucket"),
             "Mean |δ| by rollout probability", "datum.dimension === 'rollout_prob'")),
     ]  # fmt: skip
     if any(row["dimension"] == "entropy" for row in data["by_prob"]):
-        body.append(page.chart(rc.by_step_selected(
+        body.append(page.chart(rc.by_step_selected(page.runs,
             "by-entropy", "by_prob", steps, ("label", "actor entropy (nats)", "bucket"),
             "Mean |δ| by actor entropy", "datum.dimension === 'entropy'")))  # fmt: skip
     else:
         body.append(rh.note("By entropy: the dump has no entropy."))
-    body.append(page.chart(rc.by_step_selected(
+    body.append(page.chart(rc.by_step_selected(page.runs,
         "by-turn", "by_turn", steps, ("turn_index", "turn (segment of the response)", None),
         "Mean |δ| by turn")))  # fmt: skip
-    body.append(page.chart(rc.by_step_selected(
+    body.append(page.chart(rc.by_step_selected(page.runs,
         "by-staleness", "by_staleness", steps, ("staleness", "staleness (steps)", None),
         "Mean |δ| by staleness", extra={"strokeDash": rc.alt.StrokeDash(
             "mixed_version:N", title="mixed version")})))  # fmt: skip
     if data["by_token_staleness"]:  # dumps that say which weights generated each token
-        body.append(page.chart(rc.by_step_selected(
+        body.append(page.chart(rc.by_step_selected(page.runs,
             "by-token-staleness", "by_token_staleness", steps,
             ("token_staleness", "token staleness (steps behind the weights that generated it)",
              None), "Mean |δ| by token staleness")))  # fmt: skip
     outside = _outside(data["histogram"], half_width, page.sel.runs)
-    body += [page.chart(rc.histogram("histogram", steps, half_width, outside)), "</div>"]
+    body += [page.chart(rc.histogram(page.runs, "histogram", steps, half_width, outside)), "</div>"]
     return rh.section("where", title, body)
 
 
@@ -521,7 +618,7 @@ def _worst_section(page: _Page, strips: list[dict[str, Any]]) -> str:
     steps = [row["rollout_id"] for row in data["top_tokens"]]
     body = [
         '<div class="wide">',
-        page.chart(rc.top_tokens("top-tokens", steps)),
+        page.chart(rc.top_tokens(page.runs, "top-tokens", steps)),
         "</div>",
         "<h3>Worst samples by share of their step's Σ|δ|</h3>",
         "<p>A sample's share is its tokens × mean |δ| over the sum of that over its step's"
@@ -533,8 +630,19 @@ def _worst_section(page: _Page, strips: list[dict[str, Any]]) -> str:
     ]
     # One colour scale for every strip: ± the largest |δ| among the samples shown.
     limit = max((s["max_abs_lp_diff"] or 0.0 for s in strips), default=0.0) or 1.0
+    shown: dict[str, int] = {}
+    folded: dict[str, list[str]] = {}
     for index, sample in enumerate(strips):
-        body.append(_strip(page, index, sample, limit))
+        strip = _strip(page, index, sample, limit)
+        run = sample["run"]
+        shown[run] = shown.get(run, 0) + 1
+        if shown[run] <= OPEN_STRIPS:
+            body.append(strip)
+        else:  # a long page otherwise: ten strips for each of many runs
+            folded.setdefault(run, []).append(strip)
+    for run, more in folded.items():
+        summary = f"{plural(len(more), 'more worst sample')} of {run}"
+        body.append(rh.folded(summary, more))
     return rh.section("worst", title, body)
 
 
@@ -548,6 +656,25 @@ def _percent(share: float | None) -> str:
     return "— %" if share is None else f"{100 * share:.3g} %"
 
 
+def _compact(cells: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """A strip's arrays without the two that say nothing: `position` when it is 0, 1, 2, ...
+    (a whole response) and `text` when no token has one (no vocabulary): a fifth of a long
+    strip's bytes (report.js reads them as the index and no text).
+
+    Examples:
+        >>> _compact({"position": [0, 1], "text": [None, None], "status": [3, 0]})
+        {'status': [3, 0]}
+        >>> _compact({"position": [0, 2], "text": ["a", None], "status": [3, 0]})
+        {'position': [0, 2], 'text': ['a', None], 'status': [3, 0]}
+    """
+    kept = dict(cells)
+    if kept.get("position") == list(range(len(kept.get("position", [])))):
+        del kept["position"]
+    if all(text is None for text in kept.get("text", [])):
+        kept.pop("text", None)
+    return kept
+
+
 def _strip(page: _Page, index: int, sample: dict[str, Any], limit: float) -> str:
     cells = sample["cells"]
     label = (
@@ -557,7 +684,7 @@ def _strip(page: _Page, index: int, sample: dict[str, Any], limit: float) -> str
         f" {plural(sample['tokens'], 'token')} · {plural(len(cells['position']), 'response token')}"
     )
     chart = rc.strip(f"strip-{index}", f"strip_{index}", len(cells["position"]), limit)
-    page.strips.append({**vars(chart), "cells": cells})
+    page.strips.append({**vars(chart), "cells": _compact(cells)})
     keys = " ".join(
         f'data-{name}="{int(sample[key])}"'
         for name, key in (("rollout-id", "rollout_id"), ("batch-position", "batch_position"))

@@ -1,8 +1,10 @@
 """Vega-Lite specs of the report's charts, built with altair.
 
 Charts name their data (`alt.NamedData`); the page holds each dataset once and hands it to
-every chart that uses it. Every chart colours by run and lets a click on the legend toggle a
-run; breakdowns by step carry a step selector.
+every chart that uses it. Every chart colours by run, each run in its one colour of the lake
+(`RunScale`, from `tokenlake.serve.run_colours`, as in the explorer), with a legend that
+lists every selected run, and lets a click on the legend toggle a run; breakdowns by step
+carry a step selector.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ CELL = 7  # pixels per strip cell
 
 
 @dataclass(frozen=True)
+class RunScale:
+    """The selected runs by their legend labels, with each run's colour: every chart's colour
+    scale, so that a run has the same colour whichever runs a chart's rows hold."""
+
+    labels: tuple[str, ...]
+    colours: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Chart:
     """One chart of the page: a Vega-Lite spec and the datasets it reads."""
 
@@ -43,10 +54,16 @@ def _run_toggle() -> Any:
     return alt.selection_point(fields=["run_label"], bind="legend", name="pick_run")
 
 
-def _run_color() -> alt.Color:
+def _run_color(runs: RunScale) -> alt.Color:
     # `run_label`: the run's name, shortened where runs share a long prefix or suffix
-    # (report_html.short_runs); tooltips give the whole `run`.
-    return alt.Color("run_label:N", title="run", scale=alt.Scale(scheme="tableau10"))
+    # (report_html.short_runs); tooltips give the whole `run`. The domain is every selected
+    # run, not the chart's rows, so the legend lists them all and no run's colour shifts.
+    return alt.Color(
+        "run_label:N",
+        title="run",
+        scale=alt.Scale(domain=list(runs.labels), range=list(runs.colours)),
+        legend=alt.Legend(symbolLimit=0),  # 0: no limit (Vega-Lite cuts long legends)
+    )
 
 
 def _faded(toggle: Any) -> alt.OpacityValue:
@@ -105,6 +122,7 @@ def threshold_rule(value: float, label: str) -> Any:
 
 @_unvalidated
 def per_step(
+    runs: RunScale,
     chart_id: str,
     dataset: str,
     fields: dict[str, str],
@@ -122,6 +140,7 @@ def per_step(
     reads as its value.
 
     Args:
+        runs: The selected runs' labels and colours.
         chart_id: Element id on the page.
         dataset: Named dataset with `run`, `rollout_id` and the columns.
         fields: Column -> legend label.
@@ -149,7 +168,7 @@ def per_step(
     encoding: dict[str, Any] = {
         "x": _step_axis(),
         "y": alt.Y("value:Q", title=f"{title} ({unit})", scale=y_scale),
-        "color": _run_color(),
+        "color": _run_color(runs),
         "opacity": _faded(toggle),
         "tooltip": [
             alt.Tooltip("run:N"),
@@ -168,7 +187,7 @@ def per_step(
             x=alt.X("rollout_id:Q"),
             y=alt.Y("value:Q"),
             text=alt.Text("value:Q", format=".4~g"),
-            color=_run_color(),
+            color=_run_color(runs),
             opacity=_faded(toggle),
         )
     )
@@ -246,6 +265,7 @@ def _step_selector(steps: Sequence[int], first: str = ALL_STEPS) -> Any:
 
 @_unvalidated
 def by_step_selected(
+    runs: RunScale,
     chart_id: str,
     dataset: str,
     steps: Sequence[int],
@@ -272,7 +292,7 @@ def by_step_selected(
         .encode(
             x=alt.X(f"{field}:O", title=x_title, sort=sort),
             y=alt.Y(f"{y}:Q", title=y_title),
-            color=_run_color(),
+            color=_run_color(runs),
             opacity=_faded(toggle),
             tooltip=_breakdown_tooltip(field, x_title),
             **(extra or {}),
@@ -285,7 +305,7 @@ def by_step_selected(
 
 @_unvalidated
 def histogram(
-    chart_id: str, steps: Sequence[int], half_width: float, outside: Sequence[str]
+    runs: RunScale, chart_id: str, steps: Sequence[int], half_width: float, outside: Sequence[str]
 ) -> Chart:
     """δ distribution of the picked step, a step line per run, log-scale fraction.
 
@@ -306,7 +326,7 @@ def histogram(
             y=alt.Y(
                 "fraction:Q", title="fraction of the step's tokens", scale=alt.Scale(type="log")
             ),
-            color=_run_color(),
+            color=_run_color(runs),
             opacity=_faded(toggle),
             tooltip=[
                 alt.Tooltip("run:N"),
@@ -327,7 +347,7 @@ def histogram(
 
 
 @_unvalidated
-def top_tokens(chart_id: str, steps: Sequence[int]) -> Chart:
+def top_tokens(runs: RunScale, chart_id: str, steps: Sequence[int]) -> Chart:
     """The tokens carrying most of the picked step's k3, one bar per run."""
     toggle = _run_toggle()
     step = _step_selector(steps, LATEST)
@@ -339,7 +359,7 @@ def top_tokens(chart_id: str, steps: Sequence[int]) -> Chart:
             y=alt.Y("label:N", title="token", sort="-x"),
             yOffset=alt.YOffset("run_label:N"),
             x=alt.X("k3_share:Q", title="share of the step's k3 KL (fraction)"),
-            color=_run_color(),
+            color=_run_color(runs),
             opacity=_faded(toggle),
             tooltip=[
                 alt.Tooltip("run:N"),

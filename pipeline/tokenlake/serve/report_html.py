@@ -185,6 +185,15 @@ def chart_div(chart: Chart, kind: str = "chart") -> str:
     return f'<div class="card"><div class="{kind}" id="{html.escape(chart.id)}"></div></div>'
 
 
+def folded(summary: str, body: Sequence[str]) -> str:
+    """Parts of a section that are closed until clicked (`summary` is their one line)."""
+    return (
+        f'<details class="folded"><summary>{html.escape(summary)}</summary>'
+        + "\n".join(body)
+        + "</details>"
+    )
+
+
 def section(anchor: str, title: str, body: Sequence[str]) -> str:
     """One numbered section of the page."""
     return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>' + "\n".join(body) + "</section>"

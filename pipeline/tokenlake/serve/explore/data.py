@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tokenlake.errors import UsageError
 from tokenlake.serve import audit, sql_views
 from tokenlake.serve import report_data as rd
+from tokenlake.serve.run_colours import run_colours
 
 if TYPE_CHECKING:
     import duckdb
@@ -54,6 +55,11 @@ def run_names(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [str(r[0]) for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall()]
 
 
+def colours(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Each run's colour on every chart (`run_colours`, from every run of the lake)."""
+    return run_colours(run_names(con))
+
+
 def _known(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str]:
     known = run_names(con)
     for name in runs:
@@ -84,7 +90,7 @@ def runs_page(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         row["tags"] = _tags(row.pop("tags_json", None))
         row["audits"] = failing.get(name, [])
         runs.append(row)
-    return {"runs": runs}
+    return {"runs": runs, "colours": run_colours(names)}
 
 
 def _tags(text: str | None) -> dict[str, str]:
@@ -128,6 +134,7 @@ def steps_page(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str,
     return {
         "runs": chosen,
         "all_runs": run_names(con),
+        "colours": colours(con),
         **datasets,
         "metrics": metrics,
         "settings": rd.settings(con),

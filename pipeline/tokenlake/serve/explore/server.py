@@ -113,6 +113,10 @@ class ServedLake:
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor of the current catalog (its own connection: queries run side by side)."""
+        return self.versioned_cursor()[0]
+
+    def versioned_cursor(self) -> tuple[duckdb.DuckDBPyConnection, int]:
+        """A cursor of the current catalog and that catalog's version, taken together."""
         with self._lock:
             now = time.monotonic()
             if self._con is None or now - self._looked_at >= STAMP_EVERY_SECONDS:
@@ -121,7 +125,7 @@ class ServedLake:
                 if self._con is None or stamp != self._stamp:
                     self._connect(stamp)
             assert self._con is not None
-            return self._con.cursor()
+            return self._con.cursor(), self.version
 
     def _connect(self, stamp: object) -> None:
         con = catalog.connect(self.store)
@@ -174,6 +178,10 @@ class Explorer:
         self.port = options.port
         self.pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="tokenlake-serve")
         self.console = console.Console()
+        # The runs page, by the catalog version it was read from: it reads every run and runs
+        # every audit (hundreds of milliseconds on the bench lake), and changes only with the
+        # catalog, whose new version reads it again.
+        self._runs_page: tuple[int, Any] | None = None
         self.assets = _assets()
         self.page = _asset_bytes("explore.html")
 
@@ -276,13 +284,23 @@ class Explorer:
         request: web.Request,
         compute: Callable[[duckdb.DuckDBPyConnection], Any],
         seconds: float = PAGE_SECONDS,
+        per_version: bool = False,
     ) -> web.StreamResponse:
-        """`compute` on a cursor in the pool, as JSON; a refusal or error as `{"error": line}`."""
+        """`compute` on a cursor in the pool, as JSON; a refusal or error as `{"error": line}`.
+        `per_version`: the runs page, kept until the catalog changes."""
         from aiohttp import web
 
         def work() -> Any:
-            with _limited(self.lake.cursor(), seconds) as cursor:
-                return compute(cursor)
+            cursor, version = self.lake.versioned_cursor()
+            kept = self._runs_page
+            if per_version and kept is not None and kept[0] == version:
+                cursor.close()
+                return kept[1]
+            with _limited(cursor, seconds) as limited:
+                result = compute(limited)
+            if per_version:
+                self._runs_page = (version, result)
+            return result
 
         try:
             result = await asyncio.get_running_loop().run_in_executor(self.pool, work)
@@ -301,7 +319,7 @@ class Explorer:
         return _json(result)
 
     async def _runs(self, request: web.Request) -> web.StreamResponse:
-        return await self._answer(request, data.runs_page)
+        return await self._answer(request, data.runs_page, per_version=True)
 
     async def _steps(self, request: web.Request) -> web.StreamResponse:
         runs = [name for name in request.query.get("runs", "").split(",") if name]

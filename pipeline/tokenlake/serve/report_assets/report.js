@@ -10,13 +10,14 @@
   // Each drawn chart's Vega view by element id, for the browser test to read scales and marks.
   window.reportViews = {};
 
-  // One row per response token from the per-field arrays of a worst sample.
+  // One row per response token from the per-field arrays of a worst sample. `position` is
+  // left out when it is the index, `text` when no token has one (report.py's _compact).
   function stripRows(cells) {
-    const rows = new Array(cells.position.length);
+    const rows = new Array(cells.status.length);
     for (let i = 0; i < rows.length; i++) {
-      const text = cells.text[i];
+      const text = cells.text ? cells.text[i] : null;
       rows[i] = {
-        position: cells.position[i],
+        position: cells.position ? cells.position[i] : i,
         token: text === null ? "#" + cells.token_id[i] : text,
         train: cells.train[i],
         rollout: cells.rollout[i],
@@ -59,7 +60,7 @@
   }
 
   // Legends below the plot: beside it they ran past a card's edge.
-  const CONFIG = { background: null, legend: { orient: "bottom", labelLimit: 300 } };
+  const CONFIG = { background: null, legend: { orient: "bottom", labelLimit: 300, columns: 3 } };
 
   function embed(chart) {
     const element = document.getElementById(chart.id);
@@ -97,6 +98,10 @@
       if (window.innerWidth !== drawnWidth) { drawnWidth = window.innerWidth; drawAll(); }
     }, 250);
   });
+  // A folded part's fixed-width charts had no card width to fit while closed.
+  document.querySelectorAll("details.folded").forEach((d) => d.addEventListener("toggle", () => {
+    if (d.open && d.querySelector(".strip")) drawAll();
+  }));
   if (window.matchMedia) {
     window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", drawAll);
   }

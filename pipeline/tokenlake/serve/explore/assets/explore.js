@@ -5,9 +5,6 @@
 (function () {
   "use strict";
   const main = document.getElementById("main");
-  const PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b",
-    "#9d755d", "#ff9da6", "#bab0ac", "#1f77b4", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f",
-    "#d62728", "#2ca02c", "#9467bd", "#e377c2", "#393b79"];
   const WINDOWS = { "256": 256, "1k": 1024, "4k": 4096, "all": Infinity };
   const CLIP_PERCENTILE = 99;
   // Colour ramps as stops (the bundle exposes vegaEmbed only, not Vega's schemes).
@@ -81,14 +78,10 @@
       nav.appendChild(href ? el("a", { href }, text) : el("span", {}, text));
     });
   }
-  function colourOf(run, allRuns) {
-    const i = allRuns.indexOf(run);
-    const colour = PALETTE[(i < 0 ? 0 : i) % PALETTE.length];
-    explorer.colours[run] = colour;
-    return colour;
-  }
-  function swatch(run, allRuns) {
-    return el("span", { class: "swatch", style: { background: colourOf(run, allRuns) }, "aria-hidden": "true" });
+  // Each run's colour comes from the server (tokenlake.serve.run_colours, the report's too).
+  function colourOf(run) { return explorer.colours[run] || "#7f7f7f"; }
+  function swatch(run) {
+    return el("span", { class: "swatch", style: { background: colourOf(run) }, "aria-hidden": "true" });
   }
   function table(columns, rows, options) {
     options = options || {};
@@ -110,28 +103,28 @@
   function chartWidth() { return Math.max(220, Math.min(640, main.clientWidth - 60)); }
 
   // --- charts (Vega-Lite from the bundle; one colour per run on every chart) -------------
-  function runScale(allRuns) {
-    return { domain: allRuns, range: allRuns.map((r) => colourOf(r, allRuns)) };
+  function runScale(runs) {
+    return { domain: runs, range: runs.map(colourOf) };
   }
   async function draw(id, spec, onClick) {
     const holder = el("div", { class: "chart", id });
     const slot = document.getElementById(id + "-slot");
     (slot || main).appendChild(holder);
     const options = { actions: false, renderer: "svg",
-      config: { background: null, legend: { orient: "bottom", labelLimit: 400, columns: 4 } } };
+      config: { background: null, legend: { orient: "bottom", labelLimit: 400, columns: 4, symbolLimit: 0 } } };
     const result = await vegaEmbed(holder, Object.assign({ width: chartWidth(), height: 180 }, spec), options);
     explorer.charts[id] = result.view;
     if (onClick) result.view.addEventListener("click", (event, item) => { if (item && item.datum) onClick(item.datum); });
     return result.view;
   }
-  function perStepSpec(title, rows, field, allRuns, threshold) {
+  function perStepSpec(title, rows, field, runs, threshold) {
     const layers = [{
       mark: { type: "line", point: true, tooltip: true },
       params: [{ name: "zoom", select: "interval", bind: "scales" }],
       encoding: {
         x: { field: "rollout_id", type: "quantitative", title: "step", axis: { tickMinStep: 1 } },
         y: { field, type: "quantitative", title: field, scale: { zero: false } },
-        color: { field: "run", type: "nominal", scale: runScale(allRuns), title: "run" },
+        color: { field: "run", type: "nominal", scale: runScale(runs), title: "run" },
       },
     }];
     if (threshold !== undefined && threshold !== null) {
@@ -148,6 +141,7 @@
   async function runsPage() {
     crumbs([["runs", null]]);
     const data = await api("/api/runs");
+    Object.assign(explorer.colours, data.colours);
     const allRuns = data.runs.map((r) => r.run);
     main.replaceChildren(el("h1", {}, "Runs"), el("p", { class: "note" },
       data.runs.length + " run(s). Tick runs and compare them, or open one."));
@@ -165,7 +159,7 @@
       cell: (c, row) => {
         if (c === "") return el("input", { type: "checkbox", "aria-label": "compare " + row.run,
           checked: chosen.has(row.run), onchange: (e) => { e.target.checked ? chosen.add(row.run) : chosen.delete(row.run); updateCompare(); } });
-        if (c === "run") return el("span", {}, swatch(row.run, allRuns), el("a", { href: runPath(row.run), class: "run-link" }, row.run));
+        if (c === "run") return el("span", {}, swatch(row.run), el("a", { href: runPath(row.run), class: "run-link" }, row.run));
         if (c === "audits") return row.audits.length ? row.audits.map((a) => el("span", { class: "badge " + a.severity, title: a.rows + " row(s)" }, a.name)) : "none";
         if (c === "tags") return Object.entries(row.tags).map(([k, v]) => k + "=" + v).join(", ");
         return fmt(row[c]);
@@ -178,9 +172,10 @@
 
   async function stepsPage(runs, title) {
     const data = await api("/api/steps", { runs: runs.join(",") });
-    const allRuns = data.all_runs;
+    const shown = data.runs;  // the legends list these; their colours are the lake's
+    Object.assign(explorer.colours, data.colours);
     crumbs([["runs", "/"], [title, null]]);
-    main.replaceChildren(el("h1", {}, title), el("p", {}, data.runs.map((r) => el("span", { class: "badge" }, swatch(r, allRuns), el("a", { href: runPath(r) }, r)))),
+    main.replaceChildren(el("h1", {}, title), el("p", {}, data.runs.map((r) => el("span", { class: "badge" }, swatch(r), el("a", { href: runPath(r) }, r)))),
       el("p", { class: "note" }, "Click a point to open its step; drag to pan, scroll to zoom. Dashed red: the alarm thresholds of drift_settings."),
       el("div", { class: "charts", id: "charts-slot" }));
     const s = data.settings;
@@ -196,10 +191,10 @@
     ];
     for (const [id, t, rows, field, threshold] of charts) {
       if (!rows.some((r) => r[field] !== null && r[field] !== undefined)) continue;
-      await draw(id, perStepSpec(t, rows, field, allRuns, threshold), open);
+      await draw(id, perStepSpec(t, rows, field, shown, threshold), open);
     }
     main.appendChild(el("details", { class: "card", id: "step-list" }, el("summary", {}, "Every step"),
-      data.runs.map((r) => el("p", {}, swatch(r, allRuns), r + ": ",
+      data.runs.map((r) => el("p", {}, swatch(r), r + ": ",
         [...new Set(data.step_stats.filter((x) => x.run === r).map((x) => x.rollout_id))].map((st) =>
           el("a", { href: stepPath(r, st, false), class: "badge step-link" }, String(st)))))));
     const metricNames = [...new Set(data.metrics.map((m) => m.metric))].sort();
@@ -213,7 +208,7 @@
       async function drawMetric(name) {
         document.getElementById("metric-slot").replaceChildren();
         const rows = data.metrics.filter((m) => m.metric === name).map((m) => ({ run: m.run, rollout_id: m.step, value: m.value }));
-        await draw("metric", perStepSpec(name, rows, "value", allRuns), open);
+        await draw("metric", perStepSpec(name, rows, "value", shown), open);
       }
       await drawMetric(metricNames.includes(picked) ? picked : metricNames[0]);
     }

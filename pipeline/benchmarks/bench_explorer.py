@@ -1,0 +1,244 @@
+"""The explorer's figures for `make bench` (docs/performance.md): each page's data from the
+server, the sample page of the lake's longest sample, and the first page drawn in headless
+Chromium after the server answers.
+
+Times are wall seconds of a whole HTTP request to a running explorer (its thread pool, its
+DuckDB cursors, the JSON), best of `repeat` after one warm-up request, as a page's script asks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tokenlake.serve import catalog
+from tokenlake.serve.explore.server import ServeOptions, start
+
+PAGE_GOAL = 0.1  # seconds: every page's data (issue 32)
+SAMPLE_GOAL = 0.15  # seconds: the sample page of an 8,192-token sample
+DRAWN_GOAL = 1.0  # seconds: the first page drawn in Chromium after the server answers
+
+
+def _one(sql: str, lake: Path, params: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    con = catalog.connect(lake)
+    try:
+        found = con.execute(sql, list(params)).fetchall()
+    finally:
+        con.close()
+    return tuple(found[0])
+
+
+def page_requests(lake: Path) -> dict[str, str]:
+    """Each page's data request (the path its script asks), on the lake's first run."""
+    run, step = _one("SELECT run, min(rollout_id) FROM samples WHERE NOT evaluation GROUP BY run ORDER BY run LIMIT 1", lake)  # fmt: skip
+    longest = _one(
+        "SELECT rollout_id, batch_position, response_length FROM samples"
+        " WHERE run = ? AND NOT evaluation"
+        " ORDER BY response_length DESC, rollout_id, batch_position LIMIT 1",
+        lake,
+        (run,),
+    )
+    query = urllib.parse.urlencode
+    return {
+        "runs (/)": "api/runs",
+        "run over steps (/runs/RUN)": "api/steps?" + query({"runs": run}),
+        "step (/runs/RUN/steps/N)": "api/step?" + query({"run": run, "step": step}),
+        f"sample of {longest[2]:,} tokens": "api/sample?"
+        + query({"run": run, "step": longest[0], "position": longest[1]}),
+        "SQL console (step_stats)": "api/sql?" + query({"q": "SELECT * FROM step_stats"}),
+        "live check (/api/version)": "api/version",
+    }
+
+
+def page_seconds(url: str, requests: dict[str, str], repeat: int = 5) -> dict[str, float]:
+    """Best wall seconds of each request, interleaved rounds after a warm-up round."""
+    best = dict.fromkeys(requests, float("inf"))
+    for path in requests.values():
+        _fetch(url + path)
+    for _ in range(repeat):
+        for name, path in requests.items():
+            started = time.perf_counter()
+            _fetch(url + path)
+            best[name] = min(best[name], time.perf_counter() - started)
+    return best
+
+
+def first_runs_seconds(lake: Path, repeat: int) -> float:
+    """Best seconds of the runs page's first request to a new server: the server keeps that
+    page until the catalog changes, so the rounds of `page_seconds` time the kept page; this is
+    what the first visit after each extraction waits."""
+    best = float("inf")
+    for _ in range(repeat):
+        running = start(lake, ServeOptions(port=0))
+        try:
+            started = time.perf_counter()
+            _fetch(running.url + "api/runs")
+            best = min(best, time.perf_counter() - started)
+        finally:
+            running.stop()
+    return best
+
+
+def _fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=600) as answer:
+        return bytes(answer.read())
+
+
+def print_explorer(lake: Path, label: str, repeat: int = 5) -> dict[str, float]:
+    """The page figures of one lake, printed; returns them."""
+    running = start(lake, ServeOptions(port=0))
+    try:
+        requests = page_requests(lake)
+        seconds = page_seconds(running.url, requests, repeat)
+        print(f"  explorer pages' data on {label}, best of {repeat} (HTTP request, whole answer):")
+        seconds["runs (/), the catalog's first"] = first_runs_seconds(lake, repeat)
+        for name, value in seconds.items():
+            goal = SAMPLE_GOAL if name.startswith("sample") else PAGE_GOAL
+            flag = f"  <- over {goal} s" if value > goal else ""
+            print(f"  {name:<36} {value * 1000:8.1f} ms{flag}")
+        drawn = drawn_seconds(running.url, ["/", "step"], lake)
+        for name, value in drawn.items():
+            flag = f"  <- over {DRAWN_GOAL} s" if value > DRAWN_GOAL else ""
+            print(f"  first draw in Chromium, {name:<23} {value * 1000:8.1f} ms{flag}")
+        return seconds
+    finally:
+        running.stop()
+
+
+def drawn_seconds(url: str, kinds: list[str], lake: Path) -> dict[str, float]:
+    """Seconds from navigating to a page until it says it is drawn (`data-rendered`), in a
+    fresh headless Chromium: its first visit (the scripts fetched) and, best of 3, a reload."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    try:
+        import websocket  # noqa: F401  (websocket-client, installed by `make setup-test`)
+    except ImportError:
+        chromium = None
+    if chromium is None:
+        print("  first draw in Chromium: skipped (needs `chromium` and websocket-client)")
+        return {}
+    run, step = _one("SELECT run, min(rollout_id) FROM samples WHERE NOT evaluation GROUP BY run ORDER BY run LIMIT 1", lake)  # fmt: skip
+    pages = {"/": url, "step": f"{url}runs/{urllib.parse.quote(run, safe='')}/steps/{step}"}
+    found: dict[str, float] = {}
+    with _browser(chromium) as tools:
+        for kind in kinds:
+            found[f"{kind} (first visit)"] = _draw(tools, pages[kind])
+            found[f"{kind} (reload, best of 3)"] = min(_draw(tools, pages[kind]) for _ in range(3))
+    return found
+
+
+def _draw(tools: _DevTools, url: str) -> float:
+    tools.evaluate("document.documentElement.dataset.rendered = 'leaving'")
+    started = time.perf_counter()
+    tools.send("Page.navigate", url=url)
+    while True:
+        state = tools.evaluate_soft("document.documentElement.dataset.rendered")
+        if state in ("done", "failed"):
+            break
+        if time.perf_counter() - started > 120:
+            raise RuntimeError(f"{url} was not drawn in 120 s")
+        time.sleep(0.005)
+    seconds = time.perf_counter() - started
+    if state != "done":
+        raise RuntimeError(f"{url} failed to draw")
+    return seconds
+
+
+class _DevTools:
+    """The few Chrome DevTools protocol commands the figure needs."""
+
+    def __init__(self, url: str) -> None:
+        import websocket
+
+        self.socket = websocket.create_connection(url, timeout=120, suppress_origin=True)
+        self.next_id = 0
+
+    def _call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.next_id += 1
+        self.socket.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            message: dict[str, Any] = json.loads(self.socket.recv())
+            if message.get("id") == self.next_id:
+                return message
+
+    def send(self, method: str, **params: Any) -> dict[str, Any]:
+        message = self._call(method, **params)
+        if "error" in message:
+            raise RuntimeError(f"DevTools {method}: {message['error']}")
+        return dict(message["result"])
+
+    def evaluate(self, expression: str) -> Any:
+        return self.send("Runtime.evaluate", expression=expression, returnByValue=True)[
+            "result"
+        ].get("value")
+
+    def evaluate_soft(self, expression: str) -> Any:
+        """None while the page is between two documents (DevTools answers with an error)."""
+        message = self._call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return message.get("result", {}).get("result", {}).get("value")
+
+
+@contextmanager
+def _browser(chromium: str) -> Iterator[_DevTools]:
+    # Chromium's helper processes may still write its profile as it ends: left to the system.
+    with tempfile.TemporaryDirectory(
+        prefix="tokenlake-bench-chromium-", ignore_cleanup_errors=True
+    ) as profile:
+        process = subprocess.Popen(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--remote-debugging-port=0",
+             "--remote-debugging-address=127.0.0.1", "--proxy-server=127.0.0.1:9",
+             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+             "--window-size=1280,900", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            port_file = Path(profile) / "DevToolsActivePort"
+            deadline = time.monotonic() + 120
+            while not port_file.is_file() or not port_file.read_text().strip():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("Chromium did not open its DevTools port")
+                time.sleep(0.1)
+            port = port_file.read_text().split()[0]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as answer:
+                page = next(t for t in json.load(answer) if t["type"] == "page")
+            tools = _DevTools(page["webSocketDebuggerUrl"])
+            try:
+                yield tools
+            finally:
+                tools.socket.close()
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def print_step_growth(lakes: dict[int, Path], repeat: int = 5) -> None:
+    """The runs and step pages on lakes that differ only in their number of small steps."""
+    times: dict[int, dict[str, float]] = {}
+    for steps, lake in lakes.items():
+        running = start(lake, ServeOptions(port=0))
+        try:
+            requests = page_requests(lake)
+            chosen = {name: path for name, path in requests.items() if not name.startswith(("sample", "live"))}  # fmt: skip
+            times[steps] = page_seconds(running.url, chosen, repeat)
+        finally:
+            running.stop()
+        times[steps]["runs (/), the catalog's first"] = first_runs_seconds(lake, repeat)
+    low, high = sorted(lakes)
+    print(f"  explorer pages' data on lakes of {low} and {high} small steps:")
+    for name in times[low]:
+        growth = times[high][name] / times[low][name]
+        flag = "  <- grows over 1.5x" if growth > 1.5 else ""
+        print(
+            f"  {name:<36} {times[low][name] * 1000:8.1f} ms -> {times[high][name] * 1000:8.1f} ms"
+            f"  {growth:5.2f}x{flag}"
+        )

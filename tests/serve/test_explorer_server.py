@@ -1,0 +1,313 @@
+"""`tokenlake serve` without a browser: the SQL console's time and row limits, a slow query
+beside other requests, the command's printed line (`tokenlake serve`, `Lake.serve()`,
+`make serve`) from a process the test starts and stops, and an object-store lake served with
+the values of the same run extracted locally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_first_hour import ROOT
+from tests.fixture_paths import REAL_DUMPS
+from tests.s3server import moto_server, new_bucket
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.serve.explore import console
+from tokenlake.serve.explore.server import ServeOptions, start
+
+pytestmark = pytest.mark.slow  # real extractions, servers and processes
+
+BASIC = REAL_DUMPS / "basic"
+# Runs until the console's limit stops it: 10^12 rows, hours of work for DuckDB.
+SLOW_QUERY = "SELECT sum(a.range * b.range) AS s FROM range(1000000) a, range(1000000) b"
+PATIENCE = 120.0  # seconds a started process may take to answer on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    lake = tmp_path_factory.mktemp("served") / "lake"
+    extract_run(BASIC, lake, ExtractOptions(run_name="basic", workers=1))
+    return lake
+
+
+def _get(url: str) -> tuple[int, Any]:
+    """Status and JSON body of a GET (an error status too)."""
+    try:
+        with urllib.request.urlopen(url, timeout=PATIENCE) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def _sql(server: str, sql: str, **extra: str) -> str:
+    return server + "api/sql?" + urllib.parse.urlencode({"q": sql, **extra})
+
+
+def _console_queries_running() -> int:
+    """How many of this process's threads are inside the console's `run_limited` now (the
+    server runs on a thread of the test's process)."""
+    code = console.run_limited.__code__
+    running = 0
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code is code:
+                running += 1
+                break
+            frame = frame.f_back
+    return running
+
+
+def _until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + PATIENCE
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_slow_query_is_stopped_at_the_limit_while_other_requests_are_answered(lake):
+    running = start(lake, ServeOptions(port=0, query_seconds=10))
+    try:
+        slow: dict[str, Any] = {}
+        asking = threading.Thread(
+            target=lambda: slow.update(answer=_get(_sql(running.url, SLOW_QUERY)))
+        )
+        asking.start()
+        _until(lambda: _console_queries_running() == 1, "the slow query to start")
+
+        assert _get(_sql(running.url, "SELECT 41 + 1 AS x")) == (
+            200,
+            {
+                "columns": [{"name": "x", "type": "int32"}],
+                "rows": [[42]],
+                "truncated": False,
+                "limit": 10000,
+            },
+        )
+        assert _get(running.url + "api/version") == (200, {"version": 1, "steps": 3})
+        status, runs = _get(running.url + "api/runs")
+        assert status == 200 and [r["run"] for r in runs["runs"]] == ["basic"]
+        # all answered while the slow query still ran, on its own thread
+        assert asking.is_alive() and _console_queries_running() == 1
+
+        asking.join(timeout=PATIENCE)
+        assert slow["answer"] == (
+            400,
+            {"error": "The query was stopped after 10 s (the console's limit)."},
+        )
+        assert _console_queries_running() == 0  # DuckDB stopped it: its thread is free again
+    finally:
+        running.stop()
+
+
+def test_a_query_with_more_rows_than_the_limit_is_cut_and_says_so(lake):
+    running = start(lake, ServeOptions(port=0, query_rows=5))
+    try:
+        assert _get(_sql(running.url, "SELECT range AS n FROM range(12)")) == (
+            200,
+            {
+                "columns": [{"name": "n", "type": "int64"}],
+                "rows": [[0], [1], [2], [3], [4]],
+                "truncated": True,
+                "limit": 5,
+            },
+        )
+        assert _get(_sql(running.url, "SELECT range AS n FROM range(5)"))[1]["truncated"] is False
+        csv = _sql(running.url, "SELECT range AS n FROM range(12)", format="csv")
+        with urllib.request.urlopen(csv, timeout=PATIENCE) as answer:
+            assert answer.read() == b'"n"\n0\n1\n2\n3\n4\n'
+    finally:
+        running.stop()
+
+
+# --- the command, the Python API and make, as processes -----------------------------------
+
+
+def _started(command: list[str], cwd: Path = ROOT) -> subprocess.Popen[str]:
+    # A session of its own: Ctrl-C (SIGINT) goes to its process group only, as a terminal's
+    # would, reaching `make`'s shell and the server under it.
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        env={**os.environ, "PWD": str(cwd)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _first_line(process: subprocess.Popen[str]) -> str:
+    """The first line the process prints (read on a thread: a hung process fails the test)."""
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(timeout=PATIENCE)
+    assert seen, "the server printed nothing"
+    return seen[0]
+
+
+def _stopped(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    """Ctrl-C to the process's group; its exit code and what it wrote after its first line
+    (stdout, then stderr)."""
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        out, err = process.communicate(timeout=PATIENCE)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return process.returncode, out, err
+
+
+def _answers_runs(url: str) -> list[str]:
+    status, page = _get(url + "api/runs")
+    assert status == 200
+    return [run["run"] for run in page["runs"]]
+
+
+def _port(line: str) -> int:
+    return int(line.split("http://127.0.0.1:")[1].split("/")[0])
+
+
+def test_tokenlake_serve_prints_its_url_serves_and_stops_on_ctrl_c(lake):
+    process = _started([sys.executable, "-m", "tokenlake", "serve", str(lake), "--port", "0"])
+    try:
+        line = _first_line(process)
+        port = _port(line)
+        assert line == f"Serving `{lake}` at http://127.0.0.1:{port}/ (Ctrl-C stops)\n"
+        assert _answers_runs(f"http://127.0.0.1:{port}/") == ["basic"]
+    finally:
+        stopped = _stopped(process)
+    assert stopped == (1, "", "\nAborted!\n")  # click's line for a Ctrl-C, no traceback
+
+
+def test_lake_serve_announces_the_url_it_serves(lake):
+    script = (
+        "import sys, tokenlake\n"
+        "try:\n"
+        "    tokenlake.open_lake(sys.argv[1]).serve(port=0, announce=lambda url: print(url, flush=True))\n"
+        "except KeyboardInterrupt:\n"
+        "    print('stopped', flush=True)\n"
+    )
+    process = _started([sys.executable, "-c", script, str(lake)])
+    try:
+        line = _first_line(process)
+        port = _port(line)
+        assert line == f"http://127.0.0.1:{port}/\n"
+        assert _answers_runs(line.strip()) == ["basic"]
+    finally:
+        stopped = _stopped(process)
+    assert stopped == (0, "stopped\n", "")  # Ctrl-C reaches the caller as KeyboardInterrupt
+
+
+def test_make_serve_serves_the_lake_it_is_given(lake, tmp_path):
+    venv = Path(sys.executable).parent.parent
+    command = ["make", "--no-print-directory", "-C", str(ROOT), f"VENV={venv}",
+               "-o", f"{venv}/.installed-run", "-o", f"{venv}/.installed-test",
+               "serve", f"LAKE={lake.name}", "PORT=0"]  # fmt: skip
+    dry = subprocess.run([*command[:1], "-n", *command[1:]], cwd=lake.parent,
+                         env={**os.environ, "PWD": str(lake.parent)}, capture_output=True,
+                         text=True, timeout=PATIENCE)  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert "-m tokenlake serve" in dry.stdout and '--port "${TL_PORT:-8765}"' in dry.stdout
+
+    process = _started(command, cwd=lake.parent)  # LAKE relative to where make is called
+    try:
+        line = _first_line(process)
+        port = _port(line)
+        assert line == f"Serving `{lake}` at http://127.0.0.1:{port}/ (Ctrl-C stops)\n"
+        assert _answers_runs(f"http://127.0.0.1:{port}/") == ["basic"]
+    finally:
+        _stopped(process)
+
+
+# --- an object-store lake -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[dict[str, str]]:
+    with moto_server() as env:
+        yield env
+
+
+# When each lake was extracted: the one value two extractions of a dump do not share.
+WHEN = "extracted_at"
+
+
+def _same(remote: Any, local: Any, where: str = "") -> None:
+    """Equal JSON, floats to the last bits DuckDB's parallel sums leave to chance."""
+    if isinstance(local, dict):
+        assert isinstance(remote, dict) and remote.keys() == local.keys(), where
+        for key in local.keys() - {WHEN}:
+            _same(remote[key], local[key], f"{where}.{key}")
+    elif isinstance(local, list):
+        assert isinstance(remote, list) and len(remote) == len(local), where
+        for i, (far, near) in enumerate(zip(remote, local, strict=True)):
+            _same(far, near, f"{where}[{i}]")
+    elif isinstance(local, float):
+        assert remote == pytest.approx(local, rel=1e-9, abs=1e-12), where
+    else:
+        assert remote == local, where
+
+
+def test_an_object_store_lake_is_served_with_the_values_of_a_local_one(s3, lake):
+    url = f"s3://{new_bucket()}/lake"
+    extract_run(BASIC, url, ExtractOptions(run_name="basic", workers=1))
+    far, near = start(url, ServeOptions(port=0)), start(lake, ServeOptions(port=0))
+    try:
+        pages = [
+            "api/runs",
+            "api/steps?runs=basic",
+            "api/step?run=basic&step=1",
+            "api/sample?run=basic&step=1&position=3",
+            "api/version",
+            "api/sql?" + urllib.parse.urlencode({"q": "SELECT * FROM step_stats ORDER BY ALL"}),
+        ]
+        for page in pages:
+            remote, local = _get(far.url + page), _get(near.url + page)
+            assert remote[0] == local[0] == 200, (page, remote)
+            _same(remote[1], local[1], page)
+        assert len(_get(near.url + pages[3])[1]["tokens"]["position"]) > 0
+    finally:
+        far.stop()
+        near.stop()
+
+
+# --- a lake that changes under the server ----------------------------------------------------
+
+
+def test_the_runs_page_shows_a_step_committed_while_the_server_runs(tmp_path):
+    from tokenlake.generator import synth
+
+    synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
+    lake = tmp_path / "lake"
+    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[0]))
+    running = start(lake, ServeOptions(port=0))
+    try:
+
+        def shown() -> tuple[int, int]:
+            status, page = _get(running.url + "api/runs")
+            assert status == 200
+            (run,) = page["runs"]
+            return run["steps"], run["eval_steps"]
+
+        assert shown() == shown() == (1, 1)  # asked twice: the second from the kept page
+        extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[1]))
+        _until(lambda: _get(running.url + "api/version")[1]["steps"] == 3, "the new catalog")
+        assert shown() == (2, 1)
+    finally:
+        running.stop()
