@@ -21,7 +21,9 @@ LAYOUTS = {
         else spec
     )
     for name, spec in synth.PRESETS.items()
-    if spec.framework != "nemo-rl"  # no `.pt` file at all (tests/read/test_nemo_rl.py reads it)
+    # NeMo-RL and prime-rl write no `.pt` file at all (tests/read/test_nemo_rl.py and
+    # test_prime_rl.py read theirs)
+    if spec.framework not in ("nemo-rl", "prime-rl")
 }
 
 

@@ -181,7 +181,9 @@ def covered(tokens, samples):
 def _close(actual, expected, where):
     if expected is None:
         assert actual is None, where
-    elif isinstance(expected, (int, np.integer)) and not isinstance(expected, bool):
+    elif isinstance(expected, (str, bool)) or (
+        isinstance(expected, (int, np.integer)) and not isinstance(expected, bool)
+    ):
         assert actual == expected, where
     else:
         assert actual == pytest.approx(float(expected), rel=REL, abs=ABS), where
@@ -277,7 +279,32 @@ def step_metrics(recs, s):
 CHANGED = ["mean_abs_lp_diff_tm", "mean_abs_lp_diff_smtm", "k3_kl", "mult_prob_error", "ess"]
 
 
-def expected_steps(tokens, samples, settings=DEFAULTS):
+# Each framework's published gate (docs/drift.md): the value from the step's statistics, the
+# drift_settings limit, and whether the value passes.
+GATES = {
+    "miles": (
+        "|rollout/log_probs - rollout/rollout_log_probs|",
+        lambda m: abs(m["train_mean_log_prob"] - m["rollout_mean_log_prob"]),
+        0.03,
+        lambda value, limit: value <= limit,
+    ),
+}
+
+
+def expected_gate(framework, metrics):
+    """The framework_gate columns of a step, whose other expected columns are `metrics`."""
+    names = ("framework_gate", "framework_gate_value", "framework_gate_limit")
+    if framework not in GATES:  # no runs row records a framework: no gate applies
+        return {**dict.fromkeys(names, None), "framework_gate_passed": None}
+    gate, formula, limit, rule = GATES[framework]
+    value = None
+    if metrics.get("train_mean_log_prob") is not None:  # a step with drift tokens
+        value = formula(metrics) * metrics["samples"] / metrics["train_samples"]
+    passed = None if value is None else rule(value, limit)
+    return {**dict(zip(names, (gate, value, limit))), "framework_gate_passed": passed}
+
+
+def expected_steps(tokens, samples, settings=DEFAULTS, framework=None):
     recs = covered(tokens, samples)
     steps = {(r["run"], r["rollout_id"]) for r in tokens + samples if not r["evaluation"]}
     out = {}
@@ -293,7 +320,15 @@ def expected_steps(tokens, samples, settings=DEFAULTS):
             and not _finite(r["lp_diff"], r["train_log_prob"], r["rollout_log_prob"])
         )
         metrics = step_metrics(mine, settings) if mine else {"tokens": 0, "samples": 0}
-        out[(run, rid)] = {**metrics, "nonfinite_tokens": nonfinite}
+        train = sum(
+            1
+            for r in samples
+            if (r["run"], r["rollout_id"]) == (run, rid)
+            and not r["evaluation"]
+            and r["has_train_row"]
+        )
+        row = {**metrics, "nonfinite_tokens": nonfinite, "train_samples": train}
+        out[(run, rid)] = {**row, **expected_gate(framework, row)}
     for (run, rid), row in out.items():
         earlier = [k for k in out if k[0] == run and k[1] < rid]
         prev = out[max(earlier)] if earlier else None
@@ -366,9 +401,18 @@ def test_drift_steps_counts_masked_nonfinite_and_eval_tokens_out(rich):
         k
         for k in empty
         if k
-        not in ("run", "rollout_id", "tokens", "samples", "nonfinite_tokens", "prev_rollout_id")
+        not in (
+            "run",
+            "rollout_id",
+            "tokens",
+            "samples",
+            "nonfinite_tokens",
+            "prev_rollout_id",
+            "train_samples",
+        )
     ]
     assert all(empty[k] is None for k in stats)
+    assert empty["train_samples"] == 1  # its sample has a train row, all of it masked
     assert empty["prev_rollout_id"] == 1
     # The vetoed token (delta = -10) rejects all 13 covered tokens of bp4.
     assert rows["a", 0]["veto_token_frac"] == pytest.approx(13 / 45)
@@ -637,7 +681,7 @@ def test_drift_steps_on_real_basic_dump(tmp_path):
     )
     tokens = run_query(tmp_path, "SELECT * FROM tokens").to_pylist()
     samples = run_query(tmp_path, "SELECT * FROM samples").to_pylist()
-    expected = expected_steps(tokens, samples)
+    expected = expected_steps(tokens, samples, framework="miles")
     actual = view(tmp_path, "drift_steps")
     assert [(r["run"], r["rollout_id"]) for r in actual] == [("basic", 0), ("basic", 1)]
     assert_rows(actual, expected, STEP_KEYS)
@@ -665,4 +709,4 @@ def test_drift_steps_on_generated_dumps(tmp_path, preset):
     samples = run_query(lake, "SELECT * FROM samples").to_pylist()
     actual = view(lake, "drift_steps")
     assert [r["rollout_id"] for r in actual] == list(range(synth.PRESETS[preset].steps))
-    assert_rows(actual, expected_steps(tokens, samples), STEP_KEYS)
+    assert_rows(actual, expected_steps(tokens, samples, framework="miles"), STEP_KEYS)

@@ -99,7 +99,7 @@ def short_batch(samples: int, others: Sequence[int]) -> str | None:
 
     Examples:
         >>> short_batch(5, [16, 16]), short_batch(16, [16]), short_batch(5, [])
-        ('it has 5 samples; the run\\'s other training steps have 16', None, None)
+        ("it has 5 samples; the run's other training steps have 16", None, None)
     """
     batch = max(others, default=0)
     if samples >= batch:
