@@ -301,7 +301,7 @@ def expected_gate(framework, metrics):
     if metrics.get("train_mean_log_prob") is not None:  # a step with drift tokens
         value = formula(metrics) * metrics["samples"] / metrics["train_samples"]
     passed = None if value is None else rule(value, limit)
-    return {**dict(zip(names, (gate, value, limit))), "framework_gate_passed": passed}
+    return {**dict(zip(names, (gate, value, limit), strict=True)), "framework_gate_passed": passed}
 
 
 def expected_steps(tokens, samples, settings=DEFAULTS, framework=None):
