@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -161,10 +161,42 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
 def save_manifest(lake: Location | Store, manifest: RunManifest) -> None:
     """Replace the run's manifest atomically (temporary file, fsync, rename; one PUT on an
     object store)."""
-    data = json.dumps(asdict(manifest), ensure_ascii=False, indent=1).encode("utf-8")
     store_at(lake).put_bytes(
-        manifest_name(manifest.run), data, durable=True, problem="manifest cannot be written"
+        manifest_name(manifest.run),
+        manifest_bytes(manifest),
+        durable=True,
+        problem="manifest cannot be written",
     )
+
+
+def manifest_bytes(manifest: RunManifest) -> bytes:
+    """The manifest as JSON: the run's fields one per line, then one line per step.
+
+    Linear in the manifest's size: each record is encoded by json's C encoder straight from
+    the dataclasses' own attributes (no deep copy, no indenting encoder, which is pure Python).
+    One line per step keeps the file readable and greppable.
+    """
+    head = {f.name: getattr(manifest, f.name) for f in fields(RunManifest) if f.name != "steps"}
+    lines = [f" {_json(key)}: {_json(value)}," for key, value in head.items()]
+    steps = ",\n".join(f"  {_json(key)}: {_json(step)}" for key, step in manifest.steps.items())
+    body = "\n".join(lines)
+    text = (
+        f'{{\n{body}\n "steps": {{\n{steps}\n }}\n}}'
+        if steps
+        else f'{{\n{body}\n "steps": {{}}\n}}'
+    )
+    return text.encode("utf-8")
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=_dataclass_fields)
+
+
+def _dataclass_fields(value: Any) -> dict[str, Any]:
+    """A manifest's nested records (steps, sources) as JSON objects, their fields in order."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return vars(value)
+    raise TypeError(f"a manifest holds a {type(value).__name__}, not a JSON value")
 
 
 class _LongInteger(ValueError):
