@@ -132,6 +132,7 @@ def settings_digest_sql(columns: Sequence[str]) -> str:
 
 _STEP_TOKENS = "tokenlake_step_tokens"
 _STEP_SAMPLES = "tokenlake_step_samples"
+_DRIFT_TOKENS = "drift_tokens"  # the view (sql/drift_tokens.sql) most rollups read
 _local = threading.local()  # one connection per thread: steps run in threads and processes
 
 
@@ -159,7 +160,12 @@ def _compute_step(
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW {schema.SAMPLES} AS SELECT {step}, * FROM {_STEP_SAMPLES}"
         )
-        has_drift_tokens = bool(con.execute("SELECT 1 FROM drift_tokens LIMIT 1").fetchall())
+        # The per-token terms six rollups share, computed once: the TEMP table shadows the
+        # view for every view of this connection (as the TEMP views above shadow the base views).
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {_DRIFT_TOKENS} AS SELECT * FROM main.{_DRIFT_TOKENS}"
+        )
+        has_drift_tokens = _has_rows(con, f"temp.{_DRIFT_TOKENS}")
         tables = {
             name: _rows(con, name)
             if has_drift_tokens or name not in drift_token_rollups()
@@ -172,9 +178,15 @@ def _compute_step(
             if (columns := settings_of(name))
         }
     finally:
+        con.execute(f"DROP TABLE IF EXISTS temp.{_DRIFT_TOKENS}")  # the step's memory, freed
         con.unregister(_STEP_TOKENS)
         con.unregister(_STEP_SAMPLES)
     return StepRollups(tables, rollup_version(), settings)
+
+
+def _has_rows(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    rows = con.execute(f"SELECT count(*) FROM {table}").fetchall()
+    return bool(rows[0][0])
 
 
 @cache
