@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,45 @@ def test_a_cache_others_may_write_is_never_used(tmp_path: Path, builds: list[Pat
     assert len(builds) == 2  # built for each reader, as before
     assert list(root.iterdir()) == []
     assert not (lake / layout.CATALOG_FILE).with_suffix(".duckdb.wal").exists()
+
+
+def test_only_the_lakes_used_last_keep_a_catalog(
+    tmp_path: Path, builds: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(catalog_cache, "MAX_LAKES", 1)
+    first = lake_with_views(tmp_path / "a", {})
+    second = lake_with_views(tmp_path / "b", {})
+    for lake in (first, second):
+        catalog.build_catalog(lake)
+    _answer(first)
+    (folder,) = (tmp_path / "cache" / catalog_cache.FOLDER).iterdir()
+    builds.clear()
+    _answer(first)
+    assert builds == []  # kept
+    _answer(second)
+    assert len(builds) == 1
+    (kept,) = (tmp_path / "cache" / catalog_cache.FOLDER).iterdir()
+    assert kept != folder and not folder.exists()  # the first lake's catalog forgotten
+    _answer(first)  # built and kept again
+    (kept,) = (tmp_path / "cache" / catalog_cache.FOLDER).iterdir()
+    assert [entry.name for entry in kept.iterdir()] == _kept(tmp_path)
+    assert len(builds) == 2
+
+
+def test_a_lakes_stale_builds_and_older_keys_are_deleted(
+    tmp_path: Path, builds: list[Path]
+) -> None:
+    lake = lake_with_views(tmp_path, {})
+    catalog.build_catalog(lake)
+    _answer(lake)
+    (folder,) = (tmp_path / "cache" / catalog_cache.FOLDER).iterdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True, text=True)  # fmt: skip
+    stale = folder / f".building-{gone.stdout.strip()}-0a1b2c3d"  # a build killed midway
+    running = folder / f".building-{os.getpid()}-0a1b2c3d"  # a build of a live process
+    for made in (stale, running, folder / ("0" * 32)):
+        made.mkdir()
+    CliRunner().invoke(main, ["tag", str(lake), "r", "k=v"])
+    _answer(lake)  # a new key kept
+    names = sorted(entry.name for entry in folder.iterdir())
+    assert names[0] == running.name  # only the stale build and the older keys are gone
+    assert len(names) == 2 and len(names[1]) == 32 and names[1] != "0" * 32

@@ -10,7 +10,9 @@ and DuckDB's versions. A later command with the same key opens that file read-on
 
 Nothing a stranger can write is ever run: the file is one this user's tokenlake built, in a
 folder only this user can write (one that is not is never used: the command builds its views
-afresh as before). A lake's older keys are deleted when a newer one is kept.
+afresh as before). A lake's older keys are deleted when a newer one is kept, and the catalogs
+of all but the MAX_LAKES lakes used last (about 0.5 MB each), and folders of builds whose
+process is gone.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from tokenlake import __version__, layout
 from tokenlake.errors import CacheError
+from tokenlake.processes import process_alive
 from tokenlake.read.private_cache import private_folder
 from tokenlake.read.remote_stage import cache_root
 from tokenlake.serve import rollups, sql_views, user_view_check, user_views
@@ -37,6 +40,7 @@ FOLDER = "catalogs"
 _FORMAT = "1"  # of the key: a new one when what it digests changes
 _PROBLEMS = "problems.txt"  # the lines the build printed, printed again by each reuse
 _BUILDING = ".building-"
+MAX_LAKES = 64  # lakes whose catalogs are kept, the ones used last
 
 
 def catalog_key(
@@ -75,7 +79,9 @@ def lake_folder(store: Store) -> Path | None:
     name = hashlib.blake2b(str(store.location).encode("utf-8", "surrogatepass"), digest_size=16)
     try:
         top = private_folder(cache_root(), root=True)
-        return private_folder(private_folder(top / FOLDER) / name.hexdigest())
+        folder = private_folder(private_folder(top / FOLDER) / name.hexdigest())
+        os.utime(folder)  # used now: the lakes used last are the ones kept
+        return folder
     except (CacheError, OSError) as exc:
         log.info("private catalogs are not kept: %s", exc)
         return None
@@ -115,9 +121,28 @@ def keep(
     except OSError:  # another command kept the same key first (the same views)
         return building / layout.CATALOG_FILE, problems
     for entry in os.scandir(folder):
-        if entry.name != key and not entry.name.startswith(_BUILDING):
+        if entry.name != key and _finished_with(entry.name):
             shutil.rmtree(entry.path, ignore_errors=True)
+    _forget_lakes_used_least(folder.parent)
     return folder / key / layout.CATALOG_FILE, problems
+
+
+def _finished_with(name: str) -> bool:
+    """Whether a lake's entry is an older key, or the build of a process that is gone."""
+    if not name.startswith(_BUILDING):
+        return True
+    pid = name[len(_BUILDING) :].partition("-")[0]
+    return pid.isdigit() and not process_alive(int(pid))
+
+
+def _forget_lakes_used_least(top: Path) -> None:
+    lakes = sorted(
+        (entry for entry in os.scandir(top) if entry.is_dir(follow_symlinks=False)),
+        key=lambda entry: entry.stat(follow_symlinks=False).st_mtime_ns,
+        reverse=True,
+    )
+    for entry in lakes[MAX_LAKES:]:
+        shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def discard_unkept(path: Path) -> None:
