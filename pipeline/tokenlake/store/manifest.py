@@ -170,22 +170,20 @@ def save_manifest(lake: Location | Store, manifest: RunManifest) -> None:
 
 
 def manifest_bytes(manifest: RunManifest) -> bytes:
-    """The manifest as JSON: the run's fields one per line, then one line per step.
+    """The manifest as JSON: its fields one per line in their order, its steps one per line.
 
     Linear in the manifest's size: each record is encoded by json's C encoder straight from
     the dataclasses' own attributes (no deep copy, no indenting encoder, which is pure Python).
     One line per step keeps the file readable and greppable.
     """
-    head = {f.name: getattr(manifest, f.name) for f in fields(RunManifest) if f.name != "steps"}
-    lines = [f" {_json(key)}: {_json(value)}," for key, value in head.items()]
-    steps = ",\n".join(f"  {_json(key)}: {_json(step)}" for key, step in manifest.steps.items())
-    body = "\n".join(lines)
-    text = (
-        f'{{\n{body}\n "steps": {{\n{steps}\n }}\n}}'
-        if steps
-        else f'{{\n{body}\n "steps": {{}}\n}}'
-    )
-    return text.encode("utf-8")
+    lines = []
+    for name in (f.name for f in fields(RunManifest)):
+        if name == "steps":
+            steps = ",\n".join(f"  {_json(k)}: {_json(v)}" for k, v in manifest.steps.items())
+            lines.append(f' "steps": {{\n{steps}\n }}' if steps else ' "steps": {}')
+        else:
+            lines.append(f" {_json(name)}: {_json(getattr(manifest, name))}")
+    return ("{\n" + ",\n".join(lines) + "\n}").encode("utf-8")
 
 
 def _json(value: Any) -> str:
