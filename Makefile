@@ -59,7 +59,7 @@ GENERATOR := pipeline/tokenlake/generator/synth.py pipeline/tokenlake/generator/
 help: ## list the targets (with the defaults in force)
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
 	  | sed -e 's|\$$(LAKE)|$(LAKE)|g' -e 's|\$$(EXAMPLE_DUMP)|$(EXAMPLE_DUMP)|g' \
-	        -e 's|\$$(BENCH_SCALE)|$(BENCH_SCALE)|g' -e 's|\$$(TEST_WORKERS)|$(TEST_WORKERS)|g' \
+	        -e 's|\$$(BENCH_SCALE)|$(BENCH_SCALE)|g' -e 's|\$$(BENCH_STEPS)|$(BENCH_STEPS)|g' -e 's|\$$(TEST_WORKERS)|$(TEST_WORKERS)|g' \
 	  | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 setup: $(VENV)/.installed-run ## create .venv with what extraction needs (tokenlake, torch==2.13.0 CPU build, the duckdb shell)
