@@ -12,6 +12,7 @@ STEPS ?=
 REPLACE ?=
 OUT ?= report.html
 EXAMPLE_DUMP ?= example-dump
+BENCH_STEPS ?= 100
 BENCH_SCALE ?= 1
 # pytest-xdist workers for `make test`/`test-fast` (`auto`: one per CPU; 0 runs in one process).
 TEST_WORKERS ?= auto
@@ -53,12 +54,12 @@ endef
 # The files the example dump is generated from: `make example` rewrites it only when they change.
 GENERATOR := pipeline/tokenlake/generator/synth.py pipeline/tokenlake/generator/synth_spec.py pipeline/tokenlake/read/cp_layout.py
 
-.PHONY: help setup setup-test lock extract example follow verify views audit sql report serve test test-fast lint fmt bench bench-formats clean
+.PHONY: help setup setup-test lock extract example follow verify views audit sql report serve test test-fast lint fmt bench bench-steps bench-formats clean
 
 help: ## list the targets (with the defaults in force)
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
 	  | sed -e 's|\$$(LAKE)|$(LAKE)|g' -e 's|\$$(EXAMPLE_DUMP)|$(EXAMPLE_DUMP)|g' \
-	        -e 's|\$$(BENCH_SCALE)|$(BENCH_SCALE)|g' -e 's|\$$(TEST_WORKERS)|$(TEST_WORKERS)|g' \
+	        -e 's|\$$(BENCH_SCALE)|$(BENCH_SCALE)|g' -e 's|\$$(BENCH_STEPS)|$(BENCH_STEPS)|g' -e 's|\$$(TEST_WORKERS)|$(TEST_WORKERS)|g' \
 	  | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 setup: $(VENV)/.installed-run ## create .venv with what extraction needs (tokenlake, torch==2.13.0 CPU build, the duckdb shell)
@@ -139,6 +140,9 @@ test-fast: setup-test ## [TEST_WORKERS=$(TEST_WORKERS)]: tests not marked slow, 
 
 bench: setup ## BENCH_SCALE=$(BENCH_SCALE): generate big dumps in a temp dir and print throughput figures
 	PYTHONPATH=pipeline $(PY) -m benchmarks.bench --scale $(BENCH_SCALE)
+
+bench-steps: setup ## BENCH_STEPS=$(BENCH_STEPS): a step's fixed cost (many 4-sample steps, per stage) and every command's CPU, against issue 34's goals
+	PYTHONPATH=pipeline $(PY) -m benchmarks.bench --steps $(BENCH_STEPS)
 
 bench-formats: setup-test ## our S3 commit protocol vs Delta Lake and Iceberg on a local S3 server (docs/table-formats.md)
 	$(PY) -m pip install -q -e '.[formats]'

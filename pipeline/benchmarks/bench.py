@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -85,26 +86,28 @@ def measure_extract(dump_dir: Path, lake: Path, workers: int) -> dict[str, Any]:
     return {"wall": wall, "tokens": summary.tokens, **_usage()}
 
 
-def measure_baseline(dump_dir: Path, out: Path) -> dict[str, Any]:
-    """Child process: the straightforward pipeline (no CP/PP resolution; TP de-duplicated)."""
+def measure_baseline(dump_dir: Path, out: Path, weights_only: bool = True) -> dict[str, Any]:
+    """Child process: the straightforward pipeline (no CP/PP resolution; TP de-duplicated);
+    `weights_only=False` is the unsafe one (what miles' own reader does: any pickle runs)."""
     started = time.perf_counter()
     tokens = 0
     for files in dump.discover(dump_dir).steps:
-        table = _baseline_step(files)
+        table = _baseline_step(files, weights_only)
         tokens += table.num_rows
         path = out / f"{files.label}.parquet"
         write.write_parquet(path, schema.TOKENS, table, {})
     return {"wall": time.perf_counter() - started, "tokens": tokens, **_usage()}
 
 
-def _baseline_step(files: dump.StepFiles) -> pa.Table:
+def _baseline_step(files: dump.StepFiles, weights_only: bool = True) -> pa.Table:
     import torch
 
-    rollout = torch.load(files.rollout_file, weights_only=True, mmap=True, map_location="cpu")
+    safe = weights_only
+    rollout = torch.load(files.rollout_file, weights_only=safe, mmap=True, map_location="cpu")
     position_of = {s["index"]: i for i, s in enumerate(rollout["samples"])}
     shards: dict[tuple[int, ...], dict[str, Any]] = {}
     for _, path in files.train_files:
-        data = torch.load(path, weights_only=True, mmap=True, map_location="cpu")["rollout_data"]
+        data = torch.load(path, weights_only=safe, mmap=True, map_location="cpu")["rollout_data"]
         shards.setdefault(tuple(data["sample_indices"]), data)  # lowest rank of a TP group
     if not shards:
         return _baseline_rollout_only(files, rollout["samples"])
@@ -328,19 +331,171 @@ def bench_variant(
         figures[f"tokenlake --workers {workers}"] = fig
         print(_fmt_run(f"tokenlake --workers {workers}", fig, size))
     if baseline:
-        out = root / f"baseline-{preset}"
-        fig = _run_child("_baseline", str(dump_dir), str(out))
-        figures["baseline"] = fig
-        print(_fmt_run("baseline (torch.load)", fig, _disk_bytes(list(out.glob("*.parquet")))))
-        base = fig["tokens"] / fig["wall"]
-        for name in ("tokenlake --workers 1", "tokenlake --workers 2"):
-            ours = figures[name]["tokens"] / figures[name]["wall"]
-            print(f"  {name} vs baseline: {ours / base:.2f}x")
+        for mode, label in (("_baseline", "safe script"), ("_baseline_unsafe", "unsafe script")):
+            out = root / f"{mode}-{preset}"
+            fig = _run_child(mode, str(dump_dir), str(out))
+            figures[label] = fig
+            print(_fmt_run(label, fig, _disk_bytes(list(out.glob("*.parquet")))))
+        print_script_ratios(figures)
     one, two = figures["tokenlake --workers 1"], figures["tokenlake --workers 2"]
     print(f"  2 workers vs 1: {one['wall'] / two['wall']:.2f}x")
     print(f"  views vs a plain aggregate scan of tokens ({one['tokens']:,} token rows), best of 5:")
     print_view_ratios(root / f"lake-{preset}-2")
     return one
+
+
+# Goals of issue 34 (docs/performance.md): extraction CPU per token against the unsafe script's,
+# wall against both scripts' with 2 workers, a step's fixed CPU, every command's CPU.
+UNSAFE_CPU_GOAL = 0.5
+SAFE_WALL_GOAL = 10.0
+UNSAFE_WALL_GOAL = 3.0
+STEP_FIXED_CPU_GOAL = 0.05
+COMMAND_CPU_GOALS = {"query": 0.3, "audit": 0.3, "verify": 0.3, "tag": 0.3, "report": 1.0}
+MANY_STEPS_FACTOR = 1.5
+
+
+def _against(value: float, goal: float, at_most: bool = True) -> str:
+    met = value <= goal if at_most else value >= goal
+    return f"goal {'<=' if at_most else '>='} {goal:g}: {'met' if met else 'NOT met'}"
+
+
+def print_script_ratios(figures: dict[str, dict[str, Any]]) -> None:
+    """tokenlake against both scripts: CPU per token (goal: half the unsafe script's) and
+    wall time with 2 workers (goals: 10x the safe script, 3x the unsafe one)."""
+    for name in ("tokenlake --workers 1", "tokenlake --workers 2"):
+        ours = figures[name]
+        cpu = (ours["cpu"] / ours["tokens"]) / (
+            figures["unsafe script"]["cpu"] / figures["unsafe script"]["tokens"]
+        )
+        print(
+            f"  {name}: CPU per token {cpu:.2f}x the unsafe script's ({_against(cpu, UNSAFE_CPU_GOAL)})"
+        )
+    two = figures["tokenlake --workers 2"]["wall"]
+    for label, goal in (("safe script", SAFE_WALL_GOAL), ("unsafe script", UNSAFE_WALL_GOAL)):
+        speedup = figures[label]["wall"] / two
+        print(
+            f"  --workers 2 wall: {speedup:.2f}x faster than the {label}"
+            f" ({_against(speedup, goal, at_most=False)}; an idle machine's goal)"
+        )
+
+
+# The stages of one step's extraction, as the functions that do them (cumulative CPU under
+# cProfile, which adds its own overhead: shares, not absolute figures).
+STAGES = {
+    "read": ("read_miles_step", "read_step"),
+    "flatten": ("build_step",),  # less its read, below
+    "rollups": ("compute_step",),
+    "write": ("_write_step",),
+    "commit": ("save_manifest",),
+    "catalog": ("build_catalog",),
+}
+
+
+def measure_stages(dump_dir: Path, lake: Path) -> dict[str, Any]:
+    """Child process: one `--workers 1` extraction under cProfile (CPU clock); the CPU seconds
+    of each stage, of the whole, and the steps."""
+    import cProfile
+    import pstats
+
+    from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+
+    profile = cProfile.Profile(time.process_time)
+    summary = profile.runcall(extract_run, dump_dir, lake, ExtractOptions(workers=1))
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    stages = {stage: 0.0 for stage in STAGES}
+    for (_, _, function), (_, _, _, cumulative, _) in stats.items():
+        for stage, names in STAGES.items():
+            if function in names:
+                stages[stage] += cumulative
+    stages["flatten"] -= stages["read"]
+    total = sum(v[2] for v in stats.values())
+    return {"stages": stages, "total": total, "steps": len(summary.steps), "tokens": summary.tokens}
+
+
+def print_stages(dump_dir: Path, lake: Path) -> dict[str, Any]:
+    """The per-stage profile of one extraction (docs/performance.md holds each stage's floor)."""
+    fig = _run_child("_profile", str(dump_dir), str(lake))
+    steps, tokens = fig["steps"], fig["tokens"]
+    print(f"  where the CPU goes (cProfile, --workers 1, {steps} steps, {tokens:,} tokens):")
+    for stage, seconds in fig["stages"].items():
+        print(
+            f"    {stage:<8} {seconds:7.2f} s  {seconds / fig['total']:5.1%}"
+            f"  {seconds / steps * 1000:7.1f} ms/step  {seconds / tokens * 1e6:6.2f} us/token"
+        )
+    print(f"    {'all':<8} {fig['total']:7.2f} s")
+    shutil.rmtree(lake, ignore_errors=True)
+    return fig
+
+
+def command_latencies(lake: Path, run: str, out: Path, repeat: int = 3) -> dict[str, float]:
+    """Best CPU of each command the issue names, on `lake`."""
+    commands = {
+        "query": ["query", str(lake), "select count(*) from step_stats"],
+        "audit": ["audit", str(lake)],
+        "verify": ["verify", str(lake)],
+        "tag": ["tag", str(lake), run, "bench={attempt}"],  # a new value: a real change each time
+        "report": ["report", str(lake), "--output", str(out / "report.html")],
+    }
+    best = {}
+    for name, argv in commands.items():
+        # audit and verify exit 1 on findings: their CPU still counts
+        best[name] = min(
+            command_cpu([a.format(attempt=attempt) if a.startswith("bench=") else a for a in argv])
+            for attempt in range(repeat)
+        )
+    return best
+
+
+def command_cpu(argv: list[str]) -> float:
+    """CPU seconds (user + sys) of one `python -m tokenlake` process, start-up included."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-m", "tokenlake", *argv], check=False, capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def bench_small_steps(root: Path, steps: int) -> None:
+    """A step's fixed cost and every command's: a dump of `steps` steps of 4 samples (DP 2),
+    extracted with 1 worker; the example lake and that lake timed command by command."""
+    os.environ["TOKENLAKE_CACHE"] = str(root / "cache")  # readers' kept catalogs: the bench's
+    small = root / "small"
+    spec = synth.DumpSpec(
+        steps=steps, prompts_per_step=2, samples_per_prompt=2, dp=2, eval_steps=()
+    )
+    synth.write_dump(small, spec)
+    _wait_until_settled(small)
+    print(f"\nsmall steps: {steps} steps x 4 samples, DP 2")
+    fig = _run_child("_extract", str(small), str(root / "lake-small"), "1")
+    per_step = fig["cpu"] / steps
+    lake = root / "lake-small"
+    files = sum(1 for p in lake.rglob("*.parquet"))
+    size = _disk_bytes([Path(p) for p in catalog.table_files(lake, schema.TOKENS)])
+    print(
+        f"  extract --workers 1: {fig['cpu']:.2f} s CPU, {per_step * 1000:.0f} ms per step"
+        f" ({_against(per_step, STEP_FIXED_CPU_GOAL)} of fixed cost, tokens ~nil);"
+        f" {files:,} Parquet files ({files / steps:.0f} a step), tokens {size / fig['tokens']:.0f} B/token"
+    )
+    print_stages(small, root / "lake-small-profile")
+    example = root / "example"
+    subprocess.run(
+        [sys.executable, "-m", "tokenlake", "generate", str(example), "--preset", "example"],
+        check=True,
+        capture_output=True,
+    )
+    example_lake = root / "lake-example"
+    _run_child("_extract", str(example), str(example_lake), "1")
+    on_example = command_latencies(example_lake, "example", root)
+    on_small = command_latencies(lake, "small", root)
+    print(
+        f"  command CPU (process start included, best of 3; the first builds the reader's"
+        f" catalog, kept for the next): example lake, {steps}-step lake"
+    )
+    for name, goal in COMMAND_CPU_GOALS.items():
+        a, b = on_example[name], on_small[name]
+        print(
+            f"    {name:<7} {a:5.2f} s ({_against(a, goal)})  {b:5.2f} s"
+            f" ({b / a:.2f}x; {_against(b / a, MANY_STEPS_FACTOR)})"
+        )
 
 
 # Goals of docs/rollups.md: seconds per per-step and per-sample view on the bench lake, and the
@@ -522,6 +677,12 @@ def main(argv: list[str] | None = None) -> None:
         help="only the rollup figures (extraction of `bench`, then views at two token counts)",
     )
     parser.add_argument(
+        "--steps",
+        type=int,
+        help="only the fixed cost: a dump of this many 4-sample steps, its per-stage profile,"
+        " then every command's CPU on the example lake and on that lake",
+    )
+    parser.add_argument(
         "--formats",
         nargs="*",
         default=["bench-slime-v2", "bench-nemo-rl", "bench-prime-rl"],
@@ -531,14 +692,23 @@ def main(argv: list[str] | None = None) -> None:
     if args.views is not None:
         print_view_ratios(args.views)
         return
-    if rest and rest[0] in ("_extract", "_baseline"):
+    if rest and rest[0] in ("_extract", "_baseline", "_baseline_unsafe", "_profile"):
         mode, dump_dir, out = rest[0], Path(rest[1]), Path(rest[2])
-        fig = (
-            measure_extract(dump_dir, out, int(rest[3]))
-            if mode == "_extract"
-            else measure_baseline(dump_dir, out)
-        )
+        if mode == "_extract":
+            fig = measure_extract(dump_dir, out, int(rest[3]))
+        elif mode == "_profile":
+            fig = measure_stages(dump_dir, out)
+        else:
+            fig = measure_baseline(dump_dir, out, weights_only=mode == "_baseline")
         print(json.dumps(fig))
+        return
+    if args.steps is not None:
+        root = args.keep or Path(tempfile.mkdtemp(prefix="tokenlake-bench-"))
+        try:
+            bench_small_steps(root, args.steps)
+        finally:
+            if args.keep is None:
+                shutil.rmtree(root, ignore_errors=True)
         return
     try:
         extras.require_torch("The benchmark (its dumps and baseline)")
@@ -570,6 +740,7 @@ def main(argv: list[str] | None = None) -> None:
             bench_rollups(root, args.scale, one)
             return
         one = bench_variant(root, "bench", args.scale, baseline=True, repeat=args.repeat)
+        print_stages(root / "bench", root / "lake-bench-profile")
         bench_rollups(root, args.scale, one)
         bench_variant(root, "bench-cp", args.scale, baseline=False, repeat=args.repeat)
         for preset in args.formats:  # the other frameworks' layouts of the same batches

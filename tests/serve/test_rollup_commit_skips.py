@@ -1,6 +1,7 @@
 """A step without drift tokens (an eval file, a rollout-only step, one whose log-probs are all
 non-finite) commits the rollups that read only `drift_tokens` without running their SQL: the
-rows are the ones the SQL gives, none."""
+rows are the ones the SQL gives, none. Likewise a step without teacher log-probs, for the
+rollups that read only `drift_teacher_tokens`."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def _step_tables(lake):
 
 def test_the_rollups_that_read_only_drift_tokens_are_named_by_their_inputs():
     assert rollups.drift_token_rollups() == DRIFT_TOKEN_ROLLUPS
+    assert rollups.teacher_token_rollups() == {"drift_teacher_step_parts"}
 
 
 @pytest.mark.parametrize("case", sorted(STEPS))
@@ -62,10 +64,12 @@ def test_a_step_without_drift_tokens_commits_what_the_sql_gives(tmp_path, monkey
 
     skipped = rollups.compute_step(token_table, sample_table, "r", 1)
     monkeypatch.setattr(rollups, "drift_token_rollups", frozenset)
+    monkeypatch.setattr(rollups, "teacher_token_rollups", frozenset)
     computed = rollups.compute_step(token_table, sample_table, "r", 1)
 
     assert skipped == computed
-    assert all(skipped.tables[name].num_rows == 0 for name in DRIFT_TOKEN_ROLLUPS)
+    skippable = DRIFT_TOKEN_ROLLUPS | {"drift_teacher_step_parts"}  # no teacher log-probs
+    assert all(skipped.tables[name].num_rows == 0 for name in skippable)
     others = {name: table.num_rows for name, table in skipped.tables.items()}
     if case == "non-finite":  # counted by drift_step_parts, listed by the audit rows
         assert (others["drift_step_parts"], others["audit_token_rows"]) == (1, 3)

@@ -211,22 +211,34 @@ def extract_run(
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
         reporter.planned(len(todo))
         interrupted = False
+        batch: list[StepOutcome] = []
         try:
             try:
                 crash_point("extract:planned")
                 for outcome in _outcomes(todo, store, run, options, reporter):
                     outcome = judge.batch(record, outcome, store)
-                    _commit(store, record, outcome, summary, options.strict, reporter)
+                    if _finished(outcome, summary, options.strict, reporter):
+                        batch.append(outcome)  # first: a Ctrl-C in the progress display
+                        reporter.done(outcome.result)  # type: ignore[arg-type]
+                    if commit_due(len(batch), len(record.steps)):
+                        _commit(store, record, batch, summary)
+                if batch:  # before judging batch sizes: every finished step is in `record`
+                    _commit(store, record, batch, summary)
                 judge.short_batches_before(record)
             except KeyboardInterrupt:
                 interrupted = True
                 reporter.stopping([])
-        finally:  # also on Ctrl-C or an error: publish the steps committed so far, then
-            # delete every file no manifest lists (written for steps not committed)
+        finally:  # also on Ctrl-C or an error: commit the finished steps, publish what is
+            # committed, then delete every file no manifest lists (written for steps not
+            # committed)
             with sigint_deferred() as deferred:  # a Ctrl-C now must not cut these short
-                _publish_if_needed(store, record, summary, tags_changed or judge.marked)
-                crash_point("extract:published")
-                sweep_leftovers(store)
+                try:
+                    if batch:
+                        _commit(store, record, batch, summary)
+                finally:
+                    _publish_if_needed(store, record, summary, tags_changed or judge.marked)
+                    crash_point("extract:published")
+                    sweep_leftovers(store)
             interrupted = interrupted or bool(deferred)
         if interrupted:  # Ctrl-C still propagates, with what was committed so far
             summary.seconds = time.perf_counter() - started
@@ -598,15 +610,34 @@ def _outcomes(
     return run_steps(todo, location, run, options.workers, reporter.stopping)
 
 
-def _commit(
-    store: Store,
-    record: manifest.RunManifest,
+# Finished steps are committed in batches: the manifest is rewritten whole at each commit, so
+# one write per step would make a run's commits quadratic in its steps. A batch is committed
+# once it holds 1/COMMIT_FRACTION as many steps as the manifest lists (the first steps one by
+# one): each write is then at most 1/COMMIT_FRACTION larger than the one before, and all the
+# writes of a run add up to at most COMMIT_FRACTION + 1 times its final manifest.
+COMMIT_FRACTION = 8
+
+
+def commit_due(finished: int, listed: int) -> bool:
+    """Whether `finished` steps not yet committed, beside `listed` steps in the manifest,
+    are committed now.
+
+    Examples:
+        >>> [commit_due(1, listed) for listed in (0, 15, 16)]
+        [True, True, False]
+        >>> commit_due(2, 16), commit_due(0, 0)
+        (True, False)
+    """
+    return finished > 0 and finished >= max(1, listed // COMMIT_FRACTION)
+
+
+def _finished(
     outcome: StepOutcome,
     summary: ExtractSummary,
     strict: bool,
     reporter: Reporter,
-) -> None:
-    """Make one step's files part of the lake by listing them in the manifest."""
+) -> bool:
+    """Whether a step's files were written, to be committed; a failed step is recorded."""
     if outcome.lake_error is not None:  # the lake, not the input, is at fault: stop here
         raise _lake_failure(*outcome.lake_error)
     if outcome.error is not None:
@@ -617,22 +648,41 @@ def _commit(
         reporter.skipped(outcome.label)
         # info, not error: the caller reports `summary.failed` (the CLI would print it twice)
         log.info("step %s skipped: %s", outcome.label, outcome.error)
-        return
+        return False
     assert outcome.record is not None and outcome.result is not None
-    crash_point("extract:written")  # the step's files are written, not yet committed
-    previous = record.steps.get(outcome.label)
-    record.steps[outcome.label] = outcome.record
+    return True
+
+
+def _commit(
+    store: Store,
+    record: manifest.RunManifest,
+    batch: list[StepOutcome],
+    summary: ExtractSummary,
+) -> None:
+    """Make finished steps' files part of the lake by listing them in the manifest (one
+    write); `batch` is emptied."""
+    crash_point("extract:written")  # the steps' files are written, not yet committed
+    previous = {o.label: record.steps.get(o.label) for o in batch}
+    for outcome in batch:
+        assert outcome.record is not None
+        record.steps[outcome.label] = outcome.record
     try:
         manifest.save_manifest(store, record)
-    except LakeError as exc:  # not committed: its files must not linger, the record stays
-        store.delete(outcome.record.files.values())
-        if previous is None:
-            del record.steps[outcome.label]
-        else:
-            record.steps[outcome.label] = previous
+    except LakeError as exc:  # not committed: their files must not linger, the record stays
+        for outcome in batch:
+            assert outcome.record is not None
+            store.delete(outcome.record.files.values())
+            before = previous[outcome.label]
+            if before is None:
+                del record.steps[outcome.label]
+            else:
+                record.steps[outcome.label] = before
+        batch.clear()
         raise _lake_failure(exc.path, exc.problem) from exc
-    summary.steps.append(outcome.result)
-    summary.warnings.extend(outcome.result.warnings)
-    summary.counts[outcome.status] += 1
-    reporter.done(outcome.result)
+    for outcome in batch:
+        assert outcome.result is not None
+        summary.steps.append(outcome.result)
+        summary.warnings.extend(outcome.result.warnings)
+        summary.counts[outcome.status] += 1
+    batch.clear()
     crash_point("extract:committed")

@@ -27,7 +27,8 @@ class Reporter:
         """The number of steps this extraction will read (known before the first starts)."""
 
     def done(self, result: StepResult) -> None:
-        """A step was written and committed."""
+        """A step was written; it is committed with the steps that finish beside it, at the
+        latest when the extraction ends or stops (pipeline/tokenlake/orchestrate/extract.py)."""
 
     def skipped(self, label: str) -> None:
         """A step failed and was skipped."""

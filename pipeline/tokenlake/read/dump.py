@@ -27,7 +27,6 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import step_label
-from tokenlake.read import pt, train_checks
 from tokenlake.read.values import INT64_MAX
 from tokenlake.store import manifest
 from tokenlake.store.base import Store
@@ -363,6 +362,8 @@ def describe_steps(steps: tuple[StepFiles, ...], limit: int = 12) -> str:
 
 def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
     """Load a rollout dump and check its top-level structure (section 2.1)."""
+    from tokenlake.read import pt  # the unpickler: only commands that read a dump
+
     data = pt.load(path)
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise DumpFormatError(path, "is not a rollout dump: it has no `samples` list")
@@ -387,6 +388,8 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
 
 def load_train(path: Path, rank: int) -> dict[str, Any]:
     """Load one rank's train dump and check its top-level structure (section 3.1)."""
+    from tokenlake.read import pt, train_checks  # only commands that read a dump
+
     data = pt.load(path)
     if not isinstance(data, dict) or not isinstance(data.get("rollout_data"), dict):
         raise DumpFormatError(path, "is not a train dump: it has no `rollout_data` dict")

@@ -33,7 +33,7 @@ from tokenlake.errors import LakeError, ctrl_c_from_duckdb
 from tokenlake.layout import Location
 from tokenlake.processes import crash_point
 from tokenlake.read import dump
-from tokenlake.serve import rollups
+from tokenlake.serve import catalog_cache, rollups
 from tokenlake.serve.sql_views import (
     base_view_sql,
     create_sql_views,
@@ -41,7 +41,7 @@ from tokenlake.serve.sql_views import (
     iter_macro_files,
     quote_literal,
 )
-from tokenlake.serve.user_views import create_user_views
+from tokenlake.serve.user_views import create_user_views, iter_user_view_files
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
 
@@ -220,7 +220,13 @@ def recorded_digest(con: duckdb.DuckDBPyConnection) -> str | None:
 _DIGEST_LITERAL = re.compile(r"'[0-9a-f]{32}'")
 
 
-def _write_catalog(tmp: Path, store: Store, problems: list[str]) -> None:
+def _write_catalog(
+    tmp: Path,
+    store: Store,
+    problems: list[str],
+    records: list[manifest.RunManifest] | None = None,
+) -> None:
+    """Build the catalog into `tmp` from `records` (default: the manifests, read now)."""
     import duckdb
 
     try:
@@ -228,7 +234,8 @@ def _write_catalog(tmp: Path, store: Store, problems: list[str]) -> None:
         # views); reading the views needs 1.2 (docs/bi.md, tests/serve/test_duckdb_oldest.py).
         con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
         try:
-            records = manifest.load_all(store)  # once: the views and the digest agree
+            if records is None:  # read once: the views and the digest agree
+                records = manifest.load_all(store)
             problems[:] = create_all_views(con, store, records)
             _record_listed(con, _digest_of(records))
             con.execute("CHECKPOINT")  # write everything into the file now, errors included
@@ -294,15 +301,38 @@ def connect(lake: Location | Store) -> duckdb.DuckDBPyConnection:
 
 
 def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
-    """The lake's catalog built now into a private temporary file, opened read-only: the views
-    `LAKE/tokenlake.duckdb` would hold, in a database named `tokenlake` as there."""
+    """The lake's catalog built into a private file, opened read-only: the views
+    `LAKE/tokenlake.duckdb` would hold, in a database named `tokenlake` as there. The file is
+    kept in the user's cache and opened again while the manifests, the user views and
+    tokenlake's SQL are unchanged (pipeline/tokenlake/serve/catalog_cache.py)."""
     import duckdb
 
-    problems: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="tokenlake-") as folder:
-        built = Path(folder) / layout.CATALOG_FILE
-        _write_catalog(built, store, problems)
-        con = duckdb.connect(str(built), read_only=True)  # the open file outlives its name
+    records = manifest.load_all(store)
+    views = iter_user_view_files(store)
+    folder = catalog_cache.lake_folder(store)
+    if folder is None:  # no private cache: built for this command only
+        problems: list[str] = []
+        with tempfile.TemporaryDirectory(prefix="tokenlake-") as temporary:
+            built = Path(temporary) / layout.CATALOG_FILE
+            _write_catalog(built, store, problems, records)
+            con = duckdb.connect(str(built), read_only=True)  # the file outlives its name
+    else:
+        key = catalog_cache.catalog_key(store, records, views, Path(__file__))
+        kept = catalog_cache.cached(folder, key)
+        if kept is None:
+
+            def build(path: Path) -> list[str]:
+                lines: list[str] = []
+                _write_catalog(path, store, lines, records)
+                return lines
+
+            def unchanged() -> bool:  # the build read the user views again
+                return iter_user_view_files(store) == views
+
+            kept = catalog_cache.keep(folder, key, build, unchanged)
+        path, problems = kept
+        con = duckdb.connect(str(path), read_only=True)
+        catalog_cache.discard_unkept(path)
     for problem in problems:
         log.warning("%s", problem)
     return con

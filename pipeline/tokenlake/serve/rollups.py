@@ -23,6 +23,7 @@ import hashlib
 import math
 import re
 import threading
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -132,6 +133,8 @@ def settings_digest_sql(columns: Sequence[str]) -> str:
 
 _STEP_TOKENS = "tokenlake_step_tokens"
 _STEP_SAMPLES = "tokenlake_step_samples"
+_DRIFT_TOKENS = "drift_tokens"  # the view (sql/drift_tokens.sql) most rollups read
+_TEACHER_TOKENS = "drift_teacher_tokens"  # sql/drift_teacher_tokens.sql
 _local = threading.local()  # one connection per thread: steps run in threads and processes
 
 
@@ -159,11 +162,18 @@ def _compute_step(
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW {schema.SAMPLES} AS SELECT {step}, * FROM {_STEP_SAMPLES}"
         )
-        has_drift_tokens = bool(con.execute("SELECT 1 FROM drift_tokens LIMIT 1").fetchall())
+        # The per-token terms six rollups share, computed once: the TEMP table shadows the
+        # view for every view of this connection (as the TEMP views above shadow the base views).
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {_DRIFT_TOKENS} AS SELECT * FROM main.{_DRIFT_TOKENS}"
+        )
+        empty: frozenset[str] = frozenset()
+        if not _has_rows(con, f"temp.{_DRIFT_TOKENS}"):
+            empty |= drift_token_rollups()
+        if not _has_rows(con, _TEACHER_TOKENS):  # most runs: no teacher log-probs
+            empty |= teacher_token_rollups()
         tables = {
-            name: _rows(con, name)
-            if has_drift_tokens or name not in drift_token_rollups()
-            else rollup_schema(name).empty_table()
+            name: rollup_schema(name).empty_table() if name in empty else _rows(con, name)
             for name in rollup_names()
         }
         settings = {
@@ -172,9 +182,15 @@ def _compute_step(
             if (columns := settings_of(name))
         }
     finally:
+        con.execute(f"DROP TABLE IF EXISTS temp.{_DRIFT_TOKENS}")  # the step's memory, freed
         con.unregister(_STEP_TOKENS)
         con.unregister(_STEP_SAMPLES)
     return StepRollups(tables, rollup_version(), settings)
+
+
+def _has_rows(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    rows = con.execute(f"SELECT count(*) FROM {table}").fetchall()
+    return bool(rows[0][0])
 
 
 @cache
@@ -182,11 +198,23 @@ def drift_token_rollups() -> frozenset[str]:
     """The rollups whose `Inputs:` are `drift_tokens` alone (with `drift_settings`): each has
     one row per key of at least one drift token, so none for a step without any (an eval
     file, a rollout-only step), whose commit then skips their SQL (tests/serve check it)."""
-    alone = {"drift_tokens", "drift_settings"}
+    return _reading_only(_DRIFT_TOKENS)
+
+
+@cache
+def teacher_token_rollups() -> frozenset[str]:
+    """The rollups whose `Inputs:` are `drift_teacher_tokens` alone: none of their rows for a
+    step without a finite teacher log-prob, whose commit skips their SQL likewise."""
+    return _reading_only(_TEACHER_TOKENS)
+
+
+def _reading_only(population: str) -> frozenset[str]:
+    """The rollups that read one token population view and nothing else but the settings."""
+    alone = {population, "drift_settings"}
     names = set()
     for path in iter_rollup_files():
         inputs = view_inputs(path.read_text(encoding="utf-8")) or ()
-        if "drift_tokens" in inputs and set(inputs) <= alone:
+        if population in inputs and set(inputs) <= alone:
             names.add(path.stem)
     return frozenset(names)
 
@@ -198,7 +226,11 @@ def _settings_digest(con: duckdb.DuckDBPyConnection, columns: Sequence[str]) -> 
 
 def _rows(con: duckdb.DuckDBPyConnection, name: str) -> pa.Table:
     query = f"SELECT * EXCLUDE ({', '.join(_STEP_COLUMNS)}) FROM {name}"
-    table = con.sql(query).to_arrow_table()
+    # `execute`, not `sql`: a relation binds the query once more before it runs, and binding
+    # the nested views is most of a small step's cost (its rows are few: their copy is not).
+    with warnings.catch_warnings():  # that Arrow output of `execute` copies the rows once
+        warnings.filterwarnings("ignore", "Arrow output on a DB-API result", UserWarning)
+        table = con.execute(query).to_arrow_table()
     assert table is not None  # a query gives a table, empty or not
     wanted = rollup_schema(name)
     if table.schema.names != wanted.names:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -186,14 +186,43 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
 def save_manifest(lake: Location | Store, manifest: RunManifest) -> None:
     """Replace the run's manifest atomically (temporary file, fsync, rename; one PUT on an
     object store)."""
-    content = asdict(manifest)
-    for step in content["steps"].values():
-        if step["incomplete"] is None:  # a complete step's entry reads as before the field
-            del step["incomplete"]
-    data = json.dumps(content, ensure_ascii=False, indent=1).encode("utf-8")
     store_at(lake).put_bytes(
-        manifest_name(manifest.run), data, durable=True, problem="manifest cannot be written"
+        manifest_name(manifest.run),
+        manifest_bytes(manifest),
+        durable=True,
+        problem="manifest cannot be written",
     )
+
+
+def manifest_bytes(manifest: RunManifest) -> bytes:
+    """The manifest as JSON: its fields one per line in their order, its steps one per line.
+
+    Linear in the manifest's size: each record is encoded by json's C encoder straight from
+    the dataclasses' own attributes (no deep copy, no indenting encoder, which is pure Python).
+    One line per step keeps the file readable and greppable.
+    """
+    lines = []
+    for name in (f.name for f in fields(RunManifest)):
+        if name == "steps":
+            steps = ",\n".join(f"  {_json(k)}: {_json(v)}" for k, v in manifest.steps.items())
+            lines.append(f' "steps": {{\n{steps}\n }}' if steps else ' "steps": {}')
+        else:
+            lines.append(f" {_json(name)}: {_json(getattr(manifest, name))}")
+    return ("{\n" + ",\n".join(lines) + "\n}").encode("utf-8")
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=_dataclass_fields)
+
+
+def _dataclass_fields(value: Any) -> dict[str, Any]:
+    """A manifest's nested records (steps, sources) as JSON objects, their fields in order."""
+    if isinstance(value, StepRecord) and value.incomplete is None:
+        # a complete step's entry reads as before the field existed
+        return {k: v for k, v in vars(value).items() if k != "incomplete"}
+    if is_dataclass(value) and not isinstance(value, type):
+        return vars(value)
+    raise TypeError(f"a manifest holds a {type(value).__name__}, not a JSON value")
 
 
 class _LongInteger(ValueError):

@@ -1,0 +1,150 @@
+"""A reader's private catalog, kept and opened again while nothing it was built from changed.
+
+Every reading command builds the lake's views into a private file (`catalog.connect`), which
+costs about a third of a small command's CPU. The file is kept in the user's cache,
+`$TOKENLAKE_CACHE/catalogs/<lake>/<key>/tokenlake.duckdb` (folders of mode 0700, checked as
+pipeline/tokenlake/store/private_cache.py checks them), under a key that digests everything the
+build read: the lake's location, every run manifest (as parsed, so exactly what the views
+list), the user's view files, tokenlake's SQL and the modules that write views, tokenlake's
+and DuckDB's versions. A later command with the same key opens that file read-only.
+
+Nothing a stranger can write is ever run: the file is one this user's tokenlake built, in a
+folder only this user can write (one that is not is never used: the command builds its views
+afresh as before). A lake's older keys are deleted when a newer one is kept, and the catalogs
+of all but the MAX_LAKES lakes used last (about 0.5 MB each), and folders of builds whose
+process is gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tokenlake import __version__, layout
+from tokenlake.errors import CacheError
+from tokenlake.processes import process_alive
+from tokenlake.serve import rollups, sql_views, user_view_check, user_views
+from tokenlake.store import manifest
+from tokenlake.store.base import Store, ViewFile
+from tokenlake.store.private_cache import cache_root, private_folder
+
+log = logging.getLogger(__name__)
+
+FOLDER = "catalogs"
+_FORMAT = "1"  # of the key: a new one when what it digests changes
+_PROBLEMS = "problems.txt"  # the lines the build printed, printed again by each reuse
+_BUILDING = ".building-"
+MAX_LAKES = 64  # lakes whose catalogs are kept, the ones used last
+
+
+def catalog_key(
+    store: Store,
+    records: Sequence[manifest.RunManifest],
+    views: Sequence[ViewFile],
+    builder: Path,
+) -> str:
+    """The digest of what a private catalog of the lake is built from (`builder`: the source
+    of the module that builds it)."""
+    import duckdb
+
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (
+        _FORMAT,
+        __version__,
+        duckdb.__version__,
+        rollups.rollup_version(),
+        store.location,
+    ):
+        digest.update(f"{part}\0".encode("utf-8", "surrogatepass"))
+    for module in (rollups, sql_views, user_views, user_view_check, layout):
+        digest.update(Path(str(module.__file__)).read_bytes())
+    digest.update(builder.read_bytes())
+    for record in records:
+        digest.update(manifest.manifest_bytes(record))
+    for view in views:
+        digest.update(f"\0{view.stem}\0{view.problem}\0".encode("utf-8", "surrogatepass"))
+        digest.update(view.content)
+    return digest.hexdigest()
+
+
+def lake_folder(store: Store) -> Path | None:
+    """The cache folder of this lake's private catalogs, or None where there is no private
+    one (the cache root is not a folder only this user can write)."""
+    name = hashlib.blake2b(str(store.location).encode("utf-8", "surrogatepass"), digest_size=16)
+    try:
+        top = private_folder(cache_root(), root=True)
+        folder = private_folder(private_folder(top / FOLDER) / name.hexdigest())
+        os.utime(folder)  # used now: the lakes used last are the ones kept
+        return folder
+    except (CacheError, OSError) as exc:
+        log.info("private catalogs are not kept: %s", exc)
+        return None
+
+
+def cached(folder: Path, key: str) -> tuple[Path, list[str]] | None:
+    """The kept catalog of `key` and the lines its build printed, if there is one."""
+    path = folder / key / layout.CATALOG_FILE
+    lines = folder / key / _PROBLEMS
+    if not (path.is_file() and lines.is_file()) or path.is_symlink() or lines.is_symlink():
+        return None
+    text = lines.read_text(encoding="utf-8", errors="replace")
+    return path, [line for line in text.split("\n") if line]
+
+
+def keep(
+    folder: Path,
+    key: str,
+    build: Callable[[Path], list[str]],
+    unchanged: Callable[[], bool],
+) -> tuple[Path, list[str]]:
+    """Build a catalog into a fresh folder and keep it under `key` if `unchanged()` still
+    holds once it is built (else it serves this command only: `discard_unkept`); delete the
+    lake's other keys. Returns its path and the lines the build printed."""
+    building = folder / f"{_BUILDING}{os.getpid()}-{secrets.token_hex(4)}"
+    os.mkdir(building, 0o700)
+    try:
+        problems = build(building / layout.CATALOG_FILE)
+        (building / _PROBLEMS).write_text("".join(f"{p}\n" for p in problems), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    if not unchanged():  # the lake changed during the build: the key does not describe it
+        return building / layout.CATALOG_FILE, problems
+    try:
+        os.rename(building, folder / key)
+    except OSError:  # another command kept the same key first (the same views)
+        return building / layout.CATALOG_FILE, problems
+    for entry in os.scandir(folder):
+        if entry.name != key and _finished_with(entry.name):
+            shutil.rmtree(entry.path, ignore_errors=True)
+    _forget_lakes_used_least(folder.parent)
+    return folder / key / layout.CATALOG_FILE, problems
+
+
+def _finished_with(name: str) -> bool:
+    """Whether a lake's entry is an older key, or the build of a process that is gone."""
+    if not name.startswith(_BUILDING):
+        return True
+    pid = name[len(_BUILDING) :].partition("-")[0]
+    return pid.isdigit() and not process_alive(int(pid))
+
+
+def _forget_lakes_used_least(top: Path) -> None:
+    lakes = sorted(
+        (entry for entry in os.scandir(top) if entry.is_dir(follow_symlinks=False)),
+        key=lambda entry: entry.stat(follow_symlinks=False).st_mtime_ns,
+        reverse=True,
+    )
+    for entry in lakes[MAX_LAKES:]:
+        shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def discard_unkept(path: Path) -> None:
+    """Delete a catalog built for one command (its open connection keeps the file alive)."""
+    if path.parent.name.startswith(_BUILDING):
+        shutil.rmtree(path.parent, ignore_errors=True)
