@@ -158,7 +158,8 @@ def _read_step_table(store: Store, step: manifest.StepRecord, table: str) -> pa.
     if name is None:  # a step without rows of the table: none to roll up
         return schema.TABLE_SCHEMAS[table].empty_table()
     try:
-        rows = parquet.read_table(store, name)
+        recorded = step.tokens if table == schema.TOKENS else step.samples  # never more rows
+        rows = parquet.read_table(store, name, recorded)
     except parquet.UnreadableLakeFile as exc:
         raise LakeError(exc.path, f"cannot be read ({exc.reason}); extract the run again") from exc
     wanted = schema.TABLE_SCHEMAS[table]
