@@ -131,17 +131,21 @@ def refresh_rollups(
             tables[schema.TOKENS], tables[schema.SAMPLES], record.run, step.rollout_id
         )
         written: dict[str, str] = {}
+        identities: dict[str, str] = {}
         where = (
             step.rollout_id,
             step.evaluation,
             f"{schema.TOKENS}: {step.files.get(schema.TOKENS)}",
         )
         try:
-            write_step_files(store, record.run, where, list(computed.tables.items()), written)
+            write_step_files(
+                store, record.run, where, list(computed.tables.items()), written, identities
+            )
         except BaseException:
             store.delete(written.values())  # half a step's rollups must not linger
             raise
         step.files.update(written)
+        step.identities.update(identities)
         step.rollup_version, step.rollup_settings = computed.version, computed.settings
         refreshed += 1
     return refreshed

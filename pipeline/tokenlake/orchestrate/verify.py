@@ -126,9 +126,13 @@ def check_step(
         root = local_root(record.source_dir)
     problems = [] if root is None else _check_sources(record.source_dir, root, step)
     tables: dict[str, pa.Table] = {}
+    altered: list[str] = []  # files that pass every check below but are not as written
     for table, name in step.files.items():
         try:
             read = parquet.read_table(store, name)
+            changed = _changed_since_written(store, step, table, name)
+            if changed is None and deep:
+                changed = parquet.statistics_disagreement(store, name, read)
         except parquet.UnreadableLakeFile as exc:  # truncated or overwritten by something else
             # extract skips a step whose files exist and sources are unchanged: delete first
             problems.append(
@@ -142,9 +146,11 @@ def check_step(
                 f" {_WAY_OUT[_kind(table)]}"
             )
             continue
+        if changed is not None:  # what readers count is no longer what was committed
+            altered.append(f"file `{name}` {changed}; {_WAY_OUT[_kind(table)]}")
         tables[table] = read
     if len(tables) < len(step.files):
-        return problems
+        return problems + altered
     tokens, samples = tables[schema.TOKENS], tables[schema.SAMPLES]
     if samples.num_rows != step.samples:
         problems.append(f"`samples` has {samples.num_rows} rows; extracted {step.samples}")
@@ -163,7 +169,24 @@ def check_step(
         problems.append("token ids or loss masks differ from what was extracted (checksum)")
     if deep and not problems:
         problems += _check_rollups(record.run, step, tables)
-    return problems
+    return problems or altered
+
+
+def _changed_since_written(
+    store: Store, step: manifest.StepRecord, table: str, name: str
+) -> str | None:
+    """How a file differs from what its manifest records of it as written (None: the same, or
+    a step written before manifests recorded identities)."""
+    recorded = step.identities.get(table)
+    if recorded is None:
+        return None
+    found = parquet.footer_identity(store, name)
+    if found == recorded:
+        return None
+    size, found_size = recorded.split(":")[0], found.split(":")[0]
+    if size != found_size:
+        return f"changed since it was written: {int(found_size):,} bytes, written {int(size):,}"
+    return "changed since it was written: its footer is not the one written"
 
 
 _WAY_OUT = {

@@ -12,6 +12,8 @@ expanded once their expanded size is known to be within the bound too.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 
 import numpy as np
@@ -70,6 +72,87 @@ def read_table(store: Store, name: str, max_rows: int | None = None) -> pa.Table
         raise UnreadableLakeFile(store.url(name), str(exc)) from exc
     except (OSError, pa.ArrowException) as exc:
         raise UnreadableLakeFile(store.url(name), str(exc)) from exc
+
+
+# A file's identity as its manifest records it: its size and the blake2b of its footer.
+IDENTITY = re.compile(r"[0-9]{1,20}:[0-9a-f]{32}")
+_MAGIC = b"PAR1"
+
+
+def footer_identity(store: Store, name: str) -> str:
+    """`<size>:<blake2b of its footer>` of a lake file: what changes when its bytes are
+    rewritten with another length or another footer (forged statistics, row counts, sizes).
+    Reads only the file's size and its footer.
+
+    Raises:
+        UnreadableLakeFile: The file cannot be read, or ends in no Parquet footer.
+    """
+    try:
+        with _open(store, name) as handle:
+            size = handle.seek(0, 2)
+            if size < 2 * len(_MAGIC) + 4:
+                raise _TooLarge("it is too short to be Parquet")
+            handle.seek(size - 8)
+            tail = handle.read(8)
+            length = int.from_bytes(tail[:4], "little")
+            if tail[4:] != _MAGIC or length > size - 12:
+                raise _TooLarge("it ends in no Parquet footer")
+            handle.seek(size - 8 - length)
+            footer = handle.read(length)
+    except _TooLarge as exc:
+        raise UnreadableLakeFile(store.url(name), str(exc)) from exc
+    except OSError as exc:
+        raise UnreadableLakeFile(store.url(name), str(exc)) from exc
+    return f"{size}:{hashlib.blake2b(footer + tail, digest_size=16).hexdigest()}"
+
+
+def statistics_disagreement(store: Store, name: str, rows: pa.Table) -> str | None:
+    """Where the footer's statistics of a lake file disagree with `rows`, its pages as
+    `read_table` decoded them (None: they agree). Readers skip row groups by these statistics
+    (a NULL count, a minimum and maximum per column), so a forged footer hides rows from them.
+
+    Raises:
+        UnreadableLakeFile: The footer cannot be read.
+    """
+    try:
+        with _open(store, name) as handle:
+            footer = pq.ParquetFile(handle).metadata
+    except (OSError, pa.ArrowException) as exc:
+        raise UnreadableLakeFile(store.url(name), str(exc)) from exc
+    start = 0
+    for group in range(footer.num_row_groups):
+        row_group = footer.row_group(group)
+        part = rows.slice(start, row_group.num_rows)
+        start += row_group.num_rows
+        for index in range(row_group.num_columns):
+            chunk = row_group.column(index)
+            if chunk.statistics is None or chunk.path_in_schema not in part.column_names:
+                continue  # a list's leaf: no reader skips by it
+            found = _disagreement(chunk.statistics, part.column(chunk.path_in_schema))
+            if found is not None:
+                return (
+                    f"has a footer that disagrees with its pages: row group {group},"
+                    f" column `{chunk.path_in_schema}`: {found}"
+                )
+    return None
+
+
+def _disagreement(stated: Any, column: pa.ChunkedArray) -> str | None:
+    import pyarrow.compute as pc
+
+    if stated.has_null_count and stated.null_count != column.null_count:
+        return f"{stated.null_count:,} NULLs stated, {column.null_count:,} found"
+    if not stated.has_min_max:
+        return None
+    extremes = pc.min_max(column)
+    low, high = extremes["min"].as_py(), extremes["max"].as_py()
+    try:
+        outside = low is not None and (low < stated.min or high > stated.max)
+    except TypeError:  # a type whose statistics pyarrow gives as another Python type
+        return None
+    if outside:
+        return f"values stated in [{stated.min}, {stated.max}], found in [{low}, {high}]"
+    return None
 
 
 class _TooLarge(Exception):
