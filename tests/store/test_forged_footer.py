@@ -13,6 +13,7 @@ import pytest
 
 from tests.fixture_paths import REAL_DUMPS
 from tests.store.test_hostile_lake import cli, extract, rows
+from tests.store.test_symlink_safety import cli_process
 
 pytestmark = pytest.mark.slow  # extracts a real fixture dump
 
@@ -47,6 +48,17 @@ def test_a_forged_footer_is_named_by_verify_and_by_verify_deep(tmp_path: Path) -
     # What a reader counts changes: DuckDB skips the row group by its stated maximum.
     assert (honest, rows(lake, POSITIVE)) == ([(40, 0.971728)], [(0, None)])
     assert forged.stat().st_size == size
+
+    # A reader leaves the step out, saying so, rather than count by the forged footer.
+    by_step = "SELECT rollout_id, count(*) FROM tokens GROUP BY ALL ORDER BY ALL"
+    assert cli_process("query", str(lake), by_step, "--format", "csv") == (
+        0,
+        '"rollout_id","count_star()"\n0,124\n',
+        [
+            f"Warning: Run `basic` step 1 not served: `{name}` is not the file its manifest"
+            " records (its size or footer changed); `tokenlake verify LAKE` names it"
+        ],
+    )
 
     code, out, _ = cli("verify", str(lake))
     assert (code, out.splitlines()) == (

@@ -34,6 +34,7 @@ from tokenlake.layout import Location
 from tokenlake.processes import crash_point
 from tokenlake.read import dump
 from tokenlake.serve import rollups
+from tokenlake.serve.served import served_records
 from tokenlake.serve.sql_views import (
     base_view_sql,
     create_sql_views,
@@ -131,6 +132,7 @@ def _create_all_views(
     reading = store.reading_filesystem()
     if reading is not None:  # an object store: DuckDB reads it through fsspec
         con.register_filesystem(reading)
+    records, unserved = served_records(store, records)
     create_base_views(con, store, records)
     for path in iter_macro_files():
         con.execute(path.read_text(encoding="utf-8"))
@@ -139,7 +141,7 @@ def _create_all_views(
         {name: _listed_files(store, records, name) for name in schema.ROLLUP_TABLES},
     )
     create_sql_views(con, stored.queries)
-    problems = [stored.problem] if stored.problem else []
+    problems = [*unserved, stored.problem] if stored.problem else unserved
     return problems + create_user_views(con, store)
 
 
