@@ -25,8 +25,8 @@ from tokenlake.errors import LakeError
 from tokenlake.store.base import Store
 
 # A lake file decodes to at most this many times its bytes, plus DECODED_FLOOR. tokenlake's own
-# files decode to at most ~30x (a tokens file whose columns are mostly NULL: a run-length
-# validity bitmap on disk, 8 bytes a row in memory), measured in docs/security.md.
+# files decode to at most 18.9x on the bench lake (mostly-NULL columns: a run-length validity
+# bitmap on disk, 8 bytes a row in memory), docs/security.md.
 DECODED_PER_FILE_BYTE = 64
 DECODED_FLOOR = 64 * MiB
 # Bytes a decoded value of each fixed-width Parquet type takes (BOOLEAN: a byte, generously).
@@ -68,7 +68,7 @@ def read_table(store: Store, name: str, max_rows: int | None = None) -> pa.Table
     try:
         with _open(store, name) as handle:
             return _bounded_read(handle, max_rows)
-    except _TooLarge as exc:
+    except _Refused as exc:
         raise UnreadableLakeFile(store.url(name), str(exc)) from exc
     except (OSError, pa.ArrowException) as exc:
         raise UnreadableLakeFile(store.url(name), str(exc)) from exc
@@ -91,15 +91,15 @@ def footer_identity(store: Store, name: str) -> str:
         with _open(store, name) as handle:
             size = handle.seek(0, 2)
             if size < 2 * len(_MAGIC) + 4:
-                raise _TooLarge("it is too short to be Parquet")
+                raise _Refused("it is too short to be Parquet")
             handle.seek(size - 8)
             tail = handle.read(8)
             length = int.from_bytes(tail[:4], "little")
             if tail[4:] != _MAGIC or length > size - 12:
-                raise _TooLarge("it ends in no Parquet footer")
+                raise _Refused("it ends in no Parquet footer")
             handle.seek(size - 8 - length)
             footer = handle.read(length)
-    except _TooLarge as exc:
+    except _Refused as exc:
         raise UnreadableLakeFile(store.url(name), str(exc)) from exc
     except OSError as exc:
         raise UnreadableLakeFile(store.url(name), str(exc)) from exc
@@ -155,8 +155,9 @@ def _disagreement(stated: Any, column: pa.ChunkedArray) -> str | None:
     return None
 
 
-class _TooLarge(Exception):
-    """What a file declares exceeds its bound (the message says which)."""
+class _Refused(Exception):
+    """A file refused before it is decoded: beyond its bound, or no Parquet (the message says
+    why)."""
 
 
 def _open(store: Store, name: str) -> Any:
@@ -172,18 +173,18 @@ def _bounded_read(handle: Any, max_rows: int | None) -> pa.Table:
     plain = pq.ParquetFile(handle)
     footer = plain.metadata
     if max_rows is not None and footer.num_rows > max_rows:
-        raise _TooLarge(f"it declares {footer.num_rows:,} rows; its manifest records {max_rows:,}")
+        raise _Refused(f"it declares {footer.num_rows:,} rows; its manifest records {max_rows:,}")
     bound = decoded_bound(size)
     declared = _declared_bytes(footer)
     if declared > bound:
-        raise _TooLarge(_too_large(declared, size, bound))
+        raise _Refused(_too_large(declared, size, bound))
     dictionaries = _dictionary_strings(footer)
     handle.seek(0)
     reader = pq.ParquetFile(handle, metadata=footer, read_dictionary=dictionaries)
     table = reader.read()
     expanded = declared + sum(_expanded_bytes(column) for column in table.columns)
     if expanded > bound:
-        raise _TooLarge(_too_large(expanded, size, bound))
+        raise _Refused(_too_large(expanded, size, bound))
     return table.cast(plain.schema_arrow) if dictionaries else table
 
 
