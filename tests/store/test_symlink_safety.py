@@ -263,3 +263,17 @@ def test_a_lock_file_that_is_a_directory_is_one_line(tmp_path: Path) -> None:
             " file tokenlake makes (a regular file); remove it"
         ],
     )
+
+
+def test_the_python_api_reads_the_runs_a_link_does_not_touch(
+    lakes: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    import tokenlake
+
+    lake, other = lakes
+    plant_link(lake, "tokens/run=evil", other / "tokens" / "run=basic")
+    frame = tokenlake.open_lake(lake).tokens(columns=["token_id"]).collect()
+    assert frame.group_by("run").len().rows() == [("basic", 206)]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"Run `evil` not served: {link_error(lake, 'tokens/run=evil')[7:]}"
+    ]

@@ -82,7 +82,12 @@ def _files_problem(store: Store, step: manifest.StepRecord, files: dict[str, str
                         f"`{name}` is not the file its manifest records (its size or footer"
                         " changed); `tokenlake verify LAKE` names it"
                     )
-        except (LakeError, parquet.UnreadableLakeFile) as exc:
+        except parquet.UnreadableLakeFile as exc:
+            if store.exists(name):
+                return str(exc)
+            # gone: superseded by a commit since the manifests were read, which each reader
+            # handles by reading them again (or names as missing)
+        except LakeError as exc:
             return str(exc)
     return None
 
