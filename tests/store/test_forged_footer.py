@@ -55,7 +55,7 @@ def test_a_forged_footer_is_named_by_verify_and_by_verify_deep(tmp_path: Path) -
         0,
         '"rollout_id","count_star()"\n0,124\n',
         [
-            f"Warning: Run `basic` step 1 not served: `{name}` is not the file its manifest"
+            f"Warning: run `basic` step 1: not served: `{name}` is not the file its manifest"
             " records (its size or footer changed); `tokenlake verify LAKE` names it"
         ],
     )

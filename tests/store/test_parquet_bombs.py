@@ -67,7 +67,9 @@ def test_a_token_file_whose_dictionary_decodes_to_gigabytes_is_one_line(tmp_path
         f"Computed the rollups of 2 steps from their tokens.\nRebuilt {lake / 'tokenlake.duckdb'}\n",
         [
             f"Warning: run `basic` step 1: rollups not computed: Lake `{bomb}`: cannot be read"
-            f" ({reason}); extract the run again"
+            f" ({reason}); extract the run again",
+            f"Warning: run `basic` step 1: not served: `{name}` is not the file its manifest"
+            " records (its size or footer changed); `tokenlake verify LAKE` names it",
         ],
     )
 

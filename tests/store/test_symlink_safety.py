@@ -136,7 +136,7 @@ def test_a_linked_run_folder_leaves_that_run_out_and_serves_the_others(
     lake, other = lakes
     before, catalog = snapshot(other), (lake / "tokenlake.duckdb").read_bytes()
     plant_link(lake, "tokens/run=evil", other / "tokens" / "run=basic")
-    warning = f"Warning: Run `evil` not served: {link_error(lake, 'tokens/run=evil')[7:]}"
+    warning = f"Warning: run `evil`: not served: {link_error(lake, 'tokens/run=evil')[7:]}"
     assert cli("views", str(lake)) == (0, f"Rebuilt {lake / 'tokenlake.duckdb'}\n", [warning])
     assert (lake / "tokenlake.duckdb").read_bytes() != catalog
     code, out, err = cli_process("query", str(lake), STEPS_SQL, "--format", "csv")
@@ -158,7 +158,7 @@ def test_a_linked_rollup_file_serves_its_step_from_its_tokens(lakes: tuple[Path,
     assert (code, err) == (
         0,
         [
-            f"Warning: Run `evil` step 1: rollups not served, its views read its tokens:"
+            f"Warning: run `evil` step 1: rollups not served, its views read its tokens:"
             f" Lake `{lake}`: `{name}` {LINK_RULE}",
             "Warning: 1 of 6 steps have no rollups of this tokenlake version: the views read the"
             " tokens (slower) until `tokenlake views LAKE` computes them",
@@ -182,7 +182,7 @@ def test_a_linked_rollups_folder_serves_every_run_from_its_tokens(
     assert (code, out) == audited[:2]  # the same verdicts, from the tokens
     assert err == [
         *(
-            f"Warning: Run `{run}`: rollups not served, its views read its tokens: Lake `{lake}`:"
+            f"Warning: run `{run}`: rollups not served, its views read its tokens: Lake `{lake}`:"
             f" `rollups` {LINK_RULE}"
             for run in ("basic", "evil")
         ),
@@ -275,5 +275,5 @@ def test_the_python_api_reads_the_runs_a_link_does_not_touch(
     frame = tokenlake.open_lake(lake).tokens(columns=["token_id"]).collect()
     assert frame.group_by("run").len().rows() == [("basic", 206)]
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
-        f"Run `evil` not served: {link_error(lake, 'tokens/run=evil')[7:]}"
+        f"run `evil`: not served: {link_error(lake, 'tokens/run=evil')[7:]}"
     ]

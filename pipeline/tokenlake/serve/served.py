@@ -27,23 +27,23 @@ def served_records(
     for record in records:
         steps, left_out, no_rollups = _served_steps(store, record)
         if left_out and not steps:  # e.g. a link at the run's folder: every step alike
-            problems.append(f"Run `{record.run}` not served: {next(iter(left_out.values()))}")
+            problems.append(f"run `{record.run}`: not served: {next(iter(left_out.values()))}")
             continue
         problems += [
-            f"Run `{record.run}` step {key} not served: {p}" for key, p in left_out.items()
+            f"run `{record.run}` step {key}: not served: {p}" for key, p in left_out.items()
         ]
         if no_rollups and len(no_rollups) == len(steps):  # e.g. a link at `rollups/`
             problems.append(
-                f"Run `{record.run}`: {_FROM_TOKENS}: {next(iter(no_rollups.values()))}"
+                f"run `{record.run}`: {_FROM_TOKENS}: {next(iter(no_rollups.values()))}"
             )
         else:
             problems += [
-                f"Run `{record.run}` step {k}: {_FROM_TOKENS}: {p}" for k, p in no_rollups.items()
+                f"run `{record.run}` step {k}: {_FROM_TOKENS}: {p}" for k, p in no_rollups.items()
             ]
         copy = replace(record, steps=steps, metrics_files=list(record.metrics_files))
         side_problem = _without_unreadable_side_files(store, copy)
         if side_problem is not None:
-            problems.append(f"Run `{record.run}`: {side_problem}")
+            problems.append(f"run `{record.run}`: {side_problem}")
         served.append(copy)
     return served, problems
 
