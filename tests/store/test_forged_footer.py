@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.fixture_paths import REAL_DUMPS
+from tests.limits import cli_process
 from tests.store.test_hostile_lake import cli, extract, rows
-from tests.store.test_symlink_safety import cli_process
 
 pytestmark = pytest.mark.slow  # extracts a real fixture dump
 

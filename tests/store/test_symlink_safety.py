@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixture_paths import REAL_DUMPS
+from tests.limits import cli_process
 from tests.store.test_hostile_lake import cli, extract, snapshot
 from tokenlake import schema
 from tokenlake.errors import LakeError
@@ -117,14 +118,6 @@ def test_verify_reports_a_linked_run_and_reads_nothing_through_it(
 
 
 STEPS_SQL = "SELECT run, rollout_id, count(*) FROM drift_steps GROUP BY ALL ORDER BY ALL"
-
-
-def cli_process(*args: str) -> tuple[int, str, list[str]]:
-    """The CLI in a process of its own: a reader's warnings go to its stderr by `logging`."""
-    from tests.limits import run_cli_limited
-
-    done = run_cli_limited(list(args), 4 << 30, 120, "RLIMIT_DATA")
-    return done.returncode, done.stdout, done.stderr.splitlines()
 
 
 ALL_STEPS = [("basic", 0, 1), ("basic", 1, 1), ("evil", 0, 1), ("evil", 1, 1)]
