@@ -33,8 +33,11 @@ def _defaults(table: str) -> dict[str, Any]:
     return defaults
 
 
-def _record(lake: Path, table: str, key: tuple[Any, ...], path: Path) -> None:
-    """List the file in the run's manifest, as an extraction would."""
+def _record(
+    lake: Path, table: str, key: tuple[Any, ...], path: Path, rows: int, identity: str
+) -> None:
+    """List the file in the run's manifest with its rows and identity, as an extraction
+    would."""
     run = key[0]
     entry = manifest.load_manifest(lake, run) or manifest.RunManifest(run=run, source_dir="")
     relative = str(path.relative_to(lake))
@@ -48,6 +51,11 @@ def _record(lake: Path, table: str, key: tuple[Any, ...], path: Path) -> None:
             manifest.StepRecord(rollout_id, evaluation, [], {}, 0, 0, 0, ""),
         )
         step.files[table] = relative
+        step.identities[table] = identity
+        if table == schema.TOKENS:
+            step.tokens = rows
+        elif table == schema.SAMPLES:
+            step.samples = rows
     manifest.save_manifest(lake, entry)
 
 
@@ -102,8 +110,8 @@ def write_rows(lake: Path, table: str, rows: list[dict[str, Any]]) -> None:
         )
         directory = lake / partition_dir(table, *key[: len(partitions)])
         stem = schema.EVAL_STEM if key[-1] else schema.TRAIN_STEM
-        write.write_parquet(directory / f"{stem}.parquet", table, data, {})
-        _record(lake, table, key, directory / f"{stem}.parquet")
+        identity = write.write_parquet(directory / f"{stem}.parquet", table, data, {})
+        _record(lake, table, key, directory / f"{stem}.parquet", len(group), identity)
 
 
 def build_lake(

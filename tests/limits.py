@@ -44,3 +44,11 @@ def run_cli_limited(
         f"import sys\nsys.argv = ['tokenlake', *{args!r}]\nfrom tokenlake.cli import main\nmain()\n"
     )
     return run_limited(code, memory, timeout, kind)
+
+
+def cli_process(*args: str) -> tuple[int, str, list[str]]:
+    """`tokenlake ARGS` in a process of its own (4 GiB of writable memory, 120 s): what it prints,
+    a reader's warnings included (they go to its stderr by `logging`, which an in-process
+    runner under pytest does not capture)."""
+    done = run_cli_limited(list(args), 4 << 30, 120, "RLIMIT_DATA")
+    return done.returncode, done.stdout, done.stderr.splitlines()

@@ -138,11 +138,33 @@ class JsonTooDeep(ValueError):
         super().__init__(f"nested more than {limit} levels deep")
 
 
-def loads(data: bytes | str, max_depth: int, **options: Any) -> Any:
-    """`json.loads(data, **options)`, refusing JSON nested deeper than `max_depth` first.
+class JsonTooWide(ValueError):
+    """JSON text holding more containers and strings than its bytes allow (refused before it
+    is parsed): each becomes a Python object of ~50-70 bytes, so `[{}, {}, ...]` would take
+    ~20 x its text."""
+
+    def __init__(self, objects: int, size: int) -> None:
+        self.objects, self.size = objects, size
+        super().__init__(
+            f"holds {objects:,} containers and strings in {size:,} bytes, more than one per"
+            f" {BYTES_PER_JSON_OBJECT} bytes (parsed, each takes ~64 bytes)"
+        )
+
+
+# With `wide=False`, `loads` allows one container or string per this many bytes of text (and
+# JSON_OBJECTS_FLOOR more): their Python objects then take at most ~2 x the text, and the rest
+# (numbers) at most ~9 x (`[0.1,0.1,...]`; real logged values ~3-6 x, docs/security.md).
+BYTES_PER_JSON_OBJECT = 32
+JSON_OBJECTS_FLOOR = 1024
+
+
+def loads(data: bytes | str, max_depth: int, wide: bool = True, **options: Any) -> Any:
+    """`json.loads(data, **options)`, refusing JSON nested deeper than `max_depth` first, and
+    with `wide=False` JSON of more containers and strings than `BYTES_PER_JSON_OBJECT` allows.
 
     Raises:
         JsonTooDeep: Nested deeper than `max_depth` (a ValueError, as json's own errors).
+        JsonTooWide: Too many containers and strings for its bytes (a ValueError too).
         ValueError: Not JSON (`json.JSONDecodeError`, `UnicodeDecodeError`).
 
     Examples:
@@ -154,17 +176,34 @@ def loads(data: bytes | str, max_depth: int, **options: Any) -> Any:
         tokenlake.bounded.JsonTooDeep: nested more than 64 levels deep
     """
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    if json_depth(raw, max_depth) > max_depth:
+    shape = json_shape(raw, max_depth)
+    if shape.depth > max_depth:
         raise JsonTooDeep(max_depth)
+    if not wide and shape.objects > len(raw) // BYTES_PER_JSON_OBJECT + JSON_OBJECTS_FLOOR:
+        raise JsonTooWide(shape.objects, len(raw))
     try:
         return json.loads(data, **options)
     except RecursionError:  # below max_depth but deeper than this thread's stack allows
         raise JsonTooDeep(max_depth) from None
 
 
+@dataclass(frozen=True)
+class JsonShape:
+    """What a JSON text's bytes say of its parse: its deepest nesting, and how many containers
+    and strings (Python objects beyond numbers) it holds."""
+
+    depth: int
+    objects: int
+
+
 def json_depth(data: bytes, stop: int | None = None) -> int:
-    """The deepest nesting of `[`/`{` in JSON text, brackets inside strings not counted; the
-    scan ends early once it passes `stop`. Vectorised: ~60 MB/s, ~16 MB/s for text full of
+    """The deepest nesting of JSON text (`json_shape`)."""
+    return json_shape(data, stop).depth
+
+
+def json_shape(data: bytes, stop: int | None = None) -> JsonShape:
+    """The deepest nesting of `[`/`{` in JSON text, brackets inside strings not counted, and
+    its containers and strings; the scan ends early once the depth passes `stop`. Vectorised: ~60 MB/s, ~16 MB/s for text full of
     backslashes (measured on a busy 2-core machine).
 
     Exact for valid JSON, and for any text up to where a JSON parser would stop, so a parser
@@ -173,10 +212,12 @@ def json_depth(data: bytes, stop: int | None = None) -> int:
     Examples:
         >>> json_depth(b'[{"a": "[[[\\\\"[["}, [[]]]')
         3
+        >>> json_shape(b'[{}, "a,b", 1, {"k": ["[", 2]}]')
+        JsonShape(depth=3, objects=7)
     """
     import numpy as np
 
-    depth = deepest = 0
+    depth = deepest = objects = 0
     in_string, escaping = False, False
     structural = np.zeros(256, bool)  # the only bytes that change string or nesting state
     structural[list(b'[]{}"\\')] = True
@@ -191,6 +232,8 @@ def json_depth(data: bytes, stop: int | None = None) -> int:
         inside = (np.cumsum(quotes, dtype=np.int32) + in_string) % 2 == 1
         opens = ((chunk == ord("[")) | (chunk == ord("{"))) & ~inside
         closes = ((chunk == ord("]")) | (chunk == ord("}"))) & ~inside
+        # a container per opening bracket, a string per opening quote
+        objects += int(opens.sum()) + int((quotes & inside).sum())
         steps = opens.astype(np.int32) - closes.astype(np.int32)
         levels = np.cumsum(steps, dtype=np.int32)
         if len(levels):
@@ -198,7 +241,7 @@ def json_depth(data: bytes, stop: int | None = None) -> int:
             depth, in_string = depth + int(levels[-1]), bool(inside[-1])
         if stop is not None and deepest > stop:
             break
-    return deepest
+    return JsonShape(deepest, objects)
 
 
 def _escaped(chunk: Any, escaping: bool) -> tuple[Any, bool]:

@@ -46,6 +46,7 @@ from tokenlake import schema
 from tokenlake.errors import LakeError, UnknownRunError, UsageError
 from tokenlake.layout import Location
 from tokenlake.read import dump
+from tokenlake.serve.served import served_records
 from tokenlake.steps import StepSelection, as_selection, describe_ids
 from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
@@ -372,8 +373,11 @@ def _listed_files(
 ) -> list[tuple[str, dict[str, Any]]]:
     """(file relative to the lake, partition values) of every file the manifests list: one
     read of each manifest."""
+    records, unserved = served_records(store, manifest.load_all(store))
+    for line in unserved:  # a planted link or a changed file: its step or run, not the lake
+        log.warning("%s", line)
     listed: list[tuple[str, dict[str, Any]]] = []
-    for record in manifest.load_all(store):
+    for record in records:
         if runs is not None and record.run not in runs:
             continue
         if schema.ROLLOUT_ID not in schema.TABLE_PARTITIONS[table]:

@@ -102,3 +102,30 @@ def test_a_bad_replay_array_is_one_line(dump: Path, tmp_path: Path) -> None:
     ]
     # Without the option the arrays are not read at all.
     assert extract(dump, tmp_path / "plain")[0] == 0
+
+
+def test_a_zero_size_array_declaring_a_billion_positions_is_one_line(
+    dump: Path, tmp_path: Path
+) -> None:
+    import numpy as np
+    import torch
+
+    from tests.limits import run_cli_limited
+
+    path = dump / "rollout_data" / "1.pt"
+    data = torch.load(path, weights_only=False)  # the test's own file: numpy arrays inside
+    data["samples"][2]["rollout_routed_experts"] = np.empty((10**9, 0, 8), np.int32)  # 0 bytes
+    torch.save(data, path)
+    age(path)
+    lake = tmp_path / "lake"
+    args = ["extract", str(dump), "--lake", str(lake), "--workers", "1", "--silent"]
+    done = run_cli_limited([*args, "--with-experts"], 1536 << 20, 120, "RLIMIT_DATA")
+    assert (done.returncode, done.stderr.splitlines()) == (
+        1,
+        [
+            f"Skipped step 1: `{path}` (batch position 2, sample_index 10):"
+            " `rollout_routed_experts` is an array of shape (1000000000, 0, 8): 1,000,000,000"
+            f" positions of 0 layers that hold no values. {REPLACE}"
+        ],
+    )
+    assert _query(lake, "SELECT DISTINCT rollout_id FROM experts") == [(0,)]

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -482,3 +483,29 @@ def test_lines_per_step_are_grouped_as_the_logger_wrote_them() -> None:
         "train_data_step3.jsonl": 16,
         "val_data_step2.jsonl": 4,
     }
+
+
+def test_a_line_of_empty_containers_fails_its_step_before_it_is_parsed(tmp_path: Path) -> None:
+    """`[{}, {}, ...]`: each `{}, ` would be a dict of ~64 bytes, ~20 x the line; refused by
+    counting before anything is built, in a process that could not hold the parse."""
+    from tests.limits import run_cli_limited
+
+    dump = _copy(tmp_path)
+    path = dump / "train_data_step1.jsonl"
+    count = 16 << 20  # dicts, in one list
+    wide = b"[" + b"{}, " * (count - 1) + b"{}]"  # 64 MiB
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join([*lines[:2], wide + b"\n", *lines[3:]]))
+    os.utime(path, (time.time() - 3600, time.time() - 3600))  # not a file still being written
+    lake = tmp_path / "lake"
+    args = ["extract", str(dump), "--lake", str(lake), "--workers", "1", "--silent"]
+    done = run_cli_limited(args, 1 << 30, 300, "RLIMIT_DATA")
+    assert (done.returncode, done.stderr.splitlines()) == (
+        1,
+        [
+            "Read the dump as NeMo-RL (detected from its layout).",
+            f"Skipped step 1: `{path}` (line 3): holds {count + 1:,} containers and strings in"
+            f" {len(wide):,} bytes, more than one per 32 bytes (parsed, each takes ~64 bytes)."
+            f" {AFTER}",
+        ],
+    )

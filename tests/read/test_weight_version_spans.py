@@ -189,3 +189,34 @@ def test_a_malformed_span_skips_its_step_with_one_line(tmp_path: Path):
         f"Skipped step 1: `{path.resolve()}` (batch position 3, sample_index 11):"
         f" `weight_versions` {problem}. {REPLACE}"
     ]
+
+
+@pytest.mark.slow
+def test_a_version_too_long_to_repeat_on_every_token_skips_its_step_with_one_line(tmp_path: Path):
+    import torch
+
+    dump = tmp_path / "spans"
+    shutil.copytree(NEXT_DUMPS / "weight_spans", dump)
+    path = dump / "rollout_data" / "1.pt"
+    data = torch.load(path, weights_only=True)
+    sample = data["samples"][3]
+    for call in sample["weight_versions"]:
+        for span in call:
+            span["version"] = "v" * (1 << 20)  # one string, taken by every token of its span
+    torch.save(data, path)
+    for file in dump.rglob("*"):
+        age(file)
+    code, _, err = extract(dump, tmp_path / "lake")
+    covered = sum(
+        min(span["abs_end"], len(sample["tokens"]))
+        - max(span["abs_start"], len(sample["tokens"]) - sample["response_length"])
+        for call in sample["weight_versions"]
+        for span in call
+    )
+    assert code == 1
+    assert err == [
+        f"Skipped step 1: `{path.resolve()}` (batch position 3, sample_index 11):"
+        f" `weight_versions` would repeat {covered << 20:,} bytes of version strings on its"
+        f" {sample['response_length']:,} response tokens; `token_version` holds at most 256"
+        f" bytes a token. {REPLACE}"
+    ]

@@ -23,6 +23,7 @@ def _make_version_3(lake, run):
     record = json.loads(path.read_text())
     for step in record["steps"].values():
         step["schema_version"] = 3
+        del step["identities"]  # an older tokenlake recorded no file identities
         for table, drop in (
             (schema.TOKENS, NEW_TOKEN_COLUMNS),
             (schema.SAMPLES, NEW_SAMPLE_COLUMNS),

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixture_paths import REAL_DUMPS
+from tests.limits import cli_process
 from tests.store.test_hostile_lake import cli, extract, snapshot
 from tokenlake import schema
 from tokenlake.errors import LakeError
@@ -116,13 +117,71 @@ def test_verify_reports_a_linked_run_and_reads_nothing_through_it(
     )
 
 
-def test_the_catalog_is_never_built_over_a_linked_run_folder(lakes: tuple[Path, Path]) -> None:
+STEPS_SQL = "SELECT run, rollout_id, count(*) FROM drift_steps GROUP BY ALL ORDER BY ALL"
+
+
+ALL_STEPS = [("basic", 0, 1), ("basic", 1, 1), ("evil", 0, 1), ("evil", 1, 1)]
+
+
+def test_a_linked_run_folder_leaves_that_run_out_and_serves_the_others(
+    lakes: tuple[Path, Path],
+) -> None:
     lake, other = lakes
     before, catalog = snapshot(other), (lake / "tokenlake.duckdb").read_bytes()
     plant_link(lake, "tokens/run=evil", other / "tokens" / "run=basic")
-    assert cli("views", str(lake)) == (1, "", [link_error(lake, "tokens/run=evil")])
-    assert (lake / "tokenlake.duckdb").read_bytes() == catalog  # the old one is kept
+    warning = f"Warning: run `evil`: not served: {link_error(lake, 'tokens/run=evil')[7:]}"
+    assert cli("views", str(lake)) == (0, f"Rebuilt {lake / 'tokenlake.duckdb'}\n", [warning])
+    assert (lake / "tokenlake.duckdb").read_bytes() != catalog
+    code, out, err = cli_process("query", str(lake), STEPS_SQL, "--format", "csv")
+    expected = '"run","rollout_id","count_star()"\n"basic",0,1\n"basic",1,1\n'
+    assert (code, out, err) == (0, expected, [warning])
     assert snapshot(other) == before
+
+
+def test_a_linked_rollup_file_serves_its_step_from_its_tokens(lakes: tuple[Path, Path]) -> None:
+    lake, other = lakes
+    before = snapshot(other)
+    (planted,) = (lake / "rollups/drift_step_parts/run=evil/rollout_id=1").glob("*.parquet")
+    (target,) = (other / "rollups/drift_step_parts/run=basic/rollout_id=1").glob("*.parquet")
+    planted.unlink()
+    planted.symlink_to(target)
+    name = planted.relative_to(lake).as_posix()
+    code, out, err = cli_process("query", str(lake), STEPS_SQL, "--format", "csv")
+    assert out.count("\n") == 5  # a header and every step, step 1 of `evil` from its tokens
+    assert (code, err) == (
+        0,
+        [
+            f"Warning: run `evil` step 1: rollups not served, its views read its tokens:"
+            f" Lake `{lake}`: `{name}` {LINK_RULE}",
+            "Warning: 1 of 6 steps have no rollups of this tokenlake version: the views read the"
+            " tokens (slower) until `tokenlake views LAKE` computes them",
+        ],
+    )
+    from tests.store.test_hostile_lake import rows
+
+    assert rows(lake, STEPS_SQL) == ALL_STEPS  # the catalog file: built before the link
+    assert snapshot(other) == before
+
+
+def test_a_linked_rollups_folder_serves_every_run_from_its_tokens(
+    lakes: tuple[Path, Path], tmp_path: Path
+) -> None:
+    lake, _ = lakes
+    audited = cli_process("audit", str(lake))
+    assert audited[2] == []
+    (lake / "rollups").rename(tmp_path / "elsewhere")
+    (lake / "rollups").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    code, out, err = cli_process("audit", str(lake))
+    assert (code, out) == audited[:2]  # the same verdicts, from the tokens
+    assert err == [
+        *(
+            f"Warning: run `{run}`: rollups not served, its views read its tokens: Lake `{lake}`:"
+            f" `rollups` {LINK_RULE}"
+            for run in ("basic", "evil")
+        ),
+        "Warning: 6 of 6 steps have no rollups of this tokenlake version: the views read the"
+        " tokens (slower) until `tokenlake views LAKE` computes them",
+    ]
 
 
 def test_a_linked_manifest_folder_is_never_written_through(
@@ -197,3 +256,17 @@ def test_a_lock_file_that_is_a_directory_is_one_line(tmp_path: Path) -> None:
             " file tokenlake makes (a regular file); remove it"
         ],
     )
+
+
+def test_the_python_api_reads_the_runs_a_link_does_not_touch(
+    lakes: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    import tokenlake
+
+    lake, other = lakes
+    plant_link(lake, "tokens/run=evil", other / "tokens" / "run=basic")
+    frame = tokenlake.open_lake(lake).tokens(columns=["token_id"]).collect()
+    assert frame.group_by("run").len().rows() == [("basic", 206)]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"run `evil`: not served: {link_error(lake, 'tokens/run=evil')[7:]}"
+    ]

@@ -20,6 +20,7 @@ from tokenlake.layout import Location
 from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.store.local import LocalStore
+from tokenlake.store.parquet import footer_identity
 
 if TYPE_CHECKING:
     pass
@@ -79,7 +80,7 @@ def file_metadata(table: str, run: str, source: str) -> dict[bytes, bytes]:
     }
 
 
-def write_parquet(path: Path, table: str, data: pa.Table, metadata: dict[bytes, bytes]) -> int:
+def write_parquet(path: Path, table: str, data: pa.Table, metadata: dict[bytes, bytes]) -> str:
     """`write_lake_file` for a local file outside a lake's naming (benchmarks, tests)."""
     return write_lake_file(LocalStore(path.parent), path.name, table, data, metadata)
 
@@ -91,7 +92,7 @@ def write_lake_file(
     data: pa.Table,
     metadata: dict[bytes, bytes],
     table_schema: pa.Schema | None = None,
-) -> int:
+) -> str:
     """Write one step's rows of `table` as the lake file `relative`, atomically.
 
     A whole step is written at once: `write_table` splits it into ROW_GROUP_SIZE groups,
@@ -103,7 +104,8 @@ def write_lake_file(
             not hold (a rollup: its SQL header gives them, `serve.rollups.rollup_schema`).
 
     Returns:
-        The number of rows written.
+        The file's identity as written (`store.parquet.footer_identity`: size and footer
+        digest), which its manifest records and `verify` compares.
     """
     store = store_at(lake)
     if table_schema is None:
@@ -120,4 +122,4 @@ def write_lake_file(
             writer.write_table(data.replace_schema_metadata(metadata), ROW_GROUP_SIZE)
 
     store.write_with(relative, write)
-    return data.num_rows
+    return footer_identity(store, relative)

@@ -131,17 +131,21 @@ def refresh_rollups(
             tables[schema.TOKENS], tables[schema.SAMPLES], record.run, step.rollout_id
         )
         written: dict[str, str] = {}
+        identities: dict[str, str] = {}
         where = (
             step.rollout_id,
             step.evaluation,
             f"{schema.TOKENS}: {step.files.get(schema.TOKENS)}",
         )
         try:
-            write_step_files(store, record.run, where, list(computed.tables.items()), written)
+            write_step_files(
+                store, record.run, where, list(computed.tables.items()), written, identities
+            )
         except BaseException:
             store.delete(written.values())  # half a step's rollups must not linger
             raise
         step.files.update(written)
+        step.identities.update(identities)
         step.rollup_version, step.rollup_settings = computed.version, computed.settings
         refreshed += 1
     return refreshed
@@ -158,7 +162,8 @@ def _read_step_table(store: Store, step: manifest.StepRecord, table: str) -> pa.
     if name is None:  # a step without rows of the table: none to roll up
         return schema.TABLE_SCHEMAS[table].empty_table()
     try:
-        rows = parquet.read_table(store, name)
+        recorded = step.tokens if table == schema.TOKENS else step.samples  # never more rows
+        rows = parquet.read_table(store, name, recorded)
     except parquet.UnreadableLakeFile as exc:
         raise LakeError(exc.path, f"cannot be read ({exc.reason}); extract the run again") from exc
     wanted = schema.TABLE_SCHEMAS[table]

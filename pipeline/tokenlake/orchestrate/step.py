@@ -147,7 +147,9 @@ def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepSta
         return StepOutcome(files.label, status, error=text)
     step_rollups = rollups.compute_step(tokens, samples_table, run, files.rollout_id)
     try:
-        written = _write_step(files, store, run, tokens, samples_table, experts, step_rollups)
+        written, identities = _write_step(
+            files, store, run, tokens, samples_table, experts, step_rollups
+        )
     except LakeError as exc:
         return StepOutcome(files.label, status, lake_error=(exc.path, exc.problem))
     except OSError as exc:  # e.g. a partition directory cannot be created
@@ -166,6 +168,7 @@ def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepSta
         rollup_version=step_rollups.version,
         rollup_settings=step_rollups.settings,
         incomplete=files.incomplete,
+        identities=identities,
     )
     return StepOutcome(files.label, status, result=result, record=record)
 
@@ -239,21 +242,22 @@ def _write_step(
     samples_table: pa.Table,
     experts: pa.Table | None,
     step_rollups: rollups.StepRollups,
-) -> dict[str, str]:
+) -> tuple[dict[str, str], dict[str, str]]:
     """Write the step's files (its tables, then its rollups) under fresh names; returns
-    table -> name relative to the lake."""
+    table -> name relative to the lake, and table -> the file's identity as written."""
     written: dict[str, str] = {}
+    identities: dict[str, str] = {}
     tables: list[tuple[str, pa.Table]] = [(schema.TOKENS, tokens), (schema.SAMPLES, samples_table)]
     if experts is not None:
         tables.append((schema.EXPERTS, experts))
     tables += list(step_rollups.tables.items())
     try:
         where = (files.rollout_id, files.evaluation, _source_name(files))
-        write_step_files(store, run, where, tables, written)
+        write_step_files(store, run, where, tables, written, identities)
     except BaseException:
         store.delete(written.values())  # half a step must not linger (full or read-only lake)
         raise
-    return written
+    return written, identities
 
 
 def write_step_files(
@@ -262,10 +266,12 @@ def write_step_files(
     step: tuple[int, bool, str],
     tables: list[tuple[str, pa.Table]],
     written: dict[str, str],
+    identities: dict[str, str],
 ) -> None:
     """Write each (table, rows) of one step (rollout_id, evaluation, the source its files'
     metadata names) under fresh names of one generation, recording each name in `written` as
-    soon as it exists (so a failure can delete what was written)."""
+    soon as it exists (so a failure can delete what was written), and its identity as written
+    in `identities`."""
     rollout_id, evaluation, source = step
     stem = schema.EVAL_STEM if evaluation else schema.TRAIN_STEM
     generation = secrets.token_hex(4)  # fresh names: the manifest decides when they count
@@ -273,7 +279,9 @@ def write_step_files(
         written[table] = new_name(table, run, stem, rollout_id, generation)
         metadata = write.file_metadata(table, run, source)
         table_schema = rollups.rollup_schema(table) if table in schema.ROLLUP_TABLES else None
-        write.write_lake_file(store, written[table], table, data, metadata, table_schema)
+        identities[table] = write.write_lake_file(
+            store, written[table], table, data, metadata, table_schema
+        )
         crash_point("step:file-written")  # in the middle of a step: some of its files written
 
 

@@ -157,11 +157,15 @@ def check_step(
         root = local_root(record.source_dir)
     problems = [] if root is None else _check_sources(record.source_dir, root, step)
     tables: dict[str, pa.Table] = {}
+    altered: list[str] = []  # files that pass every check below but are not as written
     for table, name in step.files.items():
         try:
             read = parquet.read_table(store, name)
+            changed = _changed_since_written(store, step, table, name)
+            if changed is None and deep:
+                changed = parquet.statistics_disagreement(store, name, read)
         except parquet.UnreadableLakeFile as exc:  # truncated, overwritten, or refused by the OS
-            problems.append(_unreadable_file(name, exc.cause, table))
+            problems.append(_unreadable_file(name, exc, table))
             continue
         unlike = columns_difference(table, read.schema, step)
         if unlike is not None:  # another program's file under tokenlake's name
@@ -170,9 +174,11 @@ def check_step(
                 f" {_WAY_OUT[_kind(table)]}"
             )
             continue
+        if changed is not None:  # what readers count is no longer what was committed
+            altered.append(f"file `{name}` {changed}; {_WAY_OUT[_kind(table)]}")
         tables[table] = read
     if len(tables) < len(step.files):
-        return problems
+        return problems + altered
     tokens, samples = tables[schema.TOKENS], tables[schema.SAMPLES]
     if samples.num_rows != step.samples:
         problems.append(f"`samples` has {samples.num_rows} rows; extracted {step.samples}")
@@ -191,7 +197,24 @@ def check_step(
         problems.append("token ids or loss masks differ from what was extracted (checksum)")
     if deep and not problems:
         problems += _check_rollups(record.run, step, tables)
-    return problems
+    return problems or altered
+
+
+def _changed_since_written(
+    store: Store, step: manifest.StepRecord, table: str, name: str
+) -> str | None:
+    """How a file differs from what its manifest records of it as written (None: the same, or
+    a step written before manifests recorded identities)."""
+    recorded = step.identities.get(table)
+    if recorded is None:
+        return None
+    found = parquet.footer_identity(store, name)
+    if found == recorded:
+        return None
+    size, found_size = recorded.split(":")[0], found.split(":")[0]
+    if size != found_size:
+        return f"changed since it was written: {int(found_size):,} bytes, written {int(size):,}"
+    return "changed since it was written: its footer is not the one written"
 
 
 def _token_rows_of(samples: pa.Table) -> int:
@@ -203,13 +226,13 @@ def _token_rows_of(samples: pa.Table) -> int:
     return 0 if total is None else int(total)
 
 
-def _unreadable_file(name: str, exc: Exception, table: str) -> str:
+def _unreadable_file(name: str, exc: parquet.UnreadableLakeFile, table: str) -> str:
     """The problem line of a step's file that cannot be read: the OS refusing it (its fix,
     never a deletion of a good file), or a damaged file (extract skips a step whose files
     exist and sources are unchanged: delete it first)."""
-    if isinstance(exc, OSError) and exc.errno in REFUSALS:
-        return f"file `{name}` {UnreadableError(name, exc).problem}"
-    return f"file `{name}` cannot be read ({exc}); {_WAY_OUT[_kind(table)]}"
+    if isinstance(exc.cause, OSError) and exc.cause.errno in REFUSALS:
+        return f"file `{name}` {UnreadableError(name, exc.cause).problem}"
+    return f"file `{name}` cannot be read ({exc.reason}); {_WAY_OUT[_kind(table)]}"
 
 
 _WAY_OUT = {

@@ -221,7 +221,7 @@ def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:
 
 def _parse(path: Path, raw: bytes, label: str) -> dict[str, Any]:
     try:
-        record = bounded.loads(raw, MAX_DEPTH)
+        record = bounded.loads(raw, MAX_DEPTH, wide=False)
     except UnicodeDecodeError as exc:
         raise DumpFormatError(
             path, f"byte {exc.start + 1} of the line is not UTF-8", sample=label

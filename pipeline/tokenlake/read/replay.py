@@ -23,8 +23,13 @@ _INT32 = np.iinfo(np.int32)
 def replay_arrays(sample: dict[str, Any]) -> dict[str, np.ndarray]:
     """The sample's replay arrays that are set, each int32 [positions, layers, k].
 
+    An array's rows (positions) and layers cost memory in the `experts` table whatever they
+    hold, so each must hold a value: a zero-size array declaring 10^9 positions is refused
+    (the values themselves are bounded by the file's bytes, `ptcheck`).
+
     Raises:
-        SampleValueError: a value that is not a 3-D integer array of int32 values.
+        SampleValueError: a value that is not a 3-D integer array of int32 values, or whose
+            positions and layers hold no values.
     """
     arrays = {}
     for field in REPLAY_FIELDS:
@@ -33,6 +38,13 @@ def replay_arrays(sample: dict[str, Any]) -> dict[str, np.ndarray]:
             continue
         if not isinstance(value, np.ndarray) or value.ndim != 3 or value.dtype.kind not in "iu":
             raise SampleValueError(field, f"is {shown(value)}, not a 3-D integer array")
+        positions, layers = value.shape[0], value.shape[1]
+        if value.size < positions * max(layers, 1):  # rows that cost bytes the file never held
+            problem = (
+                f"is an array of shape {tuple(value.shape)}: {positions:,} positions of"
+                f" {layers:,} layers that hold no values"
+            )
+            raise SampleValueError(field, problem)
         if value.size and (value.min() < _INT32.min or value.max() > _INT32.max):
             raise SampleValueError(field, "holds values outside the int32 range")
         arrays[field] = value.astype(np.int32, copy=False)

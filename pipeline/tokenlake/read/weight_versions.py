@@ -30,6 +30,11 @@ _DIGITS = re.compile(r"[0-9]+")
 _SPAN_KEYS = ("version", "abs_start", "abs_end")
 
 
+# What a response token's version may take on average (`token_version` repeats each version on
+# every token it covers): real versions are counters and hashes of a few dozen characters.
+MAX_VERSION_BYTES_PER_TOKEN = 256
+
+
 def parse(value: Any) -> WeightVersions:
     """Check `weight_versions` (missing or None: no versions) in whichever shape it has.
 
@@ -116,11 +121,32 @@ def per_token(
     end beyond `Sample.tokens` do not fit this token grid (media expansion shifts positions and
     spans are not remapped), so nothing is placed. Legacy lists: see `legacy_calls`.
     """
+    placed: TokenVersions | None
     if weights.spans is not None:
         if any(span.end > total_length for span in weights.spans):
             return None
-        return _from_spans(weights.spans, total_length - response_length, response_length)
-    return legacy_calls(weights.versions, response_length, mask)
+        placed = _from_spans(weights.spans, total_length - response_length, response_length)
+    else:
+        placed = legacy_calls(weights.versions, response_length, mask)
+    if placed is not None:
+        _check_repeated_bytes(placed)
+    return placed
+
+
+def _check_repeated_bytes(placed: TokenVersions) -> None:
+    """Refuse versions whose strings, repeated on every token they cover (`token_version`),
+    would take more than MAX_VERSION_BYTES_PER_TOKEN a token: a 1 MiB version on a 40 000
+    token response is 40 GiB of one string (SampleValueError)."""
+    lengths = np.array([len(name.encode("utf-8", "surrogatepass")) for name in placed.names])
+    counts = np.bincount(placed.codes[placed.codes >= 0], minlength=len(lengths))
+    repeated = int(np.dot(lengths, counts))
+    tokens = len(placed.codes)
+    if repeated > MAX_VERSION_BYTES_PER_TOKEN * tokens:
+        problem = (
+            f"would repeat {repeated:,} bytes of version strings on its {tokens:,} response"
+            f" tokens; `token_version` holds at most {MAX_VERSION_BYTES_PER_TOKEN} bytes a token"
+        )
+        raise SampleValueError(FIELD, problem)
 
 
 def _from_spans(spans: tuple[Span, ...], prompt_length: int, response_length: int) -> TokenVersions:

@@ -34,6 +34,7 @@ from tokenlake.layout import Location
 from tokenlake.processes import crash_point
 from tokenlake.read import dump
 from tokenlake.serve import catalog_cache, rollups
+from tokenlake.serve.served import served_records
 from tokenlake.serve.sql_views import (
     base_view_sql,
     create_sql_views,
@@ -163,6 +164,7 @@ def _create_all_views(
     reading = store.reading_filesystem()
     if reading is not None:  # an object store: DuckDB reads it through fsspec
         con.register_filesystem(reading)
+    records, unserved = served_records(store, records)
     create_base_views(con, store, records)
     for path in iter_macro_files():
         con.execute(path.read_text(encoding="utf-8"))
@@ -171,7 +173,7 @@ def _create_all_views(
         {name: _listed_files(store, records, name) for name in schema.ROLLUP_TABLES},
     )
     create_sql_views(con, stored.queries)
-    problems = [stored.problem] if stored.problem else []
+    problems = [*unserved, stored.problem] if stored.problem else unserved
     return problems + create_user_views(con, store)
 
 
@@ -317,7 +319,10 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
             _write_catalog(built, store, problems, records)
             con = duckdb.connect(str(built), read_only=True)  # the file outlives its name
     else:
-        key = catalog_cache.catalog_key(store, records, views, Path(__file__))
+        # Keyed on what may be served now, not only on the manifests: a file changed or
+        # linked since a kept build was made is left out of a new one (serve/served.py).
+        served, _ = served_records(store, records)
+        key = catalog_cache.catalog_key(store, served, views, Path(__file__))
         kept = catalog_cache.cached(folder, key)
         if kept is None:
 

@@ -30,6 +30,7 @@ from tokenlake.layout import Location, check_listed, manifest_name, step_label, 
 from tokenlake.processes import process_alive
 from tokenlake.store import store_at
 from tokenlake.store.base import Store
+from tokenlake.store.parquet import IDENTITY
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -80,6 +81,9 @@ class StepRecord:
     # files, a short batch), once they had settled; None: complete, or not judged (older
     # manifests).
     incomplete: str | None = None
+    # Per table of `files`, the file's size and footer digest as written
+    # (`store.parquet.footer_identity`); a step written before this field has none.
+    identities: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -367,12 +371,21 @@ def _check_rollup_keys(step: StepRecord) -> None:
             raise ValueError(f"a step's `rollup_settings` holds {shown(rollup)}: {shown(digest)}")
 
 
+def _check_identities(step: StepRecord) -> None:
+    """A step's file identities are what tokenlake writes, keyed by its tables (ValueError)."""
+    step_tables = (*schema.STEP_TABLES, *schema.ROLLUP_TABLES)
+    for table, identity in _string_map(step.identities, "identities").items():
+        if table not in step_tables or not IDENTITY.fullmatch(identity):
+            raise ValueError(f"a step's `identities` holds {shown(table)}: {shown(identity)}")
+
+
 def _check_own_files(record: RunManifest) -> None:
     """A manifest lists only files of its own run's partitions, each once (ValueError)."""
     listed: list[str] = []
     step_tables = (*schema.STEP_TABLES, *schema.ROLLUP_TABLES)
     for step in record.steps.values():
         _check_rollup_keys(step)
+        _check_identities(step)
         for table, name in step.files.items():
             if table not in step_tables:
                 raise ValueError(f"a step lists a file for {shown(table)}, not a step table")

@@ -1,34 +1,262 @@
 """The one reader of the lake's own Parquet files (a step's tables, its rollups, a run's side
 tables), for every store: what each caller does with an unreadable file differs (verify names
-it, a rebuild skips the step), the reading itself does not."""
+it, a rebuild skips the step), the reading itself does not.
+
+A file is decoded only within a bound (docs/security.md, "Size bounds for every file read"):
+anyone who can write into the lake can write a few kilobytes whose pages decode to gigabytes
+(a dictionary of 1 MiB strings taken once per row, a footer declaring 10^9 rows). Before any
+page is decoded, the footer's row counts and column sizes give what the file decodes to; its
+dictionary-encoded strings are read as dictionaries (their bytes, one index per row), and only
+expanded once their expanded size is known to be within the bound too.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import re
+from typing import Any
+
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tokenlake.bounded import MiB, amount
 from tokenlake.errors import LakeError
 from tokenlake.store.base import Store
+
+# A lake file decodes to at most this many times its bytes, plus DECODED_FLOOR. tokenlake's own
+# files decode to at most 18.9x on the bench lake (mostly-NULL columns: a run-length validity
+# bitmap on disk, 8 bytes a row in memory), docs/security.md.
+DECODED_PER_FILE_BYTE = 64
+DECODED_FLOOR = 64 * MiB
+# Bytes a decoded value of each fixed-width Parquet type takes (BOOLEAN: a byte, generously).
+_FIXED_WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
+# Per value of any column: an offset or a validity bit, and its levels while decoding.
+_PER_VALUE_OVERHEAD = 8
 
 
 class UnreadableLakeFile(LakeError):
     """A lake file pyarrow cannot read: truncated, another program's bytes, not a regular file,
-    or an OS error (`cause`; `reason` is what it said)."""
+    an OS error (`cause`), or more than it may decode to (`reason` is what the reader said)."""
 
-    def __init__(self, url: str, cause: Exception) -> None:
+    def __init__(self, url: str, reason: str, cause: Exception | None = None) -> None:
+        self.reason = reason
         self.cause = cause
-        self.reason = str(cause)
-        super().__init__(url, f"cannot be read ({self.reason})")
+        super().__init__(url, f"cannot be read ({reason})")
 
 
-def read_table(store: Store, name: str) -> pa.Table:
-    """The lake file `name` (as a manifest lists it) as one Arrow table.
+def decoded_bound(file_bytes: int) -> int:
+    """The most bytes a lake file of `file_bytes` bytes may decode to.
+
+    Examples:
+        >>> decoded_bound(4_901)
+        67422528
+    """
+    return DECODED_PER_FILE_BYTE * file_bytes + DECODED_FLOOR
+
+
+def read_table(store: Store, name: str, max_rows: int | None = None) -> pa.Table:
+    """The lake file `name` (as a manifest lists it) as one Arrow table, decoded only within
+    `decoded_bound` of its size.
+
+    Args:
+        max_rows: The most rows the file may hold (what its manifest recorded), if known.
 
     Raises:
-        UnreadableLakeFile: The file cannot be read as Parquet.
+        UnreadableLakeFile: The file cannot be read as Parquet, or holds more rows than
+            `max_rows`, or would decode to more than its bound.
     """
     try:
-        where, filesystem = store.arrow_source(name)
-        return pq.read_table(where, filesystem=filesystem)
+        with _open(store, name) as handle:
+            return _bounded_read(handle, max_rows)
+    except _Refused as exc:
+        raise UnreadableLakeFile(store.url(name), str(exc)) from exc
     except (OSError, pa.ArrowException) as exc:
-        raise UnreadableLakeFile(store.url(name), exc) from exc
+        raise UnreadableLakeFile(store.url(name), str(exc), exc) from exc
+
+
+# A file's identity as its manifest records it: its size and the blake2b of its footer.
+IDENTITY = re.compile(r"[0-9]{1,20}:[0-9a-f]{32}")
+_MAGIC = b"PAR1"
+
+
+def footer_identity(store: Store, name: str) -> str:
+    """`<size>:<blake2b of its footer>` of a lake file: what changes when its bytes are
+    rewritten with another length or another footer (forged statistics, row counts, sizes).
+    Reads only the file's size and its footer.
+
+    Raises:
+        UnreadableLakeFile: The file cannot be read, or ends in no Parquet footer.
+    """
+    try:
+        with _open(store, name) as handle:
+            size = handle.seek(0, 2)
+            if size < 2 * len(_MAGIC) + 4:
+                raise _Refused("it is too short to be Parquet")
+            handle.seek(size - 8)
+            tail = handle.read(8)
+            length = int.from_bytes(tail[:4], "little")
+            if tail[4:] != _MAGIC or length > size - 12:
+                raise _Refused("it ends in no Parquet footer")
+            handle.seek(size - 8 - length)
+            footer = handle.read(length)
+    except _Refused as exc:
+        raise UnreadableLakeFile(store.url(name), str(exc)) from exc
+    except OSError as exc:
+        raise UnreadableLakeFile(store.url(name), str(exc)) from exc
+    return f"{size}:{hashlib.blake2b(footer + tail, digest_size=16).hexdigest()}"
+
+
+def statistics_disagreement(store: Store, name: str, rows: pa.Table) -> str | None:
+    """Where the footer's statistics of a lake file disagree with `rows`, its pages as
+    `read_table` decoded them (None: they agree). Readers skip row groups by these statistics
+    (a NULL count, a minimum and maximum per column), so a forged footer hides rows from them.
+
+    Raises:
+        UnreadableLakeFile: The footer cannot be read.
+    """
+    try:
+        with _open(store, name) as handle:
+            footer = pq.ParquetFile(handle).metadata
+    except (OSError, pa.ArrowException) as exc:
+        raise UnreadableLakeFile(store.url(name), str(exc)) from exc
+    start = 0
+    for group in range(footer.num_row_groups):
+        row_group = footer.row_group(group)
+        part = rows.slice(start, row_group.num_rows)
+        start += row_group.num_rows
+        for index in range(row_group.num_columns):
+            chunk = row_group.column(index)
+            if chunk.statistics is None or chunk.path_in_schema not in part.column_names:
+                continue  # a list's leaf: no reader skips by it
+            found = _disagreement(chunk.statistics, part.column(chunk.path_in_schema))
+            if found is not None:
+                return (
+                    f"has a footer that disagrees with its pages: row group {group},"
+                    f" column `{chunk.path_in_schema}`: {found}"
+                )
+    return None
+
+
+def _disagreement(stated: Any, column: pa.ChunkedArray) -> str | None:
+    import pyarrow.compute as pc
+
+    if stated.has_null_count and stated.null_count != column.null_count:
+        return f"{stated.null_count:,} NULLs stated, {column.null_count:,} found"
+    if not stated.has_min_max:
+        return None
+    extremes = pc.min_max(column)
+    low, high = extremes["min"].as_py(), extremes["max"].as_py()
+    try:
+        outside = low is not None and (low < stated.min or high > stated.max)
+    except TypeError:  # a type whose statistics pyarrow gives as another Python type
+        return None
+    if outside:
+        return f"values stated in [{stated.min}, {stated.max}], found in [{low}, {high}]"
+    return None
+
+
+class _Refused(Exception):
+    """A file refused before it is decoded: beyond its bound, or no Parquet (the message says
+    why)."""
+
+
+def _open(store: Store, name: str) -> Any:
+    where, filesystem = store.arrow_source(name)
+    if filesystem is None:
+        return open(where, "rb")  # noqa: SIM115 - the caller's `with` closes it
+    return filesystem.open(where, "rb")
+
+
+def _bounded_read(handle: Any, max_rows: int | None) -> pa.Table:
+    size = handle.seek(0, 2)
+    handle.seek(0)
+    plain = pq.ParquetFile(handle)
+    footer = plain.metadata
+    if max_rows is not None and footer.num_rows > max_rows:
+        raise _Refused(f"it declares {footer.num_rows:,} rows; its manifest records {max_rows:,}")
+    bound = decoded_bound(size)
+    declared = _declared_bytes(footer)
+    if declared > bound:
+        raise _Refused(_too_large(declared, size, bound))
+    dictionaries = _dictionary_strings(footer)
+    handle.seek(0)
+    reader = pq.ParquetFile(handle, metadata=footer, read_dictionary=dictionaries)
+    table = reader.read()
+    expanded = declared + sum(_expanded_bytes(column) for column in table.columns)
+    if expanded > bound:
+        raise _Refused(_too_large(expanded, size, bound))
+    return table.cast(plain.schema_arrow) if dictionaries else table
+
+
+def _too_large(decoded: int, size: int, bound: int) -> str:
+    return (
+        f"it would decode to {_mib(decoded)}, more than the {_mib(bound)} a file of"
+        f" {size:,} bytes may: {DECODED_PER_FILE_BYTE} x its size + {amount(DECODED_FLOOR)}"
+    )
+
+
+def _mib(size: int) -> str:
+    """A decoded size as a message states it.
+
+    Examples:
+        >>> _mib(5_244_048_630), _mib(68_036_416)
+        ('5,001 MiB', '65 MiB')
+    """
+    return f"{size / MiB:,.0f} MiB"
+
+
+def _declared_bytes(footer: pq.FileMetaData) -> int:
+    """What the file's columns decode to, by its footer: fixed-width values by count, others by
+    their pages' uncompressed sizes (a dictionary's strings by their dictionary alone: their
+    expansion is counted once read, `_expanded_bytes`)."""
+    total = 0
+    for group in range(footer.num_row_groups):
+        row_group = footer.row_group(group)
+        for index in range(row_group.num_columns):
+            chunk = row_group.column(index)
+            width = _FIXED_WIDTHS.get(chunk.physical_type)
+            if chunk.physical_type == "FIXED_LEN_BYTE_ARRAY":
+                width = footer.schema.column(index).length
+            values = max(chunk.num_values, row_group.num_rows)
+            if width is None:
+                total += max(chunk.total_uncompressed_size, 0)
+            else:
+                total += values * width
+            total += values * _PER_VALUE_OVERHEAD
+    return total
+
+
+def _dictionary_strings(footer: pq.FileMetaData) -> list[str]:
+    """The string columns (by path) that hold a dictionary in some row group: read as
+    dictionaries, never expanded unread."""
+    paths = set()
+    for group in range(footer.num_row_groups):
+        row_group = footer.row_group(group)
+        for index in range(row_group.num_columns):
+            chunk = row_group.column(index)
+            if chunk.physical_type == "BYTE_ARRAY" and chunk.has_dictionary_page:
+                paths.add(chunk.path_in_schema)
+    return sorted(paths)
+
+
+def _expanded_bytes(column: pa.ChunkedArray | pa.Array) -> int:
+    """The bytes a column's dictionary-encoded strings take once expanded (0 without any)."""
+    if isinstance(column, pa.ChunkedArray):
+        return sum(_expanded_bytes(chunk) for chunk in column.chunks)
+    if isinstance(column, pa.DictionaryArray):
+        lengths = _value_lengths(column.dictionary)
+        indices = column.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        return int(lengths[indices[valid]].sum()) if len(lengths) else 0
+    if isinstance(column, (pa.ListArray, pa.LargeListArray)):
+        return _expanded_bytes(column.flatten())
+    if isinstance(column, pa.StructArray):
+        return sum(_expanded_bytes(column.field(i)) for i in range(column.type.num_fields))
+    return 0
+
+
+def _value_lengths(strings: pa.Array) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    return np.asarray(pc.binary_length(strings).fill_null(0).to_numpy(zero_copy_only=False))

@@ -49,14 +49,14 @@ def build_step(
             p: replace(row, raw_reward=None, normalized_reward=None)
             for p, row in train_rows.items()
         }
-    parts = [
-        flatten.sample_tokens(
-            arrays,
-            train_rows.get(position),
-            tinker.placeholder_fields(batch_is_tinker, samples[position]),
-        )
-        for position, arrays in enumerate(checked)
-    ]
+    parts = []
+    for position, arrays in enumerate(checked):
+        placeholders = tinker.placeholder_fields(batch_is_tinker, samples[position])
+        try:
+            parts.append(flatten.sample_tokens(arrays, train_rows.get(position), placeholders))
+        except SampleValueError as exc:  # e.g. versions too long to repeat on every token
+            exc.position = position
+            raise validate.located(exc, files.rollout_file, samples) from None
     indices = [None if s.get("index") is None else int(s["index"]) for s in samples]
     tokens = flatten.tokens_table(files.evaluation, indices, parts, files.rollout_id)
     warnings: list[str] = []

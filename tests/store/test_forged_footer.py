@@ -1,0 +1,93 @@
+"""A committed lake file whose footer was rewritten, its pages untouched: readers skip row
+groups by the forged statistics; `verify` names the file by its recorded size and footer
+digest, `verify --deep` by its statistics recomputed from its pages."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.fixture_paths import REAL_DUMPS
+from tests.limits import cli_process
+from tests.store.test_hostile_lake import cli, extract, rows
+
+pytestmark = pytest.mark.slow  # extracts a real fixture dump
+
+POSITIVE = "SELECT count(*), round(max(lp_diff)::DOUBLE, 6) FROM tokens WHERE rollout_id = 1 AND lp_diff > 0"
+
+
+def _forge_maximum(path: Path, column: str) -> tuple[float, float]:
+    """Rewrite the footer of `path` so that `column` states its minimum as its maximum too;
+    the file keeps its size and its pages. Returns the (minimum, maximum) its pages hold."""
+    data = path.read_bytes()
+    footer_length = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_length
+    metadata = pq.read_metadata(path)
+    (index,) = [i for i in range(metadata.num_columns) if metadata.schema.column(i).name == column]
+    chunk = metadata.row_group(0).column(index)
+    stated, packing = chunk.statistics, {"FLOAT": "<f", "DOUBLE": "<d"}[chunk.physical_type]
+    real_max, real_min = struct.pack(packing, stated.max), struct.pack(packing, stated.min)
+    footer = data[start:-8]
+    assert footer.count(real_max) == 2  # max_value and the deprecated max
+    path.write_bytes(data[:start] + footer.replace(real_max, real_min) + data[-8:])
+    return stated.min, stated.max
+
+
+def test_a_forged_footer_is_named_by_verify_and_by_verify_deep(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    honest = rows(lake, POSITIVE)
+    (forged,) = (lake / "tokens/run=basic/rollout_id=1").glob("train-*.parquet")
+    size = forged.stat().st_size
+    low, high = _forge_maximum(forged, "lp_diff")
+    name = forged.relative_to(lake).as_posix()
+    # What a reader counts changes: DuckDB skips the row group by its stated maximum.
+    assert (honest, rows(lake, POSITIVE)) == ([(40, 0.971728)], [(0, None)])
+    assert forged.stat().st_size == size
+
+    # A reader leaves the step out, saying so, rather than count by the forged footer.
+    by_step = "SELECT rollout_id, count(*) FROM tokens GROUP BY ALL ORDER BY ALL"
+    assert cli_process("query", str(lake), by_step, "--format", "csv") == (
+        0,
+        '"rollout_id","count_star()"\n0,124\n',
+        [
+            f"Warning: run `basic` step 1: not served: `{name}` is not the file its manifest"
+            " records (its size or footer changed); `tokenlake verify LAKE` names it"
+        ],
+    )
+
+    code, out, _ = cli("verify", str(lake))
+    assert (code, out.splitlines()) == (
+        1,
+        [
+            f"run `basic` step 1: file `{name}` changed since it was written: its footer is not"
+            " the one written; delete it and extract again",
+            "3 steps checked, 1 problem",
+        ],
+    )
+
+    # A manifest that records no identities (written before they existed): --deep reads pages.
+    manifest = lake / "_manifest/basic.json"
+    record = json.loads(manifest.read_text())
+    for step in record["steps"].values():
+        del step["identities"]
+    manifest.write_text(json.dumps(record))
+    assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
+    code, out, _ = cli("verify", str(lake), "--deep")
+    assert (code, out.splitlines()) == (
+        1,
+        [
+            f"run `basic` step 1: file `{name}` has a footer that disagrees with its pages:"
+            f" row group 0, column `lp_diff`: values stated in [{low}, {low}], found in"
+            f" [{low}, {high}]; delete it and extract again",
+            "3 steps checked, 1 problem",
+        ],
+    )
+    forged.unlink()
+    assert extract(REAL_DUMPS / "basic", lake)[0] == 0
+    assert cli("verify", str(lake), "--deep")[:2] == (0, "3 steps checked, 0 problems\n")
+    assert rows(lake, POSITIVE) == honest
