@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tokenlake.errors import BoundedReadError, UnreadableError
+from tokenlake.errors import BoundedReadError, DumpFormatError, UnreadableError, shown
 
 MiB = 1 << 20
 READ_CHUNK = MiB  # bytes read at a time by `lines`
@@ -194,6 +194,30 @@ class JsonShape:
 
     depth: int
     objects: int
+
+
+def json_object_line(path: Path, raw: bytes, label: str, max_depth: int) -> dict[str, Any]:
+    """One line of a framework's JSON-lines log (NeMo-RL's batches, prime-rl's exports) as a
+    JSON object: nested at most `max_depth` deep, and at most one container or string per 32
+    bytes, both counted before it is parsed (`loads(wide=False)`).
+
+    Raises:
+        DumpFormatError: Naming the file and the line (`label`): not UTF-8, not JSON, too
+            deep or too wide, or not an object.
+    """
+    try:
+        record = loads(raw, max_depth, wide=False)
+    except JsonTooWide as exc:  # `[{}, {}, ...]`: ~20 x the line once parsed
+        raise DumpFormatError(path, str(exc), sample=label) from None
+    except UnicodeDecodeError as exc:
+        raise DumpFormatError(
+            path, f"byte {exc.start + 1} of the line is not UTF-8", sample=label
+        ) from None
+    except ValueError as exc:  # not JSON, or nested too deep
+        raise DumpFormatError(path, f"is not JSON ({shown(str(exc))})", sample=label) from None
+    if not isinstance(record, dict):
+        raise DumpFormatError(path, f"is {shown(record)}, not a JSON object", sample=label)
+    return record
 
 
 def json_depth(data: bytes, stop: int | None = None) -> int:

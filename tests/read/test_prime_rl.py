@@ -572,3 +572,22 @@ def test_stray_files_and_folders_are_ignored_with_a_reason(tmp_path: Path) -> No
         (exports / "step_8", "not yet: it has no `STABLE`, prime-rl is still writing the step"),
         (exports / "step_9", "holds no `rank_{R}.jsonl` file"),
     )
+
+
+def test_a_line_of_empty_containers_fails_its_step_before_it_is_parsed(tmp_path: Path) -> None:
+    """`[{}, {}, ...]` in one line: each `{}, ` would parse into a dict of ~64 bytes, ~20 x
+    the line; counted and refused before anything is built, as NeMo-RL's lines are."""
+    run = _copy(tmp_path)
+    path = run / "token_exports" / "step_1" / "rank_0.jsonl"
+    count = 1 << 16
+    wide = "[" + "{}, " * (count - 1) + "{}]"
+    _edit_lines(path, lambda number, line: wide if number == 2 else line)
+    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1))
+    assert summary.failed == [
+        (
+            "1",
+            f"`{path}` (line 2): holds {count + 1:,} containers and strings in {len(wide):,}"
+            f" bytes, more than one per 32 bytes (parsed, each takes ~64 bytes). {AFTER}",
+        )
+    ]
+    assert summary.counts["new"] == 1

@@ -91,3 +91,29 @@ def test_a_forged_footer_is_named_by_verify_and_by_verify_deep(tmp_path: Path) -
     assert extract(REAL_DUMPS / "basic", lake)[0] == 0
     assert cli("verify", str(lake), "--deep")[:2] == (0, "3 steps checked, 0 problems\n")
     assert rows(lake, POSITIVE) == honest
+
+
+def test_a_kept_catalog_is_not_served_after_a_file_is_forged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader keeps its private catalog while nothing it was built from changed; a file
+    forged after that is still left out: the kept catalog is keyed on what may be served."""
+    monkeypatch.setenv("TOKENLAKE_CACHE", str(tmp_path / "cache"))
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    by_step = "SELECT rollout_id, count(*) FROM tokens GROUP BY ALL ORDER BY ALL"
+    honest = (0, '"rollout_id","count_star()"\n0,124\n1,82\n', [])
+    assert cli_process("query", str(lake), by_step, "--format", "csv") == honest
+    assert cli_process("query", str(lake), by_step, "--format", "csv") == honest  # kept
+    assert len(list((tmp_path / "cache" / "catalogs").rglob("*.duckdb"))) == 1
+    (forged,) = (lake / "tokens/run=basic/rollout_id=1").glob("train-*.parquet")
+    _forge_maximum(forged, "lp_diff")
+    name = forged.relative_to(lake).as_posix()
+    assert cli_process("query", str(lake), by_step, "--format", "csv") == (
+        0,
+        '"rollout_id","count_star()"\n0,124\n',
+        [
+            f"Warning: run `basic` step 1: not served: `{name}` is not the file its manifest"
+            " records (its size or footer changed); `tokenlake verify LAKE` names it"
+        ],
+    )

@@ -207,7 +207,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.complete and line.text.strip():
                 raise _cut_short(path, label, info.st_mtime)
             if line.text.strip():
-                yield number, _parse(path, line.text, label)
+                yield number, bounded.json_object_line(path, line.text, label, MAX_DEPTH)
 
 
 def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:
@@ -217,20 +217,6 @@ def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:
     if time.time() - mtime < pt.FRESH_SECONDS:
         return DumpFileError(path, f"its last line ({label}) has no newline", still_writing=True)
     return DumpFormatError(path, "ends without a newline: the file was cut short", sample=label)
-
-
-def _parse(path: Path, raw: bytes, label: str) -> dict[str, Any]:
-    try:
-        record = bounded.loads(raw, MAX_DEPTH, wide=False)
-    except UnicodeDecodeError as exc:
-        raise DumpFormatError(
-            path, f"byte {exc.start + 1} of the line is not UTF-8", sample=label
-        ) from None
-    except ValueError as exc:  # not JSON, or nested too deep
-        raise DumpFormatError(path, f"is not JSON ({shown(str(exc))})", sample=label) from None
-    if not isinstance(record, dict):
-        raise DumpFormatError(path, f"is {shown(record)}, not a JSON object", sample=label)
-    return record
 
 
 def _sample(
