@@ -155,4 +155,4 @@ def test_every_documented_lake_command_runs_as_written(folder: Path) -> None:
             assert done.stdout == doc.output, where
         ran.append(command)
     assert 'tokenlake query lake "$(cat sql/audits/large_lp_diff.sql)"' in ran
-    assert len(ran) == 13, ran
+    assert len(ran) == 14, ran

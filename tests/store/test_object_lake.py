@@ -408,7 +408,7 @@ def test_an_extraction_stopped_before_its_first_commit_leaves_no_object(
     from tokenlake.processes import KILL_SIGNAL_VARIABLE, KILL_VARIABLE
 
     url = f"s3://{bucket}/lake"
-    monkeypatch.setenv(KILL_VARIABLE, "extract:written")  # a step written, not committed
+    monkeypatch.setenv(KILL_VARIABLE, "step:file-written")  # a step written half
     monkeypatch.setenv(KILL_SIGNAL_VARIABLE, sig)
     with pytest.raises(ExtractInterrupted) as stopped, sigterm_as_ctrl_c():
         extract_run(SLIME_REAL / "v2_dp2_cp2", url, ExtractOptions(workers=1))

@@ -16,11 +16,9 @@ import pyarrow as pa
 
 from tokenlake import schema
 from tokenlake.errors import (
-    REFUSALS,
     SHOWN_PATH_CHARS,
     LakeError,
     PipelineError,
-    UnreadableError,
     UsageError,
     shown,
 )
@@ -230,8 +228,9 @@ def _unreadable_file(name: str, exc: parquet.UnreadableLakeFile, table: str) -> 
     """The problem line of a step's file that cannot be read: the OS refusing it (its fix,
     never a deletion of a good file), or a damaged file (extract skips a step whose files
     exist and sources are unchanged: delete it first)."""
-    if isinstance(exc.cause, OSError) and exc.cause.errno in REFUSALS:
-        return f"file `{name}` {UnreadableError(name, exc.cause).problem}"
+    refused = exc.refusal(name)
+    if refused is not None:
+        return f"file {refused}"
     return f"file `{name}` cannot be read ({exc.reason}); {_WAY_OUT[_kind(table)]}"
 
 

@@ -84,7 +84,7 @@ def _files_problem(store: Store, step: manifest.StepRecord, files: dict[str, str
                     )
         except parquet.UnreadableLakeFile as exc:
             if store.exists(name):
-                return str(exc)
+                return exc.refusal(name) or str(exc)
             # gone: superseded by a commit since the manifests were read, which each reader
             # handles by reading them again (or names as missing)
         except LakeError as exc:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokenlake.bounded import MiB, amount
-from tokenlake.errors import LakeError
+from tokenlake.errors import REFUSALS, LakeError, UnreadableError
 from tokenlake.store.base import Store
 
 # A lake file decodes to at most this many times its bytes, plus DECODED_FLOOR. tokenlake's own
@@ -43,6 +43,13 @@ class UnreadableLakeFile(LakeError):
         self.reason = reason
         self.cause = cause
         super().__init__(url, f"cannot be read ({reason})")
+
+    def refusal(self, name: str) -> str | None:
+        """The OS's refusal of the file `name` as one line with its fix (never "delete it":
+        its content is not at fault), or None when the OS did not refuse it."""
+        if isinstance(self.cause, OSError) and self.cause.errno in REFUSALS:
+            return str(UnreadableError(name, self.cause))
+        return None
 
 
 def decoded_bound(file_bytes: int) -> int:
@@ -103,7 +110,7 @@ def footer_identity(store: Store, name: str) -> str:
     except _Refused as exc:
         raise UnreadableLakeFile(store.url(name), str(exc)) from exc
     except OSError as exc:
-        raise UnreadableLakeFile(store.url(name), str(exc)) from exc
+        raise UnreadableLakeFile(store.url(name), str(exc), exc) from exc
     return f"{size}:{hashlib.blake2b(footer + tail, digest_size=16).hexdigest()}"
 
 
@@ -119,7 +126,7 @@ def statistics_disagreement(store: Store, name: str, rows: pa.Table) -> str | No
         with _open(store, name) as handle:
             footer = pq.ParquetFile(handle).metadata
     except (OSError, pa.ArrowException) as exc:
-        raise UnreadableLakeFile(store.url(name), str(exc)) from exc
+        raise UnreadableLakeFile(store.url(name), str(exc), exc) from exc
     start = 0
     for group in range(footer.num_row_groups):
         row_group = footer.row_group(group)

@@ -121,7 +121,9 @@ def filesystem(url: str) -> tuple[Any, str]:
     if url.split("://", 1)[0].lower() in ("s3", "s3a"):
         extras.require("s3fs", "s3", f"A dump on S3 (`{url}`)")
     try:
-        fs, base = fsspec.core.url_to_fs(url)
+        # A filesystem of its own: fsspec's shared instance keeps its listings (a later round
+        # of --follow must see new objects) and the endpoint it was first made with.
+        fs, base = fsspec.core.url_to_fs(url, skip_instance_cache=True)
     except (ImportError, ValueError) as exc:
         raise DumpNotFoundError(url, f"cannot be opened ({exc})") from exc
     return fs, str(base).rstrip("/")
