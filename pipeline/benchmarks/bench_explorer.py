@@ -8,18 +8,15 @@ DuckDB cursors, the JSON), best of `repeat` after one warm-up request, as a page
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks.chromium import OFFLINE, DevTools, browser
 from tokenlake.serve import catalog
 from tokenlake.serve.explore.server import ServeOptions, start
 
@@ -128,14 +125,20 @@ def drawn_seconds(url: str, kinds: list[str], lake: Path) -> dict[str, float]:
     run, step = _one("SELECT run, min(rollout_id) FROM samples WHERE NOT evaluation GROUP BY run ORDER BY run LIMIT 1", lake)  # fmt: skip
     pages = {"/": url, "step": f"{url}runs/{urllib.parse.quote(run, safe='')}/steps/{step}"}
     found: dict[str, float] = {}
-    with _browser(chromium) as tools:
+    # Chromium's helper processes may still write its profile as it ends: left to the system.
+    with (
+        tempfile.TemporaryDirectory(
+            prefix="tokenlake-bench-chromium-", ignore_cleanup_errors=True
+        ) as profile,
+        browser(chromium, Path(profile), f"{OFFLINE}, EXCLUDE 127.0.0.1") as tools,
+    ):
         for kind in kinds:
             found[f"{kind} (first visit)"] = _draw(tools, pages[kind])
             found[f"{kind} (reload, best of 3)"] = min(_draw(tools, pages[kind]) for _ in range(3))
     return found
 
 
-def _draw(tools: _DevTools, url: str) -> float:
+def _draw(tools: DevTools, url: str) -> float:
     tools.evaluate("document.documentElement.dataset.rendered = 'leaving'")
     started = time.perf_counter()
     tools.send("Page.navigate", url=url)
@@ -150,75 +153,6 @@ def _draw(tools: _DevTools, url: str) -> float:
     if state != "done":
         raise RuntimeError(f"{url} failed to draw")
     return seconds
-
-
-class _DevTools:
-    """The few Chrome DevTools protocol commands the figure needs."""
-
-    def __init__(self, url: str) -> None:
-        import websocket
-
-        self.socket = websocket.create_connection(url, timeout=120, suppress_origin=True)
-        self.next_id = 0
-
-    def _call(self, method: str, **params: Any) -> dict[str, Any]:
-        self.next_id += 1
-        self.socket.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            message: dict[str, Any] = json.loads(self.socket.recv())
-            if message.get("id") == self.next_id:
-                return message
-
-    def send(self, method: str, **params: Any) -> dict[str, Any]:
-        message = self._call(method, **params)
-        if "error" in message:
-            raise RuntimeError(f"DevTools {method}: {message['error']}")
-        return dict(message["result"])
-
-    def evaluate(self, expression: str) -> Any:
-        return self.send("Runtime.evaluate", expression=expression, returnByValue=True)[
-            "result"
-        ].get("value")
-
-    def evaluate_soft(self, expression: str) -> Any:
-        """None while the page is between two documents (DevTools answers with an error)."""
-        message = self._call("Runtime.evaluate", expression=expression, returnByValue=True)
-        return message.get("result", {}).get("result", {}).get("value")
-
-
-@contextmanager
-def _browser(chromium: str) -> Iterator[_DevTools]:
-    # Chromium's helper processes may still write its profile as it ends: left to the system.
-    with tempfile.TemporaryDirectory(
-        prefix="tokenlake-bench-chromium-", ignore_cleanup_errors=True
-    ) as profile:
-        process = subprocess.Popen(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--remote-debugging-port=0",
-             "--remote-debugging-address=127.0.0.1", "--proxy-server=127.0.0.1:9",
-             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-             "--window-size=1280,900", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            port_file = Path(profile) / "DevToolsActivePort"
-            deadline = time.monotonic() + 120
-            while not port_file.is_file() or not port_file.read_text().strip():
-                if time.monotonic() > deadline:
-                    raise RuntimeError("Chromium did not open its DevTools port")
-                time.sleep(0.1)
-            port = port_file.read_text().split()[0]
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as answer:
-                page = next(t for t in json.load(answer) if t["type"] == "page")
-            tools = _DevTools(page["webSocketDebuggerUrl"])
-            try:
-                yield tools
-            finally:
-                tools.socket.close()
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
 
 
 def print_step_growth(lakes: dict[int, Path], repeat: int = 5) -> None:

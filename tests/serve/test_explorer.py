@@ -79,30 +79,10 @@ def _open(tools, url: str) -> None:
 PATIENCE = 120.0  # seconds: generous, a loaded machine draws slowly
 
 
-def _evaluate_now(tools, expression: str):
-    """`expression`'s value, or None while the page has no document to evaluate it in (a
-    navigation between two pages: DevTools answers with an error then, not a value)."""
-    tools.next_id += 1
-    tools.socket.send(
-        json.dumps(
-            {
-                "id": tools.next_id,
-                "method": "Runtime.evaluate",
-                "params": {"expression": expression, "returnByValue": True},
-            }
-        )
-    )
-    while True:
-        message = json.loads(tools.socket.recv())
-        if message.get("id") == tools.next_id:
-            return message.get("result", {}).get("result", {}).get("value")
-        tools.events.append(message)
-
-
 def _until(tools, expression: str, what: str):
     """Wait until `expression` is truthy in the page (never a fixed sleep); its value."""
     deadline = time.monotonic() + PATIENCE
-    while not (value := _evaluate_now(tools, expression)):
+    while not (value := tools.evaluate_soft(expression)):
         assert time.monotonic() < deadline, f"still waiting for {what}"
         time.sleep(0.1)
     return value

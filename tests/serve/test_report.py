@@ -12,15 +12,14 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
-import urllib.request
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from benchmarks.chromium import OFFLINE, DevTools, browser
 from tests.lakes import build_lake
 from tokenlake.cli import main
 from tokenlake.generator import synth
@@ -152,63 +151,13 @@ def _chromium() -> str:
     pytest.skip(message)
 
 
-class _DevTools:
-    """A minimal Chrome DevTools protocol client: commands, and the events seen meanwhile."""
-
-    def __init__(self, url: str) -> None:
-        import websocket
-
-        self.socket = websocket.create_connection(url, timeout=30, suppress_origin=True)
-        self.events: list[dict] = []
-        self.next_id = 0
-
-    def send(self, method: str, **params):
-        self.next_id += 1
-        self.socket.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            message = json.loads(self.socket.recv())
-            if message.get("id") == self.next_id:
-                assert "error" not in message, message
-                return message["result"]
-            self.events.append(message)
-
-    def evaluate(self, expression: str):
-        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True)
-        return result["result"].get("value")
+def _browser(profile: Path, host_rules: str = OFFLINE) -> AbstractContextManager[DevTools]:
+    """Headless Chromium with no network (benchmarks/chromium.py); the explorer's tests pass
+    `host_rules` excluding 127.0.0.1, where their server listens."""
+    return browser(_chromium(), profile, host_rules)
 
 
-@contextmanager
-def _browser(profile: Path, host_rules: str = "MAP * ~NOTFOUND"):
-    """Headless Chromium with no network: every name resolves to nothing (`host_rules`; the
-    explorer's tests exclude 127.0.0.1, where their server listens)."""
-    process = subprocess.Popen(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={profile}", "--remote-debugging-port=0",
-         "--remote-debugging-address=127.0.0.1", "--proxy-server=127.0.0.1:9",
-         f"--host-resolver-rules={host_rules}", "--window-size=1280,900", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 120  # generous: Chromium starts slowly on a loaded machine
-        while not port_file.is_file() or not port_file.read_text().strip():
-            assert time.monotonic() < deadline, "Chromium did not open its DevTools port"
-            time.sleep(0.1)
-        port = port_file.read_text().split()[0]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
-            page = next(t for t in json.load(answer) if t["type"] == "page")
-        tools = _DevTools(page["webSocketDebuggerUrl"])
-        try:
-            yield tools
-        finally:
-            tools.socket.close()
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-def _wait_rendered(tools: _DevTools) -> str:
+def _wait_rendered(tools: DevTools) -> str:
     deadline = time.monotonic() + 120  # generous: a loaded machine draws slowly
     while (state := tools.evaluate("document.documentElement.dataset.rendered")) not in (
         "done",
