@@ -32,6 +32,7 @@ from typing import Any
 
 from tokenlake import schema
 from tokenlake.read import dump
+from tokenlake.steps import describe_ids
 
 PER_RANK_FORMATS = ("miles", "slime-v1")
 NEMO_RL = "nemo-rl"
@@ -138,12 +139,4 @@ def _ranges(ranks: frozenset[int]) -> str:
         >>> _ranges(frozenset({1, 2, 3, 5})), _ranges(frozenset({2}))
         ('ranks 1-3, 5', 'rank 2')
     """
-    ordered = sorted(ranks)
-    spans: list[list[int]] = []
-    for rank in ordered:
-        if spans and rank == spans[-1][1] + 1:
-            spans[-1][1] = rank
-        else:
-            spans.append([rank, rank])
-    text = ", ".join(f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in spans)
-    return f"{'ranks' if len(ordered) > 1 else 'rank'} {text}"
+    return f"{'ranks' if len(ranks) > 1 else 'rank'} {describe_ids(sorted(ranks))}"
