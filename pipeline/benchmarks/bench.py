@@ -153,6 +153,8 @@ def _baseline_shard(files: dump.StepFiles, data: dict[str, Any], position_of: di
     columns[schema.TOKEN_VERSION] = pa.nulls(total, pa.string())  # no per-token versions here
     columns[schema.TOKEN_STALENESS] = pa.nulls(total, pa.int64())
     columns[schema.SUPPORT_SIZE] = pa.nulls(total, pa.int32())
+    for field in schema.TOKENS_SCHEMA:  # columns this script does not derive are NULL
+        columns.setdefault(field.name, pa.nulls(total, field.type))
     return pa.table(columns, schema=schema.TOKENS_SCHEMA)
 
 
@@ -174,12 +176,16 @@ def _baseline_rollout_only(files: dump.StepFiles, samples: list[dict[str, Any]])
 
 
 def _run_child(*args: str) -> dict[str, Any]:
+    here = str(Path(__file__).resolve().parents[1])  # the folder `benchmarks` is found in
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+    }
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", *args],
-        check=True,
-        capture_output=True,
-        text=True,
+        [sys.executable, "-m", "benchmarks.bench", *args], capture_output=True, text=True, env=env
     )
+    if out.returncode != 0:  # the child's own error, not only its exit status
+        raise SystemExit(f"benchmarks.bench {' '.join(args)} failed:\n{out.stderr.strip()}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
