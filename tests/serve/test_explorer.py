@@ -11,6 +11,7 @@ import base64
 import dataclasses
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -24,6 +25,8 @@ from tests.serve.test_report import _browser, _problems
 from tests.serve.test_report_hostile_text import _with_hostile_vocab
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.serve import catalog
+from tokenlake.serve.explore import data
 from tokenlake.serve.explore.server import ServeOptions, start
 from tokenlake.serve.query import run_query
 from tokenlake.serve.run_colours import run_colours
@@ -453,4 +456,43 @@ def test_a_step_committed_while_a_page_is_open_is_offered_without_a_restart(brow
         assert _cells(browser, "a.step-link") == ["0", "1"]
         assert browser.evaluate("document.getElementById('live').hidden") is True
     finally:
+        running.stop()
+
+
+def test_the_runs_page_is_drawn_before_its_audits_and_fills_them_in_when_ready(
+    lake, browser, monkeypatch
+):
+    release = threading.Event()
+    real = data.failing_audits
+
+    def held(con):
+        assert release.wait(PATIENCE)
+        return real(con)
+
+    monkeypatch.setattr(data, "failing_audits", held)
+    running = start(lake, ServeOptions(port=0))
+    try:
+        _open(browser, running.url)
+        assert browser.evaluate("document.getElementById('audits-state').textContent") == (
+            "audits: computing (this catalog's audits run once, in the background)"
+        )
+        names = _cells(browser, "a.run-link")
+        assert _cells(browser, "span.audits") == ["computing"] * len(names) and len(names) == 5
+
+        release.set()  # the page asks again by itself and fills the column in place
+        _until(browser, "document.documentElement.dataset.audits === 'ready'", "the audits")
+        con = catalog.connect(lake)
+        try:
+            failing = real(con)
+        finally:
+            con.close()
+        expected = [[a["name"] for a in failing.get(name, [])] for name in names]
+        shown = browser.evaluate(
+            "[...document.querySelectorAll('span.audits')]"
+            ".map(c => [...c.querySelectorAll('.badge')].map(b => b.textContent))"
+        )
+        assert shown == expected and any(expected)
+        assert browser.evaluate("document.getElementById('audits-state').hidden") is True
+    finally:
+        release.set()
         running.stop()

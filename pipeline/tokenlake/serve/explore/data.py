@@ -21,6 +21,8 @@ from tokenlake.serve.run_colours import run_colours
 if TYPE_CHECKING:
     import duckdb
 
+    from tokenlake.serve.explore.kept import Kept
+
 Rows = list[dict[str, Any]]
 
 # The statistics a token strip can be coloured by: the `tokens` column, or the SQL computing
@@ -69,8 +71,9 @@ def _known(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str]:
 
 
 def runs_page(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    """Every run: its metadata and tags, steps, samples, tokens, reward, headline drift, and
-    the audits it fails."""
+    """Every run: its metadata and tags, steps, samples, tokens, reward and headline drift.
+    The audits it fails are `failing_audits`, which the server runs apart (they take longer
+    than the rest of the page together)."""
     names = run_names(con)
     sel = rd.Selection(tuple(names))
     overview = {r["run"]: r for r in rd.runs_overview(con, sel)}
@@ -83,12 +86,10 @@ def runs_page(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
             " wandb_project, wandb_run_id, tags_json FROM runs ORDER BY run",
         )
     }
-    failing = failing_audits(con)
     runs = []
     for name in names:
         row = {**meta[name], **overview.get(name, {}), **summary.get(name, {})}
         row["tags"] = _tags(row.pop("tags_json", None))
-        row["audits"] = failing.get(name, [])
         runs.append(row)
     return {"runs": runs, "colours": run_colours(names)}
 
@@ -142,11 +143,13 @@ def steps_page(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str,
 
 
 def step_page(
-    con: duckdb.DuckDBPyConnection, run: str, step: int, evaluation: bool
+    con: duckdb.DuckDBPyConnection, kept: Kept, run: str, step: int, evaluation: bool
 ) -> dict[str, Any]:
     """One step: its numbers, every sample (with its drift), its groups and its drift
-    breakdowns."""
-    _known(con, [run])
+    breakdowns. Its `step_stats` and `drift_steps` rows and the run's steps come from `kept`
+    (the catalog version `con` reads)."""
+    if run not in kept.runs:
+        raise UsageError(f"The lake has no run {json.dumps(run)}.")
     key = [run, step]
     samples = rows(
         con,
@@ -160,18 +163,13 @@ def step_page(
     )
     if not samples:
         raise UsageError(f"Run {json.dumps(run)} has no {_kind(evaluation)} step {step}.")
-    numbers = _one(con, "SELECT * FROM step_stats WHERE run = ? AND rollout_id = ?", key)
-    drift = _one(con, "SELECT * FROM drift_steps WHERE run = ? AND rollout_id = ?", key)
+    numbers = kept.step_stats.get((run, step))
+    drift = kept.drift_steps.get((run, step))
     groups = rows(
         con,
         "SELECT * FROM group_stats WHERE run = ? AND rollout_id = ? AND evaluation = ?"
         " ORDER BY group_index",
         [*key, evaluation],
-    )
-    steps = rows(
-        con,
-        "SELECT DISTINCT rollout_id, evaluation FROM samples WHERE run = ? ORDER BY ALL",
-        [run],
     )
     return {
         "run": run,
@@ -182,7 +180,7 @@ def step_page(
         "samples": samples,
         "groups": groups,
         "breakdowns": {} if evaluation else _breakdowns(con, key),
-        "steps": steps,
+        "steps": kept.steps.get(run, []),
     }
 
 

@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from tokenlake.errors import LakeError, PipelineError, UsageError
 from tokenlake.layout import Location
 from tokenlake.serve import catalog
-from tokenlake.serve.explore import console, data
+from tokenlake.serve.explore import console, data, kept
 from tokenlake.serve.query import format_table
 from tokenlake.store import store_at
 from tokenlake.store.base import Store
@@ -56,6 +56,12 @@ PAGE_SECONDS = 120.0
 # How often the catalog's identity is looked at (an object store answers over the network).
 STAMP_EVERY_SECONDS = 2.0
 THREADS = 4
+# The audits of one catalog version, run once in the background: every audit file over the
+# whole lake (seconds on a large one), stopped only by this.
+AUDIT_SECONDS = 1800.0
+AUDITS_COMPUTING = "computing"
+AUDITS_READY = "ready"
+AUDITS_FAILED = "failed"
 
 # Scripts only from the server itself (no inline script can run, whatever a lake's text holds);
 # 'unsafe-eval' because Vega compiles its chart expressions into functions.
@@ -178,10 +184,16 @@ class Explorer:
         self.port = options.port
         self.pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="tokenlake-serve")
         self.console = console.Console()
-        # The runs page, by the catalog version it was read from: it reads every run and runs
-        # every audit (hundreds of milliseconds on the bench lake), and changes only with the
-        # catalog, whose new version reads it again.
+        # The runs page without its audits, by the catalog version it was read from: it reads
+        # every run, and changes only with the catalog, whose new version reads it again.
         self._runs_page: tuple[int, Any] | None = None
+        self.kept = kept.KeptByVersion()
+        # The audits of the latest catalog version: started by its first runs page, on a
+        # thread of their own so that no page waits for them.
+        self.background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenlake-audits")
+        self._audits_lock = threading.Lock()
+        self._audits: tuple[int, Future[dict[str, Any]]] | None = None
+        self._background_cursors: set[duckdb.DuckDBPyConnection] = set()
         self.assets = _assets()
         self.page = _asset_bytes("explore.html")
 
@@ -207,6 +219,10 @@ class Explorer:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.background.shutdown(wait=False, cancel_futures=True)
+        with self._audits_lock:
+            for cursor in self._background_cursors:
+                cursor.interrupt()  # a running audit stops now, not at its time limit
         self.console.close()
 
     # --- what every request meets ----------------------------------------------------------
@@ -282,25 +298,17 @@ class Explorer:
     async def _answer(
         self,
         request: web.Request,
-        compute: Callable[[duckdb.DuckDBPyConnection], Any],
+        compute: Callable[[duckdb.DuckDBPyConnection, int], Any],
         seconds: float = PAGE_SECONDS,
-        per_version: bool = False,
     ) -> web.StreamResponse:
-        """`compute` on a cursor in the pool, as JSON; a refusal or error as `{"error": line}`.
-        `per_version`: the runs page, kept until the catalog changes."""
+        """`compute(cursor, catalog version)` in the pool, as JSON; a refusal or error as
+        `{"error": line}`."""
         from aiohttp import web
 
         def work() -> Any:
             cursor, version = self.lake.versioned_cursor()
-            kept = self._runs_page
-            if per_version and kept is not None and kept[0] == version:
-                cursor.close()
-                return kept[1]
             with _limited(cursor, seconds) as limited:
-                result = compute(limited)
-            if per_version:
-                self._runs_page = (version, result)
-            return result
+                return compute(limited, version)
 
         try:
             result = await asyncio.get_running_loop().run_in_executor(self.pool, work)
@@ -318,12 +326,48 @@ class Explorer:
             return result
         return _json(result)
 
+    def _kept(self, cursor: duckdb.DuckDBPyConnection, version: int) -> kept.Kept:
+        return self.kept.get(version, lambda: kept.read(cursor))
+
+    def _runs_answer(self, cursor: duckdb.DuckDBPyConnection, version: int) -> dict[str, Any]:
+        """The runs page of this catalog version (kept), with the audits if they are done."""
+        audits = self._audits_of(version)
+        page = self._runs_page
+        if page is None or page[0] != version:
+            page = (version, data.runs_page(cursor))
+            self._runs_page = page
+        return _with_audits(page[1], audits)
+
+    def _audits_of(self, version: int) -> Future[dict[str, Any]]:
+        """The audits of this catalog version, started in the background if they are not."""
+        with self._audits_lock:
+            if self._audits is not None and self._audits[0] >= version:
+                return self._audits[1]
+            # A connection of its own (a cursor serves one thread); the catalog may have
+            # changed since `cursor` was taken: the audits are then that newer version's.
+            own, own_version = self.lake.versioned_cursor()
+            self._background_cursors.add(own)
+            started = self.background.submit(self._audit, own, own_version)
+            self._audits = (own_version, started)
+            return started
+
+    def _audit(self, cursor: duckdb.DuckDBPyConnection, version: int) -> dict[str, Any]:
+        """Every audit's failing runs, and the kept rows of the version on the way: the step
+        pages that follow find them read."""
+        with _limited(cursor, AUDIT_SECONDS) as limited:
+            try:
+                self._kept(limited, version)
+                return data.failing_audits(limited)
+            finally:
+                with self._audits_lock:  # before the cursor closes: `close` interrupts it
+                    self._background_cursors.discard(cursor)
+
     async def _runs(self, request: web.Request) -> web.StreamResponse:
-        return await self._answer(request, data.runs_page, per_version=True)
+        return await self._answer(request, self._runs_answer)
 
     async def _steps(self, request: web.Request) -> web.StreamResponse:
         runs = [name for name in request.query.get("runs", "").split(",") if name]
-        return await self._answer(request, lambda cursor: data.steps_page(cursor, runs))
+        return await self._answer(request, lambda cursor, _: data.steps_page(cursor, runs))
 
     async def _step(self, request: web.Request) -> web.StreamResponse:
         query = request.query
@@ -331,7 +375,10 @@ class Explorer:
         if step is None:
             return _json({"error": "Give the step as a whole number."}, 400)
         return await self._answer(
-            request, lambda cursor: data.step_page(cursor, run, step, evaluation)
+            request,
+            lambda cursor, version: data.step_page(
+                cursor, self._kept(cursor, version), run, step, evaluation
+            ),
         )
 
     async def _sample(self, request: web.Request) -> web.StreamResponse:
@@ -341,11 +388,11 @@ class Explorer:
         if step is None or position is None:
             return _json({"error": "Give the step and the batch position as whole numbers."}, 400)
         return await self._answer(
-            request, lambda cursor: data.sample_page(cursor, run, step, position, evaluation)
+            request, lambda cursor, _: data.sample_page(cursor, run, step, position, evaluation)
         )
 
     async def _version(self, request: web.Request) -> web.StreamResponse:
-        def version(cursor: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+        def version(cursor: duckdb.DuckDBPyConnection, _: int) -> dict[str, Any]:
             found = cursor.execute(
                 "SELECT count(*) FROM (SELECT DISTINCT run, rollout_id, evaluation FROM samples)"
             ).fetchall()
@@ -361,7 +408,7 @@ class Explorer:
             return _json({"error": "Give format json, csv or parquet."}, 400)
         options = self.options
 
-        def run(cursor: duckdb.DuckDBPyConnection) -> Any:
+        def run(cursor: duckdb.DuckDBPyConnection, _: int) -> Any:
             self.console.check(sql, self.lake.relations)
             result = console.run_limited(cursor, sql, options.query_rows, options.query_seconds)
             if fmt == "json":
@@ -375,6 +422,31 @@ class Explorer:
             )
 
         return await self._answer(request, run, seconds=options.query_seconds + 5)
+
+
+def _with_audits(page: dict[str, Any], audits: Future[dict[str, Any]]) -> dict[str, Any]:
+    """The runs page with each run's failing audits once they are computed; until then each
+    run's `audits` is None and the page's `audits.state` says why."""
+    if not audits.done():
+        state: dict[str, Any] = {"state": AUDITS_COMPUTING}
+        failing: dict[str, Any] | None = None
+    elif audits.exception() is not None:
+        state = {"state": AUDITS_FAILED, "error": _audit_failure(audits.exception())}
+        failing = None
+    else:
+        state, failing = {"state": AUDITS_READY}, audits.result()
+    runs = [
+        {**row, "audits": None if failing is None else failing.get(row["run"], [])}
+        for row in page["runs"]
+    ]
+    return {**page, "runs": runs, "audits": state}
+
+
+def _audit_failure(exc: BaseException | None) -> str:
+    if isinstance(exc, (UsageError, PipelineError)):
+        return str(exc)
+    log.error("the explorer's audits failed: %s", _first(exc) if exc else "")
+    return f"the audits failed ({type(exc).__name__})"
 
 
 @contextmanager

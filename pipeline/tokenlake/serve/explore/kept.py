@@ -1,0 +1,70 @@
+"""What the explorer's pages reuse, read once per catalog version: every run, every step, and
+the one-row-per-step views `step_stats` and `drift_steps`.
+
+`drift_steps` holds each step's change from the run's previous step (window functions over
+the run's steps), so a filter on one step cannot reach its files before the windows: read for
+one step it costs what the whole lake's read costs. Read once, a step page picks its row from
+memory. A new catalog version (an extraction committed a step) is read again. What is kept is
+one row per step, so it grows with the lake's steps, never with its tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tokenlake.serve.explore.data import rows
+
+if TYPE_CHECKING:
+    import duckdb
+
+Row = dict[str, Any]
+StepKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One catalog version's runs, steps and per-step rows."""
+
+    runs: tuple[str, ...]  # sorted: the order that gives each run its colour
+    steps: dict[str, list[Row]]  # run -> its steps as {rollout_id, evaluation}, in order
+    step_stats: dict[StepKey, Row]
+    drift_steps: dict[StepKey, Row]
+
+
+def read(con: duckdb.DuckDBPyConnection) -> Kept:
+    """Everything `Kept` holds, from the catalog `con` reads."""
+    runs = tuple(str(r[0]) for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall())
+    steps: dict[str, list[Row]] = {name: [] for name in runs}
+    listed = rows(con, "SELECT DISTINCT run, rollout_id, evaluation FROM samples ORDER BY ALL")
+    for step in listed:
+        steps.setdefault(step.pop("run"), []).append(step)
+    return Kept(
+        runs=runs,
+        steps=steps,
+        step_stats=_by_step(rows(con, "SELECT * FROM step_stats")),
+        drift_steps=_by_step(rows(con, "SELECT * FROM drift_steps")),
+    )
+
+
+def _by_step(found: list[Row]) -> dict[StepKey, Row]:
+    return {(str(row["run"]), int(row["rollout_id"])): row for row in found}
+
+
+class KeptByVersion:
+    """The `Kept` of the latest catalog version asked for, read by the first request of that
+    version; requests that arrive while it is read wait for it rather than read it again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: tuple[int, Kept] | None = None
+
+    def get(self, version: int, reader: Callable[[], Kept]) -> Kept:
+        with self._lock:
+            if self._kept is not None and version < self._kept[0]:
+                return reader()  # a request that began before the catalog changed
+            if self._kept is None or version > self._kept[0]:
+                self._kept = (version, reader())
+            return self._kept[1]
