@@ -423,6 +423,11 @@ def test_the_console_page_says_where_rows_were_cut(lake, browser):
             "5 row(s), cut at the limit of 5CSVParquet"
         )
         assert _cells(browser, "#result tbody td") == ["0", "1", "2", "3", "4"]
+        names = "[...document.querySelectorAll('#result a[download]')].map(a => a.download)"
+        assert browser.evaluate(names) == [
+            "tokenlake-query-first-5-rows.csv",
+            "tokenlake-query-first-5-rows.parquet",
+        ]
     finally:
         running.stop()
 

@@ -6,6 +6,7 @@ the values of the same run extracted locally.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.e2e.test_first_hour import ROOT
@@ -132,6 +134,25 @@ def test_a_query_with_more_rows_than_the_limit_is_cut_and_says_so(lake):
         csv = _sql(running.url, "SELECT range AS n FROM range(12)", format="csv")
         with urllib.request.urlopen(csv, timeout=PATIENCE) as answer:
             assert answer.read() == b'"n"\n0\n1\n2\n3\n4\n'
+            assert answer.headers["X-Tokenlake-Truncated"] == "5"
+            assert answer.headers["Content-Disposition"] == (
+                'attachment; filename="tokenlake-query-first-5-rows.csv"'
+            )
+        cut = _sql(running.url, "SELECT range AS n FROM range(12)", format="parquet")
+        with urllib.request.urlopen(cut, timeout=PATIENCE) as answer:
+            table = pq.read_table(io.BytesIO(answer.read()))
+            assert table.column("n").to_pylist() == [0, 1, 2, 3, 4]
+            assert answer.headers["X-Tokenlake-Truncated"] == "5"
+            assert answer.headers["Content-Disposition"] == (
+                'attachment; filename="tokenlake-query-first-5-rows.parquet"'
+            )
+        whole = _sql(running.url, "SELECT range AS n FROM range(5)", format="csv")
+        with urllib.request.urlopen(whole, timeout=PATIENCE) as answer:
+            assert answer.read() == b'"n"\n0\n1\n2\n3\n4\n'
+            assert "X-Tokenlake-Truncated" not in answer.headers
+            assert answer.headers["Content-Disposition"] == (
+                'attachment; filename="tokenlake-query.csv"'
+            )
     finally:
         running.stop()
 

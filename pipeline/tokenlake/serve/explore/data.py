@@ -16,12 +16,11 @@ from typing import TYPE_CHECKING, Any
 from tokenlake.errors import UsageError
 from tokenlake.serve import audit, sql_views
 from tokenlake.serve import report_data as rd
+from tokenlake.serve.explore.kept import Kept, Row, StepKey
 from tokenlake.serve.run_colours import run_colours
 
 if TYPE_CHECKING:
     import duckdb
-
-    from tokenlake.serve.explore.kept import Kept
 
 Rows = list[dict[str, Any]]
 
@@ -68,6 +67,24 @@ def _known(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str]:
         if name not in known:
             raise UsageError(f"The lake has no run {json.dumps(name)}.")
     return sorted(set(runs))
+
+
+def kept_rows(con: duckdb.DuckDBPyConnection) -> Kept:
+    """What the pages reuse (`Kept`), from the catalog `con` reads."""
+    runs = tuple(run_names(con))
+    steps: dict[str, list[Row]] = {name: [] for name in runs}
+    for step in rows(con, "SELECT DISTINCT run, rollout_id, evaluation FROM samples ORDER BY ALL"):
+        steps.setdefault(step.pop("run"), []).append(step)
+    return Kept(
+        runs=runs,
+        steps=steps,
+        step_stats=_by_step(rows(con, "SELECT * FROM step_stats")),
+        drift_steps=_by_step(rows(con, "SELECT * FROM drift_steps")),
+    )
+
+
+def _by_step(found: Rows) -> dict[StepKey, Row]:
+    return {(str(row["run"]), int(row["rollout_id"])): row for row in found}
 
 
 def runs_page(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:

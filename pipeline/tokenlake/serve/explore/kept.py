@@ -1,5 +1,5 @@
-"""What the explorer's pages reuse, read once per catalog version: every run, every step, and
-the one-row-per-step views `step_stats` and `drift_steps`.
+"""What the explorer's pages reuse, read once per catalog version (by `data.kept_rows`):
+every run, every step, and the one-row-per-step views `step_stats` and `drift_steps`.
 
 `drift_steps` holds each step's change from the run's previous step (window functions over
 the run's steps), so a filter on one step cannot reach its files before the windows: read for
@@ -13,12 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-from tokenlake.serve.explore.data import rows
-
-if TYPE_CHECKING:
-    import duckdb
+from typing import Any
 
 Row = dict[str, Any]
 StepKey = tuple[str, int]
@@ -32,25 +27,6 @@ class Kept:
     steps: dict[str, list[Row]]  # run -> its steps as {rollout_id, evaluation}, in order
     step_stats: dict[StepKey, Row]
     drift_steps: dict[StepKey, Row]
-
-
-def read(con: duckdb.DuckDBPyConnection) -> Kept:
-    """Everything `Kept` holds, from the catalog `con` reads."""
-    runs = tuple(str(r[0]) for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall())
-    steps: dict[str, list[Row]] = {name: [] for name in runs}
-    listed = rows(con, "SELECT DISTINCT run, rollout_id, evaluation FROM samples ORDER BY ALL")
-    for step in listed:
-        steps.setdefault(step.pop("run"), []).append(step)
-    return Kept(
-        runs=runs,
-        steps=steps,
-        step_stats=_by_step(rows(con, "SELECT * FROM step_stats")),
-        drift_steps=_by_step(rows(con, "SELECT * FROM drift_steps")),
-    )
-
-
-def _by_step(found: list[Row]) -> dict[StepKey, Row]:
-    return {(str(row["run"]), int(row["rollout_id"])): row for row in found}
 
 
 class KeptByVersion:

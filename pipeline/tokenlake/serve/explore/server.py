@@ -59,6 +59,8 @@ THREADS = 4
 # The audits of one catalog version, run once in the background: every audit file over the
 # whole lake (seconds on a large one), stopped only by this.
 AUDIT_SECONDS = 1800.0
+# On a console download cut at the row limit: the limit (the query had more rows).
+TRUNCATED_HEADER = "X-Tokenlake-Truncated"
 AUDITS_COMPUTING = "computing"
 AUDITS_READY = "ready"
 AUDITS_FAILED = "failed"
@@ -327,7 +329,7 @@ class Explorer:
         return _json(result)
 
     def _kept(self, cursor: duckdb.DuckDBPyConnection, version: int) -> kept.Kept:
-        return self.kept.get(version, lambda: kept.read(cursor))
+        return self.kept.get(version, lambda: data.kept_rows(cursor))
 
     def _runs_answer(self, cursor: duckdb.DuckDBPyConnection, version: int) -> dict[str, Any]:
         """The runs page of this catalog version (kept), with the audits if they are done."""
@@ -416,12 +418,28 @@ class Explorer:
             rendered = format_table(result.table, fmt)
             body = rendered.encode("utf-8") if isinstance(rendered, str) else rendered
             kind = "text/csv" if fmt == "csv" else "application/vnd.apache.parquet"
-            disposition = f'attachment; filename="tokenlake-query.{fmt}"'
-            return web.Response(
-                body=body, headers={"Content-Type": kind, "Content-Disposition": disposition}
-            )
+            name = download_name(fmt, options.query_rows if result.truncated else None)
+            headers = {
+                "Content-Type": kind,
+                "Content-Disposition": f'attachment; filename="{name}"',
+            }
+            if result.truncated:
+                headers[TRUNCATED_HEADER] = str(options.query_rows)
+            return web.Response(body=body, headers=headers)
 
         return await self._answer(request, run, seconds=options.query_seconds + 5)
+
+
+def download_name(fmt: str, cut_at: int | None) -> str:
+    """A console download's file name; one cut at the row limit says so in its name.
+
+    Examples:
+        >>> download_name("csv", None), download_name("parquet", 10000)
+        ('tokenlake-query.csv', 'tokenlake-query-first-10000-rows.parquet')
+    """
+    return (
+        f"tokenlake-query.{fmt}" if cut_at is None else f"tokenlake-query-first-{cut_at}-rows.{fmt}"
+    )
 
 
 def _with_audits(page: dict[str, Any], audits: Future[dict[str, Any]]) -> dict[str, Any]:

@@ -514,12 +514,17 @@
       const names = result.columns.map((c) => c.name);
       const rows = result.rows.map((r) => Object.fromEntries(names.map((n, i) => [n, r[i]])));
       out.append(el("p", { class: "controls" }, result.rows.length + " row(s)" + (result.truncated ? ", cut at the limit of " + result.limit : ""),
-        el("a", { href: "/api/sql?" + new URLSearchParams({ q, format: "csv" }), download: "tokenlake-query.csv" }, "CSV"),
-        el("a", { href: "/api/sql?" + new URLSearchParams({ q, format: "parquet" }), download: "tokenlake-query.parquet" }, "Parquet")),
+        el("a", { href: "/api/sql?" + new URLSearchParams({ q, format: "csv" }), download: downloadName("csv", result) }, "CSV"),
+        el("a", { href: "/api/sql?" + new URLSearchParams({ q, format: "parquet" }), download: downloadName("parquet", result) }, "Parquet")),
         table(names, rows));
     } catch (e) {
       out.append(el("p", { class: "error", id: "sql-error" }, e.message));
     }
+  }
+
+  // The server's name for a console download (server.download_name): a cut one says so.
+  function downloadName(format, result) {
+    return result.truncated ? "tokenlake-query-first-" + result.limit + "-rows." + format : "tokenlake-query." + format;
   }
 
   // --- live: offer the steps an extraction commits meanwhile -----------------------------
