@@ -30,6 +30,8 @@ from tokenlake.serve.explore import data
 from tokenlake.serve.explore.server import ServeOptions, start
 from tokenlake.serve.query import run_query
 from tokenlake.serve.run_colours import run_colours
+from tokenlake.serve.served import served_records
+from tokenlake.store import manifest, store_at
 
 HOSTILE_RUN = "<b>x<i>y'\"&amp;<!--"
 pytestmark = pytest.mark.slow
@@ -137,6 +139,7 @@ def test_runs_to_step_to_sample_and_back_with_the_views_values(lake, server, bro
     assert sorted(set(frameworks)) == ["miles", "nemo-rl", "slime"]
     _shot(browser, "runs", tmp_path)
 
+    browser.evaluate("document.documentElement.dataset.rendered = 'leaving'")  # not the old page's
     browser.evaluate(
         "[...document.querySelectorAll('a.run-link')].find(a => a.textContent === 'multi-turn').click()"
     )
@@ -501,3 +504,31 @@ def test_the_runs_page_is_drawn_before_its_audits_and_fills_them_in_when_ready(
     finally:
         release.set()
         running.stop()
+
+
+def test_every_step_page_read_over_its_own_files_equals_it_read_over_every_file(lake, server):
+    """The server plans a step page over that step's files only (TEMP views shadowing the
+    catalog's base views); read over the whole catalog instead, every value is the same."""
+    con = catalog.connect(lake)
+    try:
+        store = store_at(lake)
+        kept = data.kept_rows(con, served_records(store, manifest.load_all(store))[0])
+        steps = con.execute(
+            "SELECT DISTINCT run, rollout_id, evaluation FROM samples ORDER BY ALL"
+        ).fetchall()
+        assert len(steps) >= 10 and len({run for run, _, _ in steps}) == 5
+        for run, step, evaluation in steps:
+            query = {"run": run, "step": step, **({"eval": "1"} if evaluation else {})}
+            with urllib.request.urlopen(
+                server + "api/step?" + urllib.parse.urlencode(query)
+            ) as answer:
+                shown = json.load(answer)
+            whole = data.step_page(con, kept, run, step, evaluation)
+            assert shown == json.loads(json.dumps(whole, default=str)), (run, step, evaluation)
+            if not evaluation:  # the kept rows are the views' own
+                drift = data.rows(
+                    con, "SELECT * FROM drift_steps WHERE run = ? AND rollout_id = ?", [run, step]
+                )
+                assert [shown["drift"]] == json.loads(json.dumps(drift, default=str))
+    finally:
+        con.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ from tokenlake.serve.run_colours import run_colours
 
 if TYPE_CHECKING:
     import duckdb
+
+    from tokenlake.store import manifest
 
 Rows = list[dict[str, Any]]
 
@@ -69,8 +72,9 @@ def _known(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str]:
     return sorted(set(runs))
 
 
-def kept_rows(con: duckdb.DuckDBPyConnection) -> Kept:
-    """What the pages reuse (`Kept`), from the catalog `con` reads."""
+def kept_rows(con: duckdb.DuckDBPyConnection, records: list[manifest.RunManifest]) -> Kept:
+    """What the pages reuse (`Kept`), from the catalog `con` reads and the manifests it was
+    built from (as served)."""
     runs = tuple(run_names(con))
     steps: dict[str, list[Row]] = {name: [] for name in runs}
     for step in rows(con, "SELECT DISTINCT run, rollout_id, evaluation FROM samples ORDER BY ALL"):
@@ -80,6 +84,7 @@ def kept_rows(con: duckdb.DuckDBPyConnection) -> Kept:
         steps=steps,
         step_stats=_by_step(rows(con, "SELECT * FROM step_stats")),
         drift_steps=_by_step(rows(con, "SELECT * FROM drift_steps")),
+        records=records,
     )
 
 
@@ -199,6 +204,16 @@ def step_page(
         "breakdowns": {} if evaluation else _breakdowns(con, key),
         "steps": kept.steps.get(run, []),
     }
+
+
+def read_only_step(con: duckdb.DuckDBPyConnection, queries: dict[str, str]) -> None:
+    """Make `con` read one step's files: each base view and stored rollup of
+    `catalog.step_view_queries` as a TEMP view of this connection, which the catalog's views
+    read in place of their own (other connections are untouched)."""
+    for name, query in queries.items():
+        if not re.fullmatch(r"[a-z_]+", name):  # tokenlake's own table names only
+            raise ValueError(f"not a table of the lake: {name!r}")
+        con.execute(f"CREATE TEMP VIEW {name} AS {query}")
 
 
 def _kind(evaluation: bool) -> str:

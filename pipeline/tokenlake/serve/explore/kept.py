@@ -1,5 +1,6 @@
 """What the explorer's pages reuse, read once per catalog version (by `data.kept_rows`):
-every run, every step, and the one-row-per-step views `step_stats` and `drift_steps`.
+every run, every step, the one-row-per-step views `step_stats` and `drift_steps`, and the
+served manifests that say where each step's files are.
 
 `drift_steps` holds each step's change from the run's previous step (window functions over
 the run's steps), so a filter on one step cannot reach its files before the windows: read for
@@ -13,7 +14,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenlake.store import manifest
 
 Row = dict[str, Any]
 StepKey = tuple[str, int]
@@ -27,6 +31,9 @@ class Kept:
     steps: dict[str, list[Row]]  # run -> its steps as {rollout_id, evaluation}, in order
     step_stats: dict[StepKey, Row]
     drift_steps: dict[StepKey, Row]
+    # The manifests as served (`serve.served`): where each step's files are, for a page that
+    # reads one step's files only (`catalog.step_view_queries`).
+    records: list[manifest.RunManifest]
 
 
 class KeptByVersion:

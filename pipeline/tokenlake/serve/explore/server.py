@@ -38,7 +38,8 @@ from tokenlake.layout import Location
 from tokenlake.serve import catalog
 from tokenlake.serve.explore import console, data, kept
 from tokenlake.serve.query import format_table
-from tokenlake.store import store_at
+from tokenlake.serve.served import served_records
+from tokenlake.store import manifest, store_at
 from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
@@ -329,7 +330,21 @@ class Explorer:
         return _json(result)
 
     def _kept(self, cursor: duckdb.DuckDBPyConnection, version: int) -> kept.Kept:
-        return self.kept.get(version, lambda: data.kept_rows(cursor))
+        def read() -> kept.Kept:
+            records, _ = served_records(self.lake.store, manifest.load_all(self.lake.store))
+            return data.kept_rows(cursor, records)
+
+        return self.kept.get(version, read)
+
+    def _step_answer(
+        self, cursor: duckdb.DuckDBPyConnection, version: int, run: str, step: int, evaluation: bool
+    ) -> dict[str, Any]:
+        """The step page, its queries planned over that step's files only: a view over every
+        file of the lake costs time in proportion to the lake's files to plan."""
+        rows = self._kept(cursor, version)
+        queries = catalog.step_view_queries(self.lake.store, rows.records, run, step, evaluation)
+        data.read_only_step(cursor, queries)
+        return data.step_page(cursor, rows, run, step, evaluation)
 
     def _runs_answer(self, cursor: duckdb.DuckDBPyConnection, version: int) -> dict[str, Any]:
         """The runs page of this catalog version (kept), with the audits if they are done."""
@@ -378,9 +393,7 @@ class Explorer:
             return _json({"error": "Give the step as a whole number."}, 400)
         return await self._answer(
             request,
-            lambda cursor, version: data.step_page(
-                cursor, self._kept(cursor, version), run, step, evaluation
-            ),
+            lambda cursor, version: self._step_answer(cursor, version, run, step, evaluation),
         )
 
     async def _sample(self, request: web.Request) -> web.StreamResponse:
