@@ -26,6 +26,7 @@ from tests.serve.test_report_hostile_text import _with_hostile_vocab
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve import catalog
+from tokenlake.serve import report_data as rd
 from tokenlake.serve.explore import data
 from tokenlake.serve.explore.server import ServeOptions, start
 from tokenlake.serve.query import run_query
@@ -508,7 +509,9 @@ def test_the_runs_page_is_drawn_before_its_audits_and_fills_them_in_when_ready(
 
 def test_every_step_page_read_over_its_own_files_equals_it_read_over_every_file(lake, server):
     """The server plans a step page over that step's files only (TEMP views shadowing the
-    catalog's base views); read over the whole catalog instead, every value is the same."""
+    catalog's base views) and takes the per-step rows of it and of the run-over-steps page
+    from rows kept per catalog version; read over the whole catalog instead, every value is
+    the same."""
     con = catalog.connect(lake)
     try:
         store = store_at(lake)
@@ -530,5 +533,18 @@ def test_every_step_page_read_over_its_own_files_equals_it_read_over_every_file(
                     con, "SELECT * FROM drift_steps WHERE run = ? AND rollout_id = ?", [run, step]
                 )
                 assert [shown["drift"]] == json.loads(json.dumps(drift, default=str))
+        for chosen in (["slime"], ["example", "multi-turn"], sorted({r for r, _, _ in steps})):
+            query = urllib.parse.urlencode({"runs": ",".join(chosen)})
+            with urllib.request.urlopen(server + "api/steps?" + query) as answer:
+                shown = json.load(answer)
+            # what the page showed before it kept rows: the views read for these runs
+            read = {
+                **rd.step_datasets(con, rd.Selection(tuple(chosen))),
+                "runs": chosen,
+                "all_runs": data.run_names(con),
+                "colours": run_colours(data.run_names(con)),
+            }
+            assert {k: shown[k] for k in read} == json.loads(json.dumps(read, default=str))
+            assert shown["step_stats"] and {r["run"] for r in shown["drift_steps"]} == set(chosen)
     finally:
         con.close()

@@ -59,11 +59,6 @@ def run_names(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [str(r[0]) for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall()]
 
 
-def colours(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
-    """Each run's colour on every chart (`run_colours`, from every run of the lake)."""
-    return run_colours(run_names(con))
-
-
 def _known(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str]:
     known = run_names(con)
     for name in runs:
@@ -84,6 +79,7 @@ def kept_rows(con: duckdb.DuckDBPyConnection, records: list[manifest.RunManifest
         steps=steps,
         step_stats=_by_step(rows(con, "SELECT * FROM step_stats")),
         drift_steps=_by_step(rows(con, "SELECT * FROM drift_steps")),
+        step_datasets=rd.step_datasets(con, rd.Selection(runs)),
         records=records,
     )
 
@@ -140,13 +136,19 @@ def failing_audits(con: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, A
     return found
 
 
-def steps_page(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, Any]:
-    """Per step of the chosen runs: reward health, eval reward, drift, the logged metrics,
-    and the alarm thresholds."""
-    chosen = _known(con, runs)
+def steps_page(con: duckdb.DuckDBPyConnection, kept: Kept, runs: Sequence[str]) -> dict[str, Any]:
+    """Per step of the chosen runs: reward health, eval reward, drift (from `kept`, the
+    catalog version `con` reads), the logged metrics, and the alarm thresholds."""
+    for name in runs:
+        if name not in kept.runs:
+            raise UsageError(f"The lake has no run {json.dumps(name)}.")
+    chosen = sorted(set(runs))
     if not chosen:
         raise UsageError("Choose at least one run.")
-    datasets = rd.step_datasets(con, rd.Selection(tuple(chosen)))
+    datasets = {
+        name: [row for row in found if row["run"] in chosen]
+        for name, found in kept.step_datasets.items()
+    }
     holes = ", ".join("?" for _ in chosen)
     metrics = rows(
         con,
@@ -156,8 +158,8 @@ def steps_page(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str,
     )
     return {
         "runs": chosen,
-        "all_runs": run_names(con),
-        "colours": colours(con),
+        "all_runs": list(kept.runs),
+        "colours": run_colours(list(kept.runs)),
         **datasets,
         "metrics": metrics,
         "settings": rd.settings(con),

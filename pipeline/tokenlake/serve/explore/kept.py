@@ -1,6 +1,7 @@
 """What the explorer's pages reuse, read once per catalog version (by `data.kept_rows`):
-every run, every step, the one-row-per-step views `step_stats` and `drift_steps`, and the
-served manifests that say where each step's files are.
+every run, every step, the one-row-per-step views `step_stats` and `drift_steps` (whole, and
+as the run-over-steps page charts them, with each eval step's reward), and the served
+manifests that say where each step's files are.
 
 `drift_steps` holds each step's change from the run's previous step (window functions over
 the run's steps), so a filter on one step cannot reach its files before the windows: read for
@@ -31,6 +32,9 @@ class Kept:
     steps: dict[str, list[Row]]  # run -> its steps as {rollout_id, evaluation}, in order
     step_stats: dict[StepKey, Row]
     drift_steps: dict[StepKey, Row]
+    # The run-over-steps page's datasets (`report_data.step_datasets`) of every run, each
+    # list ordered by run then step: a page picks its runs' rows.
+    step_datasets: dict[str, list[Row]]
     # The manifests as served (`serve.served`): where each step's files are, for a page that
     # reads one step's files only (`catalog.step_view_queries`).
     records: list[manifest.RunManifest]

@@ -384,7 +384,10 @@ class Explorer:
 
     async def _steps(self, request: web.Request) -> web.StreamResponse:
         runs = [name for name in request.query.get("runs", "").split(",") if name]
-        return await self._answer(request, lambda cursor, _: data.steps_page(cursor, runs))
+        return await self._answer(
+            request,
+            lambda cursor, version: data.steps_page(cursor, self._kept(cursor, version), runs),
+        )
 
     async def _step(self, request: web.Request) -> web.StreamResponse:
         query = request.query
