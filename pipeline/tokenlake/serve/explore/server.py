@@ -348,12 +348,12 @@ class Explorer:
 
     def _runs_answer(self, cursor: duckdb.DuckDBPyConnection, version: int) -> dict[str, Any]:
         """The runs page of this catalog version (kept), with the audits if they are done."""
-        audits = self._audits_of(version)
         page = self._runs_page
         if page is None or page[0] != version:
             page = (version, data.runs_page(cursor))
             self._runs_page = page
-        return _with_audits(page[1], audits)
+        # Started once the page is read: on a new catalog, the two would share the CPU.
+        return _with_audits(page[1], self._audits_of(version))
 
     def _audits_of(self, version: int) -> Future[dict[str, Any]]:
         """The audits of this catalog version, started in the background if they are not."""
