@@ -474,9 +474,9 @@ def test_the_runs_page_is_drawn_before_its_audits_and_fills_them_in_when_ready(
     release = threading.Event()
     real = data.failing_audits
 
-    def held(con):
+    def held(con, stopped):
         assert release.wait(PATIENCE)
-        return real(con)
+        return real(con, stopped)
 
     monkeypatch.setattr(data, "failing_audits", held)
     running = start(lake, ServeOptions(port=0))

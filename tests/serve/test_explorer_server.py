@@ -357,9 +357,9 @@ def test_the_runs_page_answers_while_its_audits_run_then_shows_them(lake, monkey
     release = threading.Event()
     real = data.failing_audits
 
-    def held(con: Any) -> Any:
+    def held(con: Any, stopped: Any) -> Any:
         assert release.wait(PATIENCE)
-        return real(con)
+        return real(con, stopped)
 
     monkeypatch.setattr(data, "failing_audits", held)
     running = start(lake, ServeOptions(port=0))
@@ -385,7 +385,7 @@ def test_the_runs_page_answers_while_its_audits_run_then_shows_them(lake, monkey
 
 
 def test_audits_that_fail_say_so_on_the_runs_page(lake, monkeypatch):
-    def failing(con: Any) -> Any:
+    def failing(con: Any, stopped: Any) -> Any:
         raise UsageError("Query failed: an audit could not run.")
 
     monkeypatch.setattr(data, "failing_audits", failing)

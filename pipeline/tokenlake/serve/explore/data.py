@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import UsageError
@@ -120,10 +120,18 @@ def _tags(text: str | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in parsed.items()} if isinstance(parsed, dict) else {}
 
 
-def failing_audits(con: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
-    """Per run, each audit with offending rows: name, severity, rows."""
+def failing_audits(
+    con: duckdb.DuckDBPyConnection, stopped: Callable[[], bool] = lambda: False
+) -> dict[str, list[dict[str, Any]]]:
+    """Per run, each audit with offending rows: name, severity, rows.
+
+    Raises:
+        UsageError: `stopped()` became true (checked before each audit file).
+    """
     found: dict[str, list[dict[str, Any]]] = {}
     for path in sql_views.iter_audit_files():
+        if stopped():
+            raise UsageError("The audits were stopped.")
         text = path.read_text(encoding="utf-8").strip().rstrip(";")
         columns = [c[0] for c in con.execute(f"SELECT * FROM ({text}) LIMIT 0").description]
         if "run" not in columns:

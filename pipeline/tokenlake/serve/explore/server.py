@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import LakeError, PipelineError, UsageError
@@ -193,10 +193,8 @@ class Explorer:
         self.kept = kept.KeptByVersion()
         # The audits of the latest catalog version: started by its first runs page, on a
         # thread of their own so that no page waits for them.
-        self.background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenlake-audits")
         self._audits_lock = threading.Lock()
-        self._audits: tuple[int, Future[dict[str, Any]]] | None = None
-        self._background_cursors: set[duckdb.DuckDBPyConnection] = set()
+        self._audits: _AuditRun | None = None
         self.assets = _assets()
         self.page = _asset_bytes("explore.html")
 
@@ -222,10 +220,9 @@ class Explorer:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.background.shutdown(wait=False, cancel_futures=True)
         with self._audits_lock:
-            for cursor in self._background_cursors:
-                cursor.interrupt()  # a running audit stops now, not at its time limit
+            if self._audits is not None:
+                self._audits.stop()
         self.console.close()
 
     # --- what every request meets ----------------------------------------------------------
@@ -356,28 +353,33 @@ class Explorer:
         return _with_audits(page[1], self._audits_of(version))
 
     def _audits_of(self, version: int) -> Future[dict[str, Any]]:
-        """The audits of this catalog version, started in the background if they are not."""
+        """The audits of this catalog version, started in the background if they are not (an
+        older version's, still running, are stopped: no page will show them)."""
         with self._audits_lock:
-            if self._audits is not None and self._audits[0] >= version:
-                return self._audits[1]
+            if self._audits is not None and self._audits.version >= version:
+                return self._audits.result
+            if self._audits is not None:
+                self._audits.stop()
             # A connection of its own (a cursor serves one thread); the catalog may have
-            # changed since `cursor` was taken: the audits are then that newer version's.
-            own, own_version = self.lake.versioned_cursor()
-            self._background_cursors.add(own)
-            started = self.background.submit(self._audit, own, own_version)
-            self._audits = (own_version, started)
-            return started
+            # changed since the page's cursor was taken: the audits are then that newer one's.
+            cursor, own_version = self.lake.versioned_cursor()
+            run = _AuditRun(own_version, cursor)
+            self._audits = run
+            # A daemon thread: a server stopped by Ctrl-C exits without waiting for it.
+            threading.Thread(
+                target=self._audit, args=(run,), name="tokenlake-audits", daemon=True
+            ).start()
+            return run.result
 
-    def _audit(self, cursor: duckdb.DuckDBPyConnection, version: int) -> dict[str, Any]:
+    def _audit(self, run: _AuditRun) -> None:
         """Every audit's failing runs, and the kept rows of the version on the way: the step
         pages that follow find them read."""
-        with _limited(cursor, AUDIT_SECONDS) as limited:
-            try:
-                self._kept(limited, version)
-                return data.failing_audits(limited)
-            finally:
-                with self._audits_lock:  # before the cursor closes: `close` interrupts it
-                    self._background_cursors.discard(cursor)
+        try:
+            with _limited(run.cursor, AUDIT_SECONDS) as limited:
+                self._kept(limited, run.version)
+                run.result.set_result(data.failing_audits(limited, run.stopped.is_set))
+        except BaseException as exc:  # noqa: BLE001 - shown by the runs page, as one line
+            run.result.set_exception(exc)
 
     async def _runs(self, request: web.Request) -> web.StreamResponse:
         return await self._answer(request, self._runs_answer)
@@ -456,6 +458,22 @@ def download_name(fmt: str, cut_at: int | None) -> str:
     return (
         f"tokenlake-query.{fmt}" if cut_at is None else f"tokenlake-query-first-{cut_at}-rows.{fmt}"
     )
+
+
+@dataclass
+class _AuditRun:
+    """One catalog version's audits, running on a thread of their own."""
+
+    version: int
+    cursor: duckdb.DuckDBPyConnection
+    result: Future[dict[str, Any]] = field(default_factory=Future)
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self) -> None:
+        """Stop after the running query, which is interrupted now."""
+        self.stopped.set()
+        if not self.result.done():
+            self.cursor.interrupt()
 
 
 def _with_audits(page: dict[str, Any], audits: Future[dict[str, Any]]) -> dict[str, Any]:
