@@ -62,6 +62,8 @@ THREADS = 4
 AUDIT_SECONDS = 1800.0
 # On a console download cut at the row limit: the limit (the query had more rows).
 TRUNCATED_HEADER = "X-Tokenlake-Truncated"
+# How long a stopping server waits for its interrupted audits to let go of DuckDB.
+AUDIT_STOP_SECONDS = 30.0
 AUDITS_COMPUTING = "computing"
 AUDITS_READY = "ready"
 AUDITS_FAILED = "failed"
@@ -221,8 +223,14 @@ class Explorer:
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         with self._audits_lock:
-            if self._audits is not None:
-                self._audits.stop()
+            running = self._audits
+        if running is not None:
+            # Stopped and waited for before the catalog's connection closes: a DuckDB query
+            # still running on a closed database (or at the interpreter's exit) aborts the
+            # process.
+            running.stop()
+            if running.thread is not None:
+                running.thread.join(timeout=AUDIT_STOP_SECONDS)
         self.console.close()
 
     # --- what every request meets ----------------------------------------------------------
@@ -365,10 +373,8 @@ class Explorer:
             cursor, own_version = self.lake.versioned_cursor()
             run = _AuditRun(own_version, cursor)
             self._audits = run
-            # A daemon thread: a server stopped by Ctrl-C exits without waiting for it.
-            threading.Thread(
-                target=self._audit, args=(run,), name="tokenlake-audits", daemon=True
-            ).start()
+            run.thread = threading.Thread(target=self._audit, args=(run,), name="tokenlake-audits")
+            run.thread.start()
             return run.result
 
     def _audit(self, run: _AuditRun) -> None:
@@ -468,6 +474,7 @@ class _AuditRun:
     cursor: duckdb.DuckDBPyConnection
     result: Future[dict[str, Any]] = field(default_factory=Future)
     stopped: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
 
     def stop(self) -> None:
         """Stop after the running query, which is interrupted now."""
