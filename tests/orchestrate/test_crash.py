@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tokenlake import layout, schema
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -76,7 +77,7 @@ def unlisted_files(lake: Path) -> list[str]:
     """Files in the lake that no manifest lists, other than the lock, manifests and catalog."""
     listed = {
         str(lake / name)
-        for record in manifest.load_all(lake)
+        for record in manifest.load_all(store_of(lake))
         for table in schema.LAKE_TABLES
         for name in record.files(table)
     }
@@ -97,10 +98,10 @@ def test_kill_at_random_moments_then_rerun(tmp_path: Path) -> None:
     dump = tmp_path / "dump"
     synth.write_dump(dump, SPEC)
     reference = tmp_path / "reference"
-    extract_run(dump, reference, ExtractOptions(workers=1))
+    extract_run(dump, store_of(reference), ExtractOptions(workers=1))
     lake = tmp_path / "lake"
     extract_run(
-        dump, lake, ExtractOptions(steps=[0], workers=1)
+        dump, store_of(lake), ExtractOptions(steps=[0], workers=1)
     )  # a catalog exists before the first kill
 
     rng = random.Random(SEED)
@@ -125,7 +126,7 @@ def test_kill_at_random_moments_then_rerun(tmp_path: Path) -> None:
         else:  # done before the kill (the machine sped up): aim earlier from now on
             assert process.returncode == 0
             duration /= 2
-        checked, problems = verify_lake(lake)
+        checked, problems = verify_lake(store_of(lake))
         # Sources touched for this attempt are legitimately newer than steps not reached yet,
         # a kill between a step's commit and the rebuild leaves the catalog behind, and the
         # files of steps in flight are named as leftovers (the final run sweeps them).
@@ -144,7 +145,7 @@ def test_kill_at_random_moments_then_rerun(tmp_path: Path) -> None:
     out, err = process.communicate(timeout=600)
     assert (process.returncode, err) == (0, b"")
     assert out.startswith(b"Run `dump`: ")
-    assert verify_lake(lake) == (SPEC.steps + 1, [])
+    assert verify_lake(store_of(lake)) == (SPEC.steps + 1, [])
     assert unlisted_files(lake) == []  # leftovers of the killed runs were swept
     for table in (schema.TOKENS, schema.SAMPLES):
         assert table_rows(lake, table) == table_rows(reference, table), table
