@@ -33,7 +33,7 @@ from tokenlake.processes import crash_point
 from tokenlake.read import completeness, dump, formats
 from tokenlake.read.remote import remote_dump
 from tokenlake.serve import catalog
-from tokenlake.store import manifest
+from tokenlake.store import manifest, require_lake
 from tokenlake.store.base import Store
 from tokenlake.transform.tables import StepResult
 
@@ -340,7 +340,7 @@ def drop_run(store: Store, run: str) -> None:
     gets a row of the run, see `catalog.connect`), then the catalog is rebuilt, then the
     run's files are deleted, and the manifest last (so the run is still there to drop).
     """
-    store = dump.require_lake(store)
+    store = require_lake(store)
     manifest_name(run)  # a bad run name is refused before anything is listed
     listed = store.manifest_runs()  # a damaged manifest too (a FIFO, a link): it is dropped
     if run not in listed:
@@ -526,8 +526,12 @@ def _dump_at_or_above(store: Store) -> str | None:
     return None
 
 
-def _dump_named(lake: str, folder: str, mark: str) -> str:
-    return f"is a dump ({mark})" if folder == lake else f"is inside `{folder}`, a dump ({mark})"
+def _dump_named(lake_location: str, folder: str, mark: str) -> str:
+    return (
+        f"is a dump ({mark})"
+        if folder == lake_location
+        else f"is inside `{folder}`, a dump ({mark})"
+    )
 
 
 def _check_other_manifests(store: Store, run: str) -> None:

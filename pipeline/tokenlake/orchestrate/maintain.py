@@ -12,9 +12,8 @@ from tokenlake.errors import LakeError
 from tokenlake.load import lake_files
 from tokenlake.orchestrate.step import write_step_files
 from tokenlake.processes import crash_point
-from tokenlake.read import dump
 from tokenlake.serve import catalog, rollups
-from tokenlake.store import manifest, parquet
+from tokenlake.store import manifest, parquet, require_lake
 from tokenlake.store.base import Store
 
 
@@ -53,7 +52,7 @@ def tag_run(
         LakeError: Not a lake, no such run, or another writer holds the lake.
         UsageError: A bad key, or a key both set and removed.
     """
-    store = dump.require_lake(store)
+    store = require_lake(store)
     warnings: list[str] = []
     with store.lock():
         record = manifest.load_manifest(store, run)
@@ -81,7 +80,7 @@ def rebuild_views(store: Store, recompute: bool = False) -> ViewsResult:
     nor under another program holding the catalog for writing; a catalog half-built by a
     killed command is swept first.
     """
-    store = dump.require_lake(store)
+    store = require_lake(store)
     warnings: list[str] = []
     with store.lock():
         catalog.refuse_if_held(store)

@@ -23,10 +23,9 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import check_relative, check_run_name
-from tokenlake.read import dump
 from tokenlake.read.remote.remote_dump import is_object_store_url, is_remote, local_root, shown_path
 from tokenlake.serve import catalog, rollups
-from tokenlake.store import manifest, parquet
+from tokenlake.store import manifest, parquet, require_lake
 from tokenlake.store.base import Store
 
 
@@ -53,7 +52,7 @@ def verify_lake(
     Returns:
         The number of steps checked and the problems found (empty when consistent).
     """
-    dump.require_lake(store)  # else a mistyped path would "pass"
+    require_lake(store)  # else a mistyped path would "pass"
     if run is not None:
         check_run_name(run)
     runs = manifest.load_all(store)

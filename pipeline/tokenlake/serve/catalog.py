@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 from tokenlake import layout, schema
 from tokenlake.errors import LakeError, ctrl_c_from_duckdb
 from tokenlake.processes import crash_point
-from tokenlake.read import dump
 from tokenlake.serve import catalog_cache, rollups
 from tokenlake.serve.served import served_records
 from tokenlake.serve.sql_views import (
@@ -42,7 +41,7 @@ from tokenlake.serve.sql_views import (
     quote_literal,
 )
 from tokenlake.serve.user_views import create_user_views, iter_user_view_files
-from tokenlake.store import manifest
+from tokenlake.store import is_dump, manifest, require_lake
 from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
@@ -289,14 +288,14 @@ def connect(store: Store) -> duckdb.DuckDBPyConnection:
     """
     catalog = store.local_catalog
     if catalog is None:  # an object store: readers never download its catalog
-        return _connect_in_memory(dump.require_lake(store))
+        return _connect_in_memory(require_lake(store))
     if not catalog.is_file():
-        if not catalog.parent.is_dir() or dump.is_dump(store):
-            dump.require_lake(store)  # says what the path is instead
+        if not catalog.parent.is_dir() or is_dump(store):
+            require_lake(store)  # says what the path is instead
         raise LakeError(
             str(store), f"has no `{layout.CATALOG_FILE}`; run `tokenlake extract` first"
         )
-    return _connect_private_build(dump.require_lake(store))
+    return _connect_private_build(require_lake(store))
 
 
 def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
@@ -375,10 +374,10 @@ def _open_file(path: Path) -> duckdb.DuckDBPyConnection:
         return _locked_down(copy)  # the open file outlives its name
 
 
-def _removal_advice(lake: Path) -> str:
-    """Who can remove a foreign log: this user (`tokenlake views`), or, on a lake this user may
-    not write, its owner."""
-    if os.access(lake, os.W_OK):
+def _removal_advice(folder: Path) -> str:
+    """Who can remove a foreign log: this user (`tokenlake views`), or, on a lake folder this
+    user may not write, its owner."""
+    if os.access(folder, os.W_OK):
         return "`tokenlake views LAKE` removes it"
     return (
         "the lake is read-only to you: whoever writes it can remove it with `tokenlake views LAKE`"

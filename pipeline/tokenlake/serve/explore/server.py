@@ -169,8 +169,8 @@ PAGE_PATHS = (
 class Explorer:
     """The aiohttp application over one lake."""
 
-    def __init__(self, lake: ServedLake, options: ServeOptions, token: str | None) -> None:
-        self.lake = lake
+    def __init__(self, served: ServedLake, options: ServeOptions, token: str | None) -> None:
+        self.served = served
         self.options = options
         self.token = token
         self.port = options.port
@@ -289,7 +289,7 @@ class Explorer:
         from aiohttp import web
 
         def work() -> Any:
-            cursor, version = self.lake.versioned_cursor()
+            cursor, version = self.served.versioned_cursor()
             kept = self._runs_page
             if per_version and kept is not None and kept[0] == version:
                 cursor.close()
@@ -347,7 +347,7 @@ class Explorer:
             found = cursor.execute(
                 "SELECT count(*) FROM (SELECT DISTINCT run, rollout_id, evaluation FROM samples)"
             ).fetchall()
-            return {"version": self.lake.version, "steps": found[0][0] if found else 0}
+            return {"version": self.served.version, "steps": found[0][0] if found else 0}
 
         return await self._answer(request, version)
 
@@ -360,7 +360,7 @@ class Explorer:
         options = self.options
 
         def run(cursor: duckdb.DuckDBPyConnection) -> Any:
-            self.console.check(sql, self.lake.relations)
+            self.console.check(sql, self.served.relations)
             result = console.run_limited(cursor, sql, options.query_rows, options.query_seconds)
             if fmt == "json":
                 return _table_json(result, options.query_rows)
