@@ -18,13 +18,14 @@
 --   lp_diff           FLOAT    train - rollout (nats), as in tokens
 CREATE OR REPLACE VIEW audit_tokens AS
 SELECT
-    run::VARCHAR AS run,
-    rollout_id::BIGINT AS rollout_id,
-    evaluation::BOOLEAN AS evaluation,
-    batch_position::INTEGER AS batch_position,
-    sample_index::BIGINT AS sample_index,
-    position::INTEGER AS position,
-    token_id::BIGINT AS token_id,
+    -- typed by audit_token_rows
+    run,
+    rollout_id,
+    evaluation,
+    batch_position,
+    sample_index,
+    position,
+    token_id,
     loss_mask::TINYINT AS loss_mask,
     train_log_prob::FLOAT AS train_log_prob,
     rollout_log_prob::FLOAT AS rollout_log_prob,
