@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tests.conftest import store_of
 from tokenlake import schema
 from tokenlake.layout import partition_dir
 from tokenlake.load import write
@@ -39,7 +40,9 @@ def _record(
     """List the file in the run's manifest with its rows and identity, as an extraction
     would."""
     run = key[0]
-    entry = manifest.load_manifest(lake, run) or manifest.RunManifest(run=run, source_dir="")
+    entry = manifest.load_manifest(store_of(lake), run) or manifest.RunManifest(
+        run=run, source_dir=""
+    )
     relative = str(path.relative_to(lake))
     if table == schema.RUNS:
         entry.runs_file = relative
@@ -56,7 +59,7 @@ def _record(
             step.tokens = rows
         elif table == schema.SAMPLES:
             step.samples = rows
-    manifest.save_manifest(lake, entry)
+    manifest.save_manifest(store_of(lake), entry)
 
 
 def _add_turn_index(rows: list[dict[str, Any]]) -> None:
@@ -126,11 +129,11 @@ def build_lake(
         if rows:
             write_rows(lake, table, list(rows))
     add_rollups(lake)
-    return catalog.build_catalog(lake)
+    return catalog.build_catalog(store_of(lake))
 
 
 def add_rollups(lake: Path) -> None:
     """Compute the rollups of every step that lacks them, from its files."""
-    for record in manifest.load_all(lake):
+    for record in manifest.load_all(store_of(lake)):
         if maintain.refresh_rollups(store_at(lake), record):
-            manifest.save_manifest(lake, record)
+            manifest.save_manifest(store_of(lake), record)

@@ -146,7 +146,7 @@ class Lake:
         stamp = self.store.catalog_stamp()
         if self._con is None or stamp != self._con_stamp:
             self.close()  # one connection per file: DuckDB caches databases by path
-            self._con = catalog.connect(self.root)
+            self._con = catalog.connect(self.store)
             self._con_stamp = stamp
         return self._con
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tokenlake import layout, schema
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -143,7 +144,7 @@ def unlisted_files(lake: Path) -> list[str]:
     """Files in the lake that no manifest lists, other than the lock, manifests and catalog."""
     listed = {
         str(lake / name)
-        for record in manifest.load_all(lake)
+        for record in manifest.load_all(store_of(lake))
         for table in schema.LAKE_TABLES
         for name in record.files(table)
     }
@@ -164,10 +165,10 @@ def test_kill_at_named_moments_then_rerun(tmp_path: Path) -> None:
     dump = tmp_path / "dump"
     synth.write_dump(dump, SPEC)
     reference = tmp_path / "reference"
-    extract_run(dump, reference, ExtractOptions(workers=1))
+    extract_run(dump, store_of(reference), ExtractOptions(workers=1))
     lake = tmp_path / "lake"
     extract_run(
-        dump, lake, ExtractOptions(steps=[0], workers=1)
+        dump, store_of(lake), ExtractOptions(steps=[0], workers=1)
     )  # a catalog exists before the first kill
 
     rng = random.Random(SEED)
@@ -178,7 +179,7 @@ def test_kill_at_named_moments_then_rerun(tmp_path: Path) -> None:
         for path in rng.sample(train_files, 3):  # their steps must be written again
             os.utime(path)
         killed[point.moment] = extract_killed_at(dump, lake, point)
-        checked, problems = verify_lake(lake)
+        checked, problems = verify_lake(store_of(lake))
         # Sources touched for this attempt are legitimately newer than steps not reached yet,
         # and the files of steps in flight are named as leftovers (the final run sweeps them).
         found = [p.message for p in problems if not p.message.endswith(SOURCE_CHANGED)]
@@ -195,7 +196,7 @@ def test_kill_at_named_moments_then_rerun(tmp_path: Path) -> None:
     out, err = process.communicate(timeout=600)
     assert (process.returncode, err) == (0, b"")
     assert out.startswith(b"Run `dump`: ")
-    assert verify_lake(lake) == (SPEC.steps + 1, [])
+    assert verify_lake(store_of(lake)) == (SPEC.steps + 1, [])
     assert unlisted_files(lake) == []  # leftovers of the killed runs were swept
     for table in (schema.TOKENS, schema.SAMPLES):
         assert table_rows(lake, table) == table_rows(reference, table), table

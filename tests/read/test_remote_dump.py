@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import tokenlake
+from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, REAL_DUMPS
 from tests.follower import Follower
 from tests.s3server import cli, list_keys, moto_server, new_bucket, rows, text_rows
@@ -86,7 +87,7 @@ def rewritten_step_1(url: str, lake: Path) -> str:
 
 
 def same_tables(found: Path | str, expected: Path | str) -> None:
-    far, near = catalog.connect(found), catalog.connect(expected)
+    far, near = catalog.connect(store_of(found)), catalog.connect(store_of(expected))
     try:
         for table in ("tokens", "samples", "vocab"):
             sql = f"SELECT * FROM {table}"
@@ -111,7 +112,7 @@ def test_extract_an_s3_dump_as_its_local_copy(bucket: str, tmp_path: Path) -> No
         f" samples and 206 tokens in T s -> {lake}\n",
     )
     local = tmp_path / "local"
-    extract_run(BASIC, local, ExtractOptions(run_name="basic"))
+    extract_run(BASIC, store_of(local), ExtractOptions(run_name="basic"))
     same_tables(lake, local)
     assert rows(lake, "SELECT source_dir FROM runs") == [(repr(url),)]
     stats = staged_pt_files(url)
@@ -165,7 +166,7 @@ def test_a_rewrite_within_the_listed_second_is_seen(
     code, out = cli("extract", url, "--lake", str(lake), "--silent")
     assert out.startswith("Run `basic`: 0 new, 0 updated, 3 unchanged, 0 removed, 0 skipped")
     local = tmp_path / "local"
-    extract_run(BASIC, local, ExtractOptions(run_name="basic"))
+    extract_run(BASIC, store_of(local), ExtractOptions(run_name="basic"))
     same_tables(lake, local)
 
 
@@ -180,12 +181,12 @@ def test_two_workers_into_an_s3_lake_leave_every_staged_file_sparse(
         f" samples and 206 tokens in T s -> {lake}\n",
     )
     local = tmp_path / "local"
-    extract_run(BASIC, local, ExtractOptions(run_name="basic"))
+    extract_run(BASIC, store_of(local), ExtractOptions(run_name="basic"))
     same_tables(lake, local)
     assert all(s.st_blocks == 0 for s in staged_pt_files(url))
     # nothing but the stage is left in the cache: the private download folders are gone
     assert [p.name for p in remote_dump.stage_root(url).parent.iterdir()] == ["basic"]
-    assert verify_lake(lake) == (3, [])
+    assert verify_lake(store_of(lake)) == (3, [])
 
 
 def test_a_bad_object_skips_its_step_with_the_usual_line_naming_its_url(
@@ -219,12 +220,12 @@ def test_an_object_that_changes_or_vanishes_after_listing_fails_its_step_only(
     client.put_object(Bucket=bucket, Key="basic/train_data/0_1.pt", Body=b"longer or shorter")
     client.delete_object(Bucket=bucket, Key="basic/rollout_data/1.pt")
     size = (BASIC / "train_data" / "0_1.pt").stat().st_size
-    outcome = extract_step(step_0, tmp_path / "lake", "basic", StepStatus.NEW)
+    outcome = extract_step(step_0, store_of(tmp_path / "lake"), "basic", StepStatus.NEW)
     assert outcome.error == (
         f"rank 1: `{url}/train_data/0_1.pt` changed while it was read ({size:,} bytes listed,"
         " 17 downloaded); extract again."
     )
-    outcome = extract_step(step_1, tmp_path / "lake", "basic", StepStatus.NEW)
+    outcome = extract_step(step_1, store_of(tmp_path / "lake"), "basic", StepStatus.NEW)
     assert outcome.error == (
         f"`{url}/rollout_data/1.pt` no longer exists. Extract again to pick up the current files."
     )
@@ -239,7 +240,7 @@ def test_a_step_extracts_where_no_stage_exists_as_a_ray_task_on_another_node(
     expected = dump.fingerprint(step)  # what the driver plans with, from its stage
     shutil.rmtree(tmp_path / "cache")
     monkeypatch.setenv(remote_dump.CACHE_VARIABLE, str(tmp_path / "node-cache"))
-    outcome = extract_step(step, tmp_path / "lake", "basic", StepStatus.NEW)
+    outcome = extract_step(step, store_of(tmp_path / "lake"), "basic", StepStatus.NEW)
     assert outcome.error is None and outcome.record is not None
     assert outcome.record.sources == expected
     assert (outcome.result.samples, outcome.result.tokens) == (8, 82)
@@ -251,7 +252,7 @@ def test_python_api_extracts_an_s3_dump(bucket: str, tmp_path: Path) -> None:
     url = upload(bucket, "basic")
     lake = tokenlake.open_lake(tmp_path / "lake", create=True)
     assert lake.extract(url).counts[StepStatus.NEW] == 3
-    assert manifest.load_manifest(tmp_path / "lake", "basic").source_dir == url
+    assert manifest.load_manifest(store_of(tmp_path / "lake"), "basic").source_dir == url
 
 
 def test_follow_an_s3_dump_as_its_objects_arrive(bucket: str, tmp_path: Path) -> None:
@@ -270,9 +271,9 @@ def test_follow_an_s3_dump_as_its_objects_arrive(bucket: str, tmp_path: Path) ->
     assert follower.errors == []
     new = follower.new_steps()
     assert new[0] == 1 and sum(new) == 3  # step 0 first, then eval 0 and step 1
-    assert verify_lake(lake) == (3, [])
+    assert verify_lake(store_of(lake)) == (3, [])
     local = tmp_path / "local"
-    extract_run(BASIC, local, ExtractOptions(run_name="live"))
+    extract_run(BASIC, store_of(local), ExtractOptions(run_name="live"))
     same_tables(lake, local)
 
 

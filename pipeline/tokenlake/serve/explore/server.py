@@ -34,11 +34,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import LakeError, PipelineError, UsageError
-from tokenlake.layout import Location
 from tokenlake.serve import catalog
 from tokenlake.serve.explore import console, data
 from tokenlake.serve.query import format_table
-from tokenlake.store import store_at
 from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
@@ -459,7 +457,7 @@ def _url(host: str, port: int, token: str | None) -> str:
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 
 
-def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Running:
+def start(store: Store, options: ServeOptions = ServeOptions()) -> Running:
     """Start the explorer on a thread of its own; returns once it answers.
 
     Raises:
@@ -468,7 +466,7 @@ def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Run
     """
     from aiohttp import web
 
-    served = ServedLake(store_at(lake))
+    served = ServedLake(store)
     served.cursor().close()  # the catalog now: a lake that cannot be read fails here
     sock = _bind(options)
     port = sock.getsockname()[1]
@@ -493,11 +491,9 @@ def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Run
     return Running(_url(options.host, port, token), stop)
 
 
-def serve_forever(
-    lake: Location | Store, options: ServeOptions, announce: Callable[[str], None]
-) -> None:
+def serve_forever(store: Store, options: ServeOptions, announce: Callable[[str], None]) -> None:
     """Serve until Ctrl-C (`tokenlake serve`), announcing the URL once."""
-    running = start(lake, options)
+    running = start(store, options)
     try:
         announce(running.url)
         threading.Event().wait()
