@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chromium import OFFLINE, DevTools, browser
+from tokenlake import Lake
 from tokenlake.serve import catalog
 from tokenlake.serve.explore.server import ServeOptions, start
 
@@ -31,7 +32,7 @@ DRAWN_GOAL = 1.0  # seconds: the first page drawn in Chromium after the server a
 
 
 def _one(sql: str, lake: Path, params: tuple[Any, ...] = ()) -> tuple[Any, ...]:
-    con = catalog.connect(lake)
+    con = catalog.connect(Lake(lake).store)
     try:
         found = con.execute(sql, list(params)).fetchall()
     finally:
@@ -99,7 +100,7 @@ def first_runs_seconds(lake: Path, repeat: int) -> tuple[Timing, float]:
     audits, which it starts in the background, are done."""
     best, ready = (float("inf"), float("inf")), float("inf")
     for _ in range(repeat):
-        running = start(lake, ServeOptions(port=0))
+        running = start(Lake(lake).store, ServeOptions(port=0))
         try:
             timing = _timed(running.url + "api/runs")
             ready = min(ready, timing[0] + audits_ready_seconds(running.url))
@@ -116,7 +117,7 @@ def _fetch(url: str) -> bytes:
 
 def print_explorer(lake: Path, label: str, repeat: int = 5) -> dict[str, Timing]:
     """The page figures of one lake, printed; returns them."""
-    running = start(lake, ServeOptions(port=0))
+    running = start(Lake(lake).store, ServeOptions(port=0))
     try:
         requests = page_requests(lake)
         seconds = page_seconds(running.url, requests, repeat)
@@ -188,7 +189,7 @@ def print_step_growth(lakes: dict[int, Path], repeat: int = 5) -> None:
     seconds (what the machine's other work disturbs least) and their ratio, then wall."""
     times: dict[int, dict[str, Timing]] = {}
     for steps, lake in lakes.items():
-        running = start(lake, ServeOptions(port=0))
+        running = start(Lake(lake).store, ServeOptions(port=0))
         try:
             requests = page_requests(lake)
             chosen = {name: path for name, path in requests.items() if not name.startswith(("sample", "live"))}  # fmt: skip

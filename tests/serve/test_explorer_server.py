@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import store_of
 from tests.e2e.test_first_hour import ROOT
 from tests.fixture_paths import REAL_DUMPS
 from tests.s3server import moto_server, new_bucket
@@ -45,7 +46,7 @@ PATIENCE = 120.0  # seconds a started process may take to answer on a loaded mac
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lake = tmp_path_factory.mktemp("served") / "lake"
-    extract_run(BASIC, lake, ExtractOptions(run_name="basic", workers=1))
+    extract_run(BASIC, store_of(lake), ExtractOptions(run_name="basic", workers=1))
     return lake
 
 
@@ -84,7 +85,7 @@ def _until(condition: Any, what: str) -> None:
 
 
 def test_a_slow_query_is_stopped_at_the_limit_while_other_requests_are_answered(lake):
-    running = start(lake, ServeOptions(port=0, query_seconds=10))
+    running = start(store_of(lake), ServeOptions(port=0, query_seconds=10))
     try:
         slow: dict[str, Any] = {}
         asking = threading.Thread(
@@ -119,7 +120,7 @@ def test_a_slow_query_is_stopped_at_the_limit_while_other_requests_are_answered(
 
 
 def test_a_query_with_more_rows_than_the_limit_is_cut_and_says_so(lake):
-    running = start(lake, ServeOptions(port=0, query_rows=5))
+    running = start(store_of(lake), ServeOptions(port=0, query_rows=5))
     try:
         assert _get(_sql(running.url, "SELECT range AS n FROM range(12)")) == (
             200,
@@ -290,8 +291,11 @@ def _same(remote: Any, local: Any, where: str = "") -> None:
 
 def test_an_object_store_lake_is_served_with_the_values_of_a_local_one(s3, lake):
     url = f"s3://{new_bucket()}/lake"
-    extract_run(BASIC, url, ExtractOptions(run_name="basic", workers=1))
-    far, near = start(url, ServeOptions(port=0)), start(lake, ServeOptions(port=0))
+    extract_run(BASIC, store_of(url), ExtractOptions(run_name="basic", workers=1))
+    far, near = (
+        start(store_of(url), ServeOptions(port=0)),
+        start(store_of(lake), ServeOptions(port=0)),
+    )
     try:
         pages = [
             "api/runs",
@@ -319,8 +323,10 @@ def test_the_runs_page_shows_a_step_committed_while_the_server_runs(tmp_path):
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
     lake = tmp_path / "lake"
-    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[0]))
-    running = start(lake, ServeOptions(port=0))
+    extract_run(
+        tmp_path / "dump", store_of(lake), ExtractOptions(run_name="live", workers=1, steps=[0])
+    )
+    running = start(store_of(lake), ServeOptions(port=0))
     try:
 
         def shown() -> tuple[int, int]:
@@ -336,11 +342,15 @@ def test_the_runs_page_shows_a_step_committed_while_the_server_runs(tmp_path):
 
         assert shown() == shown() == (1, 1)  # asked twice: the second from the kept page
         assert step_one() == (400, None, None, [])  # no step 1 yet; the kept rows say so
-        extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[1]))
+        extract_run(
+            tmp_path / "dump", store_of(lake), ExtractOptions(run_name="live", workers=1, steps=[1])
+        )
         _until(lambda: _get(running.url + "api/version")[1]["steps"] == 3, "the new catalog")
         assert shown() == (2, 1)
         # the step page's kept rows were read again for the new catalog: step 1's own rows
-        expected = run_query(lake, "SELECT * FROM drift_steps WHERE rollout_id = 1").to_pylist()
+        expected = run_query(
+            store_of(lake), "SELECT * FROM drift_steps WHERE rollout_id = 1"
+        ).to_pylist()
         status, numbers, drift, steps = step_one()
         assert status == 200 and steps == [(0, False), (0, True), (1, False)]
         assert numbers["rollout_id"] == drift["rollout_id"] == 1
@@ -362,7 +372,7 @@ def test_the_runs_page_answers_while_its_audits_run_then_shows_them(lake, monkey
         return real(con, stopped)
 
     monkeypatch.setattr(data, "failing_audits", held)
-    running = start(lake, ServeOptions(port=0))
+    running = start(store_of(lake), ServeOptions(port=0))
     try:
         status, page = _get(running.url + "api/runs")
         assert status == 200 and page["audits"] == {"state": "computing"}
@@ -372,7 +382,7 @@ def test_the_runs_page_answers_while_its_audits_run_then_shows_them(lake, monkey
             lambda: _get(running.url + "api/runs")[1]["audits"]["state"] != "computing", "audits"
         )
         status, page = _get(running.url + "api/runs")
-        con = catalog.connect(lake)
+        con = catalog.connect(store_of(lake))
         try:
             expected = real(con)["basic"]
         finally:
@@ -389,7 +399,7 @@ def test_audits_that_fail_say_so_on_the_runs_page(lake, monkeypatch):
         raise UsageError("Query failed: an audit could not run.")
 
     monkeypatch.setattr(data, "failing_audits", failing)
-    running = start(lake, ServeOptions(port=0))
+    running = start(store_of(lake), ServeOptions(port=0))
     try:
         _get(running.url + "api/runs")
         _until(

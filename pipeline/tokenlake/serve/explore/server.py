@@ -34,12 +34,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import LakeError, PipelineError, UsageError
-from tokenlake.layout import Location
 from tokenlake.serve import catalog
 from tokenlake.serve.explore import console, data, kept
 from tokenlake.serve.query import format_table
 from tokenlake.serve.served import served_records
-from tokenlake.store import manifest, store_at
+from tokenlake.store import manifest
 from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
@@ -182,8 +181,8 @@ PAGE_PATHS = (
 class Explorer:
     """The aiohttp application over one lake."""
 
-    def __init__(self, lake: ServedLake, options: ServeOptions, token: str | None) -> None:
-        self.lake = lake
+    def __init__(self, served: ServedLake, options: ServeOptions, token: str | None) -> None:
+        self.served = served
         self.options = options
         self.token = token
         self.port = options.port
@@ -314,7 +313,7 @@ class Explorer:
         from aiohttp import web
 
         def work() -> Any:
-            cursor, version = self.lake.versioned_cursor()
+            cursor, version = self.served.versioned_cursor()
             with _limited(cursor, seconds) as limited:
                 return compute(limited, version)
 
@@ -336,7 +335,7 @@ class Explorer:
 
     def _kept(self, cursor: duckdb.DuckDBPyConnection, version: int) -> kept.Kept:
         def read() -> kept.Kept:
-            records, _ = served_records(self.lake.store, manifest.load_all(self.lake.store))
+            records, _ = served_records(self.served.store, manifest.load_all(self.served.store))
             return data.kept_rows(cursor, records)
 
         return self.kept.get(version, read)
@@ -347,7 +346,7 @@ class Explorer:
         """The step page, its queries planned over that step's files only: a view over every
         file of the lake costs time in proportion to the lake's files to plan."""
         rows = self._kept(cursor, version)
-        queries = catalog.step_view_queries(self.lake.store, rows.records, run, step, evaluation)
+        queries = catalog.step_view_queries(self.served.store, rows.records, run, step, evaluation)
         data.read_only_step(cursor, queries)
         return data.step_page(cursor, rows, run, step, evaluation)
 
@@ -370,7 +369,7 @@ class Explorer:
                 self._audits.stop()
             # A connection of its own (a cursor serves one thread); the catalog may have
             # changed since the page's cursor was taken: the audits are then that newer one's.
-            cursor, own_version = self.lake.versioned_cursor()
+            cursor, own_version = self.served.versioned_cursor()
             run = _AuditRun(own_version, cursor)
             self._audits = run
             run.thread = threading.Thread(target=self._audit, args=(run,), name="tokenlake-audits")
@@ -422,7 +421,7 @@ class Explorer:
             found = cursor.execute(
                 "SELECT count(*) FROM (SELECT DISTINCT run, rollout_id, evaluation FROM samples)"
             ).fetchall()
-            return {"version": self.lake.version, "steps": found[0][0] if found else 0}
+            return {"version": self.served.version, "steps": found[0][0] if found else 0}
 
         return await self._answer(request, version)
 
@@ -435,7 +434,7 @@ class Explorer:
         options = self.options
 
         def run(cursor: duckdb.DuckDBPyConnection, _: int) -> Any:
-            self.console.check(sql, self.lake.relations)
+            self.console.check(sql, self.served.relations)
             result = console.run_limited(cursor, sql, options.query_rows, options.query_seconds)
             if fmt == "json":
                 return _table_json(result, options.query_rows)
@@ -590,7 +589,7 @@ def _url(host: str, port: int, token: str | None) -> str:
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 
 
-def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Running:
+def start(store: Store, options: ServeOptions = ServeOptions()) -> Running:
     """Start the explorer on a thread of its own; returns once it answers.
 
     Raises:
@@ -599,7 +598,7 @@ def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Run
     """
     from aiohttp import web
 
-    served = ServedLake(store_at(lake))
+    served = ServedLake(store)
     served.cursor().close()  # the catalog now: a lake that cannot be read fails here
     sock = _bind(options)
     port = sock.getsockname()[1]
@@ -624,11 +623,9 @@ def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Run
     return Running(_url(options.host, port, token), stop)
 
 
-def serve_forever(
-    lake: Location | Store, options: ServeOptions, announce: Callable[[str], None]
-) -> None:
+def serve_forever(store: Store, options: ServeOptions, announce: Callable[[str], None]) -> None:
     """Serve until Ctrl-C (`tokenlake serve`), announcing the URL once."""
-    running = start(lake, options)
+    running = start(store, options)
     try:
         announce(running.url)
         threading.Event().wait()
