@@ -515,7 +515,13 @@ def timed_queries(lake: Path, repeat: int = 5) -> dict[str, float]:
     """Best seconds of every view (but the token-level ones) and every audit, one process,
     each to an Arrow table (what a dataframe or a BI driver fetches): Python tuples would add
     ~1 µs a value, the client's cost, not the view's (`drift_by_token` has a row per token id)."""
-    token_views = {"tokens", "drift_tokens", "drift_token_samples", "drift_teacher_tokens"}
+    token_views = {
+        "tokens",
+        "trained_tokens",
+        "drift_tokens",
+        "drift_token_samples",
+        "drift_teacher_tokens",
+    }
     queries = {
         p.stem: f"SELECT * FROM {p.stem}"
         for p in sql_views.iter_view_files()

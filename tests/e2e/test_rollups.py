@@ -127,7 +127,13 @@ def scanned_files(con: duckdb.DuckDBPyConnection, query: str, profile: Path) -> 
 
 
 # Views that list tokens or read them by design: the token rows themselves.
-TOKEN_VIEWS = {"tokens", "drift_tokens", "drift_token_samples", "drift_teacher_tokens"}
+TOKEN_VIEWS = {
+    "tokens",
+    "trained_tokens",
+    "drift_tokens",
+    "drift_token_samples",
+    "drift_teacher_tokens",
+}
 
 
 def test_views_and_audits_from_rollups_read_no_token_file(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ needs, and leave no downloaded byte behind (every `.pt` in the stage stays spars
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -27,13 +27,14 @@ from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.orchestrate.step import StepStatus, extract_step
 from tokenlake.orchestrate.verify import verify_lake
 from tokenlake.read import dump
-from tokenlake.read.remote import remote_dump
+from tokenlake.read.remote import remote_dump, remote_stage
 from tokenlake.serve import catalog
 from tokenlake.store import manifest
 
 pytestmark = pytest.mark.slow  # a server, and real extractions
 
 BASIC = REAL_DUMPS / "basic"
+RESTORED = r"Run `basic`: 0 new, (1 updated, 2|0 updated, 3) unchanged, 0 removed, 0 skipped steps"
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,25 @@ def upload(bucket: str, prefix: str, source: Path = BASIC, names: list[str] | No
     for name in names:  # in this order
         client.upload_file(str(source / name), bucket, f"{prefix}/{name}")
     return f"s3://{bucket}/{prefix}"
+
+
+def step_0_as_step_1(tmp_path: Path) -> Path:
+    """A dump folder whose `rollout_data/1.pt` holds the basic dump's step 0: other bytes, of
+    the same size, which extraction refuses by their `rollout_id`."""
+    folder = tmp_path / "rewrite"
+    (folder / "rollout_data").mkdir(parents=True)
+    shutil.copyfile(BASIC / "rollout_data" / "0.pt", folder / "rollout_data" / "1.pt")
+    return folder
+
+
+def rewritten_step_1(url: str, lake: Path) -> str:
+    """What extraction says once it reads `step_0_as_step_1`'s file: the change was seen."""
+    return (
+        f"Skipped step 1: `{url}/rollout_data/1.pt`: holds `rollout_id` 0, but its name says 1."
+        " Replace or remove the file, then extract again.\n"
+        "Run `basic`: 0 new, 0 updated, 2 unchanged, 0 removed, 1 skipped steps; wrote 0 samples"
+        f" and 0 tokens in T s -> {lake}\n"
+    )
 
 
 def same_tables(found: Path | str, expected: Path | str) -> None:
@@ -100,10 +120,14 @@ def test_extract_an_s3_dump_as_its_local_copy(bucket: str, tmp_path: Path) -> No
 
     code, out = cli("extract", url, "--lake", str(lake), "--silent")
     assert out.startswith("Run `basic`: 0 new, 0 updated, 3 unchanged, 0 removed, 0 skipped")
-    time.sleep(1.1)  # a new LastModified (S3 lists it to the second)
+    # Rewritten twice, perhaps within the second LastModified shows: other bytes, then its own.
+    upload(bucket, "runs/basic", source=step_0_as_step_1(tmp_path), names=["rollout_data/1.pt"])
+    assert cli("extract", url, "--lake", str(lake), "--silent") == (1, rewritten_step_1(url, lake))
     upload(bucket, "runs/basic", names=["rollout_data/1.pt"])
     code, out = cli("extract", url, "--lake", str(lake), "--silent")
-    assert out.startswith("Run `basic`: 0 new, 1 updated, 2 unchanged, 0 removed, 0 skipped")
+    # Its own bytes again: updated under a later LastModified second, unchanged (the stamp it
+    # was extracted with) within the first one; the next test fixes the second.
+    assert code == 0 and re.match(RESTORED, out), out
     same_tables(lake, local)
 
     assert cli("verify", str(lake)) == (0, "3 steps checked, 0 problems\n")
@@ -122,6 +146,28 @@ def test_extract_an_s3_dump_as_its_local_copy(bucket: str, tmp_path: Path) -> No
         f"run `basic`: sources not checked: `{url}` holds no objects (is the prefix right?)\n"
         "3 steps checked, 1 problem\n",
     )
+
+
+def test_a_rewrite_within_the_listed_second_is_seen(
+    bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 lists LastModified to the second: a store that lists every object at one second
+    leaves the ETag alone to tell that an object's bytes changed."""
+    second = 1_700_000_000 * 10**9
+    monkeypatch.setattr(remote_stage, "_mtime_ns", lambda info: second)
+    url, lake = upload(bucket, "runs/basic"), tmp_path / "lake"
+    code, out = cli("extract", url, "--lake", str(lake), "--silent")
+    assert out.startswith("Run `basic`: 3 new, 0 updated, 0 unchanged, 0 removed, 0 skipped")
+    upload(bucket, "runs/basic", source=step_0_as_step_1(tmp_path), names=["rollout_data/1.pt"])
+    assert cli("extract", url, "--lake", str(lake), "--silent") == (1, rewritten_step_1(url, lake))
+    stamps = {p.stat().st_mtime_ns // 10**9 for p in remote_dump.stage_root(url).rglob("*.pt")}
+    assert stamps == {second // 10**9}
+    upload(bucket, "runs/basic", names=["rollout_data/1.pt"])
+    code, out = cli("extract", url, "--lake", str(lake), "--silent")
+    assert out.startswith("Run `basic`: 0 new, 0 updated, 3 unchanged, 0 removed, 0 skipped")
+    local = tmp_path / "local"
+    extract_run(BASIC, store_of(local), ExtractOptions(run_name="basic"))
+    same_tables(lake, local)
 
 
 def test_two_workers_into_an_s3_lake_leave_every_staged_file_sparse(
