@@ -11,7 +11,7 @@ child's rusage), the clean run's beside it, and the line of the refusal, which m
 byte. The two object-store kinds run against moto's S3 server on 127.0.0.1 (the `moto` and
 `s3` extras, `make setup-test`); without them they are printed as not measured.
 
-Usage: python -m benchmarks.bench_bounds [--only KIND ...] [--work DIR]
+Usage: python -m benchmarks.bench_bounds [--only KIND ...] [--work DIR] [--hostile-only]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pathlib import Path
 from tokenlake import tags
 from tokenlake.read import dashboard, nemo_rl, prime_rl, trajectory, vocab
 from tokenlake.read.remote import remote_stage
+from tokenlake.serve import user_views
 from tokenlake.store import manifest, object_lock, parquet
 
 MB = 1_000_000
@@ -241,6 +242,14 @@ def plant_lake_parquet(dump: Path, lake: Path, hostile: bool) -> list[str]:
     return ["verify", str(lake)]
 
 
+def plant_user_view(dump: Path, lake: Path, hostile: bool) -> list[str]:
+    if hostile:
+        sparse(
+            lake / "views" / "big.sql", user_views.MAX_USER_VIEW_BYTES + 1, b"CREATE VIEW big AS"
+        )
+    return ["views", str(lake)]
+
+
 def plant_lock(dump: Path, lake: Path, hostile: bool) -> list[str]:
     url = _bucket_lake(lake)
     if hostile:
@@ -314,6 +323,13 @@ CASES = [
     ),
     Case(
         "`--meta FILE` (JSON or YAML)", "example", plant_meta_option, "is larger than 1048576 bytes"
+    ),
+    Case(
+        "`views/*.sql` (user views, [above](#user-views))",
+        "example",
+        plant_user_view,
+        "it is larger than 65536 bytes",
+        prepare="extract",
     ),
     Case(
         "an object-store lake's writer lock `_manifest/.tokenlake.lock`",
@@ -444,13 +460,15 @@ def _env(dump: Path) -> dict[str, str]:
     return {**os.environ, "TOKENLAKE_CACHE": str(dump.parent / "cache")}
 
 
-def measure(case: Case, work: Path) -> tuple[Measured, Measured]:
-    """The case's command on clean input, then on the hostile file."""
-    dump, lake = _set_up(case, work, "clean")
-    clean = run_measured(case.plant(dump, lake, False), _env(dump))
+def measure(case: Case, work: Path, clean_too: bool = True) -> tuple[Measured | None, Measured]:
+    """The case's command on clean input (unless not `clean_too`), then on the hostile file."""
+    clean = None
+    if clean_too:
+        dump, lake = _set_up(case, work, "clean")
+        clean = run_measured(case.plant(dump, lake, False), _env(dump))
     dump, lake = _set_up(case, work, "hostile")
     hostile = run_measured(case.plant(dump, lake, True), _env(dump))
-    if case.refusal and case.refusal in clean.output:
+    if clean is not None and case.refusal and case.refusal in clean.output:
         raise SystemExit(f"bench-bounds: `{case.kind}`: the clean run printed the refusal")
     shown = case.check(dump, lake) if case.check is not None else None
     if case.check is not None and shown is None:
@@ -483,10 +501,67 @@ def figure(measured: Measured) -> str:
     return f"{measured.seconds:.1f} s, {measured.peak_rss / MB:,.0f} MB"
 
 
+def identity_costs(work: Path, steps: int) -> list[str]:
+    """What readers' identity checks cost on a lake of `steps` small steps (4 samples, DP 2):
+    every listed file's footer read and compared, the whole choice of what is served (links
+    included), against a whole `query SELECT 1`. Best of 3 each."""
+    from tokenlake.generator import synth
+    from tokenlake.serve.served import served_records
+    from tokenlake.store import store_at
+
+    dump, lake = work / "identities" / "dump", work / "identities" / "lake"
+    shutil.rmtree(dump.parent, ignore_errors=True)
+    spec = synth.DumpSpec(
+        steps=steps, prompts_per_step=2, samples_per_prompt=2, dp=2, eval_steps=()
+    )
+    synth.write_dump(dump, spec)
+    env = {**os.environ, "TOKENLAKE_CACHE": str(work / "identities" / "cache")}
+    done = run_measured(_extract(dump, lake), env)
+    if done.code != 0:
+        raise SystemExit(f"bench-bounds: extracting {steps} steps failed:\n{done.output}")
+    store = store_at(lake)
+    records = manifest.load_all(store)
+    listed = [
+        (name, recorded)
+        for record in records
+        for step in record.steps.values()
+        for table, name in step.files.items()
+        if (recorded := step.identities.get(table)) is not None
+    ] + [(name, record.side_identities[name]) for record in records for name in record.side_files()]
+
+    def footers() -> None:
+        changed = [
+            name for name, recorded in listed if parquet.footer_identity(store, name) != recorded
+        ]
+        assert changed == [], changed
+
+    footer_seconds = min(_timed(footers) for _ in range(3))
+    served_seconds = min(_timed(lambda: served_records(store, records)) for _ in range(3))
+    query = min(run_measured(["query", str(lake), "SELECT 1"], env).seconds for _ in range(3))
+    return [
+        f"identity checks of a reader, a lake of {steps} steps ({len(listed):,} files):",
+        f"  every footer read and compared: {footer_seconds * 1000:.1f} ms"
+        f" ({footer_seconds / len(listed) * 1e6:.0f} us a file); the whole choice of what is"
+        f' served: {served_seconds * 1000:.1f} ms; `tokenlake query LAKE "SELECT 1"`: {query:.2f} s',
+    ]
+
+
+def _timed(run: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_bounds")
     parser.add_argument("--only", action="append", default=[], help="a kind (a part of its name)")
     parser.add_argument("--work", type=Path, help="where the dumps go (default: a temp dir)")
+    parser.add_argument(
+        "--hostile-only", action="store_true", help="skip the runs on clean input (a quick check)"
+    )
+    parser.add_argument(
+        "--identity-steps", type=int, default=100, help="steps of the identity-check lake (0: none)"
+    )
     args = parser.parse_args(argv)
     cases = [c for c in CASES if not args.only or any(o in c.kind for o in args.only)]
     if not cases:
@@ -499,9 +574,12 @@ def main(argv: list[str] | None = None) -> int:
             if case.remote and not has_s3:
                 print(f"{case.kind}\n  not measured: needs moto and s3fs (make setup-test)")
                 continue
-            clean, hostile = measure(case, work)
-            print(f"{case.kind}\n  refused: {figure(hostile)} (clean: {figure(clean)})")
+            clean, hostile = measure(case, work, not args.hostile_only)
+            beside = "" if clean is None else f" (clean: {figure(clean)})"
+            print(f"{case.kind}\n  refused: {figure(hostile)}{beside}")
             print(f"  {refusal_line(case, hostile.output)}")
+        if args.identity_steps > 0:
+            print("\n".join(identity_costs(work, args.identity_steps)))
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
