@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -419,7 +420,7 @@ def _generated(work: Path, preset: str) -> Path:
 
 def _set_up(case: Case, work: Path, run: str) -> tuple[Path, Path]:
     """A fresh copy of the case's dump and a lake for it (extracted when the case says)."""
-    root = work / "cases" / f"{CASES.index(case):02d}-{run}"
+    root = work / "cases" / f"{re.sub(r'[^a-z0-9]+', '-', case.kind.lower()).strip('-')[:40]}-{run}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     dump, lake = root / "dump", root / "lake"
@@ -487,8 +488,7 @@ def refusal_line(case: Case, output: str) -> str:
     """The printed line that holds the case's refusal (the first line, without one)."""
     lines = output.strip().splitlines() or [""]
     found = [line for line in lines if case.refusal and case.refusal in line]
-    line = (found or lines)[0]
-    return line if len(line) <= 160 else line[:157] + "..."
+    return (found or lines)[0]
 
 
 def figure(measured: Measured) -> str:

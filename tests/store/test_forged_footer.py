@@ -133,8 +133,9 @@ def _forge_footer_byte(path: Path) -> None:
     data = path.read_bytes()
     start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
     footer = data[start:-8]
-    assert footer.count(b"tokenlake.run") == 1
-    path.write_bytes(data[:start] + footer.replace(b"tokenlake.run", b"tokenlake.ruN") + data[-8:])
+    key = b".".join((b"tokenlake", b"run"))  # the metadata key of the file's run
+    assert footer.count(key) == 1
+    path.write_bytes(data[:start] + footer.replace(key, key.upper()) + data[-8:])
 
 
 RUNS_SQL = "SELECT run, train_steps FROM runs"
