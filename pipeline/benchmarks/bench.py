@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tokenlake import extras, schema
+from tokenlake import Lake, extras, schema
 from tokenlake.generator import synth
 from tokenlake.load import write
 from tokenlake.read import dump
@@ -79,7 +79,8 @@ def measure_extract(dump_dir: Path, lake: Path, workers: int) -> dict[str, Any]:
     from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     started = time.perf_counter()
-    summary = extract_run(dump_dir, lake, ExtractOptions(run_name="bench", workers=workers))
+    store = Lake(lake).store
+    summary = extract_run(dump_dir, store, ExtractOptions(run_name="bench", workers=workers))
     wall = time.perf_counter() - started
     if summary.failed:
         raise SystemExit(f"bench extraction failed: {summary.failed}")
@@ -249,7 +250,7 @@ def best_seconds(
 ) -> dict[str, float]:
     """Best seconds of each query over `repeat` interleaved rounds in one DuckDB process,
     after a warm-up round (the file cache and DuckDB's metadata)."""
-    con = catalog.connect(lake)
+    con = catalog.connect(Lake(lake).store)
     best = dict.fromkeys(queries, float("inf"))
     try:
         for sql in queries.values():
@@ -333,7 +334,7 @@ def bench_variant(
     for workers in (1, 2):
         lake = root / f"lake-{preset}-{workers}"
         fig = _best_extract(dump_dir, lake, workers, repeat)
-        size = _disk_bytes([Path(p) for p in catalog.table_files(lake, schema.TOKENS)])
+        size = _disk_bytes([Path(p) for p in catalog.table_files(Lake(lake).store, schema.TOKENS)])
         figures[f"tokenlake --workers {workers}"] = fig
         print(_fmt_run(f"tokenlake --workers {workers}", fig, size))
     if baseline:
@@ -406,7 +407,7 @@ def measure_stages(dump_dir: Path, lake: Path) -> dict[str, Any]:
     from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     profile = cProfile.Profile(time.process_time)
-    summary = profile.runcall(extract_run, dump_dir, lake, ExtractOptions(workers=1))
+    summary = profile.runcall(extract_run, dump_dir, Lake(lake).store, ExtractOptions(workers=1))
     stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     stages = {stage: 0.0 for stage in STAGES}
     for (_, _, function), (_, _, _, cumulative, _) in stats.items():
@@ -475,7 +476,7 @@ def bench_small_steps(root: Path, steps: int) -> None:
     per_step = fig["cpu"] / steps
     lake = root / "lake-small"
     files = sum(1 for p in lake.rglob("*.parquet"))
-    size = _disk_bytes([Path(p) for p in catalog.table_files(lake, schema.TOKENS)])
+    size = _disk_bytes([Path(p) for p in catalog.table_files(Lake(lake).store, schema.TOKENS)])
     print(
         f"  extract --workers 1: {fig['cpu']:.2f} s CPU, {per_step * 1000:.0f} ms per step"
         f" ({_against(per_step, STEP_FIXED_CPU_GOAL)} of fixed cost, tokens ~nil);"
@@ -514,7 +515,13 @@ def timed_queries(lake: Path, repeat: int = 5) -> dict[str, float]:
     """Best seconds of every view (but the token-level ones) and every audit, one process,
     each to an Arrow table (what a dataframe or a BI driver fetches): Python tuples would add
     ~1 µs a value, the client's cost, not the view's (`drift_by_token` has a row per token id)."""
-    token_views = {"tokens", "drift_tokens", "drift_token_samples", "drift_teacher_tokens"}
+    token_views = {
+        "tokens",
+        "trained_tokens",
+        "drift_tokens",
+        "drift_token_samples",
+        "drift_teacher_tokens",
+    }
     queries = {
         p.stem: f"SELECT * FROM {p.stem}"
         for p in sql_views.iter_view_files()
@@ -535,7 +542,7 @@ def rollup_cost(lake: Path) -> tuple[float, int, int]:
     from tokenlake.store import manifest
 
     seconds = 0.0
-    for record in manifest.load_all(lake):
+    for record in manifest.load_all(Lake(lake).store):
         for step in record.steps.values():
             tokens = pq.read_table(lake / step.files[schema.TOKENS])
             samples = pq.read_table(lake / step.files[schema.SAMPLES])
@@ -552,11 +559,12 @@ def report_seconds(lake: Path, out: Path, repeat: int = 2) -> float:
     """Best wall seconds of `build_report` on the lake (imports warmed by a first build)."""
     from tokenlake.serve.report import build_report
 
-    build_report(lake, out)
+    store = Lake(lake).store
+    build_report(store, out)
     best = float("inf")
     for _ in range(repeat):
         started = time.perf_counter()
-        build_report(lake, out)
+        build_report(store, out)
         best = min(best, time.perf_counter() - started)
     return best
 
@@ -661,7 +669,7 @@ def print_step_growth(root: Path) -> None:
 def _records(lake: Path) -> list[Any]:
     from tokenlake.store import manifest
 
-    return manifest.load_all(lake)
+    return manifest.load_all(Lake(lake).store)
 
 
 def main(argv: list[str] | None = None) -> None:

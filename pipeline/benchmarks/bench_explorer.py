@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chromium import OFFLINE, DevTools, browser
+from tokenlake import Lake
 from tokenlake.serve import catalog
 from tokenlake.serve.explore.server import ServeOptions, start
 
@@ -26,7 +27,7 @@ DRAWN_GOAL = 1.0  # seconds: the first page drawn in Chromium after the server a
 
 
 def _one(sql: str, lake: Path, params: tuple[Any, ...] = ()) -> tuple[Any, ...]:
-    con = catalog.connect(lake)
+    con = catalog.connect(Lake(lake).store)
     try:
         found = con.execute(sql, list(params)).fetchall()
     finally:
@@ -75,7 +76,7 @@ def first_runs_seconds(lake: Path, repeat: int) -> float:
     what the first visit after each extraction waits."""
     best = float("inf")
     for _ in range(repeat):
-        running = start(lake, ServeOptions(port=0))
+        running = start(Lake(lake).store, ServeOptions(port=0))
         try:
             started = time.perf_counter()
             _fetch(running.url + "api/runs")
@@ -92,7 +93,7 @@ def _fetch(url: str) -> bytes:
 
 def print_explorer(lake: Path, label: str, repeat: int = 5) -> dict[str, float]:
     """The page figures of one lake, printed; returns them."""
-    running = start(lake, ServeOptions(port=0))
+    running = start(Lake(lake).store, ServeOptions(port=0))
     try:
         requests = page_requests(lake)
         seconds = page_seconds(running.url, requests, repeat)
@@ -159,7 +160,7 @@ def print_step_growth(lakes: dict[int, Path], repeat: int = 5) -> None:
     """The runs and step pages on lakes that differ only in their number of small steps."""
     times: dict[int, dict[str, float]] = {}
     for steps, lake in lakes.items():
-        running = start(lake, ServeOptions(port=0))
+        running = start(Lake(lake).store, ServeOptions(port=0))
         try:
             requests = page_requests(lake)
             chosen = {name: path for name, path in requests.items() if not name.startswith(("sample", "live"))}  # fmt: skip

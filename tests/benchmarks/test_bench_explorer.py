@@ -8,6 +8,7 @@ import re
 import pytest
 
 from benchmarks import bench_explorer
+from tests.conftest import store_of
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve.query import run_query
@@ -18,9 +19,11 @@ pytestmark = pytest.mark.slow  # an extraction, a server and Chromium
 def test_the_explorer_figures_name_every_page_and_its_time(tmp_path, capsys):
     synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
     lake = tmp_path / "lake"
-    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="example", workers=1))
+    extract_run(tmp_path / "dump", store_of(lake), ExtractOptions(run_name="example", workers=1))
     longest = (
-        run_query(lake, "SELECT max(response_length) AS n FROM samples WHERE NOT evaluation")
+        run_query(
+            store_of(lake), "SELECT max(response_length) AS n FROM samples WHERE NOT evaluation"
+        )
         .column("n")[0]
         .as_py()
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, SLIME_REAL
 from tests.serve.test_report import _browser, _problems
 from tests.serve.test_report_hostile_text import _with_hostile_vocab
@@ -39,18 +40,22 @@ def lake(tmp_path_factory) -> Path:
     synth.write_dump(root / "example", synth.PRESETS["example"])
     multi_turn = dataclasses.replace(synth.PRESETS["cp-thd"], multi_turn=True, steps=2)
     synth.write_dump(root / "cp", multi_turn)
-    extract_run(root / "example", lake, ExtractOptions(run_name="example", workers=1))
-    extract_run(root / "cp", lake, ExtractOptions(run_name="multi-turn", workers=1))
-    extract_run(SLIME_REAL / "v2_dp2_cp2", lake, ExtractOptions(run_name="slime", workers=1))
-    extract_run(NEMO_RL_REAL / "grpo_multiturn", lake, ExtractOptions(run_name="nemo", workers=1))
-    extract_run(root / "example", lake, ExtractOptions(run_name=HOSTILE_RUN, workers=1))
+    extract_run(root / "example", store_of(lake), ExtractOptions(run_name="example", workers=1))
+    extract_run(root / "cp", store_of(lake), ExtractOptions(run_name="multi-turn", workers=1))
+    extract_run(
+        SLIME_REAL / "v2_dp2_cp2", store_of(lake), ExtractOptions(run_name="slime", workers=1)
+    )
+    extract_run(
+        NEMO_RL_REAL / "grpo_multiturn", store_of(lake), ExtractOptions(run_name="nemo", workers=1)
+    )
+    extract_run(root / "example", store_of(lake), ExtractOptions(run_name=HOSTILE_RUN, workers=1))
     _with_hostile_vocab(lake, HOSTILE_RUN)
     return lake
 
 
 @pytest.fixture(scope="module")
 def server(lake):
-    running = start(lake, ServeOptions(port=0))
+    running = start(store_of(lake), ServeOptions(port=0))
     yield running.url
     running.stop()
 
@@ -121,7 +126,7 @@ def test_runs_to_step_to_sample_and_back_with_the_views_values(lake, server, bro
     names = _cells(browser, "a.run-link")
     assert names == sorted(["example", "multi-turn", "slime", "nemo", HOSTILE_RUN])
     expected = run_query(
-        lake,
+        store_of(lake),
         "SELECT run, sum(tokens * mean_abs_lp_diff_tm) / sum(tokens) AS m FROM drift_steps"
         " WHERE tokens > 0 GROUP BY run ORDER BY run",
     ).to_pylist()
@@ -146,7 +151,7 @@ def test_runs_to_step_to_sample_and_back_with_the_views_values(lake, server, bro
     assert browser.evaluate("location.pathname") == "/runs/multi-turn/steps/0"
     samples = (
         run_query(
-            lake,
+            store_of(lake),
             "SELECT count(*) AS n FROM samples WHERE run = 'multi-turn' AND rollout_id = 0"
             " AND NOT evaluation",
         )
@@ -162,7 +167,7 @@ def test_runs_to_step_to_sample_and_back_with_the_views_values(lake, server, bro
     assert browser.evaluate("location.pathname") == "/runs/multi-turn/steps/0/samples/0"
     length = (
         run_query(
-            lake,
+            store_of(lake),
             "SELECT count(*) AS n FROM tokens WHERE run = 'multi-turn' AND rollout_id = 0"
             " AND NOT evaluation AND batch_position = 0",
         )
@@ -190,7 +195,7 @@ def _masked_sample(lake: Path) -> tuple[int, int, int]:
     """(step, batch position, tokens without an lp_diff) of a multi-turn sample with masked
     tokens between covered ones."""
     row = run_query(
-        lake,
+        store_of(lake),
         "SELECT rollout_id, batch_position, count(*) FILTER (WHERE loss_mask = 0 OR lp_diff IS NULL"
         " OR NOT isfinite(lp_diff)) AS blank FROM tokens WHERE run = 'multi-turn'"
         " AND NOT evaluation GROUP BY ALL HAVING max(turn_index) > 0 ORDER BY ALL LIMIT 1",
@@ -338,7 +343,7 @@ def test_a_hostile_run_name_and_token_texts_stay_text(lake, server, browser):
 
 
 def test_beyond_localhost_a_request_without_the_token_is_refused(lake):
-    running = start(lake, ServeOptions(host="0.0.0.0", port=0))
+    running = start(store_of(lake), ServeOptions(host="0.0.0.0", port=0))
     try:
         assert "?token=" in running.url
         port = running.url.split(":")[2].split("/")[0]
@@ -413,7 +418,7 @@ def test_clicking_a_chart_point_opens_its_step_and_a_scatter_point_its_sample(
 
 
 def test_the_console_page_says_where_rows_were_cut(lake, browser):
-    running = start(lake, ServeOptions(port=0, query_rows=5))
+    running = start(store_of(lake), ServeOptions(port=0, query_rows=5))
     try:
         _open(browser, running.url + "sql?q=SELECT%20range%20AS%20n%20FROM%20range(12)")
         assert browser.evaluate("document.querySelector('#result p').textContent") == (
@@ -427,8 +432,10 @@ def test_the_console_page_says_where_rows_were_cut(lake, browser):
 def test_a_step_committed_while_a_page_is_open_is_offered_without_a_restart(browser, tmp_path):
     synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
     lake = tmp_path / "lake"
-    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[0]))
-    running = start(lake, ServeOptions(port=0))
+    extract_run(
+        tmp_path / "dump", store_of(lake), ExtractOptions(run_name="live", workers=1, steps=[0])
+    )
+    running = start(store_of(lake), ServeOptions(port=0))
     try:
         version = running.url + "api/version"
         _open(browser, running.url + "runs/live")
@@ -437,7 +444,9 @@ def test_a_step_committed_while_a_page_is_open_is_offered_without_a_restart(brow
             assert json.load(answer) == {"version": 1, "steps": 2}  # step 0 and its eval file
         assert browser.evaluate("document.getElementById('live').hidden") is True
 
-        extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[1]))
+        extract_run(
+            tmp_path / "dump", store_of(lake), ExtractOptions(run_name="live", workers=1, steps=[1])
+        )
         _until(browser, "!document.getElementById('live').hidden", "the new-steps banner")
         with urllib.request.urlopen(version) as answer:
             seen = json.load(answer)

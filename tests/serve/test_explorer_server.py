@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import store_of
 from tests.e2e.test_first_hour import ROOT
 from tests.fixture_paths import REAL_DUMPS
 from tests.s3server import moto_server, new_bucket
@@ -40,7 +41,7 @@ PATIENCE = 120.0  # seconds a started process may take to answer on a loaded mac
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lake = tmp_path_factory.mktemp("served") / "lake"
-    extract_run(BASIC, lake, ExtractOptions(run_name="basic", workers=1))
+    extract_run(BASIC, store_of(lake), ExtractOptions(run_name="basic", workers=1))
     return lake
 
 
@@ -79,7 +80,7 @@ def _until(condition: Any, what: str) -> None:
 
 
 def test_a_slow_query_is_stopped_at_the_limit_while_other_requests_are_answered(lake):
-    running = start(lake, ServeOptions(port=0, query_seconds=10))
+    running = start(store_of(lake), ServeOptions(port=0, query_seconds=10))
     try:
         slow: dict[str, Any] = {}
         asking = threading.Thread(
@@ -114,7 +115,7 @@ def test_a_slow_query_is_stopped_at_the_limit_while_other_requests_are_answered(
 
 
 def test_a_query_with_more_rows_than_the_limit_is_cut_and_says_so(lake):
-    running = start(lake, ServeOptions(port=0, query_rows=5))
+    running = start(store_of(lake), ServeOptions(port=0, query_rows=5))
     try:
         assert _get(_sql(running.url, "SELECT range AS n FROM range(12)")) == (
             200,
@@ -266,8 +267,11 @@ def _same(remote: Any, local: Any, where: str = "") -> None:
 
 def test_an_object_store_lake_is_served_with_the_values_of_a_local_one(s3, lake):
     url = f"s3://{new_bucket()}/lake"
-    extract_run(BASIC, url, ExtractOptions(run_name="basic", workers=1))
-    far, near = start(url, ServeOptions(port=0)), start(lake, ServeOptions(port=0))
+    extract_run(BASIC, store_of(url), ExtractOptions(run_name="basic", workers=1))
+    far, near = (
+        start(store_of(url), ServeOptions(port=0)),
+        start(store_of(lake), ServeOptions(port=0)),
+    )
     try:
         pages = [
             "api/runs",
@@ -295,8 +299,10 @@ def test_the_runs_page_shows_a_step_committed_while_the_server_runs(tmp_path):
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
     lake = tmp_path / "lake"
-    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[0]))
-    running = start(lake, ServeOptions(port=0))
+    extract_run(
+        tmp_path / "dump", store_of(lake), ExtractOptions(run_name="live", workers=1, steps=[0])
+    )
+    running = start(store_of(lake), ServeOptions(port=0))
     try:
 
         def shown() -> tuple[int, int]:
@@ -306,7 +312,9 @@ def test_the_runs_page_shows_a_step_committed_while_the_server_runs(tmp_path):
             return run["steps"], run["eval_steps"]
 
         assert shown() == shown() == (1, 1)  # asked twice: the second from the kept page
-        extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[1]))
+        extract_run(
+            tmp_path / "dump", store_of(lake), ExtractOptions(run_name="live", workers=1, steps=[1])
+        )
         _until(lambda: _get(running.url + "api/version")[1]["steps"] == 3, "the new catalog")
         assert shown() == (2, 1)
     finally:

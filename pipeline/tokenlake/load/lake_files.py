@@ -1,6 +1,7 @@
 """The lake's per-run side files: the `runs` row, the `vocab` table and the `metrics` table.
 
-Names and storage come from `tokenlake.store.store_at`; this module only decides what the files hold.
+Names and storage come from the lake's store (`tokenlake.store.base.Store`); this module only
+decides what the files hold.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import pyarrow as pa
 
 from tokenlake import __version__, bounded, schema, tags
 from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, DumpFormatError, LakeError, shown
-from tokenlake.layout import Location, new_name
+from tokenlake.layout import new_name
 from tokenlake.load import write
 from tokenlake.read import dashboard, formats
 from tokenlake.read.dump import Dump
 from tokenlake.read.remote.remote_dump import local_root, shown_path, urls_in
-from tokenlake.store import manifest, parquet, store_at
+from tokenlake.store import manifest, parquet
 from tokenlake.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ MAX_METRICS_FILES = 32  # past this many, a run's metrics files are merged into 
 
 
 def write_run_row(
-    lake: Location | Store,
+    store: Store,
     record: manifest.RunManifest,
     keep: dict[str, Any] | None = None,
     dump_format: str | None = None,
@@ -67,7 +68,7 @@ def write_run_row(
     table = schema.table_from_rows(schema.RUNS, [row])
     name = new_name(schema.RUNS, record.run, "run")
     metadata = write.file_metadata(schema.RUNS, record.run, record.source_dir)
-    record.side_identities[name] = write.write_lake_file(lake, name, schema.RUNS, table, metadata)
+    record.side_identities[name] = write.write_lake_file(store, name, schema.RUNS, table, metadata)
     record.runs_file = name
     return warnings
 
@@ -122,12 +123,11 @@ def meta_source(record: manifest.RunManifest) -> manifest.SourceFile | None:
         return None
 
 
-def stored_run_row(lake: Location | Store, record: manifest.RunManifest) -> dict[str, Any]:
+def stored_run_row(store: Store, record: manifest.RunManifest) -> dict[str, Any]:
     """The run's current `runs` row as a dict (a file of schema version 1 lacks the metadata
     columns: absent keys), so it can be rewritten without reading the dump."""
     if record.runs_file is None:
         return {}
-    store = store_at(lake)
     recorded = record.side_identities.get(record.runs_file)
     try:
         changed = (
@@ -164,7 +164,7 @@ def _rewritten(record: manifest.RunManifest, files: dict[str, Path]) -> list[str
     ]
 
 
-def refresh_metrics(lake: Location | Store, record: manifest.RunManifest) -> tuple[bool, list[str]]:
+def refresh_metrics(store: Store, record: manifest.RunManifest) -> tuple[bool, list[str]]:
     """Read the lines the dump's metrics streams gained since the last extraction.
 
     New rows go into new `metrics` files listed in `record`, one per
@@ -203,7 +203,7 @@ def refresh_metrics(lake: Location | Store, record: manifest.RunManifest) -> tup
             for name, offset in read.offsets.items()
         }
         if read.table.num_rows:
-            record.metrics_files.append(_write_metrics(store_at(lake), record, read.table))
+            record.metrics_files.append(_write_metrics(store, record, read.table))
             changed = True
         if not read.more:
             break
@@ -215,7 +215,7 @@ def refresh_metrics(lake: Location | Store, record: manifest.RunManifest) -> tup
     changed = changed or sources != record.metrics_sources
     record.metrics_sources = sources
     if len(record.metrics_files) > MAX_METRICS_FILES:
-        record.metrics_files = [_merge_metrics(store_at(lake), record)]
+        record.metrics_files = [_merge_metrics(store, record)]
     return changed, [urls_in(record.source_dir, warning) for warning in warnings]
 
 
@@ -244,7 +244,7 @@ def _merge_metrics(store: Store, record: manifest.RunManifest) -> str:
 
 
 def refresh_vocab(
-    lake: Location | Store, record: manifest.RunManifest
+    store: Store, record: manifest.RunManifest
 ) -> tuple[bool, tuple[Path | str, str] | None]:
     """Write the run's `vocab` file when the dump's tokenizer is new or changed.
 
@@ -262,7 +262,6 @@ def refresh_vocab(
         changed = record.vocab_file is not None
         record.vocab_file, record.vocab_source = None, None
         return changed, None
-    store = store_at(lake)
     # Identified like every other source (name, size, mtime): no re-reading on each round.
     stamp = manifest.SourceFile.of(source, root)
     if stamp == record.vocab_source and (

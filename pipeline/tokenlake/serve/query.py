@@ -17,9 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tokenlake.errors import UsageError, ctrl_c_from_duckdb, duckdb_problem, lake_read_error
-from tokenlake.layout import Location
 from tokenlake.serve import catalog, rollups
-from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.terminal import escape_controls, plural
 
@@ -33,20 +31,20 @@ SETTINGS_VIEW = "drift_settings"
 
 
 def connect_reader(
-    lake: Location | Store, settings: Mapping[str, float] | None = None
+    store: Store, settings: Mapping[str, float] | None = None
 ) -> duckdb.DuckDBPyConnection:
     """A reader's DuckDB connection to the catalog (not a `Lake`: that is
     `tokenlake.open_lake`), with `settings` overriding `drift_settings`.
 
     Args:
-        lake: The lake directory (holding `tokenlake.duckdb`).
+        store: The lake's store (its catalog, `tokenlake.duckdb`, or its manifests).
         settings: Column name -> value for `drift_settings`; the other columns keep their
             defaults. Only for this connection.
 
     Returns:
         The open connection; the caller closes it.
     """
-    con = catalog.connect(lake)
+    con = catalog.connect(store)
     try:
         if settings:
             con.execute(settings_override_sql(con, settings))
@@ -103,13 +101,11 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def run_query(
-    lake: Location | Store, sql: str, settings: Mapping[str, float] | None = None
-) -> pa.Table:
+def run_query(store: Store, sql: str, settings: Mapping[str, float] | None = None) -> pa.Table:
     """Run SQL (one or more `;`-separated statements) and return the last statement's result.
 
     Args:
-        lake: The lake directory.
+        store: The lake's store.
         sql: The query; may read every view of the catalog.
         settings: Optional `drift_settings` overrides, see `connect_reader`.
 
@@ -122,13 +118,13 @@ def run_query(
     """
     import duckdb
 
-    con = connect_reader(lake, settings)
+    con = connect_reader(store, settings)
     try:
         with ctrl_c_from_duckdb():
             relation = con.sql(sql)
             return pa.table({}) if relation is None else relation.to_arrow_table()
     except duckdb.Error as exc:
-        location = str(store_at(lake).location)
+        location = str(store.location)
         if location.rstrip("/") + "/" in duckdb_problem(exc):  # a lake file failed, not the SQL
             raise lake_read_error(location, "a query", exc) from exc
         raise UsageError(f"Query failed: {exc}") from exc

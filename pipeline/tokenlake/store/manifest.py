@@ -26,9 +26,8 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import MANIFEST_DIR as MANIFEST_DIR
-from tokenlake.layout import Location, check_listed, manifest_name, step_label, temporary_owner
+from tokenlake.layout import check_listed, manifest_name, step_label, temporary_owner
 from tokenlake.processes import process_alive
-from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.store.parquet import IDENTITY
 
@@ -141,28 +140,26 @@ class RunManifest:
         return [s.files[table] for s in ordered if table in s.files]
 
 
-def load_manifest(lake: Location | Store, run: str) -> RunManifest | None:
+def load_manifest(store: Store, run: str) -> RunManifest | None:
     """The run's manifest, or None if the run was never extracted into this lake."""
-    store = store_at(lake)
     name = manifest_name(run)
     if not store.exists(name):
         return None
     return _load(store.label(name), lambda: store.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
 
 
-def load_all(lake: Location | Store) -> list[RunManifest]:
+def load_all(store: Store) -> list[RunManifest]:
     """Every run's manifest, by run name."""
-    return [load_listed(lake, run) for run in store_at(lake).manifest_runs()]
+    return [load_listed(store, run) for run in store.manifest_runs()]
 
 
-def leftovers(lake: Location | Store) -> list[str]:
+def leftovers(store: Store) -> list[str]:
     """Files the naming scheme made that no manifest lists (what an interrupted extraction
     left, or a file it superseded), other than temporaries a running tokenlake still writes.
 
     A damaged manifest raises (DamagedManifestError): what it lists is unknown, so nothing
     counts as a leftover then.
     """
-    store = store_at(lake)
     records = load_all(store)
     listed = {name for r in records for table in schema.LAKE_TABLES for name in r.files(table)}
     made = store.made_files()
@@ -175,9 +172,8 @@ def _in_flight(name: str) -> bool:
     return owner is not None and process_alive(owner)
 
 
-def load_listed(lake: Location | Store, run: str) -> RunManifest:
+def load_listed(store: Store, run: str) -> RunManifest:
     """A manifest `manifest_runs` listed (a hand-made bad file name fails in parsing)."""
-    store = store_at(lake)
     name = f"{MANIFEST_DIR}/{run}.json"
     return _load(store.label(name), lambda: store.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
 
@@ -194,14 +190,14 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
     return parse_manifest(where, raw)
 
 
-def save_manifest(lake: Location | Store, manifest: RunManifest) -> None:
+def save_manifest(store: Store, manifest: RunManifest) -> None:
     """Replace the run's manifest atomically (temporary file, fsync, rename; one PUT on an
     object store). The identities of side files it no longer lists are dropped from it."""
     listed = set(manifest.side_files())
     manifest.side_identities = {
         name: identity for name, identity in manifest.side_identities.items() if name in listed
     }
-    store_at(lake).put_bytes(
+    store.put_bytes(
         manifest_name(manifest.run),
         manifest_bytes(manifest),
         durable=True,

@@ -34,11 +34,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import LakeError, PipelineError, UsageError
-from tokenlake.layout import Location
 from tokenlake.serve import catalog
 from tokenlake.serve.explore import console, data
 from tokenlake.serve.query import format_table
-from tokenlake.store import store_at
 from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
@@ -171,8 +169,8 @@ PAGE_PATHS = (
 class Explorer:
     """The aiohttp application over one lake."""
 
-    def __init__(self, lake: ServedLake, options: ServeOptions, token: str | None) -> None:
-        self.lake = lake
+    def __init__(self, served: ServedLake, options: ServeOptions, token: str | None) -> None:
+        self.served = served
         self.options = options
         self.token = token
         self.port = options.port
@@ -291,7 +289,7 @@ class Explorer:
         from aiohttp import web
 
         def work() -> Any:
-            cursor, version = self.lake.versioned_cursor()
+            cursor, version = self.served.versioned_cursor()
             kept = self._runs_page
             if per_version and kept is not None and kept[0] == version:
                 cursor.close()
@@ -349,7 +347,7 @@ class Explorer:
             found = cursor.execute(
                 "SELECT count(*) FROM (SELECT DISTINCT run, rollout_id, evaluation FROM samples)"
             ).fetchall()
-            return {"version": self.lake.version, "steps": found[0][0] if found else 0}
+            return {"version": self.served.version, "steps": found[0][0] if found else 0}
 
         return await self._answer(request, version)
 
@@ -362,7 +360,7 @@ class Explorer:
         options = self.options
 
         def run(cursor: duckdb.DuckDBPyConnection) -> Any:
-            self.console.check(sql, self.lake.relations)
+            self.console.check(sql, self.served.relations)
             result = console.run_limited(cursor, sql, options.query_rows, options.query_seconds)
             if fmt == "json":
                 return _table_json(result, options.query_rows)
@@ -459,7 +457,7 @@ def _url(host: str, port: int, token: str | None) -> str:
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 
 
-def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Running:
+def start(store: Store, options: ServeOptions = ServeOptions()) -> Running:
     """Start the explorer on a thread of its own; returns once it answers.
 
     Raises:
@@ -468,7 +466,7 @@ def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Run
     """
     from aiohttp import web
 
-    served = ServedLake(store_at(lake))
+    served = ServedLake(store)
     served.cursor().close()  # the catalog now: a lake that cannot be read fails here
     sock = _bind(options)
     port = sock.getsockname()[1]
@@ -493,11 +491,9 @@ def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Run
     return Running(_url(options.host, port, token), stop)
 
 
-def serve_forever(
-    lake: Location | Store, options: ServeOptions, announce: Callable[[str], None]
-) -> None:
+def serve_forever(store: Store, options: ServeOptions, announce: Callable[[str], None]) -> None:
     """Serve until Ctrl-C (`tokenlake serve`), announcing the URL once."""
-    running = start(lake, options)
+    running = start(store, options)
     try:
         announce(running.url)
         threading.Event().wait()
