@@ -422,6 +422,8 @@ def _publish_if_needed(
     known = bool(record.steps) or store.exists(manifest_name(record.run))
     if not known:
         return
+    # Side files a stranger changed (or removed) are written again from the dump.
+    side_changed = lake_files.forget_changed_side_files(store, record)
     vocab_changed, warning = lake_files.refresh_vocab(store, record)
     if warning is not None:  # a broken tokenizer never blocks the run: texts stay NULL
         summary.ignored_files.append(warning)
@@ -432,7 +434,8 @@ def _publish_if_needed(
     # A new or changed meta.json (or a runs row of schema version 1) rewrites the runs row.
     meta_changed = lake_files.meta_source(record) != record.meta_source
     if (
-        vocab_changed
+        side_changed
+        or vocab_changed
         or metrics_changed
         or meta_changed
         or tags_changed
