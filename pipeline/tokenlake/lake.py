@@ -372,7 +372,8 @@ def _listed_files(
 ) -> list[tuple[str, dict[str, Any]]]:
     """(file relative to the lake, partition values) of every file the manifests list: one
     read of each manifest."""
-    records, unserved = served_records(store, manifest.load_all(store))
+    listing = None if store.local_catalog is not None else store.reading_filesystem()
+    records, unserved = served_records(store, manifest.load_all(store), listing)
     for line in unserved:  # a planted link or a changed file: its step or run, not the lake
         log.warning("%s", line)
     listed: list[tuple[str, dict[str, Any]]] = []

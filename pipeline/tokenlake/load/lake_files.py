@@ -68,9 +68,36 @@ def write_run_row(
     table = schema.table_from_rows(schema.RUNS, [row])
     name = new_name(schema.RUNS, record.run, "run")
     metadata = write.file_metadata(schema.RUNS, record.run, record.source_dir)
-    write.write_lake_file(store, name, schema.RUNS, table, metadata)
+    record.side_identities[name] = write.write_lake_file(store, name, schema.RUNS, table, metadata)
     record.runs_file = name
     return warnings
+
+
+def forget_changed_side_files(store: Store, record: manifest.RunManifest) -> bool:
+    """Make the next writes of the run's side files replace those that are missing, cannot be
+    read or are not the files written (a stranger rewrote them, or their footers): a `runs`
+    row is written with every publish, a `vocab` file once its tokenizer counts as unseen, the
+    `metrics` once every stream is read again from the start.
+
+    Returns:
+        Whether any was found (the run must be published again).
+    """
+    changed = [name for name in record.side_files() if _not_as_written(store, record, name)]
+    if record.vocab_file in changed:
+        record.vocab_source = None
+    if any(name in changed for name in record.metrics_files):
+        record.metrics_files, record.metrics_sources = [], {}
+    return bool(changed)
+
+
+def _not_as_written(store: Store, record: manifest.RunManifest, name: str) -> bool:
+    recorded = record.side_identities.get(name)
+    try:
+        if recorded is None:  # written before manifests recorded identities
+            return not store.exists(name)
+        return parquet.footer_identity(store, name) != recorded
+    except parquet.UnreadableLakeFile:
+        return True
 
 
 def format_columns(dump_format: str | None, keep: dict[str, Any] | None) -> dict[str, Any]:
@@ -101,10 +128,16 @@ def stored_run_row(store: Store, record: manifest.RunManifest) -> dict[str, Any]
     columns: absent keys), so it can be rewritten without reading the dump."""
     if record.runs_file is None:
         return {}
+    recorded = record.side_identities.get(record.runs_file)
     try:
+        changed = (
+            None if recorded is None else parquet.identity_change(store, record.runs_file, recorded)
+        )
         table = parquet.read_table(store, record.runs_file)
     except parquet.UnreadableLakeFile as exc:
         raise LakeError(exc.path, f"cannot be read ({exc.reason}); extract the run again") from exc
+    if changed is not None:  # its values would be written again as the run's own
+        raise LakeError(store.url(record.runs_file), f"{changed}; extract the run again")
     return table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
 
 
@@ -189,7 +222,9 @@ def refresh_metrics(store: Store, record: manifest.RunManifest) -> tuple[bool, l
 def _write_metrics(store: Store, record: manifest.RunManifest, table: pa.Table) -> str:
     name = new_name(schema.METRICS, record.run, "metrics")
     metadata = write.file_metadata(schema.METRICS, record.run, record.source_dir)
-    write.write_lake_file(store, name, schema.METRICS, table, metadata)
+    record.side_identities[name] = write.write_lake_file(
+        store, name, schema.METRICS, table, metadata
+    )
     return name
 
 
@@ -242,6 +277,6 @@ def refresh_vocab(
         return changed, (shown_source, f"{exc.problem}; token texts are NULL until it is fixed")
     name = new_name(schema.VOCAB, record.run, "vocab")
     metadata = write.file_metadata(schema.VOCAB, record.run, shown_path(record.source_dir, source))
-    write.write_lake_file(store, name, schema.VOCAB, table, metadata)
+    record.side_identities[name] = write.write_lake_file(store, name, schema.VOCAB, table, metadata)
     record.vocab_file, record.vocab_source = name, stamp
     return True, None

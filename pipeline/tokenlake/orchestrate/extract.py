@@ -422,6 +422,8 @@ def _publish_if_needed(
     known = bool(record.steps) or store.exists(manifest_name(record.run))
     if not known:
         return
+    # Side files a stranger changed (or removed) are written again from the dump.
+    side_changed = lake_files.forget_changed_side_files(store, record)
     vocab_changed, warning = lake_files.refresh_vocab(store, record)
     if warning is not None:  # a broken tokenizer never blocks the run: texts stay NULL
         summary.ignored_files.append(warning)
@@ -432,7 +434,8 @@ def _publish_if_needed(
     # A new or changed meta.json (or a runs row of schema version 1) rewrites the runs row.
     meta_changed = lake_files.meta_source(record) != record.meta_source
     if (
-        vocab_changed
+        side_changed
+        or vocab_changed
         or metrics_changed
         or meta_changed
         or tags_changed
@@ -509,14 +512,14 @@ def _place(location: Path | str) -> tuple[str, str, tuple[str, ...]]:
 def _dump_at_or_above(store: Store) -> str | None:
     """How the lake's folder, or a folder above it, is a dump by its layout (None: neither
     is): one listing of each, for an object store up to its bucket."""
-    location = str(store.location)
-    if not remote_dump.is_remote(location):
-        for folder in (Path(location), *Path(location).parents):
+    location = store.location
+    if isinstance(location, Path):  # a directory: the store holds it resolved
+        for folder in (location, *location.parents):
             mark = formats.local_dump_mark(folder)
             if mark is not None:
-                return _dump_named(location, str(folder), mark)
+                return _dump_named(str(location), str(folder), mark)
         return None
-    _, bucket, keys = _place(location)
+    _, bucket, keys = remote_dump.store_location(location)
     scheme = location.split("://", 1)[0]
     for depth in range(len(keys), -1, -1):
         url = "/".join((f"{scheme}://{bucket}", *keys[:depth]))

@@ -79,6 +79,8 @@ def verify_lake(
             checked += 1
             found = check_step(store, record, step, root, deep)
             problems += [Problem(record.run, key, m) for m in found]
+        side = check_side_files(store, record)
+        problems += [Problem("", "", f"run `{record.run}`: {m}") for m in side]
     problems += [Problem("", "", leftover_text(name)) for name in _leftovers(store, run)]
     if runs or store.exists(store.catalog_name):  # a catalog may outlive the last run
         broken = catalog.catalog_problem(store)
@@ -201,15 +203,32 @@ def _changed_since_written(
     """How a file differs from what its manifest records of it as written (None: the same, or
     a step written before manifests recorded identities)."""
     recorded = step.identities.get(table)
-    if recorded is None:
-        return None
-    found = parquet.footer_identity(store, name)
-    if found == recorded:
-        return None
-    size, found_size = recorded.split(":")[0], found.split(":")[0]
-    if size != found_size:
-        return f"changed since it was written: {int(found_size):,} bytes, written {int(size):,}"
-    return "changed since it was written: its footer is not the one written"
+    return None if recorded is None else parquet.identity_change(store, name, recorded)
+
+
+def check_side_files(store: Store, record: manifest.RunManifest) -> list[str]:
+    """The problems of a run's `runs`, `vocab` and `metrics` files: missing, unreadable, or
+    not the file written (those written before manifests recorded their identities are only
+    looked for). The next extraction writes them again."""
+    problems = []
+    for name in record.side_files():
+        if not store.exists(name):
+            problems.append(f"file `{name}` is missing; {_WAY_OUT['side']}")
+            continue
+        recorded = record.side_identities.get(name)
+        try:
+            changed = None if recorded is None else parquet.identity_change(store, name, recorded)
+        except parquet.UnreadableLakeFile as exc:
+            refused = exc.refusal(name)
+            problems.append(
+                f"file {refused}"
+                if refused is not None
+                else f"file `{name}` cannot be read ({exc.reason}); {_WAY_OUT['side']}"
+            )
+            continue
+        if changed is not None:
+            problems.append(f"file `{name}` {changed}; {_WAY_OUT['side']}")
+    return problems
 
 
 def _token_rows_of(samples: pa.Table) -> int:
@@ -233,6 +252,7 @@ def _unreadable_file(name: str, exc: parquet.UnreadableLakeFile, table: str) -> 
 
 _WAY_OUT = {
     "step": "delete it and extract again",
+    "side": "extract the run again",
     "rollup": "`tokenlake views LAKE --recompute` computes the rollups again",
 }
 # The columns verify reads from a step's files of any schema version.

@@ -189,7 +189,7 @@ def _create_all_views(
     reading = store.reading_filesystem()
     if reading is not None:  # an object store: DuckDB reads it through fsspec
         con.register_filesystem(reading)
-    records, unserved = served_records(store, records)
+    records, unserved = served_records(store, records, reading)
     create_base_views(con, store, records)
     for path in iter_macro_files():
         con.execute(path.read_text(encoding="utf-8"))

@@ -119,7 +119,14 @@ class RunManifest:
     # `metrics` files (one per batch of new lines) and how far each stream was read.
     metrics_files: list[str] = field(default_factory=list)
     metrics_sources: dict[str, MetricsSource] = field(default_factory=dict)
+    # Per side file listed (`runs`, `vocab`, `metrics`), its identity as written
+    # (`store.parquet.footer_identity`); a side file written before this field has none.
+    side_identities: dict[str, str] = field(default_factory=dict)
     meta_source: SourceFile | None = None  # the dashboard/meta.json the runs row was made from
+
+    def side_files(self) -> list[str]:
+        """The run's side files (`runs`, `vocab`, `metrics`) as listed."""
+        return [name for table in schema.SIDE_TABLES for name in self.files(table)]
 
     def files(self, table: str) -> list[str]:
         """Relative paths of one table's files, in step order."""
@@ -185,7 +192,11 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
 
 def save_manifest(store: Store, manifest: RunManifest) -> None:
     """Replace the run's manifest atomically (temporary file, fsync, rename; one PUT on an
-    object store)."""
+    object store). The identities of side files it no longer lists are dropped from it."""
+    listed = set(manifest.side_files())
+    manifest.side_identities = {
+        name: identity for name, identity in manifest.side_identities.items() if name in listed
+    }
     store.put_bytes(
         manifest_name(manifest.run),
         manifest_bytes(manifest),
@@ -334,6 +345,7 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
             str(name): MetricsSource(**_fields(MetricsSource, source))
             for name, source in _object(data.get("metrics_sources", {}), "metrics_sources").items()
         },
+        side_identities=_string_map(data.get("side_identities", {}), "side_identities"),
     )
     if not isinstance(record.source_dir, str):  # verify reads it as a place
         raise TypeError("`source_dir` is not a string")
@@ -375,6 +387,15 @@ def _check_identities(step: StepRecord) -> None:
             raise ValueError(f"a step's `identities` holds {shown(table)}: {shown(identity)}")
 
 
+def _check_side_identities(record: RunManifest) -> None:
+    """A run's side-file identities are what tokenlake writes, each of a side file it lists
+    (ValueError)."""
+    listed = set(record.side_files())
+    for name, identity in record.side_identities.items():
+        if name not in listed or not IDENTITY.fullmatch(identity):
+            raise ValueError(f"its `side_identities` holds {shown(name)}: {shown(identity)}")
+
+
 def _check_own_files(record: RunManifest) -> None:
     """A manifest lists only files of its own run's partitions, each once (ValueError)."""
     listed: list[str] = []
@@ -386,8 +407,9 @@ def _check_own_files(record: RunManifest) -> None:
             if table not in step_tables:
                 raise ValueError(f"a step lists a file for {shown(table)}, not a step table")
             listed.append(check_listed(name, table, record.run, step.rollout_id))
-    for table in (schema.RUNS, schema.VOCAB, schema.METRICS):
+    for table in schema.SIDE_TABLES:
         listed += [check_listed(name, table, record.run) for name in record.files(table)]
+    _check_side_identities(record)
     seen: set[str] = set()
     for name in listed:  # the same file twice would count its rows twice
         if name in seen:  # a path: shown whole, as the user must find it
