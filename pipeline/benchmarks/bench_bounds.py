@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tokenlake import tags
+from tokenlake import Lake, tags
 from tokenlake.read import dashboard, nemo_rl, prime_rl, trajectory, vocab
 from tokenlake.read.remote import remote_stage
 from tokenlake.serve import user_views
