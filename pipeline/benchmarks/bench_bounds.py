@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tokenlake import tags
+from tokenlake import layout, tags
 from tokenlake.read import dashboard, nemo_rl, prime_rl, trajectory, vocab
 from tokenlake.read.remote import remote_stage
 from tokenlake.serve import user_views
@@ -153,7 +153,7 @@ def plant_metrics(dump: Path, lake: Path, hostile: bool) -> list[str]:
 
 def plant_manifest(dump: Path, lake: Path, hostile: bool) -> list[str]:
     if hostile:
-        sparse(lake / "_manifest" / "other.json", manifest.MAX_MANIFEST_BYTES + 1)
+        sparse(lake / manifest.MANIFEST_DIR / "other.json", manifest.MAX_MANIFEST_BYTES + 1)
     return ["verify", str(lake)]
 
 
@@ -259,7 +259,7 @@ def plant_lock(dump: Path, lake: Path, hostile: bool) -> list[str]:
         bucket, key = url.removeprefix("s3://").split("/", 1)
         body = b" " * (object_lock.MAX_LOCK_BYTES + 1)
         boto3.client("s3").put_object(
-            Bucket=bucket, Key=f"{key}/_manifest/.tokenlake.lock", Body=body
+            Bucket=bucket, Key=f"{key}/{layout.MANIFEST_DIR}/{layout.LOCK_FILE}", Body=body
         )
     return _extract(dump, url)
 
@@ -506,8 +506,8 @@ def identity_costs(work: Path, steps: int) -> list[str]:
     every listed file's footer read and compared, the whole choice of what is served (links
     included), against a whole `query SELECT 1`. Best of 3 each."""
     from tokenlake.generator import synth
+    from tokenlake.lake import Lake
     from tokenlake.serve.served import served_records
-    from tokenlake.store import store_at
 
     dump, lake = work / "identities" / "dump", work / "identities" / "lake"
     shutil.rmtree(dump.parent, ignore_errors=True)
@@ -519,7 +519,7 @@ def identity_costs(work: Path, steps: int) -> list[str]:
     done = run_measured(_extract(dump, lake), env)
     if done.code != 0:
         raise SystemExit(f"bench-bounds: extracting {steps} steps failed:\n{done.output}")
-    store = store_at(lake)
+    store = Lake(lake).store
     records = manifest.load_all(store)
     listed = [
         (name, recorded)
