@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tokenlake import layout, tags
+from tokenlake import Lake, layout, tags
 from tokenlake.read import dashboard, nemo_rl, prime_rl, trajectory, vocab
 from tokenlake.read.remote import remote_stage
 from tokenlake.serve import user_views
@@ -506,7 +506,6 @@ def identity_costs(work: Path, steps: int) -> list[str]:
     every listed file's footer read and compared, the whole choice of what is served (links
     included), against a whole `query SELECT 1`. Best of 3 each."""
     from tokenlake.generator import synth
-    from tokenlake.lake import Lake
     from tokenlake.serve.served import served_records
 
     dump, lake = work / "identities" / "dump", work / "identities" / "lake"

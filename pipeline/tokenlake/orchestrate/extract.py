@@ -512,14 +512,14 @@ def _place(location: Path | str) -> tuple[str, str, tuple[str, ...]]:
 def _dump_at_or_above(store: Store) -> str | None:
     """How the lake's folder, or a folder above it, is a dump by its layout (None: neither
     is): one listing of each, for an object store up to its bucket."""
-    location = str(store.location)
-    if not remote_dump.is_remote(location):
-        for folder in (Path(location), *Path(location).parents):
+    location = store.location
+    if isinstance(location, Path):  # a directory: the store holds it resolved
+        for folder in (location, *location.parents):
             mark = formats.local_dump_mark(folder)
             if mark is not None:
-                return _dump_named(location, str(folder), mark)
+                return _dump_named(str(location), str(folder), mark)
         return None
-    _, bucket, keys = _place(location)
+    _, bucket, keys = remote_dump.store_location(location)
     scheme = location.split("://", 1)[0]
     for depth in range(len(keys), -1, -1):
         url = "/".join((f"{scheme}://{bucket}", *keys[:depth]))

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,35 @@ def create_base_views(
         sql = base_view_sql(table, _listed_files(store, records, table), older)
         con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
     con.execute(f"CREATE OR REPLACE MACRO {INCOMPLETE_STEPS}() AS TABLE {incomplete_sql(records)}")
+
+
+def step_view_queries(
+    store: Store,
+    records: list[manifest.RunManifest],
+    run: str,
+    rollout_id: int,
+    evaluation: bool,
+) -> dict[str, str]:
+    """Name -> query of each base view and stored rollup over one step's files only (and its
+    run's `runs`, `vocab` and `metrics` files): created as a connection's TEMP views, they
+    shadow the catalog's own inside every view, so a page about one step plans over its files
+    rather than over every file of the lake. Empty when `records` (the lake's served
+    manifests) have no such step.
+    """
+    record = next((r for r in records if r.run == run), None)
+    step = None if record is None else record.steps.get(layout.step_label(rollout_id, evaluation))
+    if record is None or step is None:
+        return {}
+    one = replace(record, steps={step.key: step})
+    older = step.schema_version < schema.SCHEMA_VERSION
+    queries = {
+        table: base_view_sql(table, _listed_files(store, [one], table), older)
+        for table in schema.TABLES
+    }
+    stored = rollups.catalog_views(
+        [step], {name: _listed_files(store, [one], name) for name in schema.ROLLUP_TABLES}
+    )
+    return {**queries, **stored.queries}
 
 
 # The table macro listing the steps extracted although their files were incomplete (their
