@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tokenlake import Lake, tags
+from tokenlake import Lake, layout, tags
 from tokenlake.read import dashboard, nemo_rl, prime_rl, trajectory, vocab
 from tokenlake.read.remote import remote_stage
 from tokenlake.serve import user_views
@@ -153,7 +153,7 @@ def plant_metrics(dump: Path, lake: Path, hostile: bool) -> list[str]:
 
 def plant_manifest(dump: Path, lake: Path, hostile: bool) -> list[str]:
     if hostile:
-        sparse(lake / "_manifest" / "other.json", manifest.MAX_MANIFEST_BYTES + 1)
+        sparse(lake / manifest.MANIFEST_DIR / "other.json", manifest.MAX_MANIFEST_BYTES + 1)
     return ["verify", str(lake)]
 
 
@@ -259,7 +259,7 @@ def plant_lock(dump: Path, lake: Path, hostile: bool) -> list[str]:
         bucket, key = url.removeprefix("s3://").split("/", 1)
         body = b" " * (object_lock.MAX_LOCK_BYTES + 1)
         boto3.client("s3").put_object(
-            Bucket=bucket, Key=f"{key}/_manifest/.tokenlake.lock", Body=body
+            Bucket=bucket, Key=f"{key}/{layout.MANIFEST_DIR}/{layout.LOCK_FILE}", Body=body
         )
     return _extract(dump, url)
 
