@@ -144,7 +144,7 @@ def test_a_catalog_without_its_views_never_replaces_the_old_one(
     assert (code, out) == (1, "")
     assert len(err) == 1
     assert err[0].startswith(
-        f"Error: Lake `{lake}/tokenlake.duckdb`: catalog lacks views `drift_by_length`,"
+        f"Error: Lake `{lake}/tokenlake.duckdb`: catalog lacks views `audit_tokens`,"
     )
     assert err[0].endswith(f"`{schema.ROLLUP_TABLES[-1]}` after its build")
     assert (lake / "tokenlake.duckdb").read_bytes() == before
