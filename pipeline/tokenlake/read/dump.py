@@ -27,7 +27,7 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import step_label
-from tokenlake.read.values import INT64_MAX
+from tokenlake.steps import INT64_MAX
 from tokenlake.store import manifest
 from tokenlake.store.base import Store
 
