@@ -118,7 +118,8 @@ def run_audits(
             text = path.read_text(encoding="utf-8")
             level = severity(path, text)
             try:
-                rows = plain_result(con.sql(text))
+                # `execute`, not `sql`: a relation binds the audit once more before it runs
+                rows = plain_result(con.execute(text))
             except duckdb.Error as exc:
                 problem = duckdb_problem(exc)
                 raise LakeError(str(lake), f"audit `{path.stem}` cannot run: {problem}") from exc

@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -230,16 +231,22 @@ def _is_plain(type_name: str) -> bool:
     return type_name in _PLAIN_TYPES or type_name.startswith("DECIMAL(")
 
 
-def plain_result(relation: duckdb.DuckDBPyRelation | None) -> Rows | pa.Table:
-    """A relation's rows as `Rows` when every column is of a type whose values DuckDB's rows
-    and Arrow give alike (pyarrow is not even imported), else as an Arrow table."""
-    if relation is None:
+def plain_result(
+    result: duckdb.DuckDBPyRelation | duckdb.DuckDBPyConnection | None,
+) -> Rows | pa.Table:
+    """A result's rows (a relation, or a connection after `execute`) as `Rows` when every
+    column is of a type whose values DuckDB's rows and Arrow give alike (pyarrow is not even
+    imported), else as an Arrow table."""
+    if result is None or result.description is None:
         return Rows([], [], [])
-    types = [str(t) for t in relation.types]
+    names = [column[0] for column in result.description]
+    types = [str(column[1]) for column in result.description]
     if not all(_is_plain(t) for t in types):
-        return relation.to_arrow_table()
+        with warnings.catch_warnings():  # that Arrow output of `execute` copies the rows once
+            warnings.filterwarnings("ignore", "Arrow output on a DB-API result", UserWarning)
+            return result.to_arrow_table()
     numeric = [t in _NUMERIC_TYPES or t.startswith("DECIMAL(") for t in types]
-    return Rows(list(relation.columns), numeric, relation.fetchall())
+    return Rows(names, numeric, result.fetchall())
 
 
 def format_table(table: pa.Table | Rows, fmt: str) -> str | bytes:
