@@ -60,7 +60,8 @@ def _served_steps(
         if problem is not None:
             left_out[key] = problem
             continue
-        rollup_problem = _files_problem(store, step, step.files)
+        rollups = {t: n for t, n in step.files.items() if t in schema.ROLLUP_TABLES}
+        rollup_problem = _files_problem(store, step, rollups)
         if rollup_problem is not None:  # its views read its tokens, as without rollups
             no_rollups[key] = rollup_problem
             step = replace(step, files=own, rollup_version="", rollup_settings={})
@@ -72,16 +73,17 @@ def _files_problem(store: Store, step: manifest.StepRecord, files: dict[str, str
     """Why some of a step's `files` must not be read (None: they may)."""
     for table, name in files.items():
         try:
-            store.url(name)  # a local lake refuses a name reached through a link
             recorded = step.identities.get(table)
             # Locally a footer costs ~50 us to check; on an object store two requests per file
             # for every command, so there `verify` alone compares them.
-            if recorded is not None and store.local_catalog is not None:
-                if parquet.footer_identity(store, name) != recorded:
-                    return (
-                        f"`{name}` is not the file its manifest records (its size or footer"
-                        " changed); `tokenlake verify LAKE` names it"
-                    )
+            # A local lake refuses a name reached through a link: `url`, or reading its footer.
+            if recorded is None or store.local_catalog is None:
+                store.url(name)
+            elif parquet.footer_identity(store, name) != recorded:
+                return (
+                    f"`{name}` is not the file its manifest records (its size or footer"
+                    " changed); `tokenlake verify LAKE` names it"
+                )
         except parquet.UnreadableLakeFile as exc:
             if store.exists(name):
                 return exc.refusal(name) or str(exc)
