@@ -54,7 +54,7 @@ endef
 # The files the example dump is generated from: `make example` rewrites it only when they change.
 GENERATOR := pipeline/tokenlake/generator/synth.py pipeline/tokenlake/generator/synth_spec.py pipeline/tokenlake/read/cp_layout.py
 
-.PHONY: help setup setup-test lock extract example follow verify views audit sql report serve test test-fast lint fmt bench bench-steps bench-formats clean
+.PHONY: help setup setup-test lock extract example follow verify views audit sql report serve test test-fast lint fmt bench bench-steps bench-formats bench-bounds clean
 
 help: ## list the targets (with the defaults in force)
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) \
@@ -147,6 +147,9 @@ bench-steps: setup ## BENCH_STEPS=$(BENCH_STEPS): a step's fixed cost (many 4-sa
 bench-formats: setup-test ## our S3 commit protocol vs Delta Lake and Iceberg on a local S3 server (docs/table-formats.md)
 	$(PY) -m pip install -q -e '.[formats]'
 	PYTHONPATH=pipeline $(PY) -m benchmarks.bench_formats
+
+bench-bounds: setup-test ## each file kind of docs/security.md's table of bounds, built just beyond its bound: the time and peak memory of its refusal
+	PYTHONPATH=pipeline $(PY) -m benchmarks.bench_bounds
 
 clean: ## remove $(EXAMPLE_DUMP)/ and the default lake (never touches RUN)
 	rm -rf "$$TL_EXAMPLE_DUMP" lake

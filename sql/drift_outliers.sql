@@ -2,8 +2,8 @@
 -- Grain: one row per (run, rollout_id, outlier_rank), outlier_rank 1..outliers_per_step
 --        (fewer when the step has fewer covered finite tokens). Non-finite tokens are not here;
 --        the audit `nonfinite_log_probs` lists them.
--- Inputs: drift_outlier_parts, drift_tokens, drift_settings (outliers_per_step); macro
---         outliers_kept (sql/macros).
+-- Inputs: drift_outlier_parts, drift_tokens, drift_settings (outliers_per_step); macros
+--         outliers_kept, outlier_rows (sql/macros).
 -- The rollup drift_outlier_parts keeps each step's worst 100 (outliers_kept()); up to that
 -- outliers_per_step reads them. Beyond it, the view ranks the tokens itself: max_by keeps each
 -- step's worst tokens, ordered by (|delta| desc, batch_position, position) through a struct key.
@@ -87,19 +87,5 @@ outliers AS (
         o.entropy
     FROM ranked
 )
-SELECT
-    run::VARCHAR AS run,
-    rollout_id::BIGINT AS rollout_id,
-    outlier_rank::BIGINT AS outlier_rank,
-    batch_position::INTEGER AS batch_position,
-    sample_index::BIGINT AS sample_index,
-    position::INTEGER AS position,
-    token_id::BIGINT AS token_id,
-    train_log_prob::DOUBLE AS train_log_prob,
-    rollout_log_prob::DOUBLE AS rollout_log_prob,
-    lp_diff::DOUBLE AS lp_diff,
-    abs_lp_diff::DOUBLE AS abs_lp_diff,
-    ratio::DOUBLE AS ratio,
-    entropy::DOUBLE AS entropy
-FROM outliers
+SELECT * FROM outlier_rows(outliers)
 ORDER BY run, rollout_id, outlier_rank

@@ -4,7 +4,8 @@
 -- Grain: one row per training-step sample with at least one covered finite token
 --        (run, rollout_id, batch_position). A sample without a row in `samples` keeps its
 --        sums, with null properties.
--- Inputs: drift_sample_parts, samples.
+-- Inputs: drift_sample_parts, samples; macro with_sample_properties (sql/macros), which joins
+--         the two.
 -- Columns:
 --   run                  VARCHAR  run name
 --   rollout_id           BIGINT   training step
@@ -22,23 +23,18 @@
 --   exp_abs_lp_diff_sum  DOUBLE   sum of exp(|delta|)
 CREATE OR REPLACE VIEW drift_sample_terms AS
 SELECT
-    p.run::VARCHAR AS run,
-    p.rollout_id::BIGINT AS rollout_id,
-    p.batch_position::INTEGER AS batch_position,
-    s.response_length::INTEGER AS response_length,
-    s.dumped_rank::BIGINT AS dumped_rank,
-    s.staleness::BIGINT AS staleness,
-    s.mixed_version::BOOLEAN AS mixed_version,
+    run::VARCHAR AS run,
+    rollout_id::BIGINT AS rollout_id,
+    batch_position::INTEGER AS batch_position,
+    response_length::INTEGER AS response_length,
+    dumped_rank::BIGINT AS dumped_rank,
+    staleness::BIGINT AS staleness,
+    mixed_version::BOOLEAN AS mixed_version,
     1::INTEGER AS samples,
-    p.tokens::BIGINT AS tokens,
-    p.sum_lp_diff::DOUBLE AS lp_diff_sum,
-    p.abs_lp_diff_sum::DOUBLE AS abs_lp_diff_sum,
-    p.max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,
-    p.k3_sum::DOUBLE AS k3_sum,
-    p.exp_abs_lp_diff_sum::DOUBLE AS exp_abs_lp_diff_sum
-FROM drift_sample_parts AS p
-LEFT JOIN samples AS s
-    ON s.run = p.run
-    AND s.rollout_id = p.rollout_id
-    AND NOT s.evaluation
-    AND s.batch_position = p.batch_position
+    tokens::BIGINT AS tokens,
+    sum_lp_diff::DOUBLE AS lp_diff_sum,
+    abs_lp_diff_sum::DOUBLE AS abs_lp_diff_sum,
+    max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,
+    k3_sum::DOUBLE AS k3_sum,
+    exp_abs_lp_diff_sum::DOUBLE AS exp_abs_lp_diff_sum
+FROM with_sample_properties(drift_sample_parts)

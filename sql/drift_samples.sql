@@ -7,7 +7,8 @@
 -- Inputs: drift_sample_parts (the per-sample rollup, computed with drift_settings'
 --         log_ratio_clamp, k3_clamp, veto_min_ratio, outlier_min_ratio, outlier_max_ratio,
 --         geo_band_low, geo_band_high, seq_ratio_low, seq_ratio_high, icepop_low, icepop_high
---         by the macro sample_drift, which holds every formula below), samples.
+--         by the macro sample_drift, which holds every formula below), samples; macro
+--         with_sample_properties (sql/macros), which joins the two.
 -- Columns:
 --   run                    VARCHAR  run name
 --   rollout_id             BIGINT   training step
@@ -40,37 +41,32 @@
 --   staleness              BIGINT   as samples.staleness (rollout_id - weight_version_min)
 CREATE OR REPLACE VIEW drift_samples AS
 SELECT
-    p.run::VARCHAR AS run,
-    p.rollout_id::BIGINT AS rollout_id,
-    p.batch_position::INTEGER AS batch_position,
-    p.sample_index::BIGINT AS sample_index,
-    p.tokens::BIGINT AS tokens,
-    p.sum_lp_diff::DOUBLE AS sum_lp_diff,
-    p.mean_lp_diff::DOUBLE AS mean_lp_diff,
-    p.mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,
-    p.max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,
-    p.k3_kl_clamped::DOUBLE AS k3_kl_clamped,
-    p.mean_train_log_prob::DOUBLE AS mean_train_log_prob,
-    p.mean_rollout_log_prob::DOUBLE AS mean_rollout_log_prob,
-    p.log_ppl_diff::DOUBLE AS log_ppl_diff,
-    p.chi2_seq_term::DOUBLE AS chi2_seq_term,
-    p.min_ratio::DOUBLE AS min_ratio,
-    p.max_ratio::DOUBLE AS max_ratio,
-    p.geo_mean_ratio::DOUBLE AS geo_mean_ratio,
-    p.seq_ratio::DOUBLE AS seq_ratio,
-    p.veto_tokens::BIGINT AS veto_tokens,
-    p.outlier_tokens::BIGINT AS outlier_tokens,
-    p.icepop_tokens::BIGINT AS icepop_tokens,
-    p.vetoed::BOOLEAN AS vetoed,
-    p.geo_rejected::BOOLEAN AS geo_rejected,
-    p.seq_ratio_rejected::BOOLEAN AS seq_ratio_rejected,
+    run::VARCHAR AS run,
+    rollout_id::BIGINT AS rollout_id,
+    batch_position::INTEGER AS batch_position,
+    sample_index::BIGINT AS sample_index,
+    tokens::BIGINT AS tokens,
+    sum_lp_diff::DOUBLE AS sum_lp_diff,
+    mean_lp_diff::DOUBLE AS mean_lp_diff,
+    mean_abs_lp_diff::DOUBLE AS mean_abs_lp_diff,
+    max_abs_lp_diff::DOUBLE AS max_abs_lp_diff,
+    k3_kl_clamped::DOUBLE AS k3_kl_clamped,
+    mean_train_log_prob::DOUBLE AS mean_train_log_prob,
+    mean_rollout_log_prob::DOUBLE AS mean_rollout_log_prob,
+    log_ppl_diff::DOUBLE AS log_ppl_diff,
+    chi2_seq_term::DOUBLE AS chi2_seq_term,
+    min_ratio::DOUBLE AS min_ratio,
+    max_ratio::DOUBLE AS max_ratio,
+    geo_mean_ratio::DOUBLE AS geo_mean_ratio,
+    seq_ratio::DOUBLE AS seq_ratio,
+    veto_tokens::BIGINT AS veto_tokens,
+    outlier_tokens::BIGINT AS outlier_tokens,
+    icepop_tokens::BIGINT AS icepop_tokens,
+    vetoed::BOOLEAN AS vetoed,
+    geo_rejected::BOOLEAN AS geo_rejected,
+    seq_ratio_rejected::BOOLEAN AS seq_ratio_rejected,
     false AS evaluation,
-    s.reward::DOUBLE AS reward,
-    s.raw_reward::DOUBLE AS raw_reward,
-    s.staleness::BIGINT AS staleness
-FROM drift_sample_parts AS p
-LEFT JOIN samples AS s
-    ON s.run = p.run
-    AND s.rollout_id = p.rollout_id
-    AND NOT s.evaluation
-    AND s.batch_position = p.batch_position
+    reward::DOUBLE AS reward,
+    raw_reward::DOUBLE AS raw_reward,
+    staleness::BIGINT AS staleness
+FROM with_sample_properties(drift_sample_parts)

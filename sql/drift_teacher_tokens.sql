@@ -3,7 +3,7 @@
 -- Grain: one row per loss-covered token of a training step with a finite student and teacher
 --        log-prob (run, rollout_id, batch_position, position); no rows in runs without a
 --        teacher (tokens.teacher_log_prob NULL).
--- Inputs: tokens; macro k3_term (sql/macros).
+-- Inputs: trained_tokens (the training tokens under the loss); macro k3_term (sql/macros).
 -- Columns:
 --   run               VARCHAR  run name
 --   rollout_id        BIGINT   training step
@@ -32,20 +32,19 @@ WITH covered AS (
         train_log_prob::DOUBLE AS student_lp,
         teacher_log_prob::DOUBLE AS teacher_lp,
         opd_reverse_kl::DOUBLE AS opd_reverse_kl
-    FROM tokens
-    WHERE NOT evaluation
-        AND loss_mask > 0
-        AND ISFINITE(train_log_prob)
+    FROM trained_tokens
+    WHERE ISFINITE(train_log_prob)
         AND ISFINITE(teacher_log_prob)
 )
 SELECT
-    run::VARCHAR AS run,  -- run name
-    rollout_id::BIGINT AS rollout_id,  -- training step
-    batch_position::INTEGER AS batch_position,  -- sample's position in the rollout dump
-    sample_index::BIGINT AS sample_index,  -- Sample.index
-    position::INTEGER AS position,  -- 0-based response index
-    token_id::BIGINT AS token_id,  -- token id
-    turn_index::INTEGER AS turn_index,  -- loss-covered run of the response
+    -- typed by trained_tokens
+    run,
+    rollout_id,
+    batch_position,
+    sample_index,
+    position,
+    token_id,
+    turn_index,
     student_lp::DOUBLE AS train_log_prob,  -- nats
     teacher_lp::DOUBLE AS teacher_log_prob,  -- nats
     opd_reverse_kl::DOUBLE AS opd_reverse_kl,  -- nats

@@ -5,7 +5,8 @@
 -- Finite: lp_diff, train_log_prob and rollout_log_prob all finite. Covered tokens with a NaN or
 -- infinite value are left out of every drift statistic; drift_steps counts them
 -- (`nonfinite_tokens`) and the audit `nonfinite_log_probs` lists them.
--- Inputs: tokens; macros drift_covered, drift_finite, k3_term (sql/macros).
+-- Inputs: trained_tokens (the training tokens under the loss); macros drift_covered,
+--         drift_finite, k3_term (sql/macros).
 -- Columns:
 --   run               VARCHAR  run name
 --   rollout_id        BIGINT   training step
@@ -46,23 +47,23 @@ WITH covered AS (
         rollout_log_prob::DOUBLE AS rollout_lp,
         entropy::DOUBLE AS entropy,
         lp_diff::DOUBLE AS delta
-    FROM tokens
-    WHERE NOT evaluation
-        AND drift_covered(loss_mask, lp_diff)
+    FROM trained_tokens
+    WHERE drift_covered(loss_mask, lp_diff)
         AND drift_finite(lp_diff, train_log_prob, rollout_log_prob)
 )
 SELECT
-    run::VARCHAR AS run,
-    rollout_id::BIGINT AS rollout_id,
-    batch_position::INTEGER AS batch_position,
-    sample_index::BIGINT AS sample_index,
-    position::INTEGER AS position,
-    token_id::BIGINT AS token_id,
-    turn_index::INTEGER AS turn_index,
-    first_occurrence::BOOLEAN AS first_occurrence,
-    token_version::VARCHAR AS token_version,
-    token_staleness::BIGINT AS token_staleness,
-    support_size::INTEGER AS support_size,
+    -- typed by trained_tokens
+    run,
+    rollout_id,
+    batch_position,
+    sample_index,
+    position,
+    token_id,
+    turn_index,
+    first_occurrence,
+    token_version,
+    token_staleness,
+    support_size,
     train_lp::DOUBLE AS train_log_prob,
     rollout_lp::DOUBLE AS rollout_log_prob,
     entropy::DOUBLE AS entropy,

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tokenlake.store.base import Store
 
 # The longest modules, longest first (each one worker's work for a minute or more).
 LONGEST_FIRST = (
@@ -66,6 +69,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ModulesWholeTestsApart(config, log)
 
 
+def local_store(path: Path | str) -> Store:
+    """The store of a lake directory, for tests that call what lies below `tokenlake.Lake`."""
+    from tokenlake.store.local import LocalStore
+
+    return LocalStore(path)
+
+
+def store_of(location: Path | str | Store) -> Store:
+    """The store of a lake directory or object-store URL, resolved as `tokenlake.Lake` does (a
+    store is returned as it is), for tests that call what lies below `tokenlake.Lake`."""
+    from tokenlake.store import store_at
+
+    return store_at(location)
+
+
 @pytest.fixture(scope="module")
 def basic_and_pp2_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A lake holding the real `basic` and `pp2` fixture runs, extracted once per module."""
@@ -73,8 +91,8 @@ def basic_and_pp2_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     lake = tmp_path_factory.mktemp("two-runs") / "lake"
-    extract_run(REAL_DUMPS / "basic", lake, ExtractOptions(workers=1))
-    extract_run(REAL_DUMPS / "pp2", lake, ExtractOptions(workers=1))
+    extract_run(REAL_DUMPS / "basic", local_store(lake), ExtractOptions(workers=1))
+    extract_run(REAL_DUMPS / "pp2", local_store(lake), ExtractOptions(workers=1))
     return lake
 
 
@@ -87,5 +105,5 @@ def basic_and_pp2_lake(basic_and_pp2_template: Path, tmp_path: Path) -> Path:
 
     copy = tmp_path / "lake"
     shutil.copytree(basic_and_pp2_template, copy)
-    catalog.build_catalog(copy)  # its views point at the copy
+    catalog.build_catalog(local_store(copy))  # its views point at the copy
     return copy

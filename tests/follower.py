@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.conftest import store_of
 from tokenlake.orchestrate.extract import ExtractOptions, ExtractSummary
 from tokenlake.orchestrate.follow import follow_run
 
@@ -47,7 +48,7 @@ class Follower:
             )
             follow_run(
                 dump,
-                lake,
+                store_of(lake),
                 options,
                 on_round=self._record,
                 should_stop=self._stop.is_set,

@@ -15,12 +15,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from tests.conftest import local_store
 from tokenlake import schema
 from tokenlake.layout import partition_dir
 from tokenlake.load import write
 from tokenlake.orchestrate import maintain
 from tokenlake.serve import catalog
-from tokenlake.store import manifest, store_at
+from tokenlake.store import manifest
 
 
 def _defaults(table: str) -> dict[str, Any]:
@@ -38,8 +39,8 @@ def _record(
 ) -> None:
     """List the file in the run's manifest with its rows and identity, as an extraction
     would."""
-    run = key[0]
-    entry = manifest.load_manifest(lake, run) or manifest.RunManifest(run=run, source_dir="")
+    run, store = key[0], local_store(lake)
+    entry = manifest.load_manifest(store, run) or manifest.RunManifest(run=run, source_dir="")
     relative = str(path.relative_to(lake))
     if table == schema.RUNS:
         entry.runs_file = relative
@@ -56,7 +57,7 @@ def _record(
             step.tokens = rows
         elif table == schema.SAMPLES:
             step.samples = rows
-    manifest.save_manifest(lake, entry)
+    manifest.save_manifest(store, entry)
 
 
 def _add_turn_index(rows: list[dict[str, Any]]) -> None:
@@ -126,11 +127,12 @@ def build_lake(
         if rows:
             write_rows(lake, table, list(rows))
     add_rollups(lake)
-    return catalog.build_catalog(lake)
+    return catalog.build_catalog(local_store(lake))
 
 
 def add_rollups(lake: Path) -> None:
     """Compute the rollups of every step that lacks them, from its files."""
-    for record in manifest.load_all(lake):
-        if maintain.refresh_rollups(store_at(lake), record):
-            manifest.save_manifest(lake, record)
+    store = local_store(lake)
+    for record in manifest.load_all(store):
+        if maintain.refresh_rollups(store, record):
+            manifest.save_manifest(store, record)

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.conftest import store_of
 from tokenlake.orchestrate import step
 from tokenlake.read import dump as dump_module
 from tokenlake.read import pt
@@ -70,7 +71,7 @@ class MemDump:
         return tokens, samples
 
     def error(self) -> str | None:
-        outcome = step.extract_step(self.files(), self.root / "lake", "r", "new")
+        outcome = step.extract_step(self.files(), store_of(self.root / "lake"), "r", "new")
         return outcome.error
 
 

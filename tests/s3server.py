@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from click.testing import CliRunner
 
 from benchmarks.s3server import list_keys, moto_server, new_bucket
+from tests.conftest import store_of
 from tokenlake.cli import main
 from tokenlake.serve import catalog
 
@@ -29,7 +30,7 @@ def cli(*args: str) -> tuple[int, str]:
 
 def rows(lake: Path | str, sql: str) -> list[tuple[str, ...]]:
     """A query's rows through the lake's catalog, sorted, compared as text (NaN-safe)."""
-    con = catalog.connect(lake)
+    con = catalog.connect(store_of(lake))
     try:
         return text_rows(con, sql)
     finally:

@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from benchmarks import bench_formats_writers as bw
 from benchmarks import s3server
-from tokenlake import extras, schema
+from tokenlake import Lake, extras, schema
 from tokenlake.generator import synth
 from tokenlake.read import dump
 from tokenlake.transform.tables import build_step_tables
@@ -102,20 +102,19 @@ def readers(buckets: dict[str, str], env: dict[str, str], folder: Path) -> dict[
 
     from tokenlake.serve import catalog
     from tokenlake.store import manifest
-    from tokenlake.store.object import ObjectStore
 
-    lake = ObjectStore(f"s3://{buckets['tokenlake (manifest)']}/tokenlake")
+    store = Lake(f"s3://{buckets['tokenlake (manifest)']}/tokenlake").store
     delta = f"s3://{buckets['delta-rs our settings, table kept']}/delta/{schema.TOKENS}"
     options = bw.delta_options(env)
     iceberg = bw.iceberg_catalog(folder, buckets["pyiceberg, sqlite catalog"], env)
 
     def ours() -> object:
-        record = manifest.load_manifest(lake.location, bw.RUN)
+        record = manifest.load_manifest(store, bw.RUN)
         assert record is not None
-        return duckdb_over([lake.url(name) for name in record.files(schema.TOKENS)])
+        return duckdb_over([store.url(name) for name in record.files(schema.TOKENS)])
 
     def catalog_query() -> object:
-        with catalog.connect(f"s3://{buckets['extract_run']}/x") as con:
+        with catalog.connect(Lake(f"s3://{buckets['extract_run']}/x").store) as con:
             return con.execute(SCAN.format(schema.TOKENS)).fetchall()
 
     def iceberg_files() -> list[str]:
@@ -199,12 +198,11 @@ def race(env: dict[str, str], folder: Path) -> list[str]:
 def tokenlake_second_writer() -> str:
     """tokenlake allows one writer per lake: the second is refused at once, with this text."""
     from tokenlake.errors import LakeError
-    from tokenlake.store.object import ObjectStore
 
     url = f"s3://{bw.new_bucket()}/lake"
-    with ObjectStore(url).lock():
+    with Lake(url).store.lock():
         try:
-            with ObjectStore(url).lock():
+            with Lake(url).store.lock():
                 return "the second writer got the lock (unexpected)"
         except LakeError as exc:
             return f"second writer refused: {str(exc)[:110]}..."
@@ -288,7 +286,9 @@ def _measure(
             url = f"s3://{buckets['extract_run']}/x"
             extract.append(
                 bw.timed(
-                    functools.partial(extract_run, dump_dir, url, ExtractOptions(run_name=bw.RUN))
+                    functools.partial(
+                        extract_run, dump_dir, Lake(url).store, ExtractOptions(run_name=bw.RUN)
+                    )
                 )
             )
     return {"runs": runs, "buckets": buckets, "places": places, "extract": extract}

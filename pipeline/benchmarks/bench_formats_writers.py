@@ -23,11 +23,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks import s3server
-from tokenlake import schema
+from tokenlake import Lake, schema
 from tokenlake.layout import new_name
 from tokenlake.load import write
 from tokenlake.read import dump
 from tokenlake.store import manifest
+from tokenlake.store.base import Store
 
 RUN = "bench"
 STEP_TABLES = (schema.TOKENS, schema.SAMPLES)
@@ -120,13 +121,13 @@ def timed(action: Callable[[], object]) -> float:
 # -- tokenlake -----------------------------------------------------------------------------
 
 
-def _put_step(lake: Any, step: Step) -> dict[str, str]:
+def _put_step(store: Store, step: Step) -> dict[str, str]:
     """The step's objects under fresh names (what `orchestrate/step.py` writes)."""
     names = {}
     for table, data in step.tables.items():
         names[table] = new_name(table, RUN, schema.TRAIN_STEM, step.files.rollout_id)
         meta = write.file_metadata(table, RUN, str(step.files.rollout_file))
-        write.write_lake_file(lake, names[table], table, data, meta)
+        write.write_lake_file(store, names[table], table, data, meta)
     return names
 
 
@@ -147,27 +148,25 @@ def _record(step: Step, names: dict[str, str]) -> manifest.StepRecord:
 
 def bench_tokenlake(steps: list[Step], bucket: str, env: dict[str, str], folder: Path) -> Figures:
     """tokenlake's protocol with its own code; the lock is taken once, in the first step."""
-    from tokenlake.store.object import ObjectStore
-
-    lake = ObjectStore(f"s3://{bucket}/tokenlake")
+    store = Lake(f"s3://{bucket}/tokenlake").store
     record = manifest.RunManifest(run=RUN, source_dir=str(steps[0].files.root))
     figures = Figures("tokenlake (manifest)", [], [], 0.0)
     started = time.perf_counter()
-    with lake.lock():
+    with store.lock():
         lock = time.perf_counter() - started
         for step in steps:
             began = time.perf_counter()
-            record.steps[step.files.label] = _record(step, _put_step(lake, step))
-            figures.commits.append(timed(lambda: manifest.save_manifest(lake.location, record)))
+            record.steps[step.files.label] = _record(step, _put_step(store, step))
+            figures.commits.append(timed(lambda: manifest.save_manifest(store, record)))
             figures.steps.append(time.perf_counter() - began)
         figures.steps[0] += lock  # the lock is taken once, before the first step
         count_objects(figures, bucket, "tokenlake/")
         first = steps[0]
         began = time.perf_counter()
         old = list(record.steps[first.files.label].files.values())
-        record.steps[first.files.label] = _record(first, _put_step(lake, first))
-        manifest.save_manifest(lake.location, record)
-        lake.delete(old)
+        record.steps[first.files.label] = _record(first, _put_step(store, first))
+        manifest.save_manifest(store, record)
+        store.delete(old)
         figures.rewrite = time.perf_counter() - began
     return figures
 

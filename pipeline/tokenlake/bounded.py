@@ -344,7 +344,9 @@ def lines(
     rest comes as a first line with `text` None.
     """
     handle.seek(start)
-    buffer, buffer_offset, line_start, position = b"", start, start, start
+    # A bytearray grows in place: bytes concatenated chunk by chunk would copy a long line
+    # once per chunk (32 GiB of copies for a 256 MiB line, minutes to refuse it).
+    buffer, buffer_offset, line_start, position = bytearray(), start, start, start
     oversize = inside_long
     while position < end:
         if oversize and not buffer:  # inside a skipped line: a sparse file's holes hold no newline
@@ -355,18 +357,21 @@ def lines(
         if not chunk:
             break
         position += len(chunk)
+        searched = len(buffer)  # what the buffer held before holds no newline
         buffer += chunk
         cursor = 0  # an index, not re-slicing per line: slicing would copy the chunk per line
-        while (newline := buffer.find(b"\n", cursor)) >= 0:
+        while (newline := buffer.find(b"\n", max(cursor, searched))) >= 0:
             after = buffer_offset + newline + 1
             long = oversize or newline - cursor > max_line
-            yield Line(line_start, after, None if long else buffer[cursor:newline], True)
+            yield Line(line_start, after, None if long else bytes(buffer[cursor:newline]), True)
             cursor, line_start, oversize = newline + 1, after, False
-        buffer, buffer_offset = buffer[cursor:], buffer_offset + cursor
+        del buffer[:cursor]
+        buffer_offset += cursor
         if len(buffer) > max_line:
-            buffer, buffer_offset, oversize = b"", buffer_offset + len(buffer), True
+            buffer_offset, oversize = buffer_offset + len(buffer), True
+            buffer = bytearray()
     if oversize or buffer:
-        yield Line(line_start, position, None if oversize else buffer, False)
+        yield Line(line_start, position, None if oversize else bytes(buffer), False)
 
 
 def _after_hole(handle: BinaryIO, position: int, end: int) -> int:

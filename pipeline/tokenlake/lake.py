@@ -45,10 +45,9 @@ from typing import TYPE_CHECKING, Any
 from tokenlake import schema
 from tokenlake.errors import LakeError, UnknownRunError, UsageError
 from tokenlake.layout import Location
-from tokenlake.read import dump
 from tokenlake.serve.served import served_records
 from tokenlake.steps import StepSelection, as_selection, describe_ids
-from tokenlake.store import manifest, store_at
+from tokenlake.store import is_dump, manifest, require_lake, store_at
 from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
@@ -84,8 +83,8 @@ def open_lake(location: Location, *, create: bool = False) -> Lake:
         tokenlake.errors.LakeError: Lake `/nonexistent/lake`: is not a lake: it has no `_manifest/`; run `tokenlake extract` first
     """
     lake = Lake(location)
-    if not create or dump.is_dump(lake.store):
-        dump.require_lake(lake.store)  # says what the location is instead
+    if not create or is_dump(lake.store):
+        require_lake(lake.store)  # says what the location is instead
     return lake
 
 
@@ -146,7 +145,7 @@ class Lake:
         stamp = self.store.catalog_stamp()
         if self._con is None or stamp != self._con_stamp:
             self.close()  # one connection per file: DuckDB caches databases by path
-            self._con = catalog.connect(self.root)
+            self._con = catalog.connect(self.store)
             self._con_stamp = stamp
         return self._con
 
@@ -382,7 +381,8 @@ def _listed_files(
 ) -> list[tuple[str, dict[str, Any]]]:
     """(file relative to the lake, partition values) of every file the manifests list: one
     read of each manifest."""
-    records, unserved = served_records(store, manifest.load_all(store))
+    listing = None if store.local_catalog is not None else store.reading_filesystem()
+    records, unserved = served_records(store, manifest.load_all(store), listing)
     for line in unserved:  # a planted link or a changed file: its step or run, not the lake
         log.warning("%s", line)
     listed: list[tuple[str, dict[str, Any]]] = []

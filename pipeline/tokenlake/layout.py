@@ -29,6 +29,8 @@ MANIFEST_DIR = "_manifest"
 USER_VIEWS_DIR = "views"
 LOCK_FILE = ".tokenlake.lock"
 CATALOG_FILE = "tokenlake.duckdb"
+# The folder of a miles or slime dump's rollouts: a location holding it is a dump, never a lake.
+ROLLOUT_DIR = "rollout_data"
 # A run name is a file name (`<run>.json`, `run=<run>`); most file systems hold 255 bytes.
 MAX_RUN_NAME_BYTES = 250
 

@@ -76,6 +76,8 @@ EXPERTS = "experts"  # only with `tokenlake extract --with-experts`
 TABLES = (TOKENS, SAMPLES, RUNS, VOCAB, METRICS, EXPERTS)
 # Tables with files per step (listed in each step's manifest record).
 STEP_TABLES = (TOKENS, SAMPLES, EXPERTS)
+# Tables with files per run (the manifest's `runs_file`, `vocab_file`, `metrics_files`).
+SIDE_TABLES = (RUNS, VOCAB, METRICS)
 # Rollups: per-step partial aggregates the views read instead of the tokens, one table each,
 # written with every step (`sql/rollups/<name>.sql` defines each, columns in its header;
 # pipeline/tokenlake/serve/rollups.py computes them). Stored under `LAKE/rollups/<name>/`.

@@ -4,23 +4,13 @@
 -- Grain: one row per offending token (run, rollout_id, batch_position, position).
 -- Rule: not evaluation, loss_mask > 0, lp_diff finite, |lp_diff| >= abs_lp_diff_limit.
 -- Parameters (drift_settings): abs_lp_diff_limit (20 nats).
--- Inputs: audit_token_rows, tokens, drift_settings; macro large_lp_diff_floor (sql/macros).
--- The rollup audit_token_rows holds every token at or above large_lp_diff_floor() (5 nats);
--- a limit below that reads the tokens (a guarded fallback, skipped otherwise).
+-- Inputs: audit_tokens, tokens, drift_settings; macro large_lp_diff_floor (sql/macros).
+-- audit_tokens (the rollup audit_token_rows) holds every token at or above
+-- large_lp_diff_floor() (5 nats); a limit below that reads the tokens (a guarded fallback,
+-- skipped otherwise).
 WITH candidates AS (
-    SELECT
-        run,
-        rollout_id,
-        evaluation,
-        batch_position,
-        sample_index,
-        position,
-        token_id,
-        loss_mask::TINYINT AS loss_mask,
-        train_log_prob::FLOAT AS train_log_prob,
-        rollout_log_prob::FLOAT AS rollout_log_prob,
-        lp_diff::FLOAT AS lp_diff
-    FROM audit_token_rows
+    SELECT audit_tokens.*
+    FROM audit_tokens
     JOIN drift_settings AS s ON s.abs_lp_diff_limit >= large_lp_diff_floor()
     UNION ALL
     SELECT live.* EXCLUDE (hit)

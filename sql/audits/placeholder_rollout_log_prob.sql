@@ -3,7 +3,7 @@
 -- Severity: warning
 -- Grain: one row per offending token (run, rollout_id, evaluation, batch_position, position).
 -- Rule: loss_mask > 0 AND rollout_log_prob = 0.0 (train and eval rows). Parameters: none.
--- Inputs: audit_token_rows (the rollup of the candidate token rows of each step).
+-- Inputs: audit_tokens (the candidate token rows of each step, in the tokens' types).
 SELECT
     run,
     rollout_id,
@@ -16,22 +16,7 @@ SELECT
     train_log_prob,
     rollout_log_prob,
     lp_diff
-FROM (
-    -- The rollup's rows in the tokens' own types (the widening casts are exact both ways).
-    SELECT
-        run,
-        rollout_id,
-        evaluation,
-        batch_position,
-        sample_index,
-        position,
-        token_id,
-        loss_mask::TINYINT AS loss_mask,
-        train_log_prob::FLOAT AS train_log_prob,
-        rollout_log_prob::FLOAT AS rollout_log_prob,
-        lp_diff::FLOAT AS lp_diff
-    FROM audit_token_rows
-)
+FROM audit_tokens
 WHERE loss_mask > 0
     AND rollout_log_prob = 0.0
 ORDER BY run, rollout_id, evaluation, batch_position, position

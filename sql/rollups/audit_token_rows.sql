@@ -7,7 +7,7 @@
 --        with a finite |lp_diff| of at least large_lp_diff_floor() (5 nats).
 -- Inputs: tokens; macro large_lp_diff_floor (sql/macros).
 -- Settings: none.
--- Columns (the tokens columns, widened to the rollup types; the audits cast them back):
+-- Columns (the tokens columns, widened to the rollup types; the view audit_tokens casts back):
 --   run               VARCHAR  run name
 --   rollout_id        BIGINT   training step
 --   evaluation        BOOLEAN  true for rows from rollout_data/eval_{rid}.pt

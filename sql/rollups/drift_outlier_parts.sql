@@ -4,7 +4,7 @@
 --        step has fewer covered finite tokens).
 -- Order: |delta| descending, ties by batch_position, then position (as drift_outliers). The
 --   100th largest |delta| of the step bounds the candidates; only those are ranked.
--- Inputs: drift_tokens; macro outliers_kept (sql/macros).
+-- Inputs: drift_tokens; macros outliers_kept, outlier_rows (sql/macros).
 -- Settings: none.
 -- Columns:
 --   run               VARCHAR  run name
@@ -54,18 +54,4 @@ ranked AS (
     FROM candidates
     QUALIFY outlier_rank <= outliers_kept()
 )
-SELECT
-    run::VARCHAR AS run,
-    rollout_id::BIGINT AS rollout_id,
-    outlier_rank::BIGINT AS outlier_rank,
-    batch_position::INTEGER AS batch_position,
-    sample_index::BIGINT AS sample_index,
-    position::INTEGER AS position,
-    token_id::BIGINT AS token_id,
-    train_log_prob::DOUBLE AS train_log_prob,
-    rollout_log_prob::DOUBLE AS rollout_log_prob,
-    lp_diff::DOUBLE AS lp_diff,
-    abs_lp_diff::DOUBLE AS abs_lp_diff,
-    ratio::DOUBLE AS ratio,
-    entropy::DOUBLE AS entropy
-FROM ranked
+SELECT * FROM outlier_rows(ranked)

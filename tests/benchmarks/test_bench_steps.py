@@ -9,6 +9,7 @@ import json
 import pytest
 
 from benchmarks import bench
+from tests.conftest import store_of
 from tokenlake.generator import synth
 from tokenlake.serve.query import run_query
 
@@ -58,7 +59,7 @@ def test_every_command_is_timed_on_the_run_the_bench_extracted(tmp_path, monkeyp
     assert list(figures) == ["query", "audit", "verify", "tag", "report"]
     assert all(seconds > 0 for seconds in figures.values())
     # each `tag` set a new value on the bench's run: the last one is there
-    tags = run_query(tmp_path / "lake", "SELECT run, tags_json FROM runs").to_pylist()
+    tags = run_query(store_of(tmp_path / "lake"), "SELECT run, tags_json FROM runs").to_pylist()
     assert [(row["run"], json.loads(row["tags_json"])) for row in tags] == [
         (bench.BENCH_RUN, {"bench": "1"})
     ]

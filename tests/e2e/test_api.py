@@ -15,7 +15,6 @@ from tokenlake import schema
 from tokenlake.errors import LakeError, UnknownRunError
 from tokenlake.generator import synth
 from tokenlake.store import manifest
-from tokenlake.store.local import LocalStore
 
 SPEC = replace(synth.PRESETS["example"], miles_dashboard=True)
 KEYS = {
@@ -80,15 +79,15 @@ def test_selections_read_only_the_listed_files(lake):
 
 @pytest.mark.slow
 def test_reading_takes_no_lock(lake):
-    with LocalStore(lake.root).lock():  # an extraction holds the writer lock meanwhile
+    with lake.store.lock():  # an extraction holds the writer lock meanwhile
         assert lake.tokens(steps=[0]).collect().height == 1943
         assert lake.sql("SELECT count(*) FROM samples").fetchall() == [(176,)]
 
 
 @pytest.mark.slow
 def test_a_superseded_file_makes_the_call_read_the_manifests_again(lake, monkeypatch):
-    current = manifest.load_all(lake.root)
-    stale = manifest.load_all(lake.root)
+    current = manifest.load_all(lake.store)
+    stale = manifest.load_all(lake.store)
     stale[0].steps["0"].files[schema.TOKENS] = "tokens/run=a/rollout_id=0/train-deadbeef.parquet"
     answers = [stale, current]
     monkeypatch.setattr(manifest, "load_all", lambda root: answers.pop(0))

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake import layout
 from tokenlake.cli import main
@@ -108,7 +109,7 @@ def test_truncated_train_file_skips_its_step_only(tmp_path: Path) -> None:
     counts = "2 new, 0 updated, 0 unchanged, 0 removed, 1 skipped"
     assert (code, out) == (1, summary_line("basic", tmp_path / "lake", counts, 12, 124))
     assert lake_steps(tmp_path / "lake", "basic") == EVAL_AND_STEP_1
-    assert verify_lake(tmp_path / "lake") == (2, [])
+    assert verify_lake(store_of(tmp_path / "lake")) == (2, [])
 
 
 @pytest.mark.slow
@@ -485,11 +486,13 @@ def test_full_lake_is_a_clear_error_and_leaves_the_lake_intact(
         " this are kept; free space or fix permissions, then extract again"
     ]
     assert _snapshot(lake) == before  # no half step, no temporary file
-    assert verify_lake(lake)[1][0].message.endswith("changed since extraction; extract again")
+    assert verify_lake(store_of(lake))[1][0].message.endswith(
+        "changed since extraction; extract again"
+    )
     code, out, err = extract(dump, lake)  # space is back: the next run completes
     counts = "0 new, 1 updated, 2 unchanged, 0 removed, 0 skipped"
     assert (code, err, out) == (0, [], summary_line("basic", lake, counts, 8, 82))
-    assert verify_lake(lake) == (3, [])
+    assert verify_lake(store_of(lake)) == (3, [])
 
 
 # --- names ------------------------------------------------------------------------------------
@@ -511,4 +514,4 @@ def test_quotes_spaces_and_unicode_in_paths_and_run_names(tmp_path: Path) -> Non
     with duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True) as con:
         runs = con.execute("SELECT run, count(*) FROM tokens GROUP BY run ORDER BY run").fetchall()
     assert [r for r, _ in runs] == sorted([dump.name, name])
-    assert verify_lake(lake) == (3 + 4, [])
+    assert verify_lake(store_of(lake)) == (3 + 4, [])

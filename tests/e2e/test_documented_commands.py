@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
@@ -108,7 +109,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("documented")
     for run in RUN_NAMES:
         options = ExtractOptions(run_name=run, workers=1)
-        assert extract_run(REAL_DUMPS / "basic", root / "lake", options).failed == []
+        assert extract_run(REAL_DUMPS / "basic", store_of(root / "lake"), options).failed == []
     shutil.copytree(REPO / "sql", root / "sql")
     return root
 

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.conftest import store_of
 from tokenlake import layout, schema
 from tokenlake.generator import synth
 from tokenlake.generator.synth import PRESETS
@@ -153,7 +154,7 @@ def test_lake_matches_truth(preset: str, tmp_path: Path) -> None:
     assert truth is not None
     # settle 0: the dump is finished, so a preset's missing rank is a step that lands marked
     # incomplete, not one still being written
-    extract_run(dump, lake, ExtractOptions(run_name="synth", settle_seconds=0.0))
+    extract_run(dump, store_of(lake), ExtractOptions(run_name="synth", settle_seconds=0.0))
     con = duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True)
     want = expected_tokens(truth)
     columns = ", ".join(want)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake.cli import main
 from tokenlake.orchestrate.progress import BarReporter, PlainReporter
@@ -485,7 +486,7 @@ def test_a_stop_names_the_steps_still_in_flight(tmp_path):
 
     todo = [(files, "new") for files in dump.discover(BASIC).steps]
     told: list[list[str]] = []
-    outcomes = run_steps(todo, tmp_path, "basic", 3, told.append)
+    outcomes = run_steps(todo, store_of(tmp_path), "basic", 3, told.append)
     first = next(outcomes)  # all three were handed out; one is back
     outcomes.close()  # what Ctrl-C or --strict does to the generator
     assert len(told) == 1

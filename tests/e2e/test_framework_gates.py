@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, REAL_DUMPS, SLIME_REAL
 from tokenlake.cli import main
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -28,7 +29,7 @@ ORACLE_TOL = 1e-5  # the frameworks' values are torch float32
 def _lake(root: Path, *dumps: Path) -> Path:
     lake = root / "lake"
     for dump in dumps:
-        assert extract_run(dump, lake, ExtractOptions(workers=1)).failed == []
+        assert extract_run(dump, store_of(lake), ExtractOptions(workers=1)).failed == []
     return lake
 
 

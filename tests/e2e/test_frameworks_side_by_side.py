@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, PRIME_RL_REAL, REAL_DUMPS, SLIME_REAL
 from tokenlake.generator.synth import PRESETS, write_dump
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -45,7 +46,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in FRAMEWORKS:
         spec = replace(SPEC, framework=name, record_cp=name != "slime-v1")
         write_dump(root / name, spec)
-        summary = extract_run(root / name, lake, ExtractOptions(workers=1))
+        summary = extract_run(root / name, store_of(lake), ExtractOptions(workers=1))
         steps = 3 if name == "prime-rl" else 4  # prime-rl exports no evaluation
         assert (summary.failed, summary.dump_format, summary.counts["new"]) == ([], name, steps)
     return lake
@@ -108,7 +109,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Path:
         NEMO_RL_REAL / "grpo_multiturn",
         PRIME_RL_REAL / "packed_2ranks",
     ):
-        assert extract_run(dump, lake, ExtractOptions(workers=1)).failed == []
+        assert extract_run(dump, store_of(lake), ExtractOptions(workers=1)).failed == []
     return lake
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import store_of
 from tests.memdump import MemDump, column, sample, train_rows
 from tokenlake.read import cp_layout
 from tokenlake.read.trajectory import messages_by_position
@@ -197,7 +198,7 @@ def test_rollout_log_prob_is_the_half_precision_train_side_copy(preset: str, tmp
         dtype
         == {"true-on-policy-bf16": torch.bfloat16, "true-on-policy-fp16": torch.float16}[preset]
     )
-    extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name="r"))
+    extract_run(tmp_path / "dump", store_of(tmp_path / "lake"), ExtractOptions(run_name="r"))
     con = duckdb.connect(str(tmp_path / "lake" / "tokenlake.duckdb"), read_only=True)
     rows = con.execute(
         "SELECT batch_position, rollout_log_prob, lp_diff, loss_mask FROM tokens"

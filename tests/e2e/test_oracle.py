@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import MILES_REAL
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,9 @@ def con(tmp_path_factory):
 
     lake = tmp_path_factory.mktemp("oracle_lake")
     for case in CASES:
-        extract_run(FIXTURES / "dumps" / case, lake, ExtractOptions(run_name=case, strict=True))
+        extract_run(
+            FIXTURES / "dumps" / case, store_of(lake), ExtractOptions(run_name=case, strict=True)
+        )
     connection = duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True)
     yield connection
     connection.close()

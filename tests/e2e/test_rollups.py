@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import store_of
 from tokenlake import schema
 from tokenlake.cli import main
 from tokenlake.generator import synth
@@ -45,7 +46,7 @@ def run_cli(*args: str) -> tuple[int, str]:
 def extracted(tmp_path: Path, preset: str) -> Path:
     dump, lake = tmp_path / "dump", tmp_path / "lake"
     synth.write_dump(dump, synth.PRESETS[preset])
-    extract_run(dump, lake, ExtractOptions(workers=1))
+    extract_run(dump, store_of(lake), ExtractOptions(workers=1))
     return lake
 
 
@@ -55,7 +56,7 @@ def from_tokens(lake: Path, monkeypatch: pytest.MonkeyPatch) -> duckdb.DuckDBPyC
         patched.setattr(
             rollups, "catalog_views", lambda steps, files: rollups.CatalogRollups({}, None)
         )
-        return catalog.connect(lake)
+        return catalog.connect(store_of(lake))
 
 
 def public_views(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -91,7 +92,7 @@ def test_every_view_and_audit_from_rollups_equals_it_from_the_tokens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preset: str
 ) -> None:
     lake = extracted(tmp_path, preset)
-    stored, computed = catalog.connect(lake), from_tokens(lake, monkeypatch)
+    stored, computed = catalog.connect(store_of(lake)), from_tokens(lake, monkeypatch)
     views = public_views(stored)
     assert views == public_views(computed)
     assert set(schema.ROLLUP_TABLES) <= set(views)
@@ -126,12 +127,18 @@ def scanned_files(con: duckdb.DuckDBPyConnection, query: str, profile: Path) -> 
 
 
 # Views that list tokens or read them by design: the token rows themselves.
-TOKEN_VIEWS = {"tokens", "drift_tokens", "drift_token_samples", "drift_teacher_tokens"}
+TOKEN_VIEWS = {
+    "tokens",
+    "trained_tokens",
+    "drift_tokens",
+    "drift_token_samples",
+    "drift_teacher_tokens",
+}
 
 
 def test_views_and_audits_from_rollups_read_no_token_file(tmp_path: Path) -> None:
     lake = extracted(tmp_path, "example")
-    con = catalog.connect(lake)
+    con = catalog.connect(store_of(lake))
     queries = {v: f"SELECT * FROM {v}" for v in public_views(con) if v not in TOKEN_VIEWS}
     queries.update(audit_queries())
     read_tokens = {}
@@ -147,7 +154,7 @@ def test_other_drift_settings_compute_the_rollup_from_the_tokens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lake = extracted(tmp_path, "example")
-    stored, computed = catalog.connect(lake), from_tokens(lake, monkeypatch)
+    stored, computed = catalog.connect(store_of(lake)), from_tokens(lake, monkeypatch)
     query = "SELECT rollout_id, is_frac_above_cap, ess, k3_kl_smtm FROM drift_steps"
     default = rows(stored, query)
     override = (
@@ -180,9 +187,11 @@ def test_a_lake_without_rollups_reads_the_tokens_until_views_computes_them(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     lake = extracted(tmp_path, "example")
-    before = rows(catalog.connect(lake), "FROM drift_steps")
+    before = rows(catalog.connect(store_of(lake)), "FROM drift_steps")
     strip_rollups(lake)
-    assert_same_rows("drift_steps", rows(catalog.connect(lake), "FROM drift_steps"), before)
+    assert_same_rows(
+        "drift_steps", rows(catalog.connect(store_of(lake)), "FROM drift_steps"), before
+    )
     assert caplog.messages == [
         "4 of 4 steps have no rollups of this tokenlake version: the views read the"
         " tokens (slower) until `tokenlake views LAKE` computes them"
@@ -192,7 +201,9 @@ def test_a_lake_without_rollups_reads_the_tokens_until_views_computes_them(
         0,
         f"Computed the rollups of 4 steps from their tokens.\nRebuilt {lake / 'tokenlake.duckdb'}\n",
     )
-    assert_same_rows("drift_steps", rows(catalog.connect(lake), "FROM drift_steps"), before)
+    assert_same_rows(
+        "drift_steps", rows(catalog.connect(store_of(lake)), "FROM drift_steps"), before
+    )
     code, out = run_cli("views", str(lake))
     assert (code, out) == (0, f"Rebuilt {lake / 'tokenlake.duckdb'}\n")
 
@@ -200,20 +211,20 @@ def test_a_lake_without_rollups_reads_the_tokens_until_views_computes_them(
 def test_the_next_extraction_computes_the_rollups_a_step_lacks(tmp_path: Path) -> None:
     lake = extracted(tmp_path, "example")
     strip_rollups(lake)
-    summary = extract_run(tmp_path / "dump", lake, ExtractOptions(workers=1))
+    summary = extract_run(tmp_path / "dump", store_of(lake), ExtractOptions(workers=1))
     assert summary.counts["unchanged"] == 4
-    steps = [s for r in manifest.load_all(lake) for s in r.steps.values()]
+    steps = [s for r in manifest.load_all(store_of(lake)) for s in r.steps.values()]
     current = rollups.default_settings_digests()
     assert len(steps) == 4
     assert all(rollups.is_current(step, current) for step in steps)
-    assert catalog.catalog_problem(lake) is None
+    assert catalog.catalog_problem(store_of(lake)) is None
 
 
 def test_verify_deep_finds_a_rollup_that_differs_from_its_tokens(tmp_path: Path) -> None:
     lake = extracted(tmp_path, "example")
     code, out = run_cli("verify", str(lake), "--deep")
     assert (code, out) == (0, "4 steps checked, 0 problems\n")
-    record = manifest.load_all(lake)[0]
+    record = manifest.load_all(store_of(lake))[0]
     name = record.steps["1"].files["drift_step_parts"]
     table = pq.read_table(lake / name)
     column = table.schema.get_field_index("p99_abs_lp_diff")
@@ -254,7 +265,7 @@ def test_rollups_are_replaced_with_their_step_and_dropped_with_their_run(tmp_pat
     before = sorted(p.relative_to(lake) for p in (lake / "rollups").rglob("*.parquet"))
     assert len(before) == 4 * len(schema.ROLLUP_TABLES)
     (tmp_path / "dump" / "rollout_data" / "1.pt").touch()
-    extract_run(tmp_path / "dump", lake, ExtractOptions(workers=1))
+    extract_run(tmp_path / "dump", store_of(lake), ExtractOptions(workers=1))
     after = sorted(p.relative_to(lake) for p in (lake / "rollups").rglob("*.parquet"))
     assert len(after) == len(before)
     assert len(set(after) - set(before)) == len(schema.ROLLUP_TABLES)  # step 1's, anew

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import tokenlake
+from tests.conftest import store_of
 from tokenlake import layout, schema
 from tokenlake.cli import main
 from tokenlake.generator import synth, synth_dashboard
@@ -64,7 +65,7 @@ def _metrics_rows(lake):
 
 @pytest.mark.slow
 def test_runs_row_holds_the_dashboard_meta(dump, tmp_path):
-    summary = extract_run(dump, tmp_path / "lake", ExtractOptions(run_name="r"))
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(run_name="r"))
     assert summary.warnings == []
     [row] = _query(
         tmp_path / "lake",
@@ -90,7 +91,7 @@ def test_absent_meta_is_null_and_malformed_meta_is_one_warning(own_dump, tmp_pat
     meta = own_dump / "dashboard" / "meta.json"
     meta.unlink()
     lake = tmp_path / "lake"
-    extract_run(own_dump, lake, ExtractOptions(run_name="r"))
+    extract_run(own_dump, store_of(lake), ExtractOptions(run_name="r"))
     columns = "start_ts, wandb_project, wandb_group, wandb_run_id, hf_checkpoint, args_json"
     assert _query(lake, f"SELECT {columns} FROM runs") == [(None,) * 6]
     meta.write_text("{broken")
@@ -121,8 +122,8 @@ def test_absent_meta_is_null_and_malformed_meta_is_one_warning(own_dump, tmp_pat
 @pytest.mark.slow
 def test_a_runs_file_of_schema_version_1_reads_then_is_rewritten(dump, tmp_path):
     lake = tmp_path / "lake"
-    extract_run(dump, lake, ExtractOptions(run_name="r"))
-    record = manifest.load_manifest(lake, "r")
+    extract_run(dump, store_of(lake), ExtractOptions(run_name="r"))
+    record = manifest.load_manifest(store_of(lake), "r")
     old = pa.Table.from_pylist(
         [
             {
@@ -141,15 +142,15 @@ def test_a_runs_file_of_schema_version_1_reads_then_is_rewritten(dump, tmp_path)
 
     pq.write_table(old, path)
     record.runs_file, record.meta_source = "runs/run=r/run-00000001.parquet", None
-    manifest.save_manifest(lake, record)
-    catalog.build_catalog(lake)
+    manifest.save_manifest(store_of(lake), record)
+    catalog.build_catalog(store_of(lake))
     sql = "SELECT schema_version, train_steps, wandb_project, tags_json FROM runs"
     assert _query(lake, sql) == [(1, 3, None, None)]
     frame = tokenlake.open_lake(lake).runs().select(sql[7:-10].split(", ")).collect()
     assert frame.rows() == [(1, 3, None, None)]
     assert _query(lake, "SELECT count(*) FROM run_tags") == [(0,)]
     # The next extraction sees a meta.json the row was not made from: it rewrites the row.
-    summary = extract_run(dump, lake, ExtractOptions(run_name="r"))
+    summary = extract_run(dump, store_of(lake), ExtractOptions(run_name="r"))
     assert summary.counts["unchanged"] == 4
     assert _query(lake, sql) == [(schema.SCHEMA_VERSION, 3, "tokenlake-synth", None)]
 
@@ -195,7 +196,7 @@ def test_tags_are_set_kept_and_changed(dump, tmp_path):
 @pytest.mark.slow
 def test_tag_errors_are_one_line(dump, tmp_path):
     lake = tmp_path / "lake"
-    extract_run(dump, lake, ExtractOptions(run_name="r"))
+    extract_run(dump, store_of(lake), ExtractOptions(run_name="r"))
     runner = CliRunner()
     result = runner.invoke(main, ["tag", str(lake), "nope", "a=b"])
     assert (result.exit_code, result.stderr) == (
@@ -206,13 +207,13 @@ def test_tag_errors_are_one_line(dump, tmp_path):
     assert result.stderr == "Error: Tag `a` is both set and removed; give one of the two.\n"
     result = runner.invoke(main, ["tag", str(lake), "r"])
     assert result.stderr == "Error: Give tags to set (`key=value`) or --remove KEY.\n"
-    runs_file = lake / manifest.load_manifest(lake, "r").runs_file
+    runs_file = lake / manifest.load_manifest(store_of(lake), "r").runs_file
     runs_file.write_bytes(b"not parquet")
     result = runner.invoke(main, ["tag", str(lake), "r", "a=1"])
     assert result.exit_code == 1
     assert result.stderr.startswith(f"Error: Lake `{runs_file}`: cannot be read (")
     assert result.stderr.endswith("); extract the run again\n")
-    assert manifest.load_manifest(lake, "r").tags == {}  # nothing was changed
+    assert manifest.load_manifest(store_of(lake), "r").tags == {}  # nothing was changed
 
 
 # --- metrics ----------------------------------------------------------------------------------
@@ -221,7 +222,7 @@ def test_tag_errors_are_one_line(dump, tmp_path):
 @pytest.mark.slow
 def test_metrics_hold_every_logged_value_and_join_drift_steps(dump, tmp_path):
     lake = tmp_path / "lake"
-    extract_run(dump, lake, ExtractOptions(run_name="r"))
+    extract_run(dump, store_of(lake), ExtractOptions(run_name="r"))
     payloads = synth_dashboard.write_miles_dashboard(tmp_path / "again", SPEC)
     assert _metrics_rows(lake) == _payload_rows(payloads)
     # The worked join of docs/drift.md, with exact values.
@@ -266,18 +267,18 @@ def _line(step: int, value: float) -> str:
 def test_metrics_read_only_new_lines_and_restart_on_a_rewrite(own_dump, tmp_path):
     lake = tmp_path / "lake"
     stream = own_dump / "dashboard" / "metrics.jsonl"
-    extract_run(own_dump, lake, ExtractOptions(run_name="r"))
+    extract_run(own_dump, store_of(lake), ExtractOptions(run_name="r"))
     count = "SELECT count(*) FROM metrics"
     (before,) = _query(lake, count)[0]
     _append(stream, _line(7, 1.5) + _line(8, 2.5)[:20])  # the second line is half-written
-    summary = extract_run(own_dump, lake, ExtractOptions(run_name="r"))
+    summary = extract_run(own_dump, store_of(lake), ExtractOptions(run_name="r"))
     assert summary.counts["unchanged"] == 4 and summary.warnings == []
     assert _query(lake, count) == [(before + 1,)]
-    assert len(manifest.load_manifest(lake, "r").metrics_files) == 2
+    assert len(manifest.load_manifest(store_of(lake), "r").metrics_files) == 2
     _append(stream, _line(8, 2.5)[20:])  # its writer finishes it
     state = FollowState()
     follow_round(
-        own_dump, lake, "r", state, ExtractOptions(settle_seconds=0.0), None
+        own_dump, store_of(lake), "r", state, ExtractOptions(settle_seconds=0.0), None
     )  # --follow picks it up too
     assert _query(
         lake, "SELECT step, value FROM metrics WHERE metric = 'late/x' ORDER BY step"
@@ -286,7 +287,7 @@ def test_metrics_read_only_new_lines_and_restart_on_a_rewrite(own_dump, tmp_path
         (8, 2.5),
     ]
     stream.write_text(_line(1, 9.0) + "not json\n")  # rewritten shorter: read again from 0
-    summary = extract_run(own_dump, lake, ExtractOptions(run_name="r"))
+    summary = extract_run(own_dump, store_of(lake), ExtractOptions(run_name="r"))
     assert summary.warnings == [
         f"`{stream}` was rewritten or removed since it was read; the run's metrics are read"
         " again from the start.",
@@ -294,7 +295,7 @@ def test_metrics_read_only_new_lines_and_restart_on_a_rewrite(own_dump, tmp_path
         " column 1 (char 0)); line skipped.",
     ]
     assert _query(lake, "SELECT step, metric, value FROM metrics") == [(1, "late/x", 9.0)]
-    record = manifest.load_manifest(lake, "r")
+    record = manifest.load_manifest(store_of(lake), "r")
     assert len(record.metrics_files) == 1
     assert len(list((lake / "metrics" / "run=r").iterdir())) == 1
     assert CliRunner().invoke(main, ["drop", str(lake), "r"]).exit_code == 0
@@ -310,9 +311,9 @@ def test_many_metrics_files_are_merged(tmp_path, monkeypatch):
     stream = dump / "dashboard" / "metrics.jsonl"
     for step in range(4):
         _append(stream, _line(step, step / 2))
-        assert lake_files.refresh_metrics(lake, record) == (True, [])
+        assert lake_files.refresh_metrics(store_of(lake), record) == (True, [])
     assert len(record.metrics_files) == 2  # the third file merged all three into one
-    assert lake_files.refresh_metrics(lake, record) == (False, [])
+    assert lake_files.refresh_metrics(store_of(lake), record) == (False, [])
     import pyarrow.parquet as pq
 
     values = [
@@ -349,7 +350,7 @@ def test_user_views_are_created_and_a_broken_one_is_skipped(tmp_path, caplog):
     )
     build_lake(lake, runs=[{"run": "r", "source_dir": "/d", "tool": "t"}])
     warnings: list[str] = []
-    catalog.build_catalog(lake, warnings)
+    catalog.build_catalog(store_of(lake), warnings)
     folder = lake / "views"
     assert warnings == [
         f"User view `{folder / 'broken.sql'}` skipped: Binder Error: Referenced column"
@@ -366,10 +367,10 @@ def test_user_views_are_created_and_a_broken_one_is_skipped(tmp_path, caplog):
         ("my base",)
     ]
     assert _query(lake, "SELECT count(*) FROM tokens WHERE false") == [(0,)]
-    assert catalog.catalog_problem(lake) is None  # the catalog check ignores user views
+    assert catalog.catalog_problem(store_of(lake)) is None  # the catalog check ignores user views
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tokenlake.serve.catalog"):
-        catalog.build_catalog(lake)  # without a list: logged, one record per file
+        catalog.build_catalog(store_of(lake))  # without a list: logged, one record per file
     assert [r.getMessage() for r in caplog.records] == warnings
 
 

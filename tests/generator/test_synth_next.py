@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEXT_DUMPS
 from tests.generator.test_synth import _describe, _load
 from tokenlake import layout
@@ -80,7 +81,9 @@ def extracted(tmp_path_factory: pytest.TempPathFactory):
     for preset in (*MIRRORS, "sparse-ranks-cp"):
         truths[preset] = write_dump(root / preset, PRESETS[preset], keep_truth=True)
         assert (
-            extract_run(root / preset, lake, ExtractOptions(run_name=preset, strict=True)).failed
+            extract_run(
+                root / preset, store_of(lake), ExtractOptions(run_name=preset, strict=True)
+            ).failed
             == []
         )
     con = duckdb.connect(str(lake / layout.CATALOG_FILE), read_only=True)

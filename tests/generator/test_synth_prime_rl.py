@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import PRIME_RL_REAL
 from tokenlake.generator.synth import PRESETS, write_dump
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -94,7 +95,7 @@ def test_metrics_line_is_the_lakes_mean_k3_as_prime_rls_is(generated: Path, tmp_
         first = _lines(path / "metrics.jsonl")[0]
         assert list(first)[:2] == ["step", "time"] and first["step"] == 1
     lake = tmp_path / "lake"
-    summary = extract_run(generated, lake, ExtractOptions(workers=1))
+    summary = extract_run(generated, store_of(lake), ExtractOptions(workers=1))
     assert (summary.failed, summary.dump_format, summary.counts["new"]) == ([], "prime-rl", 3)
     import duckdb
 

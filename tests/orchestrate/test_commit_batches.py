@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tokenlake.generator import synth
 from tokenlake.generator.synth_spec import DumpSpec
 from tokenlake.orchestrate import extract
@@ -55,9 +56,9 @@ def test_an_extraction_writes_the_manifest_once_per_batch(
         save(lake, record)  # type: ignore[arg-type]
 
     monkeypatch.setattr(manifest, "save_manifest", counting_save)
-    summary = extract_run(dump, tmp_path / "lake", ExtractOptions(workers=1))
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
     assert len(summary.steps) == 20
     # 16 steps one by one, then two batches of 2, then the publish (the run's row)
     assert listed == [*range(1, 17), 18, 20, 20]
-    committed = manifest.load_manifest(tmp_path / "lake", dump.name)
+    committed = manifest.load_manifest(store_of(tmp_path / "lake"), dump.name)
     assert committed is not None and len(committed.steps) == 20

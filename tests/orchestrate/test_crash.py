@@ -1,12 +1,14 @@
-"""kill -9 at random moments of an extraction never leaves a half state; the next run repairs.
+"""kill -9 at named moments of an extraction never leaves a half state; the next run repairs.
 
-A 6-step synthetic dump (plus `eval_0`) is extracted by `python -m tokenlake extract` in a
-subprocess that is killed with SIGKILL after seeded random delays (a fraction of how long an
-attempt takes on this machine), until five attempts were cut short (one that finished first
-makes the next delays shorter). Before every attempt three train files are touched, so there
-are always steps to rewrite when the kill lands. After each kill `verify_lake` finds no
-problem (other than the touched sources) and the catalog opens and scans every file it lists;
-a final normal run completes the lake, which then equals a one-shot extraction row for row.
+A 6-step synthetic dump (plus `eval_0`) is extracted by `tokenlake extract` in a subprocess
+(`python -c`) that wraps one named function so that its Nth call kills the process with
+SIGKILL, before or after it runs: a Parquet file written but not closed, a file about to be
+renamed into place, a manifest about to be saved, a manifest saved with the catalog not yet
+rebuilt, the catalog about to be rebuilt. No clock decides where the kill lands. Before every
+attempt three train files are touched, so there are always steps to rewrite when it does.
+After each kill `verify_lake` finds no problem (other than the touched sources) and the
+catalog opens and scans every file it lists; a final normal run completes the lake, which
+then equals a one-shot extraction row for row.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import random
 import signal
 import subprocess
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tokenlake import layout, schema
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -33,10 +36,65 @@ ROOT = Path(__file__).resolve().parents[2]
 SPEC = synth.DumpSpec(
     steps=6, prompts_per_step=16, samples_per_prompt=4, response_length=(16, 512), seed=3
 )
-KILLS = 5
-# Attempts that finish before their kill (a faster moment of a loaded machine) are retried.
-MAX_ATTEMPTS = 4 * KILLS
-SEED = 20240611
+
+
+@dataclass(frozen=True)
+class KillPoint:
+    moment: str  # what the kill interrupts
+    target: str  # `module:attribute` wrapped in the child
+    nth: int  # the call that kills
+    when: str  # "before" or "after" that call runs
+    catalog_behind: bool  # the manifests committed steps the catalog does not list yet
+
+
+KILL_POINTS = (
+    KillPoint(
+        "a Parquet file written, not closed",
+        "pyarrow.parquet:ParquetWriter.write_table",
+        4,
+        "after",
+        False,
+    ),
+    KillPoint("a file about to be renamed into place", "os:replace", 6, "before", False),
+    KillPoint(
+        "a manifest about to be saved", "tokenlake.store.manifest:save_manifest", 1, "before", False
+    ),
+    KillPoint("a manifest saved", "tokenlake.store.manifest:save_manifest", 1, "after", True),
+    KillPoint(
+        "the catalog about to be rebuilt",
+        "tokenlake.serve.catalog:build_catalog",
+        1,
+        "before",
+        True,
+    ),
+)
+# The child: wraps the named function, then runs `tokenlake` with the remaining arguments.
+KILLED_AT = """
+import importlib, os, signal, sys
+from functools import wraps
+target, nth, when = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+module, _, path = target.partition(":")
+owner = importlib.import_module(module)
+*parents, name = path.split(".")
+for parent in parents:
+    owner = getattr(owner, parent)
+original = getattr(owner, name)
+calls = 0
+@wraps(original)
+def killing(*args, **kwargs):
+    global calls
+    calls += 1
+    if calls == nth and when == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    result = original(*args, **kwargs)
+    if calls == nth and when == "after":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+setattr(owner, name, killing)
+from tokenlake.cli import main
+main(sys.argv[4:], prog_name="tokenlake")
+"""
+SEED = 20240611  # which train files each attempt touches
 SOURCE_CHANGED = "changed since extraction; extract again"
 LEFTOVER = "left by an interrupted extraction, drop or tag; `tokenlake extract` sweeps it"
 BEHIND = (
@@ -45,10 +103,20 @@ BEHIND = (
 )
 
 
+def extract_args(dump: Path, lake: Path) -> list[str]:
+    return ["extract", str(dump), "--lake", str(lake), "--workers", "1", "--silent"]
+
+
 def run_extract(dump: Path, lake: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "tokenlake", "extract", str(dump), "--lake", str(lake)]
-    command += ["--workers", "1", "--silent"]
+    command = [sys.executable, "-m", "tokenlake", *extract_args(dump, lake)]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def extract_killed_at(dump: Path, lake: Path, point: KillPoint) -> int:
+    """Extract in a child that the kill point's call kills; returns its exit status."""
+    command = [sys.executable, "-c", KILLED_AT, point.target, str(point.nth), point.when]
+    command += extract_args(dump, lake)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, timeout=600).returncode
 
 
 def table_rows(lake: Path, table: str) -> list[tuple]:
@@ -76,7 +144,7 @@ def unlisted_files(lake: Path) -> list[str]:
     """Files in the lake that no manifest lists, other than the lock, manifests and catalog."""
     listed = {
         str(lake / name)
-        for record in manifest.load_all(lake)
+        for record in manifest.load_all(store_of(lake))
         for table in schema.LAKE_TABLES
         for name in record.files(table)
     }
@@ -93,58 +161,42 @@ def unlisted_files(lake: Path) -> list[str]:
     return extra
 
 
-def test_kill_at_random_moments_then_rerun(tmp_path: Path) -> None:
+def test_kill_at_named_moments_then_rerun(tmp_path: Path) -> None:
     dump = tmp_path / "dump"
     synth.write_dump(dump, SPEC)
     reference = tmp_path / "reference"
-    extract_run(dump, reference, ExtractOptions(workers=1))
+    extract_run(dump, store_of(reference), ExtractOptions(workers=1))
     lake = tmp_path / "lake"
     extract_run(
-        dump, lake, ExtractOptions(steps=[0], workers=1)
+        dump, store_of(lake), ExtractOptions(steps=[0], workers=1)
     )  # a catalog exists before the first kill
 
     rng = random.Random(SEED)
     train_files = sorted((dump / "train_data").iterdir())
-
-    def attempt() -> subprocess.Popen[bytes]:
+    assert KILL_POINTS
+    killed = {}
+    for point in KILL_POINTS:
         for path in rng.sample(train_files, 3):  # their steps must be written again
             os.utime(path)
-        return run_extract(dump, lake)
-
-    started = time.perf_counter()  # calibrate: how long one attempt takes on this machine
-    assert attempt().wait(timeout=600) == 0
-    duration = time.perf_counter() - started
-    kills = 0
-    for _ in range(MAX_ATTEMPTS):
-        process = attempt()
-        time.sleep(rng.uniform(0.2, 0.95) * duration)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=120)
-        if process.returncode == -signal.SIGKILL:
-            kills += 1
-        else:  # done before the kill (the machine sped up): aim earlier from now on
-            assert process.returncode == 0
-            duration /= 2
-        checked, problems = verify_lake(lake)
+        killed[point.moment] = extract_killed_at(dump, lake, point)
+        checked, problems = verify_lake(store_of(lake))
         # Sources touched for this attempt are legitimately newer than steps not reached yet,
-        # a kill between a step's commit and the rebuild leaves the catalog behind, and the
-        # files of steps in flight are named as leftovers (the final run sweeps them).
+        # and the files of steps in flight are named as leftovers (the final run sweeps them).
         found = [p.message for p in problems if not p.message.endswith(SOURCE_CHANGED)]
-        assert [m for m in found if not m.endswith(LEFTOVER)] in (
-            [],
-            [BEHIND],
-        )
+        expected = [BEHIND] if point.catalog_behind else []
+        assert [m for m in found if not m.endswith(LEFTOVER)] == expected, point.moment
         assert checked >= 2
-        assert catalog_scans(lake) > 0
-        if kills == KILLS:
-            break
-    assert kills == KILLS  # that many attempts were cut short mid-run
+        assert catalog_scans(lake) > 0  # the catalog reads no half-written file
+        if point is KILL_POINTS[0]:  # the file the kill cut short is in the lake, unlisted
+            assert [name for name in unlisted_files(lake) if name.endswith(".tmp")] != []
+    # Each attempt was cut short where it was aimed (a point not reached would exit 0).
+    assert killed == {point.moment: -signal.SIGKILL for point in KILL_POINTS}
 
     process = run_extract(dump, lake)
     out, err = process.communicate(timeout=600)
     assert (process.returncode, err) == (0, b"")
     assert out.startswith(b"Run `dump`: ")
-    assert verify_lake(lake) == (SPEC.steps + 1, [])
+    assert verify_lake(store_of(lake)) == (SPEC.steps + 1, [])
     assert unlisted_files(lake) == []  # leftovers of the killed runs were swept
     for table in (schema.TOKENS, schema.SAMPLES):
         assert table_rows(lake, table) == table_rows(reference, table), table

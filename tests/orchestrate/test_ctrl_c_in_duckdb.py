@@ -12,6 +12,7 @@ import threading
 import duckdb
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake.errors import ctrl_c_from_duckdb
 from tokenlake.orchestrate.extract import ExtractInterrupted, ExtractOptions, extract_run
@@ -48,9 +49,11 @@ def _interrupted(*args, **kwargs):
 def test_a_ctrl_c_in_a_steps_rollups_stops_the_extraction(tmp_path, monkeypatch):
     monkeypatch.setattr(rollups, "_rows", _interrupted)
     with pytest.raises(ExtractInterrupted) as stopped:
-        extract_run(REAL_DUMPS / "basic", tmp_path / "lake", ExtractOptions(run_name="basic"))
+        extract_run(
+            REAL_DUMPS / "basic", store_of(tmp_path / "lake"), ExtractOptions(run_name="basic")
+        )
     assert stopped.value.summary.failed == []  # not one step's "unexpected error"
-    assert manifest.load_manifest(tmp_path / "lake", "basic") is None
+    assert manifest.load_manifest(store_of(tmp_path / "lake"), "basic") is None
 
 
 def test_any_command_interrupted_in_duckdb_says_aborted(tmp_path, monkeypatch):
@@ -82,5 +85,5 @@ def test_follow_stops_after_a_round_that_swallowed_a_ctrl_c(tmp_path, monkeypatc
         return ExtractSummary(run=run, lake=lake)
 
     monkeypatch.setattr(follow, "follow_round", swallowing_round)
-    follow.follow_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name="r"))
+    follow.follow_run(tmp_path / "dump", store_of(tmp_path / "lake"), ExtractOptions(run_name="r"))
     assert rounds == ["r"]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tests.follower import ROUND_WAIT, Follower
 from tokenlake import layout, schema
@@ -65,7 +66,7 @@ def rows(lake: Path, table: str) -> list[tuple]:
 
 def one_shot(tmp_path: Path, run: str) -> Path:
     lake = tmp_path / "one-shot"
-    extract_run(FIXTURES / "basic", lake, ExtractOptions(run_name=run, workers=1))
+    extract_run(FIXTURES / "basic", store_of(lake), ExtractOptions(run_name=run, workers=1))
     return lake
 
 
@@ -109,7 +110,7 @@ def test_follow_a_run_while_it_is_written(tmp_path: Path) -> None:
     assert step_1[0] == (0, 8) and step_1[-1] == (4, 8)
 
     reference = one_shot(tmp_path, "live")
-    assert verify_lake(lake) == (3, [])
+    assert verify_lake(store_of(lake)) == (3, [])
     for table in (schema.TOKENS, schema.SAMPLES):
         assert rows(lake, table) == rows(reference, table), table
 
@@ -122,7 +123,9 @@ def test_young_truncated_file_is_picked_up_once_complete(tmp_path: Path) -> None
     partial.write_bytes(full[:1000])  # being written now
     state = FollowState()
 
-    summary = follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    summary = follow_round(
+        live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None
+    )
     assert counts(summary) == (2, 0, 0, 0, 1)
     assert summary.failed == [
         (
@@ -133,12 +136,14 @@ def test_young_truncated_file_is_picked_up_once_complete(tmp_path: Path) -> None
         )
     ]
     summary = follow_round(
-        live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None
+        live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None
     )  # unchanged: not retried
     assert (counts(summary), summary.failed) == ((0, 0, 2, 0, 0), [])
 
     partial.write_bytes(full)  # the writer finishes
-    summary = follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    summary = follow_round(
+        live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None
+    )
     assert counts(summary) == (1, 0, 2, 0, 0)
     reference = one_shot(tmp_path, "live")
     for table in (schema.TOKENS, schema.SAMPLES):
@@ -169,10 +174,12 @@ def test_file_completed_while_its_failed_read_was_reported_is_retried(
     with monkeypatch.context() as patched:
         patched.setattr(extract_module, "extract_step", extract_then_finish_writing)
         assert counts(
-            follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+            follow_round(
+                live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None
+            )
         ) == (2, 0, 0, 0, 1)
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+        follow_round(live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None)
     ) == (1, 0, 2, 0, 0)
 
 
@@ -184,7 +191,9 @@ def test_old_unreadable_file_is_an_error_until_it_changes(tmp_path: Path) -> Non
     stamp = time.time() - OLD
     os.utime(bad, (stamp, stamp))
     state = FollowState()
-    summary = follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    summary = follow_round(
+        live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None
+    )
     assert summary.failed == [
         (
             "1",
@@ -192,11 +201,13 @@ def test_old_unreadable_file_is_an_error_until_it_changes(tmp_path: Path) -> Non
             " file, then extract again.",
         )
     ]
-    summary = follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    summary = follow_round(
+        live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None
+    )
     assert (counts(summary), summary.failed) == ((0, 0, 2, 0, 0), [])  # reported once
     shutil.copy(FIXTURES / "basic" / "rollout_data" / "1.pt", bad)
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+        follow_round(live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None)
     ) == (1, 0, 2, 0, 0)
 
 
@@ -209,7 +220,7 @@ def test_rollout_only_step_is_extracted_again_when_all_ranks_appear(tmp_path: Pa
         shutil.move(path, parked / path.name)
     state = FollowState()
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+        follow_round(live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None)
     ) == (3, 0, 0, 0, 0)
     assert state.expected_ranks == frozenset({0, 1, 2, 3})  # learnt from step 0
     assert step_train_files(lake) == [
@@ -223,30 +234,34 @@ def test_rollout_only_step_is_extracted_again_when_all_ranks_appear(tmp_path: Pa
     for rank in (0, 1):
         shutil.move(parked / f"1_{rank}.pt", live / "train_data" / f"1_{rank}.pt")
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=math.inf), None)
+        follow_round(
+            live, store_of(lake), "live", state, ExtractOptions(settle_seconds=math.inf), None
+        )
     ) == (0, 0, 1, 0, 0)
     assert step_train_files(lake)[2] == (1, False, 0, False)
 
     for rank in (2, 3):
         shutil.move(parked / f"1_{rank}.pt", live / "train_data" / f"1_{rank}.pt")
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=math.inf), None)
+        follow_round(
+            live, store_of(lake), "live", state, ExtractOptions(settle_seconds=math.inf), None
+        )
     ) == (0, 1, 1, 0, 0)
     assert step_train_files(lake)[2] == (1, False, 4, True)
-    assert verify_lake(lake) == (3, [])
+    assert verify_lake(store_of(lake)) == (3, [])
 
 
 def test_step_deleted_from_a_followed_run_is_removed(tmp_path: Path) -> None:
     live, lake = tmp_path / "live", tmp_path / "lake"
     shutil.copytree(FIXTURES / "basic", live)
     state = FollowState()
-    follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+    follow_round(live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None)
     for path in [live / "rollout_data" / "1.pt", *(live / "train_data").glob("1_*.pt")]:
         path.unlink()
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+        follow_round(live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None)
     ) == (0, 0, 2, 1, 0)
-    assert sorted(manifest.load_manifest(lake.resolve(), "live").steps) == ["0", "eval_0"]
+    assert sorted(manifest.load_manifest(store_of(lake.resolve()), "live").steps) == ["0", "eval_0"]
 
 
 def _start_follow(dump: Path, lake: Path, workers: int) -> subprocess.Popen[str]:
@@ -296,7 +311,7 @@ def test_ctrl_c_ends_follow_cleanly(tmp_path: Path) -> None:
     ]
     assert out.startswith(f"Run `{dump.name}`: 3 new, 0 updated, 0 unchanged, 0 removed, 0 skipped")
     assert len(out.splitlines()) == 1
-    assert verify_lake(lake) == (3, [])
+    assert verify_lake(store_of(lake)) == (3, [])
 
 
 def test_ctrl_c_during_a_parallel_extraction_leaves_a_consistent_lake(tmp_path: Path) -> None:
@@ -315,8 +330,10 @@ def test_ctrl_c_during_a_parallel_extraction_leaves_a_consistent_lake(tmp_path: 
     assert process.returncode == 0
     assert "Traceback" not in err
     assert err.endswith("Stopped; the lake holds every step extracted so far.\n")
-    checked, problems = verify_lake(lake)
+    checked, problems = verify_lake(store_of(lake))
     assert problems == []
-    summary = extract_run(dump, lake, ExtractOptions(workers=1))  # an ordinary run completes it
+    summary = extract_run(
+        dump, store_of(lake), ExtractOptions(workers=1)
+    )  # an ordinary run completes it
     assert summary.counts["unchanged"] == checked
     assert summary.counts["new"] == 3 - checked

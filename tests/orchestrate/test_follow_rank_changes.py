@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEXT_DUMPS, REAL_DUMPS
 from tests.follower import counts
 from tests.orchestrate.test_follow import step_train_files
@@ -48,7 +49,7 @@ def test_a_step_with_fewer_ranks_than_the_last_is_extracted_once_settled(tmp_pat
         shutil.move(path, parked / path.name)
     state = FollowState()
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+        follow_round(live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None)
     ) == (3, 0, 0, 0, 0)
     assert state.expected_ranks == frozenset({0, 1, 2, 3})
 
@@ -57,12 +58,14 @@ def test_a_step_with_fewer_ranks_than_the_last_is_extracted_once_settled(tmp_pat
     # Not settled: ranks 1 and 3 could still come (and eval_0 is not settled either, so not
     # counted).
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=math.inf), None)
+        follow_round(
+            live, store_of(lake), "live", state, ExtractOptions(settle_seconds=math.inf), None
+        )
     ) == (0, 0, 1, 0, 0)
     assert step_train_files(lake)[2] == (1, False, 0, False)
     # Settled: extracted with the two shards, which hold every sample; the new set is learnt.
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=0.0), None)
+        follow_round(live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None)
     ) == (0, 1, 2, 0, 0)
     assert step_train_files(lake)[2] == (1, False, 2, True)
     assert state.expected_ranks == frozenset({0, 2})
@@ -70,10 +73,12 @@ def test_a_step_with_fewer_ranks_than_the_last_is_extracted_once_settled(tmp_pat
     # The next step with the new rank set is complete at once, settled or not.
     _copy_step(live, 1, 2, (0, 2))
     assert counts(
-        follow_round(live, lake, "live", state, ExtractOptions(settle_seconds=math.inf), None)
+        follow_round(
+            live, store_of(lake), "live", state, ExtractOptions(settle_seconds=math.inf), None
+        )
     ) == (1, 0, 2, 0, 0)
     assert step_train_files(lake)[3] == (2, False, 2, True)
-    assert verify_lake(lake) == (4, [])
+    assert verify_lake(store_of(lake)) == (4, [])
 
 
 def test_sparse_ranks_without_rank_zero_complete_a_step():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, PRIME_RL_REAL, SLIME_REAL
 from tests.s3server import moto_server, new_bucket, rows
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -44,11 +45,13 @@ def _counts(summary: object) -> dict[str, int]:
 def test_workers_and_incremental_reextraction(name: str, tmp_path: Path) -> None:
     dump = _copy(name, tmp_path)
     one, two, steps = tmp_path / "one", tmp_path / "two", STEPS[name]
-    assert _counts(extract_run(dump, one, ExtractOptions(workers=1))) == {"new": steps}
-    assert _counts(extract_run(dump, two, ExtractOptions(workers=2))) == {"new": steps}
+    assert _counts(extract_run(dump, store_of(one), ExtractOptions(workers=1))) == {"new": steps}
+    assert _counts(extract_run(dump, store_of(two), ExtractOptions(workers=2))) == {"new": steps}
     for sql in TABLES_SQL:
         assert rows(one, sql) == rows(two, sql) != []
-    assert _counts(extract_run(dump, two, ExtractOptions(workers=2))) == {"unchanged": steps}
+    assert _counts(extract_run(dump, store_of(two), ExtractOptions(workers=2))) == {
+        "unchanged": steps
+    }
     # one step's train file changes: that step alone is read again
     changed = {
         "slime-v1": dump / "train_data" / "1_3.pt",
@@ -58,7 +61,7 @@ def test_workers_and_incremental_reextraction(name: str, tmp_path: Path) -> None
     }[name]
     stamp = changed.stat().st_mtime_ns + 10**9
     os.utime(changed, ns=(stamp, stamp))
-    summary = extract_run(dump, two, ExtractOptions(workers=2))
+    summary = extract_run(dump, store_of(two), ExtractOptions(workers=2))
     assert _counts(summary) == {"updated": 1, "unchanged": steps - 1}
     assert [s.rollout_id for s in summary.steps] == [1]
     for sql in TABLES_SQL:
@@ -72,7 +75,13 @@ def test_following_a_nemo_rl_log_directory_as_its_files_appear(tmp_path: Path) -
     for name in ("train_data_step1.jsonl", "train_data_step2.jsonl"):
         shutil.copy(source / name, live / name)
     first = follow_round(
-        live, lake, "live", state, ExtractOptions(settle_seconds=30.0), None, clock=lambda: 2e9
+        live,
+        store_of(lake),
+        "live",
+        state,
+        ExtractOptions(settle_seconds=30.0),
+        None,
+        clock=lambda: 2e9,
     )
     assert [s.rollout_id for s in first.steps] == [1, 2]
     shutil.copy(source / "train_data_step3.jsonl", live / "train_data_step3.jsonl")
@@ -80,12 +89,24 @@ def test_following_a_nemo_rl_log_directory_as_its_files_appear(tmp_path: Path) -
     now = (live / "train_data_step3.jsonl").stat().st_mtime
     assert (
         follow_round(
-            live, lake, "live", state, ExtractOptions(settle_seconds=30.0), None, clock=lambda: now
+            live,
+            store_of(lake),
+            "live",
+            state,
+            ExtractOptions(settle_seconds=30.0),
+            None,
+            clock=lambda: now,
         ).steps
         == []
     )
     later = follow_round(
-        live, lake, "live", state, ExtractOptions(settle_seconds=30.0), None, clock=lambda: now + 31
+        live,
+        store_of(lake),
+        "live",
+        state,
+        ExtractOptions(settle_seconds=30.0),
+        None,
+        clock=lambda: now + 31,
     )
     assert [s.rollout_id for s in later.steps] == [3]
     assert _counts(later) == {"new": 1, "unchanged": 2}
@@ -98,12 +119,12 @@ def test_following_a_prime_rl_run_takes_a_step_when_its_stable_appears(tmp_path:
     marker = run / "token_exports" / "step_2" / "STABLE"
     marker.unlink()
     state, options = FollowState(), ExtractOptions(settle_seconds=30.0)
-    first = follow_round(run, lake, "live", state, options, None, clock=lambda: 2e9)
+    first = follow_round(run, store_of(lake), "live", state, options, None, clock=lambda: 2e9)
     assert [s.rollout_id for s in first.steps] == [1]
-    again = follow_round(run, lake, "live", state, options, None, clock=lambda: 2e9 + 60)
+    again = follow_round(run, store_of(lake), "live", state, options, None, clock=lambda: 2e9 + 60)
     assert (again.steps, again.failed, _counts(again)) == ([], [], {"unchanged": 1})
     marker.touch()
-    later = follow_round(run, lake, "live", state, options, None, clock=lambda: 2e9 + 120)
+    later = follow_round(run, store_of(lake), "live", state, options, None, clock=lambda: 2e9 + 120)
     assert [s.rollout_id for s in later.steps] == [2]
     assert _counts(later) == {"new": 1, "unchanged": 1}
     assert rows(lake, "SELECT count(*) FROM samples") == [("16",)]
@@ -135,9 +156,11 @@ def test_a_dump_on_an_object_store_gives_the_local_lake(
 ) -> None:
     monkeypatch.setenv(remote_dump.CACHE_VARIABLE, str(tmp_path / "cache"))
     url = _upload(new_bucket(), name, DUMPS[name])
-    far = extract_run(url, tmp_path / "far", ExtractOptions(workers=1))
+    far = extract_run(url, store_of(tmp_path / "far"), ExtractOptions(workers=1))
     assert (far.dump_format, _counts(far)) == (name, {"new": STEPS[name]})
-    near = extract_run(DUMPS[name], tmp_path / "near", ExtractOptions(workers=1, run_name=name))
+    near = extract_run(
+        DUMPS[name], store_of(tmp_path / "near"), ExtractOptions(workers=1, run_name=name)
+    )
     for sql in (*TABLES_SQL, "SELECT * EXCLUDE (run) FROM metrics"):
         assert rows(tmp_path / "far", sql) == rows(tmp_path / "near", sql)
     assert rows(tmp_path / "far", "SELECT dump_format FROM runs") == [(repr(name),)]
@@ -148,7 +171,7 @@ def test_a_dump_on_an_object_store_gives_the_local_lake(
         p for p in staged if p.suffix in (".pt", ".jsonl") and p.name != prime_rl.METRICS_FILE
     ]
     assert read_per_step and all(p.stat().st_blocks == 0 for p in read_per_step)
-    assert _counts(extract_run(url, tmp_path / "far", ExtractOptions(workers=1))) == {
+    assert _counts(extract_run(url, store_of(tmp_path / "far"), ExtractOptions(workers=1))) == {
         "unchanged": STEPS[name]
     }
 
@@ -169,7 +192,7 @@ def test_following_looks_inside_a_rollout_file_once(
     rounds = []
     follow_run(
         _copy("slime-v1", tmp_path),
-        tmp_path / "lake",
+        store_of(tmp_path / "lake"),
         ExtractOptions(follow=True, run_name="live", poll_seconds=0, settle_seconds=0),
         on_round=rounds.append,
         should_stop=lambda: len(rounds) == 3,

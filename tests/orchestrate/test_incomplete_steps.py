@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, REAL_DUMPS, SLIME_REAL
 from tokenlake.cli import main
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -79,7 +80,7 @@ def warning(label: str, missing: str) -> str:
 
 
 def marks(lake: Path, run: str) -> dict[str, str | None]:
-    record = manifest.load_manifest(lake, run)
+    record = manifest.load_manifest(store_of(lake), run)
     assert record is not None
     return {label: step.incomplete for label, step in sorted(record.steps.items())}
 
@@ -167,16 +168,16 @@ def test_a_short_nemo_rl_step_extracted_before_the_others_is_marked_after_them(
     """Steps of one extraction finish in any order: a short step committed before the run's
     batch size is known is marked once it is."""
     log, lake = cut_nemo_step3(tmp_path), tmp_path / "lake"
-    summary = extract_run(log.parent, lake, ExtractOptions(steps=[3], workers=1))
+    summary = extract_run(log.parent, store_of(lake), ExtractOptions(steps=[3], workers=1))
     assert (summary.warnings, marks(lake, "nemo")) == ([], {"3": None})  # nothing to compare
-    summary = extract_run(log.parent, lake, ExtractOptions(workers=1))
+    summary = extract_run(log.parent, store_of(lake), ExtractOptions(workers=1))
     assert summary.warnings == [warning("3", SHORT)[len("Warning: ") : -1]]
     assert marks(lake, "nemo") == {"1": None, "2": None, "3": SHORT, "eval_2": None}
 
 
 def test_a_manifest_whose_mark_is_not_a_line_of_text_is_damaged(tmp_path: Path) -> None:
     log, lake = cut_nemo_step3(tmp_path), tmp_path / "lake"
-    extract_run(log.parent, lake, ExtractOptions(workers=1))
+    extract_run(log.parent, store_of(lake), ExtractOptions(workers=1))
     path = lake / "_manifest" / "nemo.json"
     data = json.loads(path.read_text())
     data["steps"]["3"]["incomplete"] = "x'); DROP TABLE y; --\n"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake import layout, schema
 from tokenlake.cli import main
@@ -131,7 +132,7 @@ def test_touched_train_file_updates_its_step_only(
     }  # step 0 and eval_0 untouched
     assert catalog_rows(lake, STEPS_SQL) == ALL_STEPS
     assert contents(lake, "other") == other
-    assert verify_lake(lake) == (3 + 4, [])
+    assert verify_lake(store_of(lake)) == (3 + 4, [])
 
 
 def test_steps_written_by_an_older_schema_are_extracted_again(
@@ -170,7 +171,7 @@ def test_deleted_rollout_file_removes_its_step(lake_with_two_runs: tuple[Path, P
         (1, 1)
     ]
     assert contents(lake, "other") == other
-    assert verify_lake(lake) == (2 + 4, [])
+    assert verify_lake(store_of(lake)) == (2 + 4, [])
 
 
 def test_rollout_only_step_is_extracted_again_when_train_files_appear(tmp_path: Path) -> None:
@@ -192,7 +193,7 @@ def test_rollout_only_step_is_extracted_again_when_train_files_appear(tmp_path: 
     code, out, _ = extract(dump, lake)
     assert (code, out) == (0, line("basic", lake, (0, 1, 2, 0, 0), 8, 82))
     assert catalog_rows(lake, STEPS_SQL) == ALL_STEPS
-    assert verify_lake(lake) == (3, [])
+    assert verify_lake(store_of(lake)) == (3, [])
 
 
 def test_rerun_after_a_crash_before_publishing_repairs_the_catalog(
@@ -206,7 +207,9 @@ def test_rerun_after_a_crash_before_publishing_repairs_the_catalog(
     with monkeypatch.context() as patched:
         patched.setattr(extract_module, "_publish", lambda lake, record, dump_format: None)
         patched.setattr(extract_module, "sweep_leftovers", lambda store: 0)
-        extract_run(dump, lake, ExtractOptions(steps=None, workers=1))  # "killed" before publishing
+        extract_run(
+            dump, store_of(lake), ExtractOptions(steps=None, workers=1)
+        )  # "killed" before publishing
     partition = lake / "tokens" / "run=basic" / "rollout_id=1"
     leftovers = [
         partition / f".tokenlake-{2**22 + 17}-0bad0bad.tmp",  # of a writer that died
@@ -222,7 +225,9 @@ def test_rerun_after_a_crash_before_publishing_repairs_the_catalog(
         "is not listed in any manifest: left by an interrupted extraction, drop or tag;"
         " `tokenlake extract` sweeps it"
     )
-    checked, problems = verify_lake(lake)  # the manifest is consistent; the catalog is behind
+    checked, problems = verify_lake(
+        store_of(lake)
+    )  # the manifest is consistent; the catalog is behind
     assert (checked, [str(p) for p in problems]) == (
         3,
         [
@@ -305,8 +310,8 @@ def test_a_run_whose_only_step_fails_is_not_published(tmp_path: Path) -> None:
     os.utime(dump / "rollout_data" / "0.pt", (1, 1))  # old: corruption, not a live write
     lake = tmp_path / "lake"
     with pytest.raises(PipelineError):
-        extract_run(dump, lake, ExtractOptions(run_name="broken", strict=True))
-    summary = extract_run(dump, lake, ExtractOptions(run_name="broken"))
+        extract_run(dump, store_of(lake), ExtractOptions(run_name="broken", strict=True))
+    summary = extract_run(dump, store_of(lake), ExtractOptions(run_name="broken"))
     assert summary.counts["skipped"] == 1
     assert sorted(p.name for p in lake.iterdir()) == ["_manifest"]
     assert sorted(p.name for p in (lake / "_manifest").iterdir()) == [".tokenlake.lock"]
@@ -322,15 +327,15 @@ def test_ctrl_c_mid_run_reports_what_was_committed(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt) as caught:
         extract_run(
             dump,
-            tmp_path / "a",
+            store_of(tmp_path / "a"),
             ExtractOptions(run_name="basic", workers=1),
             progress=stop_after_first,
         )
     summary = caught.value.summary  # type: ignore[attr-defined]
     assert [(s.rollout_id, s.evaluation) for s in summary.steps] == [(0, False)]
     assert summary.counts["new"] == 1
-    assert verify_lake(tmp_path / "a") == (1, [])  # the committed step is published
+    assert verify_lake(store_of(tmp_path / "a")) == (1, [])  # the committed step is published
 
     rounds = []
-    follow_run(dump, tmp_path / "b", ExtractOptions(follow=True, run_name="basic", settle_seconds=0), progress=stop_after_first, on_round=rounds.append)  # fmt: skip
+    follow_run(dump, store_of(tmp_path / "b"), ExtractOptions(follow=True, run_name="basic", settle_seconds=0), progress=stop_after_first, on_round=rounds.append)  # fmt: skip
     assert [r.counts["new"] for r in rounds] == [1]  # the cut-short round is still reported

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import SLIME_REAL
 from tokenlake import layout, schema
 from tokenlake.processes import KILL_SIGNAL_VARIABLE, KILL_VARIABLE
@@ -62,7 +63,7 @@ def unlisted(lake: Path) -> list[str]:
     """Files in the lake no manifest lists, besides the manifests, the lock and the catalog."""
     listed = {
         name
-        for record in manifest.load_all(lake)
+        for record in manifest.load_all(store_of(lake))
         for table in schema.LAKE_TABLES
         for name in record.files(table)
     }
@@ -86,7 +87,11 @@ def glob_tokens(lake: Path) -> int:
 
 
 def committed_tokens(lake: Path) -> int:
-    return sum(step.tokens for record in manifest.load_all(lake) for step in record.steps.values())
+    return sum(
+        step.tokens
+        for record in manifest.load_all(store_of(lake))
+        for step in record.steps.values()
+    )
 
 
 def verify(lake: Path) -> tuple[int, str, str]:

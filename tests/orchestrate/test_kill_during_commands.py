@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake import layout, schema
 from tokenlake.processes import KILL_VARIABLE
@@ -59,7 +60,7 @@ def leftovers(lake: Path) -> list[str]:
     """Files no manifest lists, besides the lock, the manifests and the catalog."""
     listed = {
         name
-        for record in manifest.load_all(lake)
+        for record in manifest.load_all(store_of(lake))
         for table in schema.LAKE_TABLES
         for name in record.files(table)
     }

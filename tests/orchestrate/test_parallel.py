@@ -5,6 +5,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
+from tests.conftest import store_of
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
@@ -18,8 +19,12 @@ def _rows(lake, table):
 def test_three_workers_write_what_one_writes(tmp_path):
     dump = tmp_path / "dump"
     synth.write_dump(dump, synth.PRESETS["example"])
-    serial = extract_run(dump, tmp_path / "serial", ExtractOptions(run_name="ex", workers=1))
-    parallel = extract_run(dump, tmp_path / "parallel", ExtractOptions(run_name="ex", workers=3))
+    serial = extract_run(
+        dump, store_of(tmp_path / "serial"), ExtractOptions(run_name="ex", workers=1)
+    )
+    parallel = extract_run(
+        dump, store_of(tmp_path / "parallel"), ExtractOptions(run_name="ex", workers=3)
+    )
     assert serial.counts == parallel.counts == {
         "new": 4, "updated": 0, "unchanged": 0, "removed": 0, "skipped": 0,
     }  # fmt: skip

@@ -17,6 +17,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import store_of
 from tests.s3server import list_keys, moto_server, new_bucket
 from tokenlake import schema
 from tokenlake.cli import main
@@ -66,7 +67,7 @@ def dump(tmp_path_factory):
 @pytest.fixture(scope="module")
 def serial(dump, tmp_path_factory):
     lake = tmp_path_factory.mktemp("serial") / "lake"
-    extract_run(dump, lake, ExtractOptions(run_name="ex", workers=1))
+    extract_run(dump, store_of(lake), ExtractOptions(run_name="ex", workers=1))
     return lake
 
 
@@ -83,7 +84,7 @@ def _rows(lake):
 
 def _steps(lake):
     """The manifest's step records without their file names (fresh per extraction)."""
-    record = manifest.load_manifest(lake, "ex")
+    record = manifest.load_manifest(store_of(lake), "ex")
     return {label: replace(step, files={}) for label, step in record.steps.items()}
 
 
@@ -108,10 +109,12 @@ def test_tasks_write_an_object_store_lake_the_driver_commits(cluster, dump, seri
     bucket = new_bucket()
     url = f"s3://{bucket}/lake"
     summary = extract_run(
-        dump, url, ExtractOptions(run_name="ex", executor="ray", ray_address=cluster.address)
+        dump,
+        store_of(url),
+        ExtractOptions(run_name="ex", executor="ray", ray_address=cluster.address),
     )
     assert summary.counts["new"] == STEPS and summary.failed == []
-    con = catalog.connect(url)
+    con = catalog.connect(store_of(url))
     try:
         remote = {
             t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall()))
@@ -122,7 +125,7 @@ def test_tasks_write_an_object_store_lake_the_driver_commits(cluster, dump, seri
     local = _rows(serial)
     assert remote == {t: local[t] for t in remote}
     assert _steps(url) == _steps(serial)
-    assert verify_lake(url) == (STEPS, [])
+    assert verify_lake(store_of(url)) == (STEPS, [])
     assert "lake/_manifest/.tokenlake.lock" not in list_keys(bucket)
 
 
@@ -171,7 +174,7 @@ def test_a_node_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_it
         reporter = _KillOnFirstCommit(cluster, victim)
         first = extract_run(
             dump,
-            lake,
+            store_of(lake),
             ExtractOptions(run_name="ex", executor="ray", ray_address=cluster.address),
             progress=reporter,
         )
@@ -183,14 +186,16 @@ def test_a_node_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_it
         step = next(s for s in synth_steps(dump) if s.label == label)
         assert message == ray_executor.task_died_text(step, 0)
     assert first.counts["new"] + first.counts["skipped"] == STEPS
-    checked, problems = verify_lake(lake)
+    checked, problems = verify_lake(store_of(lake))
     assert (checked, problems) == (first.counts["new"], [])
     second = extract_run(
-        dump, lake, ExtractOptions(run_name="ex", executor="ray", ray_address=cluster.address)
+        dump,
+        store_of(lake),
+        ExtractOptions(run_name="ex", executor="ray", ray_address=cluster.address),
     )
     assert second.failed == []
     assert (second.counts["new"], second.counts["unchanged"]) == (len(first.failed), checked)
-    assert verify_lake(lake) == (STEPS, [])
+    assert verify_lake(store_of(lake)) == (STEPS, [])
     assert _rows(lake) == _rows(serial)
 
 
@@ -202,13 +207,13 @@ def test_a_task_whose_node_dies_is_retried_elsewhere(cluster, dump, serial, tmp_
     reporter = _KillOnFirstCommit(cluster, victim)
     summary = extract_run(
         dump,
-        lake,
+        store_of(lake),
         ExtractOptions(run_name="ex", executor="ray", ray_address=cluster.address),
         progress=reporter,
     )
     assert reporter.busy  # a step was in flight on the node when it died
     assert (summary.counts["new"], summary.failed) == (STEPS, [])
-    assert verify_lake(lake) == (STEPS, [])
+    assert verify_lake(store_of(lake)) == (STEPS, [])
     assert _rows(lake) == _rows(serial)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, PRIME_RL_REAL, SLIME_REAL
 from tests.s3server import rows
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -39,9 +40,11 @@ def cluster():
 )
 def test_ray_tasks_read_every_format(cluster, dump: Path, steps: int, tmp_path: Path) -> None:
     far = extract_run(
-        dump, tmp_path / "ray", ExtractOptions(executor="ray", ray_address=cluster.address)
+        dump,
+        store_of(tmp_path / "ray"),
+        ExtractOptions(executor="ray", ray_address=cluster.address),
     )
-    near = extract_run(dump, tmp_path / "local", ExtractOptions(workers=1))
+    near = extract_run(dump, store_of(tmp_path / "local"), ExtractOptions(workers=1))
     assert (far.failed, far.dump_format, far.counts["new"]) == ([], near.dump_format, steps)
     for sql in ("SELECT * FROM tokens", "SELECT * FROM samples"):
         assert rows(tmp_path / "ray", sql) == rows(tmp_path / "local", sql) != []

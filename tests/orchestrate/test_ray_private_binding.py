@@ -26,6 +26,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, sys
     from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+    from tokenlake.store.local import LocalStore
 
     def descendants(root):
         children = {}
@@ -81,7 +82,7 @@ SCRIPT = textwrap.dedent(
         if not seen:
             seen.append(listening())
 
-    extract_run(sys.argv[1], sys.argv[2], ExtractOptions(run_name="ex", executor="ray"), progress=on_step)
+    extract_run(sys.argv[1], LocalStore(sys.argv[2]), ExtractOptions(run_name="ex", executor="ray"), progress=on_step)
     print(json.dumps(seen[0]))
     """
 )

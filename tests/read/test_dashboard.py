@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from tests.conftest import store_of
 from tokenlake import bounded, layout, schema
 from tokenlake.errors import UsageError
 from tokenlake.generator import synth, synth_dashboard
@@ -340,7 +341,7 @@ def test_generated_raw_reward_joins_step_stats(tmp_path):
 
     spec = replace(synth.PRESETS["example"], miles_dashboard=True)
     synth.write_dump(tmp_path / "dump", spec)
-    extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name="example"))
+    extract_run(tmp_path / "dump", store_of(tmp_path / "lake"), ExtractOptions(run_name="example"))
     metrics = dashboard.read_metrics(tmp_path / "dump").table  # noqa: F841 (read by DuckDB)
     with duckdb.connect(str(tmp_path / "lake" / layout.CATALOG_FILE), read_only=True) as con:
         rows = con.execute(

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEXT_DUMPS
 
 pytestmark = pytest.mark.slow
@@ -101,7 +102,10 @@ def con(tmp_path_factory):
     _rewrite(tinker, _tinker, _tinker_train({1, 9}))  # Sample.index of batch position 1
     lake = root / "lake"
     for run in (distilled, tinker):
-        assert extract_run(run, lake, ExtractOptions(run_name=run.name, strict=True)).failed == []
+        assert (
+            extract_run(run, store_of(lake), ExtractOptions(run_name=run.name, strict=True)).failed
+            == []
+        )
     connection = duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True)
     yield connection
     connection.close()

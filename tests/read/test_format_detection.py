@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, REAL_DUMPS, SLIME_REAL
 from tokenlake.errors import DumpNotFoundError
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -125,7 +126,9 @@ def test_an_unknown_format_is_one_line(tmp_path: Path) -> None:
 
 
 def test_forcing_format_1_on_a_format_2_dump_fails_each_trained_step(tmp_path: Path) -> None:
-    summary = extract_run(V2, tmp_path / "lake", ExtractOptions(workers=1, dump_format="slime-v1"))
+    summary = extract_run(
+        V2, store_of(tmp_path / "lake"), ExtractOptions(workers=1, dump_format="slime-v1")
+    )
     assert [label for label, _ in summary.failed] == ["0", "1", "2"]
     assert summary.failed[0][1] == (
         f"`{V2}/train_data/0.pt`: is a per-step train file of step 0, which the slime-v1 format"
@@ -135,7 +138,9 @@ def test_forcing_format_1_on_a_format_2_dump_fails_each_trained_step(tmp_path: P
 
 
 def test_forcing_format_2_on_a_per_rank_dump_fails_each_trained_step(tmp_path: Path) -> None:
-    summary = extract_run(V1, tmp_path / "lake", ExtractOptions(workers=1, dump_format="slime-v2"))
+    summary = extract_run(
+        V1, store_of(tmp_path / "lake"), ExtractOptions(workers=1, dump_format="slime-v2")
+    )
     assert [label for label, _ in summary.failed] == ["0", "1", "2"]
     assert summary.failed[2][1] == (
         f"`{V1}/train_data/2_0.pt`: is a per-rank train file of step 2, which the slime-v2"
@@ -152,7 +157,9 @@ def test_a_stray_per_step_file_in_a_miles_dump_fails_its_step_not_silently(
     dump = tmp_path / "miles"
     shutil.copytree(MILES, dump)
     shutil.copy(V2 / "train_data" / "1.pt", dump / "train_data" / "1.pt")
-    summary = extract_run(dump, tmp_path / "lake", ExtractOptions(workers=1, dump_format="miles"))
+    summary = extract_run(
+        dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1, dump_format="miles")
+    )
     assert summary.failed == [
         (
             "1",
@@ -165,7 +172,9 @@ def test_a_stray_per_step_file_in_a_miles_dump_fails_its_step_not_silently(
 
 
 def test_forcing_nemo_rl_on_a_slime_dump_finds_no_step(tmp_path: Path) -> None:
-    summary = extract_run(V1, tmp_path / "lake", ExtractOptions(workers=1, dump_format="nemo-rl"))
+    summary = extract_run(
+        V1, store_of(tmp_path / "lake"), ExtractOptions(workers=1, dump_format="nemo-rl")
+    )
     assert (summary.steps, summary.failed, summary.counts["new"]) == ([], [], 0)
 
 
@@ -186,8 +195,8 @@ def test_a_runs_row_from_before_the_format_columns_reads_null_until_reextracted(
     from tokenlake.store import manifest
 
     lake = tmp_path / "lake"
-    extract_run(V2, lake, ExtractOptions(run_name="r", workers=1))
-    record = manifest.load_manifest(lake, "r")
+    extract_run(V2, store_of(lake), ExtractOptions(run_name="r", workers=1))
+    record = manifest.load_manifest(store_of(lake), "r")
     old_schema = pa.schema([*schema.RUNS_BASE_SCHEMA, *schema.RUN_META_SCHEMA])
     row = {"source_dir": str(V2), "extracted_at": datetime(2026, 11, 1, tzinfo=timezone.utc)}
     row |= {"tool": "tokenlake 0.3", "schema_version": 3, "train_steps": 3, "eval_steps": 1}
@@ -198,8 +207,8 @@ def test_a_runs_row_from_before_the_format_columns_reads_null_until_reextracted(
     record.runs_file = "runs/run=r/run-00000001.parquet"
     for step in record.steps.values():
         step.schema_version = 3
-    manifest.save_manifest(lake, record)
-    catalog.build_catalog(lake)
+    manifest.save_manifest(store_of(lake), record)
+    catalog.build_catalog(store_of(lake))
     sql = "SELECT schema_version, framework, dump_format, format_version FROM runs"
 
     def query() -> list[tuple]:
@@ -207,7 +216,7 @@ def test_a_runs_row_from_before_the_format_columns_reads_null_until_reextracted(
             return con.execute(sql).fetchall()
 
     assert query() == [(3, None, None, None)]
-    summary = extract_run(V2, lake, ExtractOptions(run_name="r", workers=1))
+    summary = extract_run(V2, store_of(lake), ExtractOptions(run_name="r", workers=1))
     assert summary.counts["updated"] == 4
     assert query() == [(schema.SCHEMA_VERSION, "slime", "slime-v2", 2)]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.e2e.test_oracle import _mismatches, _read_parquet, _rows, _sample_token_problems
 from tests.fixture_paths import NEXT_DUMPS, NEXT_ORACLE
 
@@ -33,7 +34,9 @@ def con(tmp_path_factory):
 
     lake = tmp_path_factory.mktemp("miles_next_lake")
     for case in CASES:
-        summary = extract_run(NEXT_DUMPS / case, lake, ExtractOptions(run_name=case, strict=True))
+        summary = extract_run(
+            NEXT_DUMPS / case, store_of(lake), ExtractOptions(run_name=case, strict=True)
+        )
         assert summary.failed == []
     connection = duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True)
     yield connection

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.read import nemo_rl
@@ -43,7 +44,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("nemo") / "lake"
-    summary = extract_run(CASE, root, ExtractOptions(workers=1))
+    summary = extract_run(CASE, store_of(root), ExtractOptions(workers=1))
     assert (summary.failed, summary.dump_format, summary.counts["new"]) == ([], "nemo-rl", 4)
     return root
 
@@ -272,7 +273,7 @@ def test_all_zero_prev_logprobs_are_placeholders_never_a_drift(tmp_path: Path) -
         return json.dumps(record)
 
     _edit_lines(dump / "train_data_step1.jsonl", zero)
-    summary = extract_run(dump, tmp_path / "lake", ExtractOptions(workers=1))
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
     assert summary.failed == []
     got = rows(
         tmp_path / "lake",
@@ -385,7 +386,7 @@ def test_a_broken_line_fails_its_step_alone(tmp_path: Path, edit: Any, problem: 
     dump = _copy(tmp_path)
     path = dump / "train_data_step1.jsonl"
     _edit_lines(path, edit)
-    summary = extract_run(dump, tmp_path / "lake", ExtractOptions(workers=1))
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
     assert [label for label, _ in summary.failed] == ["1"]
     message = summary.failed[0][1]
     assert message.startswith(f"`{path}` {problem}")
@@ -400,7 +401,7 @@ def test_a_last_line_without_its_newline_is_still_being_written_or_cut_short(
     path = dump / "train_data_step3.jsonl"
     text = path.read_text()
     path.write_text(text[: len(text) - 100])  # NeMo-RL still writing its last line
-    summary = extract_run(dump, tmp_path / "lake", ExtractOptions(workers=1, steps={3}))
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1, steps={3}))
     assert summary.failed == [
         (
             "3",
@@ -410,7 +411,7 @@ def test_a_last_line_without_its_newline_is_still_being_written_or_cut_short(
     ]
     old = path.stat().st_mtime - 3600
     os.utime(path, (old, old))
-    summary = extract_run(dump, tmp_path / "lake", ExtractOptions(workers=1, steps={3}))
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1, steps={3}))
     assert summary.failed == [
         (
             "3",
@@ -433,7 +434,10 @@ def test_train_messages_may_carry_roles(tmp_path: Path) -> None:
         return json.dumps(record)
 
     _edit_lines(path, with_roles)
-    assert extract_run(dump, tmp_path / "lake", ExtractOptions(workers=1, steps={1})).failed == []
+    assert (
+        extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1, steps={1})).failed
+        == []
+    )
     first = json.loads(path.read_text().splitlines()[0])["content"][0]
     got = rows(
         tmp_path / "lake",
@@ -449,7 +453,7 @@ def test_a_line_beyond_the_size_bound_fails_its_step_unread(
     and its step fails naming it (a sample is never dropped silently)."""
     dump = _copy(tmp_path)
     monkeypatch.setattr(nemo_rl, "MAX_LINE_BYTES", 2048)  # step 1's lines are ~2.4-4.6 kB
-    summary = extract_run(dump, tmp_path / "lake", ExtractOptions(workers=1, steps={1}))
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1, steps={1}))
     path = dump / "train_data_step1.jsonl"
     assert summary.failed == [
         (

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEXT_DUMPS
 
 pytestmark = pytest.mark.slow
@@ -259,7 +260,10 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("older")
     lake = root / "lake"
     assert (
-        extract_run(SOURCE, lake, ExtractOptions(run_name="as-written", strict=True)).failed == []
+        extract_run(
+            SOURCE, store_of(lake), ExtractOptions(run_name="as-written", strict=True)
+        ).failed
+        == []
     )
     with pytest.MonkeyPatch.context() as patch:
         for name in ("miles", "miles.utils"):
@@ -270,7 +274,9 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
             shutil.copytree(SOURCE, dump)
             _rewrite(dump, era)
     for era in ERAS:  # read without the fake module: the stand-ins of tokenlake's allow-list
-        summary = extract_run(root / era.name, lake, ExtractOptions(run_name=era.name, strict=True))
+        summary = extract_run(
+            root / era.name, store_of(lake), ExtractOptions(run_name=era.name, strict=True)
+        )
         assert (summary.failed, summary.counts["new"]) == ([], 3)
     return lake
 

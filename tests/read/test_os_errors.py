@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, REAL_DUMPS, SLIME_REAL
 from tokenlake.errors import UnreadableError
 from tokenlake.generator import synth
@@ -184,7 +185,7 @@ def lake(tmp_path: Path) -> Path:
     from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     lake = tmp_path / "lake"
-    assert extract_run(REAL_DUMPS / "basic", lake, ExtractOptions(workers=1)).failed == []
+    assert extract_run(REAL_DUMPS / "basic", store_of(lake), ExtractOptions(workers=1)).failed == []
     return lake
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import PRIME_RL_REAL
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.read import prime_rl
@@ -45,7 +46,7 @@ def lakes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made = {}
     for case in CASES:
         root = tmp_path_factory.mktemp(case) / "lake"
-        summary = extract_run(PRIME_RL_REAL / case, root, ExtractOptions(workers=1))
+        summary = extract_run(PRIME_RL_REAL / case, store_of(root), ExtractOptions(workers=1))
         assert (summary.failed, summary.dump_format, summary.counts["new"]) == ([], "prime-rl", 2)
         assert summary.ignored_files == []
         made[case] = root
@@ -271,7 +272,7 @@ def test_a_null_log_prob_is_null_and_leaves_the_drift(tmp_path: Path) -> None:
         record["inference_logprobs"][start + 1] = None
 
     _edit_lines(path, _edit_record(1, nulls))
-    assert extract_run(run, tmp_path / "lake", ExtractOptions(workers=1)).failed == []
+    assert extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1)).failed == []
     got = rows(
         tmp_path / "lake",
         "SELECT position, loss_mask, train_log_prob, rollout_log_prob IS NULL, lp_diff"
@@ -306,7 +307,7 @@ def test_weight_streams_decide_which_tokens_count_for_drift(tmp_path: Path) -> N
         record["ref_kl_weights"][start + 1] = 0.1
 
     _edit_lines(path, _edit_record(1, streams))
-    assert extract_run(run, tmp_path / "lake", ExtractOptions(workers=1)).failed == []
+    assert extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1)).failed == []
     got = rows(
         tmp_path / "lake",
         "SELECT position, loss_mask, train_log_prob IS NOT NULL, rollout_log_prob IS NOT NULL,"
@@ -337,7 +338,7 @@ def test_a_pure_cross_entropy_line_has_no_dppo_flags(tmp_path: Path) -> None:
             record[key] = [None] * n
 
     _edit_lines(path, _edit_record(1, cross_entropy))
-    assert extract_run(run, tmp_path / "lake", ExtractOptions(workers=1)).failed == []
+    assert extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1)).failed == []
     got = rows(
         tmp_path / "lake",
         "SELECT count(*), count(dppo_masked), count(dppo_masked_high), count(lp_diff),"
@@ -359,14 +360,14 @@ def test_a_step_without_stable_is_not_yet_and_lands_once_stable_appears(tmp_path
     run = _copy(tmp_path)
     marker = run / "token_exports" / "step_2" / "STABLE"
     marker.unlink()
-    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1))
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
     assert (summary.failed, summary.counts["new"]) == ([], 1)
     assert summary.ignored_files == [
         (marker.parent, "not yet: it has no `STABLE`, prime-rl is still writing the step")
     ]
     assert rows(tmp_path / "lake", "SELECT DISTINCT rollout_id FROM samples") == [(1,)]
     marker.touch()
-    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1))
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
     assert (summary.failed, summary.counts["new"], summary.counts["unchanged"]) == ([], 1, 1)
     assert summary.ignored_files == []
     assert rows(tmp_path / "lake", "SELECT count(*) FROM samples") == [(16,)]
@@ -393,11 +394,11 @@ def test_the_cli_says_which_step_is_not_yet_and_what_it_read(tmp_path: Path) -> 
 def test_a_changed_rank_file_re_extracts_its_step_alone(tmp_path: Path) -> None:
     run = _copy(tmp_path)
     lake = tmp_path / "lake"
-    assert extract_run(run, lake, ExtractOptions(workers=2)).counts["new"] == 2
+    assert extract_run(run, store_of(lake), ExtractOptions(workers=2)).counts["new"] == 2
     path = run / "token_exports" / "step_2" / "rank_1.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("".join(f"{line}\n" for line in lines[:-1]))
-    summary = extract_run(run, lake, ExtractOptions(workers=2))
+    summary = extract_run(run, store_of(lake), ExtractOptions(workers=2))
     assert (summary.counts["updated"], summary.counts["unchanged"]) == (1, 1)
     assert rows(lake, "SELECT rollout_id, count(*) FROM samples GROUP BY 1 ORDER BY 1") == [
         (1, 8),
@@ -463,7 +464,7 @@ def test_a_broken_line_fails_its_step_alone(
     run = _copy(tmp_path)
     path = run / "token_exports" / "step_1" / "rank_0.jsonl"
     _edit_lines(path, _edit_record(line, change))
-    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1))
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
     assert summary.failed == [("1", f"`{path}` (line {line}): {problem}. {AFTER}")]
     assert summary.counts["new"] == 1
 
@@ -483,7 +484,7 @@ def test_a_line_that_is_not_an_object_fails_its_step(
     run = _copy(tmp_path)
     path = run / "token_exports" / "step_2" / "rank_1.jsonl"
     _edit_lines(path, lambda n, line: text if n == 3 else line)
-    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1))
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
     assert [label for label, _ in summary.failed] == ["2"]
     assert summary.failed[0][1].startswith(f"`{path}` (line 3): {problem}")
 
@@ -495,7 +496,7 @@ def test_a_rank_file_cut_mid_line_is_being_rewritten_or_was_cut_short(tmp_path: 
     path = run / "token_exports" / "step_1" / "rank_1.jsonl"
     text = path.read_text()
     path.write_text(text[:-100])
-    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1, steps={1}))
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1, steps={1}))
     assert summary.failed == [
         (
             "1",
@@ -505,7 +506,7 @@ def test_a_rank_file_cut_mid_line_is_being_rewritten_or_was_cut_short(tmp_path: 
     ]
     old = path.stat().st_mtime - 3600
     os.utime(path, (old, old))
-    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1, steps={1}))
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1, steps={1}))
     assert summary.failed == [
         ("1", f"`{path}` (line 4): ends without a newline: the file was cut short. {AFTER}")
     ]
@@ -516,7 +517,7 @@ def test_a_line_beyond_the_size_bound_fails_its_step_unread(
 ) -> None:
     run = _copy(tmp_path)
     monkeypatch.setattr(prime_rl, "MAX_LINE_BYTES", 4096)  # rank 1's first line is ~5.6 kB
-    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1, steps={1}))
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1, steps={1}))
     path = run / "token_exports" / "step_1" / "rank_0.jsonl"
     assert summary.failed == [
         (
@@ -532,7 +533,7 @@ def test_a_rank_file_beyond_the_size_bound_fails_its_step_unread(
 ) -> None:
     run = _copy(tmp_path)
     monkeypatch.setattr(prime_rl, "MAX_FILE_BYTES", 20 << 10)
-    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1))
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
     first, second = (run / "token_exports" / f"step_{s}" / "rank_0.jsonl" for s in (1, 2))
     assert summary.failed == [
         (
@@ -582,7 +583,7 @@ def test_a_line_of_empty_containers_fails_its_step_before_it_is_parsed(tmp_path:
     count = 1 << 16
     wide = "[" + "{}, " * (count - 1) + "{}]"
     _edit_lines(path, lambda number, line: wide if number == 2 else line)
-    summary = extract_run(run, tmp_path / "lake", ExtractOptions(workers=1))
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
     assert summary.failed == [
         (
             "1",

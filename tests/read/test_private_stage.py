@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.read.test_remote_dump import BASIC, bucket, s3, upload  # noqa: F401 - fixtures
 from tests.s3server import cli, rows
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -49,7 +50,7 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def local_vocab(tmp_path: Path) -> list[tuple[str, ...]]:
-    extract_run(BASIC, tmp_path / "local", ExtractOptions(run_name="basic"))
+    extract_run(BASIC, store_of(tmp_path / "local"), ExtractOptions(run_name="basic"))
     return rows(tmp_path / "local", "SELECT * FROM vocab")
 
 

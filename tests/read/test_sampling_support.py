@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEXT_DUMPS, NEXT_ORACLE
 from tokenlake.errors import SampleValueError
 from tokenlake.read.sampling_support import support_sizes
@@ -20,7 +21,9 @@ def lake(tmp_path_factory):
     lake = tmp_path_factory.mktemp("support_lake")
     for case in ("sampling_support", "spec_rename"):
         assert (
-            extract_run(NEXT_DUMPS / case, lake, ExtractOptions(run_name=case, strict=True)).failed
+            extract_run(
+                NEXT_DUMPS / case, store_of(lake), ExtractOptions(run_name=case, strict=True)
+            ).failed
             == []
         )
     return lake

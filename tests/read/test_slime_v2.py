@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import store_of
 from tests.e2e.test_bad_input import age
 from tests.fixture_paths import SLIME_REAL
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -49,7 +50,7 @@ def _expected(case: str, name: str) -> Any:
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("slime") / "lake"
     for case in CASES:
-        summary = extract_run(SLIME_REAL / case, root, ExtractOptions(workers=1))
+        summary = extract_run(SLIME_REAL / case, store_of(root), ExtractOptions(workers=1))
         assert summary.failed == [] and summary.counts["new"] == 4
     return root
 
@@ -207,7 +208,7 @@ def _rewrite(path: Path, change: Any) -> None:
 
 
 def _failures(dump: Path, tmp_path: Path, **options: Any) -> tuple[list, dict[str, int]]:
-    summary = extract_run(dump, tmp_path / "lake", ExtractOptions(workers=1, **options))
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1, **options))
     return summary.failed, {str(k): v for k, v in summary.counts.items() if v}
 
 

@@ -7,6 +7,7 @@ import json
 import duckdb
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake.errors import DumpFormatError
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -17,7 +18,7 @@ REAL = REAL_DUMPS
 
 @pytest.mark.slow
 def test_real_conversations_reach_the_samples_table(tmp_path):
-    extract_run(REAL / "basic", tmp_path, ExtractOptions(run_name="basic"))
+    extract_run(REAL / "basic", store_of(tmp_path), ExtractOptions(run_name="basic"))
     con = duckdb.connect(str(tmp_path / "tokenlake.duckdb"), read_only=True)
     got = con.execute(
         "SELECT rollout_id, evaluation, sample_index, messages_json FROM samples"

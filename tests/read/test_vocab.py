@@ -7,6 +7,7 @@ import json
 import duckdb
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import MILES_REAL
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.store import manifest
@@ -17,9 +18,9 @@ REAL = MILES_REAL
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory):
     root = tmp_path_factory.mktemp("lake")
-    extract_run(REAL / "dumps" / "basic", root, ExtractOptions(run_name="basic"))
+    extract_run(REAL / "dumps" / "basic", store_of(root), ExtractOptions(run_name="basic"))
     extract_run(
-        REAL / "dumps" / "pp2", root, ExtractOptions(run_name="pp2")
+        REAL / "dumps" / "pp2", store_of(root), ExtractOptions(run_name="pp2")
     )  # pp2 saved no tokenizer/
     return root
 
@@ -50,7 +51,7 @@ def test_no_tokenizer_means_no_vocab_and_null_texts(lake):
 
 @pytest.mark.slow
 def test_vocab_is_rebuilt_only_when_the_tokenizer_changes(lake):
-    before = manifest.load_manifest(lake, "basic").vocab_file
-    extract_run(REAL / "dumps" / "basic", lake, ExtractOptions(run_name="basic"))
-    assert manifest.load_manifest(lake, "basic").vocab_file == before
+    before = manifest.load_manifest(store_of(lake), "basic").vocab_file
+    extract_run(REAL / "dumps" / "basic", store_of(lake), ExtractOptions(run_name="basic"))
+    assert manifest.load_manifest(store_of(lake), "basic").vocab_file == before
     assert (lake / before).is_file()

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import store_of
 from tests.e2e.test_bad_input import REPLACE, age, extract
 from tests.fixture_paths import NEXT_DUMPS, NEXT_ORACLE
 from tokenlake.errors import SampleValueError
@@ -33,7 +34,9 @@ def con(tmp_path_factory):
     lake = tmp_path_factory.mktemp("spans_lake")
     for case in ("weight_spans", "legacy_pre_dashboard"):
         assert (
-            extract_run(NEXT_DUMPS / case, lake, ExtractOptions(run_name=case, strict=True)).failed
+            extract_run(
+                NEXT_DUMPS / case, store_of(lake), ExtractOptions(run_name=case, strict=True)
+            ).failed
             == []
         )
     connection = duckdb.connect(str(lake / "tokenlake.duckdb"), read_only=True)

@@ -1,6 +1,7 @@
 """The package's import graph has no cycle, every import runs down a floor, and the wings of
 `read/` keep their rules: the unpickler (`read/pt/`) is entered only through its `__init__`,
-remote staging (`read/remote/`) is never imported by `serve/`, `transform/` never by `read/`.
+`read/` (a dump's readers, remote staging among them) is never imported by `serve/`, which
+reads a lake through its store only, and `transform/` never by `read/`.
 
 Read from the source (every `import` and `from ... import`, function-local ones included), so
 an import that hides inside a function to dodge a cycle still counts.
@@ -136,7 +137,9 @@ def _upward(graph: dict[str, set[str]]) -> list[str]:
 # through its `__init__` (its one way in); a wing may also be kept from some floors.
 SEALED = ("tokenlake.read.pt",)  # the allow-listed unpickler, a security boundary
 KEPT_FROM = {
-    "tokenlake.read.remote": ("tokenlake.serve",),  # the report and queries never stage a dump
+    # A lake's readers (queries, the report, the explorer) read its store, never a dump: what
+    # tells a lake from a dump (`store.require_lake`) and the private cache live in `store/`.
+    "tokenlake.read": ("tokenlake.serve",),
     "tokenlake.transform": ("tokenlake.read",),  # the readers give values; no callback comes back
 }
 
@@ -185,14 +188,17 @@ def test_the_wing_check_finds_each_breach() -> None:
         "tokenlake.read.dump": {"tokenlake.read.pt.ptzip", "tokenlake.read.pt"},
         "tokenlake.read.pt.ptread": {"tokenlake.read.pt.ptzip"},
         "tokenlake.serve.report_html": {"tokenlake.read.remote.remote_stage"},
+        "tokenlake.serve.catalog": {"tokenlake.read.dump", "tokenlake.store"},
         "tokenlake.read.formats": {"tokenlake.transform.tables"},
     }
     assert _wing_breaches(graph) == [
         "tokenlake.read.dump imports tokenlake.read.pt.ptzip, inside the sealed tokenlake.read.pt",
         "tokenlake.read.formats imports tokenlake.transform.tables: tokenlake.read never imports"
         " tokenlake.transform",
+        "tokenlake.serve.catalog imports tokenlake.read.dump: tokenlake.serve never imports"
+        " tokenlake.read",
         "tokenlake.serve.report_html imports tokenlake.read.remote.remote_stage: tokenlake.serve"
-        " never imports tokenlake.read.remote",
+        " never imports tokenlake.read",
     ]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import store_of
 from tests.lakes import build_lake
 from tokenlake.serve.audit import run_audits
 
@@ -75,7 +76,7 @@ def _lake(tmp_path, model: str):
                      "train_log_prob": t, "rollout_log_prob": r, "lp_diff": t - r}
                 )  # fmt: skip
     build_lake(tmp_path, tokens, samples)
-    return {r.name: r for r in run_audits(tmp_path)}
+    return {r.name: r for r in run_audits(store_of(tmp_path))}
 
 
 def _fired(results) -> set[str]:

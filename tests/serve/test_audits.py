@@ -18,6 +18,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tests.lakes import build_lake
 from tokenlake.cli import main
@@ -139,16 +140,16 @@ def healthy(tmp_path_factory):
 def tripped(tmp_path_factory):
     lake = tmp_path_factory.mktemp("tripped")
     build_lake(lake, *trip_rows())
-    record = manifest.load_manifest(lake, "r")
+    record = manifest.load_manifest(store_of(lake), "r")
     assert record is not None  # step 1 extracted although a rank file never came
     record.steps["1"].incomplete = "rank 1 of ranks 0-1 has no train file"
-    manifest.save_manifest(lake, record)
-    catalog.build_catalog(lake)
-    return {r.name: r for r in run_audits(lake)}, lake
+    manifest.save_manifest(store_of(lake), record)
+    catalog.build_catalog(store_of(lake))
+    return {r.name: r for r in run_audits(store_of(lake))}, lake
 
 
 def test_healthy_lake_passes_every_audit(healthy):
-    results = run_audits(healthy)
+    results = run_audits(store_of(healthy))
     assert [r.name for r in results] == AUDITS
     assert all(r.passed for r in results)
     assert format_audit_report(results).splitlines()[-1] == "All 15 audits passed."
@@ -223,7 +224,7 @@ def test_zero_std_groups_fires_on_the_dashboard_rule_only(tripped):
     ]
     _, lake = tripped
     # At a threshold above the step's share the audit is quiet; the group list is not.
-    quiet = {r.name: r for r in run_audits(lake, {"alarm_zero_std_group_frac": 1.01})}
+    quiet = {r.name: r for r in run_audits(store_of(lake), {"alarm_zero_std_group_frac": 1.01})}
     assert quiet["zero_std_groups"].passed and not quiet["zero_std_group_list"].passed
 
 
@@ -237,7 +238,7 @@ def test_half_the_groups_with_rewards_is_enough_and_groups_without_rewards_do_no
         _sample(0, 5, None),  # group 2: no reward data
     ]
     build_lake(tmp_path, tokens=[], samples=samples)
-    result = next(r for r in run_audits(tmp_path) if r.name == "zero_std_groups")
+    result = next(r for r in run_audits(store_of(tmp_path)) if r.name == "zero_std_groups")
     assert _rows(result, "groups_with_reward", "zero_std_groups", "zero_std_frac") == [(2, 1, 0.5)]
 
 
@@ -268,11 +269,14 @@ def test_thresholds_come_from_settings(tripped):
     _, lake = tripped
     # Only the ESS alarm stays once the other thresholds are raised past step 1's values.
     raised = {"alarm_k3_kl": 1e12, "alarm_mult_prob_error": 1e12, "alarm_truncated_frac": 0.9}
-    alarms = {r.name: r for r in run_audits(lake, {**raised, "alarm_mean_abs_lp_diff_smtm": 2.0})}
+    alarms = {
+        r.name: r
+        for r in run_audits(store_of(lake), {**raised, "alarm_mean_abs_lp_diff_smtm": 2.0})
+    }
     rows = alarms["drift_alarms"].rows.to_pylist()
     assert [(r["rollout_id"], r["metric"]) for r in rows] == [(1, "ess_raw")]
     assert alarms["truncated_steps"].passed
-    quiet = run_audits(lake, {"abs_lp_diff_limit": 30.0})
+    quiet = run_audits(store_of(lake), {"abs_lp_diff_limit": 30.0})
     assert next(r for r in quiet if r.name == "large_lp_diff").passed
 
 
@@ -281,7 +285,9 @@ def test_ess_raw_alarms_where_clamped_ess_cannot(tripped):
     _, lake = tripped
     from tokenlake.serve.query import run_query
 
-    row = run_query(lake, "SELECT ess, ess_raw FROM drift_steps WHERE rollout_id = 1").to_pylist()
+    row = run_query(
+        store_of(lake), "SELECT ess, ess_raw FROM drift_steps WHERE rollout_id = 1"
+    ).to_pylist()
     mean_w, mean_w2 = (15 * 1.0001 + 2) / 16, (15 * 1.0001**2 + 4) / 16
     assert row[0]["ess"] == pytest.approx(mean_w**2 / mean_w2, rel=1e-3)
     assert row[0]["ess"] > 0.64
@@ -334,15 +340,15 @@ def test_audits_fire_on_generated_dumps_built_to_trip_them(tmp_path, preset, aud
     synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
     # settle 0: the dump is finished (a missing rank lands, marked incomplete)
     options = ExtractOptions(run_name=preset, settle_seconds=0.0)
-    extract_run(tmp_path / "dump", tmp_path / "lake", options)
-    results = {r.name: r for r in run_audits(tmp_path / "lake")}
+    extract_run(tmp_path / "dump", store_of(tmp_path / "lake"), options)
+    results = {r.name: r for r in run_audits(store_of(tmp_path / "lake"))}
     assert not results[audit].passed
     if rows is None:  # count the non-finite tokens independently, with numpy
         import numpy as np
 
         from tokenlake.serve.query import run_query
 
-        table = run_query(tmp_path / "lake", "SELECT * FROM tokens")
+        table = run_query(store_of(tmp_path / "lake"), "SELECT * FROM tokens")
         columns = ("rollout_log_prob", "train_log_prob", "lp_diff")
         bad = np.zeros(table.num_rows, dtype=bool)
         for name in columns:
@@ -421,7 +427,7 @@ def test_the_example_run_passes_the_audit(tmp_path):
     from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
-    extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name="example"))
+    extract_run(tmp_path / "dump", store_of(tmp_path / "lake"), ExtractOptions(run_name="example"))
     result = CliRunner().invoke(main, ["audit", str(tmp_path / "lake")])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[-1] == "0 of 15 audits failed; 0 warnings, 2 info."
@@ -439,8 +445,8 @@ def test_real_miles_fixtures_are_judged_by_miles_own_log_prob_gate(tmp_path, cas
     would in miles' own CI. Nothing else fails."""
     from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
-    extract_run(REAL_DUMPS / case, tmp_path / "lake", ExtractOptions(run_name=case))
-    results = {r.name: r for r in run_audits(tmp_path / "lake")}
+    extract_run(REAL_DUMPS / case, store_of(tmp_path / "lake"), ExtractOptions(run_name=case))
+    results = {r.name: r for r in run_audits(store_of(tmp_path / "lake"))}
     failed = [name for name, r in results.items() if not r.passed and r.severity == "error"]
     assert failed == (["framework_gates"] if failing_steps else [])
     rows = results["framework_gates"].rows.to_pylist()

@@ -12,6 +12,7 @@ import duckdb
 import pytest
 import sqlalchemy as sa
 
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake import layout, schema
 from tokenlake.orchestrate.extract import extract_run
@@ -48,7 +49,7 @@ ORACLE_STEPS = {
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory) -> Path:
     lake = tmp_path_factory.mktemp("bi") / "lake"
-    extract_run(REAL_DUMPS / "basic", lake)
+    extract_run(REAL_DUMPS / "basic", store_of(lake))
     return lake
 
 
@@ -169,7 +170,11 @@ def test_plain_parquet_readers_read_the_manifest_listed_files(lake):
 
     from tokenlake.store import manifest
 
-    files = [str(lake / name) for run in manifest.load_all(lake) for name in run.files("tokens")]
+    files = [
+        str(lake / name)
+        for run in manifest.load_all(store_of(lake))
+        for name in run.files("tokens")
+    ]
     partitioning = ds.partitioning(
         pa.schema([("run", pa.string()), ("rollout_id", pa.int64())]), flavor="hive"
     )

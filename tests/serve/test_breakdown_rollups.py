@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import store_of
 from tests.lakes import build_lake
 from tokenlake.serve import catalog, sql_views
 
@@ -42,7 +43,7 @@ def _tokens(rollout_id: int) -> list[dict]:
 
 
 def _rows(lake, rollup: str, rollout_id: int) -> list[tuple]:
-    con = catalog.connect(lake)
+    con = catalog.connect(store_of(lake))
     try:
         return con.sql(
             f"SELECT * FROM {rollup} WHERE rollout_id = {rollout_id} ORDER BY ALL"
@@ -62,7 +63,7 @@ def test_a_rollup_over_one_step_gives_that_steps_rows(tmp_path, rollup):
 
 def test_breakdown_parts_rows_per_dimension(tmp_path):
     build_lake(tmp_path, tokens=_tokens(1))
-    con = catalog.connect(tmp_path)
+    con = catalog.connect(store_of(tmp_path))
     try:
         got = con.sql(
             "SELECT dimension, bucket, token_version, token_staleness, tokens, samples"

@@ -7,6 +7,7 @@ import struct
 
 import duckdb
 
+from tests.conftest import store_of
 from tests.lakes import build_lake
 
 
@@ -42,7 +43,7 @@ def test_a_catalog_found_healthy_is_opened_again_once_it_changes(tmp_path, monke
     from tokenlake.serve import catalog
 
     lake = tmp_path / "lake"
-    extract_run(REAL_DUMPS / "basic", lake, ExtractOptions(workers=1))
+    extract_run(REAL_DUMPS / "basic", store_of(lake), ExtractOptions(workers=1))
     opened = []
     check = catalog._opened_file_problem
 
@@ -51,11 +52,11 @@ def test_a_catalog_found_healthy_is_opened_again_once_it_changes(tmp_path, monke
         return check(*args)
 
     monkeypatch.setattr(catalog, "_opened_file_problem", counted)
-    assert [catalog.catalog_problem(lake) for _ in range(3)] == [None, None, None]
+    assert [catalog.catalog_problem(store_of(lake)) for _ in range(3)] == [None, None, None]
     assert len(opened) == 1
     with duckdb.connect(str(lake / "tokenlake.duckdb")) as con:
         con.execute("DROP VIEW step_stats")
-    assert catalog.catalog_problem(lake) == (
+    assert catalog.catalog_problem(store_of(lake)) == (
         "catalog `tokenlake.duckdb` lacks views `step_stats`; run `tokenlake views LAKE` or"
         " extract again"
     )

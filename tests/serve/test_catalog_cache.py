@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import store_of
 from tests.serve.test_user_view_sandbox import FORM, lake_with_views, skipped
 from tokenlake import layout
 from tokenlake.cli import main
@@ -39,7 +40,7 @@ def builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 
 def _answer(lake: Path) -> list[tuple[object, ...]]:
-    with catalog.connect(lake) as con:
+    with catalog.connect(store_of(lake)) as con:
         return con.execute(QUESTION).fetchall()
 
 
@@ -51,7 +52,7 @@ def _kept(tmp_path: Path) -> list[str]:
 
 def test_a_second_reader_opens_the_kept_catalog(tmp_path: Path, builds: list[Path]) -> None:
     lake = lake_with_views(tmp_path, {"mine.sql": "CREATE VIEW mine AS SELECT 7 AS seven"})
-    catalog.build_catalog(lake)
+    catalog.build_catalog(store_of(lake))
     builds.clear()  # the lake's own file: never what a reader opens
     first = _answer(lake)
     assert len(builds) == 1
@@ -70,7 +71,7 @@ def test_a_second_reader_opens_the_kept_catalog(tmp_path: Path, builds: list[Pat
     assert _kept(tmp_path) != [key] and len(_kept(tmp_path)) == 1  # the old key deleted
 
     (lake / "views" / "mine.sql").write_text("CREATE VIEW mine AS SELECT 8 AS seven")
-    with catalog.connect(lake) as con:
+    with catalog.connect(store_of(lake)) as con:
         assert con.execute("SELECT seven FROM mine").fetchall() == [(8,)]
     assert len(builds) == 2
 
@@ -79,7 +80,7 @@ def test_a_kept_build_says_its_problems_again(
     tmp_path: Path, builds: list[Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     lake = lake_with_views(tmp_path, {"a.sql": "SELECT 1"})
-    catalog.build_catalog(lake, [])
+    catalog.build_catalog(store_of(lake), [])
     line = skipped(lake, "a.sql", FORM.format("a"))
     for _ in range(2):
         caplog.clear()
@@ -91,7 +92,7 @@ def test_a_kept_build_says_its_problems_again(
 
 def test_a_cache_others_may_write_is_never_used(tmp_path: Path, builds: list[Path]) -> None:
     lake = lake_with_views(tmp_path, {})
-    catalog.build_catalog(lake)
+    catalog.build_catalog(store_of(lake))
     builds.clear()
     root = tmp_path / "cache"
     root.mkdir(mode=0o700)
@@ -109,7 +110,7 @@ def test_only_the_lakes_used_last_keep_a_catalog(
     first = lake_with_views(tmp_path / "a", {})
     second = lake_with_views(tmp_path / "b", {})
     for lake in (first, second):
-        catalog.build_catalog(lake)
+        catalog.build_catalog(store_of(lake))
     _answer(first)
     (folder,) = (tmp_path / "cache" / catalog_cache.FOLDER).iterdir()
     builds.clear()
@@ -129,7 +130,7 @@ def test_a_lakes_stale_builds_and_older_keys_are_deleted(
     tmp_path: Path, builds: list[Path]
 ) -> None:
     lake = lake_with_views(tmp_path, {})
-    catalog.build_catalog(lake)
+    catalog.build_catalog(store_of(lake))
     _answer(lake)
     (folder,) = (tmp_path / "cache" / catalog_cache.FOLDER).iterdir()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True, text=True)  # fmt: skip

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import MILES_REAL
 from tests.lakes import build_lake
 from tokenlake.serve.query import run_query
@@ -365,7 +366,7 @@ def expected_groups(recs, keyfn):
 
 
 def view(lake: Path, name: str, settings=None) -> list[dict]:
-    return run_query(lake, f"SELECT * FROM {name}", settings).to_pylist()
+    return run_query(store_of(lake), f"SELECT * FROM {name}", settings).to_pylist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -481,12 +482,14 @@ def test_settings_override_by_hand_written_temp_view(rich):
         "SELECT run, rollout_id, ess FROM drift_steps WHERE tokens > 0"
     )
     expected = expected_steps(tokens, samples, {**DEFAULTS, "is_cap": 1.05})
-    got = run_query(lake, sql).to_pylist()
+    got = run_query(store_of(lake), sql).to_pylist()
     assert [r["ess"] for r in got] == pytest.approx(
         [expected[k]["ess"] for k in [("a", 0), ("a", 1), ("b", 0)]], rel=REL
     )
     # The override lives in that one connection only.
-    assert run_query(lake, "SELECT is_cap FROM drift_settings").to_pylist() == [{"is_cap": 2.0}]
+    assert run_query(store_of(lake), "SELECT is_cap FROM drift_settings").to_pylist() == [
+        {"is_cap": 2.0}
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -596,7 +599,7 @@ def test_sample_attribute_breakdowns(rich, name, keys, keyfn):
 def test_drift_by_length_bucket_edges(rich):
     lake, _, _ = rich
     got = run_query(
-        lake,
+        store_of(lake),
         "SELECT DISTINCT length_bucket, length_low, length_high FROM drift_by_length ORDER BY 1",
     )
     assert got.to_pylist() == [
@@ -677,10 +680,12 @@ def test_drift_steps_on_real_basic_dump(tmp_path):
     from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     extract_run(
-        FIXTURES / "dumps" / "basic", tmp_path, ExtractOptions(run_name="basic", strict=True)
+        FIXTURES / "dumps" / "basic",
+        store_of(tmp_path),
+        ExtractOptions(run_name="basic", strict=True),
     )
-    tokens = run_query(tmp_path, "SELECT * FROM tokens").to_pylist()
-    samples = run_query(tmp_path, "SELECT * FROM samples").to_pylist()
+    tokens = run_query(store_of(tmp_path), "SELECT * FROM tokens").to_pylist()
+    samples = run_query(store_of(tmp_path), "SELECT * FROM samples").to_pylist()
     expected = expected_steps(tokens, samples, framework="miles")
     actual = view(tmp_path, "drift_steps")
     assert [(r["run"], r["rollout_id"]) for r in actual] == [("basic", 0), ("basic", 1)]
@@ -703,10 +708,12 @@ def test_drift_steps_on_generated_dumps(tmp_path, preset):
     from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
-    extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name=preset, strict=True))
+    extract_run(
+        tmp_path / "dump", store_of(tmp_path / "lake"), ExtractOptions(run_name=preset, strict=True)
+    )
     lake = tmp_path / "lake"
-    tokens = run_query(lake, "SELECT * FROM tokens").to_pylist()
-    samples = run_query(lake, "SELECT * FROM samples").to_pylist()
+    tokens = run_query(store_of(lake), "SELECT * FROM tokens").to_pylist()
+    samples = run_query(store_of(lake), "SELECT * FROM samples").to_pylist()
     actual = view(lake, "drift_steps")
     assert [r["rollout_id"] for r in actual] == list(range(synth.PRESETS[preset].steps))
     assert_rows(actual, expected_steps(tokens, samples, framework="miles"), STEP_KEYS)

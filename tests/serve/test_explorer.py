@@ -11,6 +11,7 @@ import base64
 import dataclasses
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -19,14 +20,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, SLIME_REAL
 from tests.serve.test_report import _browser, _problems
 from tests.serve.test_report_hostile_text import _with_hostile_vocab
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.serve import catalog
+from tokenlake.serve import report_data as rd
+from tokenlake.serve.explore import data
 from tokenlake.serve.explore.server import ServeOptions, start
 from tokenlake.serve.query import run_query
 from tokenlake.serve.run_colours import run_colours
+from tokenlake.serve.served import served_records
+from tokenlake.store import manifest
 
 HOSTILE_RUN = "<b>x<i>y'\"&amp;<!--"
 pytestmark = pytest.mark.slow
@@ -39,18 +46,22 @@ def lake(tmp_path_factory) -> Path:
     synth.write_dump(root / "example", synth.PRESETS["example"])
     multi_turn = dataclasses.replace(synth.PRESETS["cp-thd"], multi_turn=True, steps=2)
     synth.write_dump(root / "cp", multi_turn)
-    extract_run(root / "example", lake, ExtractOptions(run_name="example", workers=1))
-    extract_run(root / "cp", lake, ExtractOptions(run_name="multi-turn", workers=1))
-    extract_run(SLIME_REAL / "v2_dp2_cp2", lake, ExtractOptions(run_name="slime", workers=1))
-    extract_run(NEMO_RL_REAL / "grpo_multiturn", lake, ExtractOptions(run_name="nemo", workers=1))
-    extract_run(root / "example", lake, ExtractOptions(run_name=HOSTILE_RUN, workers=1))
+    extract_run(root / "example", store_of(lake), ExtractOptions(run_name="example", workers=1))
+    extract_run(root / "cp", store_of(lake), ExtractOptions(run_name="multi-turn", workers=1))
+    extract_run(
+        SLIME_REAL / "v2_dp2_cp2", store_of(lake), ExtractOptions(run_name="slime", workers=1)
+    )
+    extract_run(
+        NEMO_RL_REAL / "grpo_multiturn", store_of(lake), ExtractOptions(run_name="nemo", workers=1)
+    )
+    extract_run(root / "example", store_of(lake), ExtractOptions(run_name=HOSTILE_RUN, workers=1))
     _with_hostile_vocab(lake, HOSTILE_RUN)
     return lake
 
 
 @pytest.fixture(scope="module")
 def server(lake):
-    running = start(lake, ServeOptions(port=0))
+    running = start(store_of(lake), ServeOptions(port=0))
     yield running.url
     running.stop()
 
@@ -121,7 +132,7 @@ def test_runs_to_step_to_sample_and_back_with_the_views_values(lake, server, bro
     names = _cells(browser, "a.run-link")
     assert names == sorted(["example", "multi-turn", "slime", "nemo", HOSTILE_RUN])
     expected = run_query(
-        lake,
+        store_of(lake),
         "SELECT run, sum(tokens * mean_abs_lp_diff_tm) / sum(tokens) AS m FROM drift_steps"
         " WHERE tokens > 0 GROUP BY run ORDER BY run",
     ).to_pylist()
@@ -134,6 +145,7 @@ def test_runs_to_step_to_sample_and_back_with_the_views_values(lake, server, bro
     assert sorted(set(frameworks)) == ["miles", "nemo-rl", "slime"]
     _shot(browser, "runs", tmp_path)
 
+    browser.evaluate("document.documentElement.dataset.rendered = 'leaving'")  # not the old page's
     browser.evaluate(
         "[...document.querySelectorAll('a.run-link')].find(a => a.textContent === 'multi-turn').click()"
     )
@@ -146,7 +158,7 @@ def test_runs_to_step_to_sample_and_back_with_the_views_values(lake, server, bro
     assert browser.evaluate("location.pathname") == "/runs/multi-turn/steps/0"
     samples = (
         run_query(
-            lake,
+            store_of(lake),
             "SELECT count(*) AS n FROM samples WHERE run = 'multi-turn' AND rollout_id = 0"
             " AND NOT evaluation",
         )
@@ -162,7 +174,7 @@ def test_runs_to_step_to_sample_and_back_with_the_views_values(lake, server, bro
     assert browser.evaluate("location.pathname") == "/runs/multi-turn/steps/0/samples/0"
     length = (
         run_query(
-            lake,
+            store_of(lake),
             "SELECT count(*) AS n FROM tokens WHERE run = 'multi-turn' AND rollout_id = 0"
             " AND NOT evaluation AND batch_position = 0",
         )
@@ -190,7 +202,7 @@ def _masked_sample(lake: Path) -> tuple[int, int, int]:
     """(step, batch position, tokens without an lp_diff) of a multi-turn sample with masked
     tokens between covered ones."""
     row = run_query(
-        lake,
+        store_of(lake),
         "SELECT rollout_id, batch_position, count(*) FILTER (WHERE loss_mask = 0 OR lp_diff IS NULL"
         " OR NOT isfinite(lp_diff)) AS blank FROM tokens WHERE run = 'multi-turn'"
         " AND NOT evaluation GROUP BY ALL HAVING max(turn_index) > 0 ORDER BY ALL LIMIT 1",
@@ -338,7 +350,7 @@ def test_a_hostile_run_name_and_token_texts_stay_text(lake, server, browser):
 
 
 def test_beyond_localhost_a_request_without_the_token_is_refused(lake):
-    running = start(lake, ServeOptions(host="0.0.0.0", port=0))
+    running = start(store_of(lake), ServeOptions(host="0.0.0.0", port=0))
     try:
         assert "?token=" in running.url
         port = running.url.split(":")[2].split("/")[0]
@@ -413,13 +425,18 @@ def test_clicking_a_chart_point_opens_its_step_and_a_scatter_point_its_sample(
 
 
 def test_the_console_page_says_where_rows_were_cut(lake, browser):
-    running = start(lake, ServeOptions(port=0, query_rows=5))
+    running = start(store_of(lake), ServeOptions(port=0, query_rows=5))
     try:
         _open(browser, running.url + "sql?q=SELECT%20range%20AS%20n%20FROM%20range(12)")
         assert browser.evaluate("document.querySelector('#result p').textContent") == (
             "5 row(s), cut at the limit of 5CSVParquet"
         )
         assert _cells(browser, "#result tbody td") == ["0", "1", "2", "3", "4"]
+        names = "[...document.querySelectorAll('#result a[download]')].map(a => a.download)"
+        assert browser.evaluate(names) == [
+            "tokenlake-query-first-5-rows.csv",
+            "tokenlake-query-first-5-rows.parquet",
+        ]
     finally:
         running.stop()
 
@@ -427,8 +444,10 @@ def test_the_console_page_says_where_rows_were_cut(lake, browser):
 def test_a_step_committed_while_a_page_is_open_is_offered_without_a_restart(browser, tmp_path):
     synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
     lake = tmp_path / "lake"
-    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[0]))
-    running = start(lake, ServeOptions(port=0))
+    extract_run(
+        tmp_path / "dump", store_of(lake), ExtractOptions(run_name="live", workers=1, steps=[0])
+    )
+    running = start(store_of(lake), ServeOptions(port=0))
     try:
         version = running.url + "api/version"
         _open(browser, running.url + "runs/live")
@@ -437,7 +456,9 @@ def test_a_step_committed_while_a_page_is_open_is_offered_without_a_restart(brow
             assert json.load(answer) == {"version": 1, "steps": 2}  # step 0 and its eval file
         assert browser.evaluate("document.getElementById('live').hidden") is True
 
-        extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[1]))
+        extract_run(
+            tmp_path / "dump", store_of(lake), ExtractOptions(run_name="live", workers=1, steps=[1])
+        )
         _until(browser, "!document.getElementById('live').hidden", "the new-steps banner")
         with urllib.request.urlopen(version) as answer:
             seen = json.load(answer)
@@ -454,3 +475,85 @@ def test_a_step_committed_while_a_page_is_open_is_offered_without_a_restart(brow
         assert browser.evaluate("document.getElementById('live').hidden") is True
     finally:
         running.stop()
+
+
+def test_the_runs_page_is_drawn_before_its_audits_and_fills_them_in_when_ready(
+    lake, browser, monkeypatch
+):
+    release = threading.Event()
+    real = data.failing_audits
+
+    def held(con, stopped):
+        assert release.wait(PATIENCE)
+        return real(con, stopped)
+
+    monkeypatch.setattr(data, "failing_audits", held)
+    running = start(store_of(lake), ServeOptions(port=0))
+    try:
+        _open(browser, running.url)
+        assert browser.evaluate("document.getElementById('audits-state').textContent") == (
+            "audits: computing (this catalog's audits run once, in the background)"
+        )
+        names = _cells(browser, "a.run-link")
+        assert _cells(browser, "span.audits") == ["computing"] * len(names) and len(names) == 5
+
+        release.set()  # the page asks again by itself and fills the column in place
+        _until(browser, "document.documentElement.dataset.audits === 'ready'", "the audits")
+        con = catalog.connect(store_of(lake))
+        try:
+            failing = real(con)
+        finally:
+            con.close()
+        expected = [[a["name"] for a in failing.get(name, [])] for name in names]
+        shown = browser.evaluate(
+            "[...document.querySelectorAll('span.audits')]"
+            ".map(c => [...c.querySelectorAll('.badge')].map(b => b.textContent))"
+        )
+        assert shown == expected and any(expected)
+        assert browser.evaluate("document.getElementById('audits-state').hidden") is True
+    finally:
+        release.set()
+        running.stop()
+
+
+def test_every_step_page_read_over_its_own_files_equals_it_read_over_every_file(lake, server):
+    """The server plans a step page over that step's files only (TEMP views shadowing the
+    catalog's base views) and takes the per-step rows of it and of the run-over-steps page
+    from rows kept per catalog version; read over the whole catalog instead, every value is
+    the same."""
+    con = catalog.connect(store_of(lake))
+    try:
+        store = store_of(lake)
+        kept = data.kept_rows(con, served_records(store, manifest.load_all(store))[0])
+        steps = con.execute(
+            "SELECT DISTINCT run, rollout_id, evaluation FROM samples ORDER BY ALL"
+        ).fetchall()
+        assert len(steps) >= 10 and len({run for run, _, _ in steps}) == 5
+        for run, step, evaluation in steps:
+            query = {"run": run, "step": step, **({"eval": "1"} if evaluation else {})}
+            with urllib.request.urlopen(
+                server + "api/step?" + urllib.parse.urlencode(query)
+            ) as answer:
+                shown = json.load(answer)
+            whole = data.step_page(con, kept, run, step, evaluation)
+            assert shown == json.loads(json.dumps(whole, default=str)), (run, step, evaluation)
+            if not evaluation:  # the kept rows are the views' own
+                drift = data.rows(
+                    con, "SELECT * FROM drift_steps WHERE run = ? AND rollout_id = ?", [run, step]
+                )
+                assert [shown["drift"]] == json.loads(json.dumps(drift, default=str))
+        for chosen in (["slime"], ["example", "multi-turn"], sorted({r for r, _, _ in steps})):
+            query = urllib.parse.urlencode({"runs": ",".join(chosen)})
+            with urllib.request.urlopen(server + "api/steps?" + query) as answer:
+                shown = json.load(answer)
+            # what the page showed before it kept rows: the views read for these runs
+            read = {
+                **rd.step_datasets(con, rd.Selection(tuple(chosen))),
+                "runs": chosen,
+                "all_runs": data.run_names(con),
+                "colours": run_colours(data.run_names(con)),
+            }
+            assert {k: shown[k] for k in read} == json.loads(json.dumps(read, default=str))
+            assert shown["step_stats"] and {r["run"] for r in shown["drift_steps"]} == set(chosen)
+    finally:
+        con.close()

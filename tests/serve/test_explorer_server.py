@@ -6,6 +6,7 @@ the values of the same run extracted locally.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -20,14 +21,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import store_of
 from tests.e2e.test_first_hour import ROOT
 from tests.fixture_paths import REAL_DUMPS
 from tests.s3server import moto_server, new_bucket
+from tokenlake.errors import UsageError
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
-from tokenlake.serve.explore import console
+from tokenlake.serve import catalog
+from tokenlake.serve.explore import console, data
 from tokenlake.serve.explore.server import ServeOptions, start
+from tokenlake.serve.query import run_query
 
 pytestmark = pytest.mark.slow  # real extractions, servers and processes
 
@@ -40,7 +46,7 @@ PATIENCE = 120.0  # seconds a started process may take to answer on a loaded mac
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lake = tmp_path_factory.mktemp("served") / "lake"
-    extract_run(BASIC, lake, ExtractOptions(run_name="basic", workers=1))
+    extract_run(BASIC, store_of(lake), ExtractOptions(run_name="basic", workers=1))
     return lake
 
 
@@ -79,7 +85,7 @@ def _until(condition: Any, what: str) -> None:
 
 
 def test_a_slow_query_is_stopped_at_the_limit_while_other_requests_are_answered(lake):
-    running = start(lake, ServeOptions(port=0, query_seconds=10))
+    running = start(store_of(lake), ServeOptions(port=0, query_seconds=10))
     try:
         slow: dict[str, Any] = {}
         asking = threading.Thread(
@@ -114,7 +120,7 @@ def test_a_slow_query_is_stopped_at_the_limit_while_other_requests_are_answered(
 
 
 def test_a_query_with_more_rows_than_the_limit_is_cut_and_says_so(lake):
-    running = start(lake, ServeOptions(port=0, query_rows=5))
+    running = start(store_of(lake), ServeOptions(port=0, query_rows=5))
     try:
         assert _get(_sql(running.url, "SELECT range AS n FROM range(12)")) == (
             200,
@@ -129,6 +135,25 @@ def test_a_query_with_more_rows_than_the_limit_is_cut_and_says_so(lake):
         csv = _sql(running.url, "SELECT range AS n FROM range(12)", format="csv")
         with urllib.request.urlopen(csv, timeout=PATIENCE) as answer:
             assert answer.read() == b'"n"\n0\n1\n2\n3\n4\n'
+            assert answer.headers["X-Tokenlake-Truncated"] == "5"
+            assert answer.headers["Content-Disposition"] == (
+                'attachment; filename="tokenlake-query-first-5-rows.csv"'
+            )
+        cut = _sql(running.url, "SELECT range AS n FROM range(12)", format="parquet")
+        with urllib.request.urlopen(cut, timeout=PATIENCE) as answer:
+            table = pq.read_table(io.BytesIO(answer.read()))
+            assert table.column("n").to_pylist() == [0, 1, 2, 3, 4]
+            assert answer.headers["X-Tokenlake-Truncated"] == "5"
+            assert answer.headers["Content-Disposition"] == (
+                'attachment; filename="tokenlake-query-first-5-rows.parquet"'
+            )
+        whole = _sql(running.url, "SELECT range AS n FROM range(5)", format="csv")
+        with urllib.request.urlopen(whole, timeout=PATIENCE) as answer:
+            assert answer.read() == b'"n"\n0\n1\n2\n3\n4\n'
+            assert "X-Tokenlake-Truncated" not in answer.headers
+            assert answer.headers["Content-Disposition"] == (
+                'attachment; filename="tokenlake-query.csv"'
+            )
     finally:
         running.stop()
 
@@ -266,8 +291,11 @@ def _same(remote: Any, local: Any, where: str = "") -> None:
 
 def test_an_object_store_lake_is_served_with_the_values_of_a_local_one(s3, lake):
     url = f"s3://{new_bucket()}/lake"
-    extract_run(BASIC, url, ExtractOptions(run_name="basic", workers=1))
-    far, near = start(url, ServeOptions(port=0)), start(lake, ServeOptions(port=0))
+    extract_run(BASIC, store_of(url), ExtractOptions(run_name="basic", workers=1))
+    far, near = (
+        start(store_of(url), ServeOptions(port=0)),
+        start(store_of(lake), ServeOptions(port=0)),
+    )
     try:
         pages = [
             "api/runs",
@@ -295,8 +323,10 @@ def test_the_runs_page_shows_a_step_committed_while_the_server_runs(tmp_path):
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
     lake = tmp_path / "lake"
-    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[0]))
-    running = start(lake, ServeOptions(port=0))
+    extract_run(
+        tmp_path / "dump", store_of(lake), ExtractOptions(run_name="live", workers=1, steps=[0])
+    )
+    running = start(store_of(lake), ServeOptions(port=0))
     try:
 
         def shown() -> tuple[int, int]:
@@ -305,9 +335,82 @@ def test_the_runs_page_shows_a_step_committed_while_the_server_runs(tmp_path):
             (run,) = page["runs"]
             return run["steps"], run["eval_steps"]
 
+        def step_one() -> tuple[int, Any, Any, list[Any]]:
+            status, page = _get(running.url + "api/step?run=live&step=1")
+            steps = [(s["rollout_id"], s["evaluation"]) for s in page.get("steps", [])]
+            return status, page.get("numbers"), page.get("drift"), steps
+
         assert shown() == shown() == (1, 1)  # asked twice: the second from the kept page
-        extract_run(tmp_path / "dump", lake, ExtractOptions(run_name="live", workers=1, steps=[1]))
+        assert step_one() == (400, None, None, [])  # no step 1 yet; the kept rows say so
+        extract_run(
+            tmp_path / "dump", store_of(lake), ExtractOptions(run_name="live", workers=1, steps=[1])
+        )
         _until(lambda: _get(running.url + "api/version")[1]["steps"] == 3, "the new catalog")
         assert shown() == (2, 1)
+        # the step page's kept rows were read again for the new catalog: step 1's own rows
+        expected = run_query(
+            store_of(lake), "SELECT * FROM drift_steps WHERE rollout_id = 1"
+        ).to_pylist()
+        status, numbers, drift, steps = step_one()
+        assert status == 200 and steps == [(0, False), (0, True), (1, False)]
+        assert numbers["rollout_id"] == drift["rollout_id"] == 1
+        assert drift["prev_rollout_id"] == expected[0]["prev_rollout_id"] == 0
+        assert drift["k3_kl_change"] == pytest.approx(expected[0]["k3_kl_change"])
+    finally:
+        running.stop()
+
+
+# --- the runs page's audits, run once per catalog in the background --------------------------
+
+
+def test_the_runs_page_answers_while_its_audits_run_then_shows_them(lake, monkeypatch):
+    release = threading.Event()
+    real = data.failing_audits
+
+    def held(con: Any, stopped: Any) -> Any:
+        assert release.wait(PATIENCE)
+        return real(con, stopped)
+
+    monkeypatch.setattr(data, "failing_audits", held)
+    running = start(store_of(lake), ServeOptions(port=0))
+    try:
+        status, page = _get(running.url + "api/runs")
+        assert status == 200 and page["audits"] == {"state": "computing"}
+        assert [(r["run"], r["audits"]) for r in page["runs"]] == [("basic", None)]
+        release.set()
+        _until(
+            lambda: _get(running.url + "api/runs")[1]["audits"]["state"] != "computing", "audits"
+        )
+        status, page = _get(running.url + "api/runs")
+        con = catalog.connect(store_of(lake))
+        try:
+            expected = real(con)["basic"]
+        finally:
+            con.close()
+        assert status == 200 and page["audits"] == {"state": "ready"}
+        assert expected and page["runs"][0]["audits"] == expected
+    finally:
+        release.set()
+        running.stop()
+
+
+def test_audits_that_fail_say_so_on_the_runs_page(lake, monkeypatch):
+    def failing(con: Any, stopped: Any) -> Any:
+        raise UsageError("Query failed: an audit could not run.")
+
+    monkeypatch.setattr(data, "failing_audits", failing)
+    running = start(store_of(lake), ServeOptions(port=0))
+    try:
+        _get(running.url + "api/runs")
+        _until(
+            lambda: _get(running.url + "api/runs")[1]["audits"]["state"] != "computing", "audits"
+        )
+        status, page = _get(running.url + "api/runs")
+        assert status == 200
+        assert page["audits"] == {
+            "state": "failed",
+            "error": "Query failed: an audit could not run.",
+        }
+        assert page["runs"][0]["audits"] is None and page["runs"][0]["run"] == "basic"
     finally:
         running.stop()

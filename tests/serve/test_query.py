@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import store_of
 from tests.lakes import build_lake
 from tokenlake.errors import LakeError, UsageError
 from tokenlake.serve.query import (
@@ -58,7 +59,7 @@ RESULT = pa.table(
 
 
 def test_run_query_returns_arrow(lake):
-    table = run_query(lake, "SELECT token_id, lp_diff FROM tokens ORDER BY position")
+    table = run_query(store_of(lake), "SELECT token_id, lp_diff FROM tokens ORDER BY position")
     assert table.to_pylist() == [
         {"token_id": 5, "lp_diff": 0.25},
         {"token_id": 6, "lp_diff": 0.25},
@@ -67,7 +68,9 @@ def test_run_query_returns_arrow(lake):
 
 
 def test_run_query_reads_the_drift_views(lake):
-    table = run_query(lake, "SELECT tokens, mean_abs_lp_diff_tm, max_abs_lp_diff FROM drift_steps")
+    table = run_query(
+        store_of(lake), "SELECT tokens, mean_abs_lp_diff_tm, max_abs_lp_diff FROM drift_steps"
+    )
     assert table.to_pylist() == [
         {"tokens": 3, "mean_abs_lp_diff_tm": 0.25, "max_abs_lp_diff": 0.25}
     ]
@@ -75,7 +78,7 @@ def test_run_query_reads_the_drift_views(lake):
 
 def test_run_query_error_names_duckdb_problem(lake):
     with pytest.raises(UsageError) as info:
-        run_query(lake, "SELECT nope FROM tokens")
+        run_query(store_of(lake), "SELECT nope FROM tokens")
     assert str(info.value).startswith(
         'Query failed: Binder Error: Referenced column "nope" not found'
     )
@@ -83,12 +86,12 @@ def test_run_query_error_names_duckdb_problem(lake):
 
 def test_run_query_is_read_only(lake):
     with pytest.raises(UsageError, match="read-only mode"):
-        run_query(lake, "CREATE VIEW x AS SELECT 1")
+        run_query(store_of(lake), "CREATE VIEW x AS SELECT 1")
 
 
 def test_run_query_without_catalog(tmp_path):
     with pytest.raises(LakeError) as info:
-        run_query(tmp_path, "SELECT 1")
+        run_query(store_of(tmp_path), "SELECT 1")
     assert str(info.value) == (
         f"Lake `{tmp_path}`: has no `tokenlake.duckdb`; run `tokenlake extract` first"
     )
@@ -96,7 +99,7 @@ def test_run_query_without_catalog(tmp_path):
 
 def test_unknown_setting(lake):
     with pytest.raises(UsageError) as info:
-        run_query(lake, "SELECT 1", settings={"is_capp": 3.0})
+        run_query(store_of(lake), "SELECT 1", settings={"is_capp": 3.0})
     assert str(info.value).startswith(
         "Unknown drift setting `is_capp`; the settings are `is_cap`, `veto_min_ratio`,"
     )
@@ -160,11 +163,12 @@ ARROW_SQL = "SELECT sum(token_id) AS total, TIMESTAMPTZ '2026-12-06 05:00:00+00'
 def test_rendered_without_arrow_as_with_it(lake, sql, fmt):
     """`tokenlake query` renders DuckDB's rows of plain types, and Arrow's of the others:
     the same text as rendering the Arrow table."""
-    assert render_query(lake, sql, fmt) == format_table(run_query(lake, sql), fmt)
+    store = store_of(lake)
+    assert render_query(store, sql, fmt) == format_table(run_query(store, sql), fmt)
 
 
 def test_plain_types_come_as_rows_the_others_as_arrow(lake):
-    con = connect_reader(lake)
+    con = connect_reader(store_of(lake))
     try:
         plain = plain_result(con.sql(PLAIN_SQL))
         arrow = plain_result(con.sql(ARROW_SQL))
@@ -172,7 +176,9 @@ def test_plain_types_come_as_rows_the_others_as_arrow(lake):
         con.close()
     assert isinstance(plain, Rows) and isinstance(arrow, pa.Table)
     assert plain.numeric == [True, True, False, False, False, True, True, True, False]
-    assert repr(plain.to_pylist()) == repr(run_query(lake, PLAIN_SQL).to_pylist())  # NaN too
+    assert repr(plain.to_pylist()) == repr(
+        run_query(store_of(lake), PLAIN_SQL).to_pylist()
+    )  # NaN too
     assert format_table(plain.slice(1, 1), "table").splitlines() == [
         "token_id  lp_diff  label  first  ids  price  nan  nothing  day",
         "--------  -------  -----  -----  ---  -----  ---  -------  ----------",

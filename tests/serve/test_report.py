@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from benchmarks.chromium import OFFLINE, DevTools, browser
+from tests.conftest import store_of
 from tests.lakes import build_lake
 from tokenlake.cli import main
 from tokenlake.generator import synth
@@ -42,8 +43,8 @@ def two_runs(tmp_path_factory) -> Path:
     synth.write_dump(root / "example", synth.PRESETS["example"])
     cp_multi_turn = dataclasses.replace(synth.PRESETS["cp-thd"], multi_turn=True, steps=3)
     synth.write_dump(root / "cp", cp_multi_turn)
-    extract_run(root / "example", lake, ExtractOptions(run_name="example", workers=1))
-    extract_run(root / "cp", lake, ExtractOptions(run_name="cp-multi-turn", workers=1))
+    extract_run(root / "example", store_of(lake), ExtractOptions(run_name="example", workers=1))
+    extract_run(root / "cp", store_of(lake), ExtractOptions(run_name="cp-multi-turn", workers=1))
     return lake
 
 
@@ -102,7 +103,7 @@ def test_unwritable_output_is_one_line(tmp_path):
 
 def test_missing_data_says_so_in_its_section(tmp_path):
     lake = _one_step_lake(tmp_path / "lake")
-    summary = build_report(lake, tmp_path / "r.html")
+    summary = build_report(store_of(lake), tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text()
     assert summary.runs == ("r",)
     assert "Only one training step: each per-step chart shows single points." in text
@@ -132,7 +133,9 @@ def test_report_is_one_offline_file_of_aggregates(two_runs, report_file):
     payload = _payload(text)
     assert {c["id"] for c in payload["charts"]} >= {"reward-mean", "mean-abs", "heatmap", "by-turn"}
     # Aggregates only: the strips hold the worst samples' tokens, 3 per run, nothing else.
-    tokens = run_query(two_runs, "SELECT count(*) AS n FROM tokens").column("n")[0].as_py()
+    tokens = (
+        run_query(store_of(two_runs), "SELECT count(*) AS n FROM tokens").column("n")[0].as_py()
+    )
     strip_cells = sum(len(s["cells"]["status"]) for s in payload["strips"])
     assert len(payload["strips"]) == 6 and strip_cells < tokens / 4
     # The failing audits come first, with their offending rows.
@@ -234,7 +237,7 @@ def test_report_draws_in_headless_chromium_offline(two_runs, report_file, tmp_pa
     for strip in strips:
         expected = (
             run_query(
-                two_runs,
+                store_of(two_runs),
                 "SELECT response_length FROM samples WHERE NOT evaluation AND "
                 f"run = '{strip['run']}' AND rollout_id = {strip['step']} "
                 f"AND batch_position = {strip['position']}",
@@ -247,7 +250,9 @@ def test_report_draws_in_headless_chromium_offline(two_runs, report_file, tmp_pa
 
 @pytest.mark.slow
 def test_run_and_steps_select_what_every_section_reads(two_runs, tmp_path):
-    summary = build_report(two_runs, tmp_path / "r.html", runs=["example"], steps=[1], worst=2)
+    summary = build_report(
+        store_of(two_runs), tmp_path / "r.html", runs=["example"], steps=[1], worst=2
+    )
     assert summary.runs == ("example",)
     payload = _payload((tmp_path / "r.html").read_text())
     keys = {
@@ -264,7 +269,7 @@ def test_run_and_steps_select_what_every_section_reads(two_runs, tmp_path):
     # The example's only zero-spread group is at step 0: the info audit lists it for all
     # steps, and nothing for step 1 alone.
     assert '<span class="pass">PASS</span> <code>zero_std_group_list</code> [info]' in text
-    whole = build_report(two_runs, tmp_path / "all.html", runs=["example"], worst=1)
+    whole = build_report(store_of(two_runs), tmp_path / "all.html", runs=["example"], worst=1)
     assert whole.runs == ("example",)
     assert (
         '<span class="info">INFO (1 rows)</span> <code>zero_std_group_list</code> [info]'

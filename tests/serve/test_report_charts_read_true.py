@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.serve.test_report import _browser, _open_offline, _problems, _wait_rendered
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -61,8 +62,12 @@ def lake(tmp_path_factory) -> Path:
     synth.write_dump(root / "example", synth.PRESETS["example"])
     short = dataclasses.replace(synth.PRESETS["cp-thd"], multi_turn=True, steps=2)
     synth.write_dump(root / "cp", short)
-    extract_run(root / "example", root / "lake", ExtractOptions(run_name="example", workers=1))
-    extract_run(root / "cp", root / "lake", ExtractOptions(run_name="cp-short", workers=1))
+    extract_run(
+        root / "example", store_of(root / "lake"), ExtractOptions(run_name="example", workers=1)
+    )
+    extract_run(
+        root / "cp", store_of(root / "lake"), ExtractOptions(run_name="cp-short", workers=1)
+    )
     return root / "lake"
 
 
@@ -78,7 +83,7 @@ def pages(lake, tmp_path_factory) -> dict[str, dict]:
     with _browser(tmp_path_factory.mktemp("profile")) as tools:
         for name, runs in PAGES.items():
             out = folder / f"{name}.html"
-            build_report(lake, out, runs=runs, worst=2)
+            build_report(store_of(lake), out, runs=runs, worst=2)
             _open_offline(tools, out)
             deadline = time.monotonic() + 120
             while tools.evaluate("document.URL") != out.as_uri():
@@ -99,7 +104,7 @@ def drawn(pages) -> dict:
 
 
 def _value(lake: Path, sql: str) -> float:
-    return run_query(lake, sql).column(0)[0].as_py()
+    return run_query(store_of(lake), sql).column(0)[0].as_py()
 
 
 def test_a_single_eval_step_reads_as_its_value(lake, pages):
@@ -152,7 +157,7 @@ def test_breakdowns_default_to_all_steps_pooled(drawn, chart):
 
 def test_pooled_breakdown_is_the_mean_over_every_token(lake, drawn):
     rows = run_query(
-        lake,
+        store_of(lake),
         "SELECT run, turn_index, count(*) AS n, avg(abs_lp_diff) AS m FROM drift_tokens "
         "GROUP BY ALL",
     ).to_pylist()
@@ -176,7 +181,7 @@ def test_top_tokens_default_to_each_runs_latest_step(drawn):
 
 def test_the_first_worst_sample_carries_most_of_its_runs_drift(lake, drawn):
     best = run_query(
-        lake,
+        store_of(lake),
         "SELECT sample_index, tokens, tokens * mean_abs_lp_diff / sum(tokens * mean_abs_lp_diff)"
         " OVER (PARTITION BY run, rollout_id) AS share FROM drift_samples WHERE run = 'cp-short'"
         " ORDER BY share DESC LIMIT 1",
@@ -199,7 +204,7 @@ def test_the_histogram_spans_the_data_and_counts_the_tails(lake, drawn):
     # The data's range, the low end bin drawn one bin wide: never the fixed ±0.1 of before.
     assert -half * 51 / 50 <= low < high <= half and max(-low, high) >= p99
     tails = run_query(
-        lake,
+        store_of(lake),
         f"SELECT run, count(*) FILTER (WHERE abs(lp_diff) >= {half}) AS n, count(*) AS total "
         "FROM drift_tokens GROUP BY run ORDER BY run",
     ).to_pylist()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+from tests.conftest import store_of
 from tests.lakes import build_lake
 from tokenlake.serve.query import run_query
 from tokenlake.serve.report import build_report
@@ -28,7 +29,7 @@ def _lake(path):
 
 def test_histogram_bins_follow_the_data_and_count_the_tails(tmp_path):
     lake = _lake(tmp_path / "lake")
-    build_report(lake, tmp_path / "r.html")
+    build_report(store_of(lake), tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text()
     payload = json.loads(
         re.search(r'id="report-data">(.*?)</script>', text, re.S).group(1).replace("<\\/", "</")
@@ -45,5 +46,7 @@ def test_histogram_bins_follow_the_data_and_count_the_tails(tmp_path):
     assert (rows[0]["bin"], rows[0]["label"]) == (-50, "-1 to -0.98")  # no token below -1
     assert (rows[-1]["bin"], rows[-1]["label"], rows[-1]["tokens"]) == (50, "≥ 1", 1)
     # The view's default, ±0.1 nats, puts 182 of these 201 tokens in the two tails.
-    fixed = run_query(lake, "SELECT sum(tokens) FROM drift_histogram WHERE bin IN (-51, 50)")
+    fixed = run_query(
+        store_of(lake), "SELECT sum(tokens) FROM drift_histogram WHERE bin IN (-51, 50)"
+    )
     assert int(fixed.column(0)[0].as_py()) == 182

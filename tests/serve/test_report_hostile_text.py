@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from tests.conftest import store_of
 from tests.serve.test_report import (
     _DRAWN,
     _browser,
@@ -46,28 +47,30 @@ def test_script_json_is_json_without_markup_characters() -> None:
 
 def _with_hostile_vocab(lake: Path, run: str) -> None:
     """Give every token id of the run the text TEXT + its id (as a tokenizer could)."""
-    record = manifest.load_manifest(lake, run)
+    record = manifest.load_manifest(store_of(lake), run)
     assert record is not None
-    ids = catalog.connect(lake).sql("SELECT DISTINCT token_id FROM tokens").fetchall()
+    ids = catalog.connect(store_of(lake)).sql("SELECT DISTINCT token_id FROM tokens").fetchall()
     table = pa.table(
         {"token_id": [i for (i,) in ids], "token_text": [f"{TEXT}{i}" for (i,) in ids]},
         schema=schema.VOCAB_SCHEMA,
     )
     name = new_name(schema.VOCAB, run, "vocab")
-    write.write_lake_file(lake, name, schema.VOCAB, table, write.file_metadata("vocab", run, "-"))
+    write.write_lake_file(
+        store_of(lake), name, schema.VOCAB, table, write.file_metadata("vocab", run, "-")
+    )
     record.vocab_file = name
-    manifest.save_manifest(lake, record)
-    catalog.build_catalog(lake)
+    manifest.save_manifest(store_of(lake), record)
+    catalog.build_catalog(store_of(lake))
 
 
 @pytest.mark.slow
 def test_a_report_of_hostile_names_draws_in_headless_chromium(tmp_path: Path) -> None:
     synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
     lake = tmp_path / "lake"
-    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name=RUN, workers=1))
+    extract_run(tmp_path / "dump", store_of(lake), ExtractOptions(run_name=RUN, workers=1))
     _with_hostile_vocab(lake, RUN)
     out = tmp_path / "report.html"
-    build_report(lake, out, worst=2)
+    build_report(store_of(lake), out, worst=2)
     html = out.read_text()
     data = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html, re.S)
     assert data is not None and "<" not in data.group(1)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.serve.test_report import _browser, _open_offline, _problems, _wait_rendered
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -60,8 +61,8 @@ def report(tmp_path_factory) -> Path:
     synth.write_dump(root / "a", synth.PRESETS["example"])
     synth.write_dump(root / "b", dataclasses.replace(synth.PRESETS["example"], seed=1))
     for folder, run in zip(("a", "b"), RUNS, strict=True):
-        extract_run(root / folder, root / "lake", ExtractOptions(run_name=run, workers=1))
-    build_report(root / "lake", root / "report.html", worst=2)
+        extract_run(root / folder, store_of(root / "lake"), ExtractOptions(run_name=run, workers=1))
+    build_report(store_of(root / "lake"), root / "report.html", worst=2)
     return root / "report.html"
 
 

@@ -3,12 +3,13 @@ geo_reject's band is tight by design (a high fraction there is not by itself an 
 
 from __future__ import annotations
 
+from tests.conftest import store_of
 from tests.serve.test_report_summary import two_step_lake
 from tokenlake.serve.report import build_report
 
 
 def test_rules_are_explained_one_line_each(tmp_path):
-    build_report(two_step_lake(tmp_path / "lake"), tmp_path / "r.html")
+    build_report(store_of(two_step_lake(tmp_path / "lake")), tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text()
     assert (
         "<h3>Rejected tokens and samples, by rule</h3>\n"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tests.serve.test_report import _browser, _open_offline, _problems, _wait_rendered
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -54,7 +55,7 @@ def lake(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("colours")
     synth.write_dump(root / "dump", dataclasses.replace(SMALL, steps=2))
     for run in RUNS:
-        extract_run(root / "dump", root / "lake", ExtractOptions(run_name=run, workers=1))
+        extract_run(root / "dump", store_of(root / "lake"), ExtractOptions(run_name=run, workers=1))
     return root / "lake"
 
 
@@ -66,7 +67,7 @@ def pages(lake, tmp_path_factory) -> dict[str, dict]:
     with _browser(tmp_path_factory.mktemp("profile")) as tools:
         for name, runs in {"all": (), "two": ("run-09", "run-03")}.items():
             out = folder / f"{name}.html"
-            build_report(lake, out, runs=runs, worst=5)
+            build_report(store_of(lake), out, runs=runs, worst=5)
             _open_offline(tools, out)
             deadline = time.monotonic() + 120
             while tools.evaluate("document.URL") != out.as_uri():
@@ -147,9 +148,11 @@ def test_a_report_of_many_steps_shows_a_bounded_number_of_them(tmp_path, monkeyp
     monkeypatch.setattr(report, "SERIES_STEPS", 5)
     monkeypatch.setattr(report, "BREAKDOWN_STEPS", 3)
     synth.write_dump(tmp_path / "dump", dataclasses.replace(SMALL, steps=9, eval_steps=()))
-    extract_run(tmp_path / "dump", tmp_path / "lake", ExtractOptions(run_name="long", workers=1))
+    extract_run(
+        tmp_path / "dump", store_of(tmp_path / "lake"), ExtractOptions(run_name="long", workers=1)
+    )
     out = tmp_path / "r.html"
-    build_report(tmp_path / "lake", out, worst=1)
+    build_report(store_of(tmp_path / "lake"), out, worst=1)
     payload = _payload(out)
     assert _steps(payload, "drift_steps") == _steps(payload, "step_stats") == [0, 2, 4, 6, 8]
     for dataset in ("by_position", "by_prob", "histogram", "top_tokens"):
@@ -177,6 +180,7 @@ def _tokens_of_left_out_steps(lake: Path, steps: list[int]) -> int:
 
     listed = ", ".join(map(str, steps))
     table = run_query(
-        lake, f"SELECT sum(tokens) AS n FROM drift_histogram WHERE rollout_id IN ({listed})"
+        store_of(lake),
+        f"SELECT sum(tokens) AS n FROM drift_histogram WHERE rollout_id IN ({listed})",
     )
     return int(table.column("n")[0].as_py())

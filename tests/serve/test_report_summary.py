@@ -7,6 +7,7 @@ import math
 import re
 from pathlib import Path
 
+from tests.conftest import store_of
 from tests.lakes import build_lake
 from tokenlake.serve.report import build_report
 
@@ -46,7 +47,7 @@ def _summary_rows(text: str) -> list[list[str]]:
 
 def test_summary_pools_every_selected_token_and_sample(tmp_path):
     lake = two_step_lake(tmp_path / "lake")
-    build_report(lake, tmp_path / "r.html")
+    build_report(store_of(lake), tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text()
     assert re.findall(r'<section id="(\w+)"', text)[:2] == ["summary", "runs"]
     deltas = [d for step in DELTAS.values() for d in step]
@@ -70,6 +71,6 @@ def test_summary_pools_every_selected_token_and_sample(tmp_path):
 
 def test_summary_follows_the_step_selection(tmp_path):
     lake = two_step_lake(tmp_path / "lake")
-    build_report(lake, tmp_path / "r.html", steps=[0])
+    build_report(store_of(lake), tmp_path / "r.html", steps=[0])
     rows = _summary_rows((tmp_path / "r.html").read_text())
     assert rows[1] == ["r", "1", "0.1", "0.00517092", "1", "0", "1", "0.4375"]

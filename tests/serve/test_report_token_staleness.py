@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from tests.conftest import store_of
 from tests.fixture_paths import NEXT_DUMPS
 
 pytestmark = pytest.mark.slow
@@ -18,9 +19,9 @@ def _payload(tmp_path, case: str) -> dict:
     from tokenlake.serve.report import build_report
 
     lake = tmp_path / case
-    extract_run(NEXT_DUMPS / case, lake, ExtractOptions(run_name=case, strict=True))
+    extract_run(NEXT_DUMPS / case, store_of(lake), ExtractOptions(run_name=case, strict=True))
     page = tmp_path / f"{case}.html"
-    build_report(lake, page)
+    build_report(store_of(lake), page)
     text = page.read_text()
     found = re.search(
         r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import re
 
+from tests.conftest import store_of
 from tests.lakes import build_lake
 from tokenlake.serve.report import build_report
 
@@ -31,7 +32,7 @@ def _lake(path):
 
 
 def test_worst_samples_are_ranked_by_share_of_the_steps_abs_drift(tmp_path):
-    build_report(_lake(tmp_path / "lake"), tmp_path / "r.html", worst=3)
+    build_report(store_of(_lake(tmp_path / "lake")), tmp_path / "r.html", worst=3)
     text = (tmp_path / "r.html").read_text()
     # Σ|δ| of the step: 0.5 + 4 + 0.3 = 4.8; by mean |δ| the 1-token sample 0 would lead.
     assert [

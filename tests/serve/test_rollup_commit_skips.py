@@ -10,6 +10,7 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import store_of
 from tests.lakes import build_lake
 from tokenlake import schema
 from tokenlake.serve import rollups
@@ -41,7 +42,7 @@ STEPS = {
 
 
 def _step_tables(lake):
-    (record,) = manifest.load_all(lake)
+    (record,) = manifest.load_all(store_of(lake))
     (step,) = record.steps.values()
     return (
         pq.read_table(lake / step.files[schema.TOKENS]),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import store_of
 from tests.lakes import build_lake
 from tokenlake.serve.query import run_query
 from tokenlake.serve.sql_views import sql_dir
@@ -54,14 +55,14 @@ def tied(tmp_path_factory):
 
 
 def stored_half_widths(lake):
-    return run_query(lake, "SELECT histogram_half_widths() AS w").to_pylist()[0]["w"]
+    return run_query(store_of(lake), "SELECT histogram_half_widths() AS w").to_pylist()[0]["w"]
 
 
 @pytest.mark.parametrize("half_width", [0.1, 0.5, 0.002, 50.0, 0.03, 0.7])
 def test_histogram_bins_match_the_formula_whether_stored_or_not(tied, half_width):
     lake, tokens = tied
     rows = run_query(
-        lake, "SELECT * FROM drift_histogram", {"histogram_half_width": half_width}
+        store_of(lake), "SELECT * FROM drift_histogram", {"histogram_half_width": half_width}
     ).to_pylist()
     d = np.array([t["lp_diff"] for t in tokens], dtype=np.float64)
     bins = np.clip(np.floor(d * (50.0 / half_width)), -51, 50).astype(int)
@@ -81,7 +82,7 @@ def test_the_histogram_tests_cover_both_paths(tied):
 def test_outliers_keep_the_tie_order_inside_and_beyond_the_kept_100(tied, per_step):
     lake, tokens = tied
     rows = run_query(
-        lake, "SELECT * FROM drift_outliers", {"outliers_per_step": per_step}
+        store_of(lake), "SELECT * FROM drift_outliers", {"outliers_per_step": per_step}
     ).to_pylist()
     worst = sorted(tokens, key=lambda t: (-abs(t["lp_diff"]), t["batch_position"], t["position"]))
     expected = worst[:per_step]
@@ -95,7 +96,7 @@ def test_outliers_keep_the_tie_order_inside_and_beyond_the_kept_100(tied, per_st
 def test_large_lp_diff_lists_the_same_tokens_above_and_below_the_stored_floor(tied, limit):
     lake, tokens = tied
     audit = (sql_dir() / "audits" / "large_lp_diff.sql").read_text(encoding="utf-8")
-    rows = run_query(lake, audit, {"abs_lp_diff_limit": limit}).to_pylist()
+    rows = run_query(store_of(lake), audit, {"abs_lp_diff_limit": limit}).to_pylist()
     expected = [t for t in tokens if abs(t["lp_diff"]) >= limit]
     assert expected
     assert [(r["batch_position"], r["position"], r["lp_diff"]) for r in rows] == [

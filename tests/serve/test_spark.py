@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from tests.conftest import store_of
 from tokenlake import schema
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -35,10 +36,14 @@ def lake(tmp_path_factory):
     root = tmp_path_factory.mktemp("spark")
     for run in RUNS:
         synth.write_dump(root / run, synth.PRESETS[run])
-        extract_run(root / run, root / "lake", ExtractOptions(run_name=run, workers=1))
+        extract_run(root / run, store_of(root / "lake"), ExtractOptions(run_name=run, workers=1))
     # A file no manifest lists (as a crashed extraction leaves): reading the folders would
     # count its rows twice, reading the listed files does not.
-    listed = root / "lake" / manifest.load_manifest(root / "lake", "example").files("tokens")[0]
+    listed = (
+        root
+        / "lake"
+        / manifest.load_manifest(store_of(root / "lake"), "example").files("tokens")[0]
+    )
     shutil.copy(listed, listed.with_name("train-00000000.parquet"))
     return root / "lake"
 
@@ -66,7 +71,7 @@ def spark():
 
 def _listed(lake, table):
     """Absolute paths of the table's files that the run manifests list."""
-    records = [manifest.load_manifest(lake, run) for run in RUNS]
+    records = [manifest.load_manifest(store_of(lake), run) for run in RUNS]
     return [str(lake / name) for record in records for name in record.files(table)]
 
 

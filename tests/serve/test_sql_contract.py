@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import store_of
 from tokenlake.serve import catalog, sql_views
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "views.md"
@@ -86,7 +87,7 @@ def empty_catalog(tmp_path_factory):
     import duckdb
 
     lake = tmp_path_factory.mktemp("empty_lake")
-    con = duckdb.connect(str(catalog.build_catalog(lake)), read_only=True)
+    con = duckdb.connect(str(catalog.build_catalog(store_of(lake))), read_only=True)
     yield con
     con.close()
 

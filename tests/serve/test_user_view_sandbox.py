@@ -23,6 +23,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import store_of
 from tests.lakes import add_rollups, write_rows
 from tokenlake import layout, schema
 from tokenlake.cli import main
@@ -78,7 +79,7 @@ def lake_with_views(tmp_path: Path, files: dict[str, str]) -> Path:
 
 def build(lake: Path) -> list[str]:
     warnings: list[str] = []
-    catalog.build_catalog(lake, warnings)
+    catalog.build_catalog(store_of(lake), warnings)
     return warnings
 
 
@@ -167,7 +168,7 @@ def test_a_macro_cannot_shadow_abs_for_any_reader(tmp_path: Path) -> None:
         skipped(lake, "n.sql", FORM.format("n")),
     ]
     assert query(lake, "SELECT abs(-2.5)") == [(2.5,)]
-    con = catalog.connect(lake)
+    con = catalog.connect(store_of(lake))
     try:
         assert con.execute("SELECT abs(-2.5)").fetchall() == [(2.5,)]
         mean = con.execute("SELECT mean_abs_lp_diff_tm FROM drift_steps").fetchall()
@@ -479,7 +480,7 @@ def test_a_reader_of_a_bucket_never_runs_its_views(tmp_path: Path) -> None:
     with moto_server():
         bucket = new_bucket()
         url = f"s3://{bucket}/lake"
-        extract_run(REAL_DUMPS / "basic", url, ExtractOptions(run_name="basic"))
+        extract_run(REAL_DUMPS / "basic", store_of(url), ExtractOptions(run_name="basic"))
         views = {
             "a.sql": f"/* /* */ CREATE VIEW a AS SELECT 1 */ COPY (SELECT 42) TO '{written}'",
             "loot.sql": "/* /* */ CREATE VIEW loot AS SELECT 1 */ COPY (SELECT content FROM"

@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from tests.conftest import store_of
 from tokenlake import schema
 from tokenlake.errors import LakeError
 from tokenlake.serve import catalog, sql_views
@@ -27,7 +28,7 @@ BAD_LINE = (
 @pytest.fixture(scope="module")
 def empty_catalog(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     lake = tmp_path_factory.mktemp("lake")
-    con = duckdb.connect(str(catalog.build_catalog(lake)), read_only=True)
+    con = duckdb.connect(str(catalog.build_catalog(store_of(lake))), read_only=True)
     yield con
     con.close()
 

@@ -8,6 +8,7 @@ import json
 import struct
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -116,4 +117,111 @@ def test_a_kept_catalog_is_not_served_after_a_file_is_forged(
             f"Warning: run `basic` step 1: not served: `{name}` is not the file its manifest"
             " records (its size or footer changed); `tokenlake verify LAKE` names it"
         ],
+    )
+
+
+def _rewrite_runs_row(path: Path) -> None:
+    """Rewrite a `runs` file with another `train_steps`: another length and footer."""
+    table = pq.read_table(path)
+    column = table.schema.get_field_index("train_steps")
+    forged = table.set_column(column, "train_steps", pa.array([99], table.column(column).type))
+    pq.write_table(forged, path, compression="NONE")
+
+
+def _forge_footer_byte(path: Path) -> None:
+    """Change one byte of the footer's key-value metadata: same size, same pages."""
+    data = path.read_bytes()
+    start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    footer = data[start:-8]
+    key = b".".join((b"tokenlake", b"run"))  # the metadata key of the file's run
+    assert footer.count(key) == 1
+    path.write_bytes(data[:start] + footer.replace(key, key.upper()) + data[-8:])
+
+
+RUNS_SQL = "SELECT run, train_steps FROM runs"
+VOCAB_SQL = "SELECT count(*) FROM vocab"
+TOKENS_SQL = "SELECT count(*) FROM tokens"
+
+
+def test_a_changed_side_file_is_named_by_verify_left_out_by_readers_and_written_again(
+    tmp_path: Path,
+) -> None:
+    """A run's `runs` and `vocab` files carry identities too: a rewritten `runs` row (another
+    size) and a vocab whose footer changed (same size) are each one line of `verify`, left out
+    by readers with one warning while the rest is served, refused by `tag` (which would write
+    the forged row again as the run's own), and written again by the next extraction."""
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    honest = [rows(lake, sql) for sql in (RUNS_SQL, VOCAB_SQL, TOKENS_SQL)]
+    assert honest[0] == [("basic", 2)] and honest[1][0][0] > 0
+    (runs_file,) = (lake / "runs/run=basic").glob("run-*.parquet")
+    (vocab_file,) = (lake / "vocab/run=basic").glob("vocab-*.parquet")
+    runs_name = runs_file.relative_to(lake).as_posix()
+    vocab_name = vocab_file.relative_to(lake).as_posix()
+    written = runs_file.stat().st_size
+    _rewrite_runs_row(runs_file)
+    vocab_size = vocab_file.stat().st_size
+    _forge_footer_byte(vocab_file)
+    assert vocab_file.stat().st_size == vocab_size
+
+    code, out, _ = cli("verify", str(lake))
+    assert (code, out.splitlines()) == (
+        1,
+        [
+            f"run `basic`: file `{runs_name}` changed since it was written:"
+            f" {runs_file.stat().st_size:,} bytes, written {written:,}; extract the run again",
+            f"run `basic`: file `{vocab_name}` changed since it was written: its footer is not"
+            " the one written; extract the run again",
+            "3 steps checked, 2 problems",
+        ],
+    )
+
+    # A reader leaves both out (the first named), and serves the steps.
+    changed = (
+        f"Warning: run `basic`: side files not served: `{runs_name}` is not the file its"
+        " manifest records (its size or footer changed); `tokenlake verify LAKE` names it"
+    )
+    for sql, answer in ((RUNS_SQL, '"run","train_steps"\n'), (VOCAB_SQL, '"count_star()"\n0\n')):
+        assert cli_process("query", str(lake), sql, "--format", "csv") == (0, answer, [changed])
+    assert cli_process("query", str(lake), TOKENS_SQL, "--format", "csv") == (
+        0,
+        f'"count_star()"\n{honest[2][0][0]}\n',
+        [changed],
+    )
+
+    code, _, errors = cli("tag", str(lake), "basic", "owner=me")
+    assert (code, errors) == (
+        1,
+        [
+            f"Error: Lake `{runs_file}`: changed since it was written:"
+            f" {runs_file.stat().st_size:,} bytes, written {written:,}; extract the run again"
+        ],
+    )
+
+    assert extract(REAL_DUMPS / "basic", lake)[0] == 0
+    assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
+    assert [rows(lake, sql) for sql in (RUNS_SQL, VOCAB_SQL, TOKENS_SQL)] == honest
+    assert not runs_file.exists() and not vocab_file.exists()  # replaced, then swept
+
+
+def test_side_files_of_a_manifest_without_their_identities_are_served_as_before(
+    tmp_path: Path,
+) -> None:
+    """A manifest written before side files had identities: verify and readers cannot tell a
+    rewritten `runs` row, and serve it, as before."""
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    manifest = lake / "_manifest/basic.json"
+    record = json.loads(manifest.read_text())
+    assert sorted(record.pop("side_identities")) == sorted(
+        p.relative_to(lake).as_posix() for p in lake.glob("[rv]*/run=basic/*.parquet")
+    )
+    manifest.write_text(json.dumps(record))
+    (runs_file,) = (lake / "runs/run=basic").glob("run-*.parquet")
+    _rewrite_runs_row(runs_file)
+    assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
+    assert cli_process("query", str(lake), RUNS_SQL, "--format", "csv") == (
+        0,
+        '"run","train_steps"\n"basic",99\n',
+        [],
     )

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tests.limits import cli_process
 from tokenlake import schema
@@ -250,7 +251,7 @@ def test_follow_validates_run_names_alike(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"^Run name `r\*` holds `\*`"):
         follow_run(
             REAL_DUMPS / "basic",
-            tmp_path / "lake",
+            store_of(tmp_path / "lake"),
             ExtractOptions(follow=True, run_name="r*"),
             should_stop=lambda: True,
         )

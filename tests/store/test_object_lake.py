@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import tokenlake
+from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tests.follower import Follower
 from tests.s3server import cli, list_keys, moto_server, new_bucket, rows, text_rows
@@ -55,7 +56,7 @@ def bucket(s3: dict[str, str]) -> str:
 def same_content(remote: str, local: Path) -> None:
     """Base tables equal row for row; aggregate views equal to the last bits DuckDB's
     parallel sums leave to chance (it adds in thread order, on either lake)."""
-    far, near = catalog.connect(remote), catalog.connect(local)
+    far, near = catalog.connect(store_of(remote)), catalog.connect(store_of(local))
     try:
         for table in ("tokens", "samples", "vocab"):
             sql = f"SELECT * FROM {table}"
@@ -78,7 +79,7 @@ def same_content(remote: str, local: Path) -> None:
 def listed_keys(bucket: str, prefix: str, lake: str) -> list[str]:
     """The keys the manifests list, plus the manifests and the catalog."""
     keys = [f"{prefix}/{layout.CATALOG_FILE}"]
-    for record in manifest.load_all(lake):
+    for record in manifest.load_all(store_of(lake)):
         keys.append(f"{prefix}/_manifest/{record.run}.json")
         keys += [f"{prefix}/{name}" for table in schema.LAKE_TABLES for name in record.files(table)]
     return sorted(keys)
@@ -99,7 +100,7 @@ def test_extract_reextract_verify_query_drop_as_on_a_local_lake(
         f" samples and 206 tokens in T s -> {url}\n",
     )
     local = tmp_path / "local"
-    extract_run(dump, local, ExtractOptions(run_name="basic"))
+    extract_run(dump, store_of(local), ExtractOptions(run_name="basic"))
     same_content(url, local)
     assert list_keys(bucket) == listed_keys(bucket, "lake", url)  # no lock, nothing else
 
@@ -110,7 +111,7 @@ def test_extract_reextract_verify_query_drop_as_on_a_local_lake(
     assert code == 0
     assert out.startswith("Run `basic`: 0 new, 1 updated, 2 unchanged, 0 removed, 0 skipped")
     assert list_keys(bucket) == listed_keys(bucket, "lake", url)
-    extract_run(dump, local, ExtractOptions(run_name="basic"))
+    extract_run(dump, store_of(local), ExtractOptions(run_name="basic"))
     same_content(url, local)
 
     assert cli("verify", url) == (0, "3 steps checked, 0 problems\n")
@@ -127,7 +128,7 @@ def test_extract_reextract_verify_query_drop_as_on_a_local_lake(
     # A listed object deleted behind the lake's back is found by verify.
     import boto3
 
-    step_1 = manifest.load_manifest(url, "basic").steps["1"].files[schema.TOKENS]
+    step_1 = manifest.load_manifest(store_of(url), "basic").steps["1"].files[schema.TOKENS]
     boto3.client("s3").delete_object(Bucket=bucket, Key=f"lake/{step_1}")
     code, out = cli("verify", url)
     assert (code, out) == (
@@ -164,10 +165,10 @@ def test_catalog_object_lists_exactly_the_manifest_objects(bucket: str) -> None:
     import duckdb
 
     url = f"s3://{bucket}/lake"
-    extract_run(BASIC, url, ExtractOptions(run_name="basic"))
+    extract_run(BASIC, store_of(url), ExtractOptions(run_name="basic"))
     listed = {
         f"{url}/{name}"
-        for record in manifest.load_all(url)
+        for record in manifest.load_all(store_of(url))
         for table in (schema.TOKENS, schema.SAMPLES)
         for name in record.files(table)
     }
@@ -188,7 +189,7 @@ def test_building_a_catalog_asks_for_no_object_one_at_a_time(
     """DuckDB binds every view over the listed objects; the filesystem it reads through
     answers their sizes from one listing per table folder, not a HEAD per object and view."""
     url = f"s3://{bucket}/lake"
-    extract_run(BASIC, url, ExtractOptions(run_name="basic"))
+    extract_run(BASIC, store_of(url), ExtractOptions(run_name="basic"))
     heads: list[str] = []
     listings: list[str] = []
     given = ObjectStore.reading_filesystem
@@ -206,7 +207,7 @@ def test_building_a_catalog_asks_for_no_object_one_at_a_time(
         return fs
 
     monkeypatch.setattr(ObjectStore, "reading_filesystem", counted)
-    con = catalog.connect(url)
+    con = catalog.connect(store_of(url))
     try:
         assert con.sql("SELECT count(*) FROM drift_steps").fetchall() == [(2,)]
         assert con.sql("SELECT count(*) FROM tokens").fetchall() == [(206,)]
@@ -235,9 +236,9 @@ def test_follow_a_run_into_an_object_store_lake(bucket: str, tmp_path: Path) -> 
     assert follower.errors == []
     new = follower.new_steps()
     assert new[0] == 1 and sum(new) == 3  # step 0 first, then eval 0 and step 1
-    assert verify_lake(url) == (3, [])
+    assert verify_lake(store_of(url)) == (3, [])
     local = tmp_path / "local"
-    extract_run(live, local, ExtractOptions(run_name="live"))
+    extract_run(live, store_of(local), ExtractOptions(run_name="live"))
     same_content(url, local)
 
 
@@ -272,7 +273,7 @@ def test_a_live_writer_on_another_host_holds_the_lake(bucket: str) -> None:
 
 def test_second_writer_is_refused_while_the_first_holds_the_lock(bucket: str) -> None:
     url = f"s3://{bucket}/lake"
-    extract_run(BASIC, url, ExtractOptions(run_name="basic"))
+    extract_run(BASIC, store_of(url), ExtractOptions(run_name="basic"))
     with ObjectStore(url).lock():
         code, out = cli("extract", str(BASIC), "--lake", url, "--run-name", "other", "--silent")
         assert code == 1
@@ -281,7 +282,7 @@ def test_second_writer_is_refused_while_the_first_holds_the_lock(bucket: str) ->
             f" {socket.gethostname()} (PID {os.getpid()}), lease until "
         )
         assert cli("drop", url, "basic")[0] == 1
-    assert manifest.load_all(url)[0].run == "basic"
+    assert manifest.load_all(store_of(url))[0].run == "basic"
 
 
 def test_a_writer_that_lost_its_lease_commits_nothing_more(
@@ -340,9 +341,9 @@ def test_a_writer_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_
         time.sleep(0.05)
     writer.send_signal(signal.SIGKILL)
     writer.wait()
-    record = manifest.load_manifest(url, "dump")
+    record = manifest.load_manifest(store_of(url), "dump")
     assert record is not None and 1 <= len(record.steps) < 7  # killed after a commit
-    checked, problems = verify_lake(url)
+    checked, problems = verify_lake(store_of(url))
     assert checked == len(record.steps)
     left = "not listed in any manifest"  # files of steps in flight when it was killed
     assert [
@@ -353,10 +354,10 @@ def test_a_writer_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_
     rerun = subprocess.run([*command, "--silent"], cwd=ROOT, capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr
     assert "took over the stale writer lock" in rerun.stderr
-    assert verify_lake(url) == (7, [])
+    assert verify_lake(store_of(url)) == (7, [])
     assert list_keys(bucket) == listed_keys(bucket, "lake", url)  # leftovers swept
     local = tmp_path / "local"
-    extract_run(dump, local, ExtractOptions(run_name="dump"))
+    extract_run(dump, store_of(local), ExtractOptions(run_name="dump"))
     same_content(url, local)
 
 
@@ -384,8 +385,8 @@ def test_a_store_without_conditional_writes_is_refused_for_writing(tmp_path: Pat
 
 def test_views_audit_and_report_read_an_object_store_lake(bucket: str, tmp_path: Path) -> None:
     url, local = f"s3://{bucket}/lake", tmp_path / "local"
-    extract_run(BASIC, url, ExtractOptions(run_name="basic"))
-    extract_run(BASIC, local, ExtractOptions(run_name="basic"))
+    extract_run(BASIC, store_of(url), ExtractOptions(run_name="basic"))
+    extract_run(BASIC, store_of(local), ExtractOptions(run_name="basic"))
     assert cli("views", url) == (0, f"Rebuilt {url}/{layout.CATALOG_FILE}\n")
     remote_audit, local_audit = cli("audit", url), cli("audit", str(local))
     assert remote_audit == local_audit
@@ -411,11 +412,11 @@ def test_an_extraction_stopped_before_its_first_commit_leaves_no_object(
     monkeypatch.setenv(KILL_VARIABLE, "step:file-written")  # a step written half
     monkeypatch.setenv(KILL_SIGNAL_VARIABLE, sig)
     with pytest.raises(ExtractInterrupted) as stopped, sigterm_as_ctrl_c():
-        extract_run(SLIME_REAL / "v2_dp2_cp2", url, ExtractOptions(workers=1))
+        extract_run(SLIME_REAL / "v2_dp2_cp2", store_of(url), ExtractOptions(workers=1))
     assert (stopped.value.summary.counts["new"], stopped.value.summary.tokens) == (0, 0)
     assert list_keys(bucket) == []  # not a Parquet file: the lock is gone too
     with pytest.raises(LakeError, match="is not a lake: it has no `_manifest/`"):
-        verify_lake(url)
+        verify_lake(store_of(url))
 
 
 def test_verify_names_an_object_no_manifest_lists_and_extract_sweeps_it(bucket: str) -> None:
@@ -425,15 +426,15 @@ def test_verify_names_an_object_no_manifest_lists_and_extract_sweeps_it(bucket: 
 
     url = f"s3://{bucket}/lake"
     dump = SLIME_REAL / "v2_dp2_cp2"
-    extract_run(dump, url, ExtractOptions(workers=1))
-    listed = manifest.load_manifest(url, "v2_dp2_cp2")
+    extract_run(dump, store_of(url), ExtractOptions(workers=1))
+    listed = manifest.load_manifest(store_of(url), "v2_dp2_cp2")
     assert listed is not None
     source = listed.steps["0"].files[schema.TOKENS]
     left = source.rsplit("-", 1)[0] + "-0badf00d.parquet"  # a name the scheme makes
     boto3.client("s3").copy_object(
         Bucket=bucket, Key=f"lake/{left}", CopySource={"Bucket": bucket, "Key": f"lake/{source}"}
     )
-    checked, problems = verify_lake(url)
+    checked, problems = verify_lake(store_of(url))
     assert (checked, [str(p) for p in problems]) == (
         4,
         [
@@ -441,8 +442,8 @@ def test_verify_names_an_object_no_manifest_lists_and_extract_sweeps_it(bucket: 
             " drop or tag; `tokenlake extract` sweeps it"
         ],
     )
-    summary = extract_run(dump, url, ExtractOptions(workers=1))
+    summary = extract_run(dump, store_of(url), ExtractOptions(workers=1))
     assert summary.counts["unchanged"] == 4
     assert f"lake/{left}" not in list_keys(bucket)
     assert list_keys(bucket) == listed_keys(bucket, "lake", url)
-    assert verify_lake(url) == (4, [])
+    assert verify_lake(store_of(url)) == (4, [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from tests.conftest import store_of
 from tests.lakes import build_lake
 from tokenlake.serve import catalog
 
@@ -37,7 +38,7 @@ def _expected(rows: list[dict], key: str) -> dict[tuple, int]:
 def test_samples_per_token_and_per_turn_are_exact(tmp_path):
     rows = _rows()
     build_lake(tmp_path, tokens=rows)
-    con = catalog.connect(tmp_path)
+    con = catalog.connect(store_of(tmp_path))
     try:
         by_token = con.sql("SELECT rollout_id, token_id, samples FROM drift_by_token").fetchall()
         by_turn = con.sql("SELECT rollout_id, turn_index, samples FROM drift_by_turn").fetchall()
@@ -68,7 +69,7 @@ def test_prob_and_entropy_buckets_follow_the_edges_column(tmp_path):
         for i, p in enumerate(probs)
     ]  # fmt: skip
     build_lake(tmp_path, tokens=rows)
-    con = catalog.connect(tmp_path)
+    con = catalog.connect(store_of(tmp_path))
     try:
         got = con.sql("SELECT dimension, bucket_low, tokens FROM drift_by_prob").fetchall()
         lows = {
@@ -101,7 +102,7 @@ def test_a_non_finite_entropy_is_in_no_entropy_bucket(tmp_path):
         for i, entropy in enumerate(entropies)
     ]  # fmt: skip
     build_lake(tmp_path, tokens=rows)
-    con = catalog.connect(tmp_path)
+    con = catalog.connect(store_of(tmp_path))
     try:
         got = con.sql(
             "SELECT dimension, bucket_low, tokens FROM drift_by_prob ORDER BY ALL"

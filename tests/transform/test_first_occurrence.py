@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.conftest import store_of
 from tokenlake import schema
 from tokenlake.serve.query import run_query
 from tokenlake.transform.flatten import first_occurrence_column
@@ -87,17 +88,17 @@ def test_flags_mark_exactly_the_drift_tokens_rows(tmp_path, preset):
 
     synth.write_dump(tmp_path / "dump", synth.PRESETS[preset])
     lake = tmp_path / "lake"
-    extract_run(tmp_path / "dump", lake, ExtractOptions(run_name=preset, strict=True))
+    extract_run(tmp_path / "dump", store_of(lake), ExtractOptions(run_name=preset, strict=True))
     counts = run_query(
-        lake,
+        store_of(lake),
         "SELECT count(*), count(*) FILTER (WHERE first_occurrence IS NULL) FROM drift_tokens",
     )
     [(drift_rows, unflagged)] = zip(*counts.to_pydict().values(), strict=True)
     assert drift_rows > 0 and unflagged == 0
     flagged = "SELECT count(*) FROM tokens WHERE NOT evaluation AND first_occurrence IS NOT NULL"
-    assert run_query(lake, flagged).column(0).to_pylist() == [drift_rows]
+    assert run_query(store_of(lake), flagged).column(0).to_pylist() == [drift_rows]
     mismatched = run_query(
-        lake,
+        store_of(lake),
         """
         SELECT rollout_id, token_id
         FROM drift_tokens

@@ -1,6 +1,7 @@
 """The lake's per-run side files: the `runs` row, the `vocab` table and the `metrics` table.
 
-Names and storage come from `tokenlake.store.store_at`; this module only decides what the files hold.
+Names and storage come from the lake's store (`tokenlake.store.base.Store`); this module only
+decides what the files hold.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import pyarrow as pa
 
 from tokenlake import __version__, bounded, schema, tags
 from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, DumpFormatError, LakeError, shown
-from tokenlake.layout import Location, new_name
+from tokenlake.layout import new_name
 from tokenlake.load import write
 from tokenlake.read import dashboard, formats
 from tokenlake.read.dump import Dump
 from tokenlake.read.remote.remote_dump import local_root, shown_path, urls_in
-from tokenlake.store import manifest, parquet, store_at
+from tokenlake.store import manifest, parquet
 from tokenlake.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ MAX_METRICS_FILES = 32  # past this many, a run's metrics files are merged into 
 
 
 def write_run_row(
-    lake: Location | Store,
+    store: Store,
     record: manifest.RunManifest,
     keep: dict[str, Any] | None = None,
     dump_format: str | None = None,
@@ -67,9 +68,36 @@ def write_run_row(
     table = schema.table_from_rows(schema.RUNS, [row])
     name = new_name(schema.RUNS, record.run, "run")
     metadata = write.file_metadata(schema.RUNS, record.run, record.source_dir)
-    write.write_lake_file(lake, name, schema.RUNS, table, metadata)
+    record.side_identities[name] = write.write_lake_file(store, name, schema.RUNS, table, metadata)
     record.runs_file = name
     return warnings
+
+
+def forget_changed_side_files(store: Store, record: manifest.RunManifest) -> bool:
+    """Make the next writes of the run's side files replace those that are missing, cannot be
+    read or are not the files written (a stranger rewrote them, or their footers): a `runs`
+    row is written with every publish, a `vocab` file once its tokenizer counts as unseen, the
+    `metrics` once every stream is read again from the start.
+
+    Returns:
+        Whether any was found (the run must be published again).
+    """
+    changed = [name for name in record.side_files() if _not_as_written(store, record, name)]
+    if record.vocab_file in changed:
+        record.vocab_source = None
+    if any(name in changed for name in record.metrics_files):
+        record.metrics_files, record.metrics_sources = [], {}
+    return bool(changed)
+
+
+def _not_as_written(store: Store, record: manifest.RunManifest, name: str) -> bool:
+    recorded = record.side_identities.get(name)
+    try:
+        if recorded is None:  # written before manifests recorded identities
+            return not store.exists(name)
+        return parquet.footer_identity(store, name) != recorded
+    except parquet.UnreadableLakeFile:
+        return True
 
 
 def format_columns(dump_format: str | None, keep: dict[str, Any] | None) -> dict[str, Any]:
@@ -95,16 +123,21 @@ def meta_source(record: manifest.RunManifest) -> manifest.SourceFile | None:
         return None
 
 
-def stored_run_row(lake: Location | Store, record: manifest.RunManifest) -> dict[str, Any]:
+def stored_run_row(store: Store, record: manifest.RunManifest) -> dict[str, Any]:
     """The run's current `runs` row as a dict (a file of schema version 1 lacks the metadata
     columns: absent keys), so it can be rewritten without reading the dump."""
     if record.runs_file is None:
         return {}
-    store = store_at(lake)
+    recorded = record.side_identities.get(record.runs_file)
     try:
+        changed = (
+            None if recorded is None else parquet.identity_change(store, record.runs_file, recorded)
+        )
         table = parquet.read_table(store, record.runs_file)
     except parquet.UnreadableLakeFile as exc:
         raise LakeError(exc.path, f"cannot be read ({exc.reason}); extract the run again") from exc
+    if changed is not None:  # its values would be written again as the run's own
+        raise LakeError(store.url(record.runs_file), f"{changed}; extract the run again")
     return table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
 
 
@@ -131,7 +164,7 @@ def _rewritten(record: manifest.RunManifest, files: dict[str, Path]) -> list[str
     ]
 
 
-def refresh_metrics(lake: Location | Store, record: manifest.RunManifest) -> tuple[bool, list[str]]:
+def refresh_metrics(store: Store, record: manifest.RunManifest) -> tuple[bool, list[str]]:
     """Read the lines the dump's metrics streams gained since the last extraction.
 
     New rows go into new `metrics` files listed in `record`, one per
@@ -170,7 +203,7 @@ def refresh_metrics(lake: Location | Store, record: manifest.RunManifest) -> tup
             for name, offset in read.offsets.items()
         }
         if read.table.num_rows:
-            record.metrics_files.append(_write_metrics(store_at(lake), record, read.table))
+            record.metrics_files.append(_write_metrics(store, record, read.table))
             changed = True
         if not read.more:
             break
@@ -182,14 +215,16 @@ def refresh_metrics(lake: Location | Store, record: manifest.RunManifest) -> tup
     changed = changed or sources != record.metrics_sources
     record.metrics_sources = sources
     if len(record.metrics_files) > MAX_METRICS_FILES:
-        record.metrics_files = [_merge_metrics(store_at(lake), record)]
+        record.metrics_files = [_merge_metrics(store, record)]
     return changed, [urls_in(record.source_dir, warning) for warning in warnings]
 
 
 def _write_metrics(store: Store, record: manifest.RunManifest, table: pa.Table) -> str:
     name = new_name(schema.METRICS, record.run, "metrics")
     metadata = write.file_metadata(schema.METRICS, record.run, record.source_dir)
-    write.write_lake_file(store, name, schema.METRICS, table, metadata)
+    record.side_identities[name] = write.write_lake_file(
+        store, name, schema.METRICS, table, metadata
+    )
     return name
 
 
@@ -209,7 +244,7 @@ def _merge_metrics(store: Store, record: manifest.RunManifest) -> str:
 
 
 def refresh_vocab(
-    lake: Location | Store, record: manifest.RunManifest
+    store: Store, record: manifest.RunManifest
 ) -> tuple[bool, tuple[Path | str, str] | None]:
     """Write the run's `vocab` file when the dump's tokenizer is new or changed.
 
@@ -227,7 +262,6 @@ def refresh_vocab(
         changed = record.vocab_file is not None
         record.vocab_file, record.vocab_source = None, None
         return changed, None
-    store = store_at(lake)
     # Identified like every other source (name, size, mtime): no re-reading on each round.
     stamp = manifest.SourceFile.of(source, root)
     if stamp == record.vocab_source and (
@@ -243,6 +277,6 @@ def refresh_vocab(
         return changed, (shown_source, f"{exc.problem}; token texts are NULL until it is fixed")
     name = new_name(schema.VOCAB, record.run, "vocab")
     metadata = write.file_metadata(schema.VOCAB, record.run, shown_path(record.source_dir, source))
-    write.write_lake_file(store, name, schema.VOCAB, table, metadata)
+    record.side_identities[name] = write.write_lake_file(store, name, schema.VOCAB, table, metadata)
     record.vocab_file, record.vocab_source = name, stamp
     return True, None

@@ -16,8 +16,6 @@ import pyarrow.parquet as pq
 
 from tokenlake import schema
 from tokenlake.errors import LakeError
-from tokenlake.layout import Location
-from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.store.local import LocalStore
 from tokenlake.store.parquet import footer_identity
@@ -86,7 +84,7 @@ def write_parquet(path: Path, table: str, data: pa.Table, metadata: dict[bytes, 
 
 
 def write_lake_file(
-    lake: Location | Store,
+    store: Store,
     relative: str,
     table: str,
     data: pa.Table,
@@ -99,7 +97,7 @@ def write_lake_file(
     whereas writing many small batches would make one tiny row group per batch.
 
     Args:
-        lake: A lake (`store_at`) or its location.
+        store: The lake's store.
         table_schema: The rows' schema, for a table whose columns `schema.TABLE_SCHEMAS` does
             not hold (a rollup: its SQL header gives them, `serve.rollups.rollup_schema`).
 
@@ -107,7 +105,6 @@ def write_lake_file(
         The file's identity as written (`store.parquet.footer_identity`: size and footer
         digest), which its manifest records and `verify` compares.
     """
-    store = store_at(lake)
     if table_schema is None:
         table_schema = schema.TABLE_SCHEMAS[table]
     table_schema = table_schema.with_metadata(metadata)

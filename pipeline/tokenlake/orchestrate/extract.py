@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tokenlake import schema
 from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError
-from tokenlake.layout import Location, check_run_name, manifest_name
+from tokenlake.layout import check_run_name, manifest_name
 from tokenlake.load import lake_files
 from tokenlake.orchestrate import maintain
 from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_reporter
@@ -33,7 +33,7 @@ from tokenlake.processes import crash_point
 from tokenlake.read import completeness, dump, formats
 from tokenlake.read.remote import remote_dump
 from tokenlake.serve import catalog
-from tokenlake.store import manifest, store_at
+from tokenlake.store import manifest, require_lake
 from tokenlake.store.base import Store
 from tokenlake.transform.tables import StepResult
 
@@ -45,7 +45,7 @@ class ExtractSummary:
     """What an extraction did; the CLI prints it."""
 
     run: str
-    lake: Location | Store
+    lake: Path | str  # the lake's location, as the CLI's summary line names it
     steps: list[StepResult] = field(default_factory=list)  # written by this extraction
     counts: dict[StepStatus, int] = field(default_factory=lambda: dict.fromkeys(StepStatus, 0))
     failed: list[tuple[str, str]] = field(default_factory=list)  # (step label, error message)
@@ -148,7 +148,7 @@ class ExtractOptions:
 
 def extract_run(
     dump_dir: Path | str,
-    lake: Location | Store,
+    store: Store,
     options: ExtractOptions | None = None,
     *,
     progress: ProgressCallback | Reporter | None = None,
@@ -164,8 +164,7 @@ def extract_run(
     Args:
         dump_dir: The `--dump-details` directory, or the URL of a dump on an object store
             (`s3://bucket/dump`, staged locally: pipeline/tokenlake/read/remote/remote_dump.py). Only read.
-        lake: The lake's store, or its location (a directory or an object-store URL, created
-            if missing).
+        store: The lake's store (a directory or an object-store prefix, created if missing).
         options: How (`ExtractOptions`; its `follow` fields are follow.py's).
         progress: Called after each step is written, or a `Reporter`.
         ready: Only steps for which it returns true are considered (live runs, see follow.py);
@@ -189,7 +188,7 @@ def extract_run(
     chosen = dump.select_steps(listing, options.steps)
     if options.with_experts:
         chosen = tuple(dataclasses.replace(s, with_experts=True) for s in chosen)
-    store = prepare_lake(lake, listing)
+    store = prepare_lake(store, listing)
     summary = ExtractSummary(
         run=run,
         lake=store.location,
@@ -333,7 +332,7 @@ def _marked(outcome: StepOutcome, missing: str) -> StepOutcome:
     )
 
 
-def drop_run(lake: Location | Store, run: str) -> None:
+def drop_run(store: Store, run: str) -> None:
     """Remove a run from the lake; other runs are untouched.
 
     Each step leaves a consistent lake, so a kill at any point is repaired by dropping again:
@@ -341,7 +340,7 @@ def drop_run(lake: Location | Store, run: str) -> None:
     gets a row of the run, see `catalog.connect`), then the catalog is rebuilt, then the
     run's files are deleted, and the manifest last (so the run is still there to drop).
     """
-    store = dump.require_lake(store_at(lake))
+    store = require_lake(store)
     manifest_name(run)  # a bad run name is refused before anything is listed
     listed = store.manifest_runs()  # a damaged manifest too (a FIFO, a link): it is dropped
     if run not in listed:
@@ -351,9 +350,9 @@ def drop_run(lake: Location | Store, run: str) -> None:
         store.check_links(run)  # refused before anything is deleted
         store.delete_stale_temporaries()  # of a command killed earlier
         emptied = manifest.RunManifest(run=run, source_dir="")  # lists no file
-        manifest.save_manifest(store.location, emptied)
+        manifest.save_manifest(store, emptied)
         crash_point("drop:emptied")
-        catalog.build_catalog(store.location)
+        catalog.build_catalog(store)
         crash_point("drop:catalog")
         store.delete_unlisted(emptied)
         crash_point("drop:files")
@@ -423,6 +422,8 @@ def _publish_if_needed(
     known = bool(record.steps) or store.exists(manifest_name(record.run))
     if not known:
         return
+    # Side files a stranger changed (or removed) are written again from the dump.
+    side_changed = lake_files.forget_changed_side_files(store, record)
     vocab_changed, warning = lake_files.refresh_vocab(store, record)
     if warning is not None:  # a broken tokenizer never blocks the run: texts stay NULL
         summary.ignored_files.append(warning)
@@ -433,7 +434,8 @@ def _publish_if_needed(
     # A new or changed meta.json (or a runs row of schema version 1) rewrites the runs row.
     meta_changed = lake_files.meta_source(record) != record.meta_source
     if (
-        vocab_changed
+        side_changed
+        or vocab_changed
         or metrics_changed
         or meta_changed
         or tags_changed
@@ -455,10 +457,9 @@ def _publish(store: Store, record: manifest.RunManifest, dump_format: str) -> li
     return warnings
 
 
-def prepare_lake(lake: Location | Store, listing: dump.Dump) -> Store:
+def prepare_lake(store: Store, listing: dump.Dump) -> Store:
     """The lake's store, its directory created; refuses one that overlaps a dump or holds
     folders that are not a lake's (never write there)."""
-    store = store_at(lake)
     check_apart(listing, store)
     store.check_writable()
     store.create()
@@ -511,14 +512,14 @@ def _place(location: Path | str) -> tuple[str, str, tuple[str, ...]]:
 def _dump_at_or_above(store: Store) -> str | None:
     """How the lake's folder, or a folder above it, is a dump by its layout (None: neither
     is): one listing of each, for an object store up to its bucket."""
-    location = str(store.location)
-    if not remote_dump.is_remote(location):
-        for folder in (Path(location), *Path(location).parents):
+    location = store.location
+    if isinstance(location, Path):  # a directory: the store holds it resolved
+        for folder in (location, *location.parents):
             mark = formats.local_dump_mark(folder)
             if mark is not None:
-                return _dump_named(location, str(folder), mark)
+                return _dump_named(str(location), str(folder), mark)
         return None
-    _, bucket, keys = _place(location)
+    _, bucket, keys = remote_dump.store_location(location)
     scheme = location.split("://", 1)[0]
     for depth in range(len(keys), -1, -1):
         url = "/".join((f"{scheme}://{bucket}", *keys[:depth]))
@@ -528,8 +529,12 @@ def _dump_at_or_above(store: Store) -> str | None:
     return None
 
 
-def _dump_named(lake: str, folder: str, mark: str) -> str:
-    return f"is a dump ({mark})" if folder == lake else f"is inside `{folder}`, a dump ({mark})"
+def _dump_named(lake_location: str, folder: str, mark: str) -> str:
+    return (
+        f"is a dump ({mark})"
+        if folder == lake_location
+        else f"is inside `{folder}`, a dump ({mark})"
+    )
 
 
 def _check_other_manifests(store: Store, run: str) -> None:
@@ -599,15 +604,14 @@ def _outcomes(
     reporter: Reporter,
 ) -> Iterator[StepOutcome]:
     """Local workers (pipeline/tokenlake/orchestrate/scheduler.py), or one Ray task per step.
-    Workers get the lake's location (plain data; each resolves its own store). Returned, not
-    bound to a name: the loop holds the only reference, so an exception that leaves it closes
-    the scheduler at once."""
-    location = store.location
+    Workers get the store pickled (it travels as its location: `ObjectStore.__reduce__`).
+    Returned, not bound to a name: the loop holds the only reference, so an exception that
+    leaves it closes the scheduler at once."""
     if options.executor == "ray":
         from tokenlake.orchestrate.ray_executor import run_steps_on_ray
 
-        return run_steps_on_ray(todo, location, run, address=options.ray_address)
-    return run_steps(todo, location, run, options.workers, reporter.stopping)
+        return run_steps_on_ray(todo, store, run, address=options.ray_address)
+    return run_steps(todo, store, run, options.workers, reporter.stopping)
 
 
 # Finished steps are committed in batches: the manifest is rewritten whole at each commit, so

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tokenlake.layout import Location
 from tokenlake.orchestrate.extract import (
     ExtractInterrupted,
     ExtractOptions,
@@ -49,7 +48,7 @@ class FollowState:
 
 def follow_run(
     dump_dir: Path | str,
-    lake: Location | Store,
+    store: Store,
     options: ExtractOptions | None = None,
     *,
     progress: ProgressCallback | None = None,
@@ -70,12 +69,12 @@ def follow_run(
     options = options or ExtractOptions(follow=True)
     run_name = options.run_name
     run = check_run_name(run_name if run_name is not None else remote_dump.dump_name(dump_dir))
-    state = FollowState(expected_ranks=_known_ranks(lake, run))
+    state = FollowState(expected_ranks=_known_ranks(store, run))
     stopped = False
     try:
         with ctrl_c_remembered() as ctrl_c:
             while not (should_stop() or ctrl_c):
-                summary = follow_round(dump_dir, lake, run, state, options, progress, clock)
+                summary = follow_round(dump_dir, store, run, state, options, progress, clock)
                 if options.dump_format is None and summary.steps:
                     # Detected once a step landed: later rounds skip the look inside a
                     # rollout file that tells miles from slime (a download, for a dump on a
@@ -98,7 +97,7 @@ def follow_run(
 
 def follow_round(
     dump_dir: Path | str,
-    lake: Location | Store,
+    store: Store,
     run: str,
     state: FollowState,
     options: ExtractOptions,
@@ -118,13 +117,13 @@ def follow_round(
         return is_complete(files, state.expected_ranks, now, options.settle_seconds)
 
     once = replace(options, run_name=run, steps=None, strict=False, follow=False)
-    summary = extract_run(dump_dir, lake, once, progress=progress, ready=ready, clock=lambda: now)
+    summary = extract_run(dump_dir, store, once, progress=progress, ready=ready, clock=lambda: now)
     for label, message in summary.failed:
         state.failed[label] = attempted[label]
         # info: `on_round` shows the failure to the user (the CLI prints "Not yet: ...")
         log.info("step %s not extracted yet: %s", label, message)
     if summary.steps:  # the rank set learnt from every step the manifest now records
-        state.expected_ranks = _known_ranks(lake, run) or state.expected_ranks
+        state.expected_ranks = _known_ranks(store, run) or state.expected_ranks
     return summary
 
 
@@ -153,10 +152,10 @@ def _stamp(files: dump.StepFiles) -> tuple[tuple[str, int, int], ...]:
     return tuple(stamp)
 
 
-def _known_ranks(lake: Location | Store, run: str) -> frozenset[int] | None:
+def _known_ranks(store: Store, run: str) -> frozenset[int] | None:
     """The rank set of the newest already-extracted step with train files (a run's rank set
     can change between steps, so an older, larger one is no promise for the next)."""
-    record = manifest.load_manifest(lake, run)
+    record = manifest.load_manifest(store, run)
     if record is None:
         return None
     newest: tuple[int, frozenset[int]] | None = None

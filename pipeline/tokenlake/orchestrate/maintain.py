@@ -9,13 +9,11 @@ import pyarrow as pa
 
 from tokenlake import schema, tags
 from tokenlake.errors import LakeError
-from tokenlake.layout import Location
 from tokenlake.load import lake_files
 from tokenlake.orchestrate.step import write_step_files
 from tokenlake.processes import crash_point
-from tokenlake.read import dump
 from tokenlake.serve import catalog, rollups
-from tokenlake.store import manifest, parquet, store_at
+from tokenlake.store import manifest, parquet, require_lake
 from tokenlake.store.base import Store
 
 
@@ -38,7 +36,7 @@ class ViewsResult:
 
 
 def tag_run(
-    lake: Location | Store,
+    store: Store,
     run: str,
     set_tags: dict[str, str],
     remove: list[str] | tuple[str, ...] = (),
@@ -54,28 +52,26 @@ def tag_run(
         LakeError: Not a lake, no such run, or another writer holds the lake.
         UsageError: A bad key, or a key both set and removed.
     """
-    store = dump.require_lake(store_at(lake))
+    store = require_lake(store)
     warnings: list[str] = []
     with store.lock():
-        record = manifest.load_manifest(store.location, run)
+        record = manifest.load_manifest(store, run)
         if record is None:
             runs = ", ".join(f"`{name}`" for name in store.manifest_runs()) or "none"
             raise LakeError(store.location, f"has no run `{run}` (runs: {runs})")
         store.delete_stale_temporaries()  # of a command killed earlier
         record.tags = tags.change_tags(record.tags, set_tags, remove)
-        lake_files.write_run_row(
-            store.location, record, keep=lake_files.stored_run_row(store.location, record)
-        )
+        lake_files.write_run_row(store, record, keep=lake_files.stored_run_row(store, record))
         crash_point("tag:row")
-        manifest.save_manifest(store.location, record)
+        manifest.save_manifest(store, record)
         crash_point("tag:manifest")
-        catalog.build_catalog(store.location, warnings)
+        catalog.build_catalog(store, warnings)
         crash_point("tag:catalog")
         store.delete_unlisted(record)
     return TagResult(record.tags, tuple(warnings))
 
 
-def rebuild_views(lake: Location | Store, recompute: bool = False) -> ViewsResult:
+def rebuild_views(store: Store, recompute: bool = False) -> ViewsResult:
     """Compute the rollups steps lack (written by an older tokenlake, or with other
     drift_settings defaults; with `recompute`, every step's) from their token files, then
     rebuild the catalog from the manifests, under the writer lock.
@@ -84,7 +80,7 @@ def rebuild_views(lake: Location | Store, recompute: bool = False) -> ViewsResul
     nor under another program holding the catalog for writing; a catalog half-built by a
     killed command is swept first.
     """
-    store = dump.require_lake(store_at(lake))
+    store = require_lake(store)
     warnings: list[str] = []
     with store.lock():
         catalog.refuse_if_held(store)

@@ -20,7 +20,6 @@ from typing import Any
 
 from tokenlake import extras
 from tokenlake.errors import shown
-from tokenlake.layout import Location
 from tokenlake.orchestrate.scheduler import Todo
 from tokenlake.orchestrate.step import StepOutcome, StepStatus, extract_step
 from tokenlake.read import dump
@@ -45,7 +44,7 @@ def require_ray() -> None:
 
 def run_steps_on_ray(
     todo: list[Todo],
-    lake: Location | Store,
+    store: Store,
     run: str,
     *,
     address: str | None = None,
@@ -55,7 +54,8 @@ def run_steps_on_ray(
 
     Args:
         todo: (step files, status) pairs, as planned by `extract_run`.
-        lake: The lake root; must be the same path on every node.
+        store: The lake's store, sent to each task pickled (as its location): a local lake
+            must be the same path on every node.
         run: The run's name in the lake.
         address: The cluster to connect to (`auto`, `ray://host:10001`, `host:6379`); default:
             the one this process is connected to, else Ray's own choice (`RAY_ADDRESS`, a
@@ -83,7 +83,7 @@ def run_steps_on_ray(
         while pending or running:
             while pending and len(running) < window:
                 files, status = pending.popleft()
-                running[remote.remote(files, lake, run, status)] = (files, status)
+                running[remote.remote(files, store, run, status)] = (files, status)
             done, _ = ray.wait(list(running), num_returns=1)
             files, status = running.pop(done[0])
             yield _outcome(ray, done[0], files, status, retries)

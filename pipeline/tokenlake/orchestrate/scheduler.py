@@ -18,7 +18,6 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from tokenlake.layout import Location
 from tokenlake.orchestrate.step import StepOutcome, StepStatus, extract_step, worker_died_text
 from tokenlake.read import dump
 from tokenlake.store.base import Store
@@ -29,7 +28,7 @@ Todo = tuple[dump.StepFiles, StepStatus]
 
 def run_steps(
     todo: Sequence[Todo],
-    lake: Location | Store,
+    store: Store,
     run: str,
     workers: int,
     stopping: Callable[[list[str]], None] = lambda labels: None,
@@ -44,14 +43,14 @@ def run_steps(
     """
     if workers <= 1 or len(todo) <= 1:
         for files, status in todo:
-            yield extract_step(files, lake, run, status)
+            yield extract_step(files, store, run, status)
         return
-    yield from _run_in_pool(list(todo), lake, run, workers, stopping)
+    yield from _run_in_pool(list(todo), store, run, workers, stopping)
 
 
 def _run_in_pool(
     todo: list[Todo],
-    lake: Location | Store,
+    store: Store,
     run: str,
     workers: int,
     stopping: Callable[[list[str]], None],
@@ -79,7 +78,7 @@ def _run_in_pool(
     ) -> None:
         files, status = step or pending.popleft()
         with sigint_blocked():
-            future = executor.submit(extract_step, files, lake, run, status)
+            future = executor.submit(extract_step, files, store, run, status)
         running[future], held[future] = executor, (files, status)
 
     try:

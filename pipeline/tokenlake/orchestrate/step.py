@@ -23,13 +23,13 @@ from tokenlake.errors import (
     UnreadableError,
     shown,
 )
-from tokenlake.layout import Location, new_name
+from tokenlake.layout import new_name
 from tokenlake.load import write
 from tokenlake.processes import crash_point
 from tokenlake.read import completeness, dump
 from tokenlake.read.remote import remote_dump
 from tokenlake.serve import rollups
-from tokenlake.store import manifest, store_at
+from tokenlake.store import manifest
 from tokenlake.store.base import Store
 from tokenlake.transform.tables import StepResult, build_step
 
@@ -69,16 +69,14 @@ class StepOutcome:
     lake_error: tuple[str, str] | None = None
 
 
-def extract_step(
-    files: dump.StepFiles, lake: Location | Store, run: str, status: StepStatus
-) -> StepOutcome:
+def extract_step(files: dump.StepFiles, store: Store, run: str, status: StepStatus) -> StepOutcome:
     """Load, resolve, flatten and write one step; never raises (except on Ctrl-C).
 
     Bad input or a bad lake is reported in the outcome, and so is any other exception: that
     is a tokenlake bug, and it must cost this step only, never the whole extraction.
     """
     try:
-        return _extract_step(files, store_at(lake), run, status)
+        return _extract_step(files, store, run, status)
     except Exception as exc:  # noqa: BLE001 - a bug in one step must not take down the run
         return StepOutcome(
             files.label, status, error=remote_dump.as_urls(files, files, bug_text(files, exc))

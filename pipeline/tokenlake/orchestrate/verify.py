@@ -22,11 +22,10 @@ from tokenlake.errors import (
     UsageError,
     shown,
 )
-from tokenlake.layout import Location, check_relative, check_run_name
-from tokenlake.read import dump
+from tokenlake.layout import check_relative, check_run_name
 from tokenlake.read.remote.remote_dump import is_object_store_url, is_remote, local_root, shown_path
 from tokenlake.serve import catalog, rollups
-from tokenlake.store import manifest, parquet, store_at
+from tokenlake.store import manifest, parquet, require_lake
 from tokenlake.store.base import Store
 
 
@@ -45,7 +44,7 @@ class Problem:
 
 
 def verify_lake(
-    lake: Location | Store, run: str | None = None, deep: bool = False
+    store: Store, run: str | None = None, deep: bool = False
 ) -> tuple[int, list[Problem]]:
     """Check every (or one) run of the lake; with `deep`, also compute each step's rollups
     from its tokens and compare them with the stored ones.
@@ -53,19 +52,19 @@ def verify_lake(
     Returns:
         The number of steps checked and the problems found (empty when consistent).
     """
-    dump.require_lake(store_at(lake))  # else a mistyped path would "pass"
+    require_lake(store)  # else a mistyped path would "pass"
     if run is not None:
         check_run_name(run)
-    runs = manifest.load_all(lake)
+    runs = manifest.load_all(store)
     if run is not None:
         runs = [r for r in runs if r.run == run]
         if not runs:
-            raise LakeError(str(lake), f"has no run `{run}`")
+            raise LakeError(str(store), f"has no run `{run}`")
     problems: list[Problem] = []
     checked = 0
     for record in runs:
         try:  # never read through a planted link (`tokens/run=x -> /other/lake/...`)
-            store_at(lake).check_links(record.run)
+            store.check_links(record.run)
         except LakeError as exc:
             problems.append(Problem("", "", f"run `{record.run}`: not checked: {exc}"))
             continue
@@ -78,12 +77,13 @@ def verify_lake(
             )
         for key, step in sorted(record.steps.items(), key=lambda kv: (kv[1].rollout_id, kv[0])):
             checked += 1
-            found = check_step(lake, record, step, root, deep)
+            found = check_step(store, record, step, root, deep)
             problems += [Problem(record.run, key, m) for m in found]
-    problems += [Problem("", "", leftover_text(name)) for name in _leftovers(lake, run)]
-    store = store_at(lake)
+        side = check_side_files(store, record)
+        problems += [Problem("", "", f"run `{record.run}`: {m}") for m in side]
+    problems += [Problem("", "", leftover_text(name)) for name in _leftovers(store, run)]
     if runs or store.exists(store.catalog_name):  # a catalog may outlive the last run
-        broken = catalog.catalog_problem(lake)
+        broken = catalog.catalog_problem(store)
         if broken is not None:
             problems.append(Problem("", "", broken))
     return checked, problems
@@ -102,10 +102,10 @@ def leftover_text(name: str) -> str:
     )
 
 
-def _leftovers(lake: Location | Store, run: str | None) -> list[str]:
+def _leftovers(store: Store, run: str | None) -> list[str]:
     """The lake's files no manifest lists (of `run` only, when given). Files a running
     extraction is writing are among them until it commits them."""
-    names = manifest.leftovers(lake)
+    names = manifest.leftovers(store)
     if run is None:
         return names
     return [name for name in names if f"/{schema.RUN}={run}/" in name]
@@ -134,7 +134,7 @@ def _dump_root(record: manifest.RunManifest) -> tuple[Path | None, str | None]:
 
 
 def check_step(
-    lake: Location | Store,
+    store: Store,
     record: manifest.RunManifest,
     step: manifest.StepRecord,
     root: Path | None = None,
@@ -147,7 +147,6 @@ def check_step(
             when the dump is on an object store that could not be listed.
         deep: Also compute the step's rollups from its tokens and compare.
     """
-    store = store_at(lake)
     missing = [name for name in step.files.values() if not store.exists(name)]
     if missing:
         return [f"file `{name}` is missing" for name in missing]
@@ -204,15 +203,32 @@ def _changed_since_written(
     """How a file differs from what its manifest records of it as written (None: the same, or
     a step written before manifests recorded identities)."""
     recorded = step.identities.get(table)
-    if recorded is None:
-        return None
-    found = parquet.footer_identity(store, name)
-    if found == recorded:
-        return None
-    size, found_size = recorded.split(":")[0], found.split(":")[0]
-    if size != found_size:
-        return f"changed since it was written: {int(found_size):,} bytes, written {int(size):,}"
-    return "changed since it was written: its footer is not the one written"
+    return None if recorded is None else parquet.identity_change(store, name, recorded)
+
+
+def check_side_files(store: Store, record: manifest.RunManifest) -> list[str]:
+    """The problems of a run's `runs`, `vocab` and `metrics` files: missing, unreadable, or
+    not the file written (those written before manifests recorded their identities are only
+    looked for). The next extraction writes them again."""
+    problems = []
+    for name in record.side_files():
+        if not store.exists(name):
+            problems.append(f"file `{name}` is missing; {_WAY_OUT['side']}")
+            continue
+        recorded = record.side_identities.get(name)
+        try:
+            changed = None if recorded is None else parquet.identity_change(store, name, recorded)
+        except parquet.UnreadableLakeFile as exc:
+            refused = exc.refusal(name)
+            problems.append(
+                f"file {refused}"
+                if refused is not None
+                else f"file `{name}` cannot be read ({exc.reason}); {_WAY_OUT['side']}"
+            )
+            continue
+        if changed is not None:
+            problems.append(f"file `{name}` {changed}; {_WAY_OUT['side']}")
+    return problems
 
 
 def _token_rows_of(samples: pa.Table) -> int:
@@ -236,6 +252,7 @@ def _unreadable_file(name: str, exc: parquet.UnreadableLakeFile, table: str) -> 
 
 _WAY_OUT = {
     "step": "delete it and extract again",
+    "side": "extract the run again",
     "rollup": "`tokenlake views LAKE --recompute` computes the rollups again",
 }
 # The columns verify reads from a step's files of any schema version.

@@ -21,19 +21,16 @@ from tokenlake.errors import (
     DumpFileError,
     DumpFormatError,
     DumpNotFoundError,
-    LakeError,
     UnreadableError,
     UsageError,
     shown,
 )
-from tokenlake.layout import step_label
+from tokenlake.layout import ROLLOUT_DIR, step_label
 from tokenlake.steps import INT64_MAX
 from tokenlake.store import manifest
-from tokenlake.store.base import Store
 
 log = logging.getLogger(__name__)
 
-ROLLOUT_DIR = "rollout_data"
 TRAIN_DIR = "train_data"
 TRAJECTORY_DIR = "trajectory"  # {label}.jsonl: the conversation of each sample (optional)
 TOKENIZER_DIR = "tokenizer"
@@ -424,21 +421,3 @@ def fingerprint(files: StepFiles) -> list[manifest.SourceFile]:
     if sidecar is not None:  # a rewritten conversation file re-extracts the step too
         paths.append(sidecar)
     return [manifest.SourceFile.of(path, files.dump.root) for path in paths]
-
-
-def is_dump(store: Store) -> bool:
-    """Whether a location holds a miles or slime dump (its `rollout_data/`): never a lake."""
-    return store.holds_folder(ROLLOUT_DIR)
-
-
-def require_lake(store: Store) -> Store:
-    """The store, if it is a lake's, else a one-line LakeError saying what the location is
-    (a dump named as one)."""
-    if is_dump(store):
-        what = " directory" if store.local_catalog is not None else ""
-        raise LakeError(
-            str(store.location),
-            f"is a miles dump (it has `{ROLLOUT_DIR}/`), not a lake; give the --lake{what} of"
-            " `tokenlake extract`",
-        )
-    return store.require()

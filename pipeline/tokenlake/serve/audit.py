@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenlake.errors import LakeError, duckdb_problem
-from tokenlake.layout import Location
 from tokenlake.serve import sql_views
 from tokenlake.serve.query import Rows, connect_reader, format_table, plain_result
 from tokenlake.store.base import Store
@@ -94,13 +93,11 @@ def describe(sql_text: str) -> str:
     return match.group(1) if match else header
 
 
-def run_audits(
-    lake: Location | Store, settings: Mapping[str, float] | None = None
-) -> list[AuditResult]:
+def run_audits(store: Store, settings: Mapping[str, float] | None = None) -> list[AuditResult]:
     """Run every `sql/audits/*.sql` against the lake's catalog, in file-name order.
 
     Args:
-        lake: The lake directory (holding `tokenlake.duckdb`).
+        store: The lake's store (its catalog, `tokenlake.duckdb`, or its manifests).
         settings: Optional `drift_settings` overrides (threshold name -> value).
 
     Returns:
@@ -111,7 +108,7 @@ def run_audits(
     """
     import duckdb
 
-    con = connect_reader(lake, settings)
+    con = connect_reader(store, settings)
     results = []
     try:
         for path in sql_views.iter_audit_files():
@@ -122,7 +119,7 @@ def run_audits(
                 rows = plain_result(con.execute(text))
             except duckdb.Error as exc:
                 problem = duckdb_problem(exc)
-                raise LakeError(str(lake), f"audit `{path.stem}` cannot run: {problem}") from exc
+                raise LakeError(str(store), f"audit `{path.stem}` cannot run: {problem}") from exc
             results.append(AuditResult(path.stem, describe(text), rows, level))
     finally:
         con.close()

@@ -25,14 +25,13 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenlake import layout, schema
 from tokenlake.errors import LakeError, ctrl_c_from_duckdb
-from tokenlake.layout import Location
 from tokenlake.processes import crash_point
-from tokenlake.read import dump
 from tokenlake.serve import catalog_cache, rollups
 from tokenlake.serve.served import served_records
 from tokenlake.serve.sql_views import (
@@ -43,7 +42,7 @@ from tokenlake.serve.sql_views import (
     quote_literal,
 )
 from tokenlake.serve.user_views import create_user_views, iter_user_view_files
-from tokenlake.store import manifest, store_at
+from tokenlake.store import is_dump, manifest, require_lake
 from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
@@ -52,10 +51,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def table_files(lake: Location | Store, table: str) -> list[str]:
+def table_files(store: Store, table: str) -> list[str]:
     """The Parquet files (paths or URLs) of one table that the runs' manifests list, by run
     then step."""
-    store = store_at(lake)
     return _listed_files(store, manifest.load_all(store), table)
 
 
@@ -64,7 +62,7 @@ def _listed_files(store: Store, records: list[manifest.RunManifest], table: str)
 
 
 def create_base_views(
-    con: duckdb.DuckDBPyConnection, lake: Location | Store, records: list[manifest.RunManifest]
+    con: duckdb.DuckDBPyConnection, store: Store, records: list[manifest.RunManifest]
 ) -> None:
     """`tokens`, `samples`, `runs`, `vocab`, `metrics` over the Parquet files `records` (the
     lake's manifests, read once for the whole build) list."""
@@ -74,9 +72,38 @@ def create_base_views(
         for step in record.steps.values()
     )  # a lake written by an older tokenlake, not extracted again yet
     for table in schema.TABLES:
-        sql = base_view_sql(table, _listed_files(store_at(lake), records, table), older)
+        sql = base_view_sql(table, _listed_files(store, records, table), older)
         con.execute(f"CREATE OR REPLACE VIEW {table} AS {sql}")
     con.execute(f"CREATE OR REPLACE MACRO {INCOMPLETE_STEPS}() AS TABLE {incomplete_sql(records)}")
+
+
+def step_view_queries(
+    store: Store,
+    records: list[manifest.RunManifest],
+    run: str,
+    rollout_id: int,
+    evaluation: bool,
+) -> dict[str, str]:
+    """Name -> query of each base view and stored rollup over one step's files only (and its
+    run's `runs`, `vocab` and `metrics` files): created as a connection's TEMP views, they
+    shadow the catalog's own inside every view, so a page about one step plans over its files
+    rather than over every file of the lake. Empty when `records` (the lake's served
+    manifests) have no such step.
+    """
+    record = next((r for r in records if r.run == run), None)
+    step = None if record is None else record.steps.get(layout.step_label(rollout_id, evaluation))
+    if record is None or step is None:
+        return {}
+    one = replace(record, steps={step.key: step})
+    older = step.schema_version < schema.SCHEMA_VERSION
+    queries = {
+        table: base_view_sql(table, _listed_files(store, [one], table), older)
+        for table in schema.TABLES
+    }
+    stored = rollups.catalog_views(
+        [step], {name: _listed_files(store, [one], name) for name in schema.ROLLUP_TABLES}
+    )
+    return {**queries, **stored.queries}
 
 
 # The table macro listing the steps extracted although their files were incomplete (their
@@ -116,7 +143,7 @@ def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [name for name in expected_views() if name not in present]
 
 
-def build_catalog(lake: Location | Store, warnings: list[str] | None = None) -> Path | str:
+def build_catalog(store: Store, warnings: list[str] | None = None) -> Path | str:
     """(Re)build `LAKE/tokenlake.duckdb`; replaced atomically so readers never see half of it
     (on an object store: built locally, then uploaded in one PUT).
 
@@ -128,7 +155,6 @@ def build_catalog(lake: Location | Store, warnings: list[str] | None = None) -> 
     Returns:
         The path (or URL) of the catalog file.
     """
-    store = store_at(lake)
     problems: list[str] = []
     store.publish_built(store.catalog_name, lambda tmp: _write_catalog(tmp, store, problems))
     if store.local_catalog is not None:  # tokenlake leaves no log: one is another program's
@@ -148,12 +174,11 @@ def _catalog_url(store: Store) -> str:
 
 
 def create_all_views(
-    con: duckdb.DuckDBPyConnection, lake: Location | Store, records: list[manifest.RunManifest]
+    con: duckdb.DuckDBPyConnection, store: Store, records: list[manifest.RunManifest]
 ) -> list[str]:
     """Base views over the files `records` list, macros, tokenlake's views (the rollups over
     their stored files where every step has current ones) and the user's; returns one line for
     steps without current rollups, then the skipped user views."""
-    store = store_at(lake)
     with ctrl_c_from_duckdb():
         return _create_all_views(con, store, records)
 
@@ -164,7 +189,7 @@ def _create_all_views(
     reading = store.reading_filesystem()
     if reading is not None:  # an object store: DuckDB reads it through fsspec
         con.register_filesystem(reading)
-    records, unserved = served_records(store, records)
+    records, unserved = served_records(store, records, reading)
     create_base_views(con, store, records)
     for path in iter_macro_files():
         con.execute(path.read_text(encoding="utf-8"))
@@ -182,14 +207,14 @@ def _create_all_views(
 _BUILT_FROM = "tokenlake_listed_digest"
 
 
-def listed_digest(lake: Location | Store) -> str:
+def listed_digest(store: Store) -> str:
     """blake2b of every file the lake's manifests list, by run and table (relative names, so
     a moved lake has the same digest).
 
     Raises:
         LakeError: A manifest is damaged or cannot be read.
     """
-    return _digest_of(manifest.load_all(lake))
+    return _digest_of(manifest.load_all(store))
 
 
 def _digest_of(records: list[manifest.RunManifest]) -> str:
@@ -276,7 +301,7 @@ def _catalog_error(store: Store, exc: Exception) -> LakeError:
     return LakeError(_catalog_url(store), f"catalog cannot be built ({first[:300]})")
 
 
-def connect(lake: Location | Store) -> duckdb.DuckDBPyConnection:
+def connect(store: Store) -> duckdb.DuckDBPyConnection:
     """A read-only connection with every view of the lake, built now from its manifests, `sql/`
     and its checked user views: tokenlake's readers never run what the catalog file holds.
 
@@ -291,15 +316,16 @@ def connect(lake: Location | Store) -> duckdb.DuckDBPyConnection:
     Raises:
         LakeError: Not a lake, or no catalog yet (nothing was extracted).
     """
-    store = store_at(lake)
     catalog = store.local_catalog
     if catalog is None:  # an object store: readers never download its catalog
-        return _connect_in_memory(dump.require_lake(store))
+        return _connect_in_memory(require_lake(store))
     if not catalog.is_file():
-        if not catalog.parent.is_dir() or dump.is_dump(store):
-            dump.require_lake(store)  # says what the path is instead
-        raise LakeError(str(lake), f"has no `{layout.CATALOG_FILE}`; run `tokenlake extract` first")
-    return _connect_private_build(dump.require_lake(store))
+        if not catalog.parent.is_dir() or is_dump(store):
+            require_lake(store)  # says what the path is instead
+        raise LakeError(
+            str(store), f"has no `{layout.CATALOG_FILE}`; run `tokenlake extract` first"
+        )
+    return _connect_private_build(require_lake(store))
 
 
 def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
@@ -353,9 +379,9 @@ def foreign_log(catalog_file: Path) -> Path:
     return catalog_file.with_name(f"{catalog_file.name}.wal")
 
 
-def has_foreign_log(lake: Location | Store) -> bool:
+def has_foreign_log(store: Store) -> bool:
     """Whether another program's write-ahead log lies beside a local lake's catalog."""
-    catalog = store_at(lake).local_catalog
+    catalog = store.local_catalog
     return catalog is not None and os.path.lexists(foreign_log(catalog))
 
 
@@ -378,10 +404,10 @@ def _open_file(path: Path) -> duckdb.DuckDBPyConnection:
         return _locked_down(copy)  # the open file outlives its name
 
 
-def _removal_advice(lake: Path) -> str:
-    """Who can remove a foreign log: this user (`tokenlake views`), or, on a lake this user may
-    not write, its owner."""
-    if os.access(lake, os.W_OK):
+def _removal_advice(folder: Path) -> str:
+    """Who can remove a foreign log: this user (`tokenlake views`), or, on a lake folder this
+    user may not write, its owner."""
+    if os.access(folder, os.W_OK):
         return "`tokenlake views LAKE` removes it"
     return (
         "the lake is read-only to you: whoever writes it can remove it with `tokenlake views LAKE`"
@@ -401,7 +427,7 @@ def _locked_down(path: Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def refuse_if_held(lake: Location | Store) -> None:
+def refuse_if_held(store: Store) -> None:
     """Raise the line `query` gives if another program holds the catalog open for writing.
 
     Rebuilding the catalog under such a program would leave its write-ahead log beside the new
@@ -413,7 +439,7 @@ def refuse_if_held(lake: Location | Store) -> None:
     """
     import duckdb
 
-    catalog = store_at(lake).local_catalog
+    catalog = store.local_catalog
     if catalog is None or not catalog.is_file():
         return
     try:
@@ -467,14 +493,13 @@ def _open_error(path: Path, exc: Exception) -> LakeError:
     )
 
 
-def catalog_problem(lake: Location | Store) -> str | None:
+def catalog_problem(store: Store) -> str | None:
     """Why the lake's catalog is unusable (cannot be opened, lacks views) or out of date
     (lists other files than the manifests), or None.
 
     Raises:
         LakeError: A manifest is damaged or cannot be read.
     """
-    store = store_at(lake)
     rebuild = "run `tokenlake views LAKE` or extract again"
     if not store.exists(store.catalog_name):
         return f"catalog `{layout.CATALOG_FILE}` is missing; {rebuild}"

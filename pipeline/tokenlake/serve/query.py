@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tokenlake.errors import UsageError, ctrl_c_from_duckdb, duckdb_problem, lake_read_error
-from tokenlake.layout import Location
 from tokenlake.serve import catalog, rollups
-from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.terminal import escape_controls, plural
 
@@ -34,20 +32,20 @@ SETTINGS_VIEW = "drift_settings"
 
 
 def connect_reader(
-    lake: Location | Store, settings: Mapping[str, float] | None = None
+    store: Store, settings: Mapping[str, float] | None = None
 ) -> duckdb.DuckDBPyConnection:
     """A reader's DuckDB connection to the catalog (not a `Lake`: that is
     `tokenlake.open_lake`), with `settings` overriding `drift_settings`.
 
     Args:
-        lake: The lake directory (holding `tokenlake.duckdb`).
+        store: The lake's store (its catalog, `tokenlake.duckdb`, or its manifests).
         settings: Column name -> value for `drift_settings`; the other columns keep their
             defaults. Only for this connection.
 
     Returns:
         The open connection; the caller closes it.
     """
-    con = catalog.connect(lake)
+    con = catalog.connect(store)
     try:
         if settings:
             con.execute(settings_override_sql(con, settings))
@@ -104,13 +102,11 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def run_query(
-    lake: Location | Store, sql: str, settings: Mapping[str, float] | None = None
-) -> pa.Table:
+def run_query(store: Store, sql: str, settings: Mapping[str, float] | None = None) -> pa.Table:
     """Run SQL (one or more `;`-separated statements) and return the last statement's result.
 
     Args:
-        lake: The lake directory.
+        store: The lake's store.
         sql: The query; may read every view of the catalog.
         settings: Optional `drift_settings` overrides, see `connect_reader`.
 
@@ -121,11 +117,11 @@ def run_query(
         UsageError: DuckDB rejected the query; the message is DuckDB's.
         LakeError: A file of the lake could not be read (damaged, or another program's).
     """
-    return _run(lake, sql, settings, _arrow_table)
+    return _run(store, sql, settings, _arrow_table)
 
 
 def render_query(
-    lake: Location | Store, sql: str, fmt: str, settings: Mapping[str, float] | None = None
+    store: Store, sql: str, fmt: str, settings: Mapping[str, float] | None = None
 ) -> str | bytes:
     """`run_query`'s result rendered by `format_table`, as `tokenlake query` prints it. The
     text formats take DuckDB's rows without Arrow when they are the same values (`plain_result`).
@@ -135,27 +131,27 @@ def render_query(
         LakeError: A file of the lake could not be read (damaged, or another program's).
     """
     if fmt in _TEXT_FORMATS:
-        return format_table(_run(lake, sql, settings, plain_result), fmt)
-    return format_table(run_query(lake, sql, settings), fmt)
+        return format_table(_run(store, sql, settings, plain_result), fmt)
+    return format_table(run_query(store, sql, settings), fmt)
 
 
 _Result = TypeVar("_Result")
 
 
 def _run(
-    lake: Location | Store,
+    store: Store,
     sql: str,
     settings: Mapping[str, float] | None,
     fetch: Callable[[duckdb.DuckDBPyRelation | None], _Result],
 ) -> _Result:
     import duckdb
 
-    con = connect_reader(lake, settings)
+    con = connect_reader(store, settings)
     try:
         with ctrl_c_from_duckdb():
             return fetch(con.sql(sql))
     except duckdb.Error as exc:
-        location = str(store_at(lake).location)
+        location = str(store.location)
         if location.rstrip("/") + "/" in duckdb_problem(exc):  # a lake file failed, not the SQL
             raise lake_read_error(location, "a query", exc) from exc
         raise UsageError(f"Query failed: {exc}") from exc

@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import LakeError, OutputError, lake_read_error
-from tokenlake.layout import Location, temporary_path
+from tokenlake.layout import temporary_path
 from tokenlake.serve import report_charts as rc
 from tokenlake.serve import report_data as rd
 from tokenlake.serve import report_html as rh
 from tokenlake.serve.query import connect_reader
 from tokenlake.serve.run_colours import run_colours
 from tokenlake.steps import StepSelection, as_selection
-from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.store.local import atomic_write
 from tokenlake.terminal import plural
@@ -128,7 +127,7 @@ def spread(steps: Sequence[int], bound: int) -> list[int]:
 
 
 def build_report(
-    lake: Location | Store,
+    store: Store,
     out: Path,
     runs: Sequence[str] = (),
     steps: Sequence[int] | StepSelection | None = None,
@@ -149,10 +148,10 @@ def build_report(
     _check_output(out)
     with ThreadPoolExecutor(max_workers=1) as pool:
         bundle = pool.submit(rh.vega_bundle)  # ~2 s in vl-convert, beside the queries
-        page = _collect(lake, runs, steps, worst)
+        page = _collect(store, runs, steps, worst)
         text = rh.page(
             f"tokenlake report: {', '.join(page.sel.runs) or 'no runs'}",
-            _header(lake, page.sel),
+            _header(store, page.sel),
             page.sections,
             _payload(page),
             bundle.result(),
@@ -198,18 +197,18 @@ def _step_ranges(steps: Sequence[int] | StepSelection | None) -> tuple[tuple[int
 
 
 def _collect(
-    lake: Location | Store,
+    store: Store,
     runs: Sequence[str],
     steps: Sequence[int] | StepSelection | None,
     worst: int,
 ) -> _Page:
     import duckdb
 
-    con = connect_reader(lake)
+    con = connect_reader(store)
     try:
         return _sections(con, runs, steps, worst)
     except duckdb.Error as exc:  # the report's own SQL failing is the lake's files failing it
-        raise lake_read_error(str(store_at(lake).location), "the report", exc) from exc
+        raise lake_read_error(str(store.location), "the report", exc) from exc
     finally:
         con.close()
 
@@ -245,11 +244,11 @@ def _sections(
     return page
 
 
-def _header(lake: Location | Store, sel: rd.Selection) -> str:
+def _header(store: Store, sel: rd.Selection) -> str:
     steps = "all steps" if sel.steps is None else f"steps {_ranges(sel.steps)}"
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
-        f"<h1>tokenlake report</h1><p>Lake {rh.cell(str(store_at(lake).location))}; runs "
+        f"<h1>tokenlake report</h1><p>Lake {rh.cell(str(store.location))}; runs "
         f"{rh.cell(', '.join(sel.runs) or 'none')}; {steps}; generated {now}.</p>"
         "<p>δ = train − rollout log-prob of a loss-covered token (nats). Click a legend entry"
         " to pick a run (shift-click for more); hover for values.</p>"

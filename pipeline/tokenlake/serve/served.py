@@ -1,13 +1,15 @@
-"""Which of the manifests' steps a catalog serves: a planted symbolic link, or a local file
-that is no longer the one its manifest records (`store.parquet.footer_identity`), takes only
-what it touches out of the views, with one warning line, never the whole lake
-(docs/security.md, "What a lake writer can make a reader believe"): a step whose token or
-sample file is affected is left out; a step whose rollup file is affected is served from its
-tokens, as a step without rollups is."""
+"""Which of the manifests' steps and side files a catalog serves: a planted symbolic link, or
+a file that is no longer the one its manifest records (`store.parquet.footer_identity`; on an
+object store, its listed size), takes only what it touches out of the views, with one warning
+line, never the whole lake (docs/security.md, "What a lake writer can make a reader
+believe"): a step whose token or sample file is affected is left out; a step whose rollup file
+is affected is served from its tokens, as a step without rollups is; a changed `runs`, `vocab`
+or `metrics` file is left out alone."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from tokenlake import schema
 from tokenlake.errors import LakeError
@@ -18,14 +20,20 @@ _FROM_TOKENS = "rollups not served, its views read its tokens"
 
 
 def served_records(
-    store: Store, records: list[manifest.RunManifest]
+    store: Store, records: list[manifest.RunManifest], listing: Any = None
 ) -> tuple[list[manifest.RunManifest], list[str]]:
     """`records` without the steps, rollups and side files the views must not read, and one
-    line for each run or step affected."""
+    line for each run or step affected.
+
+    Args:
+        listing: On an object store, the filesystem `Store.reading_filesystem` listed the
+            lake's folders with: each file's size is compared with its identity's from that
+            listing (no request per file). None: an object store's files are not compared.
+    """
     served: list[manifest.RunManifest] = []
     problems: list[str] = []
     for record in records:
-        steps, left_out, no_rollups = _served_steps(store, record)
+        steps, left_out, no_rollups = _served_steps(store, record, listing)
         if left_out and not steps:  # e.g. a link at the run's folder: every step alike
             problems.append(f"run `{record.run}`: not served: {next(iter(left_out.values()))}")
             continue
@@ -41,7 +49,7 @@ def served_records(
                 f"run `{record.run}` step {k}: {_FROM_TOKENS}: {p}" for k, p in no_rollups.items()
             ]
         copy = replace(record, steps=steps, metrics_files=list(record.metrics_files))
-        side_problem = _without_unreadable_side_files(store, copy)
+        side_problem = _without_unservable_side_files(store, copy, listing)
         if side_problem is not None:
             problems.append(f"run `{record.run}`: {side_problem}")
         served.append(copy)
@@ -49,19 +57,19 @@ def served_records(
 
 
 def _served_steps(
-    store: Store, record: manifest.RunManifest
+    store: Store, record: manifest.RunManifest, listing: Any
 ) -> tuple[dict[str, manifest.StepRecord], dict[str, str], dict[str, str]]:
     """The run's steps as served; the steps left out and the steps served without their
     rollups, each with why."""
     steps, left_out, no_rollups = {}, {}, {}
     for key, step in record.steps.items():
         own = {t: n for t, n in step.files.items() if t not in schema.ROLLUP_TABLES}
-        problem = _files_problem(store, step, own)
+        problem = _files_problem(store, own, step.identities, listing)
         if problem is not None:
             left_out[key] = problem
             continue
         rollups = {t: n for t, n in step.files.items() if t in schema.ROLLUP_TABLES}
-        rollup_problem = _files_problem(store, step, rollups)
+        rollup_problem = _files_problem(store, rollups, step.identities, listing)
         if rollup_problem is not None:  # its views read its tokens, as without rollups
             no_rollups[key] = rollup_problem
             step = replace(step, files=own, rollup_version="", rollup_settings={})
@@ -69,17 +77,19 @@ def _served_steps(
     return steps, left_out, no_rollups
 
 
-def _files_problem(store: Store, step: manifest.StepRecord, files: dict[str, str]) -> str | None:
-    """Why some of a step's `files` must not be read (None: they may)."""
-    for table, name in files.items():
+def _files_problem(
+    store: Store, files: dict[str, str], identities: dict[str, str], listing: Any
+) -> str | None:
+    """Why some of `files` (key -> name; `identities` by the same keys) must not be read
+    (None: they may)."""
+    for key, name in files.items():
         try:
-            recorded = step.identities.get(table)
-            # Locally a footer costs ~50 us to check; on an object store two requests per file
-            # for every command, so there `verify` alone compares them.
-            # A local lake refuses a name reached through a link: `url`, or reading its footer.
+            recorded = identities.get(key)
+            # A local lake refuses a name reached through a link: `url`, or reading its
+            # footer, which `_changed` does for a local file with an identity (once a file).
             if recorded is None or store.local_catalog is None:
                 store.url(name)
-            elif parquet.footer_identity(store, name) != recorded:
+            if recorded is not None and _changed(store, name, recorded, listing):
                 return (
                     f"`{name}` is not the file its manifest records (its size or footer"
                     " changed); `tokenlake verify LAKE` names it"
@@ -94,25 +104,41 @@ def _files_problem(store: Store, step: manifest.StepRecord, files: dict[str, str
     return None
 
 
-def _without_unreadable_side_files(store: Store, record: manifest.RunManifest) -> str | None:
+def _changed(store: Store, name: str, recorded: str, listing: Any) -> bool:
+    """Whether the file `name` is not the one whose identity is `recorded`.
+
+    A local footer costs ~50 us to read. On an object store a footer is two requests per file
+    for every command, so there only the size is compared, as the listing the catalog build
+    makes anyway gave it; `verify` compares footers.
+    """
+    if store.local_catalog is not None:
+        return parquet.footer_identity(store, name) != recorded
+    if listing is None:
+        return False
+    found = listing.info(store.url(name))  # from the listing's cache: no request
+    if found.get("type") != "file":  # not listed: gone, as a reader finds it anyway
+        return False
+    return int(found["size"]) != int(recorded.split(":")[0])
+
+
+def _without_unservable_side_files(
+    store: Store, record: manifest.RunManifest, listing: Any
+) -> str | None:
     """Leave out of `record` (a copy) the `runs`, `vocab` and `metrics` files that must not be
-    read; returns why, if any was."""
+    read (reached through a link, or not the file written); returns why, if any was."""
     problems = []
-    if record.runs_file is not None and (found := _link_problem(store, record.runs_file)):
+    identities = record.side_identities
+
+    def problem(name: str) -> str | None:
+        return _files_problem(store, {name: name}, identities, listing)
+
+    if record.runs_file is not None and (found := problem(record.runs_file)):
         record.runs_file = None
         problems.append(found)
-    if record.vocab_file is not None and (found := _link_problem(store, record.vocab_file)):
+    if record.vocab_file is not None and (found := problem(record.vocab_file)):
         record.vocab_file = None
         problems.append(found)
-    metrics = [(name, _link_problem(store, name)) for name in record.metrics_files]
+    metrics = [(name, problem(name)) for name in record.metrics_files]
     record.metrics_files = [name for name, found in metrics if found is None]
     problems += [found for _, found in metrics if found is not None]
     return f"side files not served: {problems[0]}" if problems else None
-
-
-def _link_problem(store: Store, name: str) -> str | None:
-    try:
-        store.url(name)
-    except LakeError as exc:
-        return str(exc)
-    return None

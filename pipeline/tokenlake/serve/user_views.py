@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tokenlake.errors import SHOWN_PATH_CHARS, shown
-from tokenlake.layout import Location
 from tokenlake.serve.user_view_check import (
     NAME_RULE,
     PLAIN_NAME,
@@ -33,7 +32,6 @@ from tokenlake.serve.user_view_check import (
     reserved_names,
     view_query,
 )
-from tokenlake.store import store_at
 from tokenlake.store.base import Store, ViewFile
 
 if TYPE_CHECKING:
@@ -60,9 +58,9 @@ _SHOWN_PROBLEM_CHARS = 500
 UserViewFile = ViewFile
 
 
-def iter_user_view_files(lake: Location | Store) -> list[UserViewFile]:
+def iter_user_view_files(store: Store) -> list[UserViewFile]:
     """The user's view files, `LAKE/views/*.sql`, by name, each read once."""
-    return store_at(lake).read_user_views(MAX_USER_VIEW_BYTES + 1)
+    return store.read_user_views(MAX_USER_VIEW_BYTES + 1)
 
 
 @dataclass(frozen=True)
@@ -72,7 +70,7 @@ class _Candidate:
     query: str  # what follows `AS`, as DuckDB's parser delimits it
 
 
-def create_user_views(con: duckdb.DuckDBPyConnection, lake: Location | Store) -> list[str]:
+def create_user_views(con: duckdb.DuckDBPyConnection, store: Store) -> list[str]:
     """Create the user's views after tokenlake's; a refused one is one warning and skipped.
 
     Each is checked and bound on a sandbox first (user_view_check.py), then created on `con`.
@@ -80,7 +78,7 @@ def create_user_views(con: duckdb.DuckDBPyConnection, lake: Location | Store) ->
     Returns:
         One line per skipped file (`User view `FILE` skipped: ...`), in file name order.
     """
-    files = iter_user_view_files(lake)
+    files = iter_user_view_files(store)
     if not files:
         return []
     sandbox = open_sandbox()

@@ -3,13 +3,16 @@
 `store_at(location)` is the one place a location becomes a store (`Store`, `base.py`): a
 directory (`local.py`, walked by `nofollow.py`) or an object-store prefix (`object.py`, locked
 by `object_lock.py`); `manifest.py` is the commit point; `private_cache.py` the user's cache.
+`tokenlake.Lake` calls it once, at the front door; everything below takes the store.
+`require_lake` is the one check that a store holds a lake (and not a dump).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tokenlake.layout import Location, is_url, local_path
+from tokenlake.errors import LakeError
+from tokenlake.layout import ROLLOUT_DIR, Location, is_url, local_path
 from tokenlake.store.base import Store
 from tokenlake.store.local import LocalStore
 from tokenlake.store.object import ObjectStore
@@ -22,3 +25,21 @@ def store_at(location: Location | Store) -> Store:
     if is_url(location):
         return ObjectStore(str(location))
     return LocalStore(local_path(location))
+
+
+def is_dump(store: Store) -> bool:
+    """Whether a location holds a miles or slime dump (its `rollout_data/`): never a lake."""
+    return store.holds_folder(ROLLOUT_DIR)
+
+
+def require_lake(store: Store) -> Store:
+    """The store, if it is a lake's, else a one-line LakeError saying what the location is
+    (a dump named as one)."""
+    if is_dump(store):
+        what = " directory" if store.local_catalog is not None else ""
+        raise LakeError(
+            str(store.location),
+            f"is a miles dump (it has `{ROLLOUT_DIR}/`), not a lake; give the --lake{what} of"
+            " `tokenlake extract`",
+        )
+    return store.require()

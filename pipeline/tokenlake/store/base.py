@@ -117,7 +117,7 @@ class Store(Protocol):
 
     def require(self) -> Store:
         """This store, or a one-line LakeError saying why the location is not a lake (a dump is
-        named as one by `read.dump.require_lake`)."""
+        named as one by `tokenlake.store.require_lake`)."""
 
     def check_writable(self) -> None:
         """Refuse a lake location that is a file or holds folders not its own (overlap with

@@ -26,9 +26,8 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import MANIFEST_DIR as MANIFEST_DIR
-from tokenlake.layout import Location, check_listed, manifest_name, step_label, temporary_owner
+from tokenlake.layout import check_listed, manifest_name, step_label, temporary_owner
 from tokenlake.processes import process_alive
-from tokenlake.store import store_at
 from tokenlake.store.base import Store
 from tokenlake.store.parquet import IDENTITY
 
@@ -120,7 +119,14 @@ class RunManifest:
     # `metrics` files (one per batch of new lines) and how far each stream was read.
     metrics_files: list[str] = field(default_factory=list)
     metrics_sources: dict[str, MetricsSource] = field(default_factory=dict)
+    # Per side file listed (`runs`, `vocab`, `metrics`), its identity as written
+    # (`store.parquet.footer_identity`); a side file written before this field has none.
+    side_identities: dict[str, str] = field(default_factory=dict)
     meta_source: SourceFile | None = None  # the dashboard/meta.json the runs row was made from
+
+    def side_files(self) -> list[str]:
+        """The run's side files (`runs`, `vocab`, `metrics`) as listed."""
+        return [name for table in schema.SIDE_TABLES for name in self.files(table)]
 
     def files(self, table: str) -> list[str]:
         """Relative paths of one table's files, in step order."""
@@ -134,28 +140,26 @@ class RunManifest:
         return [s.files[table] for s in ordered if table in s.files]
 
 
-def load_manifest(lake: Location | Store, run: str) -> RunManifest | None:
+def load_manifest(store: Store, run: str) -> RunManifest | None:
     """The run's manifest, or None if the run was never extracted into this lake."""
-    store = store_at(lake)
     name = manifest_name(run)
     if not store.exists(name):
         return None
     return _load(store.label(name), lambda: store.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
 
 
-def load_all(lake: Location | Store) -> list[RunManifest]:
+def load_all(store: Store) -> list[RunManifest]:
     """Every run's manifest, by run name."""
-    return [load_listed(lake, run) for run in store_at(lake).manifest_runs()]
+    return [load_listed(store, run) for run in store.manifest_runs()]
 
 
-def leftovers(lake: Location | Store) -> list[str]:
+def leftovers(store: Store) -> list[str]:
     """Files the naming scheme made that no manifest lists (what an interrupted extraction
     left, or a file it superseded), other than temporaries a running tokenlake still writes.
 
     A damaged manifest raises (DamagedManifestError): what it lists is unknown, so nothing
     counts as a leftover then.
     """
-    store = store_at(lake)
     records = load_all(store)
     listed = {name for r in records for table in schema.LAKE_TABLES for name in r.files(table)}
     made = store.made_files()
@@ -168,9 +172,8 @@ def _in_flight(name: str) -> bool:
     return owner is not None and process_alive(owner)
 
 
-def load_listed(lake: Location | Store, run: str) -> RunManifest:
+def load_listed(store: Store, run: str) -> RunManifest:
     """A manifest `manifest_runs` listed (a hand-made bad file name fails in parsing)."""
-    store = store_at(lake)
     name = f"{MANIFEST_DIR}/{run}.json"
     return _load(store.label(name), lambda: store.read_bytes(name, MAX_MANIFEST_BYTES, _WHAT))
 
@@ -187,10 +190,14 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
     return parse_manifest(where, raw)
 
 
-def save_manifest(lake: Location | Store, manifest: RunManifest) -> None:
+def save_manifest(store: Store, manifest: RunManifest) -> None:
     """Replace the run's manifest atomically (temporary file, fsync, rename; one PUT on an
-    object store)."""
-    store_at(lake).put_bytes(
+    object store). The identities of side files it no longer lists are dropped from it."""
+    listed = set(manifest.side_files())
+    manifest.side_identities = {
+        name: identity for name, identity in manifest.side_identities.items() if name in listed
+    }
+    store.put_bytes(
         manifest_name(manifest.run),
         manifest_bytes(manifest),
         durable=True,
@@ -338,6 +345,7 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
             str(name): MetricsSource(**_fields(MetricsSource, source))
             for name, source in _object(data.get("metrics_sources", {}), "metrics_sources").items()
         },
+        side_identities=_string_map(data.get("side_identities", {}), "side_identities"),
     )
     if not isinstance(record.source_dir, str):  # verify reads it as a place
         raise TypeError("`source_dir` is not a string")
@@ -379,6 +387,15 @@ def _check_identities(step: StepRecord) -> None:
             raise ValueError(f"a step's `identities` holds {shown(table)}: {shown(identity)}")
 
 
+def _check_side_identities(record: RunManifest) -> None:
+    """A run's side-file identities are what tokenlake writes, each of a side file it lists
+    (ValueError)."""
+    listed = set(record.side_files())
+    for name, identity in record.side_identities.items():
+        if name not in listed or not IDENTITY.fullmatch(identity):
+            raise ValueError(f"its `side_identities` holds {shown(name)}: {shown(identity)}")
+
+
 def _check_own_files(record: RunManifest) -> None:
     """A manifest lists only files of its own run's partitions, each once (ValueError)."""
     listed: list[str] = []
@@ -390,8 +407,9 @@ def _check_own_files(record: RunManifest) -> None:
             if table not in step_tables:
                 raise ValueError(f"a step lists a file for {shown(table)}, not a step table")
             listed.append(check_listed(name, table, record.run, step.rollout_id))
-    for table in (schema.RUNS, schema.VOCAB, schema.METRICS):
+    for table in schema.SIDE_TABLES:
         listed += [check_listed(name, table, record.run) for name in record.files(table)]
+    _check_side_identities(record)
     seen: set[str] = set()
     for name in listed:  # the same file twice would count its rows twice
         if name in seen:  # a path: shown whole, as the user must find it

@@ -74,6 +74,11 @@ class ObjectStore:
     def __repr__(self) -> str:
         return f"ObjectStore({self.location!r})"
 
+    def __reduce__(self) -> tuple[type[ObjectStore], tuple[str]]:
+        """Pickled as the URL it was opened with, so a worker process (a pool's, a Ray task's)
+        opens its own filesystem: a filesystem's connections and caches are this process's."""
+        return ObjectStore, (self._given,)
+
     # -- names -----------------------------------------------------------------------------
 
     @property

@@ -58,15 +58,15 @@ def lease_seconds() -> float:
 
 
 @contextmanager
-def held_lock(lake: ObjectStore, relative: str) -> Iterator[None]:
+def held_lock(store: ObjectStore, relative: str) -> Iterator[None]:
     """Hold the lake's writer lock for the block; registered so `check_held` finds it."""
-    lock = _LeaseLock(lake, relative)
+    lock = _LeaseLock(store, relative)
     lock.acquire()
-    _HELD[lake.location] = lock
+    _HELD[store.location] = lock
     try:
         yield
     finally:
-        del _HELD[lake.location]
+        del _HELD[store.location]
         lock.release()
 
 
@@ -84,9 +84,9 @@ _HELD: dict[str, _LeaseLock] = {}
 class _LeaseLock:
     """`_manifest/.tokenlake.lock`: holder, token and lease end, renewed by a thread."""
 
-    def __init__(self, lake: ObjectStore, relative: str) -> None:
-        self.lake = lake
-        self.key = lake.key(relative)
+    def __init__(self, store: ObjectStore, relative: str) -> None:
+        self.store = store
+        self.key = store.key(relative)
         self.token = uuid.uuid4().hex
         self.lease = lease_seconds()
         self.etag: str | None = None
@@ -115,20 +115,20 @@ class _LeaseLock:
     def _claim(self) -> None:
         """Create the lock object, or take over a stale one; `etag` is then ours."""
         try:
-            with self.lake.fs.open(self.key, "xb") as handle:
+            with self.store.fs.open(self.key, "xb") as handle:
                 handle.write(self._body())
         except FileExistsError:
             self._take_over_if_stale()
             return
         except (NotImplementedError, ValueError, TypeError) as exc:
             raise LakeError(
-                self.lake.location,
+                self.store.location,
                 f"its store does not support conditional writes ({exc}), so tokenlake cannot"
                 " keep two writers apart; it writes only to stores that do (S3 and S3-compatible"
                 " stores with If-None-Match)",
             ) from exc
         except OSError as exc:
-            raise self.lake.error(f"{MANIFEST_DIR}/{LOCK_FILE}", "cannot be written", exc) from exc
+            raise self.store.error(f"{MANIFEST_DIR}/{LOCK_FILE}", "cannot be written", exc) from exc
         self.etag = self._info()["ETag"]
 
     def _own_etag(self, put: Any) -> str:
@@ -140,16 +140,16 @@ class _LeaseLock:
         return str(self._info()["ETag"])
 
     def _info(self) -> dict[str, Any]:
-        self.lake.fs.invalidate_cache()
-        return dict(self.lake.fs.info(self.key))
+        self.store.fs.invalidate_cache()
+        return dict(self.store.fs.info(self.key))
 
     def _held(self) -> Any:
         """The lock object's JSON; one larger than `MAX_LOCK_BYTES` (ours are ~200 bytes) or
         nested past 8 levels is a ValueError, as unreadable JSON is."""
-        size = int(self.lake.fs.size(self.key))
+        size = int(self.store.fs.size(self.key))
         if size > MAX_LOCK_BYTES:
             raise ValueError(f"it is {size:,} bytes, more than {MAX_LOCK_BYTES:,}")
-        return bounded.loads(self.lake.fs.cat_file(self.key, start=0, end=MAX_LOCK_BYTES + 1), 8)
+        return bounded.loads(self.store.fs.cat_file(self.key, start=0, end=MAX_LOCK_BYTES + 1), 8)
 
     def _take_over_if_stale(self) -> None:
         info: dict[str, Any] = {}
@@ -167,7 +167,7 @@ class _LeaseLock:
         if time.time() < expires and not gone:
             until = datetime.fromtimestamp(expires, timezone.utc).strftime("%H:%M:%S UTC")
             raise LakeError(
-                self.lake.location,
+                self.store.location,
                 f"another tokenlake extraction is writing to it ({held.get('holder')}, lease"
                 f" until {until}); wait for it to finish",
             )
@@ -175,11 +175,11 @@ class _LeaseLock:
             if not info.get("ETag"):
                 raise OSError("its ETag cannot be read")
             self.etag = self._own_etag(
-                self.lake.fs.pipe_file(self.key, self._body(), IfMatch=info["ETag"])
+                self.store.fs.pipe_file(self.key, self._body(), IfMatch=info["ETag"])
             )
         except (OSError, TypeError) as exc:
             raise LakeError(
-                self.lake.location,
+                self.store.location,
                 f"its writer lock `{MANIFEST_DIR}/{LOCK_FILE}` is stale ({held.get('holder')})"
                 f" but cannot be taken over ({exc}); delete that object if no extraction runs",
             ) from exc
@@ -194,7 +194,7 @@ class _LeaseLock:
         """Extend the lease once, on the lock's own ETag; False (and `lost` says why) if not."""
         try:
             self.etag = self._own_etag(
-                self.lake.fs.pipe_file(self.key, self._body(), IfMatch=self.etag)
+                self.store.fs.pipe_file(self.key, self._body(), IfMatch=self.etag)
             )
         except Exception as exc:  # noqa: BLE001 - any failure means the lease may be lost
             self.lost = f"its lease could not be renewed ({str(exc)[:200]})"
@@ -204,7 +204,7 @@ class _LeaseLock:
     def check(self) -> None:
         if self.lost is not None:
             raise LakeError(
-                self.lake.location,
+                self.store.location,
                 f"this extraction lost its writer lock: {self.lost}; nothing more is committed."
                 " Extract again",
             )
@@ -218,6 +218,6 @@ class _LeaseLock:
         try:  # delete only our own lock
             held = self._held()
             if isinstance(held, dict) and held.get("token") == self.token:
-                self.lake.fs.rm_file(self.key)
+                self.store.fs.rm_file(self.key)
         except (OSError, ValueError) as exc:
-            log.warning("writer lock of %s not released: %s", self.lake.location, exc)
+            log.warning("writer lock of %s not released: %s", self.store.location, exc)

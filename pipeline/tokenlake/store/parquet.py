@@ -117,6 +117,22 @@ def footer_identity(store: Store, name: str) -> str:
     return f"{size}:{hashlib.blake2b(footer + tail, digest_size=16).hexdigest()}"
 
 
+def identity_change(store: Store, name: str, recorded: str) -> str | None:
+    """How the lake file `name` differs from the one whose identity its manifest `recorded`
+    as written (None: it is that file).
+
+    Raises:
+        UnreadableLakeFile: The file cannot be read, or ends in no Parquet footer.
+    """
+    found = footer_identity(store, name)
+    if found == recorded:
+        return None
+    size, found_size = recorded.split(":")[0], found.split(":")[0]
+    if size != found_size:
+        return f"changed since it was written: {int(found_size):,} bytes, written {int(size):,}"
+    return "changed since it was written: its footer is not the one written"
+
+
 def statistics_disagreement(store: Store, name: str, rows: pa.Table) -> str | None:
     """Where the footer's statistics of a lake file disagree with `rows`, its pages as
     `read_table` decoded them (None: they agree). Readers skip row groups by these statistics

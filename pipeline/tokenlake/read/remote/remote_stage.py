@@ -7,7 +7,8 @@ never inside the lake or the dump:
 - every object under `rollout_data/`, `train_data/`, `trajectory/` and prime-rl's
   `token_exports/` (and NeMo-RL's `train_data_step{N}.jsonl` / `val_data_step{N}.jsonl` at the
   top) becomes a *sparse placeholder*: an empty file truncated to the object's size, its mtime the object's
-  LastModified; it costs no disk and is never read (a step's objects are downloaded apart,
+  LastModified to the second with a digest of its ETag below the second (`version_stamp_ns`);
+  it costs no disk and is never read (a step's objects are downloaded apart,
   see `remote_dump.hydrated`);
 - the small side files under `tokenizer/` and `dashboard/`, and prime-rl's `metrics.jsonl` at
   the top, are downloaded whole (again only
@@ -70,6 +71,7 @@ _PRIVATE_PREFIX = ".tokenlake-"  # temporaries and private download folders
 _TEMPORARY = re.compile(r"^\.tokenlake-(\d+)-[0-9a-f]{8}\.tmp$")  # as `temporary_path` names
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = datetime.resolution  # timedelta(microseconds=1)
+_SECOND_NS = 1_000_000_000
 
 DumpLocation = Path | str
 
@@ -225,7 +227,7 @@ def _listing(fs: Any, base: str, url: str) -> dict[str, tuple[int, int]]:
     for key, info in found.items():
         name = str(key)[len(base) + 1 :] if str(key).startswith(f"{base}/") else ""
         if _wanted(name) and info.get("type", "file") == "file":
-            listed[name] = (int(info.get("size") or 0), _mtime_ns(info))
+            listed[name] = (int(info.get("size") or 0), version_stamp_ns(info))
     return listed
 
 
@@ -253,6 +255,29 @@ def _read_per_step(name: str) -> bool:
     """A file a step reads (a placeholder until then): `.pt` files, trajectories, and
     NeMo-RL's logged batches at the top of the prefix."""
     return name.split("/", 1)[0] in PLACEHOLDER_DIRS or is_log_name(name)
+
+
+def version_stamp_ns(info: dict[str, Any]) -> int:
+    """The staged file's mtime: the object's LastModified to the second, and below the second
+    a digest of its ETag when the store gives one.
+
+    S3 lists LastModified to the second, so an object rewritten within the second it was
+    listed in would keep its stamp and pass as unchanged; its ETag (the content's MD5 for a
+    plain upload) changes with the bytes. The fingerprint (name, size, mtime) then sees it.
+
+    Examples:
+        >>> listed = {"LastModified": datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)}
+        >>> first = version_stamp_ns({**listed, "ETag": '"a"'})
+        >>> second = version_stamp_ns({**listed, "ETag": '"b"'})
+        >>> first // 10**9 == second // 10**9 == version_stamp_ns(listed) // 10**9, first != second
+        (True, True)
+    """
+    modified = _mtime_ns(info)
+    tag = info.get("ETag") or info.get("etag")
+    if not tag:
+        return modified
+    digest = hashlib.blake2b(str(tag).encode(), digest_size=8).digest()
+    return modified - modified % _SECOND_NS + int.from_bytes(digest, "big") % _SECOND_NS
 
 
 def _mtime_ns(info: dict[str, Any]) -> int:

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import UsageError
 from tokenlake.serve import audit, sql_views
 from tokenlake.serve import report_data as rd
+from tokenlake.serve.explore.kept import Kept, Row, StepKey
 from tokenlake.serve.run_colours import run_colours
 
 if TYPE_CHECKING:
     import duckdb
+
+    from tokenlake.store import manifest
 
 Rows = list[dict[str, Any]]
 
@@ -55,11 +59,6 @@ def run_names(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [str(r[0]) for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall()]
 
 
-def colours(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
-    """Each run's colour on every chart (`run_colours`, from every run of the lake)."""
-    return run_colours(run_names(con))
-
-
 def _known(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str]:
     known = run_names(con)
     for name in runs:
@@ -68,9 +67,31 @@ def _known(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str]:
     return sorted(set(runs))
 
 
+def kept_rows(con: duckdb.DuckDBPyConnection, records: list[manifest.RunManifest]) -> Kept:
+    """What the pages reuse (`Kept`), from the catalog `con` reads and the manifests it was
+    built from (as served)."""
+    runs = tuple(run_names(con))
+    steps: dict[str, list[Row]] = {name: [] for name in runs}
+    for step in rows(con, "SELECT DISTINCT run, rollout_id, evaluation FROM samples ORDER BY ALL"):
+        steps.setdefault(step.pop("run"), []).append(step)
+    return Kept(
+        runs=runs,
+        steps=steps,
+        step_stats=_by_step(rows(con, "SELECT * FROM step_stats")),
+        drift_steps=_by_step(rows(con, "SELECT * FROM drift_steps")),
+        step_datasets=rd.step_datasets(con, rd.Selection(runs)),
+        records=records,
+    )
+
+
+def _by_step(found: Rows) -> dict[StepKey, Row]:
+    return {(str(row["run"]), int(row["rollout_id"])): row for row in found}
+
+
 def runs_page(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    """Every run: its metadata and tags, steps, samples, tokens, reward, headline drift, and
-    the audits it fails."""
+    """Every run: its metadata and tags, steps, samples, tokens, reward and headline drift.
+    The audits it fails are `failing_audits`, which the server runs apart (they take longer
+    than the rest of the page together)."""
     names = run_names(con)
     sel = rd.Selection(tuple(names))
     overview = {r["run"]: r for r in rd.runs_overview(con, sel)}
@@ -83,12 +104,10 @@ def runs_page(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
             " wandb_project, wandb_run_id, tags_json FROM runs ORDER BY run",
         )
     }
-    failing = failing_audits(con)
     runs = []
     for name in names:
         row = {**meta[name], **overview.get(name, {}), **summary.get(name, {})}
         row["tags"] = _tags(row.pop("tags_json", None))
-        row["audits"] = failing.get(name, [])
         runs.append(row)
     return {"runs": runs, "colours": run_colours(names)}
 
@@ -101,10 +120,18 @@ def _tags(text: str | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in parsed.items()} if isinstance(parsed, dict) else {}
 
 
-def failing_audits(con: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
-    """Per run, each audit with offending rows: name, severity, rows."""
+def failing_audits(
+    con: duckdb.DuckDBPyConnection, stopped: Callable[[], bool] = lambda: False
+) -> dict[str, list[dict[str, Any]]]:
+    """Per run, each audit with offending rows: name, severity, rows.
+
+    Raises:
+        UsageError: `stopped()` became true (checked before each audit file).
+    """
     found: dict[str, list[dict[str, Any]]] = {}
     for path in sql_views.iter_audit_files():
+        if stopped():
+            raise UsageError("The audits were stopped.")
         text = path.read_text(encoding="utf-8").strip().rstrip(";")
         columns = [c[0] for c in con.execute(f"SELECT * FROM ({text}) LIMIT 0").description]
         if "run" not in columns:
@@ -117,13 +144,19 @@ def failing_audits(con: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, A
     return found
 
 
-def steps_page(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, Any]:
-    """Per step of the chosen runs: reward health, eval reward, drift, the logged metrics,
-    and the alarm thresholds."""
-    chosen = _known(con, runs)
+def steps_page(con: duckdb.DuckDBPyConnection, kept: Kept, runs: Sequence[str]) -> dict[str, Any]:
+    """Per step of the chosen runs: reward health, eval reward, drift (from `kept`, the
+    catalog version `con` reads), the logged metrics, and the alarm thresholds."""
+    for name in runs:
+        if name not in kept.runs:
+            raise UsageError(f"The lake has no run {json.dumps(name)}.")
+    chosen = sorted(set(runs))
     if not chosen:
         raise UsageError("Choose at least one run.")
-    datasets = rd.step_datasets(con, rd.Selection(tuple(chosen)))
+    datasets = {
+        name: [row for row in found if row["run"] in chosen]
+        for name, found in kept.step_datasets.items()
+    }
     holes = ", ".join("?" for _ in chosen)
     metrics = rows(
         con,
@@ -133,8 +166,8 @@ def steps_page(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str,
     )
     return {
         "runs": chosen,
-        "all_runs": run_names(con),
-        "colours": colours(con),
+        "all_runs": list(kept.runs),
+        "colours": run_colours(list(kept.runs)),
         **datasets,
         "metrics": metrics,
         "settings": rd.settings(con),
@@ -142,11 +175,13 @@ def steps_page(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str,
 
 
 def step_page(
-    con: duckdb.DuckDBPyConnection, run: str, step: int, evaluation: bool
+    con: duckdb.DuckDBPyConnection, kept: Kept, run: str, step: int, evaluation: bool
 ) -> dict[str, Any]:
     """One step: its numbers, every sample (with its drift), its groups and its drift
-    breakdowns."""
-    _known(con, [run])
+    breakdowns. Its `step_stats` and `drift_steps` rows and the run's steps come from `kept`
+    (the catalog version `con` reads)."""
+    if run not in kept.runs:
+        raise UsageError(f"The lake has no run {json.dumps(run)}.")
     key = [run, step]
     samples = rows(
         con,
@@ -160,18 +195,13 @@ def step_page(
     )
     if not samples:
         raise UsageError(f"Run {json.dumps(run)} has no {_kind(evaluation)} step {step}.")
-    numbers = _one(con, "SELECT * FROM step_stats WHERE run = ? AND rollout_id = ?", key)
-    drift = _one(con, "SELECT * FROM drift_steps WHERE run = ? AND rollout_id = ?", key)
+    numbers = kept.step_stats.get((run, step))
+    drift = kept.drift_steps.get((run, step))
     groups = rows(
         con,
         "SELECT * FROM group_stats WHERE run = ? AND rollout_id = ? AND evaluation = ?"
         " ORDER BY group_index",
         [*key, evaluation],
-    )
-    steps = rows(
-        con,
-        "SELECT DISTINCT rollout_id, evaluation FROM samples WHERE run = ? ORDER BY ALL",
-        [run],
     )
     return {
         "run": run,
@@ -182,8 +212,18 @@ def step_page(
         "samples": samples,
         "groups": groups,
         "breakdowns": {} if evaluation else _breakdowns(con, key),
-        "steps": steps,
+        "steps": kept.steps.get(run, []),
     }
+
+
+def read_only_step(con: duckdb.DuckDBPyConnection, queries: dict[str, str]) -> None:
+    """Make `con` read one step's files: each base view and stored rollup of
+    `catalog.step_view_queries` as a TEMP view of this connection, which the catalog's views
+    read in place of their own (other connections are untouched)."""
+    for name, query in queries.items():
+        if not re.fullmatch(r"[a-z_]+", name):  # tokenlake's own table names only
+            raise ValueError(f"not a table of the lake: {name!r}")
+        con.execute(f"CREATE TEMP VIEW {name} AS {query}")
 
 
 def _kind(evaluation: bool) -> str:

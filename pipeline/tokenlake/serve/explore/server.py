@@ -28,17 +28,17 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import LakeError, PipelineError, UsageError
-from tokenlake.layout import Location
 from tokenlake.serve import catalog
-from tokenlake.serve.explore import console, data
+from tokenlake.serve.explore import console, data, kept
 from tokenlake.serve.query import format_table
-from tokenlake.store import store_at
+from tokenlake.serve.served import served_records
+from tokenlake.store import manifest
 from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
@@ -56,6 +56,16 @@ PAGE_SECONDS = 120.0
 # How often the catalog's identity is looked at (an object store answers over the network).
 STAMP_EVERY_SECONDS = 2.0
 THREADS = 4
+# The audits of one catalog version, run once in the background: every audit file over the
+# whole lake (seconds on a large one), stopped only by this.
+AUDIT_SECONDS = 1800.0
+# On a console download cut at the row limit: the limit (the query had more rows).
+TRUNCATED_HEADER = "X-Tokenlake-Truncated"
+# How long a stopping server waits for its interrupted audits to let go of DuckDB.
+AUDIT_STOP_SECONDS = 30.0
+AUDITS_COMPUTING = "computing"
+AUDITS_READY = "ready"
+AUDITS_FAILED = "failed"
 
 # Scripts only from the server itself (no inline script can run, whatever a lake's text holds);
 # 'unsafe-eval' because Vega compiles its chart expressions into functions.
@@ -171,17 +181,21 @@ PAGE_PATHS = (
 class Explorer:
     """The aiohttp application over one lake."""
 
-    def __init__(self, lake: ServedLake, options: ServeOptions, token: str | None) -> None:
-        self.lake = lake
+    def __init__(self, served: ServedLake, options: ServeOptions, token: str | None) -> None:
+        self.served = served
         self.options = options
         self.token = token
         self.port = options.port
         self.pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="tokenlake-serve")
         self.console = console.Console()
-        # The runs page, by the catalog version it was read from: it reads every run and runs
-        # every audit (hundreds of milliseconds on the bench lake), and changes only with the
-        # catalog, whose new version reads it again.
+        # The runs page without its audits, by the catalog version it was read from: it reads
+        # every run, and changes only with the catalog, whose new version reads it again.
         self._runs_page: tuple[int, Any] | None = None
+        self.kept = kept.KeptByVersion()
+        # The audits of the latest catalog version: started by its first runs page, on a
+        # thread of their own so that no page waits for them.
+        self._audits_lock = threading.Lock()
+        self._audits: _AuditRun | None = None
         self.assets = _assets()
         self.page = _asset_bytes("explore.html")
 
@@ -207,6 +221,15 @@ class Explorer:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        with self._audits_lock:
+            running = self._audits
+        if running is not None:
+            # Stopped and waited for before the catalog's connection closes: a DuckDB query
+            # still running on a closed database (or at the interpreter's exit) aborts the
+            # process.
+            running.stop()
+            if running.thread is not None:
+                running.thread.join(timeout=AUDIT_STOP_SECONDS)
         self.console.close()
 
     # --- what every request meets ----------------------------------------------------------
@@ -282,25 +305,17 @@ class Explorer:
     async def _answer(
         self,
         request: web.Request,
-        compute: Callable[[duckdb.DuckDBPyConnection], Any],
+        compute: Callable[[duckdb.DuckDBPyConnection, int], Any],
         seconds: float = PAGE_SECONDS,
-        per_version: bool = False,
     ) -> web.StreamResponse:
-        """`compute` on a cursor in the pool, as JSON; a refusal or error as `{"error": line}`.
-        `per_version`: the runs page, kept until the catalog changes."""
+        """`compute(cursor, catalog version)` in the pool, as JSON; a refusal or error as
+        `{"error": line}`."""
         from aiohttp import web
 
         def work() -> Any:
-            cursor, version = self.lake.versioned_cursor()
-            kept = self._runs_page
-            if per_version and kept is not None and kept[0] == version:
-                cursor.close()
-                return kept[1]
+            cursor, version = self.served.versioned_cursor()
             with _limited(cursor, seconds) as limited:
-                result = compute(limited)
-            if per_version:
-                self._runs_page = (version, result)
-            return result
+                return compute(limited, version)
 
         try:
             result = await asyncio.get_running_loop().run_in_executor(self.pool, work)
@@ -318,12 +333,68 @@ class Explorer:
             return result
         return _json(result)
 
+    def _kept(self, cursor: duckdb.DuckDBPyConnection, version: int) -> kept.Kept:
+        def read() -> kept.Kept:
+            records, _ = served_records(self.served.store, manifest.load_all(self.served.store))
+            return data.kept_rows(cursor, records)
+
+        return self.kept.get(version, read)
+
+    def _step_answer(
+        self, cursor: duckdb.DuckDBPyConnection, version: int, run: str, step: int, evaluation: bool
+    ) -> dict[str, Any]:
+        """The step page, its queries planned over that step's files only: a view over every
+        file of the lake costs time in proportion to the lake's files to plan."""
+        rows = self._kept(cursor, version)
+        queries = catalog.step_view_queries(self.served.store, rows.records, run, step, evaluation)
+        data.read_only_step(cursor, queries)
+        return data.step_page(cursor, rows, run, step, evaluation)
+
+    def _runs_answer(self, cursor: duckdb.DuckDBPyConnection, version: int) -> dict[str, Any]:
+        """The runs page of this catalog version (kept), with the audits if they are done."""
+        page = self._runs_page
+        if page is None or page[0] != version:
+            page = (version, data.runs_page(cursor))
+            self._runs_page = page
+        # Started once the page is read: on a new catalog, the two would share the CPU.
+        return _with_audits(page[1], self._audits_of(version))
+
+    def _audits_of(self, version: int) -> Future[dict[str, Any]]:
+        """The audits of this catalog version, started in the background if they are not (an
+        older version's, still running, are stopped: no page will show them)."""
+        with self._audits_lock:
+            if self._audits is not None and self._audits.version >= version:
+                return self._audits.result
+            if self._audits is not None:
+                self._audits.stop()
+            # A connection of its own (a cursor serves one thread); the catalog may have
+            # changed since the page's cursor was taken: the audits are then that newer one's.
+            cursor, own_version = self.served.versioned_cursor()
+            run = _AuditRun(own_version, cursor)
+            self._audits = run
+            run.thread = threading.Thread(target=self._audit, args=(run,), name="tokenlake-audits")
+            run.thread.start()
+            return run.result
+
+    def _audit(self, run: _AuditRun) -> None:
+        """Every audit's failing runs, and the kept rows of the version on the way: the step
+        pages that follow find them read."""
+        try:
+            with _limited(run.cursor, AUDIT_SECONDS) as limited:
+                self._kept(limited, run.version)
+                run.result.set_result(data.failing_audits(limited, run.stopped.is_set))
+        except BaseException as exc:  # noqa: BLE001 - shown by the runs page, as one line
+            run.result.set_exception(exc)
+
     async def _runs(self, request: web.Request) -> web.StreamResponse:
-        return await self._answer(request, data.runs_page, per_version=True)
+        return await self._answer(request, self._runs_answer)
 
     async def _steps(self, request: web.Request) -> web.StreamResponse:
         runs = [name for name in request.query.get("runs", "").split(",") if name]
-        return await self._answer(request, lambda cursor: data.steps_page(cursor, runs))
+        return await self._answer(
+            request,
+            lambda cursor, version: data.steps_page(cursor, self._kept(cursor, version), runs),
+        )
 
     async def _step(self, request: web.Request) -> web.StreamResponse:
         query = request.query
@@ -331,7 +402,8 @@ class Explorer:
         if step is None:
             return _json({"error": "Give the step as a whole number."}, 400)
         return await self._answer(
-            request, lambda cursor: data.step_page(cursor, run, step, evaluation)
+            request,
+            lambda cursor, version: self._step_answer(cursor, version, run, step, evaluation),
         )
 
     async def _sample(self, request: web.Request) -> web.StreamResponse:
@@ -341,15 +413,15 @@ class Explorer:
         if step is None or position is None:
             return _json({"error": "Give the step and the batch position as whole numbers."}, 400)
         return await self._answer(
-            request, lambda cursor: data.sample_page(cursor, run, step, position, evaluation)
+            request, lambda cursor, _: data.sample_page(cursor, run, step, position, evaluation)
         )
 
     async def _version(self, request: web.Request) -> web.StreamResponse:
-        def version(cursor: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+        def version(cursor: duckdb.DuckDBPyConnection, _: int) -> dict[str, Any]:
             found = cursor.execute(
                 "SELECT count(*) FROM (SELECT DISTINCT run, rollout_id, evaluation FROM samples)"
             ).fetchall()
-            return {"version": self.lake.version, "steps": found[0][0] if found else 0}
+            return {"version": self.served.version, "steps": found[0][0] if found else 0}
 
         return await self._answer(request, version)
 
@@ -361,20 +433,78 @@ class Explorer:
             return _json({"error": "Give format json, csv or parquet."}, 400)
         options = self.options
 
-        def run(cursor: duckdb.DuckDBPyConnection) -> Any:
-            self.console.check(sql, self.lake.relations)
+        def run(cursor: duckdb.DuckDBPyConnection, _: int) -> Any:
+            self.console.check(sql, self.served.relations)
             result = console.run_limited(cursor, sql, options.query_rows, options.query_seconds)
             if fmt == "json":
                 return _table_json(result, options.query_rows)
             rendered = format_table(result.table, fmt)
             body = rendered.encode("utf-8") if isinstance(rendered, str) else rendered
             kind = "text/csv" if fmt == "csv" else "application/vnd.apache.parquet"
-            disposition = f'attachment; filename="tokenlake-query.{fmt}"'
-            return web.Response(
-                body=body, headers={"Content-Type": kind, "Content-Disposition": disposition}
-            )
+            name = download_name(fmt, options.query_rows if result.truncated else None)
+            headers = {
+                "Content-Type": kind,
+                "Content-Disposition": f'attachment; filename="{name}"',
+            }
+            if result.truncated:
+                headers[TRUNCATED_HEADER] = str(options.query_rows)
+            return web.Response(body=body, headers=headers)
 
         return await self._answer(request, run, seconds=options.query_seconds + 5)
+
+
+def download_name(fmt: str, cut_at: int | None) -> str:
+    """A console download's file name; one cut at the row limit says so in its name.
+
+    Examples:
+        >>> download_name("csv", None), download_name("parquet", 10000)
+        ('tokenlake-query.csv', 'tokenlake-query-first-10000-rows.parquet')
+    """
+    return (
+        f"tokenlake-query.{fmt}" if cut_at is None else f"tokenlake-query-first-{cut_at}-rows.{fmt}"
+    )
+
+
+@dataclass
+class _AuditRun:
+    """One catalog version's audits, running on a thread of their own."""
+
+    version: int
+    cursor: duckdb.DuckDBPyConnection
+    result: Future[dict[str, Any]] = field(default_factory=Future)
+    stopped: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def stop(self) -> None:
+        """Stop after the running query, which is interrupted now."""
+        self.stopped.set()
+        if not self.result.done():
+            self.cursor.interrupt()
+
+
+def _with_audits(page: dict[str, Any], audits: Future[dict[str, Any]]) -> dict[str, Any]:
+    """The runs page with each run's failing audits once they are computed; until then each
+    run's `audits` is None and the page's `audits.state` says why."""
+    if not audits.done():
+        state: dict[str, Any] = {"state": AUDITS_COMPUTING}
+        failing: dict[str, Any] | None = None
+    elif audits.exception() is not None:
+        state = {"state": AUDITS_FAILED, "error": _audit_failure(audits.exception())}
+        failing = None
+    else:
+        state, failing = {"state": AUDITS_READY}, audits.result()
+    runs = [
+        {**row, "audits": None if failing is None else failing.get(row["run"], [])}
+        for row in page["runs"]
+    ]
+    return {**page, "runs": runs, "audits": state}
+
+
+def _audit_failure(exc: BaseException | None) -> str:
+    if isinstance(exc, (UsageError, PipelineError)):
+        return str(exc)
+    log.error("the explorer's audits failed: %s", _first(exc) if exc else "")
+    return f"the audits failed ({type(exc).__name__})"
 
 
 @contextmanager
@@ -459,7 +589,7 @@ def _url(host: str, port: int, token: str | None) -> str:
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 
 
-def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Running:
+def start(store: Store, options: ServeOptions = ServeOptions()) -> Running:
     """Start the explorer on a thread of its own; returns once it answers.
 
     Raises:
@@ -468,7 +598,7 @@ def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Run
     """
     from aiohttp import web
 
-    served = ServedLake(store_at(lake))
+    served = ServedLake(store)
     served.cursor().close()  # the catalog now: a lake that cannot be read fails here
     sock = _bind(options)
     port = sock.getsockname()[1]
@@ -493,11 +623,9 @@ def start(lake: Location | Store, options: ServeOptions = ServeOptions()) -> Run
     return Running(_url(options.host, port, token), stop)
 
 
-def serve_forever(
-    lake: Location | Store, options: ServeOptions, announce: Callable[[str], None]
-) -> None:
+def serve_forever(store: Store, options: ServeOptions, announce: Callable[[str], None]) -> None:
     """Serve until Ctrl-C (`tokenlake serve`), announcing the URL once."""
-    running = start(lake, options)
+    running = start(store, options)
     try:
         announce(running.url)
         threading.Event().wait()

@@ -138,6 +138,11 @@
   }
 
   // --- pages ----------------------------------------------------------------------------
+  // What the runs page says of its audits while they run (the server runs them once per
+  // catalog, in the background) or when they failed.
+  const AUDITS_COMPUTING = "audits: computing (this catalog's audits run once, in the background)";
+  const AUDIT_POLL_MS = 1000;
+
   async function runsPage() {
     crumbs([["runs", null]]);
     const data = await api("/api/runs");
@@ -160,14 +165,50 @@
         if (c === "") return el("input", { type: "checkbox", "aria-label": "compare " + row.run,
           checked: chosen.has(row.run), onchange: (e) => { e.target.checked ? chosen.add(row.run) : chosen.delete(row.run); updateCompare(); } });
         if (c === "run") return el("span", {}, swatch(row.run), el("a", { href: runPath(row.run), class: "run-link" }, row.run));
-        if (c === "audits") return row.audits.length ? row.audits.map((a) => el("span", { class: "badge " + a.severity, title: a.rows + " row(s)" }, a.name)) : "none";
+        if (c === "audits") return el("span", { class: "audits", "data-run": row.run }, auditBadges(row.audits, data.audits.state));
         if (c === "tags") return Object.entries(row.tags).map(([k, v]) => k + "=" + v).join(", ");
         return fmt(row[c]);
       },
     }));
     main.appendChild(el("p", {}, compare));
     main.appendChild(el("p", { class: "note" }, "mean_abs_lp_diff and k3_kl: over every drift token of the run (drift_steps, weighted by tokens); reward_mean: raw_reward over its training samples; audits: those with offending rows for the run."));
+    const state = el("p", { class: "note", id: "audits-state" });
+    main.appendChild(state);
+    showAudits(state, data.audits);
     updateCompare();
+    if (data.audits.state === "computing") followAudits(state);
+  }
+
+  // A run's failing audits as badges; null while they are computed (or when they failed).
+  function auditBadges(audits, state) {
+    if (audits === null) return el("span", { class: "audits-pending" }, state);
+    return audits.length ? audits.map((a) => el("span", { class: "badge " + a.severity, title: a.rows + " row(s)" }, a.name)) : "none";
+  }
+
+  function showAudits(state, audits) {
+    document.documentElement.dataset.audits = audits.state;
+    if (audits.state === "computing") state.textContent = AUDITS_COMPUTING;
+    else if (audits.state === "failed") state.textContent = "audits: " + audits.error;
+    else state.textContent = "";
+    state.hidden = audits.state === "ready";
+  }
+
+  // Asks again until the audits are done, then fills the audits column in place (the rest of
+  // the page stays as the user left it: ticked runs, scroll).
+  async function followAudits(state) {
+    while (state.isConnected) {
+      await new Promise((done) => setTimeout(done, AUDIT_POLL_MS));
+      let data;
+      try { data = await api("/api/runs"); } catch (e) { continue; }
+      if (data.audits.state === "computing") continue;
+      for (const row of data.runs) {
+        const cell = [...document.querySelectorAll("span.audits")].find((c) => c.dataset.run === row.run);
+        if (!cell) continue;
+        cell.replaceChildren(...[].concat(auditBadges(row.audits, data.audits.state)));
+      }
+      showAudits(state, data.audits);
+      return;
+    }
   }
 
   async function stepsPage(runs, title) {
@@ -473,12 +514,17 @@
       const names = result.columns.map((c) => c.name);
       const rows = result.rows.map((r) => Object.fromEntries(names.map((n, i) => [n, r[i]])));
       out.append(el("p", { class: "controls" }, result.rows.length + " row(s)" + (result.truncated ? ", cut at the limit of " + result.limit : ""),
-        el("a", { href: "/api/sql?" + new URLSearchParams({ q, format: "csv" }), download: "tokenlake-query.csv" }, "CSV"),
-        el("a", { href: "/api/sql?" + new URLSearchParams({ q, format: "parquet" }), download: "tokenlake-query.parquet" }, "Parquet")),
+        el("a", { href: "/api/sql?" + new URLSearchParams({ q, format: "csv" }), download: downloadName("csv", result) }, "CSV"),
+        el("a", { href: "/api/sql?" + new URLSearchParams({ q, format: "parquet" }), download: downloadName("parquet", result) }, "Parquet")),
         table(names, rows));
     } catch (e) {
       out.append(el("p", { class: "error", id: "sql-error" }, e.message));
     }
+  }
+
+  // The server's name for a console download (server.download_name): a cut one says so.
+  function downloadName(format, result) {
+    return result.truncated ? "tokenlake-query-first-" + result.limit + "-rows." + format : "tokenlake-query." + format;
   }
 
   // --- live: offer the steps an extraction commits meanwhile -----------------------------
