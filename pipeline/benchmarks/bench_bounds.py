@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tokenlake import tags
+from tokenlake import Lake, tags
 from tokenlake.read import dashboard, nemo_rl, prime_rl, trajectory, vocab
 from tokenlake.read.remote import remote_stage
 from tokenlake.serve import user_views
@@ -505,9 +505,9 @@ def identity_costs(work: Path, steps: int) -> list[str]:
     """What readers' identity checks cost on a lake of `steps` small steps (4 samples, DP 2):
     every listed file's footer read and compared, the whole choice of what is served (links
     included), against a whole `query SELECT 1`. Best of 3 each."""
+    from tokenlake import Lake
     from tokenlake.generator import synth
     from tokenlake.serve.served import served_records
-    from tokenlake.store import store_at
 
     dump, lake = work / "identities" / "dump", work / "identities" / "lake"
     shutil.rmtree(dump.parent, ignore_errors=True)
@@ -519,7 +519,7 @@ def identity_costs(work: Path, steps: int) -> list[str]:
     done = run_measured(_extract(dump, lake), env)
     if done.code != 0:
         raise SystemExit(f"bench-bounds: extracting {steps} steps failed:\n{done.output}")
-    store = store_at(lake)
+    store = Lake(lake).store
     records = manifest.load_all(store)
     listed = [
         (name, recorded)
