@@ -505,7 +505,6 @@ def identity_costs(work: Path, steps: int) -> list[str]:
     """What readers' identity checks cost on a lake of `steps` small steps (4 samples, DP 2):
     every listed file's footer read and compared, the whole choice of what is served (links
     included), against a whole `query SELECT 1`. Best of 3 each."""
-    from tokenlake import Lake
     from tokenlake.generator import synth
     from tokenlake.serve.served import served_records
 

@@ -51,9 +51,11 @@ TOKENLAKE_MACROS = {
     "outliers_kept",
     "k3_term",
     "log2_bucket",
+    "outlier_rows",  # an outlier row's typed columns (a table macro)
     "sample_drift",
     "step_reward",
     "step_share",
+    "with_sample_properties",  # training rows joined with their sample (a table macro)
     "tokenlake_listed_digest",  # the catalog's record of the files it lists
 }
 RUNS = [{"run": "r", "source_dir": "/d", "tool": "t"}]
