@@ -74,13 +74,17 @@ def _usage() -> dict[str, float]:
     }
 
 
+# The run name of every lake the bench extracts (the commands it times name it).
+BENCH_RUN = "bench"
+
+
 def measure_extract(dump_dir: Path, lake: Path, workers: int) -> dict[str, Any]:
     """Child process: tokenlake's extraction."""
     from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
     started = time.perf_counter()
     store = Lake(lake).store
-    summary = extract_run(dump_dir, store, ExtractOptions(run_name="bench", workers=workers))
+    summary = extract_run(dump_dir, store, ExtractOptions(run_name=BENCH_RUN, workers=workers))
     wall = time.perf_counter() - started
     if summary.failed:
         raise SystemExit(f"bench extraction failed: {summary.failed}")
@@ -386,15 +390,17 @@ def print_script_ratios(figures: dict[str, dict[str, Any]]) -> None:
         )
 
 
-# The stages of one step's extraction, as the functions that do them (cumulative CPU under
-# cProfile, which adds its own overhead: shares, not absolute figures).
+# The stages of one step's extraction, as the functions that do them: (the end of the module's
+# path, the function's name), one function each, so a stage's cumulative CPU under cProfile
+# (which adds its own overhead: shares, not absolute figures) is counted once (the formats'
+# `read_step` calls the format's own `read_step`: by name alone the read counted twice).
 STAGES = {
-    "read": ("read_miles_step", "read_step"),
-    "flatten": ("build_step",),  # less its read, below
-    "rollups": ("compute_step",),
-    "write": ("_write_step",),
-    "commit": ("save_manifest",),
-    "catalog": ("build_catalog",),
+    "read": ("tokenlake/read/formats.py", "read_step"),
+    "flatten": ("tokenlake/transform/tables.py", "build_step"),  # less its read, below
+    "rollups": ("tokenlake/serve/rollups.py", "compute_step"),
+    "write": ("tokenlake/orchestrate/step.py", "_write_step"),
+    "commit": ("tokenlake/store/manifest.py", "save_manifest"),
+    "catalog": ("tokenlake/serve/catalog.py", "build_catalog"),
 }
 
 
@@ -409,14 +415,20 @@ def measure_stages(dump_dir: Path, lake: Path) -> dict[str, Any]:
     profile = cProfile.Profile(time.process_time)
     summary = profile.runcall(extract_run, dump_dir, Lake(lake).store, ExtractOptions(workers=1))
     stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    return {**stage_seconds(stats), "steps": len(summary.steps), "tokens": summary.tokens}
+
+
+def stage_seconds(stats: dict[tuple[str, int, str], tuple[Any, ...]]) -> dict[str, Any]:
+    """Each stage's cumulative CPU seconds from cProfile's stats (`pstats.Stats(...).stats`),
+    and the whole profile's."""
     stages = {stage: 0.0 for stage in STAGES}
-    for (_, _, function), (_, _, _, cumulative, _) in stats.items():
-        for stage, names in STAGES.items():
-            if function in names:
+    for (path, _, function), (_, _, _, cumulative, _) in stats.items():
+        for stage, (module, name) in STAGES.items():
+            if function == name and Path(path).as_posix().endswith(module):
                 stages[stage] += cumulative
     stages["flatten"] -= stages["read"]
     total = sum(v[2] for v in stats.values())
-    return {"stages": stages, "total": total, "steps": len(summary.steps), "tokens": summary.tokens}
+    return {"stages": stages, "total": total}
 
 
 def print_stages(dump_dir: Path, lake: Path) -> dict[str, Any]:
@@ -434,18 +446,17 @@ def print_stages(dump_dir: Path, lake: Path) -> dict[str, Any]:
     return fig
 
 
-def command_latencies(lake: Path, run: str, out: Path, repeat: int = 3) -> dict[str, float]:
-    """Best CPU of each command the issue names, on `lake`."""
+def command_latencies(lake: Path, out: Path, repeat: int = 3) -> dict[str, float]:
+    """Best CPU of each command the issue names, on `lake` (extracted as run BENCH_RUN)."""
     commands = {
         "query": ["query", str(lake), "select count(*) from step_stats"],
         "audit": ["audit", str(lake)],
         "verify": ["verify", str(lake)],
-        "tag": ["tag", str(lake), run, "bench={attempt}"],  # a new value: a real change each time
+        "tag": ["tag", str(lake), BENCH_RUN, "bench={attempt}"],  # a new value each time
         "report": ["report", str(lake), "--output", str(out / "report.html")],
     }
     best = {}
     for name, argv in commands.items():
-        # audit and verify exit 1 on findings: their CPU still counts
         best[name] = min(
             command_cpu([a.format(attempt=attempt) if a.startswith("bench=") else a for a in argv])
             for attempt in range(repeat)
@@ -453,11 +464,31 @@ def command_latencies(lake: Path, run: str, out: Path, repeat: int = 3) -> dict[
     return best
 
 
+# Exit codes of a command that did its work: audit and verify exit 1 on findings.
+_FINDINGS_EXIT = {"audit": 1, "verify": 1}
+
+
 def command_cpu(argv: list[str]) -> float:
-    """CPU seconds (user + sys) of one `python -m tokenlake` process, start-up included."""
+    """CPU seconds (user + sys) of one `python -m tokenlake` process, start-up included.
+
+    Raises:
+        SystemExit: The command failed (an `Error:` line, or an exit code other than 0 and
+            its findings' code): a failed command's CPU is no figure of it.
+    """
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-m", "tokenlake", *argv], check=False, capture_output=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenlake", *argv], check=False, capture_output=True, text=True
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    allowed = {0, _FINDINGS_EXIT.get(argv[0], 0)}
+    if (
+        done.returncode not in allowed
+        or done.stderr.startswith("Error:")
+        or "\nError:" in done.stderr
+    ):
+        raise SystemExit(
+            f"tokenlake {' '.join(argv)} failed (exit {done.returncode}):\n{done.stderr.strip()}"
+        )
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
@@ -491,8 +522,8 @@ def bench_small_steps(root: Path, steps: int) -> None:
     )
     example_lake = root / "lake-example"
     _run_child("_extract", str(example), str(example_lake), "1")
-    on_example = command_latencies(example_lake, "example", root)
-    on_small = command_latencies(lake, "small", root)
+    on_example = command_latencies(example_lake, root)
+    on_small = command_latencies(lake, root)
     print(
         f"  command CPU (process start included, best of 3; the first builds the reader's"
         f" catalog, kept for the next): example lake, {steps}-step lake"

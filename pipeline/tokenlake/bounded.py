@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -239,6 +240,12 @@ def json_shape(data: bytes, stop: int | None = None) -> JsonShape:
         >>> json_shape(b'[{}, "a,b", 1, {"k": ["[", 2]}]')
         JsonShape(depth=3, objects=7)
     """
+    if len(data) <= SMALL_JSON:
+        return _small_json_shape(data)
+    return _vectorised_json_shape(data, stop)
+
+
+def _vectorised_json_shape(data: bytes, stop: int | None) -> JsonShape:
     import numpy as np
 
     depth = deepest = objects = 0
@@ -265,6 +272,33 @@ def json_shape(data: bytes, stop: int | None = None) -> JsonShape:
             depth, in_string = depth + int(levels[-1]), bool(inside[-1])
         if stop is not None and deepest > stop:
             break
+    return JsonShape(deepest, objects)
+
+
+# Up to this many bytes, JSON's shape is scanned by a regex (one chunk of the vectorised scan,
+# which then reads it all, `stop` or not: the same answer): a manifest or a sidecar is read
+# without importing numpy (~0.1 s of a command's CPU). Measured: 0.24 ms for a 10 kB manifest
+# (the vectorised scan 1 ms), 77 ms at worst (256 KiB of brackets; vectorised 38 ms).
+SMALL_JSON = _DEPTH_CHUNK
+# A backslash with the byte it escapes, or a byte that changes string or nesting state.
+_STRUCTURAL = re.compile(rb'\\.|["\[\]{}]', re.DOTALL)
+
+
+def _small_json_shape(data: bytes) -> JsonShape:
+    depth = deepest = objects = 0
+    in_string = False
+    for token in _STRUCTURAL.findall(data):
+        if token == b'"':
+            in_string = not in_string
+            objects += in_string  # a string per opening quote
+        elif in_string or len(token) == 2:  # inside a string, or an escaped byte
+            continue
+        elif token in (b"[", b"{"):
+            depth += 1
+            objects += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
     return JsonShape(deepest, objects)
 
 

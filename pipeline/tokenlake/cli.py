@@ -530,10 +530,8 @@ def query(
         tokenlake query lake --file report.sql
         echo "SELECT count(*) FROM tokens" | tokenlake query lake -
     """
-    from tokenlake.serve.query import format_table
-
     text = read_sql(sql, sql_file)
-    rendered = format_table(_lake(lake).query(text, parse_settings(settings)), fmt)
+    rendered = _lake(lake).query_text(text, fmt, parse_settings(settings))
     if output is not None:
         mode = "wb" if isinstance(rendered, bytes) else "w"
         with open(output, mode) as handle:

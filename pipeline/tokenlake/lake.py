@@ -342,6 +342,15 @@ class Lake:
 
         return run_query(self.store, sql, settings)
 
+    def query_text(
+        self, sql: str, fmt: str = "table", settings: Mapping[str, float] | None = None
+    ) -> str | bytes:
+        """The query's result as `tokenlake query --format fmt` prints it (`table`, `csv`,
+        `json`: text; `parquet`: bytes)."""
+        from tokenlake.serve.query import render_query
+
+        return render_query(self.store, sql, fmt, settings)
+
 
 def _options(options: ExtractOptions | None, fields: Mapping[str, Any]) -> ExtractOptions:
     """`options` with `fields` replaced (a misspelled field is a TypeError), checked."""

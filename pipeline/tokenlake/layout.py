@@ -218,13 +218,11 @@ def check_listed(name: object, table: str, run: str, rollout_id: int | None = No
 
 def check_relative(relative: object) -> str:
     """A file name as a manifest lists it, or ValueError if it lies outside the lake."""
-    if (
-        not isinstance(relative, str)
-        or Path(relative).is_absolute()
-        or ".." in Path(relative).parts
-    ):
-        raise ValueError(f"it lists `{str(relative)[:80]}`, which lies outside the lake")
-    return relative
+    if isinstance(relative, str):
+        path = Path(relative)  # once: every reader checks every listed file
+        if not path.is_absolute() and ".." not in path.parts:
+            return relative
+    raise ValueError(f"it lists `{str(relative)[:80]}`, which lies outside the lake")
 
 
 def is_data_file(name: str) -> bool:

@@ -11,12 +11,44 @@ its evaluation file share one partition and are told apart by the ``evaluation``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-import pyarrow as pa
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tokenlake.errors import RowKeysError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# The Arrow schemas and type maps below are built on first use (each function registered with
+# `_built_on_first_use` gives the module attribute it names, through the module's `__getattr__`):
+# importing pyarrow costs ~0.15 s of CPU, and the commands that only read the lake through
+# DuckDB (`query`, `audit`, `verify`) never need it.
+_T = TypeVar("_T")
+_ARROW_BUILDERS: dict[str, Callable[[], Any]] = {}
+
+
+def _built_on_first_use(name: str) -> Callable[[Callable[[], _T]], Callable[[], _T]]:
+    """Registers a function as the builder of the module attribute `name`."""
+
+    def register(builder: Callable[[], _T]) -> Callable[[], _T]:
+        _ARROW_BUILDERS[name] = builder
+        return builder
+
+    return register
+
+
+def _arrow_value(name: str) -> Any:
+    """The Arrow value `name` (`TOKENS_SCHEMA`, `DUCKDB_TYPES`, ...), built once."""
+    if name not in globals():
+        if name not in _ARROW_BUILDERS:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = _ARROW_BUILDERS[name]()
+    return globals()[name]
+
+
+def __getattr__(name: str) -> Any:
+    return _arrow_value(name)
+
 
 # Bumped whenever a table's columns or their meaning change; stamped into every Parquet file's
 # key-value metadata and into the `runs` table.
@@ -70,7 +102,14 @@ CATALOG_FILE = "tokenlake.duckdb"
 # Partition columns: part of the directory path, typed explicitly for readers.
 RUN = "run"
 ROLLOUT_ID = "rollout_id"
-PARTITION_TYPES: dict[str, pa.DataType] = {RUN: pa.string(), ROLLOUT_ID: pa.int64()}
+
+
+@_built_on_first_use("PARTITION_TYPES")
+def _partition_types() -> dict[str, pa.DataType]:
+    import pyarrow as pa
+
+    return {RUN: pa.string(), ROLLOUT_ID: pa.int64()}
+
 
 # File stems inside a partition.
 TRAIN_STEM = "train"
@@ -111,83 +150,89 @@ DPPO_MASKED = "dppo_masked"
 DPPO_MASKED_HIGH = "dppo_masked_high"
 DPPO_MASKED_LOW = "dppo_masked_low"
 
-TOKENS_SCHEMA = pa.schema(
-    [
-        # True for rows from rollout_data/eval_{rid}.pt; false for training steps.
-        pa.field(EVALUATION, pa.bool_(), nullable=False),
-        # 0-based position of the sample in the rollout dump's `samples` list (batch order).
-        pa.field(BATCH_POSITION, pa.int32(), nullable=False),
-        # Sample.index (run-global sample counter; restarts per eval dataset). Null if unset.
-        pa.field(SAMPLE_INDEX, pa.int64()),
-        # 0-based index in the response: token position P + position of the full sequence.
-        pa.field(POSITION, pa.int32(), nullable=False),
-        # Token id of the response token.
-        pa.field(TOKEN_ID, pa.int64(), nullable=False),
-        # Train-side loss mask (0/1); for samples without a train side the rollout dump's own
-        # mask; null when neither exists.
-        pa.field(LOSS_MASK, pa.int8()),
-        # 0-based index of the loss-covered run (turn) the token is in: a run is a maximal
-        # stretch of loss_mask > 0 within the response. Null where loss_mask is 0 or null.
-        pa.field(TURN_INDEX, pa.int32()),
-        # True on the first row of the sample, by position, with this token_id among the rows
-        # the drift statistics keep (loss_mask > 0; lp_diff, train_log_prob, rollout_log_prob
-        # all finite: drift_tokens' rows of a training step), false on its later ones there;
-        # null on every other row. Counting the true rows counts distinct samples per token.
-        pa.field(FIRST_OCCURRENCE, pa.bool_()),
-        # Log-prob (nats) of the token under the rollout engine. The train-side copy when the
-        # sample has one (the pair the trainer compared); else (no train side, or the train
-        # copy absent or not CP-aligned) the rollout dump's, as the reference token view does.
-        pa.field(ROLLOUT_LOG_PROB, pa.float32()),
-        # Log-prob (nats) of the token under the trainer (actor) before the update.
-        pa.field(TRAIN_LOG_PROB, pa.float32()),
-        # train_log_prob - rollout_log_prob (nats), float32, from the train-side pair.
-        pa.field(LP_DIFF, pa.float32()),
-        # Log-prob (nats) under the reference model.
-        pa.field(REF_LOG_PROB, pa.float32()),
-        # Entropy (nats) of the actor's full-vocabulary distribution at this position.
-        pa.field(ENTROPY, pa.float32()),
-        # Entropy (nats) of the reference model's distribution at this position.
-        pa.field(REF_ENTROPY, pa.float32()),
-        # Advantage used by the policy loss at this position (miles `advantages`).
-        pa.field(ADVANTAGE, pa.float32()),
-        # Return at this position (miles `returns`; `return` is an SQL keyword).
-        pa.field(RETURNS, pa.float32()),
-        # The weight version that generated the token: its `weight_versions` span's (dumps
-        # since #1891/#1892); in older dumps the version of its engine call when the calls can
-        # be placed on the response (one call, or one loss-covered run per listed version).
-        # Null outside every span (tool output, unstamped calls) and wherever it is unknown.
-        pa.field(TOKEN_VERSION, pa.string()),
-        # rollout_id - token_version (steps), when the version is all digits; else null.
-        pa.field(TOKEN_STALENESS, pa.int64()),
-        # Token ids the sampler kept at this position (top-k / top-p support, miles
-        # `rollout_sampling_mask_offsets`); null when sampling was unbounded (not recorded).
-        pa.field(SUPPORT_SIZE, pa.int32()),
-        # On-policy distillation: the teacher's log-prob (nats) of the token (train side, else
-        # the rollout dump's), the teacher's entropy (train side), and the precomputed
-        # per-token reverse-KL estimate (train side, else the rollout dump's).
-        pa.field(TEACHER_LOG_PROB, pa.float32()),
-        pa.field(TEACHER_ENTROPY, pa.float32()),
-        pa.field(OPD_REVERSE_KL, pa.float32()),
-        # The critic's value estimate at this position (PPO with a critic: miles `values`).
-        pa.field(VALUE, pa.float32()),
-        # Client-supplied per-token loss weight (Tinker-style batches, miles `loss_weights`;
-        # may be fractional or negative, unlike loss_mask); null where the sample had none.
-        pa.field(LOSS_WEIGHT, pa.float32()),
-        # prime-rl's per-token loss component weights (`rl_weights`, `ce_weights`,
-        # `ref_kl_weights`); null where the micro-batch had no such stream (prime-rl's
-        # defaults: rl 1.0 on the loss mask, no ce or ref_kl component) and in other formats.
-        pa.field(RL_WEIGHT, pa.float32()),
-        pa.field(CE_WEIGHT, pa.float32()),
-        pa.field(REF_KL_WEIGHT, pa.float32()),
-        # prime-rl's DPPO trust-region masks (`is_masked`, `is_masked_high`, `is_masked_low`):
-        # the token was masked out of the policy loss (its probability moved past the bound;
-        # high: with a positive advantage, low: with a negative one). Null where prime-rl
-        # computed none (a pure cross-entropy micro-batch, another loss) and in other formats.
-        pa.field(DPPO_MASKED, pa.bool_()),
-        pa.field(DPPO_MASKED_HIGH, pa.bool_()),
-        pa.field(DPPO_MASKED_LOW, pa.bool_()),
-    ]
-)
+
+@_built_on_first_use("TOKENS_SCHEMA")
+def _tokens_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            # True for rows from rollout_data/eval_{rid}.pt; false for training steps.
+            pa.field(EVALUATION, pa.bool_(), nullable=False),
+            # 0-based position of the sample in the rollout dump's `samples` list (batch order).
+            pa.field(BATCH_POSITION, pa.int32(), nullable=False),
+            # Sample.index (run-global sample counter; restarts per eval dataset). Null if unset.
+            pa.field(SAMPLE_INDEX, pa.int64()),
+            # 0-based index in the response: token position P + position of the full sequence.
+            pa.field(POSITION, pa.int32(), nullable=False),
+            # Token id of the response token.
+            pa.field(TOKEN_ID, pa.int64(), nullable=False),
+            # Train-side loss mask (0/1); for samples without a train side the rollout dump's own
+            # mask; null when neither exists.
+            pa.field(LOSS_MASK, pa.int8()),
+            # 0-based index of the loss-covered run (turn) the token is in: a run is a maximal
+            # stretch of loss_mask > 0 within the response. Null where loss_mask is 0 or null.
+            pa.field(TURN_INDEX, pa.int32()),
+            # True on the first row of the sample, by position, with this token_id among the rows
+            # the drift statistics keep (loss_mask > 0; lp_diff, train_log_prob, rollout_log_prob
+            # all finite: drift_tokens' rows of a training step), false on its later ones there;
+            # null on every other row. Counting the true rows counts distinct samples per token.
+            pa.field(FIRST_OCCURRENCE, pa.bool_()),
+            # Log-prob (nats) of the token under the rollout engine. The train-side copy when the
+            # sample has one (the pair the trainer compared); else (no train side, or the train
+            # copy absent or not CP-aligned) the rollout dump's, as the reference token view does.
+            pa.field(ROLLOUT_LOG_PROB, pa.float32()),
+            # Log-prob (nats) of the token under the trainer (actor) before the update.
+            pa.field(TRAIN_LOG_PROB, pa.float32()),
+            # train_log_prob - rollout_log_prob (nats), float32, from the train-side pair.
+            pa.field(LP_DIFF, pa.float32()),
+            # Log-prob (nats) under the reference model.
+            pa.field(REF_LOG_PROB, pa.float32()),
+            # Entropy (nats) of the actor's full-vocabulary distribution at this position.
+            pa.field(ENTROPY, pa.float32()),
+            # Entropy (nats) of the reference model's distribution at this position.
+            pa.field(REF_ENTROPY, pa.float32()),
+            # Advantage used by the policy loss at this position (miles `advantages`).
+            pa.field(ADVANTAGE, pa.float32()),
+            # Return at this position (miles `returns`; `return` is an SQL keyword).
+            pa.field(RETURNS, pa.float32()),
+            # The weight version that generated the token: its `weight_versions` span's (dumps
+            # since #1891/#1892); in older dumps the version of its engine call when the calls can
+            # be placed on the response (one call, or one loss-covered run per listed version).
+            # Null outside every span (tool output, unstamped calls) and wherever it is unknown.
+            pa.field(TOKEN_VERSION, pa.string()),
+            # rollout_id - token_version (steps), when the version is all digits; else null.
+            pa.field(TOKEN_STALENESS, pa.int64()),
+            # Token ids the sampler kept at this position (top-k / top-p support, miles
+            # `rollout_sampling_mask_offsets`); null when sampling was unbounded (not recorded).
+            pa.field(SUPPORT_SIZE, pa.int32()),
+            # On-policy distillation: the teacher's log-prob (nats) of the token (train side, else
+            # the rollout dump's), the teacher's entropy (train side), and the precomputed
+            # per-token reverse-KL estimate (train side, else the rollout dump's).
+            pa.field(TEACHER_LOG_PROB, pa.float32()),
+            pa.field(TEACHER_ENTROPY, pa.float32()),
+            pa.field(OPD_REVERSE_KL, pa.float32()),
+            # The critic's value estimate at this position (PPO with a critic: miles `values`).
+            pa.field(VALUE, pa.float32()),
+            # Client-supplied per-token loss weight (Tinker-style batches, miles `loss_weights`;
+            # may be fractional or negative, unlike loss_mask); null where the sample had none.
+            pa.field(LOSS_WEIGHT, pa.float32()),
+            # prime-rl's per-token loss component weights (`rl_weights`, `ce_weights`,
+            # `ref_kl_weights`); null where the micro-batch had no such stream (prime-rl's
+            # defaults: rl 1.0 on the loss mask, no ce or ref_kl component) and in other formats.
+            pa.field(RL_WEIGHT, pa.float32()),
+            pa.field(CE_WEIGHT, pa.float32()),
+            pa.field(REF_KL_WEIGHT, pa.float32()),
+            # prime-rl's DPPO trust-region masks (`is_masked`, `is_masked_high`, `is_masked_low`):
+            # the token was masked out of the policy loss (its probability moved past the bound;
+            # high: with a positive advantage, low: with a negative one). Null where prime-rl
+            # computed none (a pure cross-entropy micro-batch, another loss) and in other formats.
+            pa.field(DPPO_MASKED, pa.bool_()),
+            pa.field(DPPO_MASKED_HIGH, pa.bool_()),
+            pa.field(DPPO_MASKED_LOW, pa.bool_()),
+        ]
+    )
+
 
 # Train-dump per-token fields that are CP-sliced and response-aligned, and the `tokens` column
 # each becomes. `rollout_log_probs` is handled separately (it also exists on the rollout side).
@@ -293,99 +338,120 @@ TRAIN_TOTAL_LENGTH = "train_total_length"
 TRAIN_RESPONSE_LENGTH = "train_response_length"
 ENV_NAME = "env_name"
 
-SAMPLES_SCHEMA = pa.schema(
-    [
-        pa.field(EVALUATION, pa.bool_(), nullable=False),
-        pa.field(BATCH_POSITION, pa.int32(), nullable=False),
-        # --- rollout side (dump-format.md 6.2) ---
-        pa.field(SAMPLE_INDEX, pa.int64()),  # Sample.index
-        pa.field(GROUP_INDEX, pa.int64()),  # GRPO prompt group (run-global); null for eval
-        pa.field(ROLLOUT_EXECUTION_ID, pa.int64()),  # Sample.rollout_id (agentic siblings)
-        pa.field(STATUS, pa.string()),  # completed / truncated / aborted / failed / pending
-        pa.field(REMOVE_SAMPLE, pa.bool_()),  # kept in the batch but excluded from the loss
-        pa.field(RESPONSE_LENGTH, pa.int32()),  # R, from the rollout dump
-        pa.field(TOTAL_LENGTH, pa.int32()),  # T = len(Sample.tokens)
-        pa.field(PROMPT_LENGTH, pa.int32()),  # P = T - R
-        pa.field(REWARD, pa.float64()),  # float(Sample.reward) if int/float/bool, else null
-        pa.field(REWARD_JSON, pa.string()),  # Sample.reward as JSON when it is not a number
-        pa.field(WEIGHT_VERSIONS, pa.list_(pa.string())),  # one per engine call
-        pa.field(WEIGHT_VERSION, pa.string()),  # last of weight_versions
-        pa.field(WEIGHT_VERSION_MIN, pa.int64()),  # min of the all-digit versions
-        pa.field(MIXED_VERSION, pa.bool_()),  # more than one distinct version
-        pa.field(STALENESS, pa.int64()),  # rollout_id - weight_version_min (reference formula)
-        pa.field(START_WEIGHT_VERSION, pa.int64()),  # version when the trajectory was submitted
-        pa.field(START_STALENESS, pa.int64()),  # rollout_id - start_weight_version
-        pa.field(TURNS, pa.int64()),  # len(weight_versions), null if empty
-        pa.field(TOOL_CALLS, pa.int64()),  # `tool` messages in a list prompt; null for str
-        pa.field(NON_GENERATION_TIME, pa.float64()),  # seconds outside generation
-        pa.field(SPEC_ACCEPT_RATE, pa.float64()),  # accepted / drafted speculative tokens
-        pa.field(PREFIX_CACHE_HIT_RATE, pa.float64()),  # cached / total prompt tokens
-        pa.field(LABEL, pa.string()),  # reference answer
-        pa.field(PROMPT_TEXT, pa.string()),  # str prompt as is; message list as JSON
-        pa.field(RESPONSE_TEXT, pa.string()),  # decoded response
-        pa.field(PROMPT_TOKEN_IDS, pa.list_(pa.int64())),  # the P prompt token ids
-        pa.field(METADATA_JSON, pa.string()),  # Sample.metadata as JSON
-        # The sampler recorded a bounded support (top-k / top-p) for the response tokens
-        pa.field(BOUNDED_SAMPLING, pa.bool_(), nullable=False),
-        # The conversation (chat messages, tool calls) from trajectory/{stem}.jsonl, as JSON
-        pa.field(MESSAGES_JSON, pa.string()),
-        # --- train side (null when the sample has no train row) ---
-        pa.field(HAS_TRAIN_ROW, pa.bool_(), nullable=False),  # some train file holds it
-        # Train files the step had at extraction; 0 marks a rollout-only step (eval files,
-        # --debug-rollout-only, or a step still training: re-extracted when they appear).
-        pa.field(STEP_TRAIN_FILES, pa.int32(), nullable=False),
-        pa.field(RAW_REWARD, pa.float64()),  # raw_reward[batch_position]
-        pa.field(NORMALIZED_REWARD, pa.float64()),  # train `rewards` (group-normalised)
-        pa.field(TRUNCATED, pa.bool_()),  # train flag, else status; null: not logged
-        pa.field(DUMPED_RANK, pa.int64()),  # lowest global rank holding the sample
-        pa.field(ALIGNMENT_FAILED, pa.bool_(), nullable=False),  # CP reassembly refused
-        pa.field(TRAIN_TOTAL_LENGTH, pa.int32()),  # train `total_lengths` (media expansion)
-        pa.field(TRAIN_RESPONSE_LENGTH, pa.int32()),  # train `response_lengths`
-        pa.field(ENV_NAME, pa.string()),  # the environment the sample came from (prime-rl)
-    ]
-)
+
+@_built_on_first_use("SAMPLES_SCHEMA")
+def _samples_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field(EVALUATION, pa.bool_(), nullable=False),
+            pa.field(BATCH_POSITION, pa.int32(), nullable=False),
+            # --- rollout side (dump-format.md 6.2) ---
+            pa.field(SAMPLE_INDEX, pa.int64()),  # Sample.index
+            pa.field(GROUP_INDEX, pa.int64()),  # GRPO prompt group (run-global); null for eval
+            pa.field(ROLLOUT_EXECUTION_ID, pa.int64()),  # Sample.rollout_id (agentic siblings)
+            pa.field(STATUS, pa.string()),  # completed / truncated / aborted / failed / pending
+            pa.field(REMOVE_SAMPLE, pa.bool_()),  # kept in the batch but excluded from the loss
+            pa.field(RESPONSE_LENGTH, pa.int32()),  # R, from the rollout dump
+            pa.field(TOTAL_LENGTH, pa.int32()),  # T = len(Sample.tokens)
+            pa.field(PROMPT_LENGTH, pa.int32()),  # P = T - R
+            pa.field(REWARD, pa.float64()),  # float(Sample.reward) if int/float/bool, else null
+            pa.field(REWARD_JSON, pa.string()),  # Sample.reward as JSON when it is not a number
+            pa.field(WEIGHT_VERSIONS, pa.list_(pa.string())),  # one per engine call
+            pa.field(WEIGHT_VERSION, pa.string()),  # last of weight_versions
+            pa.field(WEIGHT_VERSION_MIN, pa.int64()),  # min of the all-digit versions
+            pa.field(MIXED_VERSION, pa.bool_()),  # more than one distinct version
+            pa.field(STALENESS, pa.int64()),  # rollout_id - weight_version_min (reference formula)
+            pa.field(START_WEIGHT_VERSION, pa.int64()),  # version when the trajectory was submitted
+            pa.field(START_STALENESS, pa.int64()),  # rollout_id - start_weight_version
+            pa.field(TURNS, pa.int64()),  # len(weight_versions), null if empty
+            pa.field(TOOL_CALLS, pa.int64()),  # `tool` messages in a list prompt; null for str
+            pa.field(NON_GENERATION_TIME, pa.float64()),  # seconds outside generation
+            pa.field(SPEC_ACCEPT_RATE, pa.float64()),  # accepted / drafted speculative tokens
+            pa.field(PREFIX_CACHE_HIT_RATE, pa.float64()),  # cached / total prompt tokens
+            pa.field(LABEL, pa.string()),  # reference answer
+            pa.field(PROMPT_TEXT, pa.string()),  # str prompt as is; message list as JSON
+            pa.field(RESPONSE_TEXT, pa.string()),  # decoded response
+            pa.field(PROMPT_TOKEN_IDS, pa.list_(pa.int64())),  # the P prompt token ids
+            pa.field(METADATA_JSON, pa.string()),  # Sample.metadata as JSON
+            # The sampler recorded a bounded support (top-k / top-p) for the response tokens
+            pa.field(BOUNDED_SAMPLING, pa.bool_(), nullable=False),
+            # The conversation (chat messages, tool calls) from trajectory/{stem}.jsonl, as JSON
+            pa.field(MESSAGES_JSON, pa.string()),
+            # --- train side (null when the sample has no train row) ---
+            pa.field(HAS_TRAIN_ROW, pa.bool_(), nullable=False),  # some train file holds it
+            # Train files the step had at extraction; 0 marks a rollout-only step (eval files,
+            # --debug-rollout-only, or a step still training: re-extracted when they appear).
+            pa.field(STEP_TRAIN_FILES, pa.int32(), nullable=False),
+            pa.field(RAW_REWARD, pa.float64()),  # raw_reward[batch_position]
+            pa.field(NORMALIZED_REWARD, pa.float64()),  # train `rewards` (group-normalised)
+            pa.field(TRUNCATED, pa.bool_()),  # train flag, else status; null: not logged
+            pa.field(DUMPED_RANK, pa.int64()),  # lowest global rank holding the sample
+            pa.field(ALIGNMENT_FAILED, pa.bool_(), nullable=False),  # CP reassembly refused
+            pa.field(TRAIN_TOTAL_LENGTH, pa.int32()),  # train `total_lengths` (media expansion)
+            pa.field(TRAIN_RESPONSE_LENGTH, pa.int32()),  # train `response_lengths`
+            pa.field(ENV_NAME, pa.string()),  # the environment the sample came from (prime-rl)
+        ]
+    )
+
 
 # ---------------------------------------------------------------------------------------------
 # `experts`: routing replay, one row per position of a sample's `rollout_routed_experts` /
 # `rollout_indexer_topk` arrays ([T-1, layers, k]); written only with --with-experts.
 # ---------------------------------------------------------------------------------------------
-EXPERTS_SCHEMA = pa.schema(
-    [
-        pa.field(EVALUATION, pa.bool_(), nullable=False),
-        pa.field(BATCH_POSITION, pa.int32(), nullable=False),
-        pa.field(SAMPLE_INDEX, pa.int64()),
-        # Index j of the arrays' first axis (0..T-2 for text: the forward pass at token j).
-        pa.field("token_position", pa.int32(), nullable=False),
-        # rollout_routed_experts[j]: per MoE layer, the top-k experts; null if not dumped.
-        pa.field("routed_experts", pa.list_(pa.list_(pa.int32()))),
-        # rollout_indexer_topk[j]: per indexer layer, its top-k; null if not dumped.
-        pa.field("indexer_topk", pa.list_(pa.list_(pa.int32()))),
-    ]
-)
+@_built_on_first_use("EXPERTS_SCHEMA")
+def _experts_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field(EVALUATION, pa.bool_(), nullable=False),
+            pa.field(BATCH_POSITION, pa.int32(), nullable=False),
+            pa.field(SAMPLE_INDEX, pa.int64()),
+            # Index j of the arrays' first axis (0..T-2 for text: the forward pass at token j).
+            pa.field("token_position", pa.int32(), nullable=False),
+            # rollout_routed_experts[j]: per MoE layer, the top-k experts; null if not dumped.
+            pa.field("routed_experts", pa.list_(pa.list_(pa.int32()))),
+            # rollout_indexer_topk[j]: per indexer layer, its top-k; null if not dumped.
+            pa.field("indexer_topk", pa.list_(pa.list_(pa.int32()))),
+        ]
+    )
+
 
 # ---------------------------------------------------------------------------------------------
 # `runs`: one row per extracted run.
 # ---------------------------------------------------------------------------------------------
-RUNS_BASE_SCHEMA = pa.schema(
-    [
-        pa.field("source_dir", pa.string(), nullable=False),  # absolute dump directory
-        pa.field("extracted_at", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("tool", pa.string(), nullable=False),  # "tokenlake <version>"
-        pa.field("schema_version", pa.int32(), nullable=False),  # SCHEMA_VERSION
-        pa.field("train_steps", pa.int64(), nullable=False),  # training steps extracted
-        pa.field("eval_steps", pa.int64(), nullable=False),  # evaluation files extracted
-    ]
-)
+@_built_on_first_use("RUNS_BASE_SCHEMA")
+def _runs_base_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("source_dir", pa.string(), nullable=False),  # absolute dump directory
+            pa.field("extracted_at", pa.timestamp("us", tz="UTC"), nullable=False),
+            pa.field("tool", pa.string(), nullable=False),  # "tokenlake <version>"
+            pa.field("schema_version", pa.int32(), nullable=False),  # SCHEMA_VERSION
+            pa.field("train_steps", pa.int64(), nullable=False),  # training steps extracted
+            pa.field("eval_steps", pa.int64(), nullable=False),  # evaluation files extracted
+        ]
+    )
+
 
 # ---------------------------------------------------------------------------------------------
 # `vocab`: one row per token id of the run's tokenizer (only when the dump saved `tokenizer/`).
 # ---------------------------------------------------------------------------------------------
-VOCAB_SCHEMA = pa.schema(
-    [
-        pa.field(TOKEN_ID, pa.int64(), nullable=False),  # joins tokens.token_id
-        pa.field("token_text", pa.string()),  # the id decoded alone, special tokens kept
-    ]
-)
+@_built_on_first_use("VOCAB_SCHEMA")
+def _vocab_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field(TOKEN_ID, pa.int64(), nullable=False),  # joins tokens.token_id
+            pa.field("token_text", pa.string()),  # the id decoded alone, special tokens kept
+        ]
+    )
+
 
 # Hive partition columns of each table, outermost first.
 TABLE_PARTITIONS: dict[str, tuple[str, ...]] = {
@@ -412,38 +478,51 @@ HF_CHECKPOINT = "hf_checkpoint"
 ARGS_JSON = "args_json"
 TAGS_JSON = "tags_json"
 
-RUN_META_SCHEMA = pa.schema(
-    [
-        pa.field(START_TS, pa.timestamp("us", tz="UTC")),  # meta.json `start_ts`: run start
-        pa.field(WANDB_PROJECT, pa.string()),  # meta.json args.wandb_project
-        pa.field(WANDB_GROUP, pa.string()),  # meta.json args.wandb_group
-        pa.field(WANDB_RUN_ID, pa.string()),  # meta.json args.wandb_run_id
-        pa.field(HF_CHECKPOINT, pa.string()),  # meta.json args.hf_checkpoint (model path)
-        pa.field(ARGS_JSON, pa.string()),  # meta.json `args`, the whole object, keys sorted
-        pa.field(TAGS_JSON, pa.string()),  # user tags {key: value} as JSON, keys sorted
-    ]
-)
+
+@_built_on_first_use("RUN_META_SCHEMA")
+def _run_meta_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field(START_TS, pa.timestamp("us", tz="UTC")),  # meta.json `start_ts`: run start
+            pa.field(WANDB_PROJECT, pa.string()),  # meta.json args.wandb_project
+            pa.field(WANDB_GROUP, pa.string()),  # meta.json args.wandb_group
+            pa.field(WANDB_RUN_ID, pa.string()),  # meta.json args.wandb_run_id
+            pa.field(HF_CHECKPOINT, pa.string()),  # meta.json args.hf_checkpoint (model path)
+            pa.field(ARGS_JSON, pa.string()),  # meta.json `args`, the whole object, keys sorted
+            pa.field(TAGS_JSON, pa.string()),  # user tags {key: value} as JSON, keys sorted
+        ]
+    )
+
 
 # ---------------------------------------------------------------------------------------------
 # `metrics`: one row per (logged payload, numeric metric) of `DUMP/dashboard/metrics.jsonl`,
 # long format, partitioned by run (see pipeline/tokenlake/read/dashboard.py for what is kept or skipped).
 # ---------------------------------------------------------------------------------------------
 METRIC = "metric"
-METRICS_SCHEMA = pa.schema(
-    [
-        # The step axis the payload was logged against (`rollout/step`, `train/step`, ...).
-        pa.field("step_key", pa.string()),
-        # The step on that axis: `rollout_id` for `rollout/step` and `eval/step`; for
-        # `train/step` the optimizer step, rollout_id * num_steps_per_rollout + step_id.
-        pa.field("step", pa.int64()),
-        # Metric name as logged to W&B (`rollout/raw_reward`, `train/grad_norm`, `perf/...`).
-        pa.field(METRIC, pa.string(), nullable=False),
-        # The value; bools as 1.0/0.0; NaN and ±inf kept as logged.
-        pa.field("value", pa.float64(), nullable=False),
-        # When the payload was logged (the collector's wall clock).
-        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
-    ]
-)
+
+
+@_built_on_first_use("METRICS_SCHEMA")
+def _metrics_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            # The step axis the payload was logged against (`rollout/step`, `train/step`, ...).
+            pa.field("step_key", pa.string()),
+            # The step on that axis: `rollout_id` for `rollout/step` and `eval/step`; for
+            # `train/step` the optimizer step, rollout_id * num_steps_per_rollout + step_id.
+            pa.field("step", pa.int64()),
+            # Metric name as logged to W&B (`rollout/raw_reward`, `train/grad_norm`, `perf/...`).
+            pa.field(METRIC, pa.string(), nullable=False),
+            # The value; bools as 1.0/0.0; NaN and ±inf kept as logged.
+            pa.field("value", pa.float64(), nullable=False),
+            # When the payload was logged (the collector's wall clock).
+            pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        ]
+    )
+
 
 # ---------------------------------------------------------------------------------------------
 # The dump's framework and format, as detected or forced (pipeline/tokenlake/read/formats.py,
@@ -453,28 +532,42 @@ FRAMEWORK = "framework"
 DUMP_FORMAT = "dump_format"
 FORMAT_VERSION = "format_version"
 
-RUN_FORMAT_SCHEMA = pa.schema(
-    [
-        pa.field(FRAMEWORK, pa.string()),  # miles, slime, nemo-rl or prime-rl
-        # miles, slime-v1, slime-v2, nemo-rl or prime-rl (--format)
-        pa.field(DUMP_FORMAT, pa.string()),
-        # The framework's numbered train dump format (slime: 1 or 2); NULL for unnumbered ones.
-        pa.field(FORMAT_VERSION, pa.int32()),
-    ]
-)
+
+@_built_on_first_use("RUN_FORMAT_SCHEMA")
+def _run_format_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field(FRAMEWORK, pa.string()),  # miles, slime, nemo-rl or prime-rl
+            # miles, slime-v1, slime-v2, nemo-rl or prime-rl (--format)
+            pa.field(DUMP_FORMAT, pa.string()),
+            # The framework's numbered train dump format (slime: 1 or 2); NULL for unnumbered ones.
+            pa.field(FORMAT_VERSION, pa.int32()),
+        ]
+    )
+
 
 # `runs`: the base columns, the run metadata (files of schema version 1 lack it), then the
 # dump's format (files of schema version 3 and before lack it).
-RUNS_SCHEMA = pa.schema([*RUNS_BASE_SCHEMA, *RUN_META_SCHEMA, *RUN_FORMAT_SCHEMA])
+@_built_on_first_use("RUNS_SCHEMA")
+def _runs_schema() -> pa.Schema:
+    import pyarrow as pa
 
-TABLE_SCHEMAS: dict[str, pa.Schema] = {
-    TOKENS: TOKENS_SCHEMA,
-    SAMPLES: SAMPLES_SCHEMA,
-    RUNS: RUNS_SCHEMA,
-    VOCAB: VOCAB_SCHEMA,
-    METRICS: METRICS_SCHEMA,
-    EXPERTS: EXPERTS_SCHEMA,
-}
+    parts = ("RUNS_BASE_SCHEMA", "RUN_META_SCHEMA", "RUN_FORMAT_SCHEMA")
+    return pa.schema([field for part in parts for field in _arrow_value(part)])
+
+
+@_built_on_first_use("TABLE_SCHEMAS")
+def _table_schemas() -> dict[str, pa.Schema]:
+    return {
+        TOKENS: _arrow_value("TOKENS_SCHEMA"),
+        SAMPLES: _arrow_value("SAMPLES_SCHEMA"),
+        RUNS: _arrow_value("RUNS_SCHEMA"),
+        VOCAB: _arrow_value("VOCAB_SCHEMA"),
+        METRICS: _arrow_value("METRICS_SCHEMA"),
+        EXPERTS: _arrow_value("EXPERTS_SCHEMA"),
+    }
 
 
 def polars_types(table: str) -> dict[str, Any]:
@@ -482,8 +575,10 @@ def polars_types(table: str) -> dict[str, Any]:
     import polars as pl
     import pyarrow as pa
 
-    fields = [pa.field(c, PARTITION_TYPES[c]) for c in TABLE_PARTITIONS[table]]
-    empty = pl.from_arrow(pa.schema([*fields, *TABLE_SCHEMAS[table]]).empty_table())
+    partition_types = _arrow_value("PARTITION_TYPES")
+    fields = [pa.field(c, partition_types[c]) for c in TABLE_PARTITIONS[table]]
+    table_schema = _arrow_value("TABLE_SCHEMAS")[table]
+    empty = pl.from_arrow(pa.schema([*fields, *table_schema]).empty_table())
     assert isinstance(empty, pl.DataFrame)
     return dict(empty.schema)
 
@@ -502,7 +597,9 @@ def table_from_rows(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
         >>> table_from_rows(VOCAB, [{TOKEN_ID: 7, "token_text": "a"}]).to_pylist()
         [{'token_id': 7, 'token_text': 'a'}]
     """
-    table_schema = TABLE_SCHEMAS[table]
+    import pyarrow as pa
+
+    table_schema = _arrow_value("TABLE_SCHEMAS")[table]
     columns = set(table_schema.names)
     for index, row in enumerate(rows):
         if row.keys() != columns:
@@ -514,17 +611,41 @@ def table_from_rows(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
 
 # The one map between the lake's Arrow types and DuckDB's type names: base views cast to them,
 # rollup headers name them (`sql/rollups/*.sql`) and their files are written from them.
-DUCKDB_TYPES: dict[pa.DataType, str] = {
-    pa.bool_(): "BOOLEAN",
-    pa.int8(): "TINYINT",
-    pa.int32(): "INTEGER",
-    pa.int64(): "BIGINT",
-    pa.float32(): "FLOAT",
-    pa.float64(): "DOUBLE",
-    pa.string(): "VARCHAR",
-    pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
-    pa.list_(pa.string()): "VARCHAR[]",
-    pa.list_(pa.int64()): "BIGINT[]",
-    pa.list_(pa.list_(pa.int32())): "INTEGER[][]",  # experts: per layer, the top-k
-}
-ARROW_TYPES: dict[str, pa.DataType] = {name: t for t, name in DUCKDB_TYPES.items()}
+@_built_on_first_use("DUCKDB_TYPES")
+def _duckdb_types() -> dict[pa.DataType, str]:
+    import pyarrow as pa
+
+    return {
+        pa.bool_(): "BOOLEAN",
+        pa.int8(): "TINYINT",
+        pa.int32(): "INTEGER",
+        pa.int64(): "BIGINT",
+        pa.float32(): "FLOAT",
+        pa.float64(): "DOUBLE",
+        pa.string(): "VARCHAR",
+        pa.timestamp("us", tz="UTC"): "TIMESTAMP WITH TIME ZONE",
+        pa.list_(pa.string()): "VARCHAR[]",
+        pa.list_(pa.int64()): "BIGINT[]",
+        pa.list_(pa.list_(pa.int32())): "INTEGER[][]",  # experts: per layer, the top-k
+    }
+
+
+@_built_on_first_use("ARROW_TYPES")
+def _arrow_types() -> dict[str, pa.DataType]:
+    return {name: t for t, name in _arrow_value("DUCKDB_TYPES").items()}
+
+
+if TYPE_CHECKING:  # the attributes `__getattr__` builds, as the type checker sees them
+    PARTITION_TYPES: dict[str, pa.DataType]
+    TOKENS_SCHEMA: pa.Schema
+    SAMPLES_SCHEMA: pa.Schema
+    EXPERTS_SCHEMA: pa.Schema
+    RUNS_BASE_SCHEMA: pa.Schema
+    VOCAB_SCHEMA: pa.Schema
+    RUN_META_SCHEMA: pa.Schema
+    METRICS_SCHEMA: pa.Schema
+    RUN_FORMAT_SCHEMA: pa.Schema
+    RUNS_SCHEMA: pa.Schema
+    TABLE_SCHEMAS: dict[str, pa.Schema]
+    DUCKDB_TYPES: dict[pa.DataType, str]
+    ARROW_TYPES: dict[str, pa.DataType]

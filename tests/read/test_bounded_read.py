@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -79,8 +80,25 @@ def test_json_depth_is_the_same_across_chunk_boundaries(
     value = {"a\\": ['\\\\"[', {"b": [[["]]\\\\"]]]}], "c": "\\"}
     text = json.dumps(value).encode()
     whole = bounded.json_depth(text)
+    monkeypatch.setattr(bounded, "SMALL_JSON", 0)  # the vectorised scan, chunk by chunk
     monkeypatch.setattr(bounded, "_DEPTH_CHUNK", chunk)
     assert bounded.json_depth(text) == whole == 6
+
+
+def test_small_json_is_scanned_as_the_vectorised_scan_does() -> None:
+    """Texts of the bytes that matter, in any order (valid JSON or not): the regex scan of
+    small texts gives the vectorised scan's depth and object count."""
+    generator = random.Random(34)
+    alphabet = b'[]{}"\\a,'
+    texts = [bytes(generator.choices(alphabet, k=generator.randrange(40))) for _ in range(5_000)]
+    texts.append(json.dumps({"a\\": ['\\\\"[', {"b": [[["]]\\\\"]]]}], "c": "\\"}).encode())
+    differ = [
+        text
+        for text in texts
+        if bounded._small_json_shape(text) != bounded._vectorised_json_shape(text, None)
+    ]
+    assert differ == []
+    assert bounded._small_json_shape(texts[-1]) == bounded.JsonShape(depth=6, objects=12)
 
 
 def test_loads_refuses_deep_json_before_parsing() -> None:

@@ -78,7 +78,11 @@ def _module_file(dotted: str) -> Path | None:
 
 def _defined_names(path: Path) -> set[str]:
     names: set[str] = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    top = ast.parse(path.read_text(encoding="utf-8")).body
+    # and what a top-level `if` defines (`if TYPE_CHECKING:` declares the names a module's
+    # `__getattr__` builds on first use: tokenlake.schema's Arrow schemas)
+    nested = [inner for node in top if isinstance(node, ast.If) for inner in node.body]
+    for node in [*top, *nested]:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
         elif isinstance(node, ast.Assign | ast.AnnAssign):

@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,7 +16,14 @@ import pytest
 from tests.conftest import store_of
 from tests.lakes import build_lake
 from tokenlake.errors import LakeError, UsageError
-from tokenlake.serve.query import format_table, run_query
+from tokenlake.serve.query import (
+    Rows,
+    connect_reader,
+    format_table,
+    plain_result,
+    render_query,
+    run_query,
+)
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +146,73 @@ def test_format_table_unknown_format():
     with pytest.raises(UsageError) as info:
         format_table(RESULT, "xml")
     assert str(info.value) == "Unknown format `xml`; choose one of table, csv, json, parquet"
+
+
+# Every type the plain rows take (and NaN, NULL, a list), then types that need Arrow's values:
+# HUGEINT (an int in DuckDB's rows, a Decimal in Arrow's) and a time zone.
+PLAIN_SQL = (
+    "SELECT token_id, lp_diff, 'x' || position AS label, position = 1 AS first, [position] AS ids,"
+    " 1.5::DECIMAL(10, 2) AS price, 'nan'::DOUBLE AS nan, NULL::INTEGER AS nothing,"
+    " DATE '2026-12-06' AS day FROM tokens ORDER BY position"
+)
+ARROW_SQL = "SELECT sum(token_id) AS total, TIMESTAMPTZ '2026-12-06 05:00:00+00' AS at FROM tokens"
+
+
+@pytest.mark.parametrize("fmt", ["table", "json"])
+@pytest.mark.parametrize("sql", [PLAIN_SQL, ARROW_SQL], ids=["plain", "arrow"])
+def test_rendered_without_arrow_as_with_it(lake, sql, fmt):
+    """`tokenlake query` renders DuckDB's rows of plain types, and Arrow's of the others:
+    the same text as rendering the Arrow table."""
+    store = store_of(lake)
+    assert render_query(store, sql, fmt) == format_table(run_query(store, sql), fmt)
+
+
+def test_plain_types_come_as_rows_the_others_as_arrow(lake):
+    con = connect_reader(store_of(lake))
+    try:
+        plain = plain_result(con.sql(PLAIN_SQL))
+        arrow = plain_result(con.sql(ARROW_SQL))
+    finally:
+        con.close()
+    assert isinstance(plain, Rows) and isinstance(arrow, pa.Table)
+    assert plain.numeric == [True, True, False, False, False, True, True, True, False]
+    assert repr(plain.to_pylist()) == repr(
+        run_query(store_of(lake), PLAIN_SQL).to_pylist()
+    )  # NaN too
+    assert format_table(plain.slice(1, 1), "table").splitlines() == [
+        "token_id  lp_diff  label  first  ids  price  nan  nothing  day",
+        "--------  -------  -----  -----  ---  -----  ---  -------  ----------",
+        "       6     0.25  x1     true   [1]   1.50  nan     NULL  2026-12-06",
+        "(1 row)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "exit_code"),
+    [
+        (["query", "{lake}", "SELECT count(*) FROM step_stats"], 0),
+        (["audit", "{lake}"], 1),  # its lp_diff of 0.25 fires the error audit `drift_alarms`
+    ],
+    ids=["query", "audit"],
+)
+def test_reading_commands_import_no_arrow_or_numpy(lake, tmp_path, argv, exit_code):
+    """`query` (text formats) and `audit` on a kept catalog read through DuckDB alone: pyarrow,
+    numpy, polars, pandas and torch are never imported (each costs a command ~0.1-0.2 s of
+    CPU). The first one builds the catalog, which takes the Arrow schemas' column types."""
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['tokenlake', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_module('tokenlake', run_name='__main__')\n"
+        "finally:\n"
+        "    heavy = ('numpy', 'pyarrow', 'polars', 'pandas', 'torch')\n"
+        "    print(sorted(name for name in heavy if name in sys.modules), file=sys.stderr)\n"
+    )
+    args = [a.format(lake=lake) for a in argv]
+    env = {**os.environ, "TOKENLAKE_CACHE": str(tmp_path / "cache")}
+    runs = [
+        subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+        for _ in ("builds the catalog", "opens the kept one")
+    ]
+    assert [done.returncode for done in runs] == [exit_code, exit_code]
+    assert runs[1].stderr.splitlines()[-1] == "[]"

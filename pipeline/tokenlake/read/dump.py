@@ -26,7 +26,7 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import ROLLOUT_DIR, step_label
-from tokenlake.read.values import INT64_MAX
+from tokenlake.steps import INT64_MAX
 from tokenlake.store import manifest
 
 log = logging.getLogger(__name__)

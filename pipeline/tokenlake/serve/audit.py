@@ -13,13 +13,15 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from tokenlake.errors import LakeError, duckdb_problem
 from tokenlake.serve import sql_views
-from tokenlake.serve.query import connect_reader, format_table
+from tokenlake.serve.query import Rows, connect_reader, format_table, plain_result
 from tokenlake.store.base import Store
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # Offending rows shown per failed audit; the rest are counted, not printed.
 REPORT_ROWS = 10
@@ -37,13 +39,14 @@ class AuditResult:
     Attributes:
         name: The audit's file stem, e.g. `large_lp_diff`.
         description: The first sentence of the file's header comment.
-        rows: The offending rows (empty when healthy).
+        rows: The offending rows (empty when healthy): `Rows`, or an Arrow table when a
+            column's values need Arrow's types (`query.plain_result`).
         severity: `error`, `warning` or `info`, from the file's `Severity:` header line.
     """
 
     name: str
     description: str
-    rows: pa.Table
+    rows: Rows | pa.Table
     severity: str = "error"
 
     @property
@@ -112,7 +115,8 @@ def run_audits(store: Store, settings: Mapping[str, float] | None = None) -> lis
             text = path.read_text(encoding="utf-8")
             level = severity(path, text)
             try:
-                rows = con.sql(text).to_arrow_table()
+                # `execute`, not `sql`: a relation binds the audit once more before it runs
+                rows = plain_result(con.execute(text))
             except duckdb.Error as exc:
                 problem = duckdb_problem(exc)
                 raise LakeError(str(store), f"audit `{path.stem}` cannot run: {problem}") from exc
@@ -127,7 +131,7 @@ def format_audit_report(results: Sequence[AuditResult], max_rows: int = REPORT_R
     rows, and a summary line.
 
     Examples:
-        >>> ok = AuditResult("alignment_failed", "Samples that failed.", pa.table({"a": []}))
+        >>> ok = AuditResult("alignment_failed", "Samples that failed.", Rows(["a"], [False], []))
         >>> print(format_audit_report([ok]))
         PASS  alignment_failed [error]: Samples that failed.
         All 1 audits passed.

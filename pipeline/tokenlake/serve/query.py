@@ -11,10 +11,10 @@ import io
 import json
 import logging
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-import pyarrow as pa
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tokenlake.errors import UsageError, ctrl_c_from_duckdb, duckdb_problem, lake_read_error
 from tokenlake.serve import catalog, rollups
@@ -23,6 +23,7 @@ from tokenlake.terminal import escape_controls, plural
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +117,39 @@ def run_query(store: Store, sql: str, settings: Mapping[str, float] | None = Non
         UsageError: DuckDB rejected the query; the message is DuckDB's.
         LakeError: A file of the lake could not be read (damaged, or another program's).
     """
+    return _run(store, sql, settings, _arrow_table)
+
+
+def render_query(
+    store: Store, sql: str, fmt: str, settings: Mapping[str, float] | None = None
+) -> str | bytes:
+    """`run_query`'s result rendered by `format_table`, as `tokenlake query` prints it. The
+    text formats take DuckDB's rows without Arrow when they are the same values (`plain_result`).
+
+    Raises:
+        UsageError: DuckDB rejected the query, or `fmt` is not one of FORMATS.
+        LakeError: A file of the lake could not be read (damaged, or another program's).
+    """
+    if fmt in _TEXT_FORMATS:
+        return format_table(_run(store, sql, settings, plain_result), fmt)
+    return format_table(run_query(store, sql, settings), fmt)
+
+
+_Result = TypeVar("_Result")
+
+
+def _run(
+    store: Store,
+    sql: str,
+    settings: Mapping[str, float] | None,
+    fetch: Callable[[duckdb.DuckDBPyRelation | None], _Result],
+) -> _Result:
     import duckdb
 
     con = connect_reader(store, settings)
     try:
         with ctrl_c_from_duckdb():
-            relation = con.sql(sql)
-            return pa.table({}) if relation is None else relation.to_arrow_table()
+            return fetch(con.sql(sql))
     except duckdb.Error as exc:
         location = str(store.location)
         if location.rstrip("/") + "/" in duckdb_problem(exc):  # a lake file failed, not the SQL
@@ -132,7 +159,93 @@ def run_query(store: Store, sql: str, settings: Mapping[str, float] | None = Non
         con.close()
 
 
-def format_table(table: pa.Table, fmt: str) -> str | bytes:
+def _arrow_table(relation: duckdb.DuckDBPyRelation | None) -> pa.Table:
+    import pyarrow as pa
+
+    return pa.table({}) if relation is None else relation.to_arrow_table()
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A result as Python rows, without Arrow: what the text formats render. It offers the
+    parts of `pyarrow.Table` they and the audits use (`column_names`, `num_rows`, `slice`,
+    `to_pylist`).
+
+    Attributes:
+        column_names: The columns, in order.
+        numeric: Per column, whether it holds numbers (right-aligned in a table).
+        rows: One tuple of values per row.
+    """
+
+    column_names: list[str]
+    numeric: list[bool]
+    rows: list[tuple[Any, ...]]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    def slice(self, offset: int, length: int) -> Rows:
+        return Rows(self.column_names, self.numeric, self.rows[offset : offset + length])
+
+    def to_pylist(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.column_names, row, strict=True)) for row in self.rows]
+
+    @classmethod
+    def of_arrow(cls, table: pa.Table) -> Rows:
+        import pyarrow as pa
+
+        numeric = [
+            pa.types.is_integer(f.type)
+            or pa.types.is_floating(f.type)
+            or pa.types.is_decimal(f.type)
+            for f in table.schema
+        ]
+        columns = [column.to_pylist() for column in table.columns]
+        return cls(list(table.column_names), numeric, list(zip(*columns, strict=True)))
+
+
+# DuckDB types whose Python values DuckDB gives exactly as Arrow's `to_pylist` would: not
+# HUGEINT (an int here, a Decimal there), nor time zones (the session's zone here, UTC there).
+_NUMERIC_TYPES = frozenset(
+    {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
+    | {"FLOAT", "DOUBLE"}
+)
+_PLAIN_TYPES = _NUMERIC_TYPES | {"BOOLEAN", "VARCHAR", "DATE"}
+_TEXT_FORMATS = ("table", "json")
+
+
+def _is_plain(type_name: str) -> bool:
+    """Whether values of this DuckDB type (as `str(relation.types[i])` names it) are plain.
+
+    Examples:
+        >>> [_is_plain(t) for t in ("BIGINT", "DECIMAL(18,3)", "VARCHAR[]", "HUGEINT", "JSON")]
+        [True, True, True, False, False]
+    """
+    if type_name.endswith("[]"):
+        return _is_plain(type_name[:-2])
+    return type_name in _PLAIN_TYPES or type_name.startswith("DECIMAL(")
+
+
+def plain_result(
+    result: duckdb.DuckDBPyRelation | duckdb.DuckDBPyConnection | None,
+) -> Rows | pa.Table:
+    """A result's rows (a relation, or a connection after `execute`) as `Rows` when every
+    column is of a type whose values DuckDB's rows and Arrow give alike (pyarrow is not even
+    imported), else as an Arrow table."""
+    if result is None or result.description is None:
+        return Rows([], [], [])
+    names = [column[0] for column in result.description]
+    types = [str(column[1]) for column in result.description]
+    if not all(_is_plain(t) for t in types):
+        with warnings.catch_warnings():  # that Arrow output of `execute` copies the rows once
+            warnings.filterwarnings("ignore", "Arrow output on a DB-API result", UserWarning)
+            return result.to_arrow_table()
+    numeric = [t in _NUMERIC_TYPES or t.startswith("DECIMAL(") for t in types]
+    return Rows(names, numeric, result.fetchall())
+
+
+def format_table(table: pa.Table | Rows, fmt: str) -> str | bytes:
     """Render a result as text ("table", "csv", "json") or Parquet bytes ("parquet").
 
     "json" writes JSON Lines: one object per row, keys in column order; NaN and infinities,
@@ -140,6 +253,7 @@ def format_table(table: pa.Table, fmt: str) -> str | bytes:
     shows NULL for missing values.
 
     Examples:
+        >>> import pyarrow as pa
         >>> print(format_table(pa.table({"step": [0, 1], "k3": [0.001234567, None]}), "table"))
         step          k3
         ----  ----------
@@ -148,13 +262,13 @@ def format_table(table: pa.Table, fmt: str) -> str | bytes:
         (2 rows)
     """
     if fmt == "table":
-        return _format_text(table)
-    if fmt == "csv":
-        return _format_csv(table)
+        return _format_text(_as_rows(table))
     if fmt == "json":
-        return _format_json(table)
+        return _format_json(_as_rows(table))
+    if fmt == "csv":
+        return _format_csv(_as_arrow(table))
     if fmt == "parquet":
-        return _format_parquet(table)
+        return _format_parquet(_as_arrow(table))
     raise UsageError(f"Unknown format `{fmt}`; choose one of {', '.join(FORMATS)}")
 
 
@@ -170,8 +284,14 @@ def _cell(value: Any) -> str:
     return escape_controls(str(value))
 
 
-def _is_numeric(type_: pa.DataType) -> bool:
-    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
+def _as_rows(table: pa.Table | Rows) -> Rows:
+    return table if isinstance(table, Rows) else Rows.of_arrow(table)
+
+
+def _as_arrow(table: pa.Table | Rows) -> pa.Table:
+    if isinstance(table, Rows):  # its types are not kept: CSV and Parquet need them
+        raise TypeError("CSV and Parquet are written from an Arrow table (`run_query`)")
+    return table
 
 
 # A table cell is cut for a terminal at this many characters (DuckDB's shell cuts too);
@@ -183,8 +303,10 @@ def _shortened(cell: str) -> str:
     return cell if len(cell) <= MAX_CELL_CHARS else cell[: MAX_CELL_CHARS - 1] + "…"
 
 
-def _format_text(table: pa.Table) -> str:
-    whole = [[_cell(v) for v in column.to_pylist()] for column in table.columns]
+def _format_text(table: Rows) -> str:
+    whole = [[_cell(v) for v in column] for column in zip(*table.rows, strict=True)] or [
+        [] for _ in table.column_names
+    ]
     columns = [[_shortened(cell) for cell in cells] for cells in whole]
     cut = columns != whole
     names = [escape_controls(name) for name in table.column_names]
@@ -193,7 +315,7 @@ def _format_text(table: pa.Table) -> str:
         max([len(name), *(len(c) for c in cells)])
         for name, cells in zip(names, columns, strict=True)
     ]
-    right = [_is_numeric(field.type) for field in table.schema]
+    right = table.numeric
     rows = [names, ["-" * w for w in widths], *zip(*columns, strict=True)]
     for row in rows:
         cells = [
@@ -223,7 +345,7 @@ def _json_value(value: Any) -> Any:
     return str(value)  # timestamps, decimals: their text form
 
 
-def _format_json(table: pa.Table) -> str:
+def _format_json(table: Rows) -> str:
     lines = [
         json.dumps({name: _json_value(value) for name, value in row.items()})
         for row in table.to_pylist()
@@ -232,6 +354,7 @@ def _format_json(table: pa.Table) -> str:
 
 
 def _format_csv(table: pa.Table) -> str:
+    import pyarrow as pa
     import pyarrow.csv as pa_csv
 
     # CSV has no nested types: lists and structs are written as their JSON text.

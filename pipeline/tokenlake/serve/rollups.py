@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from tokenlake import schema
 from tokenlake.errors import LakeError, ctrl_c_from_duckdb
 from tokenlake.layout import partition_patterns
@@ -49,6 +47,7 @@ from tokenlake.serve.sql_views import (
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
 
     from tokenlake.store.manifest import StepRecord
 
@@ -107,6 +106,8 @@ def _columns(name: str) -> tuple[tuple[str, str], ...]:
 
 def rollup_schema(name: str) -> pa.Schema:
     """The columns of a rollup's files: its documented columns after `run` and `rollout_id`."""
+    import pyarrow as pa
+
     return pa.schema([pa.field(c, schema.ARROW_TYPES[t]) for c, t in _columns(name)[2:]])
 
 
@@ -276,6 +277,7 @@ def differences(name: str, stored: pa.Table, computed: pa.Table) -> str | None:
     (None: the same rows; counts, keys and flags exactly, floats within TOLERANCE).
 
     Examples:
+        >>> import pyarrow as pa
         >>> t = pa.table({"k": [1, 2], "x": [0.5, 1.0]})
         >>> differences("r", t, t) is None
         True
@@ -296,6 +298,8 @@ def differences(name: str, stored: pa.Table, computed: pa.Table) -> str | None:
 
 def _sorted_rows(table: pa.Table) -> list[tuple[object, ...]]:
     """The rows, ordered by their exact columns (keys, counts, flags), then the floats."""
+    import pyarrow as pa
+
     rows = list(zip(*(table.column(i).to_pylist() for i in range(table.num_columns)), strict=True))
     exact = [i for i, f in enumerate(table.schema) if not pa.types.is_floating(f.type)]
     floats = [i for i, f in enumerate(table.schema) if pa.types.is_floating(f.type)]

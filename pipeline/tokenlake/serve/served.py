@@ -68,7 +68,8 @@ def _served_steps(
         if problem is not None:
             left_out[key] = problem
             continue
-        rollup_problem = _files_problem(store, step.files, step.identities, listing)
+        rollups = {t: n for t, n in step.files.items() if t in schema.ROLLUP_TABLES}
+        rollup_problem = _files_problem(store, rollups, step.identities, listing)
         if rollup_problem is not None:  # its views read its tokens, as without rollups
             no_rollups[key] = rollup_problem
             step = replace(step, files=own, rollup_version="", rollup_settings={})
@@ -83,8 +84,11 @@ def _files_problem(
     (None: they may)."""
     for key, name in files.items():
         try:
-            store.url(name)  # a local lake refuses a name reached through a link
             recorded = identities.get(key)
+            # A local lake refuses a name reached through a link: `url`, or reading its
+            # footer, which `_changed` does for a local file with an identity (once a file).
+            if recorded is None or store.local_catalog is None:
+                store.url(name)
             if recorded is not None and _changed(store, name, recorded, listing):
                 return (
                     f"`{name}` is not the file its manifest records (its size or footer"

@@ -12,14 +12,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from tokenlake import schema
 from tokenlake.errors import InstallError, LakeError
 from tokenlake.layout import partition_patterns
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
 
 
 _VIEW_STATEMENT = re.compile(r"CREATE\s+OR\s+REPLACE\s+VIEW\s+(\w+)\s", re.IGNORECASE)

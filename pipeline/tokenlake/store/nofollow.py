@@ -35,11 +35,15 @@ def link_error(root: Path, relative: str) -> LakeError:
 
 def refuse_links(root: Path, parts: Iterable[str]) -> None:
     """A LakeError naming the first of `root/p0`, `root/p0/p1`, … that is a link."""
+    # Joined as text, not as Path objects: a reader checks every file of the lake (its parts
+    # as `PurePosixPath.parts` gives them: none empty), and pathlib cost most of that.
     walked: list[str] = []
+    path = str(root)
     for name in parts:
         walked.append(name)
+        path = os.path.join(path, name)
         try:
-            info = os.lstat(root.joinpath(*walked))
+            info = os.lstat(path)
         except OSError:  # missing (or unreadable): nothing below it is reached
             return
         if stat.S_ISLNK(info.st_mode):

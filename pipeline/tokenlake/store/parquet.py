@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
-
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from tokenlake.bounded import MiB, amount
 from tokenlake.errors import REFUSALS, LakeError, UnreadableError
 from tokenlake.store.base import Store
+
+if TYPE_CHECKING:  # imported where a file is decoded: the manifest's checks need neither
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 # A lake file decodes to at most this many times its bytes, plus DECODED_FLOOR. tokenlake's own
 # files decode to at most 18.9x on the bench lake (mostly-NULL columns: a run-length validity
@@ -73,6 +74,8 @@ def read_table(store: Store, name: str, max_rows: int | None = None) -> pa.Table
         UnreadableLakeFile: The file cannot be read as Parquet, or holds more rows than
             `max_rows`, or would decode to more than its bound.
     """
+    import pyarrow as pa
+
     try:
         with _open(store, name) as handle:
             return _bounded_read(handle, max_rows)
@@ -138,6 +141,9 @@ def statistics_disagreement(store: Store, name: str, rows: pa.Table) -> str | No
     Raises:
         UnreadableLakeFile: The footer cannot be read.
     """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         with _open(store, name) as handle:
             footer = pq.ParquetFile(handle).metadata
@@ -192,6 +198,8 @@ def _open(store: Store, name: str) -> Any:
 
 
 def _bounded_read(handle: Any, max_rows: int | None) -> pa.Table:
+    import pyarrow.parquet as pq
+
     size = handle.seek(0, 2)
     handle.seek(0)
     plain = pq.ParquetFile(handle)
@@ -265,6 +273,8 @@ def _dictionary_strings(footer: pq.FileMetaData) -> list[str]:
 
 def _expanded_bytes(column: pa.ChunkedArray | pa.Array) -> int:
     """The bytes a column's dictionary-encoded strings take once expanded (0 without any)."""
+    import pyarrow as pa
+
     if isinstance(column, pa.ChunkedArray):
         return sum(_expanded_bytes(chunk) for chunk in column.chunks)
     if isinstance(column, pa.DictionaryArray):
@@ -280,6 +290,7 @@ def _expanded_bytes(column: pa.ChunkedArray | pa.Array) -> int:
 
 
 def _value_lengths(strings: pa.Array) -> np.ndarray:
+    import numpy as np
     import pyarrow.compute as pc
 
     return np.asarray(pc.binary_length(strings).fill_null(0).to_numpy(zero_copy_only=False))
