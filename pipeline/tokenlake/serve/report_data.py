@@ -198,6 +198,18 @@ def runs_overview(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
     )
 
 
+def pooled_drift(source: str, where: str) -> str:
+    """Per run, the drift of the steps of `source` (`drift_steps`' rows) kept by `where`,
+    pooled exactly (`run_summary`)."""
+    return f"""
+        SELECT run, count(*) AS drift_steps, sum(tokens)::BIGINT AS tokens,
+            sum(tokens * mean_abs_lp_diff_tm) / sum(tokens) AS mean_abs_lp_diff,
+            sum(tokens * k3_kl) / sum(tokens) AS k3_kl,
+            min(ess) AS ess_min, arg_min(rollout_id, ess) AS ess_min_step
+        FROM {source} WHERE {where} AND tokens > 0 GROUP BY run
+        """
+
+
 def run_summary(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
     """One row per run over the whole selection, pooled exactly from the per-step views.
 
@@ -214,13 +226,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, sel: Selection) -> Rows:
     return fetch(
         con,
         f"""
-        WITH d AS (
-            SELECT run, count(*) AS drift_steps, sum(tokens)::BIGINT AS tokens,
-                sum(tokens * mean_abs_lp_diff_tm) / sum(tokens) AS mean_abs_lp_diff,
-                sum(tokens * k3_kl) / sum(tokens) AS k3_kl,
-                min(ess) AS ess_min, arg_min(rollout_id, ess) AS ess_min_step
-            FROM drift_steps WHERE {where} AND tokens > 0 GROUP BY run
-        ), r AS (
+        WITH d AS ({pooled_drift("drift_steps", where)}), r AS (
             SELECT run,
                 avg(step_reward(framework, evaluation, reward, raw_reward))
                     FILTER (WHERE NOT evaluation) AS reward_mean,

@@ -22,6 +22,7 @@ from tokenlake.serve.run_colours import run_colours
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
 
     from tokenlake.store import manifest
 
@@ -67,49 +68,151 @@ def _known(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> list[str]:
     return sorted(set(runs))
 
 
+# Per step of the lake (training and eval): its samples, and the sums that pool its rewards
+# exactly into a run's (`run_summary`'s means over every sample); an eval step's reward as the
+# run-over-steps page charts it (`report_data.step_datasets`).
+STEP_COUNTS_SQL = """
+    SELECT s.run, s.rollout_id, s.evaluation, count(*) AS samples,
+        sum(step_reward(r.framework, s.evaluation, s.reward, s.raw_reward)) AS reward_sum,
+        count(step_reward(r.framework, s.evaluation, s.reward, s.raw_reward)) AS rewards,
+        avg(s.reward) AS eval_reward_mean, count(s.reward) AS eval_rewards
+    FROM sample_stats AS s LEFT JOIN (SELECT run, framework FROM runs) AS r USING (run)
+    GROUP BY ALL ORDER BY s.run, s.rollout_id, s.evaluation
+"""
+# Per run, the rewards pooled from `STEP_COUNTS_SQL`'s sums (a run without a reward: NULL).
+POOLED_REWARDS_SQL = """
+    SELECT run,
+        sum(reward_sum) FILTER (WHERE NOT evaluation)
+            / nullif(sum(rewards) FILTER (WHERE NOT evaluation), 0) AS reward_mean,
+        sum(reward_sum) FILTER (WHERE evaluation)
+            / nullif(sum(rewards) FILTER (WHERE evaluation), 0) AS eval_reward_mean
+    FROM kept_steps GROUP BY run
+"""
+RUNS_COLUMNS = (
+    "run, framework, dump_format, format_version, tool, start_ts, hf_checkpoint, wandb_project,"
+    " wandb_run_id, tags_json, source_dir, extracted_at, schema_version"
+)
+
+
 def kept_rows(con: duckdb.DuckDBPyConnection, records: list[manifest.RunManifest]) -> Kept:
     """What the pages reuse (`Kept`), from the catalog `con` reads and the manifests it was
-    built from (as served)."""
+    built from (as served): each per-step view read once, and the rest derived from its rows."""
     runs = tuple(run_names(con))
+    counted = con.sql(STEP_COUNTS_SQL).to_arrow_table()
+    drift = con.sql("SELECT * FROM drift_steps ORDER BY run, rollout_id").to_arrow_table()
+    step_counts = _clean(counted)
+    step_stats = rows(con, "SELECT * FROM step_stats ORDER BY run, rollout_id")
+    drift_steps = _clean(drift)
     steps: dict[str, list[Row]] = {name: [] for name in runs}
-    for step in rows(con, "SELECT DISTINCT run, rollout_id, evaluation FROM samples ORDER BY ALL"):
-        steps.setdefault(step.pop("run"), []).append(step)
+    for step in step_counts:
+        steps.setdefault(step["run"], []).append(
+            {"rollout_id": step["rollout_id"], "evaluation": step["evaluation"]}
+        )
     return Kept(
         runs=runs,
         steps=steps,
-        step_stats=_by_step(rows(con, "SELECT * FROM step_stats")),
-        drift_steps=_by_step(rows(con, "SELECT * FROM drift_steps")),
-        step_datasets=rd.step_datasets(con, rd.Selection(runs)),
+        step_stats=_by_step(step_stats),
+        drift_steps=_by_step(drift_steps),
+        step_datasets=_step_datasets(step_stats, step_counts, drift_steps),
         records=records,
+        run_rows=_run_rows(con, runs, step_counts, _pooled(con, runs, counted, drift)),
     )
+
+
+def _clean(table: pa.Table) -> Rows:
+    return [{k: rd.clean(v) for k, v in row.items()} for row in table.to_pylist()]
 
 
 def _by_step(found: Rows) -> dict[StepKey, Row]:
     return {(str(row["run"]), int(row["rollout_id"])): row for row in found}
 
 
-def runs_page(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    """Every run: its metadata and tags, steps, samples, tokens, reward and headline drift.
-    The audits it fails are `failing_audits`, which the server runs apart (they take longer
-    than the rest of the page together)."""
-    names = run_names(con)
-    sel = rd.Selection(tuple(names))
-    overview = {r["run"]: r for r in rd.runs_overview(con, sel)}
-    summary = {r["run"]: r for r in rd.run_summary(con, sel)}
-    meta = {
-        r["run"]: r
-        for r in rows(
-            con,
-            "SELECT run, framework, dump_format, format_version, tool, start_ts, hf_checkpoint,"
-            " wandb_project, wandb_run_id, tags_json FROM runs ORDER BY run",
-        )
+def _step_datasets(step_stats: Rows, step_counts: Rows, drift_steps: Rows) -> dict[str, Rows]:
+    """`report_data.step_datasets` of every run, from the per-step rows already read."""
+
+    def columns(found: Rows, names: Sequence[str]) -> Rows:
+        return [{k: row[k] for k in ("run", "rollout_id", *names)} for row in found]
+
+    evals = [
+        {
+            "run": row["run"],
+            "rollout_id": row["rollout_id"],
+            "eval_reward_mean": row["eval_reward_mean"],
+            "samples": row["eval_rewards"],
+        }
+        for row in step_counts
+        if row["evaluation"] and row["eval_rewards"]
+    ]
+    return {
+        "step_stats": columns(step_stats, rd.STEP_STATS_COLUMNS),
+        "eval_reward": evals,
+        "drift_steps": columns(drift_steps, rd.DRIFT_STEP_COLUMNS),
     }
-    runs = []
-    for name in names:
-        row = {**meta[name], **overview.get(name, {}), **summary.get(name, {})}
+
+
+def _pooled(
+    con: duckdb.DuckDBPyConnection, runs: Sequence[str], counted: pa.Table, drift: pa.Table
+) -> dict[str, Row]:
+    """Per run, `report_data.run_summary`'s values, pooled from the per-step rows (as read,
+    NaN included) by the same sums."""
+    pooled = _by_run(_over(con, drift, "kept_drift", rd.pooled_drift("kept_drift", "true")))
+    rewards = _by_run(_over(con, counted, "kept_steps", POOLED_REWARDS_SQL))
+    summary: dict[str, Row] = {}
+    for name in runs:
+        d, r = pooled.get(name, {}), rewards.get(name, {})
+        summary[name] = {
+            "run": name,
+            "drift_steps": d.get("drift_steps", 0),
+            "tokens": d.get("tokens", 0),
+            **{k: d.get(k) for k in ("mean_abs_lp_diff", "k3_kl", "ess_min", "ess_min_step")},
+            "reward_mean": r.get("reward_mean"),
+            "eval_reward_mean": r.get("eval_reward_mean"),
+        }
+    return summary
+
+
+def _over(con: duckdb.DuckDBPyConnection, table: pa.Table, name: str, sql: str) -> Rows:
+    """Rows of `sql` over `table` (rows already read), named `name` in it."""
+    relation = con.from_arrow(table).query(name, sql)
+    if relation is None:  # a statement without a result: none of this module's
+        raise ValueError(f"not a query: {sql}")
+    return _clean(relation.to_arrow_table())
+
+
+def _by_run(found: Rows) -> dict[str, Row]:
+    return {str(row["run"]): row for row in found}
+
+
+def _run_rows(
+    con: duckdb.DuckDBPyConnection,
+    runs: Sequence[str],
+    step_counts: Rows,
+    summary: dict[str, Row],
+) -> list[Row]:
+    """The runs page's rows: each run's metadata and tags, its steps and samples
+    (`report_data.runs_overview`, whose token count the summary's drift tokens replace, as on
+    the page before) and its summary (`report_data.run_summary`)."""
+    meta = {r["run"]: r for r in rows(con, f"SELECT {RUNS_COLUMNS} FROM runs ORDER BY run")}
+    found = []
+    for name in runs:
+        own = [step for step in step_counts if step["run"] == name]
+        training = [step for step in own if not step["evaluation"]]
+        overview = {
+            "steps": len(training),
+            "eval_steps": len(own) - len(training),
+            "samples": sum(step["samples"] for step in training),
+        }
+        row = {**meta[name], **overview, **summary[name]}
         row["tags"] = _tags(row.pop("tags_json", None))
-        runs.append(row)
-    return {"runs": runs, "colours": run_colours(names)}
+        found.append(row)
+    return found
+
+
+def runs_page(kept: Kept) -> dict[str, Any]:
+    """Every run: its metadata and tags, steps, samples, tokens, reward and headline drift
+    (from `kept`). The audits it fails are `failing_audits`, which the server runs apart (they
+    take longer than the rest of the page together)."""
+    return {"runs": kept.run_rows, "colours": run_colours(list(kept.runs))}
 
 
 def _tags(text: str | None) -> dict[str, str]:

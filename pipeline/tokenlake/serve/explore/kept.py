@@ -1,7 +1,7 @@
 """What the explorer's pages reuse, read once per catalog version (by `data.kept_rows`):
 every run, every step, the one-row-per-step views `step_stats` and `drift_steps` (whole, and
-as the run-over-steps page charts them, with each eval step's reward), and the served
-manifests that say where each step's files are.
+as the run-over-steps page charts them, with each eval step's reward), the runs page's rows
+(pooled from the per-step rows) and the served manifests that say where each step's files are.
 
 `drift_steps` holds each step's change from the run's previous step (window functions over
 the run's steps), so a filter on one step cannot reach its files before the windows: read for
@@ -38,6 +38,8 @@ class Kept:
     # The manifests as served (`serve.served`): where each step's files are, for a page that
     # reads one step's files only (`catalog.step_view_queries`).
     records: list[manifest.RunManifest]
+    # The runs page's runs (`data.runs_page`), without their audits.
+    run_rows: list[Row]
 
 
 class KeptByVersion:

@@ -188,9 +188,6 @@ class Explorer:
         self.port = options.port
         self.pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="tokenlake-serve")
         self.console = console.Console()
-        # The runs page without its audits, by the catalog version it was read from: it reads
-        # every run, and changes only with the catalog, whose new version reads it again.
-        self._runs_page: tuple[int, Any] | None = None
         self.kept = kept.KeptByVersion()
         # The audits of the latest catalog version: started by its first runs page, on a
         # thread of their own so that no page waits for them.
@@ -351,13 +348,11 @@ class Explorer:
         return data.step_page(cursor, rows, run, step, evaluation)
 
     def _runs_answer(self, cursor: duckdb.DuckDBPyConnection, version: int) -> dict[str, Any]:
-        """The runs page of this catalog version (kept), with the audits if they are done."""
-        page = self._runs_page
-        if page is None or page[0] != version:
-            page = (version, data.runs_page(cursor))
-            self._runs_page = page
+        """The runs page of this catalog version (from its kept rows), with the audits if they
+        are done."""
+        page = data.runs_page(self._kept(cursor, version))
         # Started once the page is read: on a new catalog, the two would share the CPU.
-        return _with_audits(page[1], self._audits_of(version))
+        return _with_audits(page, self._audits_of(version))
 
     def _audits_of(self, version: int) -> Future[dict[str, Any]]:
         """The audits of this catalog version, started in the background if they are not (an
