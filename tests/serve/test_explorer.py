@@ -596,3 +596,26 @@ def test_the_runs_page_pooled_from_kept_rows_equals_it_read_from_the_views(lake,
     pooled = [r for r in expected if r["reward_mean"] is not None and r["k3_kl"] is not None]
     assert len(pooled) >= 3 and any(r["eval_reward_mean"] is not None for r in expected)
     assert all(r["samples"] > 0 and r["steps"] > 0 for r in expected)
+
+
+def test_the_step_page_gets_one_step_views_of_the_tables_it_reads_only(lake):
+    """The step page's cursor gets one-step TEMP views of the tables its views read, through
+    every view and macro they name, and of no other (each costs time to create)."""
+    from tokenlake import schema
+
+    con = catalog.connect(store_of(lake))
+    try:
+        tables = data.step_page_tables(con)
+    finally:
+        con.close()
+    assert tables >= set(data.STEP_PAGE_READS) | {"drift_statistics", "with_sample_properties"}
+    assert sorted(tables & {*schema.TABLES, *schema.ROLLUP_TABLES}) == [
+        "drift_breakdown_parts",
+        "drift_sample_parts",
+        "drift_token_id_parts",
+        "runs",
+        "sample_token_parts",
+        "samples",
+        "tokens",
+        "vocab",
+    ]

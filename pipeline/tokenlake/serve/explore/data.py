@@ -116,7 +116,44 @@ def kept_rows(con: duckdb.DuckDBPyConnection, records: list[manifest.RunManifest
         step_datasets=_step_datasets(step_stats, step_counts, drift_steps),
         records=records,
         run_rows=_run_rows(con, runs, step_counts, _pooled(con, runs, counted, drift)),
+        step_tables=step_page_tables(con),
     )
+
+
+# What the step page's queries name: its views, and the vocabulary its tokens are shown with.
+STEP_PAGE_READS = (
+    "sample_stats",
+    "drift_samples",
+    "group_stats",
+    "drift_by_position",
+    "drift_by_prob",
+    "drift_by_turn",
+    "drift_by_weight_version",
+    "drift_by_token",
+    "vocab",
+)
+
+
+def step_page_tables(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
+    """Every view and table macro the step page reads, through the views and macros each
+    one's definition names (a column named like one counts too: more, never fewer)."""
+    definitions = dict(
+        con.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()
+    )
+    for name, text in con.execute(
+        "SELECT function_name, macro_definition FROM duckdb_functions()"
+        " WHERE function_type IN ('macro', 'table_macro') AND NOT internal"
+    ).fetchall():
+        definitions.setdefault(name, text or "")
+    found: set[str] = set()
+    named = list(STEP_PAGE_READS)
+    while named:
+        name = named.pop()
+        if name not in found:
+            found.add(name)
+            words = set(re.findall(r"[a-z_][a-z0-9_]*", (definitions.get(name) or "").lower()))
+            named.extend(words & definitions.keys())
+    return frozenset(found)
 
 
 def _clean(table: pa.Table) -> Rows:

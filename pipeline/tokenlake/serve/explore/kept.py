@@ -40,6 +40,9 @@ class Kept:
     records: list[manifest.RunManifest]
     # The runs page's runs (`data.runs_page`), without their audits.
     run_rows: list[Row]
+    # The views and macros the step page reads, through every one they read
+    # (`data.step_page_tables`): the one-step TEMP views it needs are of these.
+    step_tables: frozenset[str]
 
 
 class KeptByVersion:

@@ -340,11 +340,12 @@ class Explorer:
     def _step_answer(
         self, cursor: duckdb.DuckDBPyConnection, version: int, run: str, step: int, evaluation: bool
     ) -> dict[str, Any]:
-        """The step page, its queries planned over that step's files only: a view over every
-        file of the lake costs time in proportion to the lake's files to plan."""
+        """The step page, its queries planned over that step's files only (those of the tables
+        it reads): a view over every file of the lake costs time in proportion to the lake's
+        files to plan."""
         rows = self._kept(cursor, version)
         queries = catalog.step_view_queries(self.served.store, rows.records, run, step, evaluation)
-        data.read_only_step(cursor, queries)
+        data.read_only_step(cursor, {n: q for n, q in queries.items() if n in rows.step_tables})
         return data.step_page(cursor, rows, run, step, evaluation)
 
     def _runs_answer(self, cursor: duckdb.DuckDBPyConnection, version: int) -> dict[str, Any]:
