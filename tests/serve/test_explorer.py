@@ -560,13 +560,12 @@ def test_every_step_page_read_over_its_own_files_equals_it_read_over_every_file(
 
 
 def test_the_runs_page_pooled_from_kept_rows_equals_it_read_from_the_views(lake, server):
-    """The runs page is pooled from the rows kept per step (`drift_steps`' rows, each step's
+    """The runs page is pooled from rows kept per step (`drift_steps`' rows, each step's
     reward sums); read from the views over every sample and token instead (the overview, the
     summary and the runs' metadata), every value of every run is the same."""
     con = catalog.connect(store_of(lake))
     try:
-        store = store_of(lake)
-        kept = data.kept_rows(con, served_records(store, manifest.load_all(store))[0])
+        level = data.run_level_rows(con)
         names = data.run_names(con)
         sel = rd.Selection(tuple(names))
         overview = {r["run"]: r for r in rd.runs_overview(con, sel)}
@@ -586,7 +585,7 @@ def test_the_runs_page_pooled_from_kept_rows_equals_it_read_from_the_views(lake,
         row = {**meta[name], **overview[name], **summary[name]}
         row["tags"] = json.loads(row.pop("tags_json") or "{}")
         expected.append(row)
-    assert data.runs_page(kept) == {"runs": expected, "colours": run_colours(names)}
+    assert data.runs_page(level) == {"runs": expected, "colours": run_colours(names)}
     with urllib.request.urlopen(server + "api/runs") as answer:
         shown = json.load(answer)
     assert [{k: v for k, v in r.items() if k != "audits"} for r in shown["runs"]] == json.loads(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tokenlake.errors import UsageError
 from tokenlake.serve import audit, sql_views
 from tokenlake.serve import report_data as rd
-from tokenlake.serve.explore.kept import Kept, Row, StepKey
+from tokenlake.serve.explore.kept import Kept, Row, RunLevel, StepKey
 from tokenlake.serve.run_colours import run_colours
 
 if TYPE_CHECKING:
@@ -94,28 +94,43 @@ RUNS_COLUMNS = (
 )
 
 
-def kept_rows(con: duckdb.DuckDBPyConnection, records: list[manifest.RunManifest]) -> Kept:
-    """What the pages reuse (`Kept`), from the catalog `con` reads and the manifests it was
-    built from (as served): each per-step view read once, and the rest derived from its rows."""
+def run_level_rows(con: duckdb.DuckDBPyConnection) -> RunLevel:
+    """The runs page's rows and the per-step rows they are pooled from (`RunLevel`), from the
+    catalog `con` reads."""
     runs = tuple(run_names(con))
     counted = con.sql(STEP_COUNTS_SQL).to_arrow_table()
     drift = con.sql("SELECT * FROM drift_steps ORDER BY run, rollout_id").to_arrow_table()
     step_counts = _clean(counted)
+    return RunLevel(
+        runs=runs,
+        step_counts=step_counts,
+        drift_steps=_clean(drift),
+        run_rows=_run_rows(con, runs, step_counts, _pooled(con, runs, counted, drift)),
+    )
+
+
+def kept_rows(
+    con: duckdb.DuckDBPyConnection,
+    records: list[manifest.RunManifest],
+    run_level: RunLevel | None = None,
+) -> Kept:
+    """What the pages reuse (`Kept`), from the catalog `con` reads and the manifests it was
+    built from (as served): each per-step view read once (`run_level`'s rows of the same
+    catalog version when given), and the rest derived from its rows."""
+    level = run_level_rows(con) if run_level is None else run_level
     step_stats = rows(con, "SELECT * FROM step_stats ORDER BY run, rollout_id")
-    drift_steps = _clean(drift)
-    steps: dict[str, list[Row]] = {name: [] for name in runs}
-    for step in step_counts:
+    steps: dict[str, list[Row]] = {name: [] for name in level.runs}
+    for step in level.step_counts:
         steps.setdefault(step["run"], []).append(
             {"rollout_id": step["rollout_id"], "evaluation": step["evaluation"]}
         )
     return Kept(
-        runs=runs,
+        runs=level.runs,
         steps=steps,
         step_stats=_by_step(step_stats),
-        drift_steps=_by_step(drift_steps),
-        step_datasets=_step_datasets(step_stats, step_counts, drift_steps),
+        drift_steps=_by_step(level.drift_steps),
+        step_datasets=_step_datasets(step_stats, level.step_counts, level.drift_steps),
         records=records,
-        run_rows=_run_rows(con, runs, step_counts, _pooled(con, runs, counted, drift)),
         step_tables=step_page_tables(con),
     )
 
@@ -245,11 +260,11 @@ def _run_rows(
     return found
 
 
-def runs_page(kept: Kept) -> dict[str, Any]:
+def runs_page(level: RunLevel) -> dict[str, Any]:
     """Every run: its metadata and tags, steps, samples, tokens, reward and headline drift
-    (from `kept`). The audits it fails are `failing_audits`, which the server runs apart (they
-    take longer than the rest of the page together)."""
-    return {"runs": kept.run_rows, "colours": run_colours(list(kept.runs))}
+    (from `level`). The audits it fails are `failing_audits`, which the server runs apart
+    (they take longer than the rest of the page together)."""
+    return {"runs": level.run_rows, "colours": run_colours(list(level.runs))}
 
 
 def _tags(text: str | None) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """What the explorer's pages reuse, read once per catalog version (by `data.kept_rows`):
 every run, every step, the one-row-per-step views `step_stats` and `drift_steps` (whole, and
 as the run-over-steps page charts them, with each eval step's reward), the runs page's rows
-(pooled from the per-step rows) and the served manifests that say where each step's files are.
+(pooled from the per-step rows: `RunLevel`, read by the first runs page alone) and the served
+manifests that say where each step's files are.
 
 `drift_steps` holds each step's change from the run's previous step (window functions over
 the run's steps), so a filter on one step cannot reach its files before the windows: read for
@@ -15,13 +16,25 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from tokenlake.store import manifest
 
+T = TypeVar("T")
 Row = dict[str, Any]
 StepKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class RunLevel:
+    """One catalog version's runs page (`data.runs_page`) and the per-step rows it is pooled
+    from: read by its first runs page, which needs no more; `Kept` reuses them."""
+
+    runs: tuple[str, ...]  # sorted: the order that gives each run its colour
+    step_counts: list[Row]  # per step: its samples and reward sums (`data.STEP_COUNTS_SQL`)
+    drift_steps: list[Row]
+    run_rows: list[Row]  # the runs page's runs, without their audits
 
 
 @dataclass(frozen=True)
@@ -38,22 +51,21 @@ class Kept:
     # The manifests as served (`serve.served`): where each step's files are, for a page that
     # reads one step's files only (`catalog.step_view_queries`).
     records: list[manifest.RunManifest]
-    # The runs page's runs (`data.runs_page`), without their audits.
-    run_rows: list[Row]
     # The views and macros the step page reads, through every one they read
     # (`data.step_page_tables`): the one-step TEMP views it needs are of these.
     step_tables: frozenset[str]
 
 
-class KeptByVersion:
-    """The `Kept` of the latest catalog version asked for, read by the first request of that
-    version; requests that arrive while it is read wait for it rather than read it again."""
+class KeptByVersion(Generic[T]):
+    """What `reader` reads of the latest catalog version asked for (a `Kept`, a `RunLevel`),
+    read by the first request of that version; requests that arrive while it is read wait for
+    it rather than read it again."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._kept: tuple[int, Kept] | None = None
+        self._kept: tuple[int, T] | None = None
 
-    def get(self, version: int, reader: Callable[[], Kept]) -> Kept:
+    def get(self, version: int, reader: Callable[[], T]) -> T:
         with self._lock:
             if self._kept is not None and version < self._kept[0]:
                 return reader()  # a request that began before the catalog changed

@@ -188,7 +188,8 @@ class Explorer:
         self.port = options.port
         self.pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="tokenlake-serve")
         self.console = console.Console()
-        self.kept = kept.KeptByVersion()
+        self.kept = kept.KeptByVersion[kept.Kept]()
+        self.run_level = kept.KeptByVersion[kept.RunLevel]()
         # The audits of the latest catalog version: started by its first runs page, on a
         # thread of their own so that no page waits for them.
         self._audits_lock = threading.Lock()
@@ -333,9 +334,12 @@ class Explorer:
     def _kept(self, cursor: duckdb.DuckDBPyConnection, version: int) -> kept.Kept:
         def read() -> kept.Kept:
             records, _ = served_records(self.served.store, manifest.load_all(self.served.store))
-            return data.kept_rows(cursor, records)
+            return data.kept_rows(cursor, records, self._run_level(cursor, version))
 
         return self.kept.get(version, read)
+
+    def _run_level(self, cursor: duckdb.DuckDBPyConnection, version: int) -> kept.RunLevel:
+        return self.run_level.get(version, lambda: data.run_level_rows(cursor))
 
     def _step_answer(
         self, cursor: duckdb.DuckDBPyConnection, version: int, run: str, step: int, evaluation: bool
@@ -349,9 +353,9 @@ class Explorer:
         return data.step_page(cursor, rows, run, step, evaluation)
 
     def _runs_answer(self, cursor: duckdb.DuckDBPyConnection, version: int) -> dict[str, Any]:
-        """The runs page of this catalog version (from its kept rows), with the audits if they
-        are done."""
-        page = data.runs_page(self._kept(cursor, version))
+        """The runs page of this catalog version (pooled from its kept per-step rows), with the
+        audits if they are done."""
+        page = data.runs_page(self._run_level(cursor, version))
         # Started once the page is read: on a new catalog, the two would share the CPU.
         return _with_audits(page, self._audits_of(version))
 
