@@ -519,8 +519,8 @@ def test_the_runs_page_is_drawn_before_its_audits_and_fills_them_in_when_ready(
 def test_every_step_page_read_over_its_own_files_equals_it_read_over_every_file(lake, server):
     """The server plans a step page over that step's files only (TEMP views shadowing the
     catalog's base views) and takes the per-step rows of it and of the run-over-steps page
-    from rows kept per catalog version; read over the whole catalog instead, every value is
-    the same."""
+    from rows kept per catalog version (its groups too); read over the whole catalog instead,
+    every value is the same."""
     con = catalog.connect(store_of(lake))
     try:
         store = store_of(lake)
@@ -537,6 +537,13 @@ def test_every_step_page_read_over_its_own_files_equals_it_read_over_every_file(
                 shown = json.load(answer)
             whole = data.step_page(con, kept, run, step, evaluation)
             assert shown == json.loads(json.dumps(whole, default=str)), (run, step, evaluation)
+            groups = data.rows(
+                con,
+                "SELECT * FROM group_stats WHERE run = ? AND rollout_id = ? AND evaluation = ?"
+                " ORDER BY group_index",
+                [run, step, evaluation],
+            )
+            assert groups and shown["groups"] == json.loads(json.dumps(groups, default=str))
             if not evaluation:  # the kept rows are the views' own
                 drift = data.rows(
                     con, "SELECT * FROM drift_steps WHERE run = ? AND rollout_id = ?", [run, step]
@@ -612,7 +619,6 @@ def test_the_step_page_gets_one_step_views_of_the_tables_it_reads_only(lake):
         "drift_breakdown_parts",
         "drift_sample_parts",
         "drift_token_id_parts",
-        "runs",
         "sample_token_parts",
         "samples",
         "tokens",

@@ -119,6 +119,10 @@ def kept_rows(
     catalog version when given), and the rest derived from its rows."""
     level = run_level_rows(con) if run_level is None else run_level
     step_stats = rows(con, "SELECT * FROM step_stats ORDER BY run, rollout_id")
+    groups: dict[tuple[str, int, bool], list[Row]] = {}
+    for group in rows(con, "SELECT * FROM group_stats ORDER BY run, rollout_id, group_index"):
+        key = (str(group["run"]), int(group["rollout_id"]), bool(group["evaluation"]))
+        groups.setdefault(key, []).append(group)
     steps: dict[str, list[Row]] = {name: [] for name in level.runs}
     for step in level.step_counts:
         steps.setdefault(step["run"], []).append(
@@ -129,6 +133,7 @@ def kept_rows(
         steps=steps,
         step_stats=_by_step(step_stats),
         drift_steps=_by_step(level.drift_steps),
+        groups=groups,
         step_datasets=_step_datasets(step_stats, level.step_counts, level.drift_steps),
         records=records,
         step_tables=step_page_tables(con),
@@ -139,7 +144,6 @@ def kept_rows(
 STEP_PAGE_READS = (
     "sample_stats",
     "drift_samples",
-    "group_stats",
     "drift_by_position",
     "drift_by_prob",
     "drift_by_turn",
@@ -333,8 +337,8 @@ def step_page(
     con: duckdb.DuckDBPyConnection, kept: Kept, run: str, step: int, evaluation: bool
 ) -> dict[str, Any]:
     """One step: its numbers, every sample (with its drift), its groups and its drift
-    breakdowns. Its `step_stats` and `drift_steps` rows and the run's steps come from `kept`
-    (the catalog version `con` reads)."""
+    breakdowns. Its `step_stats`, `drift_steps` and `group_stats` rows and the run's steps
+    come from `kept` (the catalog version `con` reads)."""
     if run not in kept.runs:
         raise UsageError(f"The lake has no run {json.dumps(run)}.")
     key = [run, step]
@@ -352,12 +356,6 @@ def step_page(
         raise UsageError(f"Run {json.dumps(run)} has no {_kind(evaluation)} step {step}.")
     numbers = kept.step_stats.get((run, step))
     drift = kept.drift_steps.get((run, step))
-    groups = rows(
-        con,
-        "SELECT * FROM group_stats WHERE run = ? AND rollout_id = ? AND evaluation = ?"
-        " ORDER BY group_index",
-        [*key, evaluation],
-    )
     return {
         "run": run,
         "step": step,
@@ -365,7 +363,7 @@ def step_page(
         "numbers": None if evaluation else numbers,
         "drift": None if evaluation else drift,
         "samples": samples,
-        "groups": groups,
+        "groups": kept.groups.get((run, step, evaluation), []),
         "breakdowns": {} if evaluation else _breakdowns(con, key),
         "steps": kept.steps.get(run, []),
     }

@@ -8,7 +8,8 @@ manifests that say where each step's files are.
 the run's steps), so a filter on one step cannot reach its files before the windows: read for
 one step it costs what the whole lake's read costs. Read once, a step page picks its row from
 memory. A new catalog version (an extraction committed a step) is read again. What is kept is
-one row per step, so it grows with the lake's steps, never with its tokens.
+one row per step (and per prompt group), so it grows with the lake's steps and groups, never
+with its tokens.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class Kept:
     steps: dict[str, list[Row]]  # run -> its steps as {rollout_id, evaluation}, in order
     step_stats: dict[StepKey, Row]
     drift_steps: dict[StepKey, Row]
+    # (run, step, evaluation) -> the step's `group_stats` rows by group_index (a step has
+    # at most as many groups as samples).
+    groups: dict[tuple[str, int, bool], list[Row]]
     # The run-over-steps page's datasets (`report_data.step_datasets`) of every run, each
     # list ordered by run then step: a page picks its runs' rows.
     step_datasets: dict[str, list[Row]]
