@@ -4,6 +4,8 @@ its timing blanked, and a query's rows through a lake's catalog."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,9 +19,21 @@ from tokenlake.serve import catalog
 if TYPE_CHECKING:
     import duckdb
 
-__all__ = ["cli", "list_keys", "moto_server", "new_bucket", "rows", "text_rows"]
+__all__ = ["cli", "fresh_s3", "list_keys", "moto_server", "new_bucket", "rows", "text_rows"]
 
 SUMMARY_TIME = re.compile(r" in \d+\.\d s -> ")
+
+
+@contextmanager
+def fresh_s3() -> Iterator[dict[str, str]]:
+    """moto's server for one test module, with s3fs's cached filesystems dropped before and
+    after (a cached instance would point at another module's server)."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    with moto_server() as env:
+        yield env
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def cli(*args: str) -> tuple[int, str]:

@@ -184,6 +184,7 @@ LAKE_METHODS = {
     "follow",
     "metrics",
     "query",
+    "query_text",
     "report",
     "root",
     "runs",
@@ -214,6 +215,7 @@ def test_reading_methods(template: Path, tmp_path: Path) -> None:
         assert opened.metrics().collect().height == 0
         assert opened.query(STEP_STATS_SQL).num_rows == 14
         assert opened.sql("SELECT count(*) FROM samples").fetchall() == [(212,)]
+        assert opened.query_text("SELECT count(*) AS n FROM samples", "csv") == '"n"\n212\n'
         assert [r.name for r in opened.audit() if r.rows.num_rows and r.severity == "error"] == [
             "framework_gates"  # the miles fixtures' noise log-probs fail miles' own gate
         ]

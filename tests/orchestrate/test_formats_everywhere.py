@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, PRIME_RL_REAL, SLIME_REAL
-from tests.s3server import moto_server, new_bucket, rows
+from tests.s3server import fresh_s3, new_bucket, rows
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.orchestrate.follow import FollowState, follow_round
 from tokenlake.read import prime_rl
@@ -132,12 +132,8 @@ def test_following_a_prime_rl_run_takes_a_step_when_its_stable_appears(tmp_path:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()  # an instance may point at another server
-    with moto_server() as env:
+    with fresh_s3() as env:
         yield env
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def _upload(bucket: str, prefix: str, source: Path) -> str:

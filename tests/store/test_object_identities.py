@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.fixture_paths import REAL_DUMPS
-from tests.s3server import cli, list_keys, moto_server, new_bucket, rows
+from tests.s3server import cli, fresh_s3, list_keys, new_bucket, rows
 from tokenlake.store.object import ObjectStore
 
 pytestmark = pytest.mark.slow  # a server, and a real extraction
@@ -25,12 +25,8 @@ BY_STEP = "SELECT rollout_id, count(*) FROM tokens GROUP BY ALL"
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()  # an instance may point at another module's server
-    with moto_server() as env:
+    with fresh_s3() as env:
         yield env
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def _rewrite(bucket: str, key: str, change: str | None = None) -> tuple[int, int]:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.fixture_paths import REAL_DUMPS
 from tests.read.test_remote_dump import upload
-from tests.s3server import cli, moto_server, new_bucket
+from tests.s3server import cli, fresh_s3, new_bucket
 from tokenlake.read import vocab
 from tokenlake.read.remote import remote_dump
 from tokenlake.store import manifest, object_lock
@@ -23,12 +23,8 @@ BASIC = REAL_DUMPS / "basic"
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()  # an instance may point at another module's server
-    with moto_server() as env:
+    with fresh_s3() as env:
         yield env
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def put(bucket: str, key: str, body: bytes) -> None:
