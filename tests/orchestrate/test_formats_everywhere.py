@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import store_of
 from tests.fixture_paths import NEMO_RL_REAL, PRIME_RL_REAL, SLIME_REAL
 from tests.s3server import fresh_s3, new_bucket, rows
-from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.orchestrate.extract import ExtractOptions, ExtractSummary, extract_run
 from tokenlake.orchestrate.follow import FollowState, follow_round
 from tokenlake.read import prime_rl
 from tokenlake.read.remote import remote_dump
@@ -71,43 +71,22 @@ def test_workers_and_incremental_reextraction(name: str, tmp_path: Path) -> None
 def test_following_a_nemo_rl_log_directory_as_its_files_appear(tmp_path: Path) -> None:
     source, live, lake = DUMPS["nemo-rl"], tmp_path / "logs", tmp_path / "lake"
     live.mkdir()
-    state = FollowState()
+    state, options = FollowState(), ExtractOptions(settle_seconds=30.0)
     for name in ("train_data_step1.jsonl", "train_data_step2.jsonl"):
         shutil.copy(source / name, live / name)
-    first = follow_round(
-        live,
-        store_of(lake),
-        "live",
-        state,
-        ExtractOptions(settle_seconds=30.0),
-        None,
-        clock=lambda: 2e9,
-    )
+
+    def round_at(seconds: float) -> ExtractSummary:
+        return follow_round(
+            live, store_of(lake), "live", state, options, None, clock=lambda: seconds
+        )
+
+    first = round_at(2e9)
     assert [s.rollout_id for s in first.steps] == [1, 2]
     shutil.copy(source / "train_data_step3.jsonl", live / "train_data_step3.jsonl")
     # a file written this instant has not settled: not extracted yet
     now = (live / "train_data_step3.jsonl").stat().st_mtime
-    assert (
-        follow_round(
-            live,
-            store_of(lake),
-            "live",
-            state,
-            ExtractOptions(settle_seconds=30.0),
-            None,
-            clock=lambda: now,
-        ).steps
-        == []
-    )
-    later = follow_round(
-        live,
-        store_of(lake),
-        "live",
-        state,
-        ExtractOptions(settle_seconds=30.0),
-        None,
-        clock=lambda: now + 31,
-    )
+    assert round_at(now).steps == []
+    later = round_at(now + 31)
     assert [s.rollout_id for s in later.steps] == [3]
     assert _counts(later) == {"new": 1, "unchanged": 2}
 
