@@ -37,14 +37,8 @@ WITH covered AS (
         AND ISFINITE(teacher_log_prob)
 )
 SELECT
-    -- typed by trained_tokens
-    run,
-    rollout_id,
-    batch_position,
-    sample_index,
-    position,
-    token_id,
-    turn_index,
+    -- the keys as trained_tokens types them
+    covered.* EXCLUDE (student_lp, teacher_lp, opd_reverse_kl),
     student_lp::DOUBLE AS train_log_prob,  -- nats
     teacher_lp::DOUBLE AS teacher_log_prob,  -- nats
     opd_reverse_kl::DOUBLE AS opd_reverse_kl,  -- nats

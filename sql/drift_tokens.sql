@@ -52,18 +52,8 @@ WITH covered AS (
         AND drift_finite(lp_diff, train_log_prob, rollout_log_prob)
 )
 SELECT
-    -- typed by trained_tokens
-    run,
-    rollout_id,
-    batch_position,
-    sample_index,
-    position,
-    token_id,
-    turn_index,
-    first_occurrence,
-    token_version,
-    token_staleness,
-    support_size,
+    -- the keys as trained_tokens types them
+    covered.* EXCLUDE (train_lp, rollout_lp, entropy, delta),
     train_lp::DOUBLE AS train_log_prob,
     rollout_lp::DOUBLE AS rollout_log_prob,
     entropy::DOUBLE AS entropy,
