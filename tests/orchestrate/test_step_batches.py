@@ -5,6 +5,7 @@ step in a job costs only itself."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -61,22 +62,28 @@ def test_every_worker_gets_a_job_and_a_step_of_unknown_size_is_alone(tmp_path):
 
 
 def _files(lake: Path) -> dict[tuple[str, str], tuple[object, ...]]:
-    """Every step's files by (step, table): the rows, their schema, the record's rollup
-    digests."""
+    """Every step's files by (step, table): the rows, the file's identity (its size and
+    footer), the record's rollup digests."""
     (record,) = manifest.load_all(store_of(lake))
     found = {}
     for label, step in record.steps.items():
         for table, name in step.files.items():
             rows = pq.read_table(lake / name)
-            found[label, table] = (rows, step.rollup_version, step.rollup_settings)
+            identity = step.identities[table]
+            found[label, table] = (rows, identity, step.rollup_version, step.rollup_settings)
     return found
 
 
-@pytest.fixture(scope="module")
-def mixed_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three steps and an eval file: one step rollout-only (no drift tokens), beside others."""
+@pytest.fixture(scope="module", params=["rollout-only", "example-6"])
+def mixed_dump(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """Three steps and an eval file, one rollout-only (no drift tokens); six multi-turn steps
+    and an eval file, enough groups that a hash aggregate over several steps gives them in
+    another order than over one."""
     folder = tmp_path_factory.mktemp("mixed") / "dump"
-    synth.write_dump(folder, synth.PRESETS["rollout-only"])
+    preset = synth.PRESETS["rollout-only"]
+    if request.param == "example-6":
+        preset = replace(synth.PRESETS["example"], steps=6)
+    synth.write_dump(folder, preset)
     return folder
 
 
@@ -103,10 +110,11 @@ def test_steps_extracted_together_write_what_steps_extracted_alone_write(
     mine, theirs = _files(tmp_path / "batched"), _files(tmp_path / "alone")
     assert mine.keys() == theirs.keys()
     assert {table for _, table in mine} >= set(rollups.rollup_names())
-    for key, (rows, version, settings) in mine.items():
-        other_rows, other_version, other_settings = theirs[key]
+    for key, (rows, *recorded) in mine.items():
+        other_rows, *other_recorded = theirs[key]
         assert rows.equals(other_rows, check_metadata=False), key  # same rows, same order
-        assert (version, settings) == (other_version, other_settings)
+        assert recorded == other_recorded, key  # the same bytes where a file's size and
+        # footer tell (the source's path in its metadata is the same dump's)
 
 
 def test_a_bad_step_in_a_job_costs_only_itself(mixed_dump, tmp_path):

@@ -228,7 +228,7 @@ def _compute_steps(
         {
             name: rollup_schema(name).empty_table()
             if name in empty
-            else _step_rows(computed[name], step.rollout_id, len(steps) > 1)
+            else _step_rows(name, computed[name], step.rollout_id, len(steps) > 1)
             for name in rollup_names()
         }
         for step in steps
@@ -243,15 +243,29 @@ def _keyed(table: pa.Table, rollout_id: int) -> pa.Table:
     return table.append_column(_STEP_KEY, pa.array(np.full(table.num_rows, rollout_id, np.int64)))
 
 
-def _step_rows(rows: pa.Table, rollout_id: int, together: bool) -> pa.Table:
-    """One step's rows of a rollup computed for several steps (`together`), without their
-    rollout id; the rows as they are for a step computed alone."""
-    if not together:
-        return rows
-    import pyarrow.compute as pc
+def _step_rows(name: str, rows: pa.Table, rollout_id: int, together: bool) -> pa.Table:
+    """One step's rows of a rollup (of several steps computed `together`: without their
+    rollout id), in the rollup's stored order (`_row_order`)."""
+    if together:
+        import pyarrow.compute as pc
 
-    mine = rows.filter(pc.equal(rows.column(schema.ROLLOUT_ID), rollout_id))
-    return mine.drop_columns([schema.ROLLOUT_ID])
+        rows = rows.filter(pc.equal(rows.column(schema.ROLLOUT_ID), rollout_id))
+        rows = rows.drop_columns([schema.ROLLOUT_ID])
+    return rows.sort_by(list(_row_order(name)))
+
+
+@cache
+def _row_order(name: str) -> tuple[tuple[str, str, str], ...]:
+    """The order a step's rows of a rollup are stored in: its rank column first where it has
+    one (`k3_rank`, `outlier_rank`: the order its delta-encoded integers compress best in),
+    then every column in its header's order. A function of the step's rows alone, so the
+    step's files are the same bytes whether its rollups were computed alone or with other
+    steps': a hash aggregate gives its groups in an order that depends on all the rows it saw.
+    """
+    names = [column for column, _ in _columns(name)[2:]]
+    ranks = [column for column in names if column.endswith("_rank")]
+    ordered = [*ranks, *(column for column in names if column not in ranks)]
+    return tuple((column, "ascending", "at_end") for column in ordered)  # NULLs last
 
 
 def _has_rows(con: duckdb.DuckDBPyConnection, table: str) -> bool:
