@@ -18,6 +18,7 @@ from tokenlake.errors import UsageError
 from tokenlake.serve import audit, sql_views
 from tokenlake.serve import report_data as rd
 from tokenlake.serve.explore.kept import Kept, Row, RunLevel, StepKey
+from tokenlake.serve.explore.step_rows import windowed_sql
 from tokenlake.serve.run_colours import run_colours
 
 if TYPE_CHECKING:
@@ -94,12 +95,20 @@ RUNS_COLUMNS = (
 )
 
 
-def run_level_rows(con: duckdb.DuckDBPyConnection) -> RunLevel:
+def run_level_rows(
+    con: duckdb.DuckDBPyConnection, steps: tuple[pa.Table, pa.Table] | None = None
+) -> RunLevel:
     """The runs page's rows and the per-step rows they are pooled from (`RunLevel`), from the
-    catalog `con` reads."""
+    catalog `con` reads: its per-step rows as `steps` gives them (`step_rows.StepRowsKept`:
+    `STEP_COUNTS_SQL`'s, and `drift_steps`' with their windows yet to compute), else read."""
     runs = tuple(run_names(con))
-    counted = con.sql(STEP_COUNTS_SQL).to_arrow_table()
-    drift = con.sql("SELECT * FROM drift_steps ORDER BY run, rollout_id").to_arrow_table()
+    if steps is None:
+        counted, drift = read_step_rows(con)
+    else:
+        counted, drift = (
+            steps[0],
+            _over_table(con, steps[1], "kept_drift", windowed_sql("kept_drift")),
+        )
     step_counts = _clean(counted)
     return RunLevel(
         runs=runs,
@@ -107,6 +116,31 @@ def run_level_rows(con: duckdb.DuckDBPyConnection) -> RunLevel:
         drift_steps=_clean(drift),
         run_rows=_run_rows(con, runs, step_counts, _pooled(con, runs, counted, drift)),
     )
+
+
+# What the per-step rows' queries name.
+STEP_ROWS_READS = ("sample_stats", "drift_steps", "runs")
+
+
+def read_step_rows(
+    con: duckdb.DuckDBPyConnection, queries: dict[str, str] | None = None
+) -> tuple[pa.Table, pa.Table]:
+    """`STEP_COUNTS_SQL`'s rows and `drift_steps`' of the catalog `con` reads, or, given
+    `queries` (`catalog.steps_view_queries`), of the steps whose files those read (as TEMP
+    views of `con` while they are read)."""
+    made: list[str] = []
+    try:
+        if queries is not None:
+            read = tables_read(con, STEP_ROWS_READS)
+            chosen = {name: query for name, query in queries.items() if name in read}
+            made = list(chosen)
+            read_only_step(con, chosen)
+        counted = con.sql(STEP_COUNTS_SQL).to_arrow_table()
+        drift = con.sql("SELECT * FROM drift_steps ORDER BY run, rollout_id").to_arrow_table()
+    finally:
+        for name in made:
+            con.execute(f"DROP VIEW IF EXISTS temp.{name}")
+    return counted, drift
 
 
 def kept_rows(
@@ -154,7 +188,12 @@ STEP_PAGE_READS = (
 
 
 def step_page_tables(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
-    """Every view and table macro the step page reads, through the views and macros each
+    """Every view and table macro the step page reads (`tables_read`)."""
+    return tables_read(con, STEP_PAGE_READS)
+
+
+def tables_read(con: duckdb.DuckDBPyConnection, reads: Sequence[str]) -> frozenset[str]:
+    """`reads` and every view and table macro they read, through the views and macros each
     one's definition names (a column named like one counts too: more, never fewer)."""
     definitions = dict(
         con.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()
@@ -165,7 +204,7 @@ def step_page_tables(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
     ).fetchall():
         definitions.setdefault(name, text or "")
     found: set[str] = set()
-    named = list(STEP_PAGE_READS)
+    named = list(reads)
     while named:
         name = named.pop()
         if name not in found:
@@ -229,10 +268,14 @@ def _pooled(
 
 def _over(con: duckdb.DuckDBPyConnection, table: pa.Table, name: str, sql: str) -> Rows:
     """Rows of `sql` over `table` (rows already read), named `name` in it."""
+    return _clean(_over_table(con, table, name, sql))
+
+
+def _over_table(con: duckdb.DuckDBPyConnection, table: pa.Table, name: str, sql: str) -> pa.Table:
     relation = con.from_arrow(table).query(name, sql)
     if relation is None:  # a statement without a result: none of this module's
         raise ValueError(f"not a query: {sql}")
-    return _clean(relation.to_arrow_table())
+    return relation.to_arrow_table()
 
 
 def _by_run(found: Rows) -> dict[str, Row]:
