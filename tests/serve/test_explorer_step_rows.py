@@ -127,3 +127,44 @@ def test_windowed_sql_computes_each_change_from_the_runs_previous_step():
         ("a", 5, 2, None),
         ("b", 0, None, None),
     ]
+
+
+@pytest.mark.slow
+def test_a_rollup_computed_under_the_settings_read_is_served_without_the_fallback(tmp_path):
+    """Given the digests of the settings a connection reads (`rollups.settings_digests`), a
+    step's rollup computed under them is read from its file alone; under other settings it
+    keeps the fallback to the tokens. Both give the same rows."""
+    from tokenlake.serve import rollups
+    from tokenlake.serve.served import served_records
+    from tokenlake.store import manifest
+
+    synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
+    lake = tmp_path / "lake"
+    extract_run(tmp_path / "dump", store_of(lake), ExtractOptions(run_name="r", workers=1))
+    store = store_of(lake)
+    records = served_records(store, manifest.load_all(store))[0]
+    con = catalog.connect(store)
+    try:
+        settled = rollups.settings_digests(con)
+        assert sorted(settled) == ["drift_sample_parts"]
+        guarded = catalog.step_view_queries(store, records, "r", 1, False)
+        fixed = catalog.step_view_queries(store, records, "r", 1, False, settled)
+        other = catalog.step_view_queries(
+            store, records, "r", 1, False, {"drift_sample_parts": "0" * 32}
+        )
+        assert "tokenlake_settings_hit" in guarded["drift_sample_parts"]
+        assert "tokenlake_settings_hit" in other["drift_sample_parts"]
+        assert "tokenlake_settings_hit" not in fixed["drift_sample_parts"]
+        assert {k: v for k, v in fixed.items() if k != "drift_sample_parts"} == {
+            k: v for k, v in guarded.items() if k != "drift_sample_parts"
+        }
+        sql = "SELECT * FROM drift_samples ORDER BY batch_position"
+        found = []
+        for queries in (guarded, fixed):
+            cursor = con.cursor()
+            data.read_only_step(cursor, queries)
+            found.append(cursor.execute(sql).fetchall())
+            cursor.close()
+        assert len(found[0]) == 31 and found[0] == found[1]  # one removed sample
+    finally:
+        con.close()

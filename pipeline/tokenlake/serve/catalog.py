@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -84,20 +84,22 @@ def step_view_queries(
     run: str,
     rollout_id: int,
     evaluation: bool,
+    settled: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Name -> query of each base view and stored rollup over one step's files only (and its
     run's `runs`, `vocab` and `metrics` files): created as a connection's TEMP views, they
     shadow the catalog's own inside every view, so a page about one step plans over its files
     rather than over every file of the lake. Empty when `records` (the lake's served
-    manifests) have no such step.
+    manifests) have no such step. `settled`: as `rollups.catalog_views` takes it.
     """
-    return steps_view_queries(store, records, {(run, rollout_id, evaluation)})
+    return steps_view_queries(store, records, {(run, rollout_id, evaluation)}, settled)
 
 
 def steps_view_queries(
     store: Store,
     records: list[manifest.RunManifest],
     chosen: Collection[tuple[str, int, bool]],
+    settled: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """`step_view_queries` over several steps, each `(run, rollout_id, evaluation)`: the base
     views and stored rollups over those steps' files only (and their runs' side files). Empty
@@ -121,6 +123,7 @@ def steps_view_queries(
     stored = rollups.catalog_views(
         [step for one in ones for step in one.steps.values()],
         {name: _listed_files(store, ones, name) for name in schema.ROLLUP_TABLES},
+        settled,
     )
     return {**queries, **stored.queries}
 

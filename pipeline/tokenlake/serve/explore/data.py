@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import UsageError
-from tokenlake.serve import audit, sql_views
+from tokenlake.serve import audit, rollups, sql_views
 from tokenlake.serve import report_data as rd
 from tokenlake.serve.explore.kept import Kept, Row, RunLevel, StepKey
 from tokenlake.serve.explore.step_rows import windowed_sql
@@ -52,8 +52,7 @@ METRIC_ROWS = 50_000
 
 def rows(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> Rows:
     """Rows of a query as dicts of JSON-safe values."""
-    table = con.sql(sql, params=list(params)).to_arrow_table()
-    return [{k: rd.clean(v) for k, v in row.items()} for row in table.to_pylist()]
+    return _clean(con.sql(sql, params=list(params)).to_arrow_table())
 
 
 def run_names(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -171,6 +170,7 @@ def kept_rows(
         step_datasets=_step_datasets(step_stats, level.step_counts, level.drift_steps),
         records=records,
         step_tables=step_page_tables(con),
+        settings_digests=rollups.settings_digests(con),
     )
 
 

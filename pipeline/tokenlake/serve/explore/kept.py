@@ -58,6 +58,10 @@ class Kept:
     # The views and macros the step page reads, through every one they read
     # (`data.step_page_tables`): the one-step TEMP views it needs are of these.
     step_tables: frozenset[str]
+    # Per rollup that depends on `drift_settings`, the digest of the catalog's (the pages'
+    # cursors never change them): a one-step TEMP view of a rollup computed under those reads
+    # its file without the fallback to the tokens (`rollups.catalog_views`).
+    settings_digests: dict[str, str]
 
 
 class KeptByVersion(Generic[T]):

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import LakeError, PipelineError, UsageError
-from tokenlake.serve import catalog
+from tokenlake.serve import catalog, rollups
 from tokenlake.serve.explore import console, data, kept, step_rows
 from tokenlake.serve.query import format_table
 from tokenlake.serve.served import served_records
@@ -360,7 +360,8 @@ class Explorer:
             def read_steps(chosen: Collection[step_rows.StepId] | None) -> Any:
                 if chosen is None:
                     return data.read_step_rows(cursor)
-                queries = catalog.steps_view_queries(store, records, chosen)
+                settled = rollups.settings_digests(cursor)
+                queries = catalog.steps_view_queries(store, records, chosen, settled)
                 return data.read_step_rows(cursor, queries)
 
             runs = step_rows.runs_rows(cursor)
@@ -376,7 +377,9 @@ class Explorer:
         it reads): a view over every file of the lake costs time in proportion to the lake's
         files to plan."""
         rows = self._kept(cursor, version)
-        queries = catalog.step_view_queries(self.served.store, rows.records, run, step, evaluation)
+        queries = catalog.step_view_queries(
+            self.served.store, rows.records, run, step, evaluation, rows.settings_digests
+        )
         data.read_only_step(cursor, {n: q for n, q in queries.items() if n in rows.step_tables})
         return data.step_page(cursor, rows, run, step, evaluation)
 
