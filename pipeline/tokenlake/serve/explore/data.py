@@ -174,7 +174,7 @@ def kept_rows(
     )
 
 
-# What the step page's queries name: its views, and the vocabulary its tokens are shown with.
+# What the step page's queries name: its views (`drift_by_token` reads the vocabulary).
 STEP_PAGE_READS = (
     "sample_stats",
     "drift_samples",
@@ -183,7 +183,6 @@ STEP_PAGE_READS = (
     "drift_by_turn",
     "drift_by_weight_version",
     "drift_by_token",
-    "vocab",
 )
 
 
@@ -463,12 +462,10 @@ def _breakdowns(con: duckdb.DuckDBPyConnection, key: list[Any]) -> dict[str, Row
             f"SELECT * EXCLUDE (run, rollout_id) FROM drift_by_weight_version {where} ORDER BY ALL",
             key,
         ),
-        "token": rows(
+        "token": rows(  # the view holds each token's text (from `vocab`) already
             con,
-            "SELECT d.token_id, v.token_text, d.tokens, d.samples, d.mean_abs_lp_diff, d.k3_kl,"
-            " d.k3_share FROM drift_by_token AS d LEFT JOIN vocab AS v USING (run, token_id)"
-            " WHERE d.run = ? AND d.rollout_id = ? ORDER BY d.k3_share DESC NULLS LAST,"
-            " d.token_id LIMIT 30",
+            "SELECT token_id, token_text, tokens, samples, mean_abs_lp_diff, k3_kl, k3_share"
+            f" FROM drift_by_token {where} ORDER BY k3_share DESC NULLS LAST, token_id LIMIT 30",
             key,
         ),
     }
