@@ -20,7 +20,15 @@ from tokenlake.serve import catalog
 from tokenlake.serve.explore import data, step_rows
 
 COUNTS = pa.schema([("run", pa.string()), ("rollout_id", pa.int64()), ("evaluation", pa.bool_())])
-DRIFT = pa.schema([("run", pa.string()), ("rollout_id", pa.int64()), ("k3_kl", pa.float64())])
+# drift_steps' keys, and each windowed column with the one it is of.
+DRIFT = pa.schema(
+    [("run", pa.string()), ("rollout_id", pa.int64())]
+    + [
+        (name, pa.int64() if name == "prev_rollout_id" else pa.float64())
+        for column, of in step_rows.WINDOWED.items()
+        for name in ((column,) if of == "rollout_id" else (of, column))
+    ]
+)
 # What the lake holds, per step: its k3 (step 2: NaN, as a lake can hold).
 LAKE = {("a", 0, False): 0.5, ("a", 1, False): 0.25, ("a", 2, False): math.nan}
 
@@ -35,7 +43,16 @@ class Reader:
         self.asked.append(None if chosen is None else sorted(chosen))
         steps = sorted(LAKE if chosen is None else chosen)
         counts = [{"run": r, "rollout_id": s, "evaluation": e} for r, s, e in steps]
-        drift = [{"run": r, "rollout_id": s, "k3_kl": LAKE[(r, s, e)]} for r, s, e in steps]
+        drift = [
+            {
+                "run": r,
+                "rollout_id": s,
+                **{
+                    n: None if n in step_rows.WINDOWED else LAKE[(r, s, e)] for n in DRIFT.names[2:]
+                },
+            }
+            for r, s, e in steps
+        ]
         return pa.Table.from_pylist(counts, COUNTS), pa.Table.from_pylist(drift, DRIFT)
 
 
@@ -107,26 +124,47 @@ def test_the_per_step_rows_read_no_column_of_runs_but_the_framework(tmp_path):
         con.close()
 
 
-def test_windowed_sql_computes_each_change_from_the_runs_previous_step():
+def test_the_windows_are_computed_as_duckdb_computes_the_views_lag():
+    """`with_windows` against DuckDB's LAG over the same rows (given out of order), with NULL,
+    NaN and infinite values: every column equal, NaN where DuckDB gives NaN."""
     import duckdb
 
-    con = duckdb.connect()
-    columns = {"run": ["a", "a", "b", "a"], "rollout_id": [0, 2, 0, 5]}
-    for column, of in step_rows.WINDOWED.items():
-        columns[column] = [None] * 4  # as read step by step: wrong, computed again
-        if of != "rollout_id":
-            columns[of] = [1.0, 3.0, 7.0, None]
-    found = con.from_arrow(pa.table(columns)).query("t", step_rows.windowed_sql("t"))
-    rows = found.fetchall()
-    names = [d[0] for d in found.description]
-    assert names == list(columns)  # every column kept, in its place
-    by = [dict(zip(names, row, strict=True)) for row in rows]
-    assert [(r["run"], r["rollout_id"], r["prev_rollout_id"], r["k3_kl_change"]) for r in by] == [
-        ("a", 0, None, None),
-        ("a", 2, 0, 2.0),
-        ("a", 5, 2, None),
-        ("b", 0, None, None),
+    values = [1.0, 3.0, math.nan, None, math.inf, math.inf, -2.5, math.inf]
+    keys = [("b", 0), ("a", 7), ("a", 2), ("a", 0), ("b", 3), ("a", 9), ("c", 1), ("a", 11)]
+    read = []
+    for (run, step), value in zip(keys, values, strict=True):
+        row: dict[str, Any] = {"run": run, "rollout_id": step}
+        for column, of in step_rows.WINDOWED.items():
+            row[column] = -1  # as read step by step: wrong, computed again
+            if of != "rollout_id":
+                row[of] = value if of != "ess" else (None if value is None else value / 2)
+        read.append(row)
+    lagged = ", ".join(
+        f"LAG({of}) OVER w AS {column}"
+        if column == "prev_rollout_id"
+        else f"{of} - LAG({of}) OVER w AS {column}"
+        for column, of in step_rows.WINDOWED.items()
+    )
+    relation = (
+        duckdb.connect()
+        .from_arrow(pa.Table.from_pylist(read))
+        .query(
+            "t",
+            f"SELECT * REPLACE ({lagged}) FROM t WINDOW w AS (PARTITION BY run ORDER BY rollout_id)"
+            " ORDER BY run, rollout_id",
+        )
+    )
+    expected = [
+        dict(zip([d[0] for d in relation.description], r, strict=True)) for r in relation.fetchall()
     ]
+    found = step_rows.with_windows(read)
+    assert [(r["run"], r["rollout_id"]) for r in found] == sorted(keys)
+    assert repr(found) == repr(expected)  # nan == nan is false: compared as text
+    changes = [r["k3_kl_change"] for r in found]  # a: None nan 3 inf inf; b: 1 inf; c
+    assert [found[1]["prev_rollout_id"], changes[0], changes[1]] == [0, None, None]
+    assert math.isnan(changes[2]) and changes[3] == math.inf and math.isnan(changes[4])
+    assert changes[5:] == [None, math.inf, None]
+    assert read[0]["prev_rollout_id"] == -1  # the rows read are left as they were
 
 
 @pytest.mark.slow

@@ -18,7 +18,6 @@ from tokenlake.errors import UsageError
 from tokenlake.serve import audit, rollups, sql_views
 from tokenlake.serve import report_data as rd
 from tokenlake.serve.explore.kept import Kept, Row, RunLevel, StepKey
-from tokenlake.serve.explore.step_rows import windowed_sql
 from tokenlake.serve.run_colours import run_colours
 
 if TYPE_CHECKING:
@@ -99,15 +98,9 @@ def run_level_rows(
 ) -> RunLevel:
     """The runs page's rows and the per-step rows they are pooled from (`RunLevel`), from the
     catalog `con` reads: its per-step rows as `steps` gives them (`step_rows.StepRowsKept`:
-    `STEP_COUNTS_SQL`'s, and `drift_steps`' with their windows yet to compute), else read."""
+    `STEP_COUNTS_SQL`'s and `drift_steps`'), else read."""
     runs = tuple(run_names(con))
-    if steps is None:
-        counted, drift = read_step_rows(con)
-    else:
-        counted, drift = (
-            steps[0],
-            _over_table(con, steps[1], "kept_drift", windowed_sql("kept_drift")),
-        )
+    counted, drift = read_step_rows(con) if steps is None else steps
     step_counts = _clean(counted)
     return RunLevel(
         runs=runs,
@@ -275,14 +268,10 @@ def _pooled(
 
 def _over(con: duckdb.DuckDBPyConnection, table: pa.Table, name: str, sql: str) -> Rows:
     """Rows of `sql` over `table` (rows already read), named `name` in it."""
-    return _clean(_over_table(con, table, name, sql))
-
-
-def _over_table(con: duckdb.DuckDBPyConnection, table: pa.Table, name: str, sql: str) -> pa.Table:
     relation = con.from_arrow(table).query(name, sql)
     if relation is None:  # a statement without a result: none of this module's
         raise ValueError(f"not a query: {sql}")
-    return relation.to_arrow_table()
+    return _clean(relation.to_arrow_table())
 
 
 def _by_run(found: Rows) -> dict[str, Row]:

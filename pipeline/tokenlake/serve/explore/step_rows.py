@@ -9,7 +9,7 @@ versions of tokenlake and DuckDB. A re-extracted step has new files, hence a new
 
 `drift_steps` holds each step's change from the run's previous step (window functions over the
 run's steps): a step's row read alone has those columns wrong, so they are computed again over
-every kept row (`WINDOWED`, the same window as the view's) each time the rows are put together.
+every kept row (`with_windows`, the view's window in Python) each time the rows are put together.
 
 What is kept is also written to the user's private cache, `$TOKENLAKE_CACHE/explorer/<lake>/`
 (folders of mode 0700, checked as pipeline/tokenlake/store/private_cache.py checks them), as
@@ -66,21 +66,23 @@ WINDOWED = {
 }
 
 
-def windowed_sql(name: str) -> str:
-    """`drift_steps`' rows in `name` (each read with its own steps only) with their windowed
-    columns computed over every row of `name`, as the view computes them."""
-    replaced = ", ".join(
-        (
-            f"LAG({of}) OVER run_steps::BIGINT AS {column}"
-            if column == "prev_rollout_id"
-            else f"({of} - LAG({of}) OVER run_steps)::DOUBLE AS {column}"
-        )
-        for column, of in WINDOWED.items()
-    )
-    return (
-        f"SELECT * REPLACE ({replaced}) FROM {name}"
-        " WINDOW run_steps AS (PARTITION BY run ORDER BY rollout_id) ORDER BY run, rollout_id"
-    )
+def with_windows(drift: list[Row]) -> list[Row]:
+    """`drift_steps`' rows (each read with its own steps only) by run and step, with their
+    windowed columns (`WINDOWED`) computed over every row as the view's window computes them:
+    the run's previous row, NULL for a run's first, and a difference NULL where either side
+    is (IEEE subtraction, as DuckDB's: NaN and infinities alike)."""
+    found: list[Row] = []
+    for row in sorted(drift, key=lambda row: (row["run"], row["rollout_id"])):
+        previous = found[-1] if found and found[-1]["run"] == row["run"] else None
+        row = dict(row)
+        for column, of in WINDOWED.items():
+            before = None if previous is None else previous[of]
+            if column == "prev_rollout_id":
+                row[column] = before
+            else:
+                row[column] = None if before is None or row[of] is None else row[of] - before
+        found.append(row)
+    return found
 
 
 def step_identities(
@@ -151,8 +153,8 @@ class StepRowsKept:
         return cls(lake_folder(store))
 
     def tables(self, identities: dict[StepId, str], read: Reader) -> tuple[pa.Table, pa.Table]:
-        """Every step's `STEP_COUNTS_SQL` row (by run, step, evaluation) and `drift_steps` row
-        (by run, step, its windows computed over every row), reading with `read` the steps of
+        """Every step's `STEP_COUNTS_SQL` row and `drift_steps` row (`with_windows`), each in
+        its query's order (by run, step and evaluation), reading with `read` the steps of
         `identities` not kept."""
         with self._lock:
             if not self._loaded:
@@ -197,13 +199,13 @@ class StepRowsKept:
 
         assert self._schemas is not None
         kept = [self._rows[name] for name in identities.values()]
-        counts = pa.Table.from_pylist(
-            [r.counts for r in kept if r.counts is not None], schema=self._schemas[0]
+        counted = [r.counts for r in kept if r.counts is not None]
+        counted.sort(key=lambda row: (row["run"], row["rollout_id"], row["evaluation"]))
+        drift = with_windows([r.drift for r in kept if r.drift is not None])
+        return (
+            pa.Table.from_pylist(counted, schema=self._schemas[0]),
+            pa.Table.from_pylist(drift, schema=self._schemas[1]),
         )
-        drift = pa.Table.from_pylist(
-            [r.drift for r in kept if r.drift is not None], schema=self._schemas[1]
-        )
-        return counts, drift
 
     # --- the copy in the user's cache ------------------------------------------------------
 
