@@ -7,9 +7,10 @@ manifests that say where each step's files are.
 `drift_steps` holds each step's change from the run's previous step (window functions over
 the run's steps), so a filter on one step cannot reach its files before the windows: read for
 one step it costs what the whole lake's read costs. Read once, a step page picks its row from
-memory. A new catalog version (an extraction committed a step) is read again. What is kept is
-one row per step (and per prompt group), so it grows with the lake's steps and groups, never
-with its tokens.
+memory. A new catalog version (an extraction committed a step) is read again, but for the
+per-step rows the runs page pools (`drift_steps`' and the step counts), which `step_rows`
+keeps per step identity and reads for the new steps only. What is kept is one row per step
+(and per prompt group), so it grows with the lake's steps and groups, never with its tokens.
 """
 
 from __future__ import annotations

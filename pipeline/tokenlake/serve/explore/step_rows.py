@@ -144,7 +144,6 @@ class StepRowsKept:
         self._loaded = False
         self._rows: dict[str, _Read] = {}
         self._schemas: tuple[pa.Schema, pa.Schema] | None = None
-        self.steps_read = 0  # steps read from the lake by the last `tables`
 
     @classmethod
     def of_lake(cls, store: Store) -> StepRowsKept:
@@ -161,7 +160,6 @@ class StepRowsKept:
                 self._load()
             missing = {key: name for key, name in identities.items() if name not in self._rows}
             chosen = None if self._schemas is None or len(missing) == len(identities) else missing
-            self.steps_read = len(missing) if chosen is not None else len(identities)
             if missing or self._schemas is None:
                 counts, drift = read(chosen)
                 self._schemas = (counts.schema, drift.schema)
