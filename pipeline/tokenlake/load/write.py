@@ -18,7 +18,7 @@ from tokenlake import schema
 from tokenlake.errors import LakeError
 from tokenlake.store.base import Store
 from tokenlake.store.local import LocalStore
-from tokenlake.store.parquet import footer_identity, written_identity
+from tokenlake.store.parquet import footer_identity
 
 if TYPE_CHECKING:
     pass
@@ -112,15 +112,11 @@ def write_lake_file(
         where = store.url(relative)
         raise LakeError(where, f"rows do not match the `{table}` schema: {data.schema}")
 
-    identity: list[str] = []
-
     def write(where: str, filesystem: object) -> None:
         with pq.ParquetWriter(
             where, table_schema, filesystem=filesystem, **_writer_options(table, table_schema)
         ) as writer:
             writer.write_table(data.replace_schema_metadata(metadata), ROW_GROUP_SIZE)
-        if filesystem is None:  # a local temporary file: its identity before it is renamed
-            identity.append(written_identity(where))
 
     store.write_with(relative, write)
-    return identity[0] if identity else footer_identity(store, relative)
+    return footer_identity(store, relative)

@@ -100,41 +100,20 @@ def footer_identity(store: Store, name: str) -> str:
     """
     try:
         with _open(store, name) as handle:
-            return _identity(handle)
+            size = handle.seek(0, 2)
+            if size < 2 * len(_MAGIC) + 4:
+                raise _Refused("it is too short to be Parquet")
+            handle.seek(size - 8)
+            tail = handle.read(8)
+            length = int.from_bytes(tail[:4], "little")
+            if tail[4:] != _MAGIC or length > size - 12:
+                raise _Refused("it ends in no Parquet footer")
+            handle.seek(size - 8 - length)
+            footer = handle.read(length)
     except _Refused as exc:
         raise UnreadableLakeFile(store.url(name), str(exc)) from exc
     except OSError as exc:
         raise UnreadableLakeFile(store.url(name), str(exc), exc) from exc
-
-
-def written_identity(path: str) -> str:
-    """`footer_identity` of a local file this process has just written, read at its temporary
-    name before it is renamed into the lake: the same bytes, without the checks a name that a
-    manifest lists needs (load/write.py).
-
-    Raises:
-        UnreadableLakeFile: The file cannot be read, or ends in no Parquet footer.
-    """
-    try:
-        with open(path, "rb") as handle:
-            return _identity(handle)
-    except _Refused as exc:
-        raise UnreadableLakeFile(path, str(exc)) from exc
-    except OSError as exc:
-        raise UnreadableLakeFile(path, str(exc), exc) from exc
-
-
-def _identity(handle: Any) -> str:
-    size = handle.seek(0, 2)
-    if size < 2 * len(_MAGIC) + 4:
-        raise _Refused("it is too short to be Parquet")
-    handle.seek(size - 8)
-    tail = handle.read(8)
-    length = int.from_bytes(tail[:4], "little")
-    if tail[4:] != _MAGIC or length > size - 12:
-        raise _Refused("it ends in no Parquet footer")
-    handle.seek(size - 8 - length)
-    footer = handle.read(length)
     return f"{size}:{hashlib.blake2b(footer + tail, digest_size=16).hexdigest()}"
 
 
