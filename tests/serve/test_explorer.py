@@ -11,6 +11,7 @@ import base64
 import dataclasses
 import json
 import os
+import shutil
 import threading
 import time
 import urllib.error
@@ -36,6 +37,13 @@ from tokenlake.serve.served import served_records
 from tokenlake.store import manifest
 
 HOSTILE_RUN = "<b>x<i>y'\"&amp;<!--"
+# The last message of the hostile run's first sample: a thinking block, then markup that
+# would run if the page wrote it as HTML.
+THINKING = "<b>weigh</b> the </pre> options"
+HOSTILE_MESSAGE = (
+    "<img src=x onerror=\"document.title='owned'\"><script>document.title='owned'</script>"
+    "</pre><b>bold</b>"
+)
 pytestmark = pytest.mark.slow
 
 
@@ -54,9 +62,19 @@ def lake(tmp_path_factory) -> Path:
     extract_run(
         NEMO_RL_REAL / "grpo_multiturn", store_of(lake), ExtractOptions(run_name="nemo", workers=1)
     )
-    extract_run(root / "example", store_of(lake), ExtractOptions(run_name=HOSTILE_RUN, workers=1))
+    _with_hostile_message(root / "example", root / "hostile")
+    extract_run(root / "hostile", store_of(lake), ExtractOptions(run_name=HOSTILE_RUN, workers=1))
     _with_hostile_vocab(lake, HOSTILE_RUN)
     return lake
+
+
+def _with_hostile_message(dump: Path, out: Path) -> None:
+    """A copy of `dump` whose step 0's first conversation ends in THINKING and HOSTILE_MESSAGE."""
+    shutil.copytree(dump, out)
+    trajectory = out / "trajectory" / "0.jsonl"
+    records = [json.loads(line) for line in trajectory.read_text().splitlines()]
+    records[0]["messages"][-1]["content"] = f"<think>{THINKING}</think>{HOSTILE_MESSAGE}"
+    trajectory.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 @pytest.fixture(scope="module")
@@ -629,3 +647,139 @@ def test_the_step_page_gets_one_step_views_of_the_tables_it_reads_only(lake):
         "tokens",
         "vocab",
     ]
+
+
+def _rows(lake: Path, sql: str) -> list[dict]:
+    return run_query(store_of(lake), sql).to_pylist()
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _hrefs(tools, selector: str) -> list[str]:
+    return tools.evaluate(
+        f"[...document.querySelectorAll({json.dumps(selector)})].map(a => a.getAttribute('href'))"
+    )
+
+
+def _segment(run: str) -> str:
+    """A run name as the page puts it in a path (JavaScript's encodeURIComponent)."""
+    return urllib.parse.quote(run, safe="!'()*")
+
+
+def test_a_sample_page_links_its_neighbours_its_group_and_its_index_in_other_runs(
+    lake, server, browser
+):
+    step = _rows(
+        lake,
+        "SELECT batch_position, sample_index, group_index FROM samples WHERE run = 'example'"
+        " AND rollout_id = 0 AND NOT evaluation ORDER BY batch_position",
+    )
+    before, here, after = step[0], step[1], step[2]
+    _open(browser, f"{server}runs/example/steps/0/samples/{here['batch_position']}")
+    path = "/runs/example/steps/0/samples/"
+    assert _hrefs(browser, "#previous") == [f"{path}{before['batch_position']}"]
+    assert _hrefs(browser, "#next") == [f"{path}{after['batch_position']}"]
+    group = [r["batch_position"] for r in step if r["group_index"] == here["group_index"]]
+    assert len(group) > 1
+    assert _cells(browser, "#siblings tbody td:first-child") == [str(p) for p in group]
+    assert _hrefs(browser, "#siblings tbody a") == [f"{path}{p}" for p in group]
+    others = _rows(
+        lake,
+        "SELECT run, batch_position FROM samples WHERE run <> 'example' AND rollout_id = 0"
+        f" AND NOT evaluation AND sample_index = {here['sample_index']} ORDER BY ALL",
+    )
+    assert HOSTILE_RUN in [o["run"] for o in others]
+    assert _cells(browser, "#other-runs a") == [o["run"] for o in others]
+    assert _hrefs(browser, "#other-runs a") == [
+        f"/runs/{_segment(o['run'])}/steps/0/samples/{o['batch_position']}" for o in others
+    ]
+
+    _click(browser, "#other-runs a")  # the first: the hostile run's name sorts before the others
+    first = others[0]
+    assert browser.evaluate("location.pathname") == (
+        f"/runs/{_segment(first['run'])}/steps/0/samples/{first['batch_position']}"
+    )
+    assert browser.evaluate("document.querySelector('h1').textContent") == (
+        f"{first['run']} · step 0 · sample {first['batch_position']}"
+    )
+    _open(browser, f"{server}runs/example/steps/0/samples/{here['batch_position']}")
+    _click(browser, "#next")
+    assert browser.evaluate("document.querySelector('h1').textContent") == (
+        f"example · step 0 · sample {after['batch_position']}"
+    )
+    assert _cells(browser, "#sample-facts tbody td:first-child") == [str(after["sample_index"])]
+
+
+def test_the_conversation_draws_roles_tool_calls_and_thinking_and_hostile_text_stays_text(
+    lake, server, browser
+):
+    (found,) = _rows(
+        lake,
+        "SELECT batch_position, messages_json FROM samples WHERE run = "
+        f"{_literal(HOSTILE_RUN)} AND rollout_id = 0 AND NOT evaluation"
+        " AND messages_json LIKE '%<think>%'",
+    )
+    messages = json.loads(found["messages_json"])
+    _open(
+        browser,
+        f"{server}runs/{_segment(HOSTILE_RUN)}/steps/0/samples/{found['batch_position']}",
+    )
+    assert _cells(browser, "#conversation .role") == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    calls = messages[2]["tool_calls"]
+    assert _cells(browser, "#conversation .tool-calls") == [
+        "tool calls: " + json.dumps(calls, indent=2, ensure_ascii=False)
+    ]
+    # the reasoning beside a message's content and a <think> block in it, both folded
+    assert _cells(browser, "#conversation details.think pre") == [
+        messages[2]["reasoning_content"],
+        THINKING,
+    ]
+    assert browser.evaluate(
+        "[...document.querySelectorAll('#conversation details.think')].map(d => d.open)"
+    ) == [False, False]
+    assert _cells(browser, "#conversation .message:last-child > pre") == [HOSTILE_MESSAGE]
+    assert _cells(browser, "#conversation .message:nth-child(4) > pre") == ['{"result": 42}']
+    assert (
+        browser.evaluate("document.querySelectorAll('main img, main script, main b').length") == 0
+    )
+    assert browser.evaluate("document.title") != "owned"
+
+
+def test_the_statistic_against_position_shades_the_prompt_and_the_masked_spans(
+    lake, server, browser
+):
+    step, position, _ = _masked_sample(lake)
+    where = (
+        f"run = 'multi-turn' AND rollout_id = {step} AND NOT evaluation"
+        f" AND batch_position = {position}"
+    )
+    (sample,) = _rows(lake, f"SELECT prompt_length FROM samples WHERE {where}")
+    tokens = _rows(lake, f"SELECT position, loss_mask FROM tokens WHERE {where} ORDER BY position")
+    masked_spans, start = [], None
+    for token in tokens:
+        if token["loss_mask"] == 0 and start is None:
+            start = token["position"]
+        if token["loss_mask"] > 0 and start is not None:
+            masked_spans.append({"from": start, "to": token["position"]})
+            start = None
+    if start is not None:
+        masked_spans.append({"from": start, "to": tokens[-1]["position"] + 1})
+    assert len(masked_spans) > 1 and sample["prompt_length"] > 0
+
+    _open(browser, f"{server}runs/multi-turn/steps/{step}/samples/{position}?stat=lp_diff")
+    shaded = browser.evaluate(
+        "[...document.querySelectorAll('#profile .mark-rect')].map(g =>"
+        " [...g.querySelectorAll('path')].map(p => p.__data__.datum))"
+    )
+    assert shaded == [[{"from": -sample["prompt_length"], "to": 0}], masked_spans]
+    assert browser.evaluate("document.querySelector('#profile .role-title-text').textContent") == (
+        "lp_diff against position (blue: the prompt, grey: masked spans; neither has a value)"
+    )
