@@ -783,3 +783,47 @@ def test_the_statistic_against_position_shades_the_prompt_and_the_masked_spans(
     assert browser.evaluate("document.querySelector('#profile .role-title-text').textContent") == (
         "lp_diff against position (blue: the prompt, grey: masked spans; neither has a value)"
     )
+
+
+def _shown(value: float) -> str:
+    """A number as the page writes it (explore.js `fmt`, for the values used here)."""
+    rounded = float(f"{value:.4g}")
+    return str(int(rounded)) if rounded.is_integer() else repr(rounded)
+
+
+def test_the_run_charts_draw_the_alarm_thresholds_and_zoom(lake, server, browser):
+    (settings,) = _rows(lake, "SELECT * FROM drift_settings")
+    alarms = {
+        "mean-abs": "alarm_mean_abs_lp_diff_smtm",
+        "k3": "alarm_k3_kl",
+        "ess": "alarm_ess_min",
+    }
+    expected = {chart: settings[name] for chart, name in alarms.items()}
+    _open(browser, f"{server}compare?runs=example,multi-turn")
+    for chart, threshold in expected.items():
+        rule = browser.evaluate(
+            f"(v => [...document.querySelectorAll('#{chart} .role-mark.mark-rule line')].map(l =>"
+            " [l.__data__.datum.t, l.__data__.y, v.scale('y')(l.__data__.datum.t)]))"
+            f"(explorer.charts[{json.dumps(chart)}])"
+        )
+        assert len(rule) == 1 and rule[0][0] == threshold, (chart, rule)
+        assert rule[0][1] == pytest.approx(rule[0][2])  # drawn at the threshold's height
+        assert _cells(browser, f"#{chart} .role-mark.mark-text text") == [
+            f"alarm {_shown(threshold)}"
+        ]
+
+    domain = "explorer.charts['mean-abs'].scale('x').domain()"
+    before = browser.evaluate(domain)
+    x, y = browser.evaluate(
+        "(s => { s.scrollIntoView({block: 'center'}); const r = s.getBoundingClientRect();"
+        " return [r.x + r.width / 2, r.y + r.height / 2]; })"
+        "(document.querySelector('#mean-abs svg'))"
+    )
+    browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+    browser.send("Input.dispatchMouseEvent", type="mouseWheel", x=x, y=y, deltaX=0, deltaY=-400)
+    after = _until(
+        browser,
+        f"(d => (d[0] !== {before[0]} || d[1] !== {before[1]}) && d)({domain})",
+        "the chart to zoom",
+    )
+    assert before[0] < after[0] < after[1] < before[1]  # zoomed in around the pointer
