@@ -827,3 +827,125 @@ def test_the_run_charts_draw_the_alarm_thresholds_and_zoom(lake, server, browser
         "the chart to zoom",
     )
     assert before[0] < after[0] < after[1] < before[1]  # zoomed in around the pointer
+
+
+# One step of 52 samples (two pages of the samples table) up to 4,600 tokens long (every
+# window of the token strip), a removed one, and its eval file.
+LONG = dataclasses.replace(
+    synth.PRESETS["example"],
+    steps=1,
+    prompts_per_step=13,
+    samples_per_prompt=4,
+    response_length=(1, 4600),
+    removed_positions=(3,),
+    eval_steps=(0,),
+)
+
+
+@pytest.fixture(scope="module")
+def long_lake(tmp_path_factory):
+    """(lake, served URL) of one run of LONG."""
+    root = tmp_path_factory.mktemp("long")
+    synth.write_dump(root / "dump", LONG)
+    extract_run(root / "dump", store_of(root / "lake"), ExtractOptions(run_name="long", workers=1))
+    running = start(store_of(root / "lake"), ServeOptions(port=0))
+    yield root / "lake", running.url
+    running.stop()
+
+
+def _same(text: str, value) -> bool:
+    """Whether a cell's text is how the page writes `value` (explore.js `fmt`)."""
+    if value is None:
+        return text == "NULL"
+    if isinstance(value, bool):
+        return text == str(value).lower()
+    if isinstance(value, int):
+        return text == f"{value:,}"
+    if isinstance(value, float):
+        return float(text) == pytest.approx(value, rel=1e-3, abs=1e-12)
+    return text == str(value)
+
+
+def _table(tools) -> tuple[list[str], list[list[str]]]:
+    """The samples table's headers and its rows' cells, as shown."""
+    return tools.evaluate(
+        "[[...document.querySelectorAll('#samples thead th')].map(h => h.textContent),"
+        " [...document.querySelectorAll('#samples tbody tr')].map(r =>"
+        " [...r.querySelectorAll('td')].map(d => d.textContent))]"
+    )
+
+
+def test_the_samples_table_shows_every_column_sorts_filters_and_pages(long_lake, browser):
+    lake, url = long_lake
+    stats = _rows(lake, "SELECT * FROM sample_stats WHERE rollout_id = 0 AND NOT evaluation")
+    drift = {
+        r["batch_position"]: r
+        for r in _rows(lake, "SELECT * FROM drift_samples WHERE rollout_id = 0 AND NOT evaluation")
+    }
+    columns = [r["column_name"] for r in _rows(lake, "DESCRIBE drift_samples")]
+    no_drift = dict.fromkeys(columns)  # a removed sample has no drift_samples row: NULLs
+    shown = {}
+    for row in stats:
+        found = drift.get(row["batch_position"], no_drift)
+        extra = {k: v for k, v in found.items() if k not in row}
+        extra["drift_tokens"] = extra.pop("tokens")
+        shown[row["batch_position"]] = {**row, **extra}
+    _open(browser, url + "runs/long/steps/0")
+    headers, cells = _table(browser)
+    assert headers[0] == "batch_position ▲"  # sorted by it
+    headers[0] = "batch_position"
+    assert sorted(headers) == sorted(set(next(iter(shown.values()))) - {"run", "rollout_id"})
+    assert headers[:3] == ["batch_position", "sample_index", "group_index"]
+    assert len(shown) == 52 and len(cells) == 50
+    for line in cells:  # every value as the views hold it
+        row = shown[int(line[0])]
+        wrong = [h for h, t in zip(headers, line, strict=True) if not _same(t, row[h])]
+        assert (
+            wrong == [] or wrong == ["remove_sample"] and line[headers.index(wrong[0])] == "removed"
+        ), (line[0], wrong)
+    removed = browser.evaluate(
+        "[...document.querySelectorAll('#samples tr.removed td:first-child')].map(d => d.textContent)"
+    )
+    assert removed == [str(p) for p, r in sorted(shown.items()) if r["remove_sample"]] == ["3"]
+
+    order = sorted(
+        shown,
+        key=lambda p: (
+            shown[p]["mean_abs_lp_diff"] is None,
+            -(shown[p]["mean_abs_lp_diff"] or 0),
+            p,
+        ),
+    )
+    for _ in range(2):  # ascending, then descending
+        browser.evaluate(
+            "[...document.querySelectorAll('#samples th')]"
+            ".find(h => h.textContent.startsWith('mean_abs_lp_diff')).click()"
+        )
+    headers, cells = _table(browser)
+    assert "mean_abs_lp_diff ▼" in headers
+    assert [int(line[0]) for line in cells] == order[:50]
+    browser.evaluate(
+        "[...document.querySelectorAll('#samples button')].find(b => b.textContent === 'next').click()"
+    )
+    _, cells = _table(browser)
+    assert [int(line[0]) for line in cells] == order[50:]
+    assert browser.evaluate("document.querySelector('#samples .controls').textContent") == (
+        "previouspage 2 of 2 · 52 sample(s)next"
+    )
+    assert browser.evaluate("location.search") == "?sort=mean_abs_lp_diff&desc=1&page=1"
+
+    browser.evaluate(
+        "const box = document.querySelector('input[type=search]'); box.value = 'truncated';"
+        " box.dispatchEvent(new Event('input'))"
+    )
+    _, cells = _table(browser)
+    truncated = [p for p in order if shown[p]["status"] == "truncated"]
+    assert truncated and len(truncated) < 50
+    assert [int(line[0]) for line in cells] == truncated
+
+    _open(browser, url + "runs/long/steps/0?eval=1")
+    headers, cells = _table(browser)
+    evaluation = headers.index("evaluation")
+    (evals,) = _rows(lake, "SELECT count(*) AS n FROM samples WHERE rollout_id = 0 AND evaluation")
+    assert len(cells) == evals["n"] > 0 and {line[evaluation] for line in cells} == {"eval"}
+    assert browser.evaluate("document.querySelectorAll('#samples tbody tr:not(.eval)').length") == 0

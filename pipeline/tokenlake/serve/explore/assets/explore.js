@@ -274,10 +274,13 @@
       main.appendChild(el("div", { class: "card", id: "step-numbers" }, table(Object.keys(facts), [facts])));
     }
     main.appendChild(el("h2", {}, "Samples"));
-    const staleness = data.samples.some((r) => r.staleness !== null) ? "staleness" : null;
-    const columns = ["batch_position", "sample_index", "group_index", "raw_reward", "reward", "response_length",
-      "truncated", "remove_sample", staleness, "mixed_version", "turns", "mean_abs_lp_diff", "max_abs_lp_diff",
-      "k3_kl_clamped", "mean_entropy", "vetoed"].filter(Boolean);
+    // Every column of sample_stats and drift_samples the server sends (the step's run and
+    // rollout_id are in the heading): the ones read most first.
+    const first = ["batch_position", "sample_index", "group_index", "raw_reward", "reward", "response_length",
+      "truncated", "remove_sample", "evaluation", "staleness", "mixed_version", "turns", "mean_abs_lp_diff",
+      "max_abs_lp_diff", "k3_kl_clamped", "mean_entropy", "vetoed"];
+    const sent = data.samples.length ? Object.keys(data.samples[0]).filter((c) => c !== "run" && c !== "rollout_id") : first;
+    const columns = first.filter((c) => sent.includes(c)).concat(sent.filter((c) => !first.includes(c)));
     const controls = el("div", { class: "controls" });
     const slot = el("div", { id: "samples" });
     main.appendChild(controls); main.appendChild(slot);
@@ -310,14 +313,15 @@
       slot.replaceChildren(pager, table(columns, shown, {
         sorted: { column: state.sort, desc: state.desc },
         onSort: (c) => { state.desc = state.sort === c ? !state.desc : false; state.sort = c; render(); },
-        rowClass: (r) => (r.remove_sample ? "removed" : undefined),
+        rowClass: (r) => [r.remove_sample ? "removed" : "", r.evaluation ? "eval" : ""].join(" ").trim() || undefined,
         cell: (c, r) => c === "batch_position"
           ? el("a", { href: samplePath(run, step, r.batch_position, evaluation), class: "sample-link" }, String(r.batch_position))
-          : c === "remove_sample" && r.remove_sample ? el("span", { class: "badge warning" }, "removed") : fmt(r[c]),
+          : c === "remove_sample" && r.remove_sample ? el("span", { class: "badge warning" }, "removed")
+          : c === "evaluation" && r.evaluation ? el("span", { class: "badge" }, "eval") : fmt(r[c]),
       }));
     }
     render();
-    main.appendChild(el("p", { class: "note" }, "Struck-through rows are removed samples (remove_sample); a column's header sorts by it."));
+    main.appendChild(el("p", { class: "note" }, "Every column of sample_stats and drift_samples. Struck-through rows are removed samples (remove_sample), eval samples say eval; a column's header sorts by it, the box keeps the rows holding its text, 50 a page."));
     main.appendChild(el("h2", {}, "Reward against length"));
     main.appendChild(el("div", { id: "scatter-slot" }));
     const reward = data.samples.some((r) => r.raw_reward !== null) && !evaluation ? "raw_reward" : "reward";
