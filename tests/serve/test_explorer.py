@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import os
 import shutil
 import threading
@@ -949,3 +950,61 @@ def test_the_samples_table_shows_every_column_sorts_filters_and_pages(long_lake,
     (evals,) = _rows(lake, "SELECT count(*) AS n FROM samples WHERE rollout_id = 0 AND evaluation")
     assert len(cells) == evals["n"] > 0 and {line[evaluation] for line in cells} == {"eval"}
     assert browser.evaluate("document.querySelectorAll('#samples tbody tr:not(.eval)').length") == 0
+
+
+def test_the_token_windows_and_the_clipped_colour_scale_of_a_long_sample(long_lake, browser):
+    lake, url = long_lake
+    (longest,) = _rows(
+        lake,
+        "SELECT batch_position, response_length FROM samples WHERE rollout_id = 0"
+        " AND NOT evaluation ORDER BY response_length DESC, batch_position LIMIT 1",
+    )
+    total = longest["response_length"]
+    assert total > 4096
+    page = f"{url}runs/long/steps/0/samples/{longest['batch_position']}"
+
+    def strip() -> list:
+        return browser.evaluate(
+            "(s => [s.dataset.cells, s.firstChild.dataset.position, s.lastChild.dataset.position])"
+            "(document.getElementById('strip'))"
+        )
+
+    for window, size in (("256", 256), ("1k", 1024), ("4k", 4096), ("all", total)):
+        _open(browser, f"{page}?window={window}")
+        assert strip() == [str(size), "0", str(size - 1)], window
+    _open(browser, f"{page}?window=4k")
+    browser.evaluate(
+        "[...document.querySelectorAll('.controls button')]"
+        ".find(b => b.textContent === 'later →').click()"
+    )
+    # the last window is a whole one, ending at the last token
+    assert strip() == ["4096", str(total - 4096), str(total - 1)]
+    assert f"tokens {total - 4096}–{total - 1} of {total}" in browser.evaluate(
+        "document.getElementById('stat').closest('.controls').textContent"
+    )
+
+    tokens = _rows(
+        lake,
+        "SELECT position, lp_diff FROM tokens WHERE rollout_id = 0 AND NOT evaluation"
+        f" AND batch_position = {longest['batch_position']} AND loss_mask > 0"
+        " AND isfinite(lp_diff) ORDER BY position",
+    )
+    spread = sorted(abs(t["lp_diff"]) for t in tokens)
+    clip = spread[min(len(spread) - 1, max(0, math.ceil(0.99 * len(spread)) - 1))]
+    beyond = sum(1 for v in spread if v > clip)
+    assert 1e-3 <= clip < 1e5 and beyond > 0
+    _open(browser, f"{page}?window=all&stat=lp_diff")
+    assert browser.evaluate("document.getElementById('legend-text').textContent") == (
+        f"lp_diff: colour symmetric around 0, clipped at ±{_shown(clip)} = the 99th percentile"
+        f" of |lp_diff| over the {len(spread)} covered tokens with a value (the whole sample);"
+        f" {beyond} beyond it take the end colour."
+    )
+    extreme = max(tokens, key=lambda t: abs(t["lp_diff"]))
+    end = "rgb(178, 24, 43)" if extreme["lp_diff"] > 0 else "rgb(33, 102, 172)"
+    assert (
+        browser.evaluate(
+            f"document.querySelector('#strip .tok[data-position=\"{extreme['position']}\"]')"
+            ".style.background"
+        )
+        == end
+    )  # the largest |lp_diff| takes the end colour and does not flatten the rest
