@@ -763,7 +763,9 @@ def test_the_statistic_against_position_shades_the_prompt_and_the_masked_spans(
         f" AND batch_position = {position}"
     )
     (sample,) = _rows(lake, f"SELECT prompt_length FROM samples WHERE {where}")
-    tokens = _rows(lake, f"SELECT position, loss_mask FROM tokens WHERE {where} ORDER BY position")
+    tokens = _rows(
+        lake, f"SELECT position, loss_mask, lp_diff FROM tokens WHERE {where} ORDER BY position"
+    )
     masked_spans, start = [], None
     for token in tokens:
         if token["loss_mask"] == 0 and start is None:
@@ -781,6 +783,15 @@ def test_the_statistic_against_position_shades_the_prompt_and_the_masked_spans(
         " [...g.querySelectorAll('path')].map(p => p.__data__.datum))"
     )
     assert shaded == [[{"from": -sample["prompt_length"], "to": 0}], masked_spans]
+    drawn = browser.evaluate("explorer.charts.profile.data('data_2')")
+    covered = [
+        {"position": t["position"], "value": t["lp_diff"]}
+        for t in tokens
+        if t["loss_mask"] > 0 and t["lp_diff"] is not None and math.isfinite(t["lp_diff"])
+    ]
+    assert (
+        drawn == covered and len(covered) > 1
+    )  # the line: the covered tokens' values, and nothing at a masked one
     assert browser.evaluate("document.querySelector('#profile .role-title-text').textContent") == (
         "lp_diff against position (blue: the prompt, grey: masked spans; neither has a value)"
     )
