@@ -312,9 +312,13 @@ def _expanded_bytes(column: pa.ChunkedArray | pa.Array) -> int:
         return sum(_expanded_bytes(chunk) for chunk in column.chunks)
     if isinstance(column, pa.DictionaryArray):
         lengths = _value_lengths(column.dictionary)
+        if not len(lengths):
+            return 0
+        if column.null_count == 0:  # every index taken (and no pyarrow.compute to import)
+            return int(lengths[column.indices.to_numpy(zero_copy_only=False)].sum())
         indices = column.indices.fill_null(0).to_numpy(zero_copy_only=False)
         valid = column.is_valid().to_numpy(zero_copy_only=False)
-        return int(lengths[indices[valid]].sum()) if len(lengths) else 0
+        return int(lengths[indices[valid]].sum())
     if isinstance(column, (pa.ListArray, pa.LargeListArray)):
         return _expanded_bytes(column.flatten())
     if isinstance(column, pa.StructArray):
@@ -323,7 +327,11 @@ def _expanded_bytes(column: pa.ChunkedArray | pa.Array) -> int:
 
 
 def _value_lengths(strings: pa.Array) -> np.ndarray:
+    """The byte length of each string (0 for a NULL)."""
     import numpy as np
+
+    if strings.null_count == 0 and hasattr(strings, "offsets"):  # a dictionary's, as a rule
+        return np.diff(strings.offsets.to_numpy())
     import pyarrow.compute as pc
 
     return np.asarray(pc.binary_length(strings).fill_null(0).to_numpy(zero_copy_only=False))
