@@ -73,14 +73,6 @@ def _faded(toggle: Any) -> alt.OpacityValue:
     return alt.OpacityValue(**alt.condition(toggle, alt.value(1.0), alt.value(0.12)))
 
 
-def _step_axis() -> alt.X:
-    # Steps are integers: label only whole ticks (a short axis would show 0.5 as "1").
-    whole = "floor(datum.value) === datum.value ? datum.label : ''"
-    return alt.X(
-        "rollout_id:Q", title="step", axis=alt.Axis(tickMinStep=1, format="d", labelExpr=whole)
-    )
-
-
 def _finish(
     chart: Any,
     chart_id: str,
@@ -108,19 +100,6 @@ def _unvalidated(build: Callable[P, Chart]) -> Callable[P, Chart]:
     return unvalidated
 
 
-def threshold_rule(value: float, label: str) -> Any:
-    """A dashed horizontal rule with its label: an alarm threshold of `drift_settings`."""
-    data = alt.Data(values=[{"threshold": value, "label": label}])
-    rule = alt.Chart(data).mark_rule(color=ALARM, strokeDash=[5, 4]).encode(y=alt.Y("threshold:Q"))
-    text = (
-        alt.Chart(data)
-        .mark_text(color=ALARM, align="left", baseline="bottom", dx=4, dy=-2)
-        .encode(y=alt.Y("threshold:Q"), x=alt.XValue(0), text=alt.Text("label:N"))
-    )
-    return rule + text
-
-
-@_unvalidated
 def per_step(
     runs: RunScale,
     chart_id: str,
@@ -139,6 +118,10 @@ def per_step(
     and an axis whose values are all equal is given a `domain` around them, so one eval step
     reads as its value.
 
+    Half the report's charts are these: their spec is written as the dict altair makes of
+    them (`tests/serve/test_report_chart_specs.py` compares the two), as altair's objects
+    cost ~25 ms a chart to build, copy and serialise.
+
     Args:
         runs: The selected runs' labels and colours.
         chart_id: Element id on the page.
@@ -152,48 +135,122 @@ def per_step(
             None to fit the values.
         domain: A fixed y domain (for values that are all equal), or None.
     """
-    toggle = _run_toggle()
-    base = alt.Chart(alt.NamedData(dataset)).transform_fold(list(fields), as_=["column", "value"])
-    base = (
-        base.transform_calculate(measure=_label_expression(fields))
-        .transform_filter("isValid(datum.value) && isFinite(datum.value)")
-        .transform_joinaggregate(points="count()", groupby=["run", "measure"])
-    )
+    transform: list[dict[str, Any]] = [
+        {"fold": list(fields), "as": ["column", "value"]},
+        {"calculate": _label_expression(fields), "as": "measure"},
+        {"filter": "isValid(datum.value) && isFinite(datum.value)"},
+        {"joinaggregate": [{"op": "count", "as": "points"}], "groupby": ["run", "measure"]},
+    ]
     if domain is not None:
-        y_scale = alt.Scale(type=scale, domain=list(domain))
+        y_scale: dict[str, Any] = {"domain": list(domain), "type": scale}
     elif baseline is None or baseline == 0:
-        y_scale = alt.Scale(type=scale, zero=baseline == 0)
+        y_scale = {"type": scale, "zero": baseline == 0}
     else:
-        y_scale = alt.Scale(type=scale, domainMin=baseline)
+        y_scale = {"domainMin": baseline, "type": scale}
     encoding: dict[str, Any] = {
-        "x": _step_axis(),
-        "y": alt.Y("value:Q", title=f"{title} ({unit})", scale=y_scale),
-        "color": _run_color(runs),
-        "opacity": _faded(toggle),
+        "color": _run_color_spec(runs),
+        "opacity": _FADED_SPEC,
         "tooltip": [
-            alt.Tooltip("run:N"),
-            alt.Tooltip("rollout_id:Q", title="step"),
-            alt.Tooltip("measure:N", title="metric"),
-            alt.Tooltip("value:Q", title=unit, format=".4~g"),
+            {"field": "run", "type": "nominal"},
+            {"field": "rollout_id", "title": "step", "type": "quantitative"},
+            {"field": "measure", "title": "metric", "type": "nominal"},
+            {"field": "value", "format": ".4~g", "title": unit, "type": "quantitative"},
         ],
+        "x": {
+            "axis": {"format": "d", "labelExpr": _WHOLE_STEPS, "tickMinStep": 1},
+            "field": "rollout_id",
+            "title": "step",
+            "type": "quantitative",
+        },
+        "y": {
+            "field": "value",
+            "scale": y_scale,
+            "title": f"{title} ({unit})",
+            "type": "quantitative",
+        },
     }
     if len(fields) > 1:
-        encoding["strokeDash"] = alt.StrokeDash("measure:N", title="metric")
-    line = base.mark_line(point=True).encode(**encoding).add_params(toggle)
-    lone = (
-        base.transform_filter("datum.points === 1")
-        .mark_text(align="left", dx=7, fontWeight="bold")
-        .encode(
-            x=alt.X("rollout_id:Q"),
-            y=alt.Y("value:Q"),
-            text=alt.Text("value:Q", format=".4~g"),
-            color=_run_color(runs),
-            opacity=_faded(toggle),
-        )
-    )
-    layers = [line, lone, threshold_rule(*threshold)] if threshold else [line, lone]
-    chart = alt.layer(*layers).properties(title=title, width="container", height=200)
-    return _finish(chart, chart_id, [dataset])
+        encoding["strokeDash"] = {"field": "measure", "title": "metric", "type": "nominal"}
+        encoding = dict(sorted(encoding.items()))
+    line = {
+        "mark": {"type": "line", "point": True},
+        "encoding": encoding,
+        "name": _LINE_VIEW,
+        "transform": transform,
+    }
+    lone = {
+        "mark": {"type": "text", "align": "left", "dx": 7, "fontWeight": "bold"},
+        "encoding": {
+            "color": _run_color_spec(runs),
+            "opacity": _FADED_SPEC,
+            "text": {"field": "value", "format": ".4~g", "type": "quantitative"},
+            "x": {"field": "rollout_id", "type": "quantitative"},
+            "y": {"field": "value", "type": "quantitative"},
+        },
+        "transform": [*transform, {"filter": "datum.points === 1"}],
+    }
+    data = {"name": dataset}
+    if threshold is None:  # every layer reads the dataset: named once, for all
+        head: dict[str, Any] = {"layer": [line, lone], "data": data}
+    else:
+        line, lone = {"data": data, **line}, {"data": data, **lone}
+        head = {"layer": [line, lone, _threshold_rule(*threshold)]}
+    spec = {
+        "config": {"view": {"continuousWidth": 300, "continuousHeight": 300}},
+        **head,
+        "height": 200,
+        "params": [{**_RUN_TOGGLE_SPEC, "views": [_LINE_VIEW]}],
+        "title": title,
+        "width": "container",
+        "$schema": alt.SCHEMA_URL,
+    }
+    return Chart(chart_id, spec, (dataset,))
+
+
+# What altair writes for `_run_toggle` and `_faded`, for the charts written as dicts;
+# `_LINE_VIEW` names the view the toggle belongs to (altair names it by a digest of the view's
+# objects).
+_RUN_TOGGLE_SPEC = {
+    "name": "pick_run",
+    "select": {"type": "point", "fields": ["run_label"]},
+    "bind": "legend",
+}
+_FADED_SPEC = {"condition": {"param": "pick_run", "value": 1.0}, "value": 0.12}
+_WHOLE_STEPS = "floor(datum.value) === datum.value ? datum.label : ''"
+_LINE_VIEW = "view_line"
+
+
+def _run_color_spec(runs: RunScale) -> dict[str, Any]:
+    return {
+        "field": "run_label",
+        "legend": {"symbolLimit": 0},
+        "scale": {"domain": list(runs.labels), "range": list(runs.colours)},
+        "title": "run",
+        "type": "nominal",
+    }
+
+
+def _threshold_rule(value: float, label: str) -> dict[str, Any]:
+    rule = {
+        "mark": {"type": "rule", "color": ALARM, "strokeDash": [5, 4]},
+        "encoding": {"y": {"field": "threshold", "type": "quantitative"}},
+    }
+    text = {
+        "mark": {
+            "type": "text",
+            "align": "left",
+            "baseline": "bottom",
+            "color": ALARM,
+            "dx": 4,
+            "dy": -2,
+        },
+        "encoding": {
+            "text": {"field": "label", "type": "nominal"},
+            "x": {"value": 0},
+            "y": {"field": "threshold", "type": "quantitative"},
+        },
+    }
+    return {"layer": [rule, text], "data": {"values": [{"threshold": value, "label": label}]}}
 
 
 def _label_expression(fields: dict[str, str]) -> str:
