@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from tokenlake.errors import LakeError, duckdb_problem
 from tokenlake.serve import sql_views
-from tokenlake.serve.query import Rows, connect_reader, format_table, plain_result
+from tokenlake.serve.query import Rows, cache_footers, connect_reader, format_table, plain_result
 from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
@@ -111,10 +111,7 @@ def run_audits(store: Store, settings: Mapping[str, float] | None = None) -> lis
     con = connect_reader(store, settings)
     results = []
     try:
-        # The audits read the same files over and over (each rollup, `samples`: a file a
-        # step): DuckDB parses each footer once for all of them (0.83 -> 0.67 s of the
-        # audits' CPU on a lake of 100 small steps).
-        con.execute("SET parquet_metadata_cache = true")
+        cache_footers(con)  # 0.83 -> 0.67 s of the audits' CPU on a lake of 100 small steps
         for path in sql_views.iter_audit_files():
             text = path.read_text(encoding="utf-8")
             level = severity(path, text)
