@@ -173,14 +173,15 @@ def build_catalog_after_tag(
     store: Store, before: manifest.RunManifest, warnings: list[str]
 ) -> Path | str:
     """Rebuild the lake's catalog after `tokenlake tag` rewrote one run's `runs` file
-    (`before`: that run's manifest until then), and keep it as this user's private catalog of
-    the lake as it is now.
+    (`before`: that run's manifest until then), as this user's private catalog of the lake as
+    it is now (kept for the next command, `_connect_private_build`), then put a copy in place.
 
     Where this user keeps a private catalog of the lake as it was (built by `_write_catalog`
     from the same manifests, in a folder only this user can write) and its build printed
-    nothing, the new catalog is that file with its `runs` view and its record of the listed
-    files replaced: the views a rebuild would create, without creating the other ~50 again.
-    Otherwise (no kept catalog, a file left out, a lake on an object store) a full rebuild.
+    nothing, the new one is that file with its `runs` view and its record of the listed files
+    replaced: the views a rebuild would create, without creating the other ~50 again.
+    Otherwise (no such catalog, a file left out) a full build. A lake on an object store, or
+    without a private cache: `build_catalog`.
     """
     catalog_file = store.local_catalog
     folder = None if catalog_file is None else catalog_cache.lake_folder(store)
@@ -188,24 +189,29 @@ def build_catalog_after_tag(
         return build_catalog(store, warnings)
     views = iter_user_view_files(store)
     after = manifest.load_all(store)
-    was = [before if record.run == before.run else record for record in after]
-    served_was, unserved_was = served_records(store, was)
     served, unserved = served_records(store, after)
-    kept = catalog_cache.cached(
-        folder, catalog_cache.catalog_key(store, served_was, views, Path(__file__))
-    )
-    if kept is None or kept[1] or unserved_was or unserved:
-        return build_catalog(store, warnings)
+    kept = None
+    if not unserved:
+        # Every file is served, and the tagged run's `runs` file of before was checked as it
+        # was read: the lake as it was is served whole too (a wrong guess only misses the
+        # kept catalog; what a kept catalog holds is its key's state).
+        was = [before if record.run == before.run else record for record in served]
+        key_was = catalog_cache.catalog_key(store, was, views, Path(__file__))
+        kept = catalog_cache.cached(folder, key_was)
 
     def build(path: Path) -> list[str]:
-        _write_runs_view(kept[0], path, store, served, after)
-        return []
+        if kept is not None and not kept[1]:
+            _write_runs_view(kept[0], path, store, served, after)
+            return []
+        lines: list[str] = []
+        _write_catalog(path, store, lines, after)
+        return lines
 
     def unchanged() -> bool:
         return iter_user_view_files(store) == views
 
     key = catalog_cache.catalog_key(store, served, views, Path(__file__))
-    built, _ = catalog_cache.keep(folder, key, build, unchanged)
+    built, problems = catalog_cache.keep(folder, key, build, unchanged)
 
     def publish(tmp: Path) -> None:
         shutil.copyfile(built, tmp)
@@ -213,7 +219,8 @@ def build_catalog_after_tag(
     store.publish_built(store.catalog_name, publish)
     catalog_cache.discard_unkept(built)
     foreign_log(catalog_file).unlink(missing_ok=True)
-    log.info("catalog %s rebuilt from the kept one", catalog_file)
+    warnings.extend(problems)
+    log.info("catalog %s rebuilt", catalog_file)
     return catalog_file
 
 
