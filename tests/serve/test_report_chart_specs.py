@@ -1,6 +1,7 @@
-"""The per-step charts' specs, written as dicts, are the ones altair builds of the same chart:
-the oracle below is the altair code they replaced. Only the name altair gives the line's view
-(a digest of its objects) differs, and the legend toggle names that view in each alike."""
+"""The charts' specs, written as dicts, are the ones altair builds of the same chart: the
+oracles are the altair code they replaced (`_altair_per_step` below, the others in
+report_charts_altair.py). Only the name altair gives a layered chart's line view (a digest of
+its objects) differs, and the legend toggle names that view in each alike."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import altair as alt
 import pytest
 
+from tests.serve import report_charts_altair as oracle
 from tokenlake.serve import report_charts as rc
 
 RUNS = rc.RunScale(("qwen-bf16", "qwen-fp8"), ("#1f77b4", "#ff7f0e"))
@@ -124,3 +126,51 @@ def test_a_per_step_chart_is_what_altair_makes_of_it(
         0,
         False,
     )
+
+
+def _same(chart: rc.Chart, expected: rc.Chart) -> None:
+    assert json.dumps(chart.spec) == json.dumps(expected.spec)  # the same keys, in order
+    assert (chart.id, chart.datasets, chart.renderer, chart.fit, chart.aspect) == (
+        expected.id,
+        expected.datasets,
+        expected.renderer,
+        expected.fit,
+        expected.aspect,
+    )
+
+
+STEPS = [3, 0, 1, 1]
+
+
+def test_the_breakdown_charts_are_what_altair_makes_of_them() -> None:
+    prob = (RUNS, "by-prob", "by_prob", STEPS, ("label", "rollout probability", "bucket"))
+    _same(
+        rc.by_step_selected(*prob, "Mean |δ| by prob", "datum.dimension === 'rollout_prob'"),
+        oracle.by_step_selected(*prob, "Mean |δ| by prob", "datum.dimension === 'rollout_prob'"),
+    )
+    turn = (RUNS, "by-turn", "by_turn", [0], ("turn_index", "turn", None), "Mean |δ| by turn")
+    dash = {"field": "mixed_version", "title": "mixed version", "type": "nominal"}
+    _same(
+        rc.by_step_selected(*turn, extra={"strokeDash": dash}),
+        oracle.by_step_selected(
+            *turn, extra={"strokeDash": alt.StrokeDash("mixed_version:N", title="mixed version")}
+        ),
+    )
+    _same(rc.position_heatmap("heatmap"), oracle.position_heatmap("heatmap"))
+    outside = ["Beyond ±0.05 nats (the end bins), all steps:", "a: 2 of 2,000 tokens (0.1 %)"]
+    _same(
+        rc.histogram(RUNS, "histogram", STEPS, 0.05, outside),
+        oracle.histogram(RUNS, "histogram", STEPS, 0.05, outside),
+    )
+    _same(rc.top_tokens(RUNS, "top", STEPS), oracle.top_tokens(RUNS, "top", STEPS))
+
+
+@pytest.mark.parametrize("tokens", [0, 37, 100, 250])
+def test_a_strip_is_what_altair_makes_of_it(tokens: int) -> None:
+    _same(
+        rc.strip("strip-1", "strip_1", tokens, 1.5), oracle.strip("strip-1", "strip_1", tokens, 1.5)
+    )
+
+
+def test_the_specs_are_of_the_vega_lite_altair_writes_for() -> None:
+    assert (rc.VEGA_LITE_VERSION, rc.SCHEMA_URL) == (alt.SCHEMA_VERSION, alt.SCHEMA_URL)

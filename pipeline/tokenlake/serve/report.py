@@ -1,7 +1,7 @@
 """`tokenlake report`: one self-contained HTML page with a lake's health and drift charts.
 
-Reads the catalog's views only (`tokenlake.serve.report_data`), draws with Vega-Lite specs built by
-altair (`tokenlake.serve.report_charts`) and writes one file that inlines every script and style
+Reads the catalog's views only (`tokenlake.serve.report_data`), draws with Vega-Lite specs
+(`tokenlake.serve.report_charts`) and writes one file that inlines every script and style
 (`tokenlake.serve.report_html`). Sections, in order: a per-run summary, runs, audits, reward health per step, drift per
 step, where the drift is, worst tokens and samples.
 """
@@ -598,8 +598,8 @@ def _where_section(page: _Page, half_width: float) -> str:
         "Mean |δ| by turn")))  # fmt: skip
     body.append(page.chart(rc.by_step_selected(page.runs,
         "by-staleness", "by_staleness", steps, ("staleness", "staleness (steps)", None),
-        "Mean |δ| by staleness", extra={"strokeDash": rc.alt.StrokeDash(
-            "mixed_version:N", title="mixed version")})))  # fmt: skip
+        "Mean |δ| by staleness", extra={"strokeDash": {
+            "field": "mixed_version", "title": "mixed version", "type": "nominal"}})))  # fmt: skip
     if data["by_token_staleness"]:  # dumps that say which weights generated each token
         body.append(page.chart(rc.by_step_selected(page.runs,
             "by-token-staleness", "by_token_staleness", steps,
