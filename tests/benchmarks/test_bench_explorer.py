@@ -38,7 +38,9 @@ def test_the_explorer_figures_name_every_page_and_its_time(tmp_path, capsys):
         f"sample of {longest:,} tokens",
         "SQL console (step_stats)",
         "live check (/api/version)",
-        "runs (/), the catalog's first",
+        "runs (/), new server, every step new",
+        "runs (/), new server, one step new",
+        "runs (/), new server, lake unchanged",
     ]
     assert list(seconds) == pages
     assert all(0 < wall < 600 and 0 < cpu < 600 for wall, cpu in seconds.values())
@@ -48,10 +50,10 @@ def test_the_explorer_figures_name_every_page_and_its_time(tmp_path, capsys):
         " wall, CPU):"
     )
     figure = r" +\d+\.\d ms +\d+\.\d ms CPU(  <- over 0\.1?5? s)?"
-    for line, page in zip(lines[1:8], pages, strict=True):
+    for line, page in zip(lines[1:10], pages, strict=True):
         assert re.fullmatch(rf"  {re.escape(page)}{figure}", line), line
-    assert re.fullmatch(r"  audits done after the first runs page +\d+\.\d ms", lines[8])
-    drawn = [re.sub(r" +\d+\.\d ms.*", "", line) for line in lines[9:]]
+    assert re.fullmatch(r"  audits done after the first runs page +\d+\.\d ms", lines[10])
+    drawn = [re.sub(r" +\d+\.\d ms.*", "", line) for line in lines[11:]]
     assert drawn == [
         "  first draw in Chromium, / (first visit)",
         "  first draw in Chromium, / (reload, best of 3)",

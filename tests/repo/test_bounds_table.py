@@ -34,6 +34,9 @@ BOUND_ROWS = {
     # tokenlake's own cached copy of the report's Vega bundle, in folders only the user may
     # write (docs/security.md, "Caches, stages, symlinks and deletion"): not a stranger's file.
     "report_html.MAX_BUNDLE_BYTES": None,
+    # The explorer's own kept per-step rows, in the same private folders (docs/security.md,
+    # "The explorer"): not a stranger's file either.
+    "step_rows.MAX_FILE_BYTES": None,
     # A run name's length, not a file's.
     "layout.MAX_RUN_NAME_BYTES": None,
 }

@@ -566,6 +566,29 @@ def test_every_step_page_read_over_its_own_files_equals_it_read_over_every_file(
         con.close()
 
 
+def runs_from_views(con) -> list[dict]:
+    """The runs page's runs as the views give them: each run's metadata, `runs_overview`
+    (its token count replaced by the summary's drift tokens) and `run_summary`."""
+    names = data.run_names(con)
+    sel = rd.Selection(tuple(names))
+    overview = {r["run"]: r for r in rd.runs_overview(con, sel)}
+    summary = {r["run"]: r for r in rd.run_summary(con, sel)}
+    meta = {
+        r["run"]: r
+        for r in data.rows(
+            con,
+            "SELECT run, framework, dump_format, format_version, tool, start_ts,"
+            " hf_checkpoint, wandb_project, wandb_run_id, tags_json FROM runs",
+        )
+    }
+    expected = []
+    for name in names:
+        row = {**meta[name], **overview[name], **summary[name]}
+        row["tags"] = json.loads(row.pop("tags_json") or "{}")
+        expected.append(row)
+    return expected
+
+
 def test_the_runs_page_pooled_from_kept_rows_equals_it_read_from_the_views(lake, server):
     """The runs page is pooled from rows kept per step (`drift_steps`' rows, each step's
     reward sums); read from the views over every sample and token instead (the overview, the
@@ -574,34 +597,16 @@ def test_the_runs_page_pooled_from_kept_rows_equals_it_read_from_the_views(lake,
     try:
         level = data.run_level_rows(con)
         names = data.run_names(con)
-        sel = rd.Selection(tuple(names))
-        overview = {r["run"]: r for r in rd.runs_overview(con, sel)}
-        summary = {r["run"]: r for r in rd.run_summary(con, sel)}
-        meta = {
-            r["run"]: r
-            for r in data.rows(
-                con,
-                "SELECT run, framework, dump_format, format_version, tool, start_ts,"
-                " hf_checkpoint, wandb_project, wandb_run_id, tags_json FROM runs",
-            )
-        }
+        expected = runs_from_views(con)
     finally:
         con.close()
-    expected = []
-    for name in names:
-        row = {**meta[name], **overview[name], **summary[name]}
-        row["tags"] = json.loads(row.pop("tags_json") or "{}")
-        expected.append(row)
+    assert len(expected) == 5
     assert data.runs_page(level) == {"runs": expected, "colours": run_colours(names)}
     with urllib.request.urlopen(server + "api/runs") as answer:
         shown = json.load(answer)
     assert [{k: v for k, v in r.items() if k != "audits"} for r in shown["runs"]] == json.loads(
         json.dumps(expected, default=str)
     )
-    assert len({r["framework"] for r in expected}) >= 3 and len(expected) == 5
-    pooled = [r for r in expected if r["reward_mean"] is not None and r["k3_kl"] is not None]
-    assert len(pooled) >= 3 and any(r["eval_reward_mean"] is not None for r in expected)
-    assert all(r["samples"] > 0 and r["steps"] > 0 for r in expected)
 
 
 def test_the_step_page_gets_one_step_views_of_the_tables_it_reads_only(lake):

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from tests.conftest import store_of
 from tests.e2e.test_first_hour import ROOT
 from tests.fixture_paths import REAL_DUMPS
 from tests.s3server import moto_server, new_bucket
+from tests.serve.test_explorer import runs_from_views
 from tokenlake.errors import UsageError
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve import catalog
@@ -358,6 +360,102 @@ def test_the_runs_page_shows_a_step_committed_while_the_server_runs(tmp_path):
         assert drift["k3_kl_change"] == pytest.approx(expected[0]["k3_kl_change"])
     finally:
         running.stop()
+
+
+def test_the_runs_page_reads_only_new_and_changed_steps_and_equals_the_views(tmp_path, monkeypatch):
+    """The runs page's per-step rows are kept per step identity, across catalog versions and
+    servers: a step extracted under a running server, then a step extracted again from other
+    files, are the only ones read, and a new server on the unchanged lake reads none. Each
+    time the runs page equals the views, and every step page's `drift_steps` row (its change
+    from the run's previous step computed again over the kept rows) equals the view's."""
+    from tokenlake.generator import synth
+    from tokenlake.serve.explore import step_rows
+
+    monkeypatch.setenv("TOKENLAKE_CACHE", str(tmp_path / "cache"))
+    spec = synth.PRESETS["example"]
+    synth.write_dump(tmp_path / "dump", spec)
+    synth.write_dump(tmp_path / "other", replace(spec, seed=spec.seed + 1))
+    lake = tmp_path / "lake"
+
+    def extracted(steps: list[int]) -> None:
+        options = ExtractOptions(run_name="live", workers=1, steps=steps)
+        extract_run(tmp_path / "dump", store_of(lake), options)
+
+    read: list[Any] = []  # per read of step rows: the steps chosen, or "every step"
+    tables = step_rows.StepRowsKept.tables
+
+    def spied(kept: Any, identities: Any, reader: Any) -> Any:
+        def recorded(chosen: Any) -> Any:
+            read.append("every step" if chosen is None else sorted(chosen))
+            return reader(chosen)
+
+        return tables(kept, identities, recorded)
+
+    monkeypatch.setattr(step_rows.StepRowsKept, "tables", spied)
+
+    def checked(url: str) -> dict[tuple[int, bool], Any]:
+        """The runs page and every step page against the views; the step pages' drift."""
+        _, page = _get(url + "api/runs")
+        con = catalog.connect(store_of(lake))
+        try:
+            expected = runs_from_views(con)
+            drift = {r["rollout_id"]: r for r in data.rows(con, "SELECT * FROM drift_steps")}
+            steps = con.execute(
+                "SELECT DISTINCT rollout_id, evaluation FROM samples ORDER BY ALL"
+            ).fetchall()
+        finally:
+            con.close()
+        assert [{k: v for k, v in r.items() if k != "audits"} for r in page["runs"]] == (
+            json.loads(json.dumps(expected, default=str))
+        )
+        shown = {}
+        for step, evaluation in steps:
+            query = {"run": "live", "step": step, **({"eval": "1"} if evaluation else {})}
+            status, answer = _get(url + "api/step?" + urllib.parse.urlencode(query))
+            assert status == 200
+            want = None if evaluation else json.loads(json.dumps(drift[step], default=str))
+            assert answer["drift"] == want, (step, evaluation)
+            shown[(step, evaluation)] = answer["drift"]
+        return shown
+
+    def next_catalog(url: str, version: int) -> None:
+        # (an answer while the extraction commits may be an error: asked again)
+        _until(lambda: _get(url + "api/version")[1].get("version", 0) > version, "the new catalog")
+
+    extracted([0, 1])
+    running = start(store_of(lake), ServeOptions(port=0))
+    try:
+        first = checked(running.url)
+        assert read == ["every step"] and sorted(first) == [(0, False), (0, True), (1, False)]
+        read.clear()
+        extracted([2])
+        next_catalog(running.url, 1)
+        grown = checked(running.url)
+        assert read == [[("live", 2, False)]] and grown[(1, False)] == first[(1, False)]
+        assert grown[(2, False)]["prev_rollout_id"] == 1
+        read.clear()
+        for name in ("train_data/1_0.pt", "train_data/1_1.pt", "train_data/1_2.pt",
+                     "train_data/1_3.pt", "rollout_data/1.pt", "trajectory/1.jsonl",
+                     "dashboard_columns/rollout_1.parquet"):  # fmt: skip
+            (tmp_path / "dump" / name).write_bytes((tmp_path / "other" / name).read_bytes())
+        extracted([1])
+        next_catalog(running.url, 2)
+        again = checked(running.url)
+        assert read == [[("live", 1, False)]]
+        # step 1 holds other values now, and so does step 2's change from it
+        assert again[(1, False)]["k3_kl"] != grown[(1, False)]["k3_kl"]
+        assert again[(2, False)]["k3_kl"] == grown[(2, False)]["k3_kl"]
+        assert again[(2, False)]["k3_kl_change"] != grown[(2, False)]["k3_kl_change"]
+    finally:
+        running.stop()
+    read.clear()
+    running = start(store_of(lake), ServeOptions(port=0))
+    try:
+        assert checked(running.url) == again
+        assert read == []  # a new server on the same lake: every step's rows from the cache
+    finally:
+        running.stop()
+    assert [p.name for p in (tmp_path / "cache" / step_rows.FOLDER).glob("*/*")] == [step_rows.FILE]
 
 
 # --- the runs page's audits, run once per catalog in the background --------------------------

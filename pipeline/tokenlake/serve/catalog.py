@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,25 +84,46 @@ def step_view_queries(
     run: str,
     rollout_id: int,
     evaluation: bool,
+    settled: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Name -> query of each base view and stored rollup over one step's files only (and its
     run's `runs`, `vocab` and `metrics` files): created as a connection's TEMP views, they
     shadow the catalog's own inside every view, so a page about one step plans over its files
     rather than over every file of the lake. Empty when `records` (the lake's served
-    manifests) have no such step.
+    manifests) have no such step. `settled`: as `rollups.catalog_views` takes it.
     """
-    record = next((r for r in records if r.run == run), None)
-    step = None if record is None else record.steps.get(layout.step_label(rollout_id, evaluation))
-    if record is None or step is None:
+    return steps_view_queries(store, records, {(run, rollout_id, evaluation)}, settled)
+
+
+def steps_view_queries(
+    store: Store,
+    records: list[manifest.RunManifest],
+    chosen: Collection[tuple[str, int, bool]],
+    settled: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """`step_view_queries` over several steps, each `(run, rollout_id, evaluation)`: the base
+    views and stored rollups over those steps' files only (and their runs' side files). Empty
+    when `records` have none of them."""
+    ones = []
+    for record in records:
+        steps = {
+            step.key: step
+            for step in record.steps.values()
+            if (record.run, step.rollout_id, step.evaluation) in chosen
+        }
+        if steps:
+            ones.append(replace(record, steps=steps))
+    if not ones:
         return {}
-    one = replace(record, steps={step.key: step})
-    older = step.schema_version < schema.SCHEMA_VERSION
+    older = any(s.schema_version < schema.SCHEMA_VERSION for r in ones for s in r.steps.values())
     queries = {
-        table: base_view_sql(table, _listed_files(store, [one], table), older)
+        table: base_view_sql(table, _listed_files(store, ones, table), older)
         for table in schema.TABLES
     }
     stored = rollups.catalog_views(
-        [step], {name: _listed_files(store, [one], name) for name in schema.ROLLUP_TABLES}
+        [step for one in ones for step in one.steps.values()],
+        {name: _listed_files(store, ones, name) for name in schema.ROLLUP_TABLES},
+        settled,
     )
     return {**queries, **stored.queries}
 

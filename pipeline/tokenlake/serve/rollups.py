@@ -24,7 +24,7 @@ import math
 import re
 import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
@@ -372,9 +372,20 @@ class CatalogRollups:
     problem: str | None
 
 
-def catalog_views(steps: Sequence[StepRecord], files: dict[str, list[str]]) -> CatalogRollups:
+def catalog_views(
+    steps: Sequence[StepRecord],
+    files: dict[str, list[str]],
+    settled: Mapping[str, str] | None = None,
+) -> CatalogRollups:
     """How the catalog defines each rollup, given every step record of the lake and each
-    rollup's files (paths or URLs, as the base views list them)."""
+    rollup's files (paths or URLs, as the base views list them).
+
+    Args:
+        settled: For a connection whose `drift_settings` are fixed (`settings_digests` of
+            them): a rollup whose steps were computed under those settings reads its files
+            alone, without the guard that falls back to the tokens when the settings differ
+            (planning that fallback costs more than reading one step's rows).
+    """
     lacking = [s for s in steps if not has_this_sql(s)]
     queries: dict[str, str] = {}
     mixed = 0
@@ -387,7 +398,8 @@ def catalog_views(steps: Sequence[StepRecord], files: dict[str, list[str]]) -> C
                 continue
             query = _stored_query(name, files.get(name, []))
             digest = next(iter(digests), None)
-            if settings and digest is not None:
+            fixed = settled is not None and settled.get(name) == digest
+            if settings and digest is not None and not fixed:
                 query = _guarded(name, query, settings, digest)
             queries[name] = query
     return CatalogRollups(queries, _problem(len(lacking), len(steps), mixed))
@@ -421,6 +433,18 @@ def _stored_query(name: str, files: Iterable[str]) -> str:
     typed = [f"CAST({c} AS {t}) AS {c}" for c, t in columns[2:]]
     source = f"read_parquet([{', '.join(listed)}], hive_partitioning = false, filename = true)"
     return f"SELECT {', '.join([*parsed, *typed])} FROM {source}"
+
+
+def settings_digests(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Per rollup that depends on `drift_settings`, the digest of the settings `con` reads
+    (`settings_digest_sql`)."""
+    found = {}
+    for name in rollup_names():
+        settings = settings_of(name)
+        if settings:
+            sql = f"SELECT {settings_digest_sql(settings)} FROM drift_settings"
+            found[name] = str(con.execute(sql).fetchall()[0][0])
+    return found
 
 
 _HIT = "tokenlake_settings_hit"

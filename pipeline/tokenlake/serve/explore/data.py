@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import UsageError
-from tokenlake.serve import audit, sql_views
+from tokenlake.serve import audit, rollups, sql_views
 from tokenlake.serve import report_data as rd
 from tokenlake.serve.explore.kept import Kept, Row, RunLevel, StepKey
 from tokenlake.serve.run_colours import run_colours
@@ -51,8 +51,7 @@ METRIC_ROWS = 50_000
 
 def rows(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> Rows:
     """Rows of a query as dicts of JSON-safe values."""
-    table = con.sql(sql, params=list(params)).to_arrow_table()
-    return [{k: rd.clean(v) for k, v in row.items()} for row in table.to_pylist()]
+    return _clean(con.sql(sql, params=list(params)).to_arrow_table())
 
 
 def run_names(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -94,12 +93,14 @@ RUNS_COLUMNS = (
 )
 
 
-def run_level_rows(con: duckdb.DuckDBPyConnection) -> RunLevel:
+def run_level_rows(
+    con: duckdb.DuckDBPyConnection, steps: tuple[pa.Table, pa.Table] | None = None
+) -> RunLevel:
     """The runs page's rows and the per-step rows they are pooled from (`RunLevel`), from the
-    catalog `con` reads."""
+    catalog `con` reads: its per-step rows as `steps` gives them (`step_rows.StepRowsKept`:
+    `STEP_COUNTS_SQL`'s and `drift_steps`'), else read."""
     runs = tuple(run_names(con))
-    counted = con.sql(STEP_COUNTS_SQL).to_arrow_table()
-    drift = con.sql("SELECT * FROM drift_steps ORDER BY run, rollout_id").to_arrow_table()
+    counted, drift = read_step_rows(con) if steps is None else steps
     step_counts = _clean(counted)
     return RunLevel(
         runs=runs,
@@ -107,6 +108,31 @@ def run_level_rows(con: duckdb.DuckDBPyConnection) -> RunLevel:
         drift_steps=_clean(drift),
         run_rows=_run_rows(con, runs, step_counts, _pooled(con, runs, counted, drift)),
     )
+
+
+# What the per-step rows' queries name.
+STEP_ROWS_READS = ("sample_stats", "drift_steps", "runs")
+
+
+def read_step_rows(
+    con: duckdb.DuckDBPyConnection, queries: dict[str, str] | None = None
+) -> tuple[pa.Table, pa.Table]:
+    """`STEP_COUNTS_SQL`'s rows and `drift_steps`' of the catalog `con` reads, or, given
+    `queries` (`catalog.steps_view_queries`), of the steps whose files those read (as TEMP
+    views of `con` while they are read)."""
+    made: list[str] = []
+    try:
+        if queries is not None:
+            read = tables_read(con, STEP_ROWS_READS)
+            chosen = {name: query for name, query in queries.items() if name in read}
+            made = list(chosen)
+            read_only_step(con, chosen)
+        counted = con.sql(STEP_COUNTS_SQL).to_arrow_table()
+        drift = con.sql("SELECT * FROM drift_steps ORDER BY run, rollout_id").to_arrow_table()
+    finally:
+        for name in made:
+            con.execute(f"DROP VIEW IF EXISTS temp.{name}")
+    return counted, drift
 
 
 def kept_rows(
@@ -137,10 +163,11 @@ def kept_rows(
         step_datasets=_step_datasets(step_stats, level.step_counts, level.drift_steps),
         records=records,
         step_tables=step_page_tables(con),
+        settings_digests=rollups.settings_digests(con),
     )
 
 
-# What the step page's queries name: its views, and the vocabulary its tokens are shown with.
+# What the step page's queries name: its views (`drift_by_token` reads the vocabulary).
 STEP_PAGE_READS = (
     "sample_stats",
     "drift_samples",
@@ -149,23 +176,35 @@ STEP_PAGE_READS = (
     "drift_by_turn",
     "drift_by_weight_version",
     "drift_by_token",
-    "vocab",
 )
 
 
 def step_page_tables(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
-    """Every view and table macro the step page reads, through the views and macros each
-    one's definition names (a column named like one counts too: more, never fewer)."""
+    """Every view and table macro the step page reads (`tables_read`)."""
+    return tables_read(con, STEP_PAGE_READS)
+
+
+# A macro's name where `sql/macros/` creates it.
+_MACRO = re.compile(r"CREATE\s+OR\s+REPLACE\s+MACRO\s+([a-z_][a-z0-9_]*)", re.IGNORECASE)
+
+
+def tables_read(con: duckdb.DuckDBPyConnection, reads: Sequence[str]) -> frozenset[str]:
+    """`reads` and every view and table macro they read, through the views and macros each
+    one's definition names (a column named like one counts too: more, never fewer). The
+    macros that read tables are tokenlake's own, `sql/macros/` (user views cannot make one,
+    and the catalog's other two return literals), read from their files, each up to the next
+    (`duckdb_functions()` would list every built-in function too: ~20 ms)."""
     definitions = dict(
         con.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()
     )
-    for name, text in con.execute(
-        "SELECT function_name, macro_definition FROM duckdb_functions()"
-        " WHERE function_type IN ('macro', 'table_macro') AND NOT internal"
-    ).fetchall():
-        definitions.setdefault(name, text or "")
+    for path in sql_views.iter_macro_files():
+        text = path.read_text(encoding="utf-8")
+        starts = list(_MACRO.finditer(text))
+        for start, following in zip(starts, [*starts[1:], None], strict=True):
+            end = len(text) if following is None else following.start()
+            definitions.setdefault(start.group(1).lower(), text[start.end() : end])
     found: set[str] = set()
-    named = list(STEP_PAGE_READS)
+    named = list(reads)
     while named:
         name = named.pop()
         if name not in found:
@@ -412,12 +451,10 @@ def _breakdowns(con: duckdb.DuckDBPyConnection, key: list[Any]) -> dict[str, Row
             f"SELECT * EXCLUDE (run, rollout_id) FROM drift_by_weight_version {where} ORDER BY ALL",
             key,
         ),
-        "token": rows(
+        "token": rows(  # the view holds each token's text (from `vocab`) already
             con,
-            "SELECT d.token_id, v.token_text, d.tokens, d.samples, d.mean_abs_lp_diff, d.k3_kl,"
-            " d.k3_share FROM drift_by_token AS d LEFT JOIN vocab AS v USING (run, token_id)"
-            " WHERE d.run = ? AND d.rollout_id = ? ORDER BY d.k3_share DESC NULLS LAST,"
-            " d.token_id LIMIT 30",
+            "SELECT token_id, token_text, tokens, samples, mean_abs_lp_diff, k3_kl, k3_share"
+            f" FROM drift_by_token {where} ORDER BY k3_share DESC NULLS LAST, token_id LIMIT 30",
             key,
         ),
     }

@@ -7,9 +7,10 @@ manifests that say where each step's files are.
 `drift_steps` holds each step's change from the run's previous step (window functions over
 the run's steps), so a filter on one step cannot reach its files before the windows: read for
 one step it costs what the whole lake's read costs. Read once, a step page picks its row from
-memory. A new catalog version (an extraction committed a step) is read again. What is kept is
-one row per step (and per prompt group), so it grows with the lake's steps and groups, never
-with its tokens.
+memory. A new catalog version (an extraction committed a step) is read again, but for the
+per-step rows the runs page pools (`drift_steps`' and the step counts), which `step_rows`
+keeps per step identity and reads for the new steps only. What is kept is one row per step
+(and per prompt group), so it grows with the lake's steps and groups, never with its tokens.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class Kept:
     # The views and macros the step page reads, through every one they read
     # (`data.step_page_tables`): the one-step TEMP views it needs are of these.
     step_tables: frozenset[str]
+    # Per rollup that depends on `drift_settings`, the digest of the catalog's (the pages'
+    # cursors never change them): a one-step TEMP view of a rollup computed under those reads
+    # its file without the fallback to the tokens (`rollups.catalog_views`).
+    settings_digests: dict[str, str]
 
 
 class KeptByVersion(Generic[T]):

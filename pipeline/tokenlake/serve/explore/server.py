@@ -27,15 +27,15 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.errors import LakeError, PipelineError, UsageError
-from tokenlake.serve import catalog
-from tokenlake.serve.explore import console, data, kept
+from tokenlake.serve import catalog, rollups
+from tokenlake.serve.explore import console, data, kept, step_rows
 from tokenlake.serve.query import format_table
 from tokenlake.serve.served import served_records
 from tokenlake.store import manifest
@@ -119,6 +119,7 @@ class ServedLake:
         self._stamp: object = None
         self._looked_at = 0.0
         self.version = 0
+        self._records: list[manifest.RunManifest] = []
         self.relations: set[str] = set()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -137,9 +138,21 @@ class ServedLake:
             assert self._con is not None
             return self._con.cursor(), self.version
 
+    def records(self, version: int) -> list[manifest.RunManifest]:
+        """The manifests as served (`serve.served`) when catalog `version` was built (read
+        again for another version)."""
+        with self._lock:
+            if version == self.version:
+                return self._records
+        return served_records(self.store, manifest.load_all(self.store))[0]
+
     def _connect(self, stamp: object) -> None:
         con = catalog.connect(self.store)
+        # Read with the catalog: the pages that read one step's files, and the identities of
+        # the steps whose rows are kept, name the files of this version.
+        records = served_records(self.store, manifest.load_all(self.store))[0]
         self._con, self._stamp = con, stamp  # the old one closes once its cursors are done
+        self._records = records
         self.relations = console.catalog_relations(con)
         self.version += 1
 
@@ -190,6 +203,8 @@ class Explorer:
         self.console = console.Console()
         self.kept = kept.KeptByVersion[kept.Kept]()
         self.run_level = kept.KeptByVersion[kept.RunLevel]()
+        # Per step identity, across catalog versions and servers: what the runs page pools.
+        self.step_rows = step_rows.StepRowsKept.of_lake(served.store)
         # The audits of the latest catalog version: started by its first runs page, on a
         # thread of their own so that no page waits for them.
         self._audits_lock = threading.Lock()
@@ -333,13 +348,27 @@ class Explorer:
 
     def _kept(self, cursor: duckdb.DuckDBPyConnection, version: int) -> kept.Kept:
         def read() -> kept.Kept:
-            records, _ = served_records(self.served.store, manifest.load_all(self.served.store))
+            records = self.served.records(version)
             return data.kept_rows(cursor, records, self._run_level(cursor, version))
 
         return self.kept.get(version, read)
 
     def _run_level(self, cursor: duckdb.DuckDBPyConnection, version: int) -> kept.RunLevel:
-        return self.run_level.get(version, lambda: data.run_level_rows(cursor))
+        def read() -> kept.RunLevel:
+            store, records = self.served.store, self.served.records(version)
+
+            def read_steps(chosen: Collection[step_rows.StepId] | None) -> Any:
+                if chosen is None:
+                    return data.read_step_rows(cursor)
+                settled = rollups.settings_digests(cursor)
+                queries = catalog.steps_view_queries(store, records, chosen, settled)
+                return data.read_step_rows(cursor, queries)
+
+            runs = step_rows.runs_rows(cursor)
+            identities = step_rows.step_identities(store, records, runs)
+            return data.run_level_rows(cursor, self.step_rows.tables(identities, read_steps))
+
+        return self.run_level.get(version, read)
 
     def _step_answer(
         self, cursor: duckdb.DuckDBPyConnection, version: int, run: str, step: int, evaluation: bool
@@ -348,7 +377,9 @@ class Explorer:
         it reads): a view over every file of the lake costs time in proportion to the lake's
         files to plan."""
         rows = self._kept(cursor, version)
-        queries = catalog.step_view_queries(self.served.store, rows.records, run, step, evaluation)
+        queries = catalog.step_view_queries(
+            self.served.store, rows.records, run, step, evaluation, rows.settings_digests
+        )
         data.read_only_step(cursor, {n: q for n, q in queries.items() if n in rows.step_tables})
         return data.step_page(cursor, rows, run, step, evaluation)
 
