@@ -6,6 +6,7 @@ The CLI turns any `PipelineError` into one line, ``Error: <message>``, and exit 
 from __future__ import annotations
 
 import errno
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePath
@@ -97,10 +98,20 @@ def shown(value: Any, limit: int = SHOWN_CHARS, *, literal: bool = True) -> str:
         >>> print(shown([1, [2]]), "/", shown(np.zeros((2, 3))), "/", shown(10**5000))
         a list of 2 entries / a float64 array of shape (2, 3) / an integer of 16610 bits
     """
-    import numpy as np  # here, not at the top: the CLI imports this module and starts fast
-
+    # A numpy value exists only once numpy is imported: a command that never needs numpy
+    # (`tag`, `query`) does not import it to quote a string.
+    np = sys.modules.get("numpy")
+    if np is None:
+        return _shown_plain(value, limit, literal)
     if isinstance(value, np.generic) and not isinstance(value, np.void):
         value = value.item()  # numpy scalars read like the Python value they hold
+    if isinstance(value, np.ndarray):
+        return f"{_article(str(value.dtype))} {value.dtype} array of shape {value.shape}"
+    return _shown_plain(value, limit, literal)
+
+
+def _shown_plain(value: Any, limit: int, literal: bool) -> str:
+    """`shown` of a value that is no numpy array or scalar."""
     if value is None or isinstance(value, bool | float | complex):
         return repr(value)
     if isinstance(value, int):
@@ -113,8 +124,6 @@ def shown(value: Any, limit: int = SHOWN_CHARS, *, literal: bool = True) -> str:
         return _escaped(text[:limit]) + ("…" if len(text) > limit else "")
     if isinstance(value, str | bytes | bytearray):
         return repr(value[:limit]) + ("…" if len(value) > limit else "")
-    if isinstance(value, np.ndarray):
-        return f"{_article(str(value.dtype))} {value.dtype} array of shape {value.shape}"
     name = type(value).__name__
     if isinstance(value, list | tuple | dict | set | frozenset):
         return f"{_article(name)} {name} of {len(value)} entries"

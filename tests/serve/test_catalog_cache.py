@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pytest
 from click.testing import CliRunner
 
@@ -63,17 +65,90 @@ def test_a_second_reader_opens_the_kept_catalog(tmp_path: Path, builds: list[Pat
     modes = {os.stat(p).st_mode & 0o777 for p in (kept, *kept.iterdir())}
     assert modes == {0o700}
 
-    result = CliRunner().invoke(main, ["tag", str(lake), "r", "k=v"])  # a manifest changes
-    assert result.exit_code == 0
+    (lake / "views" / "other.sql").write_text("CREATE VIEW other AS SELECT 1 AS one")
     builds.clear()
     assert _answer(lake) == first
-    assert len(builds) == 1
+    assert len(builds) == 1  # a view file changed: built again
     assert _kept(tmp_path) != [key] and len(_kept(tmp_path)) == 1  # the old key deleted
 
     (lake / "views" / "mine.sql").write_text("CREATE VIEW mine AS SELECT 8 AS seven")
     with catalog.connect(store_of(lake)) as con:
         assert con.execute("SELECT seven FROM mine").fetchall() == [(8,)]
     assert len(builds) == 2
+
+
+# DuckDB keeps an `EXCLUDE (...)` list as a set: a catalog it reopens and checkpoints writes
+# the views' text again with each such list in another order (the same columns excluded).
+_EXCLUDE = re.compile(r"EXCLUDE \(([^()]*)\)")
+
+
+def _contents(path: Path) -> list[tuple[str, str]]:
+    """Every view and macro a catalog file holds, with its SQL (each `EXCLUDE` list sorted),
+    and every view's columns and types, by name."""
+    with duckdb.connect(str(path), read_only=True) as con:
+        rows = con.execute(
+            "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal"
+            " UNION ALL SELECT function_name, macro_definition FROM duckdb_functions()"
+            " WHERE function_type IN ('macro', 'table_macro') AND NOT internal"
+            " ORDER BY ALL"
+        ).fetchall()
+        views = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
+        columns = [(name, str(con.execute(f'DESCRIBE "{name}"').fetchall())) for (name,) in views]
+    return [(str(name), _sorted_excludes(str(sql))) for name, sql in rows] + sorted(columns)
+
+
+def _sorted_excludes(sql: str) -> str:
+    """
+    Examples:
+        >>> _sorted_excludes("SELECT * EXCLUDE (run, b, a) FROM t")
+        'SELECT * EXCLUDE (a, b, run) FROM t'
+    """
+    return _EXCLUDE.sub(lambda m: f"EXCLUDE ({', '.join(sorted(m.group(1).split(', ')))})", sql)
+
+
+def _runs_view(contents: list[tuple[object, ...]]) -> object:
+    return next(sql for name, sql in contents if name == "runs")
+
+
+def test_tag_changes_the_kept_catalog_into_what_a_rebuild_makes(
+    tmp_path: Path, builds: list[Path]
+) -> None:
+    """`tag` writes a new `runs` file: the lake's catalog and the reader's kept one become
+    the kept one with that view and the listed files' digest replaced, equal to a rebuild's
+    (the same views and macros, their SQL but for the order within `EXCLUDE` lists, the same
+    columns), and the next reader opens it without building."""
+    lake = lake_with_views(tmp_path, {"mine.sql": "CREATE VIEW mine AS SELECT run FROM runs"})
+    catalog.build_catalog(store_of(lake))
+    before = _contents(lake / layout.CATALOG_FILE)
+    _answer(lake)
+    builds.clear()
+    result = CliRunner().invoke(main, ["tag", str(lake), "r", "k=v"])
+    assert (result.exit_code, result.output) == (0, "Run `r` tags: k=v\n")
+    assert builds == []  # neither the lake's catalog nor a reader's was built
+    (key,) = _kept(tmp_path)
+    (kept,) = (tmp_path / "cache" / catalog_cache.FOLDER).glob(f"*/{key}/{layout.CATALOG_FILE}")
+    tagged = _contents(lake / layout.CATALOG_FILE)
+    assert _runs_view(tagged) != _runs_view(before)
+    assert _contents(kept) == tagged
+    with catalog.connect(store_of(lake)) as con:
+        assert con.execute("SELECT * FROM run_tags").fetchall() == [("r", "k", "v")]
+        assert con.execute("SELECT * FROM mine").fetchall() == [("r",)]
+    assert builds == []  # the reader opened the kept one
+    catalog.build_catalog(store_of(lake))
+    assert len(builds) == 1
+    assert _contents(lake / layout.CATALOG_FILE) == tagged  # a rebuild makes the same
+    assert catalog.catalog_problem(store_of(lake)) is None
+
+
+def test_tag_without_a_kept_catalog_builds_the_lakes_in_full(
+    tmp_path: Path, builds: list[Path]
+) -> None:
+    lake = lake_with_views(tmp_path, {})
+    catalog.build_catalog(store_of(lake))
+    builds.clear()
+    assert CliRunner().invoke(main, ["tag", str(lake), "r", "k=v"]).exit_code == 0
+    assert len(builds) == 1
+    assert catalog.catalog_problem(store_of(lake)) is None
 
 
 def test_a_kept_build_says_its_problems_again(

@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import os
+import shutil
 import threading
 import time
 import urllib.error
@@ -36,6 +38,13 @@ from tokenlake.serve.served import served_records
 from tokenlake.store import manifest
 
 HOSTILE_RUN = "<b>x<i>y'\"&amp;<!--"
+# The last message of the hostile run's first sample: a thinking block, then markup that
+# would run if the page wrote it as HTML.
+THINKING = "<b>weigh</b> the </pre> options"
+HOSTILE_MESSAGE = (
+    "<img src=x onerror=\"document.title='owned'\"><script>document.title='owned'</script>"
+    "</pre><b>bold</b>"
+)
 pytestmark = pytest.mark.slow
 
 
@@ -54,9 +63,19 @@ def lake(tmp_path_factory) -> Path:
     extract_run(
         NEMO_RL_REAL / "grpo_multiturn", store_of(lake), ExtractOptions(run_name="nemo", workers=1)
     )
-    extract_run(root / "example", store_of(lake), ExtractOptions(run_name=HOSTILE_RUN, workers=1))
+    _with_hostile_message(root / "example", root / "hostile")
+    extract_run(root / "hostile", store_of(lake), ExtractOptions(run_name=HOSTILE_RUN, workers=1))
     _with_hostile_vocab(lake, HOSTILE_RUN)
     return lake
+
+
+def _with_hostile_message(dump: Path, out: Path) -> None:
+    """A copy of `dump` whose step 0's first conversation ends in THINKING and HOSTILE_MESSAGE."""
+    shutil.copytree(dump, out)
+    trajectory = out / "trajectory" / "0.jsonl"
+    records = [json.loads(line) for line in trajectory.read_text().splitlines()]
+    records[0]["messages"][-1]["content"] = f"<think>{THINKING}</think>{HOSTILE_MESSAGE}"
+    trajectory.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 @pytest.fixture(scope="module")
@@ -629,3 +648,374 @@ def test_the_step_page_gets_one_step_views_of_the_tables_it_reads_only(lake):
         "tokens",
         "vocab",
     ]
+
+
+def _rows(lake: Path, sql: str) -> list[dict]:
+    return run_query(store_of(lake), sql).to_pylist()
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _hrefs(tools, selector: str) -> list[str]:
+    return tools.evaluate(
+        f"[...document.querySelectorAll({json.dumps(selector)})].map(a => a.getAttribute('href'))"
+    )
+
+
+def _segment(run: str) -> str:
+    """A run name as the page puts it in a path (JavaScript's encodeURIComponent)."""
+    return urllib.parse.quote(run, safe="!'()*")
+
+
+def test_a_sample_page_links_its_neighbours_its_group_and_its_index_in_other_runs(
+    lake, server, browser
+):
+    step = _rows(
+        lake,
+        "SELECT batch_position, sample_index, group_index FROM samples WHERE run = 'example'"
+        " AND rollout_id = 0 AND NOT evaluation ORDER BY batch_position",
+    )
+    before, here, after = step[0], step[1], step[2]
+    _open(browser, f"{server}runs/example/steps/0/samples/{here['batch_position']}")
+    path = "/runs/example/steps/0/samples/"
+    assert _hrefs(browser, "#previous") == [f"{path}{before['batch_position']}"]
+    assert _hrefs(browser, "#next") == [f"{path}{after['batch_position']}"]
+    group = [r["batch_position"] for r in step if r["group_index"] == here["group_index"]]
+    assert len(group) > 1
+    assert _cells(browser, "#siblings tbody td:first-child") == [str(p) for p in group]
+    assert _hrefs(browser, "#siblings tbody a") == [f"{path}{p}" for p in group]
+    others = _rows(
+        lake,
+        "SELECT run, batch_position FROM samples WHERE run <> 'example' AND rollout_id = 0"
+        f" AND NOT evaluation AND sample_index = {here['sample_index']} ORDER BY ALL",
+    )
+    assert HOSTILE_RUN in [o["run"] for o in others]
+    assert _cells(browser, "#other-runs a") == [o["run"] for o in others]
+    assert _hrefs(browser, "#other-runs a") == [
+        f"/runs/{_segment(o['run'])}/steps/0/samples/{o['batch_position']}" for o in others
+    ]
+
+    _click(browser, "#other-runs a")  # the first: the hostile run's name sorts before the others
+    first = others[0]
+    assert browser.evaluate("location.pathname") == (
+        f"/runs/{_segment(first['run'])}/steps/0/samples/{first['batch_position']}"
+    )
+    assert browser.evaluate("document.querySelector('h1').textContent") == (
+        f"{first['run']} · step 0 · sample {first['batch_position']}"
+    )
+    _open(browser, f"{server}runs/example/steps/0/samples/{here['batch_position']}")
+    _click(browser, "#next")
+    assert browser.evaluate("document.querySelector('h1').textContent") == (
+        f"example · step 0 · sample {after['batch_position']}"
+    )
+    assert _cells(browser, "#sample-facts tbody td:first-child") == [str(after["sample_index"])]
+
+
+def test_the_conversation_draws_roles_tool_calls_and_thinking_and_hostile_text_stays_text(
+    lake, server, browser
+):
+    (found,) = _rows(
+        lake,
+        "SELECT batch_position, messages_json FROM samples WHERE run = "
+        f"{_literal(HOSTILE_RUN)} AND rollout_id = 0 AND NOT evaluation"
+        " AND messages_json LIKE '%<think>%'",
+    )
+    messages = json.loads(found["messages_json"])
+    _open(
+        browser,
+        f"{server}runs/{_segment(HOSTILE_RUN)}/steps/0/samples/{found['batch_position']}",
+    )
+    assert _cells(browser, "#conversation .role") == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    calls = messages[2]["tool_calls"]
+    assert _cells(browser, "#conversation .tool-calls") == [
+        "tool calls: " + json.dumps(calls, indent=2, ensure_ascii=False)
+    ]
+    # the reasoning beside a message's content and a <think> block in it, both folded
+    assert _cells(browser, "#conversation details.think pre") == [
+        messages[2]["reasoning_content"],
+        THINKING,
+    ]
+    assert browser.evaluate(
+        "[...document.querySelectorAll('#conversation details.think')].map(d => d.open)"
+    ) == [False, False]
+    assert _cells(browser, "#conversation .message:last-child > pre") == [HOSTILE_MESSAGE]
+    assert _cells(browser, "#conversation .message:nth-child(4) > pre") == ['{"result": 42}']
+    assert (
+        browser.evaluate("document.querySelectorAll('main img, main script, main b').length") == 0
+    )
+    assert browser.evaluate("document.title") != "owned"
+
+
+def test_the_statistic_against_position_shades_the_prompt_and_the_masked_spans(
+    lake, server, browser
+):
+    step, position, _ = _masked_sample(lake)
+    where = (
+        f"run = 'multi-turn' AND rollout_id = {step} AND NOT evaluation"
+        f" AND batch_position = {position}"
+    )
+    (sample,) = _rows(lake, f"SELECT prompt_length FROM samples WHERE {where}")
+    tokens = _rows(
+        lake, f"SELECT position, loss_mask, lp_diff FROM tokens WHERE {where} ORDER BY position"
+    )
+    masked_spans, start = [], None
+    for token in tokens:
+        if token["loss_mask"] == 0 and start is None:
+            start = token["position"]
+        if token["loss_mask"] > 0 and start is not None:
+            masked_spans.append({"from": start, "to": token["position"]})
+            start = None
+    if start is not None:
+        masked_spans.append({"from": start, "to": tokens[-1]["position"] + 1})
+    assert len(masked_spans) > 1 and sample["prompt_length"] > 0
+
+    _open(browser, f"{server}runs/multi-turn/steps/{step}/samples/{position}?stat=lp_diff")
+    shaded = browser.evaluate(
+        "[...document.querySelectorAll('#profile .mark-rect')].map(g =>"
+        " [...g.querySelectorAll('path')].map(p => p.__data__.datum))"
+    )
+    assert shaded == [[{"from": -sample["prompt_length"], "to": 0}], masked_spans]
+    drawn = browser.evaluate("explorer.charts.profile.data('data_2')")
+    covered = [
+        {"position": t["position"], "value": t["lp_diff"]}
+        for t in tokens
+        if t["loss_mask"] > 0 and t["lp_diff"] is not None and math.isfinite(t["lp_diff"])
+    ]
+    assert (
+        drawn == covered and len(covered) > 1
+    )  # the line: the covered tokens' values, and nothing at a masked one
+    assert browser.evaluate("document.querySelector('#profile .role-title-text').textContent") == (
+        "lp_diff against position (blue: the prompt, grey: masked spans; neither has a value)"
+    )
+
+
+def _shown(value: float) -> str:
+    """A number as the page writes it (explore.js `fmt`, for the values used here)."""
+    rounded = float(f"{value:.4g}")
+    return str(int(rounded)) if rounded.is_integer() else repr(rounded)
+
+
+def test_the_run_charts_draw_the_alarm_thresholds_and_zoom(lake, server, browser):
+    (settings,) = _rows(lake, "SELECT * FROM drift_settings")
+    alarms = {
+        "mean-abs": "alarm_mean_abs_lp_diff_smtm",
+        "k3": "alarm_k3_kl",
+        "ess": "alarm_ess_min",
+    }
+    expected = {chart: settings[name] for chart, name in alarms.items()}
+    _open(browser, f"{server}compare?runs=example,multi-turn")
+    for chart, threshold in expected.items():
+        rule = browser.evaluate(
+            f"(v => [...document.querySelectorAll('#{chart} .role-mark.mark-rule line')].map(l =>"
+            " [l.__data__.datum.t, l.__data__.y, v.scale('y')(l.__data__.datum.t)]))"
+            f"(explorer.charts[{json.dumps(chart)}])"
+        )
+        assert len(rule) == 1 and rule[0][0] == threshold, (chart, rule)
+        assert rule[0][1] == pytest.approx(rule[0][2])  # drawn at the threshold's height
+        assert _cells(browser, f"#{chart} .role-mark.mark-text text") == [
+            f"alarm {_shown(threshold)}"
+        ]
+
+    domain = "explorer.charts['mean-abs'].scale('x').domain()"
+    before = browser.evaluate(domain)
+    x, y = browser.evaluate(
+        "(s => { s.scrollIntoView({block: 'center'}); const r = s.getBoundingClientRect();"
+        " return [r.x + r.width / 2, r.y + r.height / 2]; })"
+        "(document.querySelector('#mean-abs svg'))"
+    )
+    browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+    browser.send("Input.dispatchMouseEvent", type="mouseWheel", x=x, y=y, deltaX=0, deltaY=-400)
+    after = _until(
+        browser,
+        f"(d => (d[0] !== {before[0]} || d[1] !== {before[1]}) && d)({domain})",
+        "the chart to zoom",
+    )
+    assert before[0] < after[0] < after[1] < before[1]  # zoomed in around the pointer
+
+
+# One step of 52 samples (two pages of the samples table) up to 4,600 tokens long (every
+# window of the token strip), a removed one, and its eval file.
+LONG = dataclasses.replace(
+    synth.PRESETS["example"],
+    steps=1,
+    prompts_per_step=13,
+    samples_per_prompt=4,
+    response_length=(1, 4600),
+    removed_positions=(3,),
+    eval_steps=(0,),
+)
+
+
+@pytest.fixture(scope="module")
+def long_lake(tmp_path_factory):
+    """(lake, served URL) of one run of LONG."""
+    root = tmp_path_factory.mktemp("long")
+    synth.write_dump(root / "dump", LONG)
+    extract_run(root / "dump", store_of(root / "lake"), ExtractOptions(run_name="long", workers=1))
+    running = start(store_of(root / "lake"), ServeOptions(port=0))
+    yield root / "lake", running.url
+    running.stop()
+
+
+def _same(text: str, value) -> bool:
+    """Whether a cell's text is how the page writes `value` (explore.js `fmt`)."""
+    if value is None:
+        return text == "NULL"
+    if isinstance(value, bool):
+        return text == str(value).lower()
+    if isinstance(value, int):
+        return text == f"{value:,}"
+    if isinstance(value, float):
+        return float(text) == pytest.approx(value, rel=1e-3, abs=1e-12)
+    return text == str(value)
+
+
+def _table(tools) -> tuple[list[str], list[list[str]]]:
+    """The samples table's headers and its rows' cells, as shown."""
+    return tools.evaluate(
+        "[[...document.querySelectorAll('#samples thead th')].map(h => h.textContent),"
+        " [...document.querySelectorAll('#samples tbody tr')].map(r =>"
+        " [...r.querySelectorAll('td')].map(d => d.textContent))]"
+    )
+
+
+def test_the_samples_table_shows_every_column_sorts_filters_and_pages(long_lake, browser):
+    lake, url = long_lake
+    stats = _rows(lake, "SELECT * FROM sample_stats WHERE rollout_id = 0 AND NOT evaluation")
+    drift = {
+        r["batch_position"]: r
+        for r in _rows(lake, "SELECT * FROM drift_samples WHERE rollout_id = 0 AND NOT evaluation")
+    }
+    columns = [r["column_name"] for r in _rows(lake, "DESCRIBE drift_samples")]
+    no_drift = dict.fromkeys(columns)  # a removed sample has no drift_samples row: NULLs
+    shown = {}
+    for row in stats:
+        found = drift.get(row["batch_position"], no_drift)
+        extra = {k: v for k, v in found.items() if k not in row}
+        extra["drift_tokens"] = extra.pop("tokens")
+        shown[row["batch_position"]] = {**row, **extra}
+    _open(browser, url + "runs/long/steps/0")
+    headers, cells = _table(browser)
+    assert headers[0] == "batch_position ▲"  # sorted by it
+    headers[0] = "batch_position"
+    assert sorted(headers) == sorted(set(next(iter(shown.values()))) - {"run", "rollout_id"})
+    assert headers[:3] == ["batch_position", "sample_index", "group_index"]
+    assert len(shown) == 52 and len(cells) == 50
+    for line in cells:  # every value as the views hold it
+        row = shown[int(line[0])]
+        wrong = [h for h, t in zip(headers, line, strict=True) if not _same(t, row[h])]
+        assert (
+            wrong == [] or wrong == ["remove_sample"] and line[headers.index(wrong[0])] == "removed"
+        ), (line[0], wrong)
+    removed = browser.evaluate(
+        "[...document.querySelectorAll('#samples tr.removed td:first-child')].map(d => d.textContent)"
+    )
+    assert removed == [str(p) for p, r in sorted(shown.items()) if r["remove_sample"]] == ["3"]
+
+    order = sorted(
+        shown,
+        key=lambda p: (
+            shown[p]["mean_abs_lp_diff"] is None,
+            -(shown[p]["mean_abs_lp_diff"] or 0),
+            p,
+        ),
+    )
+    for _ in range(2):  # ascending, then descending
+        browser.evaluate(
+            "[...document.querySelectorAll('#samples th')]"
+            ".find(h => h.textContent.startsWith('mean_abs_lp_diff')).click()"
+        )
+    headers, cells = _table(browser)
+    assert "mean_abs_lp_diff ▼" in headers
+    assert [int(line[0]) for line in cells] == order[:50]
+    browser.evaluate(
+        "[...document.querySelectorAll('#samples button')].find(b => b.textContent === 'next').click()"
+    )
+    _, cells = _table(browser)
+    assert [int(line[0]) for line in cells] == order[50:]
+    assert browser.evaluate("document.querySelector('#samples .controls').textContent") == (
+        "previouspage 2 of 2 · 52 sample(s)next"
+    )
+    assert browser.evaluate("location.search") == "?sort=mean_abs_lp_diff&desc=1&page=1"
+
+    browser.evaluate(
+        "const box = document.querySelector('input[type=search]'); box.value = 'truncated';"
+        " box.dispatchEvent(new Event('input'))"
+    )
+    _, cells = _table(browser)
+    truncated = [p for p in order if shown[p]["status"] == "truncated"]
+    assert truncated and len(truncated) < 50
+    assert [int(line[0]) for line in cells] == truncated
+
+    _open(browser, url + "runs/long/steps/0?eval=1")
+    headers, cells = _table(browser)
+    evaluation = headers.index("evaluation")
+    (evals,) = _rows(lake, "SELECT count(*) AS n FROM samples WHERE rollout_id = 0 AND evaluation")
+    assert len(cells) == evals["n"] > 0 and {line[evaluation] for line in cells} == {"eval"}
+    assert browser.evaluate("document.querySelectorAll('#samples tbody tr:not(.eval)').length") == 0
+
+
+def test_the_token_windows_and_the_clipped_colour_scale_of_a_long_sample(long_lake, browser):
+    lake, url = long_lake
+    (longest,) = _rows(
+        lake,
+        "SELECT batch_position, response_length FROM samples WHERE rollout_id = 0"
+        " AND NOT evaluation ORDER BY response_length DESC, batch_position LIMIT 1",
+    )
+    total = longest["response_length"]
+    assert total > 4096
+    page = f"{url}runs/long/steps/0/samples/{longest['batch_position']}"
+
+    def strip() -> list:
+        return browser.evaluate(
+            "(s => [s.dataset.cells, s.firstChild.dataset.position, s.lastChild.dataset.position])"
+            "(document.getElementById('strip'))"
+        )
+
+    for window, size in (("256", 256), ("1k", 1024), ("4k", 4096), ("all", total)):
+        _open(browser, f"{page}?window={window}")
+        assert strip() == [str(size), "0", str(size - 1)], window
+    _open(browser, f"{page}?window=4k")
+    browser.evaluate(
+        "[...document.querySelectorAll('.controls button')]"
+        ".find(b => b.textContent === 'later →').click()"
+    )
+    # the last window is a whole one, ending at the last token
+    assert strip() == ["4096", str(total - 4096), str(total - 1)]
+    assert f"tokens {total - 4096}–{total - 1} of {total}" in browser.evaluate(
+        "document.getElementById('stat').closest('.controls').textContent"
+    )
+
+    tokens = _rows(
+        lake,
+        "SELECT position, lp_diff FROM tokens WHERE rollout_id = 0 AND NOT evaluation"
+        f" AND batch_position = {longest['batch_position']} AND loss_mask > 0"
+        " AND isfinite(lp_diff) ORDER BY position",
+    )
+    spread = sorted(abs(t["lp_diff"]) for t in tokens)
+    clip = spread[min(len(spread) - 1, max(0, math.ceil(0.99 * len(spread)) - 1))]
+    beyond = sum(1 for v in spread if v > clip)
+    assert 1e-3 <= clip < 1e5 and beyond > 0
+    _open(browser, f"{page}?window=all&stat=lp_diff")
+    assert browser.evaluate("document.getElementById('legend-text').textContent") == (
+        f"lp_diff: colour symmetric around 0, clipped at ±{_shown(clip)} = the 99th percentile"
+        f" of |lp_diff| over the {len(spread)} covered tokens with a value (the whole sample);"
+        f" {beyond} beyond it take the end colour."
+    )
+    extreme = max(tokens, key=lambda t: abs(t["lp_diff"]))
+    end = "rgb(178, 24, 43)" if extreme["lp_diff"] > 0 else "rgb(33, 102, 172)"
+    assert (
+        browser.evaluate(
+            f"document.querySelector('#strip .tok[data-position=\"{extreme['position']}\"]')"
+            ".style.background"
+        )
+        == end
+    )  # the largest |lp_diff| takes the end colour and does not flatten the rest

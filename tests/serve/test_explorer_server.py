@@ -160,6 +160,26 @@ def test_a_query_with_more_rows_than_the_limit_is_cut_and_says_so(lake):
         running.stop()
 
 
+def test_a_query_whose_result_exceeds_the_byte_limit_is_refused_before_it_is_fetched(lake):
+    """What bounds a console query's memory beyond its rows: its result's bytes, counted as
+    the rows are fetched (256 at a time), so 10,000 rows of 100 kB are never held."""
+    running = start(store_of(lake), ServeOptions(port=0, query_bytes=1_000_000))
+    try:
+        wide = "SELECT repeat('x', 100000) AS s FROM range(10000)"  # 1 GB if fetched whole
+        for extra in ({}, {"format": "csv"}, {"format": "parquet"}):
+            assert _get(_sql(running.url, wide, **extra)) == (
+                400,
+                {
+                    "error": "Refused: its result takes more than 1,000,000 bytes (the console's"
+                    " limit); select fewer or narrower columns, or run it with `tokenlake query`."
+                },
+            )
+        status, narrow = _get(_sql(running.url, "SELECT repeat('x', 1000) AS s FROM range(900)"))
+        assert status == 200 and len(narrow["rows"]) == 900 and narrow["truncated"] is False
+    finally:
+        running.stop()
+
+
 # --- the command, the Python API and make, as processes -----------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,12 +61,13 @@ def tag_run(
             runs = ", ".join(f"`{name}`" for name in store.manifest_runs()) or "none"
             raise LakeError(store.location, f"has no run `{run}` (runs: {runs})")
         store.delete_stale_temporaries()  # of a command killed earlier
+        before = copy.deepcopy(record)
         record.tags = tags.change_tags(record.tags, set_tags, remove)
         lake_files.write_run_row(store, record, keep=lake_files.stored_run_row(store, record))
         crash_point("tag:row")
         manifest.save_manifest(store, record)
         crash_point("tag:manifest")
-        catalog.build_catalog(store, warnings)
+        catalog.build_catalog_after_tag(store, before, warnings)
         crash_point("tag:catalog")
         store.delete_unlisted(record)
     return TagResult(record.tags, tuple(warnings))

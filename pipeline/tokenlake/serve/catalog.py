@@ -191,6 +191,100 @@ def build_catalog(store: Store, warnings: list[str] | None = None) -> Path | str
     return where
 
 
+def build_catalog_after_tag(
+    store: Store, before: manifest.RunManifest, warnings: list[str]
+) -> Path | str:
+    """Rebuild the lake's catalog after `tokenlake tag` rewrote one run's `runs` file
+    (`before`: that run's manifest until then), as this user's private catalog of the lake as
+    it is now (kept for the next command, `_connect_private_build`), then put a copy in place.
+
+    Where this user keeps a private catalog of the lake as it was (built by `_write_catalog`
+    from the same manifests, in a folder only this user can write) and its build printed
+    nothing, the new one is that file with its `runs` view and its record of the listed files
+    replaced: the views a rebuild would create, without creating the other ~50 again.
+    Otherwise (no such catalog, a file left out) a full build. A lake on an object store, or
+    without a private cache: `build_catalog`.
+    """
+    catalog_file = store.local_catalog
+    folder = None if catalog_file is None else catalog_cache.lake_folder(store)
+    if catalog_file is None or folder is None:
+        return build_catalog(store, warnings)
+    views = iter_user_view_files(store)
+    after = manifest.load_all(store)
+    served, unserved = served_records(store, after)
+    kept = None
+    if not unserved:
+        # Every file is served, and the tagged run's `runs` file of before was checked as it
+        # was read: the lake as it was is served whole too (a wrong guess only misses the
+        # kept catalog; what a kept catalog holds is its key's state).
+        was = [before if record.run == before.run else record for record in served]
+        key_was = catalog_cache.catalog_key(store, was, views, Path(__file__))
+        kept = catalog_cache.cached(folder, key_was)
+
+    def build(path: Path) -> list[str]:
+        if kept is not None and not kept[1]:
+            _write_runs_view(kept[0], path, store, served, after)
+            return []
+        lines: list[str] = []
+        _write_catalog(path, store, lines, after)
+        return lines
+
+    def unchanged() -> bool:
+        return iter_user_view_files(store) == views
+
+    key = catalog_cache.catalog_key(store, served, views, Path(__file__))
+    built, problems = catalog_cache.keep(folder, key, build, unchanged)
+
+    def publish(tmp: Path) -> None:
+        shutil.copyfile(built, tmp)
+
+    store.publish_built(store.catalog_name, publish)
+    catalog_cache.discard_unkept(built)
+    foreign_log(catalog_file).unlink(missing_ok=True)
+    warnings.extend(problems)
+    log.info("catalog %s rebuilt", catalog_file)
+    return catalog_file
+
+
+def _write_runs_view(
+    kept: Path,
+    tmp: Path,
+    store: Store,
+    served: list[manifest.RunManifest],
+    records: list[manifest.RunManifest],
+) -> None:
+    """Into `tmp`, the kept catalog `kept` with the `runs` view over the `runs` files the
+    `served` manifests list and the digest of what `records` list, as `_write_catalog` makes
+    them; checked as it checks a build."""
+    import duckdb
+
+    shutil.copyfile(kept, tmp)
+    older = any(
+        step.schema_version < schema.SCHEMA_VERSION
+        for record in served
+        for step in record.steps.values()
+    )
+    sql = base_view_sql(schema.RUNS, _listed_files(store, served, schema.RUNS), older)
+    try:
+        with duckdb.connect(
+            str(tmp), config={"storage_compatibility_version": _STORAGE_VERSION}
+        ) as con:
+            con.execute(f"CREATE OR REPLACE VIEW {schema.RUNS} AS {sql}")
+            _record_listed(con, _digest_of(records))
+            con.execute("CHECKPOINT")
+        if Path(f"{tmp}.wal").exists():
+            raise LakeError(_catalog_url(store), "catalog could not be written in full")
+        with duckdb.connect(str(tmp), read_only=True) as check:
+            missing = missing_views(check)
+    except duckdb.Error as exc:
+        raise _catalog_error(store, exc) from exc
+    if missing:
+        raise LakeError(
+            _catalog_url(store),
+            f"catalog lacks views {', '.join(f'`{v}`' for v in missing)} after its build",
+        )
+
+
 def _catalog_url(store: Store) -> str:
     return store.url(store.catalog_name)
 
@@ -269,6 +363,11 @@ def recorded_digest(con: duckdb.DuckDBPyConnection) -> str | None:
 _DIGEST_LITERAL = re.compile(r"'[0-9a-f]{32}'")
 
 
+# Storage format 1.0: DuckDB clients from 1.0 on can open the file (it holds only views);
+# reading the views needs 1.2 (docs/bi.md, tests/serve/test_duckdb_oldest.py).
+_STORAGE_VERSION = "v1.0.0"
+
+
 def _write_catalog(
     tmp: Path,
     store: Store,
@@ -279,9 +378,7 @@ def _write_catalog(
     import duckdb
 
     try:
-        # Storage format 1.0: DuckDB clients from 1.0 on can open the file (it holds only
-        # views); reading the views needs 1.2 (docs/bi.md, tests/serve/test_duckdb_oldest.py).
-        con = duckdb.connect(str(tmp), config={"storage_compatibility_version": "v1.0.0"})
+        con = duckdb.connect(str(tmp), config={"storage_compatibility_version": _STORAGE_VERSION})
         try:
             if records is None:  # read once: the views and the digest agree
                 records = manifest.load_all(store)

@@ -56,6 +56,13 @@ def connect_reader(
     return con
 
 
+def cache_footers(con: duckdb.DuckDBPyConnection) -> None:
+    """Let DuckDB parse each Parquet footer once for all the queries of this connection: a
+    command of many queries (`audit`, `report`) reads the same file a step again and again.
+    For one command's connection only (the files were checked as it opened)."""
+    con.execute("SET parquet_metadata_cache = true")
+
+
 def _say_what_reads_the_tokens(con: duckdb.DuckDBPyConnection) -> None:
     """One line when the overrides change what stored rollups were computed with: those are
     computed from the tokens for this connection (right, and slower)."""

@@ -1,7 +1,7 @@
 """`tokenlake report`: one self-contained HTML page with a lake's health and drift charts.
 
-Reads the catalog's views only (`tokenlake.serve.report_data`), draws with Vega-Lite specs built by
-altair (`tokenlake.serve.report_charts`) and writes one file that inlines every script and style
+Reads the catalog's views only (`tokenlake.serve.report_data`), draws with Vega-Lite specs
+(`tokenlake.serve.report_charts`) and writes one file that inlines every script and style
 (`tokenlake.serve.report_html`). Sections, in order: a per-run summary, runs, audits, reward health per step, drift per
 step, where the drift is, worst tokens and samples.
 """
@@ -22,7 +22,7 @@ from tokenlake.layout import temporary_path
 from tokenlake.serve import report_charts as rc
 from tokenlake.serve import report_data as rd
 from tokenlake.serve import report_html as rh
-from tokenlake.serve.query import connect_reader
+from tokenlake.serve.query import cache_footers, connect_reader
 from tokenlake.serve.run_colours import run_colours
 from tokenlake.steps import StepSelection, as_selection
 from tokenlake.store.base import Store
@@ -206,6 +206,7 @@ def _collect(
 
     con = connect_reader(store)
     try:
+        cache_footers(con)
         return _sections(con, runs, steps, worst)
     except duckdb.Error as exc:  # the report's own SQL failing is the lake's files failing it
         raise lake_read_error(str(store.location), "the report", exc) from exc
@@ -597,8 +598,8 @@ def _where_section(page: _Page, half_width: float) -> str:
         "Mean |δ| by turn")))  # fmt: skip
     body.append(page.chart(rc.by_step_selected(page.runs,
         "by-staleness", "by_staleness", steps, ("staleness", "staleness (steps)", None),
-        "Mean |δ| by staleness", extra={"strokeDash": rc.alt.StrokeDash(
-            "mixed_version:N", title="mixed version")})))  # fmt: skip
+        "Mean |δ| by staleness", extra={"strokeDash": {
+            "field": "mixed_version", "title": "mixed version", "type": "nominal"}})))  # fmt: skip
     if data["by_token_staleness"]:  # dumps that say which weights generated each token
         body.append(page.chart(rc.by_step_selected(page.runs,
             "by-token-staleness", "by_token_staleness", steps,

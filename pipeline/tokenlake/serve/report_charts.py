@@ -1,30 +1,36 @@
-"""Vega-Lite specs of the report's charts, built with altair.
+"""Vega-Lite specs of the report's charts, written as the dicts altair made of them.
 
-Charts name their data (`alt.NamedData`); the page holds each dataset once and hands it to
+Charts name their data (`{"name": ...}`); the page holds each dataset once and hands it to
 every chart that uses it. Every chart colours by run, each run in its one colour of the lake
 (`RunScale`, from `tokenlake.serve.run_colours`, as in the explorer), with a legend that
 lists every selected run, and lets a click on the legend toggle a run; breakdowns by step
 carry a step selector.
+
+The specs are plain dicts, keys in the order altair wrote them: building them with altair cost
+a report ~0.3 CPU-s to import it and ~25 ms a chart to build, copy and serialise its objects.
+`tests/serve/test_report_chart_specs.py` compares each with what altair makes of the same
+chart (`tests/serve/report_charts_altair.py`), and the browser tests draw them.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, ParamSpec
-
-import altair as alt
+from typing import Any, Literal
 
 from tokenlake.serve.report_data import ALL_STEPS
 
-P = ParamSpec("P")
 ScaleType = Literal["linear", "symlog"]  # y scales of the per-step charts
 
+# The Vega-Lite version the specs are written for, and so the one the page bundles.
+VEGA_LITE_VERSION = "v6.4.1"
+SCHEMA_URL = f"https://vega.github.io/schema/vega-lite/{VEGA_LITE_VERSION}.json"
 GREY = "#9a9a9a"
 ALARM = "#d62728"
 STRIP_WIDTH = 100  # response tokens per row of a strip
 CELL = 7  # pixels per strip cell
+LATEST = "latest"  # each run's own latest step
+_CONFIG = {"view": {"continuousWidth": 300, "continuousHeight": 300}}
 
 
 @dataclass(frozen=True)
@@ -50,77 +56,6 @@ class Chart:
     aspect: bool = False  # when narrowed, the height shrinks alike (a strip's square cells)
 
 
-def _run_toggle() -> Any:
-    return alt.selection_point(fields=["run_label"], bind="legend", name="pick_run")
-
-
-def _run_color(runs: RunScale) -> alt.Color:
-    # `run_label`: the run's name, shortened where runs share a long prefix or suffix
-    # (report_html.short_runs); tooltips give the whole `run`. The domain is every selected
-    # run, not the chart's rows, so the legend lists them all and no run's colour shifts.
-    return alt.Color(
-        "run_label:N",
-        title="run",
-        scale=alt.Scale(domain=list(runs.labels), range=list(runs.colours)),
-        legend=alt.Legend(symbolLimit=0),  # 0: no limit (Vega-Lite cuts long legends)
-    )
-
-
-def _faded(toggle: Any) -> alt.OpacityValue:
-    # A channel object, not `alt.condition`'s plain dict: `encode` turns a dict or a shorthand
-    # string into a channel with `from_dict`, which indexes every schema class each call
-    # (~10 ms; a second per report). Every encoding here is given as a channel object so.
-    return alt.OpacityValue(**alt.condition(toggle, alt.value(1.0), alt.value(0.12)))
-
-
-def _step_axis() -> alt.X:
-    # Steps are integers: label only whole ticks (a short axis would show 0.5 as "1").
-    whole = "floor(datum.value) === datum.value ? datum.label : ''"
-    return alt.X(
-        "rollout_id:Q", title="step", axis=alt.Axis(tickMinStep=1, format="d", labelExpr=whole)
-    )
-
-
-def _finish(
-    chart: Any,
-    chart_id: str,
-    datasets: Sequence[str],
-    renderer: str = "svg",
-    fit: int = 0,
-    aspect: bool = False,
-) -> Chart:
-    # Not validated against the Vega-Lite schema on every build (~1.5 CPU-s on bench): the specs
-    # are fixed by this module, and the browser test draws each of them.
-    spec = chart.to_dict(validate=False)
-    return Chart(chart_id, spec, tuple(datasets), renderer, fit, aspect)
-
-
-def _unvalidated(build: Callable[P, Chart]) -> Callable[P, Chart]:
-    """`build` with altair's check of every object against the Vega-Lite schema as it is made
-    turned off (~0.2 CPU-s a report): the specs are fixed by this module, and the browser test
-    draws each of them."""
-
-    @functools.wraps(build)
-    def unvalidated(*args: P.args, **kwargs: P.kwargs) -> Chart:
-        with alt.utils.schemapi.debug_mode(False):
-            return build(*args, **kwargs)
-
-    return unvalidated
-
-
-def threshold_rule(value: float, label: str) -> Any:
-    """A dashed horizontal rule with its label: an alarm threshold of `drift_settings`."""
-    data = alt.Data(values=[{"threshold": value, "label": label}])
-    rule = alt.Chart(data).mark_rule(color=ALARM, strokeDash=[5, 4]).encode(y=alt.Y("threshold:Q"))
-    text = (
-        alt.Chart(data)
-        .mark_text(color=ALARM, align="left", baseline="bottom", dx=4, dy=-2)
-        .encode(y=alt.Y("threshold:Q"), x=alt.XValue(0), text=alt.Text("label:N"))
-    )
-    return rule + text
-
-
-@_unvalidated
 def per_step(
     runs: RunScale,
     chart_id: str,
@@ -152,48 +87,121 @@ def per_step(
             None to fit the values.
         domain: A fixed y domain (for values that are all equal), or None.
     """
-    toggle = _run_toggle()
-    base = alt.Chart(alt.NamedData(dataset)).transform_fold(list(fields), as_=["column", "value"])
-    base = (
-        base.transform_calculate(measure=_label_expression(fields))
-        .transform_filter("isValid(datum.value) && isFinite(datum.value)")
-        .transform_joinaggregate(points="count()", groupby=["run", "measure"])
-    )
+    transform: list[dict[str, Any]] = [
+        {"fold": list(fields), "as": ["column", "value"]},
+        {"calculate": _label_expression(fields), "as": "measure"},
+        {"filter": "isValid(datum.value) && isFinite(datum.value)"},
+        {"joinaggregate": [{"op": "count", "as": "points"}], "groupby": ["run", "measure"]},
+    ]
     if domain is not None:
-        y_scale = alt.Scale(type=scale, domain=list(domain))
+        y_scale: dict[str, Any] = {"domain": list(domain), "type": scale}
     elif baseline is None or baseline == 0:
-        y_scale = alt.Scale(type=scale, zero=baseline == 0)
+        y_scale = {"type": scale, "zero": baseline == 0}
     else:
-        y_scale = alt.Scale(type=scale, domainMin=baseline)
+        y_scale = {"domainMin": baseline, "type": scale}
     encoding: dict[str, Any] = {
-        "x": _step_axis(),
-        "y": alt.Y("value:Q", title=f"{title} ({unit})", scale=y_scale),
-        "color": _run_color(runs),
-        "opacity": _faded(toggle),
+        "color": _run_color_spec(runs),
+        "opacity": _FADED_SPEC,
         "tooltip": [
-            alt.Tooltip("run:N"),
-            alt.Tooltip("rollout_id:Q", title="step"),
-            alt.Tooltip("measure:N", title="metric"),
-            alt.Tooltip("value:Q", title=unit, format=".4~g"),
+            {"field": "run", "type": "nominal"},
+            {"field": "rollout_id", "title": "step", "type": "quantitative"},
+            {"field": "measure", "title": "metric", "type": "nominal"},
+            {"field": "value", "format": ".4~g", "title": unit, "type": "quantitative"},
         ],
+        "x": {
+            "axis": {"format": "d", "labelExpr": _WHOLE_STEPS, "tickMinStep": 1},
+            "field": "rollout_id",
+            "title": "step",
+            "type": "quantitative",
+        },
+        "y": {
+            "field": "value",
+            "scale": y_scale,
+            "title": f"{title} ({unit})",
+            "type": "quantitative",
+        },
     }
     if len(fields) > 1:
-        encoding["strokeDash"] = alt.StrokeDash("measure:N", title="metric")
-    line = base.mark_line(point=True).encode(**encoding).add_params(toggle)
-    lone = (
-        base.transform_filter("datum.points === 1")
-        .mark_text(align="left", dx=7, fontWeight="bold")
-        .encode(
-            x=alt.X("rollout_id:Q"),
-            y=alt.Y("value:Q"),
-            text=alt.Text("value:Q", format=".4~g"),
-            color=_run_color(runs),
-            opacity=_faded(toggle),
-        )
-    )
-    layers = [line, lone, threshold_rule(*threshold)] if threshold else [line, lone]
-    chart = alt.layer(*layers).properties(title=title, width="container", height=200)
-    return _finish(chart, chart_id, [dataset])
+        encoding["strokeDash"] = {"field": "measure", "title": "metric", "type": "nominal"}
+        encoding = dict(sorted(encoding.items()))
+    line = {
+        "mark": {"type": "line", "point": True},
+        "encoding": encoding,
+        "name": _LINE_VIEW,
+        "transform": transform,
+    }
+    lone = {
+        "mark": {"type": "text", "align": "left", "dx": 7, "fontWeight": "bold"},
+        "encoding": {
+            "color": _run_color_spec(runs),
+            "opacity": _FADED_SPEC,
+            "text": {"field": "value", "format": ".4~g", "type": "quantitative"},
+            "x": {"field": "rollout_id", "type": "quantitative"},
+            "y": {"field": "value", "type": "quantitative"},
+        },
+        "transform": [*transform, {"filter": "datum.points === 1"}],
+    }
+    data = {"name": dataset}
+    if threshold is None:  # every layer reads the dataset: named once, for all
+        head: dict[str, Any] = {"layer": [line, lone], "data": data}
+    else:
+        line, lone = {"data": data, **line}, {"data": data, **lone}
+        head = {"layer": [line, lone, _threshold_rule(*threshold)]}
+    spec = {
+        "config": _CONFIG,
+        **head,
+        "height": 200,
+        "params": [{**_RUN_TOGGLE_SPEC, "views": [_LINE_VIEW]}],
+        "title": title,
+        "width": "container",
+        "$schema": SCHEMA_URL,
+    }
+    return Chart(chart_id, spec, (dataset,))
+
+
+# The legend's run toggle, and the opacity it gives each run's marks; `_LINE_VIEW` names the
+# view of a layered chart the toggle belongs to.
+_RUN_TOGGLE_SPEC = {
+    "name": "pick_run",
+    "select": {"type": "point", "fields": ["run_label"]},
+    "bind": "legend",
+}
+_FADED_SPEC = {"condition": {"param": "pick_run", "value": 1.0}, "value": 0.12}
+_WHOLE_STEPS = "floor(datum.value) === datum.value ? datum.label : ''"
+_LINE_VIEW = "view_line"
+
+
+def _run_color_spec(runs: RunScale) -> dict[str, Any]:
+    return {
+        "field": "run_label",
+        "legend": {"symbolLimit": 0},
+        "scale": {"domain": list(runs.labels), "range": list(runs.colours)},
+        "title": "run",
+        "type": "nominal",
+    }
+
+
+def _threshold_rule(value: float, label: str) -> dict[str, Any]:
+    rule = {
+        "mark": {"type": "rule", "color": ALARM, "strokeDash": [5, 4]},
+        "encoding": {"y": {"field": "threshold", "type": "quantitative"}},
+    }
+    text = {
+        "mark": {
+            "type": "text",
+            "align": "left",
+            "baseline": "bottom",
+            "color": ALARM,
+            "dx": 4,
+            "dy": -2,
+        },
+        "encoding": {
+            "text": {"field": "label", "type": "nominal"},
+            "x": {"value": 0},
+            "y": {"field": "threshold", "type": "quantitative"},
+        },
+    }
+    return {"layer": [rule, text], "data": {"values": [{"threshold": value, "label": label}]}}
 
 
 def _label_expression(fields: dict[str, str]) -> str:
@@ -202,68 +210,111 @@ def _label_expression(fields: dict[str, str]) -> str:
     return cases + "datum.column"
 
 
-@_unvalidated
+def _chart(
+    data: str, mark: dict[str, Any], encoding: dict[str, Any], **rest: Any
+) -> dict[str, Any]:
+    """A one-view chart's spec: its other properties (`rest`) in name order, as altair writes
+    them (encoding channels too)."""
+    return {
+        "config": _CONFIG,
+        "data": {"name": data},
+        "mark": mark,
+        "encoding": dict(sorted(encoding.items())),
+        **dict(sorted(rest.items())),
+        "$schema": SCHEMA_URL,
+    }
+
+
+def _tooltip(
+    field: str, kind: str, title: str | None = None, fmt: str | None = None
+) -> dict[str, Any]:
+    """A tooltip entry (`kind`: "nominal" or "quantitative")."""
+    entry: dict[str, Any] = {"field": field}
+    if fmt is not None:
+        entry["format"] = fmt
+    if title is not None:
+        entry["title"] = title
+    entry["type"] = kind
+    return entry
+
+
 def position_heatmap(chart_id: str) -> Chart:
     """Step × response-position heatmap of mean |δ|, one panel per run (covered tokens only)."""
-    chart = (
-        alt.Chart(alt.NamedData("by_position"))
-        .transform_calculate(positions="datum.position_low + '–' + datum.position_high")
-        .mark_rect()
-        .encode(
-            x=alt.X("rollout_id:O", title="step"),
-            y=alt.Y(
-                "positions:O",
-                title="position (log2 bins)",  # fits a panel's height
-                sort=alt.EncodingSortField("position_bucket", order="ascending"),
-            ),
-            color=alt.Color(
-                "mean_abs_lp_diff:Q", title="mean |δ| (nats)", scale=alt.Scale(scheme="viridis")
-            ),
-            # Run names above each panel, left-aligned: beside it, long names took the width.
-            row=alt.Row(
-                "run_label:N",
-                title=None,
-                header=alt.Header(
-                    labelOrient="top", labelAngle=0, labelAlign="left", labelAnchor="start"
-                ),
-            ),
-            tooltip=_breakdown_tooltip("positions", "positions"),
-        )
-        .properties(title="Mean |δ| by step and response position", width=640, height=160)
+    encoding = {
+        "x": {"field": "rollout_id", "title": "step", "type": "ordinal"},
+        "y": {
+            "field": "positions",
+            "sort": {"field": "position_bucket", "order": "ascending"},
+            "title": "position (log2 bins)",  # fits a panel's height
+            "type": "ordinal",
+        },
+        "color": {
+            "field": "mean_abs_lp_diff",
+            "scale": {"scheme": "viridis"},
+            "title": "mean |δ| (nats)",
+            "type": "quantitative",
+        },
+        # Run names above each panel, left-aligned: beside it, long names took the width.
+        "row": {
+            "field": "run_label",
+            "header": {
+                "labelAlign": "left",
+                "labelAnchor": "start",
+                "labelAngle": 0,
+                "labelOrient": "top",
+            },
+            "title": None,
+            "type": "nominal",
+        },
+        "tooltip": _breakdown_tooltip("positions", "positions"),
+    }
+    spec = _chart(
+        "by_position",
+        {"type": "rect"},
+        encoding,
+        height=160,
+        title="Mean |δ| by step and response position",
+        transform=[
+            {"calculate": "datum.position_low + '–' + datum.position_high", "as": "positions"}
+        ],
+        width=640,
     )
-    return _finish(chart, chart_id, ["by_position"], fit=110)
+    return Chart(chart_id, spec, ("by_position",), fit=110)
 
 
-def _breakdown_tooltip(field: str, title: str) -> list[alt.Tooltip]:
+def _breakdown_tooltip(field: str, title: str) -> list[dict[str, Any]]:
     return [
-        alt.Tooltip("run:N"),
-        alt.Tooltip("step:N", title="step"),
-        alt.Tooltip(f"{field}:N", title=title),
-        alt.Tooltip("tokens:Q", title="tokens", format=","),
-        alt.Tooltip("mean_abs_lp_diff:Q", title="mean |δ| (nats)", format=".4~g"),
-        alt.Tooltip("k3_kl:Q", title="k3 KL (nats)", format=".4~g"),
-        alt.Tooltip("k3_share:Q", title="share of the step's k3", format=".1%"),
+        _tooltip("run", "nominal"),
+        _tooltip("step", "nominal", "step"),
+        _tooltip(field, "nominal", title),
+        _tooltip("tokens", "quantitative", "tokens", ","),
+        _tooltip("mean_abs_lp_diff", "quantitative", "mean |δ| (nats)", ".4~g"),
+        _tooltip("k3_kl", "quantitative", "k3 KL (nats)", ".4~g"),
+        _tooltip("k3_share", "quantitative", "share of the step's k3", ".1%"),
     ]
 
 
-LATEST = "latest"  # each run's own latest step
-
-
-def _step_selector(steps: Sequence[int], first: str = ALL_STEPS) -> Any:
+def _step_selector(steps: Sequence[int], first: str = ALL_STEPS) -> dict[str, Any]:
     """A step picker over the rows' text `step`; `first` (all steps pooled, or each run's
     latest) is the default, so no run is hidden by a step it lacks."""
     options = [first, *(str(step) for step in sorted(set(steps)))]
     labels = {ALL_STEPS: "all steps", LATEST: "each run's latest"}
-    return alt.param(
-        name="step",
-        value=first,
-        bind=alt.binding_select(
-            options=options, labels=[labels.get(o, f"step {o}") for o in options], name="step "
-        ),
-    )
+    return {
+        "name": "step",
+        "bind": {
+            "input": "select",
+            "options": options,
+            "labels": [labels.get(o, f"step {o}") for o in options],
+            "name": "step ",
+        },
+        "value": first,
+    }
 
 
-@_unvalidated
+# The filter keeping the picked step's rows (`_step_selector`).
+_PICKED_STEP = {"filter": "(datum.step === step)"}
+
+
 def by_step_selected(
     runs: RunScale,
     chart_id: str,
@@ -279,31 +330,31 @@ def by_step_selected(
     """Line chart over a breakdown's buckets for the step picked in a selector, runs overlaid.
 
     `x` is (column, axis title, column to sort by or None); the column is drawn as ordinal.
+    `extra`: more encoding channels, as Vega-Lite writes them.
     """
-    toggle = _run_toggle()
-    step = _step_selector(steps)
     field, x_title, sort_by = x
-    sort = alt.EncodingSortField(sort_by, order="ascending") if sort_by else "ascending"
-    chart = (
-        alt.Chart(alt.NamedData(dataset))
-        .transform_filter(filter_expr)
-        .transform_filter(alt.datum.step == step)
-        .mark_line(point=True)
-        .encode(
-            x=alt.X(f"{field}:O", title=x_title, sort=sort),
-            y=alt.Y(f"{y}:Q", title=y_title),
-            color=_run_color(runs),
-            opacity=_faded(toggle),
-            tooltip=_breakdown_tooltip(field, x_title),
-            **(extra or {}),
-        )
-        .add_params(toggle, step)
-        .properties(title=title, width="container", height=220)
+    sort = {"field": sort_by, "order": "ascending"} if sort_by else "ascending"
+    encoding = {
+        "x": {"field": field, "sort": sort, "title": x_title, "type": "ordinal"},
+        "y": {"field": y, "title": y_title, "type": "quantitative"},
+        "color": _run_color_spec(runs),
+        "opacity": _FADED_SPEC,
+        "tooltip": _breakdown_tooltip(field, x_title),
+        **(extra or {}),
+    }
+    spec = _chart(
+        dataset,
+        {"type": "line", "point": True},
+        encoding,
+        height=220,
+        params=[_RUN_TOGGLE_SPEC, _step_selector(steps)],
+        title=title,
+        transform=[{"filter": filter_expr}, _PICKED_STEP],
+        width="container",
     )
-    return _finish(chart, chart_id, [dataset])
+    return Chart(chart_id, spec, (dataset,))
 
 
-@_unvalidated
 def histogram(
     runs: RunScale, chart_id: str, steps: Sequence[int], half_width: float, outside: Sequence[str]
 ) -> Chart:
@@ -312,72 +363,75 @@ def histogram(
     The bins cover ± `half_width` (nats, from the data); `outside` (one line per run: how many
     tokens lie beyond, in the two end bins) is the chart's subtitle.
     """
-    toggle = _run_toggle()
-    step = _step_selector(steps)
-    chart = (
-        alt.Chart(alt.NamedData("histogram"))
-        .transform_filter(alt.datum.step == step)
-        .mark_line(interpolate="step-after", point=alt.OverlayMarkDef(size=12))
-        .encode(
-            x=alt.X(
-                "x_low:Q",
-                title=f"δ = train − rollout log-prob (nats, bins of {half_width / 50:.3g})",
-            ),
-            y=alt.Y(
-                "fraction:Q", title="fraction of the step's tokens", scale=alt.Scale(type="log")
-            ),
-            color=_run_color(runs),
-            opacity=_faded(toggle),
-            tooltip=[
-                alt.Tooltip("run:N"),
-                alt.Tooltip("step:N", title="step"),
-                alt.Tooltip("label:N", title="δ bin (nats)"),
-                alt.Tooltip("tokens:Q", format=","),
-                alt.Tooltip("fraction:Q", format=".3~%"),
-            ],
-        )
-        .add_params(toggle, step)
-        .properties(
-            title=alt.TitleParams("Histogram of δ (log scale)", subtitle=list(outside)),
-            width="container",
-            height=240,
-        )
+    encoding = {
+        "x": {
+            "field": "x_low",
+            "title": f"δ = train − rollout log-prob (nats, bins of {half_width / 50:.3g})",
+            "type": "quantitative",
+        },
+        "y": {
+            "field": "fraction",
+            "scale": {"type": "log"},
+            "title": "fraction of the step's tokens",
+            "type": "quantitative",
+        },
+        "color": _run_color_spec(runs),
+        "opacity": _FADED_SPEC,
+        "tooltip": [
+            _tooltip("run", "nominal"),
+            _tooltip("step", "nominal", "step"),
+            _tooltip("label", "nominal", "δ bin (nats)"),
+            _tooltip("tokens", "quantitative", fmt=","),
+            _tooltip("fraction", "quantitative", fmt=".3~%"),
+        ],
+    }
+    spec = _chart(
+        "histogram",
+        {"type": "line", "interpolate": "step-after", "point": {"size": 12}},
+        encoding,
+        height=240,
+        params=[_RUN_TOGGLE_SPEC, _step_selector(steps)],
+        title={"text": "Histogram of δ (log scale)", "subtitle": list(outside)},
+        transform=[_PICKED_STEP],
+        width="container",
     )
-    return _finish(chart, chart_id, ["histogram"])
+    return Chart(chart_id, spec, ("histogram",))
 
 
-@_unvalidated
 def top_tokens(runs: RunScale, chart_id: str, steps: Sequence[int]) -> Chart:
     """The tokens carrying most of the picked step's k3, one bar per run."""
-    toggle = _run_toggle()
-    step = _step_selector(steps, LATEST)
-    chart = (
-        alt.Chart(alt.NamedData("top_tokens"))
-        .transform_filter(f"{step.name} === '{LATEST}' ? datum.latest : datum.step === {step.name}")
-        .mark_bar()
-        .encode(
-            y=alt.Y("label:N", title="token", sort="-x"),
-            yOffset=alt.YOffset("run_label:N"),
-            x=alt.X("k3_share:Q", title="share of the step's k3 KL (fraction)"),
-            color=_run_color(runs),
-            opacity=_faded(toggle),
-            tooltip=[
-                alt.Tooltip("run:N"),
-                alt.Tooltip("rollout_id:Q", title="step"),
-                alt.Tooltip("label:N", title="token"),
-                alt.Tooltip("token_id:Q", title="token id"),
-                alt.Tooltip("tokens:Q", title="occurrences", format=","),
-                alt.Tooltip("mean_abs_lp_diff:Q", title="mean |δ| (nats)", format=".4~g"),
-                alt.Tooltip("k3_share:Q", title="k3 share", format=".1%"),
-            ],
-        )
-        .add_params(toggle, step)
-        .properties(title="Top drifting tokens (by share of k3 KL)", width="container")
+    encoding = {
+        "y": {"field": "label", "sort": "-x", "title": "token", "type": "nominal"},
+        "yOffset": {"field": "run_label", "type": "nominal"},
+        "x": {
+            "field": "k3_share",
+            "title": "share of the step's k3 KL (fraction)",
+            "type": "quantitative",
+        },
+        "color": _run_color_spec(runs),
+        "opacity": _FADED_SPEC,
+        "tooltip": [
+            _tooltip("run", "nominal"),
+            _tooltip("rollout_id", "quantitative", "step"),
+            _tooltip("label", "nominal", "token"),
+            _tooltip("token_id", "quantitative", "token id"),
+            _tooltip("tokens", "quantitative", "occurrences", ","),
+            _tooltip("mean_abs_lp_diff", "quantitative", "mean |δ| (nats)", ".4~g"),
+            _tooltip("k3_share", "quantitative", "k3 share", ".1%"),
+        ],
+    }
+    spec = _chart(
+        "top_tokens",
+        {"type": "bar"},
+        encoding,
+        params=[_RUN_TOGGLE_SPEC, _step_selector(steps, LATEST)],
+        title="Top drifting tokens (by share of k3 KL)",
+        transform=[{"filter": f"step === '{LATEST}' ? datum.latest : datum.step === step"}],
+        width="container",
     )
-    return _finish(chart, chart_id, ["top_tokens"])
+    return Chart(chart_id, spec, ("top_tokens",))
 
 
-@_unvalidated
 def strip(chart_id: str, dataset: str, tokens: int, limit: float) -> Chart:
     """One sample's per-token strip: a cell per response token coloured by δ, masked grey.
     Its label is the page's (HTML wraps on a narrow window, a chart title would not).
@@ -386,40 +440,49 @@ def strip(chart_id: str, dataset: str, tokens: int, limit: float) -> Chart:
     """
     rows = max(1, -(-tokens // STRIP_WIDTH))
     width = min(tokens, STRIP_WIDTH) or 1
-    colour = alt.condition(
-        "datum.status !== 3",
-        alt.value(GREY),
-        alt.Color(
-            "delta:Q",
-            title="δ (nats)",
-            scale=alt.Scale(scheme="redblue", reverse=True, domain=[-limit, limit]),
-        ),
-    )
-    chart = (
-        alt.Chart(alt.NamedData(dataset))
-        .transform_calculate(
-            col=f"datum.position % {STRIP_WIDTH}", row=f"floor(datum.position / {STRIP_WIDTH})"
-        )
-        .transform_calculate(col_end="datum.col + 0.92", row_end="datum.row + 0.92")
+    encoding = {
+        "x": {
+            "axis": None,
+            "field": "col",
+            "scale": {"domain": [0, width], "nice": False},
+            "type": "quantitative",
+        },
+        "x2": {"field": "col_end"},
+        "y": {
+            "axis": None,
+            "field": "row",
+            "scale": {"domain": [0, rows], "nice": False, "reverse": True},
+            "type": "quantitative",
+        },
+        "y2": {"field": "row_end"},
+        "color": {
+            "condition": {"test": "datum.status !== 3", "value": GREY},
+            "field": "delta",
+            "scale": {"domain": [-limit, limit], "reverse": True, "scheme": "redblue"},
+            "title": "δ (nats)",
+            "type": "quantitative",
+        },
+        "tooltip": [
+            _tooltip("position", "quantitative", "position"),
+            _tooltip("token", "nominal", "token"),
+            _tooltip("train", "quantitative", "train log-prob (nats)", ".5~g"),
+            _tooltip("rollout", "quantitative", "rollout log-prob (nats)", ".5~g"),
+            _tooltip("delta", "quantitative", "δ (nats)", ".5~g"),
+            _tooltip("state", "nominal", "loss"),
+        ],
+    }
+    spec = _chart(
+        dataset,
         # "show": a masked token (δ null) keeps its cell; the default would drop it.
-        .mark_rect(invalid="show")
-        .encode(
-            x=alt.X("col:Q", axis=None, scale=alt.Scale(domain=[0, width], nice=False)),
-            x2=alt.X2("col_end:Q"),
-            y=alt.Y(
-                "row:Q", axis=None, scale=alt.Scale(domain=[0, rows], reverse=True, nice=False)
-            ),
-            y2=alt.Y2("row_end:Q"),
-            color=colour,
-            tooltip=[
-                alt.Tooltip("position:Q", title="position"),
-                alt.Tooltip("token:N", title="token"),
-                alt.Tooltip("train:Q", title="train log-prob (nats)", format=".5~g"),
-                alt.Tooltip("rollout:Q", title="rollout log-prob (nats)", format=".5~g"),
-                alt.Tooltip("delta:Q", title="δ (nats)", format=".5~g"),
-                alt.Tooltip("state:N", title="loss"),
-            ],
-        )
-        .properties(width=width * CELL, height=rows * CELL)
+        {"type": "rect", "invalid": "show"},
+        encoding,
+        height=rows * CELL,
+        transform=[
+            {"calculate": f"datum.position % {STRIP_WIDTH}", "as": "col"},
+            {"calculate": f"floor(datum.position / {STRIP_WIDTH})", "as": "row"},
+            {"calculate": "datum.col + 0.92", "as": "col_end"},
+            {"calculate": "datum.row + 0.92", "as": "row_end"},
+        ],
+        width=width * CELL,
     )
-    return _finish(chart, chart_id, [dataset], renderer="canvas", fit=1, aspect=True)
+    return Chart(chart_id, spec, (dataset,), renderer="canvas", fit=1, aspect=True)

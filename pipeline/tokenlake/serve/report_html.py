@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenlake.errors import CacheError, LakeError
-from tokenlake.serve.report_charts import Chart
+from tokenlake.serve.report_charts import VEGA_LITE_VERSION, Chart
 from tokenlake.store.local import atomic_write
 from tokenlake.store.private_cache import cache_root, private_folder
 
@@ -37,17 +37,16 @@ MAX_BUNDLE_BYTES = 16 * 2**20
 def vega_bundle() -> str:
     """Vega, Vega-Lite and Vega-Embed as one script that sets them on `window` (offline).
 
-    The Vega-Lite version is the one altair writes its specs for (e.g. 6.4). Bundling takes
+    The Vega-Lite version is the one the specs are written for (`report_charts`, e.g. 6.4). Bundling takes
     vl-convert 1.3-1.9 CPU-s, most of a report's build, and gives the same text for the same
     vl-convert and Vega-Lite versions: it is kept in tokenlake's private cache
     (`$TOKENLAKE_CACHE/report/`, a folder only the user can write) under a name holding both
     versions, and read from there by the next report. A cache that cannot be used (not
     private, unwritable, damaged) only costs the bundling again.
     """
-    import altair
     import vl_convert
 
-    major_minor = ".".join(altair.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+    major_minor = ".".join(VEGA_LITE_VERSION.lstrip("v").split(".")[:2])
     version = importlib.metadata.version("vl-convert-python")
     name = f"vega-bundle-{version}-vl{major_minor}.js"
     cached = _read_cached_bundle(name)

@@ -1,5 +1,5 @@
 """The explorer's SQL console: a stranger's query, checked as a user view is, then run with
-a row limit and a time limit.
+a row limit, a time limit and a limit on its result's bytes.
 
 A page can send any text to `/api/sql`, so the console runs only what a user view could hold:
 exactly one SELECT whose syntax tree reads only the lake's tables and views (the catalog's
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 # At most this many characters of SQL are parsed: a console query is typed, not generated.
 MAX_QUERY_CHARS = 20_000
+# The rows fetched at a time: the result's bytes are counted after each batch, so a query whose
+# rows are huge (`repeat('x', 10^8)`) is stopped within one batch of its limit.
+BATCH_ROWS = 256
 
 
 class ConsoleRefused(UsageError):
@@ -38,6 +41,10 @@ class ConsoleRefused(UsageError):
 
 class QueryTimeout(UsageError):
     """A query interrupted at its time limit."""
+
+
+class QueryTooLarge(UsageError):
+    """A query whose result holds more bytes than the console keeps."""
 
 
 @dataclass(frozen=True)
@@ -85,13 +92,15 @@ def catalog_relations(con: duckdb.DuckDBPyConnection) -> set[str]:
 
 
 def run_limited(
-    con: duckdb.DuckDBPyConnection, sql: str, max_rows: int, seconds: float
+    con: duckdb.DuckDBPyConnection, sql: str, max_rows: int, seconds: float, max_bytes: int
 ) -> ConsoleResult:
-    """Run one checked SELECT on its own cursor: at most `max_rows` rows are fetched, and the
-    query is interrupted after `seconds` (DuckDB stops it; its thread is free again).
+    """Run one checked SELECT on its own cursor: at most `max_rows` rows are fetched, the
+    query is interrupted after `seconds` (DuckDB stops it; its thread is free again), and
+    one whose rows take more than `max_bytes` (Arrow's count, as fetched) is refused.
 
     Raises:
         QueryTimeout: It ran longer than `seconds`.
+        QueryTooLarge: Its rows, up to the row limit, take more than `max_bytes`.
         UsageError: DuckDB refused or failed it (DuckDB's first line).
     """
     import duckdb
@@ -101,11 +110,17 @@ def run_limited(
     timer = threading.Timer(seconds, cursor.interrupt)
     timer.start()
     try:
-        reader = cursor.sql(sql).to_arrow_reader(min(max_rows + 1, 10_000))
-        batches, rows = [], 0
+        reader = cursor.sql(sql).to_arrow_reader(min(max_rows + 1, BATCH_ROWS))
+        batches, rows, size = [], 0, 0
         for batch in reader:
             batches.append(batch)
             rows += batch.num_rows
+            size += batch.nbytes
+            if size > max_bytes:
+                raise QueryTooLarge(
+                    f"Refused: its result takes more than {max_bytes:,} bytes (the console's"
+                    " limit); select fewer or narrower columns, or run it with `tokenlake query`."
+                )
             if rows > max_rows:
                 break
         table = pa.Table.from_batches(batches, schema=reader.schema)

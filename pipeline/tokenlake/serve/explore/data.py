@@ -372,20 +372,26 @@ def steps_page(con: duckdb.DuckDBPyConnection, kept: Kept, runs: Sequence[str]) 
     }
 
 
+# The columns of `drift_samples` that `sample_stats` holds too (the step page's samples
+# table shows sample_stats' one); its `tokens` is shown as `drift_tokens`.
+SAMPLE_STATS_HOLDS = (
+    "run, rollout_id, evaluation, batch_position, sample_index, mean_abs_lp_diff,"
+    " max_abs_lp_diff, reward, raw_reward, staleness"
+)
+
+
 def step_page(
     con: duckdb.DuckDBPyConnection, kept: Kept, run: str, step: int, evaluation: bool
 ) -> dict[str, Any]:
-    """One step: its numbers, every sample (with its drift), its groups and its drift
-    breakdowns. Its `step_stats`, `drift_steps` and `group_stats` rows and the run's steps
-    come from `kept` (the catalog version `con` reads)."""
+    """One step: its numbers, every sample (every column of `sample_stats` and
+    `drift_samples`), its groups and its drift breakdowns. Its `step_stats`, `drift_steps` and
+    `group_stats` rows and the run's steps come from `kept` (the catalog version `con` reads)."""
     if run not in kept.runs:
         raise UsageError(f"The lake has no run {json.dumps(run)}.")
     key = [run, step]
     samples = rows(
         con,
-        "SELECT s.*, d.tokens AS drift_tokens, d.mean_lp_diff, d.k3_kl_clamped, d.log_ppl_diff,"
-        " d.min_ratio, d.max_ratio, d.seq_ratio, d.veto_tokens, d.outlier_tokens,"
-        " d.vetoed, d.geo_rejected, d.seq_ratio_rejected"
+        f"SELECT s.*, d.* EXCLUDE ({SAMPLE_STATS_HOLDS}, tokens), d.tokens AS drift_tokens"
         " FROM sample_stats AS s LEFT JOIN drift_samples AS d USING"
         " (run, rollout_id, evaluation, batch_position)"
         " WHERE s.run = ? AND s.rollout_id = ? AND s.evaluation = ? ORDER BY s.batch_position",

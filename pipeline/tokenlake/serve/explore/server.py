@@ -91,12 +91,15 @@ class ServeOptions:
         port: The TCP port (0: a free one).
         query_rows: The SQL console's row limit.
         query_seconds: The SQL console's time limit, after which a query is interrupted.
+        query_bytes: The most bytes a console result may take (Arrow's count): a query that
+            would fetch more is refused, so one with huge values cannot exhaust memory.
     """
 
     host: str = LOOPBACK
     port: int = DEFAULT_PORT
     query_rows: int = 10_000
     query_seconds: float = 10.0
+    query_bytes: int = 64 * 2**20
 
 
 def is_loopback(host: str) -> bool:
@@ -466,7 +469,9 @@ class Explorer:
 
         def run(cursor: duckdb.DuckDBPyConnection, _: int) -> Any:
             self.console.check(sql, self.served.relations)
-            result = console.run_limited(cursor, sql, options.query_rows, options.query_seconds)
+            result = console.run_limited(
+                cursor, sql, options.query_rows, options.query_seconds, options.query_bytes
+            )
             if fmt == "json":
                 return _table_json(result, options.query_rows)
             rendered = format_table(result.table, fmt)

@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import shutil
 import stat
 import threading
@@ -34,8 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenlake import __version__, bounded
-from tokenlake.errors import CacheError
+from tokenlake.errors import CacheError, LakeError
 from tokenlake.serve import rollups
+from tokenlake.store.local import atomic_write
 from tokenlake.store.private_cache import cache_root, private_folder
 
 if TYPE_CHECKING:
@@ -243,7 +243,7 @@ class StepRowsKept:
         )
         try:
             _write_file(self._folder, table)
-        except OSError as exc:
+        except (OSError, LakeError) as exc:
             log.info("the explorer's step rows are not kept: %s", exc)
 
 
@@ -305,10 +305,8 @@ def _write_file(folder: Path, table: pa.Table) -> None:
     """Replace the kept rows' file at once (a reader sees the old one or the new one)."""
     import pyarrow.ipc
 
-    temporary = folder / f".{FILE}.{os.getpid()}-{secrets.token_hex(4)}"
-    try:
+    def write(temporary: Path) -> None:
         with pyarrow.ipc.new_file(str(temporary), table.schema) as writer:
             writer.write_table(table)
-        os.replace(temporary, folder / FILE)
-    finally:
-        temporary.unlink(missing_ok=True)
+
+    atomic_write(folder / FILE, write)

@@ -274,10 +274,13 @@
       main.appendChild(el("div", { class: "card", id: "step-numbers" }, table(Object.keys(facts), [facts])));
     }
     main.appendChild(el("h2", {}, "Samples"));
-    const staleness = data.samples.some((r) => r.staleness !== null) ? "staleness" : null;
-    const columns = ["batch_position", "sample_index", "group_index", "raw_reward", "reward", "response_length",
-      "truncated", "remove_sample", staleness, "mixed_version", "turns", "mean_abs_lp_diff", "max_abs_lp_diff",
-      "k3_kl_clamped", "mean_entropy", "vetoed"].filter(Boolean);
+    // Every column of sample_stats and drift_samples the server sends (the step's run and
+    // rollout_id are in the heading): the ones read most first.
+    const first = ["batch_position", "sample_index", "group_index", "raw_reward", "reward", "response_length",
+      "truncated", "remove_sample", "evaluation", "staleness", "mixed_version", "turns", "mean_abs_lp_diff",
+      "max_abs_lp_diff", "k3_kl_clamped", "mean_entropy", "vetoed"];
+    const sent = data.samples.length ? Object.keys(data.samples[0]).filter((c) => c !== "run" && c !== "rollout_id") : first;
+    const columns = first.filter((c) => sent.includes(c)).concat(sent.filter((c) => !first.includes(c)));
     const controls = el("div", { class: "controls" });
     const slot = el("div", { id: "samples" });
     main.appendChild(controls); main.appendChild(slot);
@@ -310,14 +313,15 @@
       slot.replaceChildren(pager, table(columns, shown, {
         sorted: { column: state.sort, desc: state.desc },
         onSort: (c) => { state.desc = state.sort === c ? !state.desc : false; state.sort = c; render(); },
-        rowClass: (r) => (r.remove_sample ? "removed" : undefined),
+        rowClass: (r) => [r.remove_sample ? "removed" : "", r.evaluation ? "eval" : ""].join(" ").trim() || undefined,
         cell: (c, r) => c === "batch_position"
           ? el("a", { href: samplePath(run, step, r.batch_position, evaluation), class: "sample-link" }, String(r.batch_position))
-          : c === "remove_sample" && r.remove_sample ? el("span", { class: "badge warning" }, "removed") : fmt(r[c]),
+          : c === "remove_sample" && r.remove_sample ? el("span", { class: "badge warning" }, "removed")
+          : c === "evaluation" && r.evaluation ? el("span", { class: "badge" }, "eval") : fmt(r[c]),
       }));
     }
     render();
-    main.appendChild(el("p", { class: "note" }, "Struck-through rows are removed samples (remove_sample); a column's header sorts by it."));
+    main.appendChild(el("p", { class: "note" }, "Every column of sample_stats and drift_samples. Struck-through rows are removed samples (remove_sample), eval samples say eval; a column's header sorts by it, the box keeps the rows holding its text, 50 a page."));
     main.appendChild(el("h2", {}, "Reward against length"));
     main.appendChild(el("div", { id: "scatter-slot" }));
     const reward = data.samples.some((r) => r.raw_reward !== null) && !evaluation ? "raw_reward" : "reward";
@@ -388,7 +392,7 @@
     main.appendChild(el("p", { class: "controls" },
       n.previous !== null ? el("a", { href: samplePath(run, step, n.previous, evaluation), id: "previous" }, "← sample " + n.previous) : null,
       n.next !== null ? el("a", { href: samplePath(run, step, n.next, evaluation), id: "next" }, "sample " + n.next + " →") : null,
-      data.other_runs.length ? el("span", {}, "same sample_index in: ", data.other_runs.map((o) =>
+      data.other_runs.length ? el("span", { id: "other-runs" }, "same sample_index in: ", data.other_runs.map((o) =>
         el("a", { href: samplePath(o.run, step, o.batch_position, evaluation), class: "badge" }, o.run))) : null));
     const facts = ["sample_index", "group_index", "raw_reward", "reward", "response_length", "prompt_length", "truncated",
       "remove_sample", "status", "staleness", "mixed_version", "turns", "tool_calls", "mean_abs_lp_diff", "max_abs_lp_diff", "mean_entropy"];
@@ -456,11 +460,15 @@
         if (!masked && v !== null) points.push({ position: p, value: v });
       });
       if (open !== null) spans.push({ from: open, to: tokens.position[tokens.position.length - 1] + 1 });
+      // The prompt precedes response position 0: its tokens have no statistic, so it is a span.
+      const prompt = s.prompt_length > 0 ? [{ from: -s.prompt_length, to: 0 }] : [];
       await draw("profile", {
-        title: stat + " against response position (grey: masked spans, no value)",
+        title: stat + " against position (blue: the prompt, grey: masked spans; neither has a value)",
         layer: [
+          { data: { values: prompt }, mark: { type: "rect", color: "#4c78a8", opacity: 0.2 },
+            encoding: { x: { field: "from", type: "quantitative", title: "response position (the prompt below 0)" }, x2: { field: "to" } } },
           { data: { values: spans }, mark: { type: "rect", color: "#999", opacity: 0.25 },
-            encoding: { x: { field: "from", type: "quantitative", title: "response position" }, x2: { field: "to" } } },
+            encoding: { x: { field: "from", type: "quantitative" }, x2: { field: "to" } } },
           { data: { values: points }, mark: { type: "line", strokeWidth: 1, tooltip: true },
             encoding: { x: { field: "position", type: "quantitative" }, y: { field: "value", type: "quantitative", title: stat } } },
         ],
@@ -474,16 +482,17 @@
     main.appendChild(el("details", { class: "card", open: true }, el("summary", {}, "Response text"), el("pre", {}, s.response_text === null ? "NULL" : s.response_text)));
     if (data.siblings.length) {
       main.appendChild(el("h2", {}, "Its group (group_index " + s.group_index + ")"));
-      main.appendChild(table(Object.keys(data.siblings[0]), data.siblings, {
-        cell: (c, r) => c === "batch_position" ? el("a", { href: samplePath(run, step, r.batch_position, evaluation) }, String(r.batch_position)) : fmt(r[c]) }));
+      main.appendChild(el("div", { id: "siblings" }, table(Object.keys(data.siblings[0]), data.siblings, {
+        cell: (c, r) => c === "batch_position" ? el("a", { href: samplePath(run, step, r.batch_position, evaluation) }, String(r.batch_position)) : fmt(r[c]) })));
     }
   }
 
   function withThinking(text) {
     const parts = String(text).split(/(<think>[\s\S]*?<\/think>)/);
-    return parts.filter((p) => p).map((p) => p.startsWith("<think>")
-      ? el("details", { class: "think" }, el("summary", {}, "thinking"), el("pre", {}, p.slice(7, -8)))
-      : el("pre", {}, p));
+    return parts.filter((p) => p).map((p) => p.startsWith("<think>") ? thinking(p.slice(7, -8)) : el("pre", {}, p));
+  }
+  function thinking(text) {
+    return el("details", { class: "think" }, el("summary", {}, "thinking"), el("pre", {}, text));
   }
   function conversation(messages) {
     if (messages === null || messages === undefined) return el("p", { class: "note" }, "This sample holds no messages (messages_json is NULL).");
@@ -492,8 +501,12 @@
       const role = m && typeof m === "object" ? String(m.role || "?") : "?";
       const content = m && typeof m === "object" ? m.content : m;
       const body = typeof content === "string" ? withThinking(content) : el("pre", {}, JSON.stringify(content, null, 2));
+      // The reasoning some chat formats keep beside the content (`reasoning_content`) is the
+      // same thinking a `<think>` block holds, folded the same way.
+      const reasoning = m && typeof m === "object" && typeof m.reasoning_content === "string"
+        ? thinking(m.reasoning_content) : null;
       const calls = m && m.tool_calls ? el("pre", { class: "tool-calls" }, "tool calls: " + JSON.stringify(m.tool_calls, null, 2)) : null;
-      return el("div", { class: "message" }, el("div", { class: "role" }, role), body, calls);
+      return el("div", { class: "message" }, el("div", { class: "role" }, role), reasoning, body, calls);
     }));
   }
 
