@@ -397,7 +397,7 @@ def print_script_ratios(figures: dict[str, dict[str, Any]]) -> None:
 STAGES = {
     "read": ("tokenlake/read/formats.py", "read_step"),
     "flatten": ("tokenlake/transform/tables.py", "build_step"),  # less its read, below
-    "rollups": ("tokenlake/serve/rollups.py", "compute_step"),
+    "rollups": ("tokenlake/serve/rollups.py", "compute_steps"),  # compute_step calls it
     "write": ("tokenlake/orchestrate/step.py", "_write_step"),
     "commit": ("tokenlake/store/manifest.py", "save_manifest"),
     "catalog": ("tokenlake/serve/catalog.py", "build_catalog"),

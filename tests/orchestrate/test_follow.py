@@ -162,17 +162,17 @@ def test_file_completed_while_its_failed_read_was_reported_is_retried(
     partial = live / "train_data" / "0_1.pt"
     full = partial.read_bytes()
     partial.write_bytes(full[:1000])
-    real_extract_step = extract_module.extract_step
+    real_extract_steps = extract_module.extract_steps
 
-    def extract_then_finish_writing(files, lake, run, status):  # type: ignore[no-untyped-def]
-        outcome = real_extract_step(files, lake, run, status)
-        if outcome.error is not None:
+    def extract_then_finish_writing(batch, lake, run):  # type: ignore[no-untyped-def]
+        outcomes = real_extract_steps(batch, lake, run)
+        if any(outcome.error is not None for outcome in outcomes):
             partial.write_bytes(full)
-        return outcome
+        return outcomes
 
     state = FollowState()
     with monkeypatch.context() as patched:
-        patched.setattr(extract_module, "extract_step", extract_then_finish_writing)
+        patched.setattr(extract_module, "extract_steps", extract_then_finish_writing)
         assert counts(
             follow_round(
                 live, store_of(lake), "live", state, ExtractOptions(settle_seconds=0.0), None

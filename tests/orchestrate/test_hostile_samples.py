@@ -256,23 +256,25 @@ def _load_rollout_or_divide(path: Path, rollout_id: int) -> dict[str, Any]:
 DIVIDE_LINE = _load_rollout_or_divide.__code__.co_firstlineno + 2
 
 
-def extract_step_with_a_bug(*args: Any) -> step.StepOutcome:
-    """`tokenlake.orchestrate.step.extract_step`, with step 1's load raising ZeroDivisionError.
+def extract_steps_with_a_bug(*args: Any) -> list[step.StepOutcome]:
+    """`tokenlake.orchestrate.step.extract_steps`, with step 1's load raising ZeroDivisionError.
 
     Stands in for it in every process: workers are spawned, so they import this module
     rather than inherit a monkeypatch of the test process."""
     dump.load_rollout = _load_rollout_or_divide
     try:
-        return step.extract_step(*args)
+        return step.extract_steps(*args)
     finally:
         dump.load_rollout = _real_load_rollout
 
 
-def extract_step_that_dies(files: dump.StepFiles, *args: Any) -> step.StepOutcome:
-    """`tokenlake.orchestrate.step.extract_step`, except that a worker process given step 0 is killed."""
-    if files.label == "0" and multiprocessing.parent_process() is not None:
+def extract_steps_that_die(batch: list[Any], *args: Any) -> list[step.StepOutcome]:
+    """`tokenlake.orchestrate.step.extract_steps`, except that a worker process given step 0
+    is killed."""
+    in_worker = multiprocessing.parent_process() is not None
+    if in_worker and "0" in [files.label for files, _ in batch]:
         os.kill(os.getpid(), signal.SIGKILL)
-    return step.extract_step(files, *args)
+    return step.extract_steps(batch, *args)
 
 
 @pytest.mark.slow
@@ -280,7 +282,7 @@ def extract_step_that_dies(files: dump.StepFiles, *args: Any) -> step.StepOutcom
 def test_unexpected_exception_is_its_steps_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
-    monkeypatch.setattr("tokenlake.orchestrate.scheduler.extract_step", extract_step_with_a_bug)
+    monkeypatch.setattr("tokenlake.orchestrate.scheduler.extract_steps", extract_steps_with_a_bug)
     dump_dir = copy_dump(tmp_path)
     lake = tmp_path / "lake"
     code, out, err = extract(dump_dir, lake, "--workers", str(workers))
@@ -300,7 +302,7 @@ def test_worker_killed_mid_step_fails_that_step_only(
 ) -> None:
     """With 2 workers step 0 runs in the only process; with 3 it shares the pool with eval_0,
     which the kill interrupts too: eval_0 is retried alone and lands."""
-    monkeypatch.setattr("tokenlake.orchestrate.scheduler.extract_step", extract_step_that_dies)
+    monkeypatch.setattr("tokenlake.orchestrate.scheduler.extract_steps", extract_steps_that_die)
     dump_dir = copy_dump(tmp_path)
     lake = tmp_path / "lake"
     code, out, err = extract(dump_dir, lake, "--workers", str(workers))

@@ -18,12 +18,19 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from tokenlake.orchestrate.step import StepOutcome, StepStatus, extract_step, worker_died_text
+from tokenlake.orchestrate.step import StepOutcome, StepStatus, extract_steps, worker_died_text
 from tokenlake.read import dump
 from tokenlake.store.base import Store
 
 # A step to extract and its status (new or updated) as planned by extract.py.
 Todo = tuple[dump.StepFiles, StepStatus]
+
+# Consecutive small steps are extracted as one job (`step.extract_steps`), whose rollups are
+# computed together: most of a small step's cost is the rollups' queries, whatever its size.
+# A job holds at most BATCH_STEPS steps whose dump files add up to at most BATCH_BYTES, so a
+# worker's memory stays bounded as by one step of that size; a larger step is a job alone.
+BATCH_BYTES = 4 << 20
+BATCH_STEPS = 16
 
 
 def run_steps(
@@ -35,21 +42,72 @@ def run_steps(
 ) -> Iterator[StepOutcome]:
     """Extract the steps, in parallel when asked; yields outcomes as steps finish.
 
-    With N workers, N - 1 are processes and one is a thread of this process: nothing to
-    start or import for it, and it works while the processes start. The main thread only
-    hands out steps, one at a time to whoever is free, so a slow step never holds back the
-    queue behind it. Closing the generator early (Ctrl-C, --strict) starts no further step,
+    Consecutive small steps make one job (`step_batches`), the others a job each. With N
+    workers, N - 1 are processes and one is a thread of this process: nothing to start or
+    import for it, and it works while the processes start. The main thread only hands out
+    jobs, one at a time to whoever is free, so a slow step never holds back the queue behind
+    it. Closing the generator early (Ctrl-C, --strict) starts no further step,
     calls `stopping` with the labels of the steps still running, and waits for them.
     """
-    if workers <= 1 or len(todo) <= 1:
-        for files, status in todo:
-            yield extract_step(files, store, run, status)
+    batches = step_batches(todo, workers)
+    if workers <= 1 or len(batches) <= 1:
+        for batch in batches:
+            yield from extract_steps(batch, store, run)
         return
-    yield from _run_in_pool(list(todo), store, run, workers, stopping)
+    yield from _run_in_pool(batches, store, run, workers, stopping)
+
+
+def step_batches(
+    todo: Sequence[Todo], workers: int = 1, budget: int | None = None, most: int | None = None
+) -> list[list[Todo]]:
+    """The steps in order, cut into jobs: consecutive steps whose dump files add up to at most
+    `budget` bytes, at most `most` of them (fewer when that leaves a worker idle), no two of
+    one rollout id (a train step and its eval file); a step whose size is unknown, or larger
+    than `budget`, alone (defaults: BATCH_BYTES, BATCH_STEPS).
+
+    Examples:
+        >>> from pathlib import Path
+        >>> def step(i):
+        ...     remote = dump.RemoteFiles("s3://b/d", ((f"rollout_data/{i}.pt", 1 << 20, 0),))
+        ...     return dump.StepFiles(i, False, Path(f"d/rollout_data/{i}.pt"), remote=remote)
+        >>> todo = [(step(i), StepStatus.NEW) for i in range(10)]
+        >>> [len(b) for b in step_batches(todo)]
+        [4, 4, 2]
+        >>> [len(b) for b in step_batches(todo, workers=4)]
+        [3, 3, 3, 1]
+    """
+    budget = BATCH_BYTES if budget is None else budget
+    most = BATCH_STEPS if most is None else most
+    most = max(1, min(most, -(-len(todo) // max(1, workers))))  # every worker a job
+    batches: list[list[Todo]] = []
+    batch: list[Todo] = []
+    held = 0
+    for files, status in todo:
+        size = _dump_bytes(files)
+        ids = {f.rollout_id for f, _ in batch}
+        fits = size is not None and held + size <= budget
+        if batch and (not fits or len(batch) >= most or files.rollout_id in ids):
+            batches.append(batch)
+            batch, held = [], 0
+        batch.append((files, status))
+        held += size if size is not None else budget + 1
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def _dump_bytes(files: dump.StepFiles) -> int | None:
+    """The bytes of a step's dump files as listed (None: one cannot be looked at)."""
+    if files.remote is not None:
+        return sum(size for _, size, _ in files.remote.objects)
+    try:  # lstat: a link is the reader's to refuse, never followed here
+        return sum(os.lstat(path).st_size for path in files.paths)
+    except OSError:
+        return None
 
 
 def _run_in_pool(
-    todo: list[Todo],
+    batches: list[list[Todo]],
     store: Store,
     run: str,
     workers: int,
@@ -58,28 +116,29 @@ def _run_in_pool(
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    pending = deque(todo)
-    processes = min(workers, len(todo)) - 1
+    pending = deque(batches)
+    processes = min(workers, len(batches)) - 1
     # Workers start with SIGINT blocked (see `sigint_blocked`; all start during the first
     # submits), so a Ctrl-C to the process group stops only the parent: running steps finish,
     # queued ones are not started, and no worker prints a KeyboardInterrupt traceback.
     local = ThreadPoolExecutor(1, thread_name_prefix="tokenlake-step")
-    running: dict[Future[StepOutcome], ProcessPoolExecutor | ThreadPoolExecutor] = {}
-    held: dict[Future[StepOutcome], Todo] = {}
-    # A worker that dies (killed, segfault) breaks its whole pool: every step running there
-    # is retried alone in a one-process pool, so only the step that kills its worker fails.
+    running: dict[Future[list[StepOutcome]], ProcessPoolExecutor | ThreadPoolExecutor] = {}
+    held: dict[Future[list[StepOutcome]], list[Todo]] = {}
+    # A worker that dies (killed, segfault) breaks its whole pool: the steps of a job of
+    # several are queued again one a job, and a job of one step running there is retried
+    # alone in a one-process pool, so only the step that kills its worker fails.
     alone: list[ProcessPoolExecutor] = []
     with sigint_blocked():
         pool = _worker_pool(processes)
     pools = [pool]  # the shared pool and those it replaced
 
     def hand_out(
-        executor: ProcessPoolExecutor | ThreadPoolExecutor, step: Todo | None = None
+        executor: ProcessPoolExecutor | ThreadPoolExecutor, batch: list[Todo] | None = None
     ) -> None:
-        files, status = step or pending.popleft()
+        batch = batch or pending.popleft()
         with sigint_blocked():
-            future = executor.submit(extract_step, files, store, run, status)
-        running[future], held[future] = executor, (files, status)
+            future = executor.submit(extract_steps, batch, store, run)
+        running[future], held[future] = executor, batch
 
     try:
         for _ in range(min(processes, len(pending))):
@@ -89,7 +148,7 @@ def _run_in_pool(
         while running:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
-                executor, (files, status) = running.pop(future), held.pop(future)
+                executor, batch = running.pop(future), held.pop(future)
                 broken = isinstance(future.exception(), BrokenProcessPool)
                 if executor in alone:
                     executor.shutdown(wait=False)
@@ -97,19 +156,22 @@ def _run_in_pool(
                     if executor is pool:
                         pool = _worker_pool(processes)
                         pools.append(pool)
-                    alone.append(_worker_pool(1))
-                    hand_out(alone[-1], (files, status))
-                    continue
+                    if len(batch) == 1:
+                        alone.append(_worker_pool(1))
+                        hand_out(alone[-1], batch)
+                        continue
+                    pending.extendleft([step] for step in reversed(batch))
                 if pending:
                     hand_out(local if executor is local else pool)
-                if broken:
+                if not broken:
+                    yield from future.result()
+                elif executor in alone:
+                    files, status = batch[0]
                     yield StepOutcome(files.label, status, error=worker_died_text(files))
-                else:
-                    yield future.result()
     finally:
         pending.clear()
         if running:  # stopped early (Ctrl-C, --strict): say what the shutdown waits for
-            stopping([held[f][0].label for f in running])
+            stopping([files.label for f in running for files, _ in held[f]])
         # A Ctrl-C inside the shutdown would land in one of multiprocessing's finalizers,
         # which swallow it half-done and leave the pool's threads waiting forever.
         with sigint_held():

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import secrets
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -75,8 +77,46 @@ def extract_step(files: dump.StepFiles, store: Store, run: str, status: StepStat
     Bad input or a bad lake is reported in the outcome, and so is any other exception: that
     is a tokenlake bug, and it must cost this step only, never the whole extraction.
     """
+    return extract_steps([(files, status)], store, run)[0]
+
+
+def extract_steps(
+    batch: Sequence[tuple[dump.StepFiles, StepStatus]], store: Store, run: str
+) -> list[StepOutcome]:
+    """`extract_step` for a batch of small steps (no two of one rollout id), one outcome each,
+    in order: each step is read and built, the rollups of those built are computed together
+    (`rollups.compute_steps`: one set of queries instead of one a step), then each is written.
+
+    Each step fails alone, as in `extract_step`: a step whose files are bad, or whose rows the
+    rollups cannot be computed from together with the others', costs only itself (the
+    rollups of the others are then computed one step at a time).
+    """
+    outcomes: dict[int, StepOutcome] = {}
+    built: list[tuple[int, _Built]] = []
+    for index, (files, status) in enumerate(batch):
+        step = _caught(files, status, _build, files, status)
+        if isinstance(step, StepOutcome):
+            outcomes[index] = step
+        else:
+            built.append((index, step))
+    together = _rollups_together([step for _, step in built], run)
+    for (index, step), step_rollups in zip(built, together, strict=True):
+        outcomes[index] = _caught(
+            step.files, step.status, _write_built, step, store, run, step_rollups
+        )
+    return [outcomes[index] for index in range(len(batch))]
+
+
+_T = TypeVar("_T")
+
+
+def _caught(
+    files: dump.StepFiles, status: StepStatus, work: Callable[..., _T], *args: Any
+) -> _T | StepOutcome:
+    """`work(*args)`, or the step's outcome for an exception tokenlake did not expect (a bug
+    costs this step only)."""
     try:
-        return _extract_step(files, store, run, status)
+        return work(*args)
     except Exception as exc:  # noqa: BLE001 - a bug in one step must not take down the run
         return StepOutcome(
             files.label, status, error=remote_dump.as_urls(files, files, bug_text(files, exc))
@@ -122,7 +162,21 @@ def _text_of(exc: BaseException) -> str:
         return "?"
 
 
-def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepStatus) -> StepOutcome:
+@dataclass(frozen=True)
+class _Built:
+    """A step read and built, not yet written."""
+
+    files: dump.StepFiles
+    status: StepStatus
+    sources: list[manifest.SourceFile]
+    tokens: pa.Table
+    samples: pa.Table
+    result: StepResult
+    experts: pa.Table | None
+
+
+def _build(files: dump.StepFiles, status: StepStatus) -> _Built | StepOutcome:
+    """Read and build one step's tables, or the outcome of a step whose input is bad."""
     read = files  # a dump on an object store: the step's objects, downloaded while read
     try:
         with remote_dump.hydrated(files) as read:
@@ -143,20 +197,42 @@ def _extract_step(files: dump.StepFiles, store: Store, run: str, status: StepSta
         refused = UnreadableError(exc.filename or files.rollout_file, exc)
         text = remote_dump.as_urls(files, read, input_error_text(read, refused))
         return StepOutcome(files.label, status, error=text)
-    step_rollups = rollups.compute_step(tokens, samples_table, run, files.rollout_id)
+    return _Built(files, status, sources, tokens, samples_table, result, experts)
+
+
+def _rollups_together(steps: Sequence[_Built], run: str) -> list[rollups.StepRollups | None]:
+    """The rollups of the built steps computed together; None for each (computed one step at a
+    time when written) when they cannot be, so that a failure lands on its own step."""
+    if len(steps) < 2:
+        return [None] * len(steps)
+    tables = [rollups.StepTables(s.tokens, s.samples, s.files.rollout_id) for s in steps]
+    try:
+        return list(rollups.compute_steps(tables, run))
+    except Exception:  # noqa: BLE001 - e.g. tables of two schemas: each step alone says why
+        return [None] * len(steps)
+
+
+def _write_built(
+    step: _Built, store: Store, run: str, step_rollups: rollups.StepRollups | None
+) -> StepOutcome:
+    """Write a built step's files (its rollups computed now unless given) and its record."""
+    files, status, tokens, samples_table = step.files, step.status, step.tokens, step.samples
+    if step_rollups is None:
+        step_rollups = rollups.compute_step(tokens, samples_table, run, files.rollout_id)
     try:
         written, identities = _write_step(
-            files, store, run, tokens, samples_table, experts, step_rollups
+            files, store, run, tokens, samples_table, step.experts, step_rollups
         )
     except LakeError as exc:
         return StepOutcome(files.label, status, lake_error=(exc.path, exc.problem))
     except OSError as exc:  # e.g. a partition directory cannot be created
         problem = f"cannot be written ({exc.strerror or exc})"
         return StepOutcome(files.label, status, lake_error=(str(exc.filename or store), problem))
+    result = step.result
     record = manifest.StepRecord(
         rollout_id=files.rollout_id,
         evaluation=files.evaluation,
-        sources=sources,
+        sources=step.sources,
         files=written,
         samples=result.samples,
         tokens=result.tokens,

@@ -145,23 +145,67 @@ def compute_step(tokens: pa.Table, samples: pa.Table, run: str, rollout_id: int)
 
     DuckDB runs single-threaded here: extraction already runs one step per worker.
     """
+    return compute_steps([StepTables(tokens, samples, rollout_id)], run)[0]
+
+
+@dataclass(frozen=True)
+class StepTables:
+    """One step's tables as written (without partition columns), and its rollout id."""
+
+    tokens: pa.Table
+    samples: pa.Table
+    rollout_id: int
+
+
+def compute_steps(steps: Sequence[StepTables], run: str) -> list[StepRollups]:
+    """`compute_step` for several steps of one run at once, no two of the same rollout id: the
+    ten queries run once over their tables together, and each step gets its own rows.
+
+    A rollup's grain lies within one step, so a step's rows are the ones it gives alone, in
+    the same order: DuckDB, single-threaded, reads the rows of each step in the same order and
+    adds them up in it (tests/orchestrate/test_step_batches.py compares both, bit for bit). Most
+    of a small step's rollup cost is DuckDB binding and planning the queries, paid here once
+    for the steps together.
+    """
+    if len({step.rollout_id for step in steps}) != len(steps):
+        raise ValueError("steps computed together must have different rollout ids")
     con = _step_connection()
     with ctrl_c_from_duckdb():
-        return _compute_step(con, tokens, samples, run, rollout_id)
+        tables = _compute_steps(con, steps, run)
+        settings = {
+            name: _settings_digest(con, columns)
+            for name in rollup_names()
+            if (columns := settings_of(name))
+        }
+    version = rollup_version()
+    return [StepRollups(each, version, dict(settings)) for each in tables]
 
 
-def _compute_step(
-    con: duckdb.DuckDBPyConnection, tokens: pa.Table, samples: pa.Table, run: str, rollout_id: int
-) -> StepRollups:
+_STEP_KEY = "tokenlake_step_rollout_id"  # the rollout id column of steps computed together
+
+
+def _compute_steps(
+    con: duckdb.DuckDBPyConnection, steps: Sequence[StepTables], run: str
+) -> list[dict[str, pa.Table]]:
+    import pyarrow as pa
+
+    if len(steps) == 1:  # the step is a constant: no column to add
+        tokens, samples = steps[0].tokens, steps[0].samples
+        rollout_id = f"{int(steps[0].rollout_id)}::BIGINT"
+    else:
+        tokens = pa.concat_tables([_keyed(step.tokens, step.rollout_id) for step in steps])
+        samples = pa.concat_tables([_keyed(step.samples, step.rollout_id) for step in steps])
+        rollout_id = _STEP_KEY
     con.register(_STEP_TOKENS, tokens)
     con.register(_STEP_SAMPLES, samples)
     try:
-        step = f"{quote_literal(run)}::VARCHAR AS {schema.RUN}, {int(rollout_id)}::BIGINT AS {schema.ROLLOUT_ID}"
+        keys = f"{quote_literal(run)}::VARCHAR AS {schema.RUN}, {rollout_id} AS {schema.ROLLOUT_ID}"
+        rest = f"* EXCLUDE ({_STEP_KEY})" if len(steps) > 1 else "*"
         con.execute(
-            f"CREATE OR REPLACE TEMP VIEW {schema.TOKENS} AS SELECT {step}, * FROM {_STEP_TOKENS}"
+            f"CREATE OR REPLACE TEMP VIEW {schema.TOKENS} AS SELECT {keys}, {rest} FROM {_STEP_TOKENS}"
         )
         con.execute(
-            f"CREATE OR REPLACE TEMP VIEW {schema.SAMPLES} AS SELECT {step}, * FROM {_STEP_SAMPLES}"
+            f"CREATE OR REPLACE TEMP VIEW {schema.SAMPLES} AS SELECT {keys}, {rest} FROM {_STEP_SAMPLES}"
         )
         # The per-token terms six rollups share, computed once: the TEMP table shadows the
         # view for every view of this connection (as the TEMP views above shadow the base views).
@@ -173,20 +217,55 @@ def _compute_step(
             empty |= drift_token_rollups()
         if not _has_rows(con, _TEACHER_TOKENS):  # most runs: no teacher log-probs
             empty |= teacher_token_rollups()
-        tables = {
-            name: rollup_schema(name).empty_table() if name in empty else _rows(con, name)
-            for name in rollup_names()
-        }
-        settings = {
-            name: _settings_digest(con, columns)
-            for name in rollup_names()
-            if (columns := settings_of(name))
+        computed = {
+            name: _rows(con, name, len(steps) > 1) for name in rollup_names() if name not in empty
         }
     finally:
-        con.execute(f"DROP TABLE IF EXISTS temp.{_DRIFT_TOKENS}")  # the step's memory, freed
+        con.execute(f"DROP TABLE IF EXISTS temp.{_DRIFT_TOKENS}")  # the steps' memory, freed
         con.unregister(_STEP_TOKENS)
         con.unregister(_STEP_SAMPLES)
-    return StepRollups(tables, rollup_version(), settings)
+    return [
+        {
+            name: rollup_schema(name).empty_table()
+            if name in empty
+            else _step_rows(name, computed[name], step.rollout_id, len(steps) > 1)
+            for name in rollup_names()
+        }
+        for step in steps
+    ]
+
+
+def _keyed(table: pa.Table, rollout_id: int) -> pa.Table:
+    """A step's table with its rollout id as a last column (the steps computed together)."""
+    import numpy as np
+    import pyarrow as pa
+
+    return table.append_column(_STEP_KEY, pa.array(np.full(table.num_rows, rollout_id, np.int64)))
+
+
+def _step_rows(name: str, rows: pa.Table, rollout_id: int, together: bool) -> pa.Table:
+    """One step's rows of a rollup (of several steps computed `together`: without their
+    rollout id), in the rollup's stored order (`_row_order`)."""
+    if together:
+        import pyarrow.compute as pc
+
+        rows = rows.filter(pc.equal(rows.column(schema.ROLLOUT_ID), rollout_id))
+        rows = rows.drop_columns([schema.ROLLOUT_ID])
+    return rows.sort_by(list(_row_order(name)))
+
+
+@cache
+def _row_order(name: str) -> tuple[tuple[str, str, str], ...]:
+    """The order a step's rows of a rollup are stored in: its rank column first where it has
+    one (`k3_rank`, `outlier_rank`: the order its delta-encoded integers compress best in),
+    then every column in its header's order. A function of the step's rows alone, so the
+    step's files are the same bytes whether its rollups were computed alone or with other
+    steps': a hash aggregate gives its groups in an order that depends on all the rows it saw.
+    """
+    names = [column for column, _ in _columns(name)[2:]]
+    ranks = [column for column in names if column.endswith("_rank")]
+    ordered = [*ranks, *(column for column in names if column not in ranks)]
+    return tuple((column, "ascending", "at_end") for column in ordered)  # NULLs last
 
 
 def _has_rows(con: duckdb.DuckDBPyConnection, table: str) -> bool:
@@ -225,8 +304,11 @@ def _settings_digest(con: duckdb.DuckDBPyConnection, columns: Sequence[str]) -> 
     return str(rows[0][0])  # drift_settings has one row
 
 
-def _rows(con: duckdb.DuckDBPyConnection, name: str) -> pa.Table:
-    query = f"SELECT * EXCLUDE ({', '.join(_STEP_COLUMNS)}) FROM {name}"
+def _rows(con: duckdb.DuckDBPyConnection, name: str, together: bool = False) -> pa.Table:
+    """A rollup's rows, checked against and cast to its documented columns; with `together`
+    (several steps), with their `rollout_id` first."""
+    kept = _STEP_COLUMNS[:1] if together else _STEP_COLUMNS
+    query = f"SELECT * EXCLUDE ({', '.join(kept)}) FROM {name}"
     # `execute`, not `sql`: a relation binds the query once more before it runs, and binding
     # the nested views is most of a small step's cost (its rows are few: their copy is not).
     with warnings.catch_warnings():  # that Arrow output of `execute` copies the rows once
@@ -234,6 +316,10 @@ def _rows(con: duckdb.DuckDBPyConnection, name: str) -> pa.Table:
         table = con.execute(query).to_arrow_table()
     assert table is not None  # a query gives a table, empty or not
     wanted = rollup_schema(name)
+    if together:
+        import pyarrow as pa
+
+        wanted = pa.schema([pa.field(schema.ROLLOUT_ID, pa.int64()), *wanted])
     if table.schema.names != wanted.names:
         raise LakeError(
             sql_dir() / "rollups" / f"{name}.sql",
