@@ -159,7 +159,7 @@ def load(path: Path) -> Any:
 
     Tensors become numpy arrays with their dtype, shape and strides; they are zero-copy views
     on a private, writable copy of the file (an anonymous memory map; a bytearray for files
-    younger than `FRESH_SECONDS`). bfloat16 tensors become float32 (exact); float16 stays
+    younger than `FRESH_SECONDS` or of at most `ptzip.HEAP_MAX` bytes). bfloat16 tensors become float32 (exact); float16 stays
     float16. Miles dataclasses become `AdapterRef`, `RewardSpec` and `SpecInfo` from
     `tokenlake.read.pt.ptglobals`.
 
