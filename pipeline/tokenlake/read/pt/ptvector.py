@@ -11,6 +11,7 @@ cheaper for `_Scan` (strided slices), so float-heavy and large pickles skip it.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 import numpy as np
@@ -117,9 +118,9 @@ def _next_opcodes(codes: np.ndarray, kind: np.ndarray) -> tuple[np.ndarray, np.n
 def _path(nxt: np.ndarray) -> np.ndarray:
     """The positions reachable from 0, in order, the last the end. Chains that do not start at
     byte 0 (inside arguments) mostly die out within a few opcodes: three rounds keep only the
-    targets of targets of targets; then pointer doubling on those (after round r, the first
-    2**r opcodes) until the last one reached is the end."""
-    end = len(nxt) - 1
+    targets of targets of targets (every kept position's next opcode is kept too); then the
+    path is followed through the kept positions (`_walk`), or found by pointer doubling
+    (`_doubling`) when too many chains survived the rounds."""
     keep = np.arange(len(nxt))
     for _ in range(3):
         target = np.zeros(len(nxt), bool)
@@ -127,12 +128,38 @@ def _path(nxt: np.ndarray) -> np.ndarray:
         target[0] = True
         keep = np.flatnonzero(target)
     jump = (np.cumsum(target) - 1)[nxt[keep]]  # from rank to rank in `keep`
+    # where the next opcode is not the next kept position: a surviving chain is skipped there
+    skips = np.flatnonzero(jump != np.arange(1, len(keep) + 1))
+    if len(skips) <= _MAX_SKIPS:
+        return keep[_walk(jump, skips.tolist())]
+    return keep[_doubling(jump, keep, len(nxt) - 1)]
+
+
+_MAX_SKIPS = 512  # beyond this many skips, a Python step each costs more than the doubling
+
+
+def _walk(jump: np.ndarray, skips: list[int]) -> np.ndarray:
+    """The ranks on the path from rank 0: a run of consecutive ranks up to the next skip,
+    then on from where that skip leads. The last rank (the end, which leads to itself) is
+    always a skip, so the walk ends there."""
+    runs, rank = [], 0
+    while True:
+        skip = skips[bisect_left(skips, rank)]
+        runs.append(np.arange(rank, skip + 1))
+        after = int(jump[skip])
+        if after <= skip:  # the end
+            return np.concatenate(runs)
+        rank = after
+
+
+def _doubling(jump: np.ndarray, keep: np.ndarray, end: int) -> np.ndarray:
+    """The ranks on the path from rank 0 by pointer doubling: after round r, the first 2**r."""
     reach = np.zeros(len(keep), bool)
     reach[0] = True
     while True:
         pos = np.flatnonzero(reach)
         if keep[pos[-1]] == end:
-            return keep[pos]
+            return pos
         reach[jump[pos]] = True
         jump = jump[jump]
 
