@@ -119,7 +119,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         name = f"{archive.prefix}data/{key}"
         nbytes = numel * dtype.itemsize
         start = stored_start(archive, name, nbytes)
-        if start is None:  # a compressed member: inflated into memory of its own
+        if start is None:  # compressed (inflated into memory of its own), or an error
             raw = entry_bytes(archive, name, nbytes)
             array = np.frombuffer(raw, dtype=dtype, count=numel) if numel else np.empty(0, dtype)
         elif numel:  # in place on the file's private copy, no memoryview in between

@@ -124,10 +124,18 @@ def entry_bytes(archive: Archive, name: str, nbytes: int | None = None) -> Any:
 
 
 def stored_start(archive: Archive, name: str, nbytes: int) -> int | None:
-    """Where the first `nbytes` of entry `name` begin in `archive.buf` if it is stored (a
-    tensor's storage is read in place from there), None if compressed (`entry_bytes`)."""
-    entry, data, _ = _locate(archive, name, nbytes)
-    return None if entry.compressed else data
+    """Where the first `nbytes` of entry `name` begin in `archive.buf` when it is stored and
+    they lie inside the file (a tensor's storage is read in place from there); else None, and
+    `entry_bytes` inflates it or says what is wrong. Once per tensor storage: inline."""
+    entry = archive.entries.get(name)
+    if entry is None or entry.method != zipfile.ZIP_STORED or entry.file_size < nbytes:
+        return None
+    buf, start = archive.buf, entry.header_offset
+    if start + _LOCAL_HEADER_SIZE > len(buf):
+        return None
+    sig, name_len, extra_len = _LOCAL.unpack_from(buf, start)
+    data = start + _LOCAL_HEADER_SIZE + name_len + extra_len
+    return data if sig == _LOCAL_HEADER and data + nbytes <= len(buf) else None
 
 
 def _locate(archive: Archive, name: str, nbytes: int | None) -> tuple[Entry, int, int]:
