@@ -616,7 +616,7 @@ def test_vector_scan_path_walk_agrees_with_pointer_doubling(
     paths = []
     for data in texts:
         codes = np.frombuffer(data, np.uint8)
-        paths.append(ptvector._next_opcodes(codes, ptvector._KIND[codes])[0])
+        paths.append(ptvector._next_opcodes(codes, ptvector._KIND[codes], data + bytes(4))[0])
     walked = [ptvector._path(nxt).tolist() for nxt in paths]
     monkeypatch.setattr(ptvector, "_MAX_SKIPS", -1)  # every path by pointer doubling
     assert [ptvector._path(nxt).tolist() for nxt in paths] == walked

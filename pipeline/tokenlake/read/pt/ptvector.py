@@ -68,8 +68,9 @@ _IS_LONG, _IS_INT_TEXT = _flags([0x8A, 0x8B]), _flags([0x49, 0x4C])
 def vector_scan(data: bytes) -> bool | None:
     """`check_opcodes`'s verdict on `data`, or None where only `_Scan` can tell."""
     codes = np.frombuffer(data, np.uint8)
+    padded = data + bytes(4)  # an argument cut off by the end reads zeros
     kind = _KIND[codes]
-    nxt, size = _next_opcodes(codes, kind)
+    nxt, size = _next_opcodes(codes, kind, padded)
     ops = _path(nxt)
     if len(ops) < 2 or kind[ops[-2]] != _STOP:  # an error, a cut-off or an opcode left over
         return None
@@ -77,31 +78,29 @@ def vector_scan(data: bytes) -> bool | None:
     code, size = codes[ops], size[ops]
     if _huge_ints(data, code, size, ops, nxt) > MAX_HUGE_INTS:
         return None
-    return _shares(codes, kind[ops], code, size, ops)
+    return _shares(padded, kind[ops], code, size, ops)
 
 
-def _le(padded: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    value = padded[pos + 1]
-    for k in range(1, width):
-        value = value | padded[pos + 1 + k] << (8 * k)
-    return value
+def _words(padded: bytes, dtype: str) -> np.ndarray:
+    """The 4-byte little-endian word (`<u4` or `<i4`) at every position of `padded` but its
+    last 4 bytes, as one strided view: a length or memo index is one gather, not four."""
+    return np.ndarray((len(padded) - 3,), dtype, padded, 0, (1,))
 
 
-def _next_opcodes(codes: np.ndarray, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _next_opcodes(
+    codes: np.ndarray, kind: np.ndarray, padded: bytes
+) -> tuple[np.ndarray, np.ndarray]:
     """For every byte position, where the next opcode starts if an opcode starts there (the
     position itself for STOP and what is left to `_Scan`), and the size `_Scan` gives it."""
     end = len(codes)
-    padded = np.zeros(end + 9, np.int64)
-    padded[:end] = codes
     nxt = np.arange(end + 1, dtype=np.intp)
     nxt[:end] += _STEP[codes]
     size = np.zeros(end, np.int64)
     pos = np.flatnonzero(kind == _C1)
-    size[pos] = padded[pos + 1]
+    size[pos] = np.frombuffer(padded, np.uint8)[pos + 1]
     nxt[pos] += 2 + size[pos]
     pos = np.flatnonzero(kind == _C4)
-    value = _le(padded, pos, 4)
-    size[pos] = np.where(value >= 1 << 31, value - (1 << 32), value)
+    size[pos] = _words(padded, "<i4")[pos + 1]  # a length of 2**31 or more reads negative
     after = pos + 5 + size[pos]  # int64: a 4-byte length must not wrap an int32
     nxt[pos] = np.where(size[pos] < 0, end, after)
     newlines = np.append(np.flatnonzero(codes == 10), end)  # `end`: no newline left
@@ -176,16 +175,14 @@ def _huge_ints(data: bytes, code: Any, size: Any, ops: Any, nxt: Any) -> int:
     return count
 
 
-def _shares(codes: Any, kind: Any, code: Any, size: Any, ops: Any) -> bool | None:
+def _shares(padded: bytes, kind: Any, code: Any, size: Any, ops: Any) -> bool | None:
     """Whether a GET fetches a memo entry not marked shareable by its last PUT before it."""
     memo = kind == _MEMO1
     where, op = ops[memo], code[memo]
     wide = (op == 0x6A) | (op == 0x72)
-    padded = np.zeros(len(codes) + 5, np.int64)
-    padded[: len(codes)] = codes
-    index = padded[where + 1]
-    index[wide] = _le(padded, where[wide], 4)
-    if len(index) and int(index.max()) > max(len(codes), 1 << 16):
+    index = np.frombuffer(padded, np.uint8)[where + 1].astype(np.int64)
+    index[wide] = _words(padded, "<u4")[where[wide] + 1]
+    if len(index) and int(index.max()) > max(len(padded) - 4, 1 << 16):
         return None
     top = np.zeros(len(ops), bool)  # what each opcode that sets `top` sets it to
     text = (kind == _LINE1) | (kind == _LINE2)
