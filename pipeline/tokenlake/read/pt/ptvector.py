@@ -32,7 +32,8 @@ from tokenlake.read.pt.ptopcodes import (
 )
 
 _PAST = 1 << 40  # a step past any end: the opcode ends the path
-_FIX, _MEMO1, _STOP, _PASS, _C1, _C4, _LINE1, _LINE2 = range(1, 9)  # 0: left to `_Scan`
+# 0: left to `_Scan`; the last four (from _C1 on) end where their arguments say
+_FIX, _MEMO1, _STOP, _PASS, _C1, _C4, _LINE1, _LINE2 = range(1, 9)
 
 
 def _kind_of(op: int) -> tuple[int, int]:
@@ -96,16 +97,19 @@ def _next_opcodes(
     nxt = np.arange(end + 1, dtype=np.intp)
     nxt[:end] += _STEP[codes]
     size = np.zeros(end, np.int64)
-    pos = np.flatnonzero(kind == _C1)
+    # the opcodes whose arguments say where they end (one pass over the kinds, not four)
+    varying = np.flatnonzero(kind >= _C1)
+    kinds = kind[varying]
+    pos = varying[kinds == _C1]
     size[pos] = np.frombuffer(padded, np.uint8)[pos + 1]
     nxt[pos] += 2 + size[pos]
-    pos = np.flatnonzero(kind == _C4)
+    pos = varying[kinds == _C4]
     size[pos] = _words(padded, "<i4")[pos + 1]  # a length of 2**31 or more reads negative
     after = pos + 5 + size[pos]  # int64: a 4-byte length must not wrap an int32
     nxt[pos] = np.where(size[pos] < 0, end, after)
     newlines = np.append(np.flatnonzero(codes == 10), end)  # `end`: no newline left
     for k, lines in ((_LINE1, 1), (_LINE2, 2)):
-        pos = np.flatnonzero(kind == k)
+        pos = varying[kinds == k]
         at = np.minimum(np.searchsorted(newlines, pos + 1) + lines - 1, len(newlines) - 1)
         stop = newlines[at]
         nxt[pos] = np.where(stop < end, stop + 1, end)
