@@ -603,6 +603,26 @@ def test_vector_scan_agrees_with_the_exact_scan(seed: int) -> None:
     assert decided > 300  # most unmutated pickles and some mutated ones are decided
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_vector_scan_path_walk_agrees_with_pointer_doubling(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(seed)
+    texts = [bytes(_metadata(rng.randint(1, 300)).stop())]
+    for _ in range(600):
+        value = _random_value(rng)
+        data = pickle.dumps([value, value] if rng.random() < 0.5 else value, rng.choice([2, 3]))
+        texts.append(_mutated(rng, data) if rng.random() < 0.8 else data)
+    paths = []
+    for data in texts:
+        codes = np.frombuffer(data, np.uint8)
+        paths.append(ptvector._next_opcodes(codes, ptvector._KIND[codes], data + bytes(4))[0])
+    walked = [ptvector._path(nxt).tolist() for nxt in paths]
+    monkeypatch.setattr(ptvector, "_MAX_SKIPS", -1)  # every path by pointer doubling
+    assert [ptvector._path(nxt).tolist() for nxt in paths] == walked
+    assert all(path[-1] == len(data) for path, data in zip(walked, texts, strict=True))
+
+
 def _metadata(tensors: int) -> Pickle:
     """Tensor metadata like a rank file's: memo PUTs between short runs of opcodes."""
     p = Pickle().dict().put(0).mark()

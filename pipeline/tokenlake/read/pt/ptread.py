@@ -40,8 +40,14 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.read.pt.ptcheck import budget_of, check_opcodes, settle
-from tokenlake.read.pt.ptglobals import ALLOWED, Call, Forbidden
-from tokenlake.read.pt.pttensor import TorchDType, counted, tensor_view, tensor_view_v3, widen_bf16
+from tokenlake.read.pt.ptglobals import ALLOWED, Forbidden
+from tokenlake.read.pt.pttensor import (
+    Rebuild,
+    TorchDType,
+    tensor_view,
+    tensor_view_v3,
+    widen_bf16,
+)
 from tokenlake.read.pt.ptzip import (
     Archive,
     BigEndian,
@@ -49,6 +55,7 @@ from tokenlake.read.pt.ptzip import (
     Corrupt,
     entry_bytes,
     open_archive,
+    stored_start,
 )
 
 # A file modified less than this long ago may still be written in place (dump-format.md 7).
@@ -66,8 +73,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
         # (no bound methods here: a reference cycle would keep the file's copy alive until
         # the garbage collector runs)
         budget = [budget_of(len(archive.buf)), budget_of(len(archive.buf))]
-        self._v2 = Call(partial(counted, budget, tensor_view))
-        self._v3 = Call(partial(counted, budget, partial(tensor_view_v3, {})))
+        self._v2 = Rebuild(budget, tensor_view)
+        self._v3 = Rebuild(budget, partial(tensor_view_v3, {}))
         self.numpy = False  # whether the pickle names numpy (its objects need `settle`)
 
     def find_class(self, module: str, name: str) -> Any:
@@ -100,16 +107,25 @@ class _RestrictedUnpickler(pickle.Unpickler):
         ):
             raise Corrupt(f"its pickle holds an unknown persistent id (a `{type(pid).__name__}`)")
         _, kind, key, _location, numel = pid
-        if key not in self._storages:
-            self._storages[key] = self._load_storage(kind, key, numel)
-        return self._storages[key]
+        storage = self._storages.get(key)
+        if storage is None:
+            storage = self._storages[key] = self._load_storage(kind, key, numel)
+        return storage
 
     def _load_storage(self, kind: TorchDType, key: str, numel: int) -> np.ndarray:
         """Read one storage; bf16 is widened here so every tensor of it shares the copy."""
         dtype = kind.dtype
-        name = f"{self._archive.prefix}data/{key}"
-        raw = entry_bytes(self._archive, name, numel * dtype.itemsize)
-        array = np.frombuffer(raw, dtype=dtype, count=numel) if numel else np.empty(0, dtype)
+        archive = self._archive
+        name = f"{archive.prefix}data/{key}"
+        nbytes = numel * dtype.itemsize
+        start = stored_start(archive, name, nbytes)
+        if start is None:  # compressed (inflated into memory of its own), or an error
+            raw = entry_bytes(archive, name, nbytes)
+            array = np.frombuffer(raw, dtype=dtype, count=numel) if numel else np.empty(0, dtype)
+        elif numel:  # in place on the file's private copy, no memoryview in between
+            array = np.frombuffer(archive.buf, dtype=dtype, count=numel, offset=start)
+        else:
+            array = np.empty(0, dtype)
         return widen_bf16(array) if kind.bf16 else array
 
 
@@ -143,7 +159,7 @@ def load(path: Path) -> Any:
 
     Tensors become numpy arrays with their dtype, shape and strides; they are zero-copy views
     on a private, writable copy of the file (an anonymous memory map; a bytearray for files
-    younger than `FRESH_SECONDS`). bfloat16 tensors become float32 (exact); float16 stays
+    younger than `FRESH_SECONDS` or of at most `ptzip.HEAP_MAX` bytes). bfloat16 tensors become float32 (exact); float16 stays
     float16. Miles dataclasses become `AdapterRef`, `RewardSpec` and `SpecInfo` from
     `tokenlake.read.pt.ptglobals`.
 

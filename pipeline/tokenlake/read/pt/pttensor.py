@@ -4,7 +4,7 @@ A tensor in a torch pickle is `_rebuild_tensor_v2/v3(storage, offset, size, stri
 storage (one zip member); here it becomes a zero-copy numpy view on that storage's array. Torch's
 storage classes and dtypes are `TorchDType` markers naming the numpy dtype of their bytes;
 bfloat16, which numpy lacks, is widened to float32 once per storage. All views of one file
-together may claim at most `tokenlake.read.pt.ptcheck.budget_of` elements (`counted`): a stride-0
+together may claim at most `tokenlake.read.pt.ptcheck.budget_of` elements (`Rebuild`): a stride-0
 view repeats one element as often as it likes.
 """
 
@@ -44,6 +44,19 @@ def tensor_view(
     """
     if type(storage) is not np.ndarray or storage.ndim != 1:
         raise Corrupt(f"a tensor was rebuilt from a `{type(storage).__name__}`, not a storage")
+    if (  # the common 1-d whole-storage tensor: exact types checked before any `==`
+        type(size) is tuple
+        and type(stride) is tuple
+        and len(size) == 1
+        and len(stride) == 1
+        and type(size[0]) is int
+        and type(stride[0]) is int
+        and type(storage_offset) is int
+        and storage_offset == 0
+        and stride[0] == 1
+        and size[0] == len(storage)
+    ):
+        return storage[:]  # no strided constructor, and no per-element checks
     if not (
         type(storage_offset) is int
         and storage_offset >= 0
@@ -52,8 +65,6 @@ def tensor_view(
         and len(size) == len(stride)
     ):
         raise Corrupt("a tensor has an offset, shape or strides that are not whole numbers")
-    if storage_offset == 0 and stride == (1,) and size == storage.shape:
-        return storage[:]  # the common 1-d whole-storage tensor: skip the strided constructor
     item = storage.dtype.itemsize
     try:
         return np.ndarray(
@@ -117,11 +128,19 @@ TORCH_DTYPES = {
 } | {"bfloat16": _BF16}
 
 
-def counted(budget: list[int], rebuild: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
-    """Rebuild a tensor; all tensors of a file may claim at most `budget_of` elements in total
-    (a stride-0 view repeats one element as often as it likes). `budget`: [left, whole]."""
-    view = rebuild(*args)
-    budget[0] -= view.size
-    if budget[0] < 0:
-        raise too_big(budget[1])
-    return view
+class Rebuild(NamedTuple):
+    """`_rebuild_tensor_v2` or `_v3` as a pickle calls it: immutable (BUILD cannot rewrite it,
+    as `tokenlake.read.pt.ptglobals.Call`), and all tensors of a file together may claim at
+    most `budget_of` elements (a stride-0 view repeats one element as often as it likes).
+    `budget`: [left, whole]."""
+
+    budget: list[int]
+    rebuild: Callable[..., np.ndarray]  # `tensor_view`, or `tensor_view_v3` with its cache
+
+    def __call__(self, *args: Any) -> np.ndarray:
+        view = self.rebuild(*args)
+        budget = self.budget
+        budget[0] -= view.size
+        if budget[0] < 0:
+            raise too_big(budget[1])
+        return view

@@ -11,6 +11,7 @@ cheaper for `_Scan` (strided slices), so float-heavy and large pickles skip it.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,8 @@ from tokenlake.read.pt.ptopcodes import (
 )
 
 _PAST = 1 << 40  # a step past any end: the opcode ends the path
-_FIX, _MEMO1, _STOP, _PASS, _C1, _C4, _LINE1, _LINE2 = range(1, 9)  # 0: left to `_Scan`
+# 0: left to `_Scan`; the last four (from _C1 on) end where their arguments say
+_FIX, _MEMO1, _STOP, _PASS, _C1, _C4, _LINE1, _LINE2 = range(1, 9)
 
 
 def _kind_of(op: int) -> tuple[int, int]:
@@ -67,8 +69,9 @@ _IS_LONG, _IS_INT_TEXT = _flags([0x8A, 0x8B]), _flags([0x49, 0x4C])
 def vector_scan(data: bytes) -> bool | None:
     """`check_opcodes`'s verdict on `data`, or None where only `_Scan` can tell."""
     codes = np.frombuffer(data, np.uint8)
+    padded = data + bytes(4)  # an argument cut off by the end reads zeros
     kind = _KIND[codes]
-    nxt, size = _next_opcodes(codes, kind)
+    nxt, size = _next_opcodes(codes, kind, padded)
     ops = _path(nxt)
     if len(ops) < 2 or kind[ops[-2]] != _STOP:  # an error, a cut-off or an opcode left over
         return None
@@ -76,36 +79,37 @@ def vector_scan(data: bytes) -> bool | None:
     code, size = codes[ops], size[ops]
     if _huge_ints(data, code, size, ops, nxt) > MAX_HUGE_INTS:
         return None
-    return _shares(codes, kind[ops], code, size, ops)
+    return _shares(padded, kind[ops], code, size, ops)
 
 
-def _le(padded: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    value = padded[pos + 1]
-    for k in range(1, width):
-        value = value | padded[pos + 1 + k] << (8 * k)
-    return value
+def _words(padded: bytes, dtype: str) -> np.ndarray:
+    """The 4-byte little-endian word (`<u4` or `<i4`) at every position of `padded` but its
+    last 4 bytes, as one strided view: a length or memo index is one gather, not four."""
+    return np.ndarray((len(padded) - 3,), dtype, padded, 0, (1,))
 
 
-def _next_opcodes(codes: np.ndarray, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _next_opcodes(
+    codes: np.ndarray, kind: np.ndarray, padded: bytes
+) -> tuple[np.ndarray, np.ndarray]:
     """For every byte position, where the next opcode starts if an opcode starts there (the
     position itself for STOP and what is left to `_Scan`), and the size `_Scan` gives it."""
     end = len(codes)
-    padded = np.zeros(end + 9, np.int64)
-    padded[:end] = codes
     nxt = np.arange(end + 1, dtype=np.intp)
     nxt[:end] += _STEP[codes]
     size = np.zeros(end, np.int64)
-    pos = np.flatnonzero(kind == _C1)
-    size[pos] = padded[pos + 1]
+    # the opcodes whose arguments say where they end (one pass over the kinds, not four)
+    varying = np.flatnonzero(kind >= _C1)
+    kinds = kind[varying]
+    pos = varying[kinds == _C1]
+    size[pos] = np.frombuffer(padded, np.uint8)[pos + 1]
     nxt[pos] += 2 + size[pos]
-    pos = np.flatnonzero(kind == _C4)
-    value = _le(padded, pos, 4)
-    size[pos] = np.where(value >= 1 << 31, value - (1 << 32), value)
+    pos = varying[kinds == _C4]
+    size[pos] = _words(padded, "<i4")[pos + 1]  # a length of 2**31 or more reads negative
     after = pos + 5 + size[pos]  # int64: a 4-byte length must not wrap an int32
     nxt[pos] = np.where(size[pos] < 0, end, after)
     newlines = np.append(np.flatnonzero(codes == 10), end)  # `end`: no newline left
     for k, lines in ((_LINE1, 1), (_LINE2, 2)):
-        pos = np.flatnonzero(kind == k)
+        pos = varying[kinds == k]
         at = np.minimum(np.searchsorted(newlines, pos + 1) + lines - 1, len(newlines) - 1)
         stop = newlines[at]
         nxt[pos] = np.where(stop < end, stop + 1, end)
@@ -117,9 +121,9 @@ def _next_opcodes(codes: np.ndarray, kind: np.ndarray) -> tuple[np.ndarray, np.n
 def _path(nxt: np.ndarray) -> np.ndarray:
     """The positions reachable from 0, in order, the last the end. Chains that do not start at
     byte 0 (inside arguments) mostly die out within a few opcodes: three rounds keep only the
-    targets of targets of targets; then pointer doubling on those (after round r, the first
-    2**r opcodes) until the last one reached is the end."""
-    end = len(nxt) - 1
+    targets of targets of targets (every kept position's next opcode is kept too); then the
+    path is followed through the kept positions (`_walk`), or found by pointer doubling
+    (`_doubling`) when too many chains survived the rounds."""
     keep = np.arange(len(nxt))
     for _ in range(3):
         target = np.zeros(len(nxt), bool)
@@ -127,12 +131,38 @@ def _path(nxt: np.ndarray) -> np.ndarray:
         target[0] = True
         keep = np.flatnonzero(target)
     jump = (np.cumsum(target) - 1)[nxt[keep]]  # from rank to rank in `keep`
+    # where the next opcode is not the next kept position: a surviving chain is skipped there
+    skips = np.flatnonzero(jump != np.arange(1, len(keep) + 1))
+    if len(skips) <= _MAX_SKIPS:
+        return keep[_walk(jump, skips.tolist())]
+    return keep[_doubling(jump, keep, len(nxt) - 1)]
+
+
+_MAX_SKIPS = 512  # beyond this many skips, a Python step each costs more than the doubling
+
+
+def _walk(jump: np.ndarray, skips: list[int]) -> np.ndarray:
+    """The ranks on the path from rank 0: a run of consecutive ranks up to the next skip,
+    then on from where that skip leads. The last rank (the end, which leads to itself) is
+    always a skip, so the walk ends there."""
+    runs, rank = [], 0
+    while True:
+        skip = skips[bisect_left(skips, rank)]
+        runs.append(np.arange(rank, skip + 1))
+        after = int(jump[skip])
+        if after <= skip:  # the end
+            return np.concatenate(runs)
+        rank = after
+
+
+def _doubling(jump: np.ndarray, keep: np.ndarray, end: int) -> np.ndarray:
+    """The ranks on the path from rank 0 by pointer doubling: after round r, the first 2**r."""
     reach = np.zeros(len(keep), bool)
     reach[0] = True
     while True:
         pos = np.flatnonzero(reach)
         if keep[pos[-1]] == end:
-            return keep[pos]
+            return pos
         reach[jump[pos]] = True
         jump = jump[jump]
 
@@ -149,16 +179,14 @@ def _huge_ints(data: bytes, code: Any, size: Any, ops: Any, nxt: Any) -> int:
     return count
 
 
-def _shares(codes: Any, kind: Any, code: Any, size: Any, ops: Any) -> bool | None:
+def _shares(padded: bytes, kind: Any, code: Any, size: Any, ops: Any) -> bool | None:
     """Whether a GET fetches a memo entry not marked shareable by its last PUT before it."""
     memo = kind == _MEMO1
     where, op = ops[memo], code[memo]
     wide = (op == 0x6A) | (op == 0x72)
-    padded = np.zeros(len(codes) + 5, np.int64)
-    padded[: len(codes)] = codes
-    index = padded[where + 1]
-    index[wide] = _le(padded, where[wide], 4)
-    if len(index) and int(index.max()) > max(len(codes), 1 << 16):
+    index = np.frombuffer(padded, np.uint8)[where + 1].astype(np.int64)
+    index[wide] = _words(padded, "<u4")[where[wide] + 1]
+    if len(index) and int(index.max()) > max(len(padded) - 4, 1 << 16):
         return None
     top = np.zeros(len(ops), bool)  # what each opcode that sets `top` sets it to
     text = (kind == _LINE1) | (kind == _LINE2)
