@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -256,8 +256,6 @@ def _write_runs_view(
     """Into `tmp`, the kept catalog `kept` with the `runs` view over the `runs` files the
     `served` manifests list and the digest of what `records` list, as `_write_catalog` makes
     them; checked as it checks a build."""
-    import duckdb
-
     shutil.copyfile(kept, tmp)
     older = any(
         step.schema_version < schema.SCHEMA_VERSION
@@ -265,24 +263,12 @@ def _write_runs_view(
         for step in record.steps.values()
     )
     sql = base_view_sql(schema.RUNS, _listed_files(store, served, schema.RUNS), older)
-    try:
-        with duckdb.connect(
-            str(tmp), config={"storage_compatibility_version": _STORAGE_VERSION}
-        ) as con:
-            con.execute(f"CREATE OR REPLACE VIEW {schema.RUNS} AS {sql}")
-            _record_listed(con, _digest_of(records))
-            con.execute("CHECKPOINT")
-        if Path(f"{tmp}.wal").exists():
-            raise LakeError(_catalog_url(store), "catalog could not be written in full")
-        with duckdb.connect(str(tmp), read_only=True) as check:
-            missing = missing_views(check)
-    except duckdb.Error as exc:
-        raise _catalog_error(store, exc) from exc
-    if missing:
-        raise LakeError(
-            _catalog_url(store),
-            f"catalog lacks views {', '.join(f'`{v}`' for v in missing)} after its build",
-        )
+
+    def fill(con: duckdb.DuckDBPyConnection) -> list[manifest.RunManifest]:
+        con.execute(f"CREATE OR REPLACE VIEW {schema.RUNS} AS {sql}")
+        return records
+
+    _fill_catalog(tmp, store, fill)
 
 
 def _catalog_url(store: Store) -> str:
@@ -375,15 +361,34 @@ def _write_catalog(
     records: list[manifest.RunManifest] | None = None,
 ) -> None:
     """Build the catalog into `tmp` from `records` (default: the manifests, read now)."""
+
+    def fill(con: duckdb.DuckDBPyConnection) -> list[manifest.RunManifest]:
+        # Read once: the views and the digest recorded agree.
+        found = manifest.load_all(store) if records is None else records
+        problems[:] = create_all_views(con, store, found)
+        return found
+
+    _fill_catalog(tmp, store, fill)
+    crash_point("catalog:built")  # built in full, not yet in place
+
+
+def _fill_catalog(
+    tmp: Path,
+    store: Store,
+    fill: Callable[[duckdb.DuckDBPyConnection], list[manifest.RunManifest]],
+) -> None:
+    """Open the catalog file `tmp`, let `fill` create its views (it returns the manifests they
+    list, whose digest the catalog records), write it whole and check it holds every view.
+
+    Raises:
+        LakeError: DuckDB failed, could not fold its log into the file, or views are missing.
+    """
     import duckdb
 
     try:
         con = duckdb.connect(str(tmp), config={"storage_compatibility_version": _STORAGE_VERSION})
         try:
-            if records is None:  # read once: the views and the digest agree
-                records = manifest.load_all(store)
-            problems[:] = create_all_views(con, store, records)
-            _record_listed(con, _digest_of(records))
+            _record_listed(con, _digest_of(fill(con)))
             con.execute("CHECKPOINT")  # write everything into the file now, errors included
         finally:
             con.close()
@@ -398,7 +403,6 @@ def _write_catalog(
             _catalog_url(store),
             f"catalog lacks views {', '.join(f'`{v}`' for v in missing)} after its build",
         )
-    crash_point("catalog:built")  # built in full, not yet in place
 
 
 def _catalog_error(store: Store, exc: Exception) -> LakeError:
