@@ -31,7 +31,7 @@ from tokenlake.processes import process_alive
 from tokenlake.serve import rollups, sql_views, user_view_check, user_views
 from tokenlake.store import manifest
 from tokenlake.store.base import Store, ViewFile
-from tokenlake.store.private_cache import cache_root, private_folder
+from tokenlake.store.private_cache import cache_root, forget_least_used, private_folder
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def keep(
     for entry in os.scandir(folder):
         if entry.name != key and _finished_with(entry.name):
             shutil.rmtree(entry.path, ignore_errors=True)
-    _forget_lakes_used_least(folder.parent)
+    forget_least_used(folder.parent, MAX_LAKES)
     return folder / key / layout.CATALOG_FILE, problems
 
 
@@ -132,16 +132,6 @@ def _finished_with(name: str) -> bool:
         return True
     pid = name[len(_BUILDING) :].partition("-")[0]
     return pid.isdigit() and not process_alive(int(pid))
-
-
-def _forget_lakes_used_least(top: Path) -> None:
-    lakes = sorted(
-        (entry for entry in os.scandir(top) if entry.is_dir(follow_symlinks=False)),
-        key=lambda entry: entry.stat(follow_symlinks=False).st_mtime_ns,
-        reverse=True,
-    )
-    for entry in lakes[MAX_LAKES:]:
-        shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def discard_unkept(path: Path) -> None:

@@ -18,6 +18,7 @@ deletes there must be what it made itself, so:
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -121,3 +122,13 @@ def _foreign(info: os.stat_result) -> str | None:
     if info.st_uid != os.getuid():
         return f"owned by uid {info.st_uid}"
     return None
+
+
+def forget_least_used(top: Path, keep: int) -> None:
+    """Delete all but the `keep` folders of `top` touched last (a lake's folder is touched
+    when it is used), never through a link."""
+    with os.scandir(top) as listed:
+        folders = [entry for entry in listed if entry.is_dir(follow_symlinks=False)]
+    folders.sort(key=lambda entry: entry.stat(follow_symlinks=False).st_mtime_ns, reverse=True)
+    for entry in folders[keep:]:
+        shutil.rmtree(entry.path, ignore_errors=True)

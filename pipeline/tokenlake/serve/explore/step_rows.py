@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import stat
 import threading
 from collections.abc import Callable, Collection, Iterator
@@ -36,7 +35,7 @@ from tokenlake import __version__, bounded
 from tokenlake.errors import CacheError, LakeError
 from tokenlake.serve import rollups
 from tokenlake.store.local import atomic_write
-from tokenlake.store.private_cache import cache_root, private_folder
+from tokenlake.store.private_cache import cache_root, forget_least_used, private_folder
 
 if TYPE_CHECKING:
     import duckdb
@@ -254,19 +253,11 @@ def lake_folder(store: Store) -> Path | None:
         top = private_folder(private_folder(cache_root(), root=True) / FOLDER)
         folder = private_folder(top / name.hexdigest())
         os.utime(folder)  # used now: the lakes used last are the ones kept
-        _forget_lakes_used_least(top)
+        forget_least_used(top, MAX_LAKES)
         return folder
     except (CacheError, OSError) as exc:
         log.info("the explorer's step rows are not kept: %s", exc)
         return None
-
-
-def _forget_lakes_used_least(top: Path) -> None:
-    with os.scandir(top) as listed:
-        lakes = [entry for entry in listed if entry.is_dir(follow_symlinks=False)]
-    lakes.sort(key=lambda entry: entry.stat(follow_symlinks=False).st_mtime_ns, reverse=True)
-    for entry in lakes[MAX_LAKES:]:
-        shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _read_file(path: Path) -> pa.Table | None:
