@@ -207,13 +207,9 @@ def _compute_steps(
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW {schema.SAMPLES} AS SELECT {keys}, {rest} FROM {_STEP_SAMPLES}"
         )
-        # The per-token terms six rollups share, computed once: the TEMP table shadows the
-        # view for every view of this connection (as the TEMP views above shadow the base views).
-        con.execute(
-            f"CREATE OR REPLACE TEMP TABLE {_DRIFT_TOKENS} AS SELECT * FROM main.{_DRIFT_TOKENS}"
-        )
+        _materialise_drift_tokens(con, run, rollout_id, together=len(steps) > 1)
         empty: frozenset[str] = frozenset()
-        if not _has_rows(con, f"temp.{_DRIFT_TOKENS}"):
+        if not _has_rows(con, f"temp.{_DRIFT_ROWS}"):
             empty |= drift_token_rollups()
         if not _has_rows(con, _TEACHER_TOKENS):  # most runs: no teacher log-probs
             empty |= teacher_token_rollups()
@@ -221,7 +217,8 @@ def _compute_steps(
             name: _rows(con, name, len(steps) > 1) for name in rollup_names() if name not in empty
         }
     finally:
-        con.execute(f"DROP TABLE IF EXISTS temp.{_DRIFT_TOKENS}")  # the steps' memory, freed
+        con.execute(f"DROP VIEW IF EXISTS temp.{_DRIFT_TOKENS}")
+        con.execute(f"DROP TABLE IF EXISTS temp.{_DRIFT_ROWS}")  # the steps' memory, freed
         con.unregister(_STEP_TOKENS)
         con.unregister(_STEP_SAMPLES)
     return [
@@ -233,6 +230,34 @@ def _compute_steps(
         }
         for step in steps
     ]
+
+
+_DRIFT_ROWS = "tokenlake_step_drift_rows"  # drift_tokens' rows of the steps, computed once
+
+
+def _materialise_drift_tokens(
+    con: duckdb.DuckDBPyConnection, run: str, rollout_id: str, together: bool
+) -> None:
+    """Compute `drift_tokens` once for the steps (the per-token terms six rollups share) into a
+    TEMP table, shadowed by a TEMP view of the same name for every view of this connection.
+
+    The table leaves out the columns that are one value for every row (`run`; `rollout_id` of
+    one step), which the view gives back as constants: storing them costs a fifth of the
+    table, and grouping by a constant instead of a column lets DuckDB group the step's rows by
+    their integer keys alone (with the table's statistics, into a perfect hash table), a third
+    of the time of the hash aggregates' grouping. Both give the same rows in the same order.
+    """
+    constant = [schema.RUN] if together else [schema.RUN, schema.ROLLOUT_ID]
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {_DRIFT_ROWS} AS"
+        f" SELECT * EXCLUDE ({', '.join(constant)}) FROM main.{_DRIFT_TOKENS}"
+    )
+    keys = f"{quote_literal(run)}::VARCHAR AS {schema.RUN}"
+    if not together:
+        keys += f", {rollout_id} AS {schema.ROLLOUT_ID}"
+    con.execute(
+        f"CREATE OR REPLACE TEMP VIEW {_DRIFT_TOKENS} AS SELECT {keys}, * FROM {_DRIFT_ROWS}"
+    )
 
 
 def _keyed(table: pa.Table, rollout_id: int) -> pa.Table:
