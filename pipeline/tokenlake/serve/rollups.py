@@ -241,11 +241,11 @@ def _materialise_drift_tokens(
     """Compute `drift_tokens` once for the steps (the per-token terms six rollups share) into a
     TEMP table, shadowed by a TEMP view of the same name for every view of this connection.
 
-    The table leaves out the columns that are one value for every row (`run`; `rollout_id` of
-    one step), which the view gives back as constants: storing them costs a fifth of the
-    table, and grouping by a constant instead of a column lets DuckDB group the step's rows by
-    their integer keys alone (with the table's statistics, into a perfect hash table), a third
-    of the time of the hash aggregates' grouping. Both give the same rows in the same order.
+    The table leaves out the columns that hold one value for every row (`run`; `rollout_id`
+    of a lone step), which the view gives back as constants: the table is smaller to write
+    (the run's strings were a fifth of it), and the rollups group and join on constant keys,
+    which DuckDB does for less (13 % fewer instructions for a bench step's rollups,
+    docs/performance.md). The rows, and their order, are the same.
     """
     constant = [schema.RUN] if together else [schema.RUN, schema.ROLLOUT_ID]
     con.execute(
