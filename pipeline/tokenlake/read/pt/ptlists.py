@@ -1,0 +1,234 @@
+"""Plain lists of numbers in a pickle, decoded straight into numpy arrays.
+
+A rollout pickle holds each sample's per-token lists (`tokens`, `loss_mask`,
+`rollout_log_probs`) as runs of BININT1/BININT2/BININT or BINFLOAT opcodes; the C unpickler
+makes one Python object of each, which a reader then turns into an array. `decode` takes the
+list starts the opcode check saw (`tokenlake.read.pt.ptcheck`: an EMPTY_LIST and its PUT, both
+real opcodes), keeps the lists of exactly the plain shape (MARK ... APPENDS chunks of numbers
+of one kind, and possibly one last item with APPEND) and decodes them as whole arrays, with the
+values the unpickler gives (BINFLOAT is the big-endian double's bits; the integers are exact).
+The pickle is rewritten with a persistent id in place of each list's EMPTY_LIST and items;
+the unpickler resolves it to a `DecodedList`, an inert placeholder that `settle` swaps for the
+list (or, where a reader asked, its `ListArray`). Anything that treats the placeholder as
+anything but a value in a container fails, and the file is then loaded the exact way
+(`tokenlake.read.pt.ptread`), so the result is always what the unpickler makes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tokenlake.read.pt.ptcheck import NODE_ITEMS, Placeholder
+from tokenlake.read.pt.ptzip import Corrupt
+from tokenlake.steptypes import ListArray
+
+# A run of one integer opcode (BININT1, BININT2, BININT); runs of BINFLOAT are counted by their
+# opcode bytes, 9 apart, in strided slices (no regex step per float).
+_INT_RUN = re.compile(rb"(?:K.)++|(?:M..)++|(?:J....)++", re.DOTALL)
+# opcode -> (width with its argument, the argument's dtype)
+_ITEMS = {0x47: (9, ">f8"), 0x4B: (2, "u1"), 0x4D: (3, "<u2"), 0x4A: (5, "<i4")}
+_INTS = frozenset({0x4B, 0x4D, 0x4A})
+MIN_ITEMS = 64  # shorter lists cost the unpickler less than their decoding
+_FLOAT_SLICE = 4096  # BINFLOATs looked at per strided slice (a chunk holds at most 1000)
+
+
+class Span(NamedTuple):
+    """One plain list: its EMPTY_LIST at `bracket`, its items from `start` (after the PUT) to
+    `end`."""
+
+    bracket: int
+    start: int
+    end: int
+
+
+class Decoded(NamedTuple):
+    """The plain lists of a pickle, and the pickle rewritten to fetch them by persistent id."""
+
+    payload: bytes
+    arrays: list[ListArray]
+
+
+def decode(data: bytes, starts: list[tuple[int, int]], nonce: bytes) -> Decoded | None:
+    """The plain lists among `starts` ((EMPTY_LIST position, position after its PUT), from
+    `ptcheck.check_opcodes`), decoded; None when there are none.
+
+    `nonce` (16 random bytes) goes into each persistent id, so that no id the file holds
+    itself can fetch a decoded list.
+    """
+    spans: list[Span] = []
+    floats: list[bool] = []
+    runs: list[tuple[int, int, int, int]] = []  # (list number, first opcode, count, opcode)
+    for bracket, start in starts:
+        found = _plain_list(data, start)
+        if found is None:
+            continue
+        end, is_float, list_runs = found
+        runs.extend((len(spans), *run) for run in list_runs)
+        spans.append(Span(bracket, start, end))
+        floats.append(is_float)
+    if not spans:
+        return None
+    return Decoded(_rewrite(data, spans, nonce), _arrays(data, runs, floats))
+
+
+def _plain_list(data: bytes, start: int) -> tuple[int, bool, list[tuple[int, int, int]]] | None:
+    """(end, whether floats, its runs (first opcode, count, opcode)) of a plain list of at
+    least MIN_ITEMS numbers of one kind whose items start at `start` (after its PUT), else
+    None. The list's items are chunks of MARK, numbers, APPENDS; a last single number may come
+    with APPEND. Each opcode's first byte gives its width, so the walk follows the real
+    opcodes from the list's start."""
+    size = len(data)
+    if start + 1 >= size or data[start] != 0x28:  # MARK
+        return None
+    is_float = data[start + 1] == 0x47
+    runs: list[tuple[int, int, int]] = []
+    pos = start
+    while pos + 1 < size and data[pos] == 0x28 and (data[pos + 1] == 0x47) == is_float:
+        after = _floats(data, pos + 1, runs) if is_float else _ints(data, pos + 1, runs)
+        if after == pos + 1 or after >= size or data[after] != 0x65:  # APPENDS
+            return None
+        pos = after + 1
+    if pos + 1 < size and data[pos] in _ITEMS and (data[pos] == 0x47) == is_float:
+        after = _floats(data, pos, runs, 1) if is_float else _ints(data, pos, runs, 1)
+        if after == pos or after >= size or data[after] != 0x61:  # one item, then APPEND
+            return None
+        pos = after + 1
+    if pos >= size or data[pos] in _ITEMS or data[pos] == 0x28:  # more items: not one kind
+        return None
+    if sum(count for _, count, _ in runs) < MIN_ITEMS:
+        return None
+    return pos, is_float, runs
+
+
+def _floats(data: bytes, pos: int, runs: list[tuple[int, int, int]], most: int = 0) -> int:
+    """The end of the BINFLOATs in a row at `pos` (at most `most`, if given), noted in `runs`."""
+    first, count, size = pos, _FLOAT_SLICE, len(data)
+    while True:
+        count = min((size - pos) // 9, count)
+        found = count - len(data[pos : pos + 9 * count : 9].lstrip(b"G"))
+        pos += 9 * found
+        if found < count or not found:
+            break
+    if most and pos - first > 9 * most:
+        pos = first + 9 * most
+    if pos > first:
+        runs.append((first, (pos - first) // 9, 0x47))
+    return pos
+
+
+def _ints(data: bytes, pos: int, runs: list[tuple[int, int, int]], most: int = 0) -> int:
+    """The end of the integer opcodes in a row at `pos` (at most `most` opcodes, if given),
+    noted in `runs` as runs of one opcode."""
+    match, width = _INT_RUN.match, _ITEMS
+    while True:
+        found = match(data, pos)
+        if found is None:
+            return pos
+        end = found.end()
+        op = data[pos]
+        count = (end - pos) // width[op][0]
+        if most:
+            count = min(count, most)
+            end = pos + count * width[op][0]
+        runs.append((pos, count, op))
+        if most:
+            return end
+        pos = end
+
+
+def _rewrite(data: bytes, spans: list[Span], nonce: bytes) -> bytes:
+    """The pickle with each list's EMPTY_LIST replaced by SHORT_BINBYTES(nonce + number) and
+    BINPERSID, its PUT kept (so the memo holds what the list was), and its items dropped."""
+    parts, at = [], 0
+    for number, span in enumerate(spans):
+        pid = nonce + number.to_bytes(4, "little")
+        parts += [data[at : span.bracket], b"C", bytes([len(pid)]), pid, b"Q"]
+        parts.append(data[span.bracket + 1 : span.start])
+        at = span.end
+    parts.append(data[at:])
+    return b"".join(parts)
+
+
+def _arrays(
+    data: bytes, runs: list[tuple[int, int, int, int]], floats: list[bool]
+) -> list[ListArray]:
+    """Each list's values, int64 or float64 (what `np.array` makes of the unpickled list)."""
+    table = np.array(runs, dtype=np.int64).reshape(-1, 4)
+    owner, first, count, op = table.T
+    sizes = np.bincount(owner, weights=count, minlength=len(floats)).astype(np.int64)
+    is_float = np.array(floats, bool)
+    out = {
+        kind: np.empty(int(sizes[is_float == kind].sum()), np.float64 if kind else np.int64)
+        for kind in (True, False)
+    }
+    # where each list starts within the output of its kind, and each run within its list
+    list_at = np.zeros(len(floats), np.int64)
+    for kind in (True, False):
+        chosen = is_float == kind
+        list_at[chosen] = np.cumsum(sizes[chosen]) - sizes[chosen]
+    run_at = list_at[owner] + _exclusive_cumsum_within(owner, count)
+    for code, (width, dtype) in _ITEMS.items():
+        chosen = op == code
+        if not chosen.any():
+            continue
+        counts = count[chosen]
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        where = np.repeat(first[chosen] + 1, counts) + width * within
+        itemsize = np.dtype(dtype).itemsize
+        view = np.ndarray((len(data) - itemsize + 1,), dtype, data, 0, (1,))
+        out[code == 0x47][np.repeat(run_at[chosen], counts) + within] = view[where]
+    arrays: list[ListArray] = []
+    taken = {True: 0, False: 0}
+    for size, kind in zip(sizes.tolist(), floats, strict=True):
+        arrays.append(out[kind][taken[kind] : taken[kind] + size].view(ListArray))
+        taken[kind] += size
+    return arrays
+
+
+def _exclusive_cumsum_within(owner: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """For runs in list order, how many items the runs before each one in its list hold."""
+    total = np.cumsum(count) - count
+    list_first = np.zeros(int(owner.max()) + 1, np.int64)
+    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    list_first[owner[starts]] = total[starts]
+    return total - list_first[owner]
+
+
+class DecodedList(Placeholder):
+    """What the unpickler holds for a decoded list: inert (no items, no hash, no attributes a
+    pickle could set), so any opcode that would use or change the list fails, and the file is
+    loaded the exact way. `settle` swaps it for the list, or its array if a reader kept it."""
+
+    __slots__ = ("array", "as_array")
+    array: ListArray
+    as_array: bool  # whether `settle` gives the array (a reader asked), else the list
+    __hash__ = None  # type: ignore[assignment]  # a list is no dict key either
+
+    def __init__(self, array: ListArray) -> None:
+        object.__setattr__(self, "array", array)
+        object.__setattr__(self, "as_array", False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise Corrupt("its pickle sets an attribute of a list")
+
+    def keep_array(self) -> None:
+        object.__setattr__(self, "as_array", True)
+
+    def final(self) -> Any:
+        return self.array if self.as_array else self.array.tolist()
+
+    def weight(self, value: Any) -> int:
+        return len(self.array) + NODE_ITEMS  # what `settle` weighs the list itself at
+
+
+def placeholder(decoded: Decoded, nonce: bytes, pid: bytes) -> DecodedList:
+    """The list a persistent id of `_rewrite` names; any other bytes id is corrupt."""
+    if len(pid) != len(nonce) + 4 or pid[: len(nonce)] != nonce:
+        raise Corrupt("its pickle holds an unknown persistent id (a `bytes`)")
+    number = int.from_bytes(pid[len(nonce) :], "little")
+    if number >= len(decoded.arrays):
+        raise Corrupt("its pickle holds an unknown persistent id (a `bytes`)")
+    return DecodedList(decoded.arrays[number])
