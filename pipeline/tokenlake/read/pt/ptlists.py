@@ -17,6 +17,7 @@ anything but a value in a container fails, and the file is then loaded the exact
 from __future__ import annotations
 
 import re
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -31,6 +32,7 @@ _INT_RUN = re.compile(rb"(?:K.)++|(?:M..)++|(?:J....)++", re.DOTALL)
 # opcode -> (width with its argument, the argument's dtype)
 _ITEMS = {0x47: (9, ">f8"), 0x4B: (2, "u1"), 0x4D: (3, "<u2"), 0x4A: (5, "<i4")}
 _INTS = frozenset({0x4B, 0x4D, 0x4A})
+_COUNT = itemgetter(1)  # of a run (first opcode, count, opcode)
 MIN_ITEMS = 64  # shorter lists cost the unpickler less than their decoding
 _FLOAT_SLICE = 4096  # BINFLOATs looked at per strided slice (a chunk holds at most 1000)
 
@@ -59,24 +61,27 @@ def decode(data: bytes, starts: list[tuple[int, int]], nonce: bytes) -> Decoded 
     itself can fetch a decoded list.
     """
     spans: list[Span] = []
-    floats: list[bool] = []
-    runs: list[tuple[int, int, int, int]] = []  # (list number, first opcode, count, opcode)
+    arrays: list[ListArray] = []
+    ints = _IntRuns()
     for bracket, start in starts:
-        found = _plain_list(data, start)
-        if found is None:
+        runs: list[tuple[int, int, int]] = []
+        end = _plain_list(data, start, runs)
+        if end is None:
             continue
-        end, is_float, list_runs = found
-        runs.extend((len(spans), *run) for run in list_runs)
         spans.append(Span(bracket, start, end))
-        floats.append(is_float)
+        if runs[0][2] == 0x47:
+            arrays.append(_float_array(data, runs))
+        else:
+            arrays.append(ints.add(runs))
     if not spans:
         return None
-    return Decoded(_rewrite(data, spans, nonce), _arrays(data, runs, floats))
+    ints.fill(data)
+    return Decoded(_rewrite(data, spans, nonce), arrays)
 
 
-def _plain_list(data: bytes, start: int) -> tuple[int, bool, list[tuple[int, int, int]]] | None:
-    """(end, whether floats, its runs (first opcode, count, opcode)) of a plain list of at
-    least MIN_ITEMS numbers of one kind whose items start at `start` (after its PUT), else
+def _plain_list(data: bytes, start: int, runs: list[tuple[int, int, int]]) -> int | None:
+    """The end of a plain list of at least MIN_ITEMS numbers of one kind whose items start at
+    `start` (after its PUT), its runs (first opcode, count, opcode) noted in `runs`; else
     None. The list's items are chunks of MARK, numbers, APPENDS; a last single number may come
     with APPEND. Each opcode's first byte gives its width, so the walk follows the real
     opcodes from the list's start."""
@@ -84,7 +89,6 @@ def _plain_list(data: bytes, start: int) -> tuple[int, bool, list[tuple[int, int
     if start + 1 >= size or data[start] != 0x28:  # MARK
         return None
     is_float = data[start + 1] == 0x47
-    runs: list[tuple[int, int, int]] = []
     pos = start
     while pos + 1 < size and data[pos] == 0x28 and (data[pos + 1] == 0x47) == is_float:
         after = _floats(data, pos + 1, runs) if is_float else _ints(data, pos + 1, runs)
@@ -98,9 +102,9 @@ def _plain_list(data: bytes, start: int) -> tuple[int, bool, list[tuple[int, int
         pos = after + 1
     if pos >= size or data[pos] in _ITEMS or data[pos] == 0x28:  # more items: not one kind
         return None
-    if sum(count for _, count, _ in runs) < MIN_ITEMS:
+    if sum(map(_COUNT, runs)) < MIN_ITEMS:
         return None
-    return pos, is_float, runs
+    return pos
 
 
 def _floats(data: bytes, pos: int, runs: list[tuple[int, int, int]], most: int = 0) -> int:
@@ -152,76 +156,75 @@ def _rewrite(data: bytes, spans: list[Span], nonce: bytes) -> bytes:
     return b"".join(parts)
 
 
-def _arrays(
-    data: bytes, runs: list[tuple[int, int, int, int]], floats: list[bool]
-) -> list[ListArray]:
-    """Each list's values, int64 or float64 (what `np.array` makes of the unpickled list)."""
-    table = np.array(runs, dtype=np.int64).reshape(-1, 4)
-    owner, first, count, op = table.T
-    sizes = np.bincount(owner, weights=count, minlength=len(floats)).astype(np.int64)
-    is_float = np.array(floats, bool)
-    out = {
-        kind: np.empty(int(sizes[is_float == kind].sum()), np.float64 if kind else np.int64)
-        for kind in (True, False)
-    }
-    # where each list starts within the output of its kind, and each run within its list
-    list_at = np.zeros(len(floats), np.int64)
-    for kind in (True, False):
-        chosen = is_float == kind
-        list_at[chosen] = np.cumsum(sizes[chosen]) - sizes[chosen]
-    run_at = list_at[owner] + _exclusive_cumsum_within(owner, count)
-    for code, (width, dtype) in _ITEMS.items():
-        chosen = op == code
-        if not chosen.any():
-            continue
-        counts = count[chosen]
-        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        where = np.repeat(first[chosen] + 1, counts) + width * within
-        itemsize = np.dtype(dtype).itemsize
-        view = np.ndarray((len(data) - itemsize + 1,), dtype, data, 0, (1,))
-        out[code == 0x47][np.repeat(run_at[chosen], counts) + within] = view[where]
-    arrays: list[ListArray] = []
-    taken = {True: 0, False: 0}
-    for size, kind in zip(sizes.tolist(), floats, strict=True):
-        arrays.append(out[kind][taken[kind] : taken[kind] + size].view(ListArray))
-        taken[kind] += size
-    return arrays
+def _float_array(data: bytes, runs: list[tuple[int, int, int]]) -> ListArray:
+    """A list of BINFLOATs as float64: each run's 8-byte big-endian arguments, 9 bytes apart,
+    copied from one strided view (the bits the unpickler reads, NaN payloads included)."""
+    doubles = np.ndarray((len(data) - 7,), ">f8", data, 0, (1,))
+    out = np.empty(sum(map(_COUNT, runs)), np.float64)
+    at = 0
+    for first, count, _ in runs:
+        out[at : at + count] = doubles[first + 1 : first + 1 + 9 * count : 9]
+        at += count
+    return out.view(ListArray)
 
 
-def _exclusive_cumsum_within(owner: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """For runs in list order, how many items the runs before each one in its list hold."""
-    total = np.cumsum(count) - count
-    list_first = np.zeros(int(owner.max()) + 1, np.int64)
-    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
-    list_first[owner[starts]] = total[starts]
-    return total - list_first[owner]
+class _IntRuns:
+    """The integer lists of a pickle, decoded together: one gather for all their numbers."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[int, int, int]] = []
+        self.out = np.empty(0, np.int64)
+        self.lists: list[tuple[ListArray, int, int]] = []  # (array to fill, first run, end)
+
+    def add(self, runs: list[tuple[int, int, int]]) -> ListArray:
+        """An array for one list, filled by `fill`."""
+        array = np.empty(sum(map(_COUNT, runs)), np.int64).view(ListArray)
+        self.lists.append((array, len(self.runs), len(self.runs) + len(runs)))
+        self.runs.extend(runs)
+        return array
+
+    def fill(self, data: bytes) -> None:
+        if not self.runs:
+            return
+        first, count, op = np.array(self.runs, np.int64).T
+        total = int(count.sum())
+        width = np.select([op == 0x4B, op == 0x4D], [2, 3], 5)
+        run_at = np.cumsum(count) - count  # each run's first number among all
+        where = np.repeat(first + 1 - width * run_at, count)
+        where += np.repeat(width, count) * np.arange(total)  # each number's argument
+        ops = np.repeat(op.astype(np.uint8), count)
+        values = np.empty(total, np.int64)
+        for code, (_, dtype) in _ITEMS.items():
+            chosen = ops == code
+            if code != 0x47 and chosen.any():
+                view = np.ndarray((len(data) - np.dtype(dtype).itemsize + 1,), dtype, data, 0, (1,))
+                values[chosen] = view[where[chosen]]
+        for array, start, end in self.lists:
+            a, b = int(run_at[start]), int(run_at[end - 1] + count[end - 1])
+            array[:] = values[a:b]
 
 
 class DecodedList(Placeholder):
     """What the unpickler holds for a decoded list: inert (no items, no hash, no attributes a
     pickle could set), so any opcode that would use or change the list fails, and the file is
-    loaded the exact way. `settle` swaps it for the list, or its array if a reader kept it."""
+    loaded the exact way. A reader's `arrays_under` takes its array (`ptread`); `settle`
+    swaps any other for the list."""
 
-    __slots__ = ("array", "as_array")
+    __slots__ = ("array",)
     array: ListArray
-    as_array: bool  # whether `settle` gives the array (a reader asked), else the list
     __hash__ = None  # type: ignore[assignment]  # a list is no dict key either
 
     def __init__(self, array: ListArray) -> None:
         object.__setattr__(self, "array", array)
-        object.__setattr__(self, "as_array", False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise Corrupt("its pickle sets an attribute of a list")
 
-    def keep_array(self) -> None:
-        object.__setattr__(self, "as_array", True)
-
     def final(self) -> Any:
-        return self.array if self.as_array else self.array.tolist()
+        return self.array.tolist()
 
     def weight(self, value: Any) -> int:
-        return len(self.array) + NODE_ITEMS  # what `settle` weighs the list itself at
+        return len(value) + NODE_ITEMS  # what `settle` weighs the list itself at
 
 
 def placeholder(decoded: Decoded, nonce: bytes, pid: bytes) -> DecodedList:

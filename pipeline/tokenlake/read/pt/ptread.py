@@ -177,25 +177,32 @@ def _unpickle_decoded(
     if decoded is None:
         return _FAILED
     try:
-        value = _RestrictedUnpickler(_stream(decoded.payload), archive, (decoded, nonce)).load()
-        _keep_arrays(value, arrays_under)
-        return settle(value, len(archive.buf))
+        unpickler = _RestrictedUnpickler(_stream(decoded.payload), archive, (decoded, nonce))
+        value = unpickler.load()
+        placed = _place_arrays(value, arrays_under)
+        if placed < len(decoded.arrays) or unpickler.numpy:  # lists elsewhere: as lists
+            value = settle(value, len(archive.buf))
+        return value
     except Exception:  # the exact load reports it, with the unpickler's own words
         return _FAILED
 
 
-def _keep_arrays(value: Any, arrays_under: ArraysUnder) -> None:
-    """Mark the decoded lists at value[list_key][i][key] to stay arrays."""
+def _place_arrays(value: Any, arrays_under: ArraysUnder) -> int:
+    """Put the arrays of the decoded lists at value[list_key][i][key] in their place; how
+    many. (The pickle shares no container, so each list is in that one place only.)"""
     list_key, keys = arrays_under
     items = value.get(list_key) if type(value) is dict else None
     if type(items) is not list:
-        return
+        return 0
+    placed = 0
     for item in items:
         if type(item) is dict:
             for key in keys:
                 found = item.get(key)
                 if type(found) is DecodedList:
-                    found.keep_array()
+                    item[key] = found.array
+                    placed += 1
+    return placed
 
 
 def _stat(path: Path) -> os.stat_result:
