@@ -24,7 +24,7 @@ from tests.read.test_ptread_layouts import LAYOUTS
 from tokenlake.errors import PipelineError
 from tokenlake.generator import synth
 from tokenlake.read import validate
-from tokenlake.read.pt import ptread
+from tokenlake.read.pt import ptcheck, ptlists, ptread, ptzip
 from tokenlake.steptypes import ListArray
 
 KEYS = ("samples", frozenset({"tokens", "loss_mask", "rollout_log_probs"}))
@@ -254,3 +254,29 @@ def test_a_decoded_list_validates_to_the_lists_arrays(tmp_path: Path) -> None:
     for field in ("tokens", "loss_mask", "rollout_log_probs"):
         a, b = getattr(got, field), getattr(want, field)
         assert type(a) is np.ndarray and (a.dtype, a.tobytes()) == (b.dtype, b.tobytes())
+
+
+# --- the opcode check's verdicts, stepping over the lists or not ------------------------------
+
+
+def _verdict(data: bytes, lists: ptlists.Finder | None) -> Any:
+    try:
+        return ptcheck.check_opcodes(data, lists)
+    except ptzip.Corrupt as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_opcode_check_gives_the_same_verdicts_when_it_steps_over_the_lists(seed: int) -> None:
+    rng = random.Random(seed)
+    base = pickle.dumps(_rollout(random.Random(seed)), protocol=2)
+    stepped = 0
+    for _ in range(100):
+        data = bytearray(base)
+        for _ in range(rng.randrange(0, 4)):
+            at = rng.randrange(2, len(data))
+            data[at] = rng.choice([*b"aesubt20hqr(\x85\x95GKMJX]", rng.randrange(256)])
+        finder = ptlists.Finder(bytes(data))
+        assert _verdict(bytes(data), finder) == _verdict(bytes(data), None)
+        stepped += len(finder.spans)
+    assert stepped > 0

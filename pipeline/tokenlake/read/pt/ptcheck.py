@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from dataclasses import is_dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -65,13 +65,24 @@ _COUNTED8 = {0x8D, 0x8E, 0x96, 0x95}  # BINUNICODE8, BINBYTES8, BYTEARRAY8, FRAM
 VECTOR_MAX = 1 << 20  # its pass takes ~40 bytes per pickle byte for a moment
 
 
-def check_opcodes(payload: Any, lists: list[tuple[int, int]] | None = None) -> bool:
+class ListHook(Protocol):
+    """What the scan tells about lists (`tokenlake.read.pt.ptlists.Finder`)."""
+
+    framed: bool  # set when the pickle has a FRAME opcode
+
+    def at(self, bracket: int, start: int) -> int:
+        """At an EMPTY_LIST (at `bracket`) whose PUT ends at `start`: where the list's run of
+        number opcodes (and their MARK, APPENDS, APPEND) ends, or `start`."""
+        ...
+
+
+def check_opcodes(payload: Any, lists: ListHook | None = None) -> bool:
     """Refuse a pickle whose opcodes would allocate beyond the pickle's own size.
 
     With `lists` (a rollout's pickle: numbers, not tensor metadata), the exact scan runs and
-    also appends to it where each list starts that is an EMPTY_LIST followed by a PUT ((its
-    position, the position after the PUT)), for `tokenlake.read.pt.ptlists`; it is left
-    empty when the pickle has FRAME opcodes (their lengths would not survive a rewrite).
+    calls `lists.at` at each EMPTY_LIST followed by a PUT; it steps over the numbers `at`
+    says the list holds (fixed-size opcodes that push nothing shareable: the verdict is the
+    same), and sets `lists.framed` if the pickle has FRAME opcodes.
 
     Returns:
         Whether the pickle references a container, array or long string more than once
@@ -87,24 +98,24 @@ def check_opcodes(payload: Any, lists: list[tuple[int, int]] | None = None) -> b
         verdict = vector_scan(data)
         if verdict is not None:
             return verdict
-    scan = _Scan(data)
+    scan = _Scan(data, lists)
     shares = scan.run()
-    if lists is not None and not scan.framed:
-        lists.extend(scan.lists)
+    if lists is not None:
+        lists.framed = scan.framed
     return shares
 
 
 class _Scan:
     """One pass over the opcodes; remembers which memo entries are safe to share."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, lists: ListHook | None = None) -> None:
         self.data, self.end = data, len(data)
         self.atom: dict[int, bool] = {}  # memo index -> shareable
         self.top = False  # whether the object the last opcode pushed is shareable
         self.shares = False
         self.huge_ints = 0
         self.limit = max(self.end, 1 << 16)  # the largest memo index allowed
-        self.lists: list[tuple[int, int]] = []  # (EMPTY_LIST, after its PUT)
+        self.lists = lists
         self.framed = False
 
     def run(self) -> bool:
@@ -136,8 +147,10 @@ class _Scan:
                     shares |= not top
                 else:
                     atom[index] = top
-                    if single == pos - 1 and data[single] == 0x5D:  # EMPTY_LIST, then its PUT
-                        lists.append((single, pos + 1 + size))
+                    if lists is not None and single == pos - 1 and data[single] == 0x5D:
+                        pos = lists.at(single, pos + 1 + size)  # EMPTY_LIST, then its PUT
+                        top = False  # what a run of numbers leaves
+                        continue
                 pos += 1 + size
             elif op == 0x2E:  # STOP: anything after it is never read
                 break

@@ -2,10 +2,11 @@
 
 A rollout pickle holds each sample's per-token lists (`tokens`, `loss_mask`,
 `rollout_log_probs`) as runs of BININT1/BININT2/BININT or BINFLOAT opcodes; the C unpickler
-makes one Python object of each, which a reader then turns into an array. `decode` takes the
-list starts the opcode check saw (`tokenlake.read.pt.ptcheck`: an EMPTY_LIST and its PUT, both
-real opcodes), keeps the lists of exactly the plain shape (MARK ... APPENDS chunks of numbers
-of one kind, and possibly one last item with APPEND) and decodes them as whole arrays, with the
+makes one Python object of each, which a reader then turns into an array. The opcode check
+(`tokenlake.read.pt.ptcheck`) asks a `Finder` at each list start it meets (an EMPTY_LIST and
+its PUT, both real opcodes); it keeps the lists of exactly the plain shape (MARK ... APPENDS chunks of numbers
+of one kind, and possibly one last item with APPEND), whose numbers the check then steps
+over, and `decode` decodes them as whole arrays, with the
 values the unpickler gives (BINFLOAT is the big-endian double's bits; the integers are exact).
 The pickle is rewritten with a persistent id in place of each list's EMPTY_LIST and items;
 the unpickler resolves it to a `DecodedList`, an inert placeholder that `settle` swaps for the
@@ -53,30 +54,40 @@ class Decoded(NamedTuple):
     arrays: list[ListArray]
 
 
-def decode(data: bytes, starts: list[tuple[int, int]], nonce: bytes) -> Decoded | None:
-    """The plain lists among `starts` ((EMPTY_LIST position, position after its PUT), from
-    `ptcheck.check_opcodes`), decoded; None when there are none.
+class Finder:
+    """The plain lists of one pickle, as the opcode check meets them (`ptcheck.ListHook`)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.framed = False
+        self.spans: list[Span] = []
+        self.runs: list[list[tuple[int, int, int]]] = []  # each list's (first, count, opcode)
+
+    def at(self, bracket: int, start: int) -> int:
+        """Note a plain list whose items start at `start`; where its items end (else `start`)."""
+        runs: list[tuple[int, int, int]] = []
+        end = _plain_list(self.data, start, runs)
+        if end is None:
+            return start
+        self.spans.append(Span(bracket, start, end))
+        self.runs.append(runs)
+        return end
+
+
+def decode(finder: Finder, nonce: bytes) -> Decoded | None:
+    """The plain lists the opcode check found, decoded, and the pickle rewritten to fetch each
+    by a persistent id; None when there are none (or FRAME lengths forbid a rewrite).
 
     `nonce` (16 random bytes) goes into each persistent id, so that no id the file holds
     itself can fetch a decoded list.
     """
-    spans: list[Span] = []
-    arrays: list[ListArray] = []
-    ints = _IntRuns()
-    for bracket, start in starts:
-        runs: list[tuple[int, int, int]] = []
-        end = _plain_list(data, start, runs)
-        if end is None:
-            continue
-        spans.append(Span(bracket, start, end))
-        if runs[0][2] == 0x47:
-            arrays.append(_float_array(data, runs))
-        else:
-            arrays.append(ints.add(runs))
-    if not spans:
+    if not finder.spans or finder.framed:
         return None
+    data, arrays, ints = finder.data, [], _IntRuns()
+    for runs in finder.runs:
+        arrays.append(_float_array(data, runs) if runs[0][2] == 0x47 else ints.add(runs))
     ints.fill(data)
-    return Decoded(_rewrite(data, spans, nonce), arrays)
+    return Decoded(_rewrite(data, finder.spans, nonce), arrays)
 
 
 def _plain_list(data: bytes, start: int, runs: list[tuple[int, int, int]]) -> int | None:

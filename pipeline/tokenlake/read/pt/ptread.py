@@ -42,7 +42,7 @@ from tokenlake.errors import (
 )
 from tokenlake.read.pt.ptcheck import budget_of, check_opcodes, settle
 from tokenlake.read.pt.ptglobals import ALLOWED, Forbidden
-from tokenlake.read.pt.ptlists import Decoded, DecodedList, decode, placeholder
+from tokenlake.read.pt.ptlists import Decoded, DecodedList, Finder, decode, placeholder
 from tokenlake.read.pt.pttensor import (
     Rebuild,
     TorchDType,
@@ -146,10 +146,10 @@ _FAILED = object()  # the fast load did not apply
 def _unpickle(archive: Archive, arrays_under: ArraysUnder | None = None) -> Any:
     """Unpickle `data.pkl` of an opened archive, within the bounds of `tokenlake.read.pt.ptcheck`."""
     payload = bytes(entry_bytes(archive, archive.prefix + "data.pkl"))
-    lists: list[tuple[int, int]] = []
-    shares = check_opcodes(payload, lists if arrays_under is not None else None)
-    if lists and not shares and arrays_under is not None:
-        value = _unpickle_decoded(archive, payload, lists, arrays_under)
+    lists = Finder(payload) if arrays_under is not None else None
+    shares = check_opcodes(payload, lists)
+    if lists is not None and arrays_under is not None and not shares:
+        value = _unpickle_decoded(archive, lists, arrays_under)
         if value is not _FAILED:
             return value
     unpickler = _RestrictedUnpickler(_stream(payload), archive)
@@ -165,15 +165,13 @@ def _stream(payload: bytes) -> io.BufferedReader:
     return io.BufferedReader(io.BytesIO(payload), buffer_size=1 << 20)
 
 
-def _unpickle_decoded(
-    archive: Archive, payload: bytes, lists: list[tuple[int, int]], arrays_under: ArraysUnder
-) -> Any:
+def _unpickle_decoded(archive: Archive, lists: Finder, arrays_under: ArraysUnder) -> Any:
     """The value with its plain lists of numbers decoded as whole arrays
     (`tokenlake.read.pt.ptlists`), or `_FAILED`: no such list, or the pickle used one as
     anything but a value (the exact load then gives the value, or the error, the unpickler
     gives). Only for pickles that share no container: a list is then in one place only."""
     nonce = secrets.token_bytes(16)
-    decoded = decode(payload, lists, nonce)
+    decoded = decode(lists, nonce)
     if decoded is None:
         return _FAILED
     try:
