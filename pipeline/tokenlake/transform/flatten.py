@@ -236,32 +236,31 @@ def version_columns(
     """`token_version` and `token_staleness` of the step's rows: each sample's version codes
     mapped onto one step-wide list of versions, then taken from it (no loop per token)."""
     names: dict[str, int] = {}
-    own_codes: list[np.ndarray] = []  # each sample's codes, or -1 on a sample without versions
-    local: list[int] = []  # step code of each sample's names, the samples' lists end to end
-    bases = np.zeros(len(parts), dtype=np.int64)  # where each sample's names start in `local`
+    # The step code of each sample's names, the samples' lists end to end, each list after a
+    # -1 that its sample's code -1 (no version) lands on; `bases`: where each list starts.
+    local: list[int] = [-1]
+    bases = np.ones(len(parts), dtype=np.int64)  # a sample without versions: codes all -1
+    own_codes: list[np.ndarray] = []
     for number, part in enumerate(parts):
         versions = part.versions
         if versions is not None and versions.names:
-            bases[number] = len(local)
-            local += [names.setdefault(v, len(names)) for v in versions.names]
+            bases[number] = len(local) + 1
+            local += [-1, *(names.setdefault(v, len(names)) for v in versions.names)]
             own_codes.append(versions.codes)
         else:
             own_codes.append(np.full(len(part.token_ids), -1, dtype=np.int32))
     if not names:
         return pa.nulls(total, pa.string()), pa.nulls(total, pa.int64())
     lengths = np.fromiter((len(p.token_ids) for p in parts), dtype=np.int64, count=len(parts))
-    own = np.concatenate(own_codes).astype(np.int64)  # R codes a sample (`per_token`)
-    at = np.repeat(bases, lengths) + np.maximum(own, 0)
-    codes = np.where(own >= 0, np.asarray(local, dtype=np.int64)[at], -1)
-    version = pa.array(list(names), pa.string()).take(pa.array(codes, mask=codes < 0))
+    step_codes = np.array(local, dtype=np.int64)
+    step_codes[step_codes < 0] = len(names)  # the NULL after the step's versions, below
+    # R codes a sample (`weight_versions.per_token`), each offset into its sample's list
+    codes = step_codes[np.repeat(bases, lengths) + np.concatenate(own_codes)]
+    index = pa.array(codes)
     numbers = [weight_versions.numeric(v) for v in names]
-    known = np.array([rollout_id is not None and n is not None for n in numbers], dtype=bool)
-    lag = np.array(
-        [rollout_id - n if rollout_id is not None and n is not None else 0 for n in numbers],
-        dtype=np.int64,
-    )
-    safe = np.maximum(codes, 0)
-    return version, _with_validity(lag[safe], (codes >= 0) & known[safe])
+    lag = [None if rollout_id is None or n is None else rollout_id - n for n in numbers]
+    version = pa.array([*names, None], pa.string()).take(index)
+    return version, pa.array([*lag, None], pa.int64()).take(index)
 
 
 def turn_index_column(loss_mask: pa.Array, starts: np.ndarray) -> pa.Array:
