@@ -18,6 +18,7 @@ anything but a value in a container fails, and the file is then loaded the exact
 from __future__ import annotations
 
 import re
+from itertools import chain
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -170,7 +171,7 @@ def _rewrite(data: bytes, spans: list[Span], nonce: bytes) -> bytes:
 def _float_array(data: bytes, runs: list[tuple[int, int, int]]) -> ListArray:
     """A list of BINFLOATs as float64: each run's 8-byte big-endian arguments, 9 bytes apart,
     copied from one strided view (the bits the unpickler reads, NaN payloads included)."""
-    doubles = np.ndarray((len(data) - 7,), ">f8", data, 0, (1,))
+    doubles = _view(data, ">f8")
     out = np.empty(sum(map(_COUNT, runs)), np.float64)
     at = 0
     for first, count, _ in runs:
@@ -197,22 +198,33 @@ class _IntRuns:
     def fill(self, data: bytes) -> None:
         if not self.runs:
             return
-        first, count, op = np.array(self.runs, np.int64).T
+        flat = np.fromiter(chain.from_iterable(self.runs), np.int64, 3 * len(self.runs))
+        first, count, op = flat.reshape(-1, 3).T
         total = int(count.sum())
         width = np.select([op == 0x4B, op == 0x4D], [2, 3], 5)
         run_at = np.cumsum(count) - count  # each run's first number among all
         where = np.repeat(first + 1 - width * run_at, count)
         where += np.repeat(width, count) * np.arange(total)  # each number's argument
-        ops = np.repeat(op.astype(np.uint8), count)
         values = np.empty(total, np.int64)
-        for code, (_, dtype) in _ITEMS.items():
-            chosen = ops == code
-            if code != 0x47 and chosen.any():
-                view = np.ndarray((len(data) - np.dtype(dtype).itemsize + 1,), dtype, data, 0, (1,))
-                values[chosen] = view[where[chosen]]
+        values[:] = _view(data, "<u2")[where]  # BININT2s (most token ids); the rest below
+        for code in (0x4B, 0x4A):
+            chosen = op == code
+            if chosen.any():
+                items = _numbers_of(run_at[chosen], count[chosen])
+                values[items] = _view(data, _ITEMS[code][1])[where[items]]
         for array, start, end in self.lists:
             a, b = int(run_at[start]), int(run_at[end - 1] + count[end - 1])
             array[:] = values[a:b]
+
+
+def _view(data: bytes, dtype: str) -> np.ndarray:
+    """The `dtype` number starting at every byte of `data` (one strided view, no copy)."""
+    return np.ndarray((len(data) - np.dtype(dtype).itemsize + 1,), dtype, data, 0, (1,))
+
+
+def _numbers_of(run_at: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The indexes of the numbers of some runs (their first index, their count)."""
+    return np.repeat(run_at - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))
 
 
 class DecodedList(Placeholder):
