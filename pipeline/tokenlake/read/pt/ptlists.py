@@ -36,6 +36,9 @@ _ITEMS = {0x47: (9, ">f8"), 0x4B: (2, "u1"), 0x4D: (3, "<u2"), 0x4A: (5, "<i4")}
 _INTS = frozenset({0x4B, 0x4D, 0x4A})
 _COUNT = itemgetter(1)  # of a run (first opcode, count, opcode)
 MIN_ITEMS = 64  # shorter lists cost the unpickler less than their decoding
+# A list whose runs of one integer opcode average under _RUN_BYTES bytes (8 BININT2s) is left to
+# the unpickler, decided after _FEW_RUNS runs of a chunk.
+_RUN_BYTES, _FEW_RUNS = 24, 16
 _FLOAT_SLICE = 4096  # BINFLOATs looked at per strided slice (a chunk holds at most 1000)
 
 
@@ -104,7 +107,7 @@ def _plain_list(data: bytes, start: int, runs: list[tuple[int, int, int]]) -> in
     pos = start
     while pos + 1 < size and data[pos] == 0x28 and (data[pos + 1] == 0x47) == is_float:
         after = _floats(data, pos + 1, runs) if is_float else _ints(data, pos + 1, runs)
-        if after == pos + 1 or after >= size or data[after] != 0x65:  # APPENDS
+        if after <= pos + 1 or after >= size or data[after] != 0x65:  # APPENDS
             return None
         pos = after + 1
     if pos + 1 < size and data[pos] in _ITEMS and (data[pos] == 0x47) == is_float:
@@ -137,8 +140,10 @@ def _floats(data: bytes, pos: int, runs: list[tuple[int, int, int]], most: int =
 
 def _ints(data: bytes, pos: int, runs: list[tuple[int, int, int]], most: int = 0) -> int:
     """The end of the integer opcodes in a row at `pos` (at most `most` opcodes, if given),
-    noted in `runs` as runs of one opcode."""
-    match, width = _INT_RUN.match, _ITEMS
+    noted in `runs` as runs of one opcode; -1 if the runs are too short to be worth it (token
+    ids of a large vocabulary alternating between BININT2 and BININT: a regex call per number
+    or two costs more than the unpickler)."""
+    match, width, begin, made = _INT_RUN.match, _ITEMS, pos, 0
     while True:
         found = match(data, pos)
         if found is None:
@@ -152,6 +157,9 @@ def _ints(data: bytes, pos: int, runs: list[tuple[int, int, int]], most: int = 0
         runs.append((pos, count, op))
         if most:
             return end
+        made += 1
+        if made > _FEW_RUNS and end - begin < _RUN_BYTES * made:
+            return -1
         pos = end
 
 
