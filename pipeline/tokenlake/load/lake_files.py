@@ -18,9 +18,6 @@ from tokenlake import __version__, bounded, schema, tags
 from tokenlake.errors import SHOWN_PATH_CHARS, BoundedReadError, DumpFormatError, LakeError, shown
 from tokenlake.layout import new_name
 from tokenlake.load import write
-from tokenlake.read import dashboard, formats
-from tokenlake.read.dump import Dump
-from tokenlake.read.remote.remote_dump import local_root, shown_path, urls_in
 from tokenlake.store import manifest, parquet
 from tokenlake.store.base import Store
 
@@ -48,6 +45,9 @@ def write_run_row(
     """
     warnings: list[str] = []
     if keep is None:
+        from tokenlake.read import dashboard
+        from tokenlake.read.remote.remote_dump import local_root, urls_in
+
         meta, warnings = dashboard.read_run_meta(local_root(record.source_dir))
         warnings = [urls_in(record.source_dir, warning) for warning in warnings]
         record.meta_source = meta_source(record)
@@ -105,6 +105,8 @@ def format_columns(dump_format: str | None, keep: dict[str, Any] | None) -> dict
     a row written before they existed)."""
     if dump_format is None:
         return {name: (keep or {}).get(name) for name in schema.RUN_FORMAT_SCHEMA.names}
+    from tokenlake.read import formats
+
     fmt = formats.FORMATS[dump_format]
     return {
         schema.FRAMEWORK: fmt.framework,
@@ -115,6 +117,10 @@ def format_columns(dump_format: str | None, keep: dict[str, Any] | None) -> dict
 
 def meta_source(record: manifest.RunManifest) -> manifest.SourceFile | None:
     """Identity (name, size, mtime) of the dump's `dashboard/meta.json`, None if absent."""
+    from tokenlake.read import dashboard
+    from tokenlake.read.dump import Dump
+    from tokenlake.read.remote.remote_dump import local_root
+
     root = local_root(record.source_dir)
     path = Dump(root).dashboard_dir / dashboard.META_FILE
     try:
@@ -175,6 +181,10 @@ def refresh_metrics(store: Store, record: manifest.RunManifest) -> tuple[bool, l
     Returns:
         Whether the record changed, and warnings (bad lines, skipped values, restarts).
     """
+    from tokenlake.read import dashboard
+    from tokenlake.read.dump import Dump
+    from tokenlake.read.remote.remote_dump import local_root, urls_in
+
     root = local_root(record.source_dir)
     files = dashboard.metrics_files(root)
     gone = _rewritten(record, files)
@@ -255,6 +265,7 @@ def refresh_vocab(
         Whether the record changed, and (file, warning) if the tokenizer could not be read.
     """
     from tokenlake.read import dump, vocab
+    from tokenlake.read.remote.remote_dump import local_root, shown_path
 
     root = local_root(record.source_dir)
     source = dump.Dump(root).tokenizer_file

@@ -11,7 +11,6 @@ import pyarrow as pa
 from tokenlake import schema, tags
 from tokenlake.errors import LakeError
 from tokenlake.load import lake_files
-from tokenlake.orchestrate.step import write_step_files
 from tokenlake.processes import crash_point
 from tokenlake.serve import catalog, rollups
 from tokenlake.store import manifest, parquet, require_lake
@@ -113,6 +112,9 @@ def refresh_rollups(
     the rollups it had (the views read its tokens if it has none) and is one line in
     `warnings` (None: raised); the other steps get theirs.
     """
+    # The step writer imports the dump readers, which `tokenlake tag` never needs.
+    from tokenlake.orchestrate.step import write_step_files
+
     current = rollups.default_settings_digests()
     refreshed = 0
     for step in record.steps.values():
