@@ -74,7 +74,8 @@ WITH keyed AS (
         END AS entropy_bucket,
         lp_diff,
         abs_lp_diff,
-        k3
+        k3,
+        exp_abs_lp_diff
     FROM drift_tokens
 ),
 parts AS MATERIALIZED (

@@ -27,7 +27,8 @@ WITH keyed AS (
         first_occurrence::INTEGER AS samples,
         lp_diff,
         abs_lp_diff,
-        k3
+        k3,
+        exp_abs_lp_diff
     FROM drift_tokens
 ),
 terms AS (
