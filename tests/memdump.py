@@ -31,7 +31,7 @@ class MemDump:
         self.evaluation = False
         for name in (dump_module.ROLLOUT_DIR, dump_module.TRAIN_DIR, "trajectory"):
             (root / name).mkdir(parents=True, exist_ok=True)
-        monkeypatch.setattr(pt, "load", lambda path: self.contents[Path(path)])
+        monkeypatch.setattr(pt, "load", lambda path, arrays_under=None: self.contents[Path(path)])
 
     def _put(self, path: Path, data: Any) -> Path:
         path.write_bytes(b"")  # fingerprinting stats the file; its content comes from memory

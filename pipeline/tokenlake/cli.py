@@ -136,8 +136,8 @@ class _SafeFormatter(logging.Formatter):
 @click.option(
     "--workers",
     type=int,
-    default=min(os.cpu_count() or 1, MAX_WORKERS),
-    show_default="the core count",
+    default=None,
+    show_default="the core count; 1 for a dump of at most 16 steps and 4 MiB",
     callback=bounded(1, MAX_WORKERS),
     help=f"Steps extracted in parallel processes (1 to {MAX_WORKERS}).",
 )
@@ -217,7 +217,7 @@ def extract(
     run_name: str | None,
     steps: str | None,
     strict: bool,
-    workers: int,
+    workers: int | None,
     silent: bool,
     replace: bool,
     follow: bool,

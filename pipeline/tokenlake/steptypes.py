@@ -46,6 +46,16 @@ class WeightVersions:
 NO_WEIGHT_VERSIONS = WeightVersions((), None, None)
 
 
+class ListArray(np.ndarray):
+    """A pickled list of numbers that the unpickler decoded straight into an array (int64 for
+    a list of integers, float64 for one of floats: what `np.array` makes of the list).
+
+    Only where a reader asked for it (`tokenlake.read.pt.load`'s `arrays_under`); the type
+    tells such a list from an array the pickle built itself, which the dump format may refuse
+    where it expects a list (`Sample.tokens`).
+    """
+
+
 @dataclass(frozen=True)
 class CheckedSample:
     """One sample's per-token lists, checked and converted (each exactly once)."""

@@ -5,13 +5,16 @@ step in a job costs only itself."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 
 from tests.conftest import store_of
+from tokenlake.cli import main
 from tokenlake.generator import synth
 from tokenlake.orchestrate import scheduler
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
@@ -59,6 +62,40 @@ def test_every_worker_gets_a_job_and_a_step_of_unknown_size_is_alone(tmp_path):
     gone = dump.StepFiles(9, False, tmp_path / "rollout_data" / "9.pt")  # nothing to look at
     batches = scheduler.step_batches([todo[0], (gone, StepStatus.NEW), todo[1]])
     assert _labels(batches) == [["0"], ["9"], ["1"]]
+
+
+def test_steps_that_fit_one_job_are_extracted_in_this_process_unless_workers_are_given():
+    cores = os.cpu_count() or 1
+    quarter = scheduler.BATCH_BYTES // 4
+    assert scheduler.chosen_workers([_step(i, quarter) for i in range(4)]) == 1
+    assert scheduler.chosen_workers([_step(i, quarter) for i in range(5)]) == cores  # 4 MiB + 1/4
+    assert scheduler.chosen_workers([_step(i, 1) for i in range(scheduler.BATCH_STEPS)]) == 1
+    assert (
+        scheduler.chosen_workers([_step(i, 1) for i in range(scheduler.BATCH_STEPS + 1)]) == cores
+    )
+    gone = dump.StepFiles(9, False, Path("/nonexistent/rollout_data/9.pt"))  # size unknown
+    assert scheduler.chosen_workers([_step(0, 1), (gone, StepStatus.NEW)]) == cores
+
+
+def test_the_cli_extracts_a_small_dump_without_a_worker_process_and_says_so_in_its_help(
+    tmp_path, monkeypatch
+):
+    def no_pool(processes: int) -> None:
+        raise AssertionError(f"a pool of {processes} was started")
+
+    monkeypatch.setattr(scheduler, "_worker_pool", no_pool)
+    dump_dir = tmp_path / "dump"
+    synth.write_dump(dump_dir, synth.PRESETS["example"])
+    args = ["extract", str(dump_dir), "--lake", str(tmp_path / "lake"), "--silent"]
+    result = CliRunner().invoke(main, args)
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout.startswith("Run `dump`: 4 new, 0 updated, 0 unchanged, 0 removed")
+    with pytest.raises(AssertionError, match="a pool of 1 was started"):
+        again = ["extract", str(dump_dir), "--lake", str(tmp_path / "other"), "--workers", "2"]
+        CliRunner().invoke(main, again, catch_exceptions=False)
+    shown = " ".join(CliRunner().invoke(main, ["extract", "--help"]).stdout.split())
+    budget = f"1 for a dump of at most {scheduler.BATCH_STEPS} steps and {scheduler.BATCH_BYTES >> 20} MiB"
+    assert f"[default: (the core count; {budget})]" in shown
 
 
 def _files(lake: Path) -> dict[tuple[str, str], tuple[object, ...]]:

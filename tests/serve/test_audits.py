@@ -280,6 +280,26 @@ def test_thresholds_come_from_settings(tripped):
     assert next(r for r in quiet if r.name == "large_lp_diff").passed
 
 
+def test_views_several_audits_read_give_the_rows_each_audit_would_compute(tripped, monkeypatch):
+    """SHARED_VIEWS are computed once into TEMP tables; without them (or with a view that cannot
+    be computed, left to the audits) every audit returns the same rows, overrides included."""
+    from tokenlake.serve import audit
+
+    def report(shared: tuple[str, ...]) -> tuple[str, list[tuple[object, object]]]:
+        monkeypatch.setattr(audit, "SHARED_VIEWS", shared)
+        found = run_audits(store_of(tripped[1]), {"alarm_k3_kl": 1e12, "alarm_ess_min": 0.5})
+        alarms = next(r for r in found if r.name == "drift_alarms").rows.to_pylist()
+        # the text holds every row (NaN log-probs among them, which no list of them equals)
+        return format_audit_report(found, max_rows=1000), [
+            (r["rollout_id"], r["metric"]) for r in alarms
+        ]
+
+    once = report(audit.SHARED_VIEWS)
+    assert once[1] == [(1, "ess_raw"), (1, "mean_abs_lp_diff_smtm"), (1, "mult_prob_error")]
+    assert report(()) == once
+    assert report(("no_such_view", *audit.SHARED_VIEWS)) == once
+
+
 def test_ess_raw_alarms_where_clamped_ess_cannot(tripped):
     """With C = 2 the clamped ESS cannot fall below 4C^2 / (1 + C^2)^2 = 0.64; ess_raw can."""
     _, lake = tripped

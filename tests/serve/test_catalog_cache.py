@@ -18,10 +18,12 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import store_of
+from tests.fixture_paths import REAL_DUMPS
 from tests.serve.test_user_view_sandbox import FORM, lake_with_views, skipped
 from tokenlake import layout
 from tokenlake.cli import main
 from tokenlake.serve import catalog, catalog_cache
+from tokenlake.store import manifest
 
 QUESTION = "SELECT count(*), sum(token_id) FROM tokens"  # token ids 0, 0, 0
 
@@ -218,3 +220,56 @@ def test_a_lakes_stale_builds_and_older_keys_are_deleted(
     names = sorted(entry.name for entry in folder.iterdir())
     assert names[0] == running.name  # only the stale build and the older keys are gone
     assert len(names) == 2 and len(names[1]) == 32 and names[1] != "0" * 32
+
+
+def test_a_healthy_catalog_files_check_is_kept_until_the_file_or_the_manifests_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOKENLAKE_CACHE", str(tmp_path / "cache"))
+    lake = lake_with_views(tmp_path, {})
+    store = store_of(lake)
+    catalog.build_catalog(store)
+    opened: list[Path] = []
+    check = catalog._opened_file_problem
+
+    def counting(path, rebuild, current):  # type: ignore[no-untyped-def]
+        opened.append(path)
+        return check(path, rebuild, current)
+
+    monkeypatch.setattr(catalog, "_opened_file_problem", counting)
+    assert catalog.catalog_problem(store) is None
+    catalog._HEALTHY.clear()  # as in a new process: only the kept line remains
+    assert catalog.catalog_problem(store) is None
+    assert len(opened) == 1  # the second check opened nothing
+
+    catalog.build_catalog(store)  # another file under the same name
+    catalog._HEALTHY.clear()
+    assert (catalog.catalog_problem(store), len(opened)) == (None, 2)
+
+    (record,) = manifest.load_all(store)
+    record.steps.pop(next(iter(record.steps)))  # the manifests list other files now
+    manifest.save_manifest(store, record)
+    catalog._HEALTHY.clear()
+    assert catalog.catalog_problem(store) == (
+        f"catalog `{layout.CATALOG_FILE}` lists other files than the manifests (a command was"
+        " interrupted before rebuilding it); run `tokenlake views LAKE` or extract again"
+    )
+    assert len(opened) == 3
+
+
+def test_verify_on_an_unchanged_catalog_does_not_import_duckdb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOKENLAKE_CACHE", str(tmp_path / "cache"))
+    lake = tmp_path / "lake"
+    extracted = CliRunner().invoke(
+        main, ["extract", str(REAL_DUMPS / "basic"), "--lake", str(lake), "--silent"]
+    )
+    assert extracted.exit_code == 0, extracted.output
+    env = dict(os.environ)
+    command = [sys.executable, "-X", "importtime", "-m", "tokenlake", "verify", str(lake)]
+    runs = [subprocess.run(command, capture_output=True, text=True, env=env) for _ in range(2)]
+    assert [(r.returncode, r.stdout) for r in runs] == [(0, "3 steps checked, 0 problems\n")] * 2
+    imported = [{line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines()} for r in runs]
+    assert "_duckdb" in imported[0]
+    assert "_duckdb" not in imported[1]

@@ -94,7 +94,8 @@ class ExtractOptions:
             Tested with `in` only, so a lazy range selection (`tokenlake.steps.parse_steps`)
             costs nothing; selecting no step of the dump is an error.
         strict: Raise on the first bad step instead of recording it and going on.
-        workers: Processes extracting steps in parallel.
+        workers: Processes extracting steps in parallel; None: the core count, or this
+            process alone when the steps fit one job (`scheduler.chosen_workers`).
         replace: Allow replacing a run of the same name extracted from another directory.
         tags: User tags set on the run (`tokenlake.tags.user_tags`); its other tags are kept.
         executor: `local` (`workers` processes) or `ray` (one Ray task per step, see
@@ -116,7 +117,7 @@ class ExtractOptions:
     run_name: str | None = None
     steps: Container[int] | None = None
     strict: bool = False
-    workers: int = 1
+    workers: int | None = 1
     replace: bool = False
     tags: Mapping[str, str] | None = None
     executor: str = "local"

@@ -37,7 +37,7 @@ def run_steps(
     todo: Sequence[Todo],
     store: Store,
     run: str,
-    workers: int,
+    workers: int | None,
     stopping: Callable[[list[str]], None] = lambda labels: None,
 ) -> Iterator[StepOutcome]:
     """Extract the steps, in parallel when asked; yields outcomes as steps finish.
@@ -48,13 +48,26 @@ def run_steps(
     jobs, one at a time to whoever is free, so a slow step never holds back the queue behind
     it. Closing the generator early (Ctrl-C, --strict) starts no further step,
     calls `stopping` with the labels of the steps still running, and waits for them.
+    `workers=None` is `chosen_workers`' choice.
     """
+    workers = chosen_workers(todo) if workers is None else workers
     batches = step_batches(todo, workers)
     if workers <= 1 or len(batches) <= 1:
         for batch in batches:
             yield from extract_steps(batch, store, run)
         return
     yield from _run_in_pool(batches, store, run, workers, stopping)
+
+
+def chosen_workers(todo: Sequence[Todo]) -> int:
+    """One (this process alone) when the steps fit one job's budget (BATCH_STEPS steps whose
+    dump files add up to at most BATCH_BYTES), else the core count. A spawned worker imports
+    tokenlake, numpy and pyarrow again before its first step (~0.4 s of CPU), more than the
+    whole of such a dump's steps take in this process."""
+    known = [size for files, _ in todo if (size := _dump_bytes(files)) is not None]
+    if len(known) == len(todo) <= BATCH_STEPS and sum(known) <= BATCH_BYTES:
+        return 1
+    return os.cpu_count() or 1
 
 
 def step_batches(

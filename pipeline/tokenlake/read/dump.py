@@ -359,9 +359,10 @@ def describe_steps(steps: tuple[StepFiles, ...], limit: int = 12) -> str:
 
 def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
     """Load a rollout dump and check its top-level structure (section 2.1)."""
-    from tokenlake.read import pt  # the unpickler: only commands that read a dump
+    from tokenlake.read import pt, validate  # the unpickler: only commands that read a dump
 
-    data = pt.load(path)
+    # the per-token lists come as arrays (ListArray), decoded without a Python object each
+    data = pt.load(path, arrays_under=("samples", validate.ARRAY_FIELDS))
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise DumpFormatError(path, "is not a rollout dump: it has no `samples` list")
     found = data.get("rollout_id")

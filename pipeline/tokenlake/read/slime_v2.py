@@ -24,7 +24,7 @@ from tokenlake.errors import DumpFormatError, shown
 from tokenlake.read import dump, pt, train_checks, validate
 from tokenlake.read.resolve import Location, TrainFile, resolve_sample
 from tokenlake.read.train_checks import exact_int, is_column
-from tokenlake.steptypes import StepRead, TrainRow
+from tokenlake.steptypes import ListArray, StepRead, TrainRow
 
 FORMAT_VERSION = 2
 # The v2 sample keys that become the train row's columns, under miles' column names.
@@ -157,7 +157,7 @@ def _same_tokens(
 ) -> None:
     """The train sample's `tokens` are the rollout sample's (same length: a media-expanded
     sequence differs in length, and the flattener handles it)."""
-    if "tokens" not in train or not isinstance(sample.get("tokens"), list):
+    if "tokens" not in train or not isinstance(sample.get("tokens"), list | ListArray):
         return  # a missing column fails in `resolve_sample`; rollout tokens are checked there
     ours = train_checks.numbers(train["tokens"], path, "tokens", label)
     theirs = sample["tokens"]

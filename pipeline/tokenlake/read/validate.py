@@ -23,7 +23,13 @@ from tokenlake import schema
 from tokenlake.errors import DumpFormatError, SampleValueError, shown
 from tokenlake.read import sampling_support, weight_versions
 from tokenlake.read.values import INT64_MAX, INT64_MIN, flat_array, is_int
-from tokenlake.steptypes import CheckedSample
+from tokenlake.steptypes import CheckedSample, ListArray
+
+# The per-token lists `check_sample` reads as arrays: the unpickler may give them as
+# `ListArray` (`dump.load_rollout`), which is read exactly as the list it was.
+ARRAY_FIELDS = frozenset(
+    {"tokens", "loss_mask", schema.ROLLOUT_LOG_PROBS_FIELD, *schema.ROLLOUT_TOKEN_FIELDS}
+)
 
 
 def sample_label(position: int, sample: dict[str, Any]) -> str:
@@ -105,7 +111,7 @@ def token_ids(sample: dict[str, Any]) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     array = _numeric_list(values, "tokens", "integers")
     if array.size and (array.min() < 0 or array.max() > INT64_MAX):
-        _raise_first_bad(values, "tokens", _token_problem)
+        _raise_first_bad(_as_list(values), "tokens", _token_problem)
     return array.astype(np.int64, copy=False)
 
 
@@ -132,6 +138,10 @@ def _numeric_list(values: Any, field: str, what: str) -> np.ndarray:
     """A flat list of `what` ("integers" or "numbers") as one array. Masks and log-probs may
     also be a 1-D array already (the flattener reads either); `tokens` must be a list."""
     kinds = "iu" if field == "tokens" else _ENTRY_KINDS[what]
+    if type(values) is ListArray:  # a list, decoded as np.array would convert it
+        if values.dtype.kind in kinds:
+            return values.view(np.ndarray)
+        values = values.tolist()  # the list's own entries name the first bad one
     if isinstance(values, np.ndarray) and field != "tokens":
         if values.ndim == 1 and values.dtype.kind in kinds:
             return values
@@ -146,6 +156,11 @@ def _numeric_list(values: Any, field: str, what: str) -> np.ndarray:
         # Each entry is right, but numpy promoted the mix (int64 with uint64 gives float64).
         return np.array(values, dtype=np.float64 if what == "numbers" else np.int64)
     return array
+
+
+def _as_list(values: Any) -> Any:
+    """A decoded list as the list it was (errors show its entries as Python numbers)."""
+    return values.tolist() if type(values) is ListArray else values
 
 
 def _token_problem(value: Any) -> str | None:

@@ -17,10 +17,18 @@ from typing import TYPE_CHECKING
 
 from tokenlake.errors import LakeError, duckdb_problem
 from tokenlake.serve import sql_views
-from tokenlake.serve.query import Rows, cache_footers, connect_reader, format_table, plain_result
+from tokenlake.serve.query import (
+    Rows,
+    cache_footers,
+    catalog_view,
+    connect_reader,
+    format_table,
+    plain_result,
+)
 from tokenlake.store.base import Store
 
 if TYPE_CHECKING:
+    import duckdb
     import pyarrow as pa
 
 # Offending rows shown per failed audit; the rest are counted, not printed.
@@ -30,6 +38,9 @@ _SEVERITY_LINE = re.compile(r"^Severity:\s*(\S+)\s*$", re.MULTILINE)
 SEVERITIES = ("error", "warning", "info")
 # Report label of an audit that returned rows, by severity.
 _LABELS = {"error": "FAIL", "warning": "WARN", "info": "INFO"}
+# Views several audits read, each of a row per step or group (or per suspect token row, normally
+# none): computed once per run of the audits (`_compute_shared_views`), not once per audit.
+SHARED_VIEWS = ("drift_steps", "drift_step_checks", "audit_tokens", "group_stats")
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,7 @@ def run_audits(store: Store, settings: Mapping[str, float] | None = None) -> lis
     results = []
     try:
         cache_footers(con)  # 0.83 -> 0.67 s of the audits' CPU on a lake of 100 small steps
+        _compute_shared_views(con)  # 0.74 -> 0.51 s more on that lake
         for path in sql_views.iter_audit_files():
             text = path.read_text(encoding="utf-8")
             level = severity(path, text)
@@ -125,6 +137,21 @@ def run_audits(store: Store, settings: Mapping[str, float] | None = None) -> lis
     finally:
         con.close()
     return results
+
+
+def _compute_shared_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Each of SHARED_VIEWS into a TEMP table of its name, which the audits (and the views they
+    read) find before the catalog's view, as they find a `--set` override of `drift_settings`
+    (`query.settings_override_sql`): the same rows, with the overrides in force. A view that
+    cannot be computed is left to the first audit that reads it, which fails with its own
+    name and DuckDB's message, as without this."""
+    import duckdb
+
+    for view in SHARED_VIEWS:
+        try:
+            con.execute(f"CREATE TEMP TABLE {view} AS FROM {catalog_view(con, view)}")
+        except duckdb.Error:
+            continue
 
 
 def format_audit_report(results: Sequence[AuditResult], max_rows: int = REPORT_ROWS) -> str:

@@ -12,7 +12,8 @@ Nothing a stranger can write is ever run: the file is one this user's tokenlake 
 folder only this user can write (one that is not is never used: the command builds its views
 afresh as before). A lake's older keys are deleted when a newer one is kept, and the catalogs
 of all but the MAX_LAKES lakes used last (about 0.5 MB each), and folders of builds whose
-process is gone.
+process is gone. Beside a lake's keys, one line of what the last check that found the lake's
+own catalog file healthy saw (`remember_healthy`), compared, never run, by the next check.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ _FORMAT = "1"  # of the key: a new one when what it digests changes
 _PROBLEMS = "problems.txt"  # the lines the build printed, printed again by each reuse
 _BUILDING = ".building-"
 MAX_LAKES = 64  # lakes whose catalogs are kept, the ones used last
+# Beside a lake's keys: the line of the last check that found the lake's own catalog file
+# healthy (`remember_healthy`); never run, only compared.
+_HEALTHY = "healthy-catalog.txt"
+_HEALTHY_BYTES = 512
 
 
 def catalog_key(
@@ -120,8 +125,11 @@ def keep(
     except OSError:  # another command kept the same key first (the same views)
         return building / layout.CATALOG_FILE, problems
     for entry in os.scandir(folder):
-        if entry.name != key and _finished_with(entry.name):
-            shutil.rmtree(entry.path, ignore_errors=True)
+        if entry.name not in (key, _HEALTHY) and _finished_with(entry.name):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:  # a check's line left half-written by a process that is gone
+                os.unlink(entry.path)
     forget_least_used(folder.parent, MAX_LAKES)
     return folder / key / layout.CATALOG_FILE, problems
 
@@ -138,3 +146,31 @@ def discard_unkept(path: Path) -> None:
     """Delete a catalog built for one command (its open connection keeps the file alive)."""
     if path.parent.name.startswith(_BUILDING):
         shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def recorded_healthy(store: Store) -> str | None:
+    """The line `remember_healthy` kept for the lake, or None (none kept, no private cache)."""
+    folder = lake_folder(store)
+    if folder is None:
+        return None
+    try:  # never through a link, and no more than a line's bytes
+        handle = os.open(folder / _HEALTHY, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(handle, "rb") as file:
+        return file.read(_HEALTHY_BYTES).decode("utf-8", "replace")
+
+
+def remember_healthy(store: Store, line: str) -> None:
+    """Keep `line` (what a check that found the lake's catalog file healthy saw) for the next
+    check to compare with; written whole under a fresh name, then renamed."""
+    folder = lake_folder(store)
+    if folder is None or len(line.encode()) > _HEALTHY_BYTES:
+        return
+    fresh = folder / f"{_BUILDING}{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        fresh.write_text(line, encoding="utf-8")
+        os.replace(fresh, folder / _HEALTHY)
+    except OSError as exc:
+        log.info("the catalog's check is not kept: %s", exc)
+        fresh.unlink(missing_ok=True)

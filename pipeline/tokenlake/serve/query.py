@@ -78,8 +78,14 @@ def _say_what_reads_the_tokens(con: duckdb.DuckDBPyConnection) -> None:
 
 def _catalog_settings(con: duckdb.DuckDBPyConnection) -> str:
     """The catalog's own `drift_settings`, by its qualified name (a TEMP one shadows it)."""
+    return catalog_view(con, SETTINGS_VIEW)
+
+
+def catalog_view(con: duckdb.DuckDBPyConnection, view: str) -> str:
+    """The qualified name of the catalog's own view `view` (a TEMP object of its name shadows
+    the bare name)."""
     database = con.execute("SELECT current_database()").fetchall()[0][0]
-    return f"{_quote_ident(database)}.main.{SETTINGS_VIEW}"
+    return f"{_quote_ident(database)}.main.{view}"
 
 
 def settings_override_sql(con: duckdb.DuckDBPyConnection, settings: Mapping[str, float]) -> str:

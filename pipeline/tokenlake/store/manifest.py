@@ -433,9 +433,10 @@ def tokens_checksum(tokens: pa.Table) -> str:
     import numpy as np
 
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(np.ascontiguousarray(tokens.column(schema.TOKEN_ID).to_numpy()).tobytes())
+    # The arrays' own buffers are hashed (contiguous numpy arrays), never copied to bytes.
+    digest.update(np.ascontiguousarray(tokens.column(schema.TOKEN_ID).to_numpy()).data)
     mask = _nulls_as(tokens.column(schema.LOSS_MASK), -1)
-    digest.update(np.ascontiguousarray(mask).astype(np.int8).tobytes())
+    digest.update(np.ascontiguousarray(mask.astype(np.int8, copy=False)).data)
     return digest.hexdigest()
 
 

@@ -180,13 +180,20 @@ def tokens_table(
     rollout_id: int | None = None,
 ) -> pa.Table:
     """One row per response token of the step, sorted by (batch_position, position);
-    `token_staleness` needs the step's `rollout_id` (without it, NULL)."""
+    `token_staleness` needs the step's `rollout_id` (without it, NULL).
+
+    The masks and drift columns stay numpy arrays while the columns derived from them
+    (`turn_index`, `first_occurrence`) are computed: no Arrow column is read back.
+    """
     lengths = np.fromiter((len(p.token_ids) for p in parts), dtype=np.int64, count=len(parts))
     total = int(lengths.sum())
     starts = np.cumsum(lengths) - lengths
     positions = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
     index_values = np.array([-1 if i is None else i for i in sample_indices], dtype=np.int64)
     index_valid = np.array([i is not None for i in sample_indices], dtype=bool)
+    mask, mask_valid = _per_sample_values([part.mask for part in parts], lengths, np.int8)
+    mask_valid = np.ones(total, dtype=bool) if mask_valid is None else mask_valid
+    token_ids = _concat([p.token_ids for p in parts], np.int64, total)
     arrays: dict[str, pa.Array] = {
         schema.EVALUATION: pa.array(np.full(total, evaluation, dtype=bool)),
         schema.BATCH_POSITION: pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), lengths)),
@@ -194,21 +201,33 @@ def tokens_table(
             np.repeat(index_values, lengths), np.repeat(index_valid, lengths)
         ),
         schema.POSITION: pa.array(positions.astype(np.int32)),
-        schema.TOKEN_ID: pa.array(_concat([p.token_ids for p in parts], np.int64, total)),
-        schema.LOSS_MASK: _mask_column(parts, total),
+        schema.TOKEN_ID: pa.array(token_ids),
+        schema.LOSS_MASK: _with_validity(mask, mask_valid),
     }
-    arrays[schema.TURN_INDEX] = turn_index_column(arrays[schema.LOSS_MASK], starts)
-    covered = _covered(parts, total)
+    on = mask > 0  # a sample without a mask holds zeros there
+    arrays[schema.TURN_INDEX] = _turn_index(on, starts)
+    # Values are shown where the mask is on, or where the sample has no mask at all.
+    covered = on | ~mask_valid
+    covered_bits = None if covered.all() else _bitmap(covered)
+    kept = on  # the drift rows, narrowed by each drift column below
     for column in schema.TOKEN_STAT_COLUMNS:
-        arrays[column] = _stat_column(parts, column, covered, total)
+        values = _stat_values(parts, column, lengths)
+        if column in _DRIFT_COLUMNS:
+            kept = kept & _finite(values)
+        arrays[column] = _float_column(values, covered, covered_bits, total)
     for column in schema.TOKEN_FLAG_COLUMNS:
-        arrays[column] = _stat_column(parts, column, covered, total).cast(pa.bool_())
-    arrays[schema.FIRST_OCCURRENCE] = first_occurrence_column(arrays, lengths)
+        values = _stat_values(parts, column, lengths)
+        arrays[column] = _flag_column(values, covered, covered_bits, total)
+    arrays[schema.FIRST_OCCURRENCE] = _first_occurrence(kept, token_ids, lengths)
     arrays[schema.TOKEN_VERSION], arrays[schema.TOKEN_STALENESS] = version_columns(
         parts, total, rollout_id
     )
-    arrays[schema.SUPPORT_SIZE] = _support_column(parts, total)
+    arrays[schema.SUPPORT_SIZE] = _support_column(parts, lengths)
     return pa.Table.from_pydict(arrays, schema=schema.TOKENS_SCHEMA)
+
+
+# The columns a drift row needs finite (with loss_mask > 0): `drift_rows`.
+_DRIFT_COLUMNS = (schema.LP_DIFF, schema.TRAIN_LOG_PROB, schema.ROLLOUT_LOG_PROB)
 
 
 def version_columns(
@@ -217,45 +236,62 @@ def version_columns(
     """`token_version` and `token_staleness` of the step's rows: each sample's version codes
     mapped onto one step-wide list of versions, then taken from it (no loop per token)."""
     names: dict[str, int] = {}
-    codes = np.full(total, -1, dtype=np.int32)
-    offset = 0
-    for part in parts:
-        n = len(part.token_ids)
-        if part.versions is not None and part.versions.names:
-            step_code = np.array(
-                [names.setdefault(v, len(names)) for v in part.versions.names], dtype=np.int32
-            )
-            own = part.versions.codes
-            codes[offset : offset + n] = np.where(own >= 0, step_code[np.maximum(own, 0)], -1)
-        offset += n
+    # The step code of each sample's names, the samples' lists end to end, each list after a
+    # -1 that its sample's code -1 (no version) lands on; `bases`: where each list starts.
+    local: list[int] = [-1]
+    bases = np.ones(len(parts), dtype=np.int64)  # a sample without versions: codes all -1
+    own_codes: list[np.ndarray] = []
+    for number, part in enumerate(parts):
+        versions = part.versions
+        if versions is not None and versions.names:
+            bases[number] = len(local) + 1
+            local += [-1, *(names.setdefault(v, len(names)) for v in versions.names)]
+            own_codes.append(versions.codes)
+        else:
+            own_codes.append(np.full(len(part.token_ids), -1, dtype=np.int32))
     if not names:
         return pa.nulls(total, pa.string()), pa.nulls(total, pa.int64())
-    index = pa.array(codes, mask=codes < 0)
-    version = pa.array(list(names), pa.string()).take(index)
+    lengths = np.fromiter((len(p.token_ids) for p in parts), dtype=np.int64, count=len(parts))
+    step_codes = np.array(local, dtype=np.int64)
+    step_codes[step_codes < 0] = len(names)  # the NULL after the step's versions, below
+    # R codes a sample (`weight_versions.per_token`), each offset into its sample's list
+    codes = step_codes[np.repeat(bases, lengths) + np.concatenate(own_codes)]
+    index = pa.array(codes)
     numbers = [weight_versions.numeric(v) for v in names]
     lag = [None if rollout_id is None or n is None else rollout_id - n for n in numbers]
-    return version, pa.array(lag, pa.int64()).take(index)
+    version = pa.array([*names, None], pa.string()).take(index)
+    return version, pa.array([*lag, None], pa.int64()).take(index)
 
 
 def turn_index_column(loss_mask: pa.Array, starts: np.ndarray) -> pa.Array:
+    """`turn_index` of every row from the step's `loss_mask` column (`_turn_index`)."""
+    return _turn_index(_positive(loss_mask), starts)
+
+
+def _turn_index(on: np.ndarray, starts: np.ndarray) -> pa.Array:
     """`turn_index` of every row: the 0-based number of the loss-covered run it is in.
 
-    Rows are the step's tokens in (batch_position, position) order and `starts` the row where
-    each sample begins. A run is a maximal stretch of `loss_mask > 0` within one sample; rows
-    outside a run (mask 0 or NULL) are NULL. One cumulative sum over the run starts of the
-    whole step, minus the count before each sample's first row: no loop per token or sample.
+    Rows are the step's tokens in (batch_position, position) order, `on` where loss_mask > 0
+    and `starts` the row where each sample begins. A run is a maximal stretch of `on` within
+    one sample; rows outside a run (mask 0 or NULL) are NULL. One cumulative sum over the run
+    starts of the whole step, minus the count before each sample's first row: no loop per
+    token or sample.
     """
-    covered = np.asarray(loss_mask.fill_null(0).to_numpy(zero_copy_only=False)) > 0
-    total = len(covered)
+    total = len(on)
     if total == 0:
         return pa.array(np.zeros(0, dtype=np.int32), type=pa.int32())
-    previous = np.concatenate(([False], covered[:-1]))
+    previous = np.concatenate(([False], on[:-1]))
     previous[starts[starts < total]] = False  # a sample's first row never continues a run
-    run_starts = np.cumsum(covered & ~previous, dtype=np.int64)
+    run_starts = np.cumsum(on & ~previous, dtype=np.int64)
     before = np.concatenate(([0], run_starts))[starts]  # run starts before each sample
     lengths = np.diff(np.append(starts, total))
     turn = run_starts - np.repeat(before, lengths) - 1
-    return pa.array(turn.astype(np.int32), mask=~covered)
+    return _with_validity(turn.astype(np.int32), on)
+
+
+def _positive(column: pa.Array) -> np.ndarray:
+    """`column > 0` for each row as numpy bools, NULL as false (a NULL reads as NaN)."""
+    return np.asarray(column.to_numpy(zero_copy_only=False)) > 0
 
 
 def first_occurrence_column(arrays: dict[str, pa.Array], lengths: np.ndarray) -> pa.Array:
@@ -268,8 +304,12 @@ def first_occurrence_column(arrays: dict[str, pa.Array], lengths: np.ndarray) ->
     rollout_log_prob all finite. With it, `drift_by_token` counts the samples holding a token
     as a sum instead of a distinct count over a step's ~30 k token ids.
     """
-    kept = drift_rows(arrays)
     token = np.asarray(arrays[schema.TOKEN_ID].to_numpy(zero_copy_only=False))
+    return _first_occurrence(drift_rows(arrays), token, lengths)
+
+
+def _first_occurrence(kept: np.ndarray, token: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """`first_occurrence_column` from the drift rows `kept` and the token ids."""
     first = np.zeros(len(kept), dtype=bool)
     ends = np.cumsum(lengths, dtype=np.int64)
     # Whole samples at a time, about CHUNK_ROWS rows each: the sort's memory stays a few MB
@@ -282,8 +322,7 @@ def first_occurrence_column(arrays: dict[str, pa.Array], lengths: np.ndarray) ->
             _mark_first(
                 kept, token, lengths[first_sample:last_sample], ends[last_sample - 1], first
             )
-    bits = [pa.py_buffer(np.packbits(b, bitorder="little")) for b in (kept, first)]
-    return pa.Array.from_buffers(pa.bool_(), len(kept), bits)  # validity, values
+    return pa.Array.from_buffers(pa.bool_(), len(kept), [_bitmap(kept), _bitmap(first)])
 
 
 CHUNK_ROWS = 1 << 18
@@ -307,8 +346,8 @@ def drift_rows(arrays: dict[str, pa.Array]) -> np.ndarray:
     """The rows the drift statistics keep: loss_mask > 0 and lp_diff, train_log_prob and
     rollout_log_prob finite (a NULL is not finite). Keep in step with the macros
     `drift_covered` and `drift_finite` (sql/macros/drift_macros.sql)."""
-    kept = np.asarray(arrays[schema.LOSS_MASK].fill_null(0).to_numpy(zero_copy_only=False)) > 0
-    for column in (schema.LP_DIFF, schema.TRAIN_LOG_PROB, schema.ROLLOUT_LOG_PROB):
+    kept = _positive(arrays[schema.LOSS_MASK])
+    for column in _DRIFT_COLUMNS:
         kept &= np.isfinite(arrays[column].to_numpy(zero_copy_only=False))  # NULL reads as NaN
     return kept
 
@@ -342,26 +381,27 @@ def _first_of_each_pair(sample: np.ndarray, token: np.ndarray) -> np.ndarray:
     return order[new]
 
 
-def _support_column(parts: Sequence[SampleTokens], total: int) -> pa.Array:
+def _support_column(parts: Sequence[SampleTokens], lengths: np.ndarray) -> pa.Array:
     if all(part.support_sizes is None for part in parts):
-        return pa.nulls(total, pa.int32())
-    return _per_sample_column([part.support_sizes for part in parts], parts, np.int32, total)
+        return pa.nulls(int(lengths.sum()), pa.int32())
+    values, valid = _per_sample_values([part.support_sizes for part in parts], lengths, np.int32)
+    return pa.array(values) if valid is None else _with_validity(values, valid)
 
 
-def _per_sample_column(
-    arrays: Sequence[np.ndarray | None], parts: Sequence[SampleTokens], dtype: type, total: int
-) -> pa.Array:
-    """One column from each sample's array over its rows (a sample without one: NULL rows)."""
-    values: np.ndarray = np.zeros(total, dtype=dtype)
-    valid = np.zeros(total, dtype=bool)
-    offset = 0
-    for part, array in zip(parts, arrays, strict=True):
-        n = len(part.token_ids)
-        if array is not None:
-            values[offset : offset + n] = array
-            valid[offset : offset + n] = True
-        offset += n
-    return _with_validity(values, valid)
+def _per_sample_values(
+    arrays: Sequence[np.ndarray | None], lengths: np.ndarray, dtype: type
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Each sample's array over its rows, end to end, and the rows that have one (None: all;
+    a sample without one holds zeros). One concatenation, no loop per row."""
+    chunks = [
+        np.zeros(int(length), dtype) if array is None else array
+        for array, length in zip(arrays, lengths, strict=True)
+    ]
+    if any(len(chunk) != length for chunk, length in zip(chunks, lengths, strict=True)):
+        raise ValueError("a per-token array does not fit its sample's response")
+    has = np.fromiter((a is not None for a in arrays), dtype=bool, count=len(arrays))
+    valid = None if has.all() else np.repeat(has, lengths)
+    return _concat(chunks, dtype, int(lengths.sum())), valid
 
 
 def _concat(chunks: list[np.ndarray], dtype: type, total: int) -> np.ndarray:
@@ -372,39 +412,60 @@ def _with_validity(values: np.ndarray, valid: np.ndarray) -> pa.Array:
     return pa.array(values, mask=~valid) if not valid.all() else pa.array(values)
 
 
-def _mask_column(parts: list[SampleTokens], total: int) -> pa.Array:
-    return _per_sample_column([part.mask for part in parts], parts, np.int8, total)
+def _bitmap(flags: np.ndarray) -> pa.Buffer:
+    """Numpy bools as an Arrow bitmap (validity or boolean values)."""
+    return pa.py_buffer(np.packbits(flags, bitorder="little"))
 
 
-def _covered(parts: list[SampleTokens], total: int) -> np.ndarray:
-    """Positions whose values are shown: mask on, or no mask known for the sample."""
-    covered = np.ones(total, dtype=bool)
-    offset = 0
-    for part in parts:
-        n = len(part.token_ids)
-        if part.mask is not None:
-            covered[offset : offset + n] = part.mask > 0
-        offset += n
-    return covered
+_StatValues = tuple[np.ndarray, np.ndarray | None]  # float32 values, valid rows (None: all)
 
 
-def _stat_column(
-    parts: list[SampleTokens], column: str, covered: np.ndarray, total: int
+def _stat_values(
+    parts: Sequence[SampleTokens], column: str, lengths: np.ndarray
+) -> _StatValues | None:
+    """One per-token column's values over the step's rows (zeros where a sample lacks it) and
+    the rows whose value is known; None when no sample has it."""
+    sources = [part.columns.get(column) for part in parts]
+    if all(source is None for source in sources):
+        return None  # a field the dump does not have: no work
+    values, valid = _per_sample_values(sources, lengths, np.float32)
+    unknown = [part.unknown.get(column) for part in parts]
+    if any(u is not None for u in unknown):
+        holes, _ = _per_sample_values(unknown, lengths, np.bool_)
+        valid = ~holes if valid is None else valid & ~holes
+    return values, None if valid is None or valid.all() else valid
+
+
+def _finite(stat: _StatValues | None) -> np.ndarray | bool:
+    """Rows whose value is known and finite (a column no sample has: none)."""
+    if stat is None:
+        return False
+    values, valid = stat
+    finite = np.isfinite(values)
+    return finite if valid is None else finite & valid
+
+
+def _float_column(
+    stat: _StatValues | None, covered: np.ndarray, covered_bits: pa.Buffer | None, total: int
 ) -> pa.Array:
-    if all(part.columns.get(column) is None for part in parts):
-        return pa.nulls(total, pa.float32())  # a field the dump does not have: no work
-    values = np.zeros(total, dtype=np.float32)
-    valid = np.zeros(total, dtype=bool)
-    offset = 0
-    for part in parts:
-        n = len(part.token_ids)
-        source = part.columns.get(column)
-        if source is not None:
-            values[offset : offset + n] = source
-            unknown = part.unknown.get(column)
-            valid[offset : offset + n] = True if unknown is None else ~unknown
-        offset += n
-    return _with_validity(values, valid & covered)
+    """A per-token float column, NULL outside `covered` and where the value is unknown."""
+    if stat is None:
+        return pa.nulls(total, pa.float32())
+    values, valid = stat
+    bits = covered_bits if valid is None else _bitmap(valid & covered)
+    return pa.Array.from_buffers(pa.float32(), total, [bits, pa.py_buffer(values)])
+
+
+def _flag_column(
+    stat: _StatValues | None, covered: np.ndarray, covered_bits: pa.Buffer | None, total: int
+) -> pa.Array:
+    """A per-token flag column (read as 1.0 / 0.0: any non-zero value is true), NULL as in
+    `_float_column`."""
+    if stat is None:
+        return pa.nulls(total, pa.bool_())
+    values, valid = stat
+    bits = covered_bits if valid is None else _bitmap(valid & covered)
+    return pa.Array.from_buffers(pa.bool_(), total, [bits, _bitmap(values != 0)])
 
 
 def samples_table(

@@ -103,8 +103,22 @@ def _experts(files: dump.StepFiles, samples: list[dict[str, Any]], indices: list
 
 def count_nonfinite(tokens: pa.Table) -> int:
     """NaN/inf values in the per-token float columns (kept in Parquet, reported to the user)."""
-    total = 0
-    for column in schema.TOKEN_STAT_COLUMNS:
-        values = tokens.column(column).fill_null(0.0).to_numpy()
-        total += int(np.count_nonzero(~np.isfinite(values)))
-    return total
+    return sum(
+        _nonfinite(chunk)
+        for name in schema.TOKEN_STAT_COLUMNS
+        for chunk in tokens.column(name).chunks
+        if chunk.null_count < len(chunk)  # not a field the dump lacks
+    )
+
+
+def _nonfinite(chunk: pa.Array) -> int:
+    """NaN/inf values among the rows of a float32 chunk that are not NULL: the non-finite
+    slots of its values buffer, then of those, the ones its validity bitmap marks valid (a
+    NULL slot holds whatever value the flattener left there)."""
+    values = np.frombuffer(chunk.buffers()[1], np.float32, len(chunk), chunk.offset * 4)
+    rows = np.flatnonzero(~np.isfinite(values))
+    if len(rows) and chunk.null_count:
+        bitmap = np.frombuffer(chunk.buffers()[0], np.uint8)
+        bit = rows + chunk.offset
+        rows = rows[(bitmap[bit >> 3] >> (bit & 7)) & 1 == 1]
+    return len(rows)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from dataclasses import is_dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -65,8 +65,24 @@ _COUNTED8 = {0x8D, 0x8E, 0x96, 0x95}  # BINUNICODE8, BINBYTES8, BYTEARRAY8, FRAM
 VECTOR_MAX = 1 << 20  # its pass takes ~40 bytes per pickle byte for a moment
 
 
-def check_opcodes(payload: Any) -> bool:
+class ListHook(Protocol):
+    """What the scan tells about lists (`tokenlake.read.pt.ptlists.Finder`)."""
+
+    framed: bool  # set when the pickle has a FRAME opcode
+
+    def at(self, bracket: int, start: int) -> int:
+        """At an EMPTY_LIST (at `bracket`) whose PUT ends at `start`: where the list's run of
+        number opcodes (and their MARK, APPENDS, APPEND) ends, or `start`."""
+        ...
+
+
+def check_opcodes(payload: Any, lists: ListHook | None = None) -> bool:
     """Refuse a pickle whose opcodes would allocate beyond the pickle's own size.
+
+    With `lists` (a rollout's pickle: numbers, not tensor metadata), the exact scan runs and
+    calls `lists.at` at each EMPTY_LIST followed by a PUT; it steps over the numbers `at`
+    says the list holds (fixed-size opcodes that push nothing shareable: the verdict is the
+    same), and sets `lists.framed` if the pickle has FRAME opcodes.
 
     Returns:
         Whether the pickle references a container, array or long string more than once
@@ -78,28 +94,35 @@ def check_opcodes(payload: Any) -> bool:
             running past its end.
     """
     data = bytes(payload) if not isinstance(payload, bytes) else payload
-    if len(data) <= VECTOR_MAX and data.count(b"G") * 36 < len(data):
+    if lists is None and len(data) <= VECTOR_MAX and data.count(b"G") * 36 < len(data):
         verdict = vector_scan(data)
         if verdict is not None:
             return verdict
-    return _Scan(data).run()
+    scan = _Scan(data, lists)
+    shares = scan.run()
+    if lists is not None:
+        lists.framed = scan.framed
+    return shares
 
 
 class _Scan:
     """One pass over the opcodes; remembers which memo entries are safe to share."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, lists: ListHook | None = None) -> None:
         self.data, self.end = data, len(data)
         self.atom: dict[int, bool] = {}  # memo index -> shareable
         self.top = False  # whether the object the last opcode pushed is shareable
         self.shares = False
         self.huge_ints = 0
         self.limit = max(self.end, 1 << 16)  # the largest memo index allowed
+        self.lists = lists
+        self.framed = False
 
     def run(self) -> bool:
         data, end, pos, atom, width, limit = self.data, self.end, 0, self.atom, WIDTH, self.limit
         match = _RUN.match
         top = shares = False  # self.top and self.shares, as locals while inline
+        lists, single = self.lists, -1  # single: the last fixed-size opcode stepped alone
         while pos < end:
             op = data[pos]
             step = width[op]
@@ -109,7 +132,7 @@ class _Scan:
                     after = match(data, pos).end() if op != 0x47 else self._run(pos)  # type: ignore[union-attr]
                 if after == pos or after > end:  # cut off by the end: the unpickler reports it
                     break
-                top, pos = False, after
+                top, single, pos = False, pos, after
             elif op in PUT_GET and pos + PUT_GET[op] < end:  # the most frequent memo opcodes
                 size = PUT_GET[op]
                 index = (
@@ -124,6 +147,10 @@ class _Scan:
                     shares |= not top
                 else:
                     atom[index] = top
+                    if lists is not None and single == pos - 1 and data[single] == 0x5D:
+                        pos = lists.at(single, pos + 1 + size)  # EMPTY_LIST, then its PUT
+                        top = False  # what a run of numbers leaves
+                        continue
                 pos += 1 + size
             elif op == 0x2E:  # STOP: anything after it is never read
                 break
@@ -211,6 +238,7 @@ class _Scan:
             width = COUNTED.get(op, 8)
             size = int.from_bytes(data[pos + 1 : pos + 1 + width], "little", signed=width == 4)
             if op == 0x95:  # FRAME: a hint, no object
+                self.framed = True
                 return pos + 9
             self.top = op in ATOMS or size <= SHARED_TEXT
             after = _counted(pos + 1 + width, size, end)
@@ -259,6 +287,10 @@ class Placeholder:
 
     def final(self) -> Any:
         raise NotImplementedError
+
+    def weight(self, value: Any) -> int:
+        """The items `final`'s value counts for in the graph's budget."""
+        return int(value.size) if isinstance(value, np.ndarray) else 1
 
 
 _LEAVES = frozenset({int, float, bool, complex, type(None), np.float64, np.bool_})
@@ -326,7 +358,7 @@ class _Walk:
         if isinstance(node, Placeholder):
             value = node.final()
             self.swap[id(node)] = value
-            return int(value.size) if isinstance(value, np.ndarray) else 1
+            return node.weight(value)
         total = own
         for child in kids:
             total += self.weight[id(child)]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import secrets
 import time
 from functools import partial
 from pathlib import Path
@@ -41,6 +42,7 @@ from tokenlake.errors import (
 )
 from tokenlake.read.pt.ptcheck import budget_of, check_opcodes, settle
 from tokenlake.read.pt.ptglobals import ALLOWED, Forbidden
+from tokenlake.read.pt.ptlists import Decoded, DecodedList, Finder, decode, placeholder
 from tokenlake.read.pt.pttensor import (
     Rebuild,
     TorchDType,
@@ -65,9 +67,12 @@ FRESH_SECONDS = 60.0
 class _RestrictedUnpickler(pickle.Unpickler):
     """C unpickler that resolves only `ALLOWED` and maps storages onto the archive."""
 
-    def __init__(self, file: io.BufferedIOBase, archive: Archive) -> None:
+    def __init__(
+        self, file: io.BufferedIOBase, archive: Archive, lists: tuple[Decoded, bytes] | None = None
+    ) -> None:
         super().__init__(file)
         self._archive = archive
+        self._lists = lists  # the decoded lists and the nonce of their persistent ids
         self._storages: dict[str, np.ndarray] = {}
         # per load: the bf16 cache of v3, and how many tensor elements may still be claimed
         # (no bound methods here: a reference cycle would keep the file's copy alive until
@@ -93,7 +98,10 @@ class _RestrictedUnpickler(pickle.Unpickler):
         return ALLOWED[key]
 
     def persistent_load(self, pid: Any) -> np.ndarray:
-        """('storage', class, key, location, numel) -> 1-d numpy array on the file's bytes."""
+        """('storage', class, key, location, numel) -> 1-d numpy array on the file's bytes;
+        a decoded list's id (`tokenlake.read.pt.ptlists`) -> its placeholder."""
+        if type(pid) is bytes and self._lists is not None:
+            return placeholder(self._lists[0], self._lists[1], pid)  # type: ignore[return-value]
         # exact types first: `==` on a hostile object could run anything it overloads
         if not (
             type(pid) is tuple
@@ -129,18 +137,70 @@ class _RestrictedUnpickler(pickle.Unpickler):
         return widen_bf16(array) if kind.bf16 else array
 
 
-def _unpickle(archive: Archive) -> Any:
+# (key of a list in the top-level dict, keys of its dicts): where a reader wants the decoded
+# lists of numbers as arrays (`load`'s `arrays_under`)
+ArraysUnder = tuple[str, frozenset[str]]
+_FAILED = object()  # the fast load did not apply
+
+
+def _unpickle(archive: Archive, arrays_under: ArraysUnder | None = None) -> Any:
     """Unpickle `data.pkl` of an opened archive, within the bounds of `tokenlake.read.pt.ptcheck`."""
     payload = bytes(entry_bytes(archive, archive.prefix + "data.pkl"))
-    shares = check_opcodes(payload)
-    # BufferedReader adds `peek`, which lets the C unpickler prefetch instead of calling
-    # `read` once per opcode.
-    stream = io.BufferedReader(io.BytesIO(payload), buffer_size=1 << 20)
-    unpickler = _RestrictedUnpickler(stream, archive)
+    lists = Finder(payload) if arrays_under is not None else None
+    shares = check_opcodes(payload, lists)
+    if lists is not None and arrays_under is not None and not shares:
+        value = _unpickle_decoded(archive, lists, arrays_under)
+        if value is not _FAILED:
+            return value
+    unpickler = _RestrictedUnpickler(_stream(payload), archive)
     value = unpickler.load()
     if shares or unpickler.numpy:  # else a tree no larger than the pickle: nothing to walk
         value = settle(value, len(archive.buf))
     return value
+
+
+def _stream(payload: bytes) -> io.BufferedReader:
+    # BufferedReader adds `peek`, which lets the C unpickler prefetch instead of calling
+    # `read` once per opcode.
+    return io.BufferedReader(io.BytesIO(payload), buffer_size=1 << 20)
+
+
+def _unpickle_decoded(archive: Archive, lists: Finder, arrays_under: ArraysUnder) -> Any:
+    """The value with its plain lists of numbers decoded as whole arrays
+    (`tokenlake.read.pt.ptlists`), or `_FAILED`: no such list, or the pickle used one as
+    anything but a value (the exact load then gives the value, or the error, the unpickler
+    gives). Only for pickles that share no container: a list is then in one place only."""
+    nonce = secrets.token_bytes(16)
+    decoded = decode(lists, nonce)
+    if decoded is None:
+        return _FAILED
+    try:
+        unpickler = _RestrictedUnpickler(_stream(decoded.payload), archive, (decoded, nonce))
+        value = unpickler.load()
+        placed = _place_arrays(value, arrays_under)
+        if placed < len(decoded.arrays) or unpickler.numpy:  # lists elsewhere: as lists
+            value = settle(value, len(archive.buf))
+        return value
+    except Exception:  # the exact load reports it, with the unpickler's own words
+        return _FAILED
+
+
+def _place_arrays(value: Any, arrays_under: ArraysUnder) -> int:
+    """Put the arrays of the decoded lists at value[list_key][i][key] in their place; how
+    many. (The pickle shares no container, so each list is in that one place only.)"""
+    list_key, keys = arrays_under
+    items = value.get(list_key) if type(value) is dict else None
+    if type(items) is not list:
+        return 0
+    placed = 0
+    for item in items:
+        if type(item) is dict:
+            for key in keys:
+                found = item.get(key)
+                if type(found) is DecodedList:
+                    item[key] = found.array
+                    placed += 1
+    return placed
 
 
 def _stat(path: Path) -> os.stat_result:
@@ -154,7 +214,7 @@ def _stat(path: Path) -> os.stat_result:
         raise UnreadableError(path, exc) from None
 
 
-def load(path: Path) -> Any:
+def load(path: Path, arrays_under: ArraysUnder | None = None) -> Any:
     """Load a `torch.save` file as plain Python objects with numpy arrays for tensors.
 
     Tensors become numpy arrays with their dtype, shape and strides; they are zero-copy views
@@ -165,6 +225,11 @@ def load(path: Path) -> Any:
 
     Args:
         path: A `.pt` file written by `torch.save` (zip format).
+        arrays_under: `(list_key, keys)`: the lists of numbers at
+            `value[list_key][i][key]` (a rollout's per-token lists) come back as `ListArray`
+            (int64 or float64, what `np.array` makes of the list) when the pickle holds them in
+            the plain shape; they are decoded without a Python object per number. Every other
+            value is exactly what it is without the argument.
 
     Returns:
         The unpickled object.
@@ -183,7 +248,7 @@ def load(path: Path) -> Any:
     try:
         if st.st_size == 0:
             raise Corrupt("the file is empty (0 bytes)")
-        return _unpickle(open_archive(path, st.st_size, fresh))
+        return _unpickle(open_archive(path, st.st_size, fresh), arrays_under)
     except Forbidden as exc:
         raise UnsafePickleError(path, exc.global_name) from None
     except BigEndian as exc:
