@@ -29,8 +29,6 @@
 --   train_prob        DOUBLE   exp(train_log_prob)
 --   rollout_prob      DOUBLE   exp(rollout_log_prob)
 --   abs_prob_diff     DOUBLE   |train_prob - rollout_prob|
---   exp_abs_lp_diff   DOUBLE   exp(|delta|): the multiplicative probability error, summed by
---                              three rollups (computed here once)
 CREATE OR REPLACE VIEW drift_tokens AS
 WITH covered AS (
     SELECT
@@ -65,6 +63,5 @@ SELECT
     k3_term(delta)::DOUBLE AS k3,
     EXP(train_lp)::DOUBLE AS train_prob,
     EXP(rollout_lp)::DOUBLE AS rollout_prob,
-    ABS(EXP(train_lp) - EXP(rollout_lp))::DOUBLE AS abs_prob_diff,
-    EXP(ABS(delta))::DOUBLE AS exp_abs_lp_diff
+    ABS(EXP(train_lp) - EXP(rollout_lp))::DOUBLE AS abs_prob_diff
 FROM covered

@@ -5,8 +5,8 @@
 --
 -- drift_breakdown(keyed): `keyed` names a relation (a CTE of the calling view) with one row per
 -- covered finite token and the columns run, rollout_id, batch_position, share_scope, the
--- view's key columns, lp_diff, abs_lp_diff, k3 and exp_abs_lp_diff (from drift_tokens). Every
--- other column is a key. Returns one row per (run, rollout_id, share_scope, keys) with the statistics below.
+-- view's key columns, lp_diff, abs_lp_diff and k3 (from drift_tokens). Every other column is
+-- a key. Returns one row per (run, rollout_id, share_scope, keys) with the statistics below.
 --
 -- drift_rollup(parts): the same result from partial sums (drift_parts' columns, one row per
 -- keys and sample_block, several rows may share them); drift_by_prob rolls one pass over the
@@ -41,17 +41,16 @@
 
 -- drift_terms(keyed): one row per row of keyed, with its contribution to each partial sum
 -- below (tokens 1, lp_diff_sum delta, abs_lp_diff_sum and max_abs_lp_diff |delta|, k3_sum k3,
--- exp_abs_lp_diff_sum exp(|delta|), drift_tokens.exp_abs_lp_diff); keyed's other columns pass
--- through.
+-- exp_abs_lp_diff_sum exp(|delta|)); keyed's other columns pass through.
 CREATE OR REPLACE MACRO drift_terms(keyed) AS TABLE
 SELECT
-    * EXCLUDE (lp_diff, abs_lp_diff, k3, exp_abs_lp_diff),
+    * EXCLUDE (lp_diff, abs_lp_diff, k3),
     1 AS tokens,
     lp_diff AS lp_diff_sum,
     abs_lp_diff AS abs_lp_diff_sum,
     abs_lp_diff AS max_abs_lp_diff,
     k3 AS k3_sum,
-    exp_abs_lp_diff AS exp_abs_lp_diff_sum
+    EXP(abs_lp_diff) AS exp_abs_lp_diff_sum
 FROM query_table(keyed);
 
 -- drift_parts(keyed): partial sums per (keys, sample_block) of per-token rows, with the

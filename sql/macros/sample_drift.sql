@@ -52,7 +52,7 @@ WITH per_sample AS (
         SUM(t.abs_lp_diff) AS abs_lp_diff_sum,
         SUM(t.lp_diff * t.lp_diff * 0.5) AS k2_sum,
         SUM(t.k3) AS k3_sum,
-        SUM(t.exp_abs_lp_diff) AS exp_abs_lp_diff_sum,
+        SUM(EXP(t.abs_lp_diff)) AS exp_abs_lp_diff_sum,
         SUM(t.ratio) AS ratio_sum,
         SUM(t.ratio * t.ratio) AS ratio_sq_sum,
         SUM(clamp_to(t.ratio, 1.0 / s.is_cap, s.is_cap)) AS w_sum,

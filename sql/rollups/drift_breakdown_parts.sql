@@ -74,8 +74,7 @@ WITH keyed AS (
         END AS entropy_bucket,
         lp_diff,
         abs_lp_diff,
-        k3,
-        exp_abs_lp_diff
+        k3
     FROM drift_tokens
 ),
 parts AS MATERIALIZED (

@@ -27,8 +27,7 @@ WITH keyed AS (
         first_occurrence::INTEGER AS samples,
         lp_diff,
         abs_lp_diff,
-        k3,
-        exp_abs_lp_diff
+        k3
     FROM drift_tokens
 ),
 terms AS (
