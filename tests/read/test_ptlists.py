@@ -142,8 +142,9 @@ def test_random_rollouts_load_the_same_with_their_lists_decoded(tmp_path: Path, 
 
 def test_plain_lists_are_decoded_and_others_are_not(tmp_path: Path) -> None:
     ints, floats = list(range(-5, 2995)), [i / 7 for i in range(1001)]
+    fragmented = [70_000, 5] * 500  # BININT, BININT2, BININT, ...
     sample = {"tokens": ints, "loss_mask": [1] * 64, "rollout_log_probs": floats}
-    other = {"tokens": [1] * 63, "loss_mask": [*ints, 0.5]}
+    other = {"tokens": [1] * 63, "loss_mask": [*ints, 0.5], "rollout_log_probs": fragmented}
     value = {"samples": [sample, other], "m": list(ints)}  # a copy: a shared list stays a list
     path = _write(tmp_path, value)
     assert assert_fast_is_exact(path) == 3
@@ -153,6 +154,7 @@ def test_plain_lists_are_decoded_and_others_are_not(tmp_path: Path) -> None:
     ] * 3
     assert type(got["samples"][1]["tokens"]) is list  # shorter than ptlists.MIN_ITEMS
     assert type(got["samples"][1]["loss_mask"]) is list  # not one kind of number
+    assert type(got["samples"][1]["rollout_log_probs"]) is list  # runs too short to pay
     assert type(got["m"]) is list  # not under `samples`
 
 
@@ -222,7 +224,10 @@ def test_the_plain_list_is_decoded(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("sample", "message"),
     [
-        ({"tokens": [5, -3, 7] * 30}, "`tokens` entry 1 is -3; token ids cannot be negative"),
+        (
+            {"tokens": [5] * 40 + [-3] + [7] * 40},
+            "`tokens` entry 40 is -3; token ids cannot be negative",
+        ),
         ({"tokens": [5.0] * 90}, "`tokens` entry 0 is 5.0, not an integer"),
         (
             {"tokens": [5] * 90, "loss_mask": [0.5] * 90},

@@ -27,11 +27,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tokenlake import __version__, layout
-from tokenlake.errors import CacheError
+from tokenlake.errors import CacheError, LakeError
 from tokenlake.processes import process_alive
 from tokenlake.serve import rollups, sql_views, user_view_check, user_views
 from tokenlake.store import manifest
 from tokenlake.store.base import Store, ViewFile
+from tokenlake.store.local import atomic_write
 from tokenlake.store.private_cache import cache_root, forget_least_used, private_folder
 
 log = logging.getLogger(__name__)
@@ -125,11 +126,9 @@ def keep(
     except OSError:  # another command kept the same key first (the same views)
         return building / layout.CATALOG_FILE, problems
     for entry in os.scandir(folder):
-        if entry.name not in (key, _HEALTHY) and _finished_with(entry.name):
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:  # a check's line left half-written by a process that is gone
-                os.unlink(entry.path)
+        # folders only: the healthy check's line is a file (and so is its write in progress)
+        if entry.name != key and entry.is_dir(follow_symlinks=False) and _finished_with(entry.name):
+            shutil.rmtree(entry.path, ignore_errors=True)
     forget_least_used(folder.parent, MAX_LAKES)
     return folder / key / layout.CATALOG_FILE, problems
 
@@ -163,14 +162,15 @@ def recorded_healthy(store: Store) -> str | None:
 
 def remember_healthy(store: Store, line: str) -> None:
     """Keep `line` (what a check that found the lake's catalog file healthy saw) for the next
-    check to compare with; written whole under a fresh name, then renamed."""
+    check to compare with (written whole, then renamed into place)."""
     folder = lake_folder(store)
     if folder is None or len(line.encode()) > _HEALTHY_BYTES:
         return
-    fresh = folder / f"{_BUILDING}{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        fresh.write_text(line, encoding="utf-8")
-        os.replace(fresh, folder / _HEALTHY)
-    except OSError as exc:
+        atomic_write(folder / _HEALTHY, lambda temporary: _write_line(temporary, line))
+    except LakeError as exc:
         log.info("the catalog's check is not kept: %s", exc)
-        fresh.unlink(missing_ok=True)
+
+
+def _write_line(path: Path, line: str) -> None:
+    path.write_text(line, encoding="utf-8")

@@ -18,6 +18,7 @@ anything but a value in a container fails, and the file is then loaded the exact
 from __future__ import annotations
 
 import re
+from itertools import chain
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -35,6 +36,9 @@ _ITEMS = {0x47: (9, ">f8"), 0x4B: (2, "u1"), 0x4D: (3, "<u2"), 0x4A: (5, "<i4")}
 _INTS = frozenset({0x4B, 0x4D, 0x4A})
 _COUNT = itemgetter(1)  # of a run (first opcode, count, opcode)
 MIN_ITEMS = 64  # shorter lists cost the unpickler less than their decoding
+# A list whose runs of one integer opcode average under _RUN_BYTES bytes (8 BININT2s) is left to
+# the unpickler, decided after _FEW_RUNS runs of a chunk.
+_RUN_BYTES, _FEW_RUNS = 24, 16
 _FLOAT_SLICE = 4096  # BINFLOATs looked at per strided slice (a chunk holds at most 1000)
 
 
@@ -103,7 +107,7 @@ def _plain_list(data: bytes, start: int, runs: list[tuple[int, int, int]]) -> in
     pos = start
     while pos + 1 < size and data[pos] == 0x28 and (data[pos + 1] == 0x47) == is_float:
         after = _floats(data, pos + 1, runs) if is_float else _ints(data, pos + 1, runs)
-        if after == pos + 1 or after >= size or data[after] != 0x65:  # APPENDS
+        if after <= pos + 1 or after >= size or data[after] != 0x65:  # APPENDS
             return None
         pos = after + 1
     if pos + 1 < size and data[pos] in _ITEMS and (data[pos] == 0x47) == is_float:
@@ -136,8 +140,10 @@ def _floats(data: bytes, pos: int, runs: list[tuple[int, int, int]], most: int =
 
 def _ints(data: bytes, pos: int, runs: list[tuple[int, int, int]], most: int = 0) -> int:
     """The end of the integer opcodes in a row at `pos` (at most `most` opcodes, if given),
-    noted in `runs` as runs of one opcode."""
-    match, width = _INT_RUN.match, _ITEMS
+    noted in `runs` as runs of one opcode; -1 if the runs are too short to be worth it (token
+    ids of a large vocabulary alternating between BININT2 and BININT: a regex call per number
+    or two costs more than the unpickler)."""
+    match, width, begin, made = _INT_RUN.match, _ITEMS, pos, 0
     while True:
         found = match(data, pos)
         if found is None:
@@ -151,6 +157,9 @@ def _ints(data: bytes, pos: int, runs: list[tuple[int, int, int]], most: int = 0
         runs.append((pos, count, op))
         if most:
             return end
+        made += 1
+        if made > _FEW_RUNS and end - begin < _RUN_BYTES * made:
+            return -1
         pos = end
 
 
@@ -170,7 +179,7 @@ def _rewrite(data: bytes, spans: list[Span], nonce: bytes) -> bytes:
 def _float_array(data: bytes, runs: list[tuple[int, int, int]]) -> ListArray:
     """A list of BINFLOATs as float64: each run's 8-byte big-endian arguments, 9 bytes apart,
     copied from one strided view (the bits the unpickler reads, NaN payloads included)."""
-    doubles = np.ndarray((len(data) - 7,), ">f8", data, 0, (1,))
+    doubles = _view(data, ">f8")
     out = np.empty(sum(map(_COUNT, runs)), np.float64)
     at = 0
     for first, count, _ in runs:
@@ -197,22 +206,33 @@ class _IntRuns:
     def fill(self, data: bytes) -> None:
         if not self.runs:
             return
-        first, count, op = np.array(self.runs, np.int64).T
+        flat = np.fromiter(chain.from_iterable(self.runs), np.int64, 3 * len(self.runs))
+        first, count, op = flat.reshape(-1, 3).T
         total = int(count.sum())
         width = np.select([op == 0x4B, op == 0x4D], [2, 3], 5)
         run_at = np.cumsum(count) - count  # each run's first number among all
         where = np.repeat(first + 1 - width * run_at, count)
         where += np.repeat(width, count) * np.arange(total)  # each number's argument
-        ops = np.repeat(op.astype(np.uint8), count)
         values = np.empty(total, np.int64)
-        for code, (_, dtype) in _ITEMS.items():
-            chosen = ops == code
-            if code != 0x47 and chosen.any():
-                view = np.ndarray((len(data) - np.dtype(dtype).itemsize + 1,), dtype, data, 0, (1,))
-                values[chosen] = view[where[chosen]]
+        values[:] = _view(data, "<u2")[where]  # BININT2s (most token ids); the rest below
+        for code in (0x4B, 0x4A):
+            chosen = op == code
+            if chosen.any():
+                items = _numbers_of(run_at[chosen], count[chosen])
+                values[items] = _view(data, _ITEMS[code][1])[where[items]]
         for array, start, end in self.lists:
             a, b = int(run_at[start]), int(run_at[end - 1] + count[end - 1])
             array[:] = values[a:b]
+
+
+def _view(data: bytes, dtype: str) -> np.ndarray:
+    """The `dtype` number starting at every byte of `data` (one strided view, no copy)."""
+    return np.ndarray((len(data) - np.dtype(dtype).itemsize + 1,), dtype, data, 0, (1,))
+
+
+def _numbers_of(run_at: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The indexes of the numbers of some runs (their first index, their count)."""
+    return np.repeat(run_at - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))
 
 
 class DecodedList(Placeholder):
