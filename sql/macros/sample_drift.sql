@@ -31,8 +31,15 @@ WITH per_sample AS (
         AVG(t.lp_diff) AS mean_lp_diff,
         AVG(t.abs_lp_diff) AS mean_abs_lp_diff,
         MAX(t.abs_lp_diff) AS max_abs_lp_diff,
-        AVG(clamp_abs(k3_term(clamp_abs(t.lp_diff, s.log_ratio_clamp)), s.k3_clamp))
-            AS k3_kl_clamped,
+        -- Within the clamp, clamp_abs leaves delta as it is and k3_term(delta) is toks.k3:
+        -- the same value without a second exp() per token.
+        AVG(clamp_abs(
+            CASE
+                WHEN t.abs_lp_diff <= s.log_ratio_clamp THEN t.k3
+                ELSE k3_term(clamp_abs(t.lp_diff, s.log_ratio_clamp))
+            END,
+            s.k3_clamp
+        )) AS k3_kl_clamped,
         AVG(t.train_log_prob) AS mean_train_log_prob,
         AVG(t.rollout_log_prob) AS mean_rollout_log_prob,
         MIN(t.ratio) AS min_ratio,

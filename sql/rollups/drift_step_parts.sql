@@ -2,7 +2,7 @@
 -- correlation, spread), and the count of covered tokens the drift statistics leave out: the
 -- rollup behind drift_steps. Written for each step at commit (docs/rollups.md).
 -- Grain: one row per training step (run, rollout_id) with at least one token row.
--- Inputs: tokens; macros drift_covered, drift_finite (sql/macros).
+-- Inputs: tokens, drift_tokens; macros drift_covered, drift_finite (sql/macros).
 -- Settings: none.
 -- Columns (nats unless said otherwise):
 --   run                VARCHAR  run name
@@ -14,40 +14,41 @@
 --                               undefined: drift_steps shows it as null)
 --   is_ratio_std       DOUBLE   population std of r = exp(delta) (ratio)
 CREATE OR REPLACE VIEW drift_step_parts AS
-WITH step_tokens AS (
-    -- One pass over the training tokens: the covered non-finite count and, over drift_tokens'
-    -- rows (the same filter and columns), the statistics a sum per sample cannot give.
+WITH step_counts AS (
+    -- The steps with a training token row, and their covered tokens that drift_tokens leaves
+    -- out (a count: it needs none of the per-token terms).
     SELECT
         run,
         rollout_id,
-        COUNT(*) FILTER (WHERE covered AND NOT finite) AS nonfinite_tokens,
-        QUANTILE_CONT(ABS(lp_diff::DOUBLE), [0.5, 0.9, 0.99, 0.999])
-            FILTER (WHERE covered AND finite) AS abs_quantiles,
-        CORR(EXP(train_log_prob::DOUBLE), EXP(rollout_log_prob::DOUBLE))
-            FILTER (WHERE covered AND finite) AS prob_corr,
-        STDDEV_POP(EXP(lp_diff::DOUBLE)) FILTER (WHERE covered AND finite) AS is_ratio_std
-    FROM (
-        SELECT
-            run,
-            rollout_id,
-            lp_diff,
-            train_log_prob,
-            rollout_log_prob,
-            drift_covered(loss_mask, lp_diff) AS covered,
-            drift_finite(lp_diff, train_log_prob, rollout_log_prob) AS finite
-        FROM tokens
-        WHERE NOT evaluation
-    )
+        COUNT(*) FILTER (
+            WHERE drift_covered(loss_mask, lp_diff)
+                AND NOT drift_finite(lp_diff, train_log_prob, rollout_log_prob)
+        ) AS nonfinite_tokens
+    FROM tokens
+    WHERE NOT evaluation
+    GROUP BY run, rollout_id
+),
+token_statistics AS (
+    -- Over drift_tokens' rows and its per-token terms (|delta|, the probabilities, r), which
+    -- it computes once for every rollup that reads them.
+    SELECT
+        run,
+        rollout_id,
+        QUANTILE_CONT(abs_lp_diff, [0.5, 0.9, 0.99, 0.999]) AS abs_quantiles,
+        CORR(train_prob, rollout_prob) AS prob_corr,
+        STDDEV_POP(ratio) AS is_ratio_std
+    FROM drift_tokens
     GROUP BY run, rollout_id
 )
 SELECT
-    run::VARCHAR AS run,
-    rollout_id::BIGINT AS rollout_id,
-    nonfinite_tokens::BIGINT AS nonfinite_tokens,
-    abs_quantiles[1]::DOUBLE AS p50_abs_lp_diff,
-    abs_quantiles[2]::DOUBLE AS p90_abs_lp_diff,
-    abs_quantiles[3]::DOUBLE AS p99_abs_lp_diff,
-    abs_quantiles[4]::DOUBLE AS p999_abs_lp_diff,
-    prob_corr::DOUBLE AS prob_corr,
-    is_ratio_std::DOUBLE AS is_ratio_std
-FROM step_tokens
+    c.run::VARCHAR AS run,
+    c.rollout_id::BIGINT AS rollout_id,
+    c.nonfinite_tokens::BIGINT AS nonfinite_tokens,
+    t.abs_quantiles[1]::DOUBLE AS p50_abs_lp_diff,
+    t.abs_quantiles[2]::DOUBLE AS p90_abs_lp_diff,
+    t.abs_quantiles[3]::DOUBLE AS p99_abs_lp_diff,
+    t.abs_quantiles[4]::DOUBLE AS p999_abs_lp_diff,
+    t.prob_corr::DOUBLE AS prob_corr,
+    t.is_ratio_std::DOUBLE AS is_ratio_std
+FROM step_counts AS c
+LEFT JOIN token_statistics AS t USING (run, rollout_id)

@@ -238,7 +238,7 @@ _DRIFT_ROWS = "tokenlake_step_drift_rows"  # drift_tokens' rows of the steps, co
 def _materialise_drift_tokens(
     con: duckdb.DuckDBPyConnection, run: str, rollout_id: str, together: bool
 ) -> None:
-    """Compute `drift_tokens` once for the steps (the per-token terms six rollups share) into a
+    """Compute `drift_tokens` once for the steps (the per-token terms seven rollups read) into a
     TEMP table, shadowed by a TEMP view of the same name for every view of this connection.
 
     The table leaves out the columns that hold one value for every row (`run`; `rollout_id`
