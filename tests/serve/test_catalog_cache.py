@@ -273,3 +273,22 @@ def test_verify_on_an_unchanged_catalog_does_not_import_duckdb(
     imported = [{line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines()} for r in runs]
     assert "_duckdb" in imported[0]
     assert "_duckdb" not in imported[1]
+
+
+def test_tag_reads_the_runs_row_without_importing_pyarrow_compute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tag` keeps the run's stored row as Python values: its dictionary strings are never cast
+    (pyarrow.compute's import, ~40 ms of the command)."""
+    monkeypatch.setenv("TOKENLAKE_CACHE", str(tmp_path / "cache"))
+    lake = tmp_path / "lake"
+    extracted = CliRunner().invoke(
+        main, ["extract", str(REAL_DUMPS / "basic"), "--lake", str(lake), "--silent"]
+    )
+    assert extracted.exit_code == 0, extracted.output
+    command = [sys.executable, "-X", "importtime", "-m", "tokenlake", "tag", str(lake), "basic"]
+    done = subprocess.run([*command, "k=v"], capture_output=True, text=True, env=dict(os.environ))
+    assert (done.returncode, done.stdout) == (0, "Run `basic` tags: k=v\n")
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert "pyarrow.parquet" in imported
+    assert "pyarrow.compute" not in imported

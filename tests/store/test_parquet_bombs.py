@@ -113,3 +113,29 @@ def test_an_honest_file_reads_back_exactly_as_written(tmp_path: Path) -> None:
     pq.write_table(written, tmp_path / "x.parquet", use_dictionary=True)
     read = parquet.read_table(LocalStore(tmp_path), "x.parquet", max_rows=4)
     assert read.equals(written) and read.schema.metadata == written.schema.metadata
+
+
+def test_rows_read_as_values_are_the_tables_rows_and_as_bounded(tmp_path: Path) -> None:
+    """`read_rows` leaves dictionary strings undecoded (no cast): the same Python values."""
+    written = pa.table(
+        {
+            "weight_versions": pa.array([["a", "b"], None, [], ["a"]], pa.list_(pa.string())),
+            "token_version": pa.array(["a", None, "a", "b"]),
+            "n": pa.array([1, None, 3, 4], pa.int64()),
+        }
+    )
+    pq.write_table(written, tmp_path / "x.parquet", use_dictionary=True)
+    store = LocalStore(tmp_path)
+    assert parquet.read_rows(store, "x.parquet", 3) == [
+        {"weight_versions": ["a", "b"], "token_version": "a", "n": 1},
+        {"weight_versions": None, "token_version": None, "n": None},
+        {"weight_versions": [], "token_version": "a", "n": 3},
+    ]
+    assert parquet.read_rows(store, "x.parquet", 9) == written.to_pylist()
+    pq.write_table(pa.table({"v": _dictionary_of("v" * MiB, 100)}), tmp_path / "x.parquet")
+    with pytest.raises(parquet.UnreadableLakeFile) as refused:
+        parquet.read_rows(store, "x.parquet", 1)
+    assert refused.value.reason == (
+        "it would decode to 101 MiB, more than the 67 MiB a file of 49,649 bytes may:"
+        " 64 x its size + 64 MiB"
+    )

@@ -139,12 +139,12 @@ def stored_run_row(store: Store, record: manifest.RunManifest) -> dict[str, Any]
         changed = (
             None if recorded is None else parquet.identity_change(store, record.runs_file, recorded)
         )
-        table = parquet.read_table(store, record.runs_file)
+        rows = parquet.read_rows(store, record.runs_file, 1)
     except parquet.UnreadableLakeFile as exc:
         raise LakeError(exc.path, f"cannot be read ({exc.reason}); extract the run again") from exc
     if changed is not None:  # its values would be written again as the run's own
         raise LakeError(store.url(record.runs_file), f"{changed}; extract the run again")
-    return table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
+    return rows[0] if rows else {}
 
 
 # ---------------------------------------------------------------------------------------------
