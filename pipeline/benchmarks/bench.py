@@ -231,7 +231,15 @@ SCAN_SQL = (
     " WHERE NOT evaluation GROUP BY ALL"
 )
 # Views that return one row per token or a constant row are not aggregates; they are not timed.
-_NOT_AGGREGATES = ("drift_settings", "drift_tokens")
+# Not aggregates: the settings row, and the views of one row per token (their Grain headers),
+# whose `SELECT *` lists millions of rows (`audit_tokens` keeps only a few candidate rows).
+_NOT_AGGREGATES = (
+    "drift_settings",
+    "drift_tokens",
+    "drift_teacher_tokens",
+    "drift_token_samples",
+    "trained_tokens",
+)
 
 
 def view_ratios(lake: Path, repeat: int = 5) -> list[tuple[str, float, float]]:

@@ -25,7 +25,9 @@ def test_view_ratios_cover_every_aggregate_view(tmp_path, capsys):
     build_lake(tmp_path, tokens=tokens)
     ratios = bench.view_ratios(tmp_path, repeat=1)
     views = [p.stem for p in sql_views.iter_view_files()]
-    expected = [v for v in views if v not in ("drift_settings", "drift_tokens")]
+    per_token = ("drift_tokens", "drift_teacher_tokens", "drift_token_samples", "trained_tokens")
+    expected = [v for v in views if v not in ("drift_settings", *per_token)]
+    assert "drift_steps" in expected and "audit_tokens" in expected
     assert [name for name, _, _ in ratios] == ["scan", *expected]
     assert ratios[0][2] == 1.0
     assert all(seconds > 0 and ratio > 0 for _, seconds, ratio in ratios)
