@@ -6,10 +6,8 @@ mutated ones."""
 from __future__ import annotations
 
 import math
-import os
 import pickle
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +18,8 @@ from hypothesis import strategies as st
 
 from tests.forge import write_pt
 from tests.read.test_ptread import REAL_FILES, assert_same
-from tests.read.test_ptread_layouts import LAYOUTS
+from tests.read.test_ptread_layouts import LAYOUTS, written_layout
 from tokenlake.errors import PipelineError
-from tokenlake.generator import synth
 from tokenlake.read import validate
 from tokenlake.read.pt import ptcheck, ptlists, ptread, ptzip
 from tokenlake.steptypes import ListArray
@@ -83,12 +80,7 @@ def test_every_fixture_file_loads_the_same_with_its_lists_decoded(path: Path) ->
 def test_every_generated_rollout_file_loads_the_same_with_its_lists_decoded(
     tmp_path: Path, name: str
 ) -> None:
-    synth.write_dump(tmp_path, LAYOUTS[name])
-    rollouts = sorted(tmp_path.glob("rollout_data/*.pt"))
-    assert rollouts
-    old = time.time() - 3600  # a finished run: the reader memory-maps files this old
-    for path in rollouts:
-        os.utime(path, (old, old))
+    rollouts = written_layout(tmp_path, name, "rollout_data/*.pt")
     decoded = sum(assert_fast_is_exact(path) for path in rollouts)
     if name == "example":  # its lists of at least ptlists.MIN_ITEMS numbers
         assert decoded == 48

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from tests.read.test_ptread import assert_same, load_torch_reference
+from tests.read.test_ptread import _age, assert_same, load_torch_reference
 from tokenlake.generator import synth
 from tokenlake.read import pt
 
@@ -27,13 +25,17 @@ LAYOUTS = {
 }
 
 
+def written_layout(root: Path, name: str, pattern: str) -> list[Path]:
+    """The files of layout `name` written under `root` that match `pattern`, backdated as a
+    finished run's (the reader memory-maps them and never calls them still being written)."""
+    synth.write_dump(root, LAYOUTS[name])
+    files = sorted(root.glob(pattern))
+    assert files
+    return [_age(path) for path in files]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_every_file_of_every_layout_equals_torch(tmp_path: Path, name: str) -> None:
-    synth.write_dump(tmp_path, LAYOUTS[name])
-    files = sorted(tmp_path.rglob("*.pt"))
-    assert files
-    old = time.time() - 3600  # a finished run: the reader memory-maps files this old
-    for path in files:
-        os.utime(path, (old, old))
+    for path in written_layout(tmp_path, name, "**/*.pt"):
         assert_same(pt.load(path), load_torch_reference(path), str(path.relative_to(tmp_path)))
