@@ -20,7 +20,7 @@ from tokenlake import schema
 from tokenlake.cli import main
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
-from tokenlake.serve import catalog, rollups
+from tokenlake.serve import catalog, catalog_cache, rollups
 from tokenlake.serve.sql_views import iter_audit_files
 from tokenlake.store import manifest
 
@@ -51,11 +51,13 @@ def extracted(tmp_path: Path, preset: str) -> Path:
 
 
 def from_tokens(lake: Path, monkeypatch: pytest.MonkeyPatch) -> duckdb.DuckDBPyConnection:
-    """The lake's views with every rollup computed from the tokens, as before rollups."""
+    """The lake's views with every rollup computed from the tokens, as before rollups (built
+    for this connection only: a kept catalog of the lake holds its stored rollups)."""
     with monkeypatch.context() as patched:
         patched.setattr(
             rollups, "catalog_views", lambda steps, files: rollups.CatalogRollups({}, None)
         )
+        patched.setattr(catalog_cache, "lake_folder", lambda store: None)
         return catalog.connect(store_of(lake))
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from tokenlake import layout, schema
 from tokenlake.errors import LakeError, ctrl_c_from_duckdb
 from tokenlake.processes import crash_point
-from tokenlake.serve import catalog_cache, rollups
+from tokenlake.serve import catalog_cache, kept_rows, rollups
 from tokenlake.serve.served import served_records
 from tokenlake.serve.sql_views import (
     base_view_sql,
@@ -490,6 +490,8 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
 
             kept = catalog_cache.keep(folder, key, build, unchanged)
         path, problems = kept
+        if catalog_cache.is_kept(path):  # the lake is as the key says: its rows may be kept too
+            path = kept_rows.with_rows(path, store, served)
         con = duckdb.connect(str(path), read_only=True)
         catalog_cache.discard_unkept(path)
     for problem in problems:

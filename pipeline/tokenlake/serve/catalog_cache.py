@@ -29,7 +29,7 @@ from pathlib import Path
 from tokenlake import __version__, layout
 from tokenlake.errors import CacheError, LakeError
 from tokenlake.processes import process_alive
-from tokenlake.serve import rollups, sql_views, user_view_check, user_views
+from tokenlake.serve import kept_rows, rollups, sql_views, user_view_check, user_views
 from tokenlake.store import manifest
 from tokenlake.store.base import Store, ViewFile
 from tokenlake.store.local import atomic_write
@@ -67,7 +67,7 @@ def catalog_key(
         store.location,
     ):
         digest.update(f"{part}\0".encode("utf-8", "surrogatepass"))
-    for module in (rollups, sql_views, user_views, user_view_check, layout):
+    for module in (rollups, sql_views, user_views, user_view_check, layout, kept_rows):
         digest.update(Path(str(module.__file__)).read_bytes())
     digest.update(builder.read_bytes())
     for record in records:
@@ -141,9 +141,14 @@ def _finished_with(name: str) -> bool:
     return pid.isdigit() and not process_alive(int(pid))
 
 
+def is_kept(path: Path) -> bool:
+    """Whether a catalog `keep` returned is kept under its key (else it serves one command)."""
+    return not path.parent.name.startswith(_BUILDING)
+
+
 def discard_unkept(path: Path) -> None:
     """Delete a catalog built for one command (its open connection keeps the file alive)."""
-    if path.parent.name.startswith(_BUILDING):
+    if not is_kept(path):
         shutil.rmtree(path.parent, ignore_errors=True)
 
 

@@ -571,6 +571,12 @@ def settings_digests(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 _HIT = "tokenlake_settings_hit"
 
 
+def guarded(name: str, stored: str, digest: str) -> str:
+    """`stored` (the rollup's rows computed under the settings digest `digest`) while the
+    session's drift_settings give that digest, else the rollup computed from the tokens."""
+    return _guarded(name, stored, settings_of(name), digest)
+
+
 def _guarded(name: str, stored: str, settings: Sequence[str], digest: str) -> str:
     """The stored rows while the session's drift_settings give `digest`, else the rollup's
     own query over the tokens. The fallback is a join with a one-row-or-empty relation: DuckDB

@@ -1,0 +1,83 @@
+"""A reader's kept catalog holds the rows of the samples and the stored rollups: the same
+views, the same rows, a `--set` override still computed from the tokens, and none kept for a
+lake beyond the bound (serve/kept_rows.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import store_of
+from tokenlake import schema
+from tokenlake.generator import synth
+from tokenlake.orchestrate.extract import ExtractOptions, extract_run
+from tokenlake.serve import catalog, catalog_cache, kept_rows, rollups
+from tokenlake.serve.query import connect_reader
+
+OVERRIDE = {"histogram_half_width": 0.25}  # a setting drift_histogram_parts depends on
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("kept_rows")
+    synth.write_dump(root / "dump", synth.PRESETS["example"])
+    extract_run(root / "dump", store_of(root / "lake"), ExtractOptions(workers=1))
+    return root / "lake"
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TOKENLAKE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def copied_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+    listed = con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = ? ORDER BY table_name",
+        [kept_rows.SCHEMA],
+    ).fetchall()
+    return [name for (name,) in listed]
+
+
+def uncached(lake: Path, monkeypatch: pytest.MonkeyPatch, settings: dict | None = None):  # type: ignore[no-untyped-def]
+    """The lake's views built for one connection, over the files (no kept catalog)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(catalog_cache, "lake_folder", lambda store: None)
+        return connect_reader(store_of(lake), settings)
+
+
+def test_a_kept_catalog_serves_the_rows_copied_into_it(
+    lake: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with catalog.connect(store_of(lake)) as kept, uncached(lake, monkeypatch) as files:
+        assert copied_tables(kept) == sorted([schema.SAMPLES, *rollups.rollup_names()])
+        assert copied_tables(files) == []
+        for view in ("samples", "step_stats", "drift_steps", "drift_histogram", "group_stats"):
+            query = f"SELECT * FROM {view} ORDER BY ALL"
+            assert kept.execute(query).fetchall() == files.execute(query).fetchall(), view
+    assert len(list(cache.rglob(f"{kept_rows.FOLDER}/tokenlake.duckdb"))) == 1
+
+
+def test_a_settings_override_computes_its_rollups_from_the_tokens(
+    lake: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    query = "SELECT * FROM drift_histogram ORDER BY ALL"
+    with connect_reader(store_of(lake), OVERRIDE) as kept:
+        assert copied_tables(kept)  # the kept rows are there, and not read
+        overridden = kept.execute(query).fetchall()
+    with uncached(lake, monkeypatch, OVERRIDE) as files:
+        assert overridden == files.execute(query).fetchall()
+    with connect_reader(store_of(lake)) as default:
+        assert overridden != default.execute(query).fetchall()
+
+
+def test_a_lake_beyond_the_bound_keeps_its_views_over_the_files(
+    lake: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kept_rows, "COPY_LIMIT", 0)
+    with catalog.connect(store_of(lake)) as con:
+        assert copied_tables(con) == []
+        assert con.execute("SELECT count(*) FROM samples").fetchall() == [(112,)]
+    assert list(cache.rglob(kept_rows.FOLDER)) == []
