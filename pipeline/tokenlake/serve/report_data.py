@@ -508,22 +508,36 @@ STRIP_ARRAYS = {
 def strip_tokens(con: duckdb.DuckDBPyConnection, samples: Rows) -> list[dict[str, Any]]:
     """Every response token of the given samples, as one JSON array per field and sample.
 
-    Reads only those samples' partitions (run and step in the condition, batch position
-    pruning row groups). The arrays are built in SQL, so no Python loop touches a token.
+    One query for all of them, reading only their runs' and steps' partitions (batch
+    positions pruning row groups): a query a sample planned over every file of a lake of many
+    steps again and again. The arrays are built in SQL, so no Python loop touches a token.
     """
     import json
 
-    strips = []
-    arrays = ", ".join(f"{_json_array(sql)} AS {name}" for name, sql in STRIP_ARRAYS.items())
-    for sample in samples:
+    keys = [
+        (str(sample["run"]), int(sample["rollout_id"]), int(sample["batch_position"]))
+        for sample in samples
+    ]
+    found: dict[tuple[str, int, int], tuple[Any, ...]] = {}
+    if keys:
+        arrays = ", ".join(f"{_json_array(sql)} AS {name}" for name, sql in STRIP_ARRAYS.items())
+        quote = sql_views.quote_literal
+        runs = ", ".join(sorted({quote(run) for run, _, _ in keys}))
+        steps = ", ".join(sorted({str(step) for _, step, _ in keys}))
+        which = " OR ".join(
+            f"(t.run = {quote(run)} AND t.rollout_id = {step} AND t.batch_position = {position})"
+            for run, step, position in keys
+        )
         rows = con.sql(
-            f"SELECT {arrays} FROM tokens AS t LEFT JOIN vocab AS v "
-            "ON v.run = t.run AND v.token_id = t.token_id "
-            f"WHERE t.run = {sql_views.quote_literal(sample['run'])} "
-            f"AND t.rollout_id = {int(sample['rollout_id'])} AND NOT t.evaluation "
-            f"AND t.batch_position = {int(sample['batch_position'])}"
+            f"SELECT t.run, t.rollout_id, t.batch_position, {arrays} FROM tokens AS t "
+            "LEFT JOIN vocab AS v ON v.run = t.run AND v.token_id = t.token_id "
+            f"WHERE t.run IN ({runs}) AND t.rollout_id IN ({steps}) AND NOT t.evaluation "
+            f"AND ({which}) GROUP BY t.run, t.rollout_id, t.batch_position"
         ).fetchall()
-        row = rows[0] if rows else (None,) * len(STRIP_ARRAYS)
+        found = {(str(r[0]), int(r[1]), int(r[2])): tuple(r[3:]) for r in rows}
+    strips = []
+    for sample, key in zip(samples, keys, strict=True):
+        row = found.get(key, (None,) * len(STRIP_ARRAYS))
         values = {
             name: json.loads(text or "[]") for name, text in zip(STRIP_ARRAYS, row, strict=True)
         }
