@@ -23,7 +23,7 @@ from tests.serve.test_user_view_sandbox import FORM, lake_with_views, skipped
 from tokenlake import layout
 from tokenlake.cli import main
 from tokenlake.serve import catalog, catalog_cache
-from tokenlake.store import manifest
+from tokenlake.store import manifest, parquet
 
 QUESTION = "SELECT count(*), sum(token_id) FROM tokens"  # token ids 0, 0, 0
 
@@ -49,9 +49,10 @@ def _answer(lake: Path) -> list[tuple[object, ...]]:
 
 
 def _kept(tmp_path: Path) -> list[str]:
-    """The keys kept, over every lake's folder."""
+    """The keys kept, over every lake's folder (folders: beside them, files of what readers
+    found)."""
     top = tmp_path / "cache" / catalog_cache.FOLDER
-    return sorted(key.name for lake in top.iterdir() for key in lake.iterdir())
+    return sorted(key.name for lake in top.iterdir() for key in lake.iterdir() if key.is_dir())
 
 
 def test_a_second_reader_opens_the_kept_catalog(tmp_path: Path, builds: list[Path]) -> None:
@@ -199,7 +200,7 @@ def test_only_the_lakes_used_last_keep_a_catalog(
     assert kept != folder and not folder.exists()  # the first lake's catalog forgotten
     _answer(first)  # built and kept again
     (kept,) = (tmp_path / "cache" / catalog_cache.FOLDER).iterdir()
-    assert [entry.name for entry in kept.iterdir()] == _kept(tmp_path)
+    assert [entry.name for entry in kept.iterdir() if entry.is_dir()] == _kept(tmp_path)
     assert len(builds) == 2
 
 
@@ -217,7 +218,7 @@ def test_a_lakes_stale_builds_and_older_keys_are_deleted(
         made.mkdir()
     CliRunner().invoke(main, ["tag", str(lake), "r", "k=v"])
     _answer(lake)  # a new key kept
-    names = sorted(entry.name for entry in folder.iterdir())
+    names = sorted(entry.name for entry in folder.iterdir() if entry.is_dir())
     assert names[0] == running.name  # only the stale build and the older keys are gone
     assert len(names) == 2 and len(names[1]) == 32 and names[1] != "0" * 32
 
@@ -292,3 +293,28 @@ def test_tag_reads_the_runs_row_without_importing_pyarrow_compute(
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
     assert "pyarrow.parquet" in imported
     assert "pyarrow.compute" not in imported
+
+
+def test_a_reader_reads_again_only_the_footers_of_files_changed_since_the_last(
+    tmp_path: Path, builds: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake = lake_with_views(tmp_path, {})
+    catalog.build_catalog(store_of(lake))
+    read: list[str] = []
+    footer_identity = parquet.footer_identity
+
+    def counting(store, name):  # type: ignore[no-untyped-def]
+        read.append(name)
+        return footer_identity(store, name)
+
+    monkeypatch.setattr(parquet, "footer_identity", counting)
+    first = _answer(lake)
+    listed = sorted(set(read))
+    assert listed  # every listed file's footer, the first time
+    read.clear()
+    assert _answer(lake) == first
+    assert read == []  # none changed since
+    (tokens,) = (lake / "tokens").rglob("*.parquet")
+    os.utime(tokens)  # the same bytes, another mtime and ctime: read again, and still served
+    assert _answer(lake) == first
+    assert read == [tokens.relative_to(lake).as_posix()]

@@ -106,7 +106,7 @@ def test_a_kept_catalog_is_not_served_after_a_file_is_forged(
     honest = (0, '"rollout_id","count_star()"\n0,124\n1,82\n', [])
     assert cli_process("query", str(lake), by_step, "--format", "csv") == honest
     assert cli_process("query", str(lake), by_step, "--format", "csv") == honest  # kept
-    assert len(list((tmp_path / "cache" / "catalogs").rglob("*.duckdb"))) == 1
+    assert len(list((tmp_path / "cache" / "catalogs").glob("*/*/tokenlake.duckdb"))) == 1
     (forged,) = (lake / "tokens/run=basic/rollout_id=1").glob("train-*.parquet")
     _forge_maximum(forged, "lp_diff")
     name = forged.relative_to(lake).as_posix()

@@ -475,7 +475,9 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
     else:
         # Keyed on what may be served now, not only on the manifests: a file changed or
         # linked since a kept build was made is left out of a new one (serve/served.py).
-        served, _ = served_records(store, records)
+        footers = catalog_cache.known_footers(folder)
+        served, _ = served_records(store, records, footers=footers)
+        catalog_cache.remember_footers(folder, footers)
         key = catalog_cache.catalog_key(store, served, views, Path(__file__))
         kept = catalog_cache.cached(folder, key)
         if kept is None:

@@ -19,6 +19,7 @@ own catalog file healthy saw (`remember_healthy`), compared, never run, by the n
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import secrets
@@ -30,6 +31,7 @@ from tokenlake import __version__, layout
 from tokenlake.errors import CacheError, LakeError
 from tokenlake.processes import process_alive
 from tokenlake.serve import kept_rows, rollups, sql_views, user_view_check, user_views
+from tokenlake.serve.served import KnownFooters
 from tokenlake.store import manifest
 from tokenlake.store.base import Store, ViewFile
 from tokenlake.store.local import atomic_write
@@ -46,6 +48,8 @@ MAX_LAKES = 64  # lakes whose catalogs are kept, the ones used last
 # healthy (`remember_healthy`); never run, only compared.
 _HEALTHY = "healthy-catalog.txt"
 _HEALTHY_BYTES = 512
+# Beside a lake's keys: the footer identities its last reader found (`remember_footers`).
+_FOOTERS = "footers.json"
 
 
 def catalog_key(
@@ -179,3 +183,37 @@ def remember_healthy(store: Store, line: str) -> None:
 
 def _write_line(path: Path, line: str) -> None:
     path.write_text(line, encoding="utf-8")
+
+
+def known_footers(folder: Path) -> KnownFooters:
+    """The footer identities the lake's last reader found (`remember_footers`), by each file's
+    `lstat` identity then; none when there are none or they cannot be read whole."""
+    try:  # never through a link
+        handle = os.open(folder / _FOOTERS, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return KnownFooters()
+    with os.fdopen(handle, "rb") as file:
+        try:
+            found = json.loads(file.read())
+        except (OSError, ValueError):
+            return KnownFooters()
+    if not isinstance(found, dict):
+        return KnownFooters()
+    kept = {
+        name: (pair[0], pair[1])
+        for name, pair in found.items()
+        if isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
+    }
+    return KnownFooters(kept)
+
+
+def remember_footers(folder: Path, footers: KnownFooters) -> None:
+    """Keep what this reader found for the next (written whole, then renamed into place),
+    unless it is what was kept."""
+    if footers.found == footers.kept:
+        return
+    text = json.dumps({name: list(pair) for name, pair in footers.found.items()})
+    try:
+        atomic_write(folder / _FOOTERS, lambda temporary: _write_line(temporary, text))
+    except LakeError as exc:
+        log.info("the lake's footers are not kept: %s", exc)

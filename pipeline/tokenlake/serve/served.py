@@ -8,19 +8,76 @@ or `metrics` file is left out alone."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import os
+import stat
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokenlake import schema
 from tokenlake.errors import LakeError
 from tokenlake.store import manifest, parquet
 from tokenlake.store.base import Store
+from tokenlake.store.local import LocalStore
 
 _FROM_TOKENS = "rollups not served, its views read its tokens"
 
 
+@dataclass
+class KnownFooters:
+    """Footer identities of a local lake's files read before, each with the file's `lstat`
+    identity then (device, inode, size, mtime, ctime: a write or a rename over the file changes
+    its inode or ctime, which no writer of the lake can set back), so an unchanged file's footer
+    is not read again. `kept`: what an earlier command found (serve/catalog_cache.py keeps it
+    in the user's private cache); `found`: what this one found, for the next.
+    """
+
+    kept: dict[str, tuple[str, str]] = field(default_factory=dict)
+    found: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _folders: set[str] = field(default_factory=set)  # checked in this pass: no links
+
+    def identity(self, store: LocalStore, name: str) -> str:
+        """`parquet.footer_identity` of the file `name`, read only if it changed since kept.
+
+        Raises:
+            LakeError: The name lies outside the lake, or a folder on its way is a link
+                (`UnreadableLakeFile`: the file itself is one, or cannot be read).
+        """
+        info = self._regular_file(store, name)
+        if info is None:  # anything but a plain file in plain folders: refused as it always was
+            return parquet.footer_identity(store, name)
+        seen = f"{info.st_dev} {info.st_ino} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns}"
+        kept = self.kept.get(name)
+        identity = kept[1] if kept is not None and kept[0] == seen else None
+        if identity is None:
+            identity = parquet.footer_identity(store, name)
+        self.found[name] = (seen, identity)
+        return identity
+
+    def _regular_file(self, store: LocalStore, name: str) -> os.stat_result | None:
+        """The `lstat` of the lake file `name` when it is a regular file reached through
+        folders that are no links (each folder checked once a pass), else None."""
+        parts = name.split("/")
+        if name.startswith("/") or ".." in parts:
+            return None
+        path = str(store.root)
+        try:
+            for part in parts[:-1]:
+                path = os.path.join(path, part)
+                if path not in self._folders:
+                    if not stat.S_ISDIR(os.lstat(path).st_mode):
+                        return None
+                    self._folders.add(path)
+            info = os.lstat(os.path.join(path, parts[-1]))
+        except OSError:
+            return None
+        return info if stat.S_ISREG(info.st_mode) else None
+
+
 def served_records(
-    store: Store, records: list[manifest.RunManifest], listing: Any = None
+    store: Store,
+    records: list[manifest.RunManifest],
+    listing: Any = None,
+    footers: KnownFooters | None = None,
 ) -> tuple[list[manifest.RunManifest], list[str]]:
     """`records` without the steps, rollups and side files the views must not read, and one
     line for each run or step affected.
@@ -29,11 +86,13 @@ def served_records(
         listing: On an object store, the filesystem `Store.reading_filesystem` listed the
             lake's folders with: each file's size is compared with its identity's from that
             listing (no request per file). None: an object store's files are not compared.
+        footers: A local lake's footer identities read before (`KnownFooters`): an unchanged
+            file's footer is not read again.
     """
     served: list[manifest.RunManifest] = []
     problems: list[str] = []
     for record in records:
-        steps, left_out, no_rollups = _served_steps(store, record, listing)
+        steps, left_out, no_rollups = _served_steps(store, record, listing, footers)
         if left_out and not steps:  # e.g. a link at the run's folder: every step alike
             problems.append(f"run `{record.run}`: not served: {next(iter(left_out.values()))}")
             continue
@@ -49,7 +108,7 @@ def served_records(
                 f"run `{record.run}` step {k}: {_FROM_TOKENS}: {p}" for k, p in no_rollups.items()
             ]
         copy = replace(record, steps=steps, metrics_files=list(record.metrics_files))
-        side_problem = _without_unservable_side_files(store, copy, listing)
+        side_problem = _without_unservable_side_files(store, copy, listing, footers)
         if side_problem is not None:
             problems.append(f"run `{record.run}`: {side_problem}")
         served.append(copy)
@@ -57,19 +116,19 @@ def served_records(
 
 
 def _served_steps(
-    store: Store, record: manifest.RunManifest, listing: Any
+    store: Store, record: manifest.RunManifest, listing: Any, footers: KnownFooters | None
 ) -> tuple[dict[str, manifest.StepRecord], dict[str, str], dict[str, str]]:
     """The run's steps as served; the steps left out and the steps served without their
     rollups, each with why."""
     steps, left_out, no_rollups = {}, {}, {}
     for key, step in record.steps.items():
         own = {t: n for t, n in step.files.items() if t not in schema.ROLLUP_TABLES}
-        problem = _files_problem(store, own, step.identities, listing)
+        problem = _files_problem(store, own, step.identities, listing, footers)
         if problem is not None:
             left_out[key] = problem
             continue
         rollups = {t: n for t, n in step.files.items() if t in schema.ROLLUP_TABLES}
-        rollup_problem = _files_problem(store, rollups, step.identities, listing)
+        rollup_problem = _files_problem(store, rollups, step.identities, listing, footers)
         if rollup_problem is not None:  # its views read its tokens, as without rollups
             no_rollups[key] = rollup_problem
             step = replace(step, files=own, rollup_version="", rollup_settings={})
@@ -78,7 +137,11 @@ def _served_steps(
 
 
 def _files_problem(
-    store: Store, files: dict[str, str], identities: dict[str, str], listing: Any
+    store: Store,
+    files: dict[str, str],
+    identities: dict[str, str],
+    listing: Any,
+    footers: KnownFooters | None = None,
 ) -> str | None:
     """Why some of `files` (key -> name; `identities` by the same keys) must not be read
     (None: they may)."""
@@ -89,7 +152,7 @@ def _files_problem(
             # footer, which `_changed` does for a local file with an identity (once a file).
             if recorded is None or store.local_catalog is None:
                 store.url(name)
-            if recorded is not None and _changed(store, name, recorded, listing):
+            if recorded is not None and _changed(store, name, recorded, listing, footers):
                 return (
                     f"`{name}` is not the file its manifest records (its size or footer"
                     " changed); `tokenlake verify LAKE` names it"
@@ -104,7 +167,9 @@ def _files_problem(
     return None
 
 
-def _changed(store: Store, name: str, recorded: str, listing: Any) -> bool:
+def _changed(
+    store: Store, name: str, recorded: str, listing: Any, footers: KnownFooters | None
+) -> bool:
     """Whether the file `name` is not the one whose identity is `recorded`.
 
     A local footer costs ~50 us to read. On an object store a footer is two requests per file
@@ -112,6 +177,8 @@ def _changed(store: Store, name: str, recorded: str, listing: Any) -> bool:
     makes anyway gave it; `verify` compares footers.
     """
     if store.local_catalog is not None:
+        if footers is not None and isinstance(store, LocalStore):
+            return footers.identity(store, name) != recorded
         return parquet.footer_identity(store, name) != recorded
     if listing is None:
         return False
@@ -122,7 +189,7 @@ def _changed(store: Store, name: str, recorded: str, listing: Any) -> bool:
 
 
 def _without_unservable_side_files(
-    store: Store, record: manifest.RunManifest, listing: Any
+    store: Store, record: manifest.RunManifest, listing: Any, footers: KnownFooters | None
 ) -> str | None:
     """Leave out of `record` (a copy) the `runs`, `vocab` and `metrics` files that must not be
     read (reached through a link, or not the file written); returns why, if any was."""
@@ -130,7 +197,7 @@ def _without_unservable_side_files(
     identities = record.side_identities
 
     def problem(name: str) -> str | None:
-        return _files_problem(store, {name: name}, identities, listing)
+        return _files_problem(store, {name: name}, identities, listing, footers)
 
     if record.runs_file is not None and (found := problem(record.runs_file)):
         record.runs_file = None
