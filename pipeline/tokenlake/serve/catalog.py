@@ -211,7 +211,9 @@ def build_catalog_after_tag(
         return build_catalog(store, warnings)
     views = iter_user_view_files(store)
     after = manifest.load_all(store)
-    served, unserved = served_records(store, after)
+    footers = catalog_cache.known_footers(folder)
+    served, unserved = served_records(store, after, footers=footers)
+    catalog_cache.remember_footers(folder, footers)
     kept = None
     if not unserved:
         # Every file is served, and the tagged run's `runs` file of before was checked as it
