@@ -8,9 +8,11 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from click.testing import CliRunner
 
 from tests.conftest import store_of
 from tokenlake import schema
+from tokenlake.cli import main
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve import catalog, catalog_cache, kept_rows, rollups
@@ -81,3 +83,29 @@ def test_a_lake_beyond_the_bound_keeps_its_views_over_the_files(
         assert copied_tables(con) == []
         assert con.execute("SELECT count(*) FROM samples").fetchall() == [(112,)]
     assert list(cache.rglob(kept_rows.FOLDER)) == []
+
+
+def test_a_tag_carries_the_kept_rows_over_to_the_next_reader(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
+    lake = tmp_path / "lake"
+    extract_run(tmp_path / "dump", store_of(lake), ExtractOptions(workers=1, run_name="r"))
+    with catalog.connect(store_of(lake)) as con:
+        before = con.execute("SELECT * FROM step_stats ORDER BY ALL").fetchall()
+    copies: list[int] = []
+    copy_queries = kept_rows.copy_queries
+
+    def counting(*args):  # type: ignore[no-untyped-def]
+        copies.append(1)
+        return copy_queries(*args)
+
+    monkeypatch.setattr(kept_rows, "copy_queries", counting)
+    result = CliRunner().invoke(main, ["tag", str(lake), "r", "k=v"])
+    assert (result.exit_code, result.output) == (0, "Run `r` tags: k=v\n")
+    with catalog.connect(store_of(lake)) as con:
+        assert copied_tables(con) == sorted([schema.SAMPLES, *rollups.rollup_names()])
+        assert con.execute("SELECT key, value FROM run_tags").fetchall() == [("k", "v")]
+        assert con.execute("SELECT * FROM step_stats ORDER BY ALL").fetchall() == before
+    assert copies == []  # the rows of before, carried over by the tag
+    assert len(list(cache.rglob(f"{kept_rows.FOLDER}/tokenlake.duckdb"))) == 1

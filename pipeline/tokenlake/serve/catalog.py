@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenlake import layout, schema
-from tokenlake.errors import LakeError, ctrl_c_from_duckdb
+from tokenlake.errors import CacheError, LakeError, ctrl_c_from_duckdb
 from tokenlake.processes import crash_point
 from tokenlake.serve import catalog_cache, kept_rows, rollups
 from tokenlake.serve.served import served_records
@@ -45,6 +45,7 @@ from tokenlake.serve.sql_views import (
 from tokenlake.serve.user_views import create_user_views, iter_user_view_files
 from tokenlake.store import is_dump, manifest, require_lake
 from tokenlake.store.base import Store
+from tokenlake.store.private_cache import private_folder
 
 if TYPE_CHECKING:
     import duckdb
@@ -226,6 +227,7 @@ def build_catalog_after_tag(
     def build(path: Path) -> list[str]:
         if kept is not None and not kept[1]:
             _write_runs_view(kept[0], path, store, served, after)
+            _carry_rows_over(kept[0], path, store, served, after)
             return []
         lines: list[str] = []
         _write_catalog(path, store, lines, after)
@@ -271,6 +273,28 @@ def _write_runs_view(
         return records
 
     _fill_catalog(tmp, store, fill)
+
+
+def _carry_rows_over(
+    kept: Path,
+    path: Path,
+    store: Store,
+    served: list[manifest.RunManifest],
+    records: list[manifest.RunManifest],
+) -> None:
+    """Beside the new catalog `path` made from the kept `kept` by `_write_runs_view`, the kept
+    copy of `kept` with the lake's rows (serve/kept_rows.py), changed alike: a tag rewrites
+    only the `runs` file, so the rows are those of the same files, and the next reader does
+    not copy them again. Nothing where there is no such copy, or it cannot be made."""
+    rows = kept_rows.copied(kept)
+    if rows is None:
+        return
+    try:
+        into = private_folder(path.parent / kept_rows.FOLDER) / path.name
+        _write_runs_view(rows, into, store, served, records)
+    except (LakeError, CacheError, OSError) as exc:
+        log.info("the lake's kept rows are not carried over: %s", exc)
+        shutil.rmtree(path.parent / kept_rows.FOLDER, ignore_errors=True)
 
 
 def _catalog_url(store: Store) -> str:

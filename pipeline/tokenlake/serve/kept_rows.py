@@ -93,6 +93,12 @@ def copy_queries(
     }
 
 
+def copied(catalog: Path) -> Path | None:
+    """The copy of the kept catalog `catalog` with the lake's rows in it, if there is one."""
+    path = catalog.parent / FOLDER / catalog.name
+    return path if path.is_file() and not path.is_symlink() else None
+
+
 def with_rows(catalog: Path, store: Store, served: list[manifest.RunManifest]) -> Path:
     """The kept catalog `catalog` (in its key folder) with the served manifests' rows copied
     in, made now unless it is there; `catalog` itself where no rows are copied (`plan`) or
@@ -100,10 +106,11 @@ def with_rows(catalog: Path, store: Store, served: list[manifest.RunManifest]) -
     digests = plan(served)
     if digests is None:
         return catalog
+    kept = copied(catalog)
+    if kept is not None:
+        return kept
     top = catalog.parent / FOLDER
     path = top / catalog.name
-    if path.is_file() and not path.is_symlink():
-        return path
     try:
         private_folder(top)
         building = private_folder(top / f"{_BUILDING}{os.getpid()}-{secrets.token_hex(4)}")
