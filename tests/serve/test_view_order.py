@@ -55,3 +55,34 @@ def test_a_wrong_header_is_one_clear_error(inputs, message) -> None:  # type: ig
     with pytest.raises(LakeError) as caught:
         sql_views.view_order(inputs)
     assert caught.value.problem == message
+
+
+def test_a_connection_gets_only_the_views_it_asks_for_and_what_they_read() -> None:
+    import duckdb
+
+    from tokenlake import schema
+
+    con = duckdb.connect()
+    for table in schema.TABLES:
+        con.execute(f"CREATE VIEW {table} AS {sql_views.base_view_sql(table, [])}")
+    for path in sql_views.iter_macro_files():
+        con.execute(path.read_text(encoding="utf-8"))
+    created = sql_views.create_views_reading(con, ["drift_sample_parts", "sample_token_parts"])
+    assert created == [
+        "drift_settings",
+        "sample_token_parts",
+        "trained_tokens",
+        "drift_tokens",
+        "drift_sample_parts",
+    ]
+    listed = con.execute("SELECT view_name, comment FROM duckdb_views() WHERE NOT internal")
+    assert sorted(listed.fetchall()) == sorted(
+        [(name, None) for name in [*schema.TABLES, *created]]
+    )
+
+
+def test_asking_for_a_view_no_file_defines_is_an_error() -> None:
+    import duckdb
+
+    with pytest.raises(ValueError, match="no view file defines `drift_tokenz`"):
+        sql_views.create_views_reading(duckdb.connect(), ["drift_tokenz"])

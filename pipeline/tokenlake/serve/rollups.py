@@ -34,7 +34,7 @@ from tokenlake.errors import LakeError, ctrl_c_from_duckdb
 from tokenlake.layout import partition_patterns
 from tokenlake.serve.sql_views import (
     base_view_sql,
-    create_sql_views,
+    create_views_reading,
     documented_columns,
     iter_macro_files,
     iter_rollup_files,
@@ -455,7 +455,8 @@ def _new_step_connection() -> duckdb.DuckDBPyConnection:
         con.execute(f"CREATE VIEW {table} AS {base_view_sql(table, [])}")
     for path in iter_macro_files():
         con.execute(path.read_text(encoding="utf-8"))
-    create_sql_views(con)
+    # The views a commit queries, and what they read: not the ~20 others (each costs its binding).
+    create_views_reading(con, (*rollup_names(), "drift_settings", _DRIFT_TOKENS, _TEACHER_TOKENS))
     return con
 
 

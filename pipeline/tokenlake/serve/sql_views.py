@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -154,30 +154,75 @@ def view_query(name: str, sql_text: str) -> str:
 def create_sql_views(
     con: duckdb.DuckDBPyConnection, queries: Mapping[str, str] | None = None
 ) -> list[str]:
-    """Create every `sql/*.sql` view, each after the views its `Inputs:` header names;
-    a view named in `queries` is defined by that query instead of its file (a rollup over its
-    stored files), still in its file's place in the order.
+    """Create every `sql/*.sql` view, each after the views its `Inputs:` header names, with
+    its header as its COMMENT; a view named in `queries` is defined by that query instead of
+    its file (a rollup over its stored files), still in its file's place in the order.
 
     Returns:
         The view names in the order they were created.
     """
-    import duckdb
+    texts = _view_texts()
+    created = view_order({name: view_inputs(text) for name, text in texts.items()})
+    for name in created:
+        query = None if queries is None else queries.get(name)
+        _create_view(con, name, texts[name] if query is None else _defined_as(name, query))
+        con.execute(f"COMMENT ON VIEW {name} IS {quote_literal(header_comment(texts[name]))}")
+    return created
 
+
+def create_views_reading(con: duckdb.DuckDBPyConnection, wanted: Iterable[str]) -> list[str]:
+    """Create the views `wanted` and every view they read (by the `Inputs:` headers, all the
+    way down), each after its inputs and without a COMMENT: for a private connection that
+    queries those alone (the rollups' at commit), as DuckDB binds each view it creates, which
+    costs more the more views lie beneath it.
+
+    Returns:
+        The view names in the order they were created.
+    """
+    texts = _view_texts()
+    inputs = {name: view_inputs(text) for name, text in texts.items()}
+    needed = _read_by(wanted, inputs)
+    created = [name for name in view_order(inputs) if name in needed]
+    for name in created:
+        _create_view(con, name, texts[name])
+    return created
+
+
+def _view_texts() -> dict[str, str]:
+    """Each view file's text by view name, every file checked to define its own name."""
     texts = {path.stem: path.read_text(encoding="utf-8") for path in iter_view_files()}
     for name, text in texts.items():
         _check_view_file(view_file(name), text)
-    created = view_order({name: view_inputs(text) for name, text in texts.items()})
-    for name in created:
-        try:
-            if queries and name in queries:
-                con.execute(f"CREATE OR REPLACE VIEW {name} AS {queries[name]}")
-            else:
-                con.execute(texts[name])
-        except duckdb.CatalogException as exc:  # it reads something its header does not name
-            first = str(exc).splitlines()[0]
-            raise LakeError(view_file(name), f"view cannot be created: {first}") from exc
-        con.execute(f"COMMENT ON VIEW {name} IS {quote_literal(header_comment(texts[name]))}")
-    return created
+    return texts
+
+
+def _read_by(wanted: Iterable[str], inputs: Mapping[str, tuple[str, ...] | None]) -> set[str]:
+    """The views among `wanted` and every view they read, directly or through another."""
+    needed: set[str] = set()
+    waiting = list(wanted)
+    while waiting:
+        name = waiting.pop()
+        if name in needed:
+            continue
+        if name not in inputs:
+            raise ValueError(f"no view file defines `{name}`")
+        needed.add(name)
+        waiting += [n for n in inputs[name] or () if n in inputs]
+    return needed
+
+
+def _defined_as(name: str, query: str) -> str:
+    return f"CREATE OR REPLACE VIEW {name} AS {query}"
+
+
+def _create_view(con: duckdb.DuckDBPyConnection, name: str, statement: str) -> None:
+    import duckdb
+
+    try:
+        con.execute(statement)
+    except duckdb.CatalogException as exc:  # it reads something its header does not name
+        first = str(exc).splitlines()[0]
+        raise LakeError(view_file(name), f"view cannot be created: {first}") from exc
 
 
 _INPUTS_LINE = re.compile(r"^--\s*Inputs:(.*)$", re.IGNORECASE)
