@@ -86,3 +86,23 @@ def test_asking_for_a_view_no_file_defines_is_an_error() -> None:
 
     with pytest.raises(ValueError, match="no view file defines `drift_tokenz`"):
         sql_views.create_views_reading(duckdb.connect(), ["drift_tokenz"])
+
+
+def test_a_view_that_cannot_be_created_is_named_by_its_file(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import duckdb
+
+    texts = {
+        "a": "-- Inputs: none.\nCREATE OR REPLACE VIEW a AS SELECT 1 AS x",
+        "b": "-- Inputs: a.\nCREATE OR REPLACE VIEW b AS SELECT x FROM a, nowhere",
+    }
+    monkeypatch.setattr(sql_views, "_view_texts", lambda: texts)
+    con = duckdb.connect()
+    with pytest.raises(LakeError) as caught:
+        sql_views.create_views_reading(con, ["b"])
+    assert caught.value.path == str(sql_views.sql_dir() / "b.sql")
+    assert caught.value.problem == (
+        "view cannot be created: Catalog Error: Table with name nowhere does not exist!"
+    )
+    assert con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall() == [
+        ("a",)
+    ]

@@ -179,13 +179,24 @@ def create_views_reading(con: duckdb.DuckDBPyConnection, wanted: Iterable[str]) 
     Returns:
         The view names in the order they were created.
     """
+    import duckdb
+
     texts = _view_texts()
     inputs = {name: view_inputs(text) for name, text in texts.items()}
     needed = _read_by(wanted, inputs)
     created = [name for name in view_order(inputs) if name in needed]
-    for name in created:
-        _create_view(con, name, texts[name])
+    try:
+        run_script(con, [texts[name] for name in created])
+    except duckdb.Error:  # again one by one, for the error of the view that fails
+        for name in created:
+            _create_view(con, name, texts[name])
     return created
+
+
+def run_script(con: duckdb.DuckDBPyConnection, statements: Iterable[str]) -> None:
+    """Run the statements in one call, in turn: the caller takes the GIL back once, not once a
+    statement (up to the switch interval, 5 ms, each time another thread holds it)."""
+    con.execute("\n;\n".join(statements))  # a line of its own: a statement may end in a comment
 
 
 def _view_texts() -> dict[str, str]:
