@@ -106,3 +106,61 @@ def test_a_view_that_cannot_be_created_is_named_by_its_file(monkeypatch) -> None
     assert con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall() == [
         ("a",)
     ]
+
+
+@pytest.mark.parametrize("failing", ["b", "c"])  # made by `con`, or by the second connection
+def test_a_view_of_either_connection_that_fails_is_named_and_left_out(monkeypatch, failing) -> None:  # type: ignore[no-untyped-def]
+    import duckdb
+
+    texts = {
+        name: f"-- {name}.\n-- Inputs: {inputs}.\nCREATE OR REPLACE VIEW {name} AS {query}"
+        for name, inputs, query in [
+            ("a", "none", "SELECT 1 AS x"),
+            ("b", "a", "SELECT x FROM a"),
+            ("c", "a", "SELECT x + 1 AS y FROM a"),
+        ]
+    }
+    texts[failing] = texts[failing].replace("FROM a", "FROM a, nowhere")
+    monkeypatch.setattr(sql_views, "_view_texts", lambda: texts)
+    con = duckdb.connect()
+    with pytest.raises(LakeError) as caught:
+        sql_views.create_sql_views(con)
+    assert caught.value.path == str(sql_views.sql_dir() / f"{failing}.sql")
+    assert caught.value.problem == (
+        "view cannot be created: Catalog Error: Table with name nowhere does not exist!"
+    )
+    made = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1")
+    assert made.fetchall() == [("a",), ("c",) if failing == "b" else ("b",)]
+
+
+def test_views_are_made_by_two_connections_a_layer_at_a_time_with_their_comments() -> None:
+    import duckdb
+
+    from tokenlake import schema
+
+    con = duckdb.connect()
+    for table in schema.TABLES:
+        con.execute(f"CREATE VIEW {table} AS {sql_views.base_view_sql(table, [])}")
+    for path in sql_views.iter_macro_files():
+        con.execute(path.read_text(encoding="utf-8"))
+    created = sql_views.create_sql_views(con)
+    texts = {p.stem: p.read_text(encoding="utf-8") for p in sql_views.iter_view_files()}
+    assert created == sql_views.view_order(
+        {name: sql_views.view_inputs(text) for name, text in texts.items()}
+    )
+    listed = con.execute(
+        "SELECT view_name, comment FROM duckdb_views() WHERE NOT internal AND view_name NOT IN"
+        f" ({', '.join(sql_views.quote_literal(t) for t in schema.TABLES)})"
+    )
+    assert sorted(listed.fetchall()) == sorted(
+        (name, sql_views.header_comment(texts[name])) for name in created
+    )
+
+
+def test_views_are_not_made_inside_a_callers_transaction() -> None:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("BEGIN TRANSACTION")
+    with pytest.raises(duckdb.TransactionException):
+        sql_views.create_sql_views(con)
