@@ -57,3 +57,14 @@ def test_making_it_ahead_failed_so_it_is_made_again_where_it_is_used(
         rollups.default_settings_digests()
     assert caught.value.problem == "view cannot be created: broken"
     assert threads == [AHEAD, threading.current_thread().name]
+
+
+@pytest.mark.slow  # extracts a real fixture dump
+def test_an_extraction_in_one_process_makes_one_connection_ahead(made: list[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import tokenlake
+    from tests.fixture_paths import REAL_DUMPS
+
+    lake = tokenlake.open_lake(tmp_path / "lake", create=True)
+    summary = lake.extract(REAL_DUMPS / "basic")
+    assert summary.counts["new"] == 3  # its steps' rollups, then the refresh at publish
+    assert made == [AHEAD]
