@@ -62,7 +62,7 @@ from tokenlake.errors import (
 from tokenlake.read import dump, pt, validate
 from tokenlake.read.train_checks import exact_int
 from tokenlake.read.values import INT64_MAX
-from tokenlake.steptypes import StepRead, TrainRow
+from tokenlake.steptypes import ListArray, StepRead, TrainRow
 
 EXPORT_DIR = "token_exports"
 STABLE = "STABLE"
@@ -275,9 +275,13 @@ def _required(path: Path, record: dict[str, Any], key: str, label: str) -> Any:
     return record[key]
 
 
-def _list(path: Path, record: dict[str, Any], key: str, label: str, n: int | None) -> list[Any]:
+def _list(
+    path: Path, record: dict[str, Any], key: str, label: str, n: int | None
+) -> list[Any] | ListArray:
+    """A per-token list: as JSON gives it, or as the array `np.asarray` makes of it
+    (`jsonarrays`, which decodes only lists of one kind of value into arrays)."""
     values = _required(path, record, key, label)
-    if not isinstance(values, list):
+    if not isinstance(values, list | ListArray):
         raise DumpFormatError(path, f"`{key}` is {shown(values)}, not a list", sample=label)
     if n is not None and len(values) != n:
         raise DumpFormatError(
@@ -290,7 +294,7 @@ def _ints(
     path: Path, record: dict[str, Any], key: str, label: str, n: int | None = None
 ) -> np.ndarray:
     values = _list(path, record, key, label, n)
-    array = np.asarray(values) if values else np.zeros(0, dtype=np.int64)
+    array = np.asarray(values) if len(values) else np.zeros(0, dtype=np.int64)
     if array.ndim != 1 or array.dtype.kind not in "iu":
         raise DumpFormatError(path, f"`{key}` is not a flat list of integers", sample=label)
     return array.astype(np.int64, copy=False)
@@ -302,7 +306,9 @@ def _floats(
     """(values, null positions) of a list of numbers and `null`s; None when every entry is
     `null` (prime-rl's way of writing a stream the micro-batch does not have)."""
     values = _list(path, record, key, label, n)
-    array = np.asarray(values) if values else np.zeros(0)
+    if n and isinstance(values, list) and values.count(None) == n:
+        return None  # `count` compares by identity first: no Python step per entry
+    array = np.asarray(values) if n else np.zeros(0)
     if array.ndim == 1 and array.dtype.kind in "iuf":
         return array.astype(np.float64, copy=False), np.zeros(n, dtype=bool)
     nulls = np.fromiter((v is None for v in values), dtype=bool, count=n)
@@ -328,8 +334,8 @@ def _bools(
     """A list of bools; with `nullable`, `null`s allowed (as NaN in a float array, 1.0 for
     true) and None when every entry is `null`."""
     values = _list(path, record, key, label, n)
-    if all(isinstance(v, bool) for v in values):
-        array = np.array(values, dtype=bool)
+    array = _bool_array(values)
+    if array is not None:
         return array.astype(np.float64) if nullable else array
     if nullable and all(v is None or isinstance(v, bool) for v in values):
         if all(v is None for v in values):
@@ -337,6 +343,19 @@ def _bools(
         return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
     allowed = "true, false or null" if nullable else "true or false"
     raise DumpFormatError(path, f"`{key}` holds values other than {allowed}", sample=label)
+
+
+def _bool_array(values: list[Any] | ListArray) -> np.ndarray | None:
+    """The entries as a bool array if every one is a bool, else None. Of JSON values,
+    `np.asarray` makes a flat bool array of exactly the lists of bools (an int, a float or a
+    `null` among them gives another dtype, a nested list another shape)."""
+    if not len(values):
+        return np.zeros(0, dtype=bool)
+    try:
+        array = np.asarray(values)
+    except ValueError:  # ragged nested lists
+        return None
+    return array if array.ndim == 1 and array.dtype == bool else None
 
 
 def _train_row(
