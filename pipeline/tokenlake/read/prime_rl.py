@@ -59,7 +59,7 @@ from tokenlake.errors import (
     PipelineError,
     shown,
 )
-from tokenlake.read import dump, pt, validate
+from tokenlake.read import dump, jsonarrays, pt, validate
 from tokenlake.read.train_checks import exact_int
 from tokenlake.read.values import INT64_MAX
 from tokenlake.steptypes import ListArray, StepRead, TrainRow
@@ -85,6 +85,10 @@ _FLOATS = ("advantages", "inference_logprobs", "trainer_logprobs", "entropy")
 _WEIGHTS = ("rl_weights", "ce_weights", "ref_kl_weights")
 _FLAGS = ("is_masked", "is_masked_high", "is_masked_low")
 _KEYS = ("micro_step", "micro_sequence_idx", "export_sequence_idx")
+# The per-token lists, which a line's reading may give as arrays (`jsonarrays`).
+_WANTED = tuple(
+    (key,) for key in ("token_ids", "position_ids", "loss_mask", *_FLOATS, *_WEIGHTS, *_FLAGS)
+)
 
 
 def export_files(root: Path) -> int:
@@ -207,7 +211,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.complete and line.text.strip():
                 raise _cut_short(path, label, info.st_mtime)
             if line.text.strip():
-                yield number, bounded.json_object_line(path, line.text, label, MAX_DEPTH)
+                yield number, jsonarrays.object_line(path, line.text, label, MAX_DEPTH, _WANTED)
 
 
 def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:
