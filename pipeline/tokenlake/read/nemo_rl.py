@@ -23,7 +23,8 @@ tokens.
 
 Lines are streamed one at a time (`bounded.lines`): a line longer than `MAX_LINE_BYTES` or
 nested deeper than `MAX_DEPTH`, or not a JSON object of the expected types, fails the step
-with one line naming the file and the line.
+with one line naming the file and the line. A line's long lists of numbers and bools come as
+the arrays `np.asarray` would make of them (`jsonarrays`).
 """
 
 from __future__ import annotations

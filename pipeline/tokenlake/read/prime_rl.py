@@ -33,6 +33,8 @@ file, so its fingerprint covers it. No reward, group index, weight version or tr
 Lines are streamed one at a time (`bounded.lines`): a line longer than `MAX_LINE_BYTES`, a rank
 file larger than `MAX_FILE_BYTES`, a line nested deeper than `MAX_DEPTH`, or one that is not a
 JSON object of the expected types fails the step with one line naming the file and the line.
+A line's long lists of numbers and bools come as the arrays `np.asarray` would make of them
+(`jsonarrays`).
 
 `metrics.jsonl` (prime-rl's `FileMonitor`, one `{"step", "time", name: value, ...}` per step)
 becomes the run's `metrics` rows (`tracking_payload`, read by read/dashboard.py).
