@@ -180,12 +180,24 @@ _ODD_TEXTS = st.sampled_from(
     ["NaN", "Infinity", "-Infinity", "01", "1.", ".5", "+1", "1e", "--1", "1.5.5", "1e5.5",
      "true", "false", "null", '"1"', "[]", "{}", "tru", "nul", "0x1", "1_0", " 1", "1 "]
 )  # fmt: skip
+
+
+def _one_odd(entries: st.SearchStrategy[str], odd: list[str]) -> st.SearchStrategy[list[str]]:
+    """Lists of `entries` with one of them swapped for one of `odd`."""
+    return st.tuples(
+        st.lists(entries, min_size=60, max_size=120), st.integers(0, 59), st.sampled_from(odd)
+    ).map(lambda case: [*case[0][: case[1]], case[2], *case[0][case[1] + 1 :]])
+
+
 _ENTRIES = st.one_of(
     st.lists(_NUMBER_TEXTS, min_size=40, max_size=120),
     st.lists(st.sampled_from(["true", "false"]), min_size=60, max_size=120),
     st.lists(st.sampled_from(["null"]), min_size=60, max_size=120),
     st.lists(st.sampled_from(["true", "false", "null"]), min_size=60, max_size=120),
     st.lists(st.one_of(_NUMBER_TEXTS, _ODD_TEXTS), min_size=40, max_size=120),
+    # what `json` writes for ints or for floats, with one entry it refuses (or reads otherwise)
+    _one_odd(st.integers(-1000, 1000).map(str), ["01", "-01", "00", "-", "--1", "1-2", "-0"]),
+    _one_odd(st.floats(-1e6, 1e6).map(repr), ["01.5", "1.", ".5", "-.5", "00.0", "1..2", "-0"]),
 )
 
 
