@@ -198,6 +198,8 @@ _ENTRIES = st.one_of(
     # what `json` writes for ints or for floats, with one entry it refuses (or reads otherwise)
     _one_odd(st.integers(-1000, 1000).map(str), ["01", "-01", "00", "-", "--1", "1-2", "-0"]),
     _one_odd(st.floats(-1e6, 1e6).map(repr), ["01.5", "1.", ".5", "-.5", "00.0", "1..2", "-0"]),
+    _one_odd(st.sampled_from(["true", "false"]), ["truefalse", "tru", "", "null", "True", "0"]),
+    _one_odd(st.just("null"), ["nullnull", "nul", "", "true", "None", "0"]),
 )
 
 
@@ -297,3 +299,19 @@ def test_a_real_line_decodes_its_lists_as_arrays(monkeypatch: pytest.MonkeyPatch
         "mismatch_kl": ("list", None),
     }
     assert json.loads(_real_line())["mismatch_kl"] == record["mismatch_kl"]
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [["truefalse", ""], ["", "falsetrue"], ["nullnull", ""], ["true", "", "falsefalse"]],
+)
+def test_two_words_in_one_entry_are_never_two_entries(
+    entries: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As many words as entries, but one entry empty and another two words: `json` refuses."""
+    monkeypatch.setattr(jsonarrays, "MIN_LIST_BYTES", 0)
+    word = "null" if "null" in entries[0] else "true"
+    for separator in (",", ", "):
+        text = separator.join([word] * 70 + entries)
+        line = ('{"loss_mask": [' + text + '], "pad": "' + "x" * 5000 + '"}').encode()
+        assert assert_fast_is_exact(line, PRIME) == 0

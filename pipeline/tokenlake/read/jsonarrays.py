@@ -168,11 +168,11 @@ def _decoded(raw: bytes, start: int, end: int) -> FlatList | None:
         or (_NUMBERS.fullmatch(text) and not _minus_zero(text))
     ):
         values = _cast(text, "float64")
-    elif _BOOLS.fullmatch(text):
+    elif _words(text, (b"true", b"false")) or _BOOLS.fullmatch(text):
         codes = np.frombuffer(text, np.uint8)
         # `t` and `f` each begin a word (`false` holds no `t`): one per entry, in order
         values = codes[(codes == ord("t")) | (codes == ord("f"))] == ord("t")
-    elif _NULLS.fullmatch(text):
+    elif _words(text, (b"null",)) or _NULLS.fullmatch(text):
         return FlatList(start, end, [None] * (text.count(b",") + 1))
     return None if values is None else FlatList(start, end, values.view(ListArray))
 
@@ -220,6 +220,21 @@ def _plain(text: bytes, fraction: bool) -> bool:
     # the i-th `.` inside the i-th entry, after a digit and before one: one in each entry
     within = (dots > digits) & (dots < ends - 1)
     return bool(within.all() and not (zero & (dots != digits + 1)).any())
+
+
+def _words(text: bytes, words: tuple[bytes, ...]) -> bool:
+    """Whether `text` is `words` separated by `,` or each by `, ` (`true` and `false`, or
+    `null`), by counts: every byte is in a counted word or a separator, and no two words
+    touch (each ends with `e` or `l`, and `et`, `ef`, `ln` are in no word), so each entry
+    is one word."""
+    commas, spaces = text.count(b","), text.count(b" ")
+    if spaces and not spaces == commas == text.count(b", "):
+        return False
+    counts = [text.count(word) for word in words]
+    covered = sum(count * len(word) for count, word in zip(counts, words, strict=True))
+    if sum(counts) != commas + 1 or covered + commas + spaces != len(text):
+        return False
+    return not any(touch in text for touch in (b"et", b"ef", b"ln"))
 
 
 def _minus_zero(text: bytes) -> bool:
