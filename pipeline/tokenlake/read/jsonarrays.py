@@ -5,17 +5,19 @@ as JSON text; `json` makes one Python object of each number (about 50 MB/s), whi
 then turns into an array. Here the line's shape scan (`bounded.json_layout`, the one that
 enforces the depth and width caps) also finds its flat lists; each long one whose text is
 exactly `n1,n2,...` (JSON numbers, or only `true`/`false`, or only `null`; `, ` as `json.dumps`
-separates them) is decoded as a whole: numbers by pyarrow's correctly rounded cast, as
-`float()` and `int()` would. The line is then parsed by `json` with a placeholder
-(`Infinity`) for each decoded list, and each placeholder found where the reader asked for
-an array (`wanted`) becomes the array `np.asarray` makes of the list (`ListArray`: int64,
-float64 or bool), or for a list of `null`s the list itself. A list of another shape (mixed
-kinds, an integer beyond 18 digits, other spacing) is left in the text for `json`.
+separates them) is decoded as a whole: its text checked against JSON's grammar (by byte
+counts and per-entry array steps for what `json.dumps` writes, else by a regex), numbers
+parsed by pyarrow's correctly rounded cast, as `float()` and `int()` would. The line is then
+parsed by `json` with a placeholder (`Infinity`) for each decoded list; each placeholder where
+the reader asked for an array (`wanted`) becomes the array `np.asarray` makes of the list
+(`ListArray`: int64, float64 or bool), or for a list of `null`s the list itself, and any
+other becomes the very list `json` makes of its text. A list of another shape (mixed kinds,
+an integer beyond 18 digits, other spacing) is left in the text for `json`.
 
-Anything unexpected (a placeholder anywhere else or lost to a duplicate key, a `NaN` or
-`Infinity` of the line's own, text `json` refuses, a line that does not start with `{`)
-and the line is parsed the exact way (`bounded.json_object_line`), so the result, or the
-error, is always what `json` gives.
+Anything unexpected (a placeholder lost to a duplicate key, a `NaN` or `Infinity` of the
+line's own, text `json` refuses, a line that does not start with `{`) and the line is parsed
+the exact way (`bounded.json_object_line`), so the result, or the error, is always what
+`json` gives (tests/read/test_jsonarrays.py compares the two).
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ import numpy as np
 from tokenlake import bounded
 from tokenlake.steptypes import ListArray
 
-# Shorter lists cost `json` less than their decoding (measured: a 256-byte list ~4 µs either
-# way); a line shorter than this holds none worth it.
+# Shorter lists are left to `json`: their decoding's fixed cost (a few dozen array calls)
+# would outweigh it; a line shorter than this holds few worth it.
 MIN_LIST_BYTES = 256
 MIN_LINE_BYTES = 4096
-# A longer list is left to `json`: decoding holds ~20 x its text in temporaries (bool masks
-# and int32 offsets), so at most 80 MiB beside the line.
+# A longer list is left to `json`: decoding holds up to ~23 x its text (measured for one-digit
+# integers: 18.5 x in numpy, 4 x in pyarrow; floats ~7.5 x), so at most ~92 MiB beside the line.
 MAX_LIST_BYTES = 4 << 20
 # An integer of at most 18 digits is within int64 (and a float64 converts it exactly as
 # Python does); a longer one leaves its list to `json`.
