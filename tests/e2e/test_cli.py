@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -189,3 +190,15 @@ def test_tag_values_beginning_with_dashes_reach_the_tag_check():
         1,
         "Error: --tag `-- not a tag` is not `key=value`, e.g. `--tag precision=fp8`.\n",
     )
+
+
+@pytest.mark.parametrize(("users", "seen"), [(None, "1"), ("4", "4")])
+def test_numpy_blas_threads_are_one_unless_the_user_says(monkeypatch, users, seen):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "unset by the test")  # restored afterwards
+    if users is None:
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    else:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", users)
+    code, _, err = run("query")
+    assert (code, err.splitlines()[-1]) == (2, "Error: Missing argument 'LAKE'.")
+    assert os.environ["OPENBLAS_NUM_THREADS"] == seen

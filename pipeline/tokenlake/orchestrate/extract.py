@@ -32,7 +32,7 @@ from tokenlake.orchestrate.step import StepOutcome, StepStatus, incomplete_text,
 from tokenlake.processes import crash_point
 from tokenlake.read import completeness, dump, formats
 from tokenlake.read.remote import remote_dump
-from tokenlake.serve import catalog
+from tokenlake.serve import catalog, rollups
 from tokenlake.store import manifest, require_lake
 from tokenlake.store.base import Store
 from tokenlake.transform.tables import StepResult
@@ -190,6 +190,9 @@ def extract_run(
     if options.with_experts:
         chosen = tuple(dataclasses.replace(s, with_experts=True) for s in chosen)
     store = prepare_lake(store, listing)
+    # Made while the lake is planned and the steps read: the rollups computed here, or the
+    # refresh at publish, take it.
+    rollups.prepare_step_connection()
     summary = ExtractSummary(
         run=run,
         lake=store.location,

@@ -91,6 +91,7 @@ def extract_steps(
     rollups cannot be computed from together with the others', costs only itself (the
     rollups of the others are then computed one step at a time).
     """
+    rollups.prepare_step_connection()  # made while the steps are read
     outcomes: dict[int, StepOutcome] = {}
     built: list[tuple[int, _Built]] = []
     for index, (files, status) in enumerate(batch):

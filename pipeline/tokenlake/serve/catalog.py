@@ -292,19 +292,21 @@ def _create_all_views(
     if reading is not None:  # an object store: DuckDB reads it through fsspec
         con.register_filesystem(reading)
     records, unserved = served_records(store, records, reading)
-    # tokenlake's own views in one transaction: a catalog file commits (writes its log) after
-    # each statement otherwise, ~100 times a build. The user views follow one by one, since a
-    # failed statement ends a transaction and a user view that fails is skipped alone.
+    # tokenlake's own objects in few transactions: a catalog file commits (writes its log)
+    # after each statement otherwise, ~100 times a build. The base views and macros in one,
+    # committed for the second connection that makes half of each layer of views; then a
+    # transaction a layer and connection. The user views follow one by one, since a failed
+    # statement ends a transaction and a user view that fails is skipped alone.
     con.execute("BEGIN TRANSACTION")
     create_base_views(con, store, records)
     for path in iter_macro_files():
         con.execute(path.read_text(encoding="utf-8"))
+    con.execute("COMMIT")
     stored = rollups.catalog_views(
         [step for record in records for step in record.steps.values()],
         {name: _listed_files(store, records, name) for name in schema.ROLLUP_TABLES},
     )
     create_sql_views(con, stored.queries)
-    con.execute("COMMIT")
     problems = [*unserved, stored.problem] if stored.problem else unserved
     return problems + create_user_views(con, store)
 

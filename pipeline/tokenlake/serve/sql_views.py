@@ -6,9 +6,11 @@ user-view check (user_view_check.py) both build on it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import re
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -154,30 +156,196 @@ def view_query(name: str, sql_text: str) -> str:
 def create_sql_views(
     con: duckdb.DuckDBPyConnection, queries: Mapping[str, str] | None = None
 ) -> list[str]:
-    """Create every `sql/*.sql` view, each after the views its `Inputs:` header names;
-    a view named in `queries` is defined by that query instead of its file (a rollup over its
-    stored files), still in its file's place in the order.
+    """Create every `sql/*.sql` view, each after the views its `Inputs:` header names, with
+    its header as its COMMENT; a view named in `queries` is defined by that query instead of
+    its file (a rollup over its stored files), still in its file's place in the order.
+
+    The views are made a layer at a time (those whose inputs all exist), each layer shared
+    between `con` and a second connection to its database in another thread, each committing
+    its share before the next layer, which reads it: DuckDB binds a view as it creates it,
+    without the GIL, and that binding is most of a catalog's build. `con` must not be inside
+    a transaction (the other connection would not see what it holds).
+
+    Returns:
+        The view names in the order they were created.
+    """
+    texts = _view_texts()
+    inputs = {name: view_inputs(text) for name, text in texts.items()}
+    created = view_order(inputs)
+    statements = {name: _commented_view(name, texts[name], queries) for name in created}
+    helper = con.cursor()
+    try:
+        for layer in view_layers(created, inputs):
+            _create_layer(con, helper, layer, statements)
+    finally:
+        helper.close()
+    return created
+
+
+def view_layers(
+    order: Sequence[str], inputs: Mapping[str, tuple[str, ...] | None]
+) -> list[list[str]]:
+    """The views of `order` (`view_order`'s) by layer: a view lies one layer above the
+    highest of the views it reads, the views that read only tables in the first, each layer
+    in `order`'s order.
+
+    Examples:
+        >>> view_layers(["a", "d", "b", "c"], {"c": ("b", "tokens"), "b": ("a",), "a": (), "d": ()})
+        [['a', 'd'], ['b'], ['c']]
+    """
+    depth: dict[str, int] = {}
+    for name in order:
+        depth[name] = 1 + max((depth[n] for n in inputs[name] or () if n in depth), default=-1)
+    return [
+        [name for name in order if depth[name] == level]
+        for level in range(max(depth.values(), default=-1) + 1)
+    ]
+
+
+def _commented_view(name: str, text: str, queries: Mapping[str, str] | None) -> list[str]:
+    """The statements that create view `name` (from its file, or from `queries`) and set its
+    header as its COMMENT."""
+    query = None if queries is None else queries.get(name)
+    created = text if query is None else _defined_as(name, query)
+    return [created, f"COMMENT ON VIEW {name} IS {quote_literal(header_comment(text))}"]
+
+
+def _create_layer(
+    con: duckdb.DuckDBPyConnection,
+    helper: duckdb.DuckDBPyConnection,
+    layer: list[str],
+    statements: Mapping[str, list[str]],
+) -> None:
+    """One layer's views, every other one made by `helper` in its own thread."""
+    theirs = layer[1::2]
+    other = _Made(helper, theirs, statements) if theirs else None
+    try:
+        _create_in_transaction(con, layer[0::2], statements)
+    finally:
+        failure = other.joined() if other is not None else None
+    if failure is not None:
+        raise failure
+
+
+class _Made:
+    """Views being made by a connection in its own thread; its error kept for the caller."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        names: list[str],
+        statements: Mapping[str, list[str]],
+    ) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._make, args=(con, names, statements), name="tokenlake-views"
+        )
+        self._thread.start()
+
+    def _make(
+        self, con: duckdb.DuckDBPyConnection, names: list[str], statements: Mapping[str, list[str]]
+    ) -> None:
+        try:
+            _create_in_transaction(con, names, statements)
+        except BaseException as exc:  # noqa: BLE001 - raised again by the caller
+            self._error = exc
+
+    def joined(self) -> BaseException | None:
+        """Wait for the views; the error that stopped them (None: all made)."""
+        self._thread.join()
+        return self._error
+
+
+def _create_in_transaction(
+    con: duckdb.DuckDBPyConnection, names: list[str], statements: Mapping[str, list[str]]
+) -> None:
+    """Create the views `names` and commit them; a failure leaves none of them."""
+    import duckdb
+
+    if not names:
+        return
+    con.execute("BEGIN TRANSACTION")  # fails inside a caller's transaction, never joins it
+    try:
+        try:
+            run_script(con, [statement for name in names for statement in statements[name]])
+        except duckdb.Error:  # again one by one, for the error of the view that fails
+            con.execute("ROLLBACK")
+            con.execute("BEGIN TRANSACTION")
+            for name in names:
+                created, comment = statements[name]
+                _create_view(con, name, created)
+                con.execute(comment)
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):  # the error that stopped it is the one to tell
+            con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+def create_views_reading(con: duckdb.DuckDBPyConnection, wanted: Iterable[str]) -> list[str]:
+    """Create the views `wanted` and every view they read (by the `Inputs:` headers, all the
+    way down), each after its inputs and without a COMMENT: for a private connection that
+    queries those alone (the rollups' at commit), as DuckDB binds each view it creates, which
+    costs more the more views lie beneath it.
 
     Returns:
         The view names in the order they were created.
     """
     import duckdb
 
+    texts = _view_texts()
+    inputs = {name: view_inputs(text) for name, text in texts.items()}
+    needed = _read_by(wanted, inputs)
+    created = [name for name in view_order(inputs) if name in needed]
+    try:
+        run_script(con, [texts[name] for name in created])
+    except duckdb.Error:  # again one by one, for the error of the view that fails
+        for name in created:
+            _create_view(con, name, texts[name])
+    return created
+
+
+def run_script(con: duckdb.DuckDBPyConnection, statements: Iterable[str]) -> None:
+    """Run the statements in one call, in turn: the caller takes the GIL back once, not once a
+    statement (up to the switch interval, 5 ms, each time another thread holds it)."""
+    con.execute("\n;\n".join(statements))  # a line of its own: a statement may end in a comment
+
+
+def _view_texts() -> dict[str, str]:
+    """Each view file's text by view name, every file checked to define its own name."""
     texts = {path.stem: path.read_text(encoding="utf-8") for path in iter_view_files()}
     for name, text in texts.items():
         _check_view_file(view_file(name), text)
-    created = view_order({name: view_inputs(text) for name, text in texts.items()})
-    for name in created:
-        try:
-            if queries and name in queries:
-                con.execute(f"CREATE OR REPLACE VIEW {name} AS {queries[name]}")
-            else:
-                con.execute(texts[name])
-        except duckdb.CatalogException as exc:  # it reads something its header does not name
-            first = str(exc).splitlines()[0]
-            raise LakeError(view_file(name), f"view cannot be created: {first}") from exc
-        con.execute(f"COMMENT ON VIEW {name} IS {quote_literal(header_comment(texts[name]))}")
-    return created
+    return texts
+
+
+def _read_by(wanted: Iterable[str], inputs: Mapping[str, tuple[str, ...] | None]) -> set[str]:
+    """The views among `wanted` and every view they read, directly or through another."""
+    needed: set[str] = set()
+    waiting = list(wanted)
+    while waiting:
+        name = waiting.pop()
+        if name in needed:
+            continue
+        if name not in inputs:
+            raise ValueError(f"no view file defines `{name}`")
+        needed.add(name)
+        waiting += [n for n in inputs[name] or () if n in inputs]
+    return needed
+
+
+def _defined_as(name: str, query: str) -> str:
+    return f"CREATE OR REPLACE VIEW {name} AS {query}"
+
+
+def _create_view(con: duckdb.DuckDBPyConnection, name: str, statement: str) -> None:
+    import duckdb
+
+    try:
+        con.execute(statement)
+    except duckdb.CatalogException as exc:  # it reads something its header does not name
+        first = str(exc).splitlines()[0]
+        raise LakeError(view_file(name), f"view cannot be created: {first}") from exc
 
 
 _INPUTS_LINE = re.compile(r"^--\s*Inputs:(.*)$", re.IGNORECASE)
