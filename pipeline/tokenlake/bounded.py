@@ -159,13 +159,21 @@ BYTES_PER_JSON_OBJECT = 32
 JSON_OBJECTS_FLOOR = 1024
 
 
-def loads(data: bytes | str, max_depth: int, wide: bool = True, **options: Any) -> Any:
+def loads(
+    data: bytes | str,
+    max_depth: int,
+    wide: bool = True,
+    shape: JsonShape | None = None,
+    **options: Any,
+) -> Any:
     """`json.loads(data, **options)`, refusing JSON nested deeper than `max_depth` first, and
     with `wide=False` JSON of more containers and strings than `BYTES_PER_JSON_OBJECT` allows.
 
     Raises:
         JsonTooDeep: Nested deeper than `max_depth` (a ValueError, as json's own errors).
         JsonTooWide: Too many containers and strings for its bytes (a ValueError too).
+
+    `shape`, when given, is the `json_shape` (or `json_layout`) of `data`, found already.
         ValueError: Not JSON (`json.JSONDecodeError`, `UnicodeDecodeError`).
 
     Examples:
@@ -177,15 +185,21 @@ def loads(data: bytes | str, max_depth: int, wide: bool = True, **options: Any) 
         tokenlake.bounded.JsonTooDeep: nested more than 64 levels deep
     """
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    shape = json_shape(raw, max_depth)
+    shape = json_shape(raw, max_depth) if shape is None else shape
     if shape.depth > max_depth:
         raise JsonTooDeep(max_depth)
-    if not wide and shape.objects > len(raw) // BYTES_PER_JSON_OBJECT + JSON_OBJECTS_FLOOR:
+    if not wide and too_wide(shape, len(raw)):
         raise JsonTooWide(shape.objects, len(raw))
     try:
         return json.loads(data, **options)
     except RecursionError:  # below max_depth but deeper than this thread's stack allows
         raise JsonTooDeep(max_depth) from None
+
+
+def too_wide(shape: JsonShape, size: int) -> bool:
+    """Whether JSON text of `size` bytes holds more containers and strings than
+    `loads(wide=False)` allows."""
+    return shape.objects > size // BYTES_PER_JSON_OBJECT + JSON_OBJECTS_FLOOR
 
 
 @dataclass(frozen=True)
@@ -197,17 +211,19 @@ class JsonShape:
     objects: int
 
 
-def json_object_line(path: Path, raw: bytes, label: str, max_depth: int) -> dict[str, Any]:
+def json_object_line(
+    path: Path, raw: bytes, label: str, max_depth: int, shape: JsonShape | None = None
+) -> dict[str, Any]:
     """One line of a framework's JSON-lines log (NeMo-RL's batches, prime-rl's exports) as a
     JSON object: nested at most `max_depth` deep, and at most one container or string per 32
-    bytes, both counted before it is parsed (`loads(wide=False)`).
+    bytes, both counted before it is parsed (`loads(wide=False)`); `shape` is the line's, if found already.
 
     Raises:
         DumpFormatError: Naming the file and the line (`label`): not UTF-8, not JSON, too
             deep or too wide, or not an object.
     """
     try:
-        record = loads(raw, max_depth, wide=False)
+        record = loads(raw, max_depth, wide=False, shape=shape)
     except JsonTooWide as exc:  # `[{}, {}, ...]`: ~20 x the line once parsed
         raise DumpFormatError(path, str(exc), sample=label) from None
     except UnicodeDecodeError as exc:
@@ -245,24 +261,39 @@ def json_shape(data: bytes, stop: int | None = None) -> JsonShape:
     return _vectorised_json_shape(data, stop)
 
 
-def _vectorised_json_shape(data: bytes, stop: int | None) -> JsonShape:
+def json_layout(data: bytes, flat_lists: list[tuple[int, int]]) -> JsonShape:
+    """`json_shape(data)` (the whole text, scanned as a long one is), and in the same pass
+    each flat list outside strings appended to `flat_lists`: the offsets of its `[` and
+    its `]`, with no bracket, brace, quote or backslash between them (a list of numbers,
+    `true`, `false` and `null`, if the text is JSON)."""
+    return _vectorised_json_shape(data, None, flat_lists)
+
+
+def _vectorised_json_shape(
+    data: bytes, stop: int | None, flat_lists: list[tuple[int, int]] | None = None
+) -> JsonShape:
     import numpy as np
 
     depth = deepest = objects = 0
     in_string, escaping = False, False
+    open_before = -1  # where the previous chunk ended on a `[` outside strings
     structural = np.zeros(256, bool)  # the only bytes that change string or nesting state
     structural[list(b'[]{}"\\')] = True
     for begin in range(0, len(data), _DEPTH_CHUNK):
         chunk = np.frombuffer(data, np.uint8, min(_DEPTH_CHUNK, len(data) - begin), begin)
         if escaping or data.find(b"\\", begin, begin + len(chunk)) >= 0:
             escaped, escaping = _escaped(chunk, escaping)
-            chunk = chunk[structural[chunk] & ~escaped]
+            kept = structural[chunk] & ~escaped
         else:  # no backslash: only the structural bytes matter (a tenth of real JSON)
-            chunk = chunk[structural[chunk]]
+            kept = structural[chunk]
+        offsets = np.flatnonzero(kept) if flat_lists is not None else None
+        chunk = chunk[kept]
         quotes = chunk == ord('"')
         inside = (np.cumsum(quotes, dtype=np.int32) + in_string) % 2 == 1
         opens = ((chunk == ord("[")) | (chunk == ord("{"))) & ~inside
         closes = ((chunk == ord("]")) | (chunk == ord("}"))) & ~inside
+        if offsets is not None and flat_lists is not None and len(chunk):
+            open_before = _flat_lists(chunk, inside, offsets + begin, open_before, flat_lists)
         # a container per opening bracket, a string per opening quote
         objects += int(opens.sum()) + int((quotes & inside).sum())
         steps = opens.astype(np.int32) - closes.astype(np.int32)
@@ -300,6 +331,23 @@ def _small_json_shape(data: bytes) -> JsonShape:
         else:
             depth -= 1
     return JsonShape(deepest, objects)
+
+
+def _flat_lists(
+    chunk: Any, inside: Any, offsets: Any, open_before: int, found: list[tuple[int, int]]
+) -> int:
+    """Appends to `found` each `[` outside strings whose next structural byte is a `]`
+    outside strings (offsets in the text); returns where the chunk ends on such a `[`, or
+    -1. `chunk` holds a chunk's structural bytes, `inside` whether each is in a string."""
+    import numpy as np
+
+    bracket = (chunk == ord("[")) & ~inside
+    closing = (chunk == ord("]")) & ~inside
+    if open_before >= 0 and closing[0]:
+        found.append((open_before, int(offsets[0])))
+    pairs = np.flatnonzero(bracket[:-1] & closing[1:])
+    found.extend(zip(offsets[pairs].tolist(), offsets[pairs + 1].tolist(), strict=True))
+    return int(offsets[-1]) if bracket[-1] else -1
 
 
 def _escaped(chunk: Any, escaping: bool) -> tuple[Any, bool]:

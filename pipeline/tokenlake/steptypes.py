@@ -47,10 +47,12 @@ NO_WEIGHT_VERSIONS = WeightVersions((), None, None)
 
 
 class ListArray(np.ndarray):
-    """A pickled list of numbers that the unpickler decoded straight into an array (int64 for
-    a list of integers, float64 for one of floats: what `np.array` makes of the list).
+    """A pickled or JSON list of numbers (or of bools) decoded straight into an array (int64
+    for a list of integers, float64 for one of floats, bool for one of bools: what `np.array`
+    makes of the list).
 
-    Only where a reader asked for it (`tokenlake.read.pt.load`'s `arrays_under`); the type
+    Only where a reader asked for it (`tokenlake.read.pt.load`'s `arrays_under`,
+    `tokenlake.read.jsonarrays.object_line`'s `wanted`); the type
     tells such a list from an array the pickle built itself, which the dump format may refuse
     where it expects a list (`Sample.tokens`).
     """

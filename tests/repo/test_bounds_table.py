@@ -20,6 +20,8 @@ BOUND_ROWS = {
     "dashboard.MAX_LINE_BYTES": "`dashboard/metrics.jsonl`",
     "dashboard.MAX_META_BYTES": "`dashboard/meta.json`",
     "dashboard.MAX_READ_BYTES": "`dashboard/metrics.jsonl`",
+    # the longest list of a JSON line decoded whole-array: longer ones are parsed by json
+    "jsonarrays.MAX_LIST_BYTES": "prime-rl's `token_exports/step_{N}/rank_{R}.jsonl`",
     "manifest.MAX_MANIFEST_BYTES": "`_manifest/<run>.json`",
     "nemo_rl.MAX_LINE_BYTES": "NeMo-RL's `train_data_step{N}.jsonl`",
     "object_lock.MAX_LOCK_BYTES": "writer lock `_manifest/.tokenlake.lock`",

@@ -23,7 +23,8 @@ tokens.
 
 Lines are streamed one at a time (`bounded.lines`): a line longer than `MAX_LINE_BYTES` or
 nested deeper than `MAX_DEPTH`, or not a JSON object of the expected types, fails the step
-with one line naming the file and the line.
+with one line naming the file and the line. A line's long lists of numbers and bools come as
+the arrays `np.asarray` would make of them (`jsonarrays`).
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ from tokenlake.errors import (
     UnreadableError,
     shown,
 )
-from tokenlake.read import dump, pt, validate
+from tokenlake.read import dump, jsonarrays, pt, validate
 from tokenlake.read.jsontext import clean_text, to_json
 from tokenlake.read.train_checks import exact_int, numbers
-from tokenlake.steptypes import StepRead, TrainRow
+from tokenlake.steptypes import ListArray, StepRead, TrainRow
 
 LOG_NAME = re.compile(r"^(train|val)_data_step(\d+)\.jsonl$")
 # One sample's line: ~20 bytes per position for each of its five arrays, so 256 MiB is a
@@ -69,6 +70,8 @@ _NOT_IN_VALIDATION = (
     "prompt_token_ids",
 )
 _ARRAYS = ("token_ids", "token_loss_mask", "generation_logprobs", "prev_logprobs", "advantages")
+# Each array is the one entry of its list, which a line's reading may give as an array.
+_WANTED = tuple((key, 0) for key in _ARRAYS)
 
 
 def is_log_name(name: str) -> bool:
@@ -142,7 +145,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                     sample=label,
                 )
             if line.text.strip():
-                yield number, bounded.json_object_line(path, line.text, label, MAX_DEPTH)
+                yield number, jsonarrays.object_line(path, line.text, label, MAX_DEPTH, _WANTED)
 
 
 def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:
@@ -246,9 +249,9 @@ def _val_line(path: Path, record: dict[str, Any], label: str) -> tuple[dict[str,
 
 def _array(path: Path, record: dict[str, Any], key: str, label: str) -> np.ndarray:
     values = _one(path, record, key, label)
-    if not isinstance(values, list):
+    if not isinstance(values, list | ListArray):  # a ListArray: `jsonarrays` decoded the list
         raise DumpFormatError(path, f"`{key}` is {shown(values)}, not a list", sample=label)
-    array = numbers(values, path, key, label) if values else np.zeros(0)
+    array = numbers(values, path, key, label) if len(values) else np.zeros(0)
     if array.ndim != 1:
         raise DumpFormatError(path, f"`{key}` is not a flat list of numbers", sample=label)
     if key == "token_ids" and array.dtype.kind not in "iu":

@@ -33,6 +33,8 @@ file, so its fingerprint covers it. No reward, group index, weight version or tr
 Lines are streamed one at a time (`bounded.lines`): a line longer than `MAX_LINE_BYTES`, a rank
 file larger than `MAX_FILE_BYTES`, a line nested deeper than `MAX_DEPTH`, or one that is not a
 JSON object of the expected types fails the step with one line naming the file and the line.
+A line's long lists of numbers and bools come as the arrays `np.asarray` would make of them
+(`jsonarrays`).
 
 `metrics.jsonl` (prime-rl's `FileMonitor`, one `{"step", "time", name: value, ...}` per step)
 becomes the run's `metrics` rows (`tracking_payload`, read by read/dashboard.py).
@@ -59,10 +61,10 @@ from tokenlake.errors import (
     PipelineError,
     shown,
 )
-from tokenlake.read import dump, pt, validate
+from tokenlake.read import dump, jsonarrays, pt, validate
 from tokenlake.read.train_checks import exact_int
 from tokenlake.read.values import INT64_MAX
-from tokenlake.steptypes import StepRead, TrainRow
+from tokenlake.steptypes import ListArray, StepRead, TrainRow
 
 EXPORT_DIR = "token_exports"
 STABLE = "STABLE"
@@ -85,6 +87,10 @@ _FLOATS = ("advantages", "inference_logprobs", "trainer_logprobs", "entropy")
 _WEIGHTS = ("rl_weights", "ce_weights", "ref_kl_weights")
 _FLAGS = ("is_masked", "is_masked_high", "is_masked_low")
 _KEYS = ("micro_step", "micro_sequence_idx", "export_sequence_idx")
+# The per-token lists, which a line's reading may give as arrays (`jsonarrays`).
+_WANTED = tuple(
+    (key,) for key in ("token_ids", "position_ids", "loss_mask", *_FLOATS, *_WEIGHTS, *_FLAGS)
+)
 
 
 def export_files(root: Path) -> int:
@@ -207,7 +213,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.complete and line.text.strip():
                 raise _cut_short(path, label, info.st_mtime)
             if line.text.strip():
-                yield number, bounded.json_object_line(path, line.text, label, MAX_DEPTH)
+                yield number, jsonarrays.object_line(path, line.text, label, MAX_DEPTH, _WANTED)
 
 
 def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:
@@ -275,9 +281,13 @@ def _required(path: Path, record: dict[str, Any], key: str, label: str) -> Any:
     return record[key]
 
 
-def _list(path: Path, record: dict[str, Any], key: str, label: str, n: int | None) -> list[Any]:
+def _list(
+    path: Path, record: dict[str, Any], key: str, label: str, n: int | None
+) -> list[Any] | ListArray:
+    """A per-token list: as JSON gives it, or as the array `np.asarray` makes of it
+    (`jsonarrays`, which decodes only lists of one kind of value into arrays)."""
     values = _required(path, record, key, label)
-    if not isinstance(values, list):
+    if not isinstance(values, list | ListArray):
         raise DumpFormatError(path, f"`{key}` is {shown(values)}, not a list", sample=label)
     if n is not None and len(values) != n:
         raise DumpFormatError(
@@ -290,7 +300,7 @@ def _ints(
     path: Path, record: dict[str, Any], key: str, label: str, n: int | None = None
 ) -> np.ndarray:
     values = _list(path, record, key, label, n)
-    array = np.asarray(values) if values else np.zeros(0, dtype=np.int64)
+    array = np.asarray(values) if len(values) else np.zeros(0, dtype=np.int64)
     if array.ndim != 1 or array.dtype.kind not in "iu":
         raise DumpFormatError(path, f"`{key}` is not a flat list of integers", sample=label)
     return array.astype(np.int64, copy=False)
@@ -302,7 +312,9 @@ def _floats(
     """(values, null positions) of a list of numbers and `null`s; None when every entry is
     `null` (prime-rl's way of writing a stream the micro-batch does not have)."""
     values = _list(path, record, key, label, n)
-    array = np.asarray(values) if values else np.zeros(0)
+    if n and isinstance(values, list) and values.count(None) == n:
+        return None  # `count` compares by identity first: no Python step per entry
+    array = np.asarray(values) if n else np.zeros(0)
     if array.ndim == 1 and array.dtype.kind in "iuf":
         return array.astype(np.float64, copy=False), np.zeros(n, dtype=bool)
     nulls = np.fromiter((v is None for v in values), dtype=bool, count=n)
@@ -328,8 +340,8 @@ def _bools(
     """A list of bools; with `nullable`, `null`s allowed (as NaN in a float array, 1.0 for
     true) and None when every entry is `null`."""
     values = _list(path, record, key, label, n)
-    if all(isinstance(v, bool) for v in values):
-        array = np.array(values, dtype=bool)
+    array = _bool_array(values)
+    if array is not None:
         return array.astype(np.float64) if nullable else array
     if nullable and all(v is None or isinstance(v, bool) for v in values):
         if all(v is None for v in values):
@@ -337,6 +349,19 @@ def _bools(
         return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
     allowed = "true, false or null" if nullable else "true or false"
     raise DumpFormatError(path, f"`{key}` holds values other than {allowed}", sample=label)
+
+
+def _bool_array(values: list[Any] | ListArray) -> np.ndarray | None:
+    """The entries as a bool array if every one is a bool, else None. Of JSON values,
+    `np.asarray` makes a flat bool array of exactly the lists of bools (an int, a float or a
+    `null` among them gives another dtype, a nested list another shape)."""
+    if not len(values):
+        return np.zeros(0, dtype=bool)
+    try:
+        array = np.asarray(values)
+    except ValueError:  # ragged nested lists
+        return None
+    return array if array.ndim == 1 and array.dtype == bool else None
 
 
 def _train_row(

@@ -1,0 +1,295 @@
+"""Lists of numbers in a JSON line, decoded straight into numpy arrays.
+
+A NeMo-RL or prime-rl line holds each sample's per-token lists (`token_ids`, log-probs, masks)
+as JSON text; `json` makes one Python object of each number (about 50 MB/s), which a reader
+then turns into an array. Here the line's shape scan (`bounded.json_layout`, the one that
+enforces the depth and width caps) also finds its flat lists; each long one whose text is
+exactly `n1,n2,...` (JSON numbers, or only `true`/`false`, or only `null`; `, ` as `json.dumps`
+separates them) is decoded as a whole: its text checked against JSON's grammar (by byte
+counts and per-entry array steps for what `json.dumps` writes, else by a regex), numbers
+parsed by pyarrow's correctly rounded cast, as `float()` and `int()` would. The line is then
+parsed by `json` with a placeholder (`Infinity`) for each decoded list; each placeholder where
+the reader asked for an array (`wanted`) becomes the array `np.asarray` makes of the list
+(`ListArray`: int64, float64 or bool), or for a list of `null`s the list itself, and any
+other becomes the very list `json` makes of its text. A list of another shape (mixed kinds,
+an integer beyond 18 digits, other spacing) is left in the text for `json`.
+
+Anything unexpected (a placeholder lost to a duplicate key, a `NaN` or `Infinity` of the
+line's own, text `json` refuses, a line that does not start with `{`) and the line is parsed
+the exact way (`bounded.json_object_line`), so the result, or the error, is always what
+`json` gives (tests/read/test_jsonarrays.py compares the two).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tokenlake import bounded
+from tokenlake.steptypes import ListArray
+
+# Shorter lists are left to `json`: their decoding's fixed cost (a few dozen array calls)
+# would outweigh it; a line shorter than this holds few worth it.
+MIN_LIST_BYTES = 256
+MIN_LINE_BYTES = 4096
+# A longer list is left to `json`: decoding holds up to ~23 x its text (measured for one-digit
+# integers: 18.5 x in numpy, 4 x in pyarrow; floats ~7.5 x), so at most ~92 MiB beside the line.
+MAX_LIST_BYTES = 4 << 20
+# An integer of at most 18 digits is within int64 (and a float64 converts it exactly as
+# Python does); a longer one leaves its list to `json`.
+_MAX_INT_DIGITS = 18
+_PLACEHOLDER = b"Infinity"  # a JSON value `json` hands to `parse_constant`
+Wanted = tuple[tuple[str | int, ...], ...]  # where a reader takes arrays: keys and indexes
+
+
+class FlatList(NamedTuple):
+    """One decoded list: its `[` and `]` in the line, and its value."""
+
+    start: int
+    end: int
+    value: ListArray | list[None]
+
+
+def object_line(
+    path: Path, raw: bytes, label: str, max_depth: int, wanted: Wanted
+) -> dict[str, Any]:
+    """`bounded.json_object_line(path, raw, label, max_depth)`, with the lists at `wanted`
+    (`("token_ids",)`: `record["token_ids"]`; `("token_ids", 0)`: its first entry) possibly
+    decoded as `ListArray`s (a list of `null`s as that list).
+
+    Raises:
+        DumpFormatError: As `bounded.json_object_line`, with its text.
+    """
+    if len(raw) < MIN_LINE_BYTES or not raw.startswith(b"{") or b"\0" in raw[:4]:
+        return bounded.json_object_line(path, raw, label, max_depth)
+    flat: list[tuple[int, int]] = []
+    shape = bounded.json_layout(raw, flat)
+    if shape.depth > max_depth or bounded.too_wide(shape, len(raw)):
+        return bounded.json_object_line(path, raw, label, max_depth, shape)  # its refusal
+    found = [item for start, end in flat if (item := _decoded(raw, start, end)) is not None]
+    record = _with_arrays(raw, found, wanted) if found else None
+    if record is None:
+        return bounded.json_object_line(path, raw, label, max_depth, shape)
+    return record
+
+
+class _Holes:
+    """`parse_constant` for the skeleton: numbers its calls, so the n-th placeholder is
+    the n-th decoded list (`json` parses in text order)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, name: str) -> _Hole:
+        self.calls += 1
+        return _Hole(self.calls - 1)
+
+
+class _Hole:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _with_arrays(raw: bytes, decoded: list[FlatList], wanted: Wanted) -> dict[str, Any] | None:
+    """The line parsed with the decoded lists in place, or None when that might differ
+    from `json`'s parse of it (then the caller parses it so)."""
+    pieces, position = [], 0
+    for start, end, *_ in decoded:
+        pieces.append(raw[position:start])
+        position = end + 1
+    pieces.append(raw[position:])
+    holes = _Holes()
+    try:  # as json.loads(raw) decodes a line that starts with `{`
+        record = json.loads(
+            _PLACEHOLDER.join(pieces).decode("utf-8", "surrogatepass"), parse_constant=holes
+        )
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or holes.calls != len(decoded):
+        return None
+    settled = sum(_settle(record, where, decoded) for where in wanted)
+    if settled < len(decoded):
+        settled += _fill(record, raw, decoded, {id(found.value) for found in decoded})
+    return record if settled == len(decoded) else None
+
+
+def _fill(container: Any, raw: bytes, decoded: list[FlatList], placed: set[int]) -> int:
+    """Swaps each placeholder left in `container` (one no reader asked for) for the list
+    `json` makes of its text; returns how many. The decoded lists (`placed`) and the lists
+    filled in hold no placeholder: they are not looked into."""
+    keys = container.keys() if isinstance(container, dict) else range(len(container))
+    filled = 0
+    for key in keys:
+        value = container[key]
+        if type(value) is _Hole:
+            container[key] = _exact_list(raw, decoded[value.index])
+            filled += 1
+        elif isinstance(value, dict | list) and id(value) not in placed:
+            filled += _fill(value, raw, decoded, placed)
+    return filled
+
+
+def _settle(record: dict[str, Any], where: tuple[str | int, ...], decoded: list[FlatList]) -> int:
+    """Swaps the placeholder at `where` for its list's value: 1 if there was one, else 0."""
+    container: Any = record
+    for step in where[:-1]:
+        container = _entry(container, step)
+    last = where[-1]
+    if type(_entry(container, last)) is not _Hole:
+        return 0
+    container[last] = decoded[_entry(container, last).index].value
+    return 1
+
+
+def _entry(container: Any, step: str | int) -> Any:
+    if isinstance(step, str):
+        return container.get(step) if isinstance(container, dict) else None
+    fits = isinstance(container, list) and -len(container) <= step < len(container)
+    return container[step] if fits else None
+
+
+def _decoded(raw: bytes, start: int, end: int) -> FlatList | None:
+    """The list `raw[start:end + 1]` (a flat list) as `np.asarray` makes it from `json`'s
+    list (a list of `null`s: that list); None if it is not worth it or not of a decoded kind."""
+    if not MIN_LIST_BYTES <= end - start <= MAX_LIST_BYTES:
+        return None
+    text = raw[start + 1 : end]
+    values: Any = None
+    fraction = b"." in text
+    if not fraction and (_plain(text, fraction) or _INTEGERS.fullmatch(text)):
+        values = _cast(text, "int64")
+    elif (
+        (fraction and _plain(text, fraction))
+        or _FRACTIONS.fullmatch(text)
+        or (_NUMBERS.fullmatch(text) and not _minus_zero(text))
+    ):
+        values = _cast(text, "float64")
+    elif _words(text, (b"true", b"false")) or _BOOLS.fullmatch(text):
+        codes = np.frombuffer(text, np.uint8)
+        # `t` and `f` each begin a word (`false` holds no `t`): one per entry, in order
+        values = codes[(codes == ord("t")) | (codes == ord("f"))] == ord("t")
+    elif _words(text, (b"null",)) or _NULLS.fullmatch(text):
+        return FlatList(start, end, [None] * (text.count(b",") + 1))
+    return None if values is None else FlatList(start, end, values.view(ListArray))
+
+
+def _exact_list(raw: bytes, found: FlatList) -> list[Any]:
+    """The list `json` makes of a decoded list's text."""
+    text = raw[found.start + 1 : found.end]
+    if isinstance(found.value, list):
+        return found.value
+    if found.value.dtype.kind == "f" and text.count(b".") != len(found.value):
+        return json.loads(b"[" + text + b"]")  # an entry without `.` may be an integer
+    return found.value.tolist()
+
+
+def _plain(text: bytes, fraction: bool) -> bool:
+    """Whether `text` is entries `-?(0|[1-9][0-9]*)`, each followed by `.[0-9]+` if
+    `fraction` (else at most 18 digits), separated by `,` or each by `, `: what the `json`
+    module writes for lists of ints or of floats between 1e-4 and 1e16. Checked by counts of
+    bytes and a few array steps per entry, no step per byte: a match of `_INTEGERS` or
+    `_FRACTIONS` costs several times more."""
+    if text.translate(None, b"0123456789,- ." if fraction else b"0123456789,- "):
+        return False
+    commas, spaces = text.count(b","), text.count(b" ")
+    if spaces and not spaces == commas == text.count(b", "):
+        return False  # a space only right after each comma
+    codes = np.frombuffer(text, np.uint8)
+    ends = np.flatnonzero(codes == ord(","))  # each entry's end (its comma, or the text's)
+    starts = np.concatenate((np.zeros(1, ends.dtype), ends + (2 if spaces else 1)))
+    ends = np.append(ends, len(codes))
+    if (ends <= starts).any():
+        return False  # an empty entry
+    negative = codes[starts] == ord("-")
+    if text.count(b"-") != negative.sum():
+        return False  # a `-` that does not start its entry
+    digits = starts + negative  # where each entry's first digit should be
+    if (digits >= ends).any():
+        return False
+    zero = codes[digits] == ord("0")
+    if not fraction:
+        length = ends - digits
+        return not ((length > _MAX_INT_DIGITS).any() or (zero & (length > 1)).any())
+    dots = np.flatnonzero(codes == ord("."))
+    if len(dots) != len(starts):
+        return False
+    # the i-th `.` inside the i-th entry, after a digit and before one: one in each entry
+    within = (dots > digits) & (dots < ends - 1)
+    return bool(within.all() and not (zero & (dots != digits + 1)).any())
+
+
+def _words(text: bytes, words: tuple[bytes, ...]) -> bool:
+    """Whether `text` is `words` separated by `,` or each by `, ` (`true` and `false`, or
+    `null`), by counts: every byte is in a counted word or a separator, and no two words
+    touch (each ends with `e` or `l`, and `et`, `ef`, `ln` are in no word), so each entry
+    is one word."""
+    commas, spaces = text.count(b","), text.count(b" ")
+    if spaces and not spaces == commas == text.count(b", "):
+        return False
+    counts = [text.count(word) for word in words]
+    covered = sum(count * len(word) for count, word in zip(counts, words, strict=True))
+    if sum(counts) != commas + 1 or covered + commas + spaces != len(text):
+        return False
+    return not any(touch in text for touch in (b"et", b"ef", b"ln"))
+
+
+def _minus_zero(text: bytes) -> bool:
+    """Whether an entry is the integer `-0` (0 to `json`; `_cast` would make it -0.0)."""
+    return (b"-0," in text or text.endswith(b"-0")) and _MINUS_ZERO.search(text) is not None
+
+
+def _cast(text: bytes, kind: str) -> np.ndarray | None:
+    """The entries of a list's text that `_INTEGERS` or `_NUMBERS` matched, parsed by pyarrow
+    (correctly rounded as `float()`, integers exact) into a writable array; None if its
+    separators are mixed (`,` and `, `) or pyarrow refuses an entry."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    codes = np.frombuffer(text, np.uint8)
+    commas = np.flatnonzero(codes == ord(","))
+    spaces = text.count(b" ")  # the matches allow a space only right after a comma
+    if spaces not in (0, len(commas)):
+        return None
+    width = 2 if spaces else 1
+    data = codes[(codes != ord(",")) & (codes != ord(" "))]
+    offsets = np.empty(len(commas) + 2, np.int32)
+    offsets[0], offsets[-1] = 0, len(data)
+    offsets[1:-1] = commas - width * np.arange(len(commas))
+    count = len(commas) + 1
+    strings = pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(data))
+    try:
+        parsed = pc.cast(strings, pa.float64() if kind == "float64" else pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return np.array(parsed.to_numpy(zero_copy_only=False))
+
+
+# JSON's grammar of the entries (RFC 8259 section 6), separated as `json.dumps` writes them
+# (`,` or `, `); possessive, so a match never backtracks far.
+_INTEGER = rb"-?+(?:0|[1-9][0-9]{0,17}+)"  # at most 18 digits: within int64
+# a number, and if it is an integer at most 18 digits: `np.asarray` makes a float64 array
+# of such integers among floats, and converts a longer one differently (or not at all)
+_NUMBER = (
+    rb"-?+(?:(?:0|[1-9][0-9]*+)(?:\.[0-9]++(?:[eE][-+]?+[0-9]++)?+|[eE][-+]?+[0-9]++)"
+    rb"|0|[1-9][0-9]{0,17}+)"
+)
+
+
+def _entries(entry: bytes) -> re.Pattern[bytes]:
+    return re.compile(rb"(?:" + entry + rb")(?:, ?+(?:" + entry + rb"))*+")
+
+
+_INTEGERS = _entries(_INTEGER)
+# each number with a fraction (what Python writes for a float but `1e-05`): a third cheaper
+# to match than `_NUMBERS`, which is tried when it fails
+_FRACTIONS = _entries(rb"-?+(?:0|[1-9][0-9]*+)\.[0-9]++(?:[eE][-+]?+[0-9]++)?+")
+_NUMBERS = _entries(_NUMBER)
+_BOOLS = _entries(rb"true|false")
+_NULLS = _entries(rb"null")
+_MINUS_ZERO = re.compile(rb"(?:^|[ ,])-0(?:,|$)")
