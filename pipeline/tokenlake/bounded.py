@@ -244,7 +244,8 @@ def json_depth(data: bytes, stop: int | None = None) -> int:
 
 def json_shape(data: bytes, stop: int | None = None) -> JsonShape:
     """The deepest nesting of `[`/`{` in JSON text, brackets inside strings not counted, and
-    its containers and strings; the scan ends early once the depth passes `stop`. Vectorised: ~60 MB/s, ~16 MB/s for text full of
+    its containers and strings; the scan ends early once the depth passes `stop`. Vectorised:
+    ~0.9 GB/s for lines of long number lists, ~130 MB/s for text full of strings and
     backslashes (measured on a busy 2-core machine).
 
     Exact for valid JSON, and for any text up to where a JSON parser would stop, so a parser
@@ -277,22 +278,21 @@ def _vectorised_json_shape(
     depth = deepest = objects = 0
     in_string, escaping = False, False
     open_before = -1  # where the previous chunk ended on a `[` outside strings
-    structural = np.zeros(256, bool)  # the only bytes that change string or nesting state
-    structural[list(b'[]{}"\\')] = True
     for begin in range(0, len(data), _DEPTH_CHUNK):
-        chunk = np.frombuffer(data, np.uint8, min(_DEPTH_CHUNK, len(data) - begin), begin)
-        if escaping or data.find(b"\\", begin, begin + len(chunk)) >= 0:
-            escaped, escaping = _escaped(chunk, escaping)
-            kept = structural[chunk] & ~escaped
-        else:  # no backslash: only the structural bytes matter (a tenth of real JSON)
-            kept = structural[chunk]
-        offsets = np.flatnonzero(kept) if flat_lists is not None else None
-        chunk = chunk[kept]
+        piece = data[begin : begin + _DEPTH_CHUNK]
+        # one C pass over the bytes marks the structural ones; every later step is per
+        # structural byte (a tenth of real JSON, a few dozen in a line of long number lists)
+        kept = np.frombuffer(piece.translate(_STRUCTURAL_BYTES), bool)
+        if escaping or b"\\" in piece:
+            escaped, escaping = _escaped(np.frombuffer(piece, np.uint8), escaping)
+            kept = kept & ~escaped
+        offsets = np.flatnonzero(kept)
+        chunk = np.frombuffer(piece, np.uint8)[offsets]
         quotes = chunk == ord('"')
         inside = (np.cumsum(quotes, dtype=np.int32) + in_string) % 2 == 1
         opens = ((chunk == ord("[")) | (chunk == ord("{"))) & ~inside
         closes = ((chunk == ord("]")) | (chunk == ord("}"))) & ~inside
-        if offsets is not None and flat_lists is not None and len(chunk):
+        if flat_lists is not None and len(chunk):
             open_before = _flat_lists(chunk, inside, offsets + begin, open_before, flat_lists)
         # a container per opening bracket, a string per opening quote
         objects += int(opens.sum()) + int((quotes & inside).sum())
@@ -306,6 +306,8 @@ def _vectorised_json_shape(
     return JsonShape(deepest, objects)
 
 
+# `bytes.translate` table: 1 for the only bytes that change string or nesting state, else 0
+_STRUCTURAL_BYTES = bytes(byte in b'[]{}"\\' for byte in range(256))
 # Up to this many bytes, JSON's shape is scanned by a regex (one chunk of the vectorised scan,
 # which then reads it all, `stop` or not: the same answer): a manifest or a sidecar is read
 # without importing numpy (~0.1 s of a command's CPU). Measured: 0.24 ms for a 10 kB manifest
