@@ -257,7 +257,7 @@ def _cast(text: bytes, kind: str) -> np.ndarray | None:
     if spaces not in (0, len(commas)):
         return None
     width = 2 if spaces else 1
-    data = codes[(codes != ord(",")) & (codes != ord(" "))]
+    data = text.translate(None, b", ")  # the entries end to end: one C pass, no mask
     offsets = np.empty(len(commas) + 2, np.int32)
     offsets[0], offsets[-1] = 0, len(data)
     offsets[1:-1] = commas - width * np.arange(len(commas))
