@@ -176,6 +176,9 @@ _NUMBER_TEXTS = st.one_of(
         ]
     ),
 )
+_EXPONENT_FLOATS = st.one_of(st.floats(1e-300, 1e-5), st.floats(1e16, 1e300)).flatmap(
+    lambda x: st.sampled_from([repr(x), repr(-x)])
+)
 _ODD_TEXTS = st.sampled_from(
     ["NaN", "Infinity", "-Infinity", "01", "1.", ".5", "+1", "1e", "--1", "1.5.5", "1e5.5",
      "true", "false", "null", '"1"', "[]", "{}", "tru", "nul", "0x1", "1_0", " 1", "1 "]
@@ -191,6 +194,7 @@ def _one_odd(entries: st.SearchStrategy[str], odd: list[str]) -> st.SearchStrate
 
 _ENTRIES = st.one_of(
     st.lists(_NUMBER_TEXTS, min_size=40, max_size=120),
+    st.lists(st.one_of(_EXPONENT_FLOATS, st.floats(-1e6, 1e6).map(repr)), min_size=40),
     st.lists(st.sampled_from(["true", "false"]), min_size=60, max_size=120),
     st.lists(st.sampled_from(["null"]), min_size=60, max_size=120),
     st.lists(st.sampled_from(["true", "false", "null"]), min_size=60, max_size=120),
@@ -198,6 +202,29 @@ _ENTRIES = st.one_of(
     # what `json` writes for ints or for floats, with one entry it refuses (or reads otherwise)
     _one_odd(st.integers(-1000, 1000).map(str), ["01", "-01", "00", "-", "--1", "1-2", "-0"]),
     _one_odd(st.floats(-1e6, 1e6).map(repr), ["01.5", "1.", ".5", "-.5", "00.0", "1..2", "-0"]),
+    # floats `repr` writes with an exponent, and entries `_plain` must leave to the regexes
+    _one_odd(
+        _EXPONENT_FLOATS,
+        [
+            "1.5e5",
+            "1.5E-05",
+            "1.5e-",
+            "1.5e+-5",
+            "1.5ee-5",
+            "1.e-5",
+            "1.5e-5e-5",
+            "1.5-5",
+            "1.5+5",
+            "+1.5",
+            "1.5e-5.5",
+            "01.5e-5",
+            "1.5e--5",
+            "1e-05",
+            "e-5",
+            "1.5e-05-",
+            "-0",
+        ],
+    ),  # fmt: skip
     _one_odd(st.sampled_from(["true", "false"]), ["truefalse", "tru", "", "null", "True", "0"]),
     _one_odd(st.just("null"), ["nullnull", "nul", "", "true", "None", "0"]),
 )
@@ -315,3 +342,27 @@ def test_two_words_in_one_entry_are_never_two_entries(
         text = separator.join([word] * 70 + entries)
         line = ('{"loss_mask": [' + text + '], "pad": "' + "x" * 5000 + '"}').encode()
         assert assert_fast_is_exact(line, PRIME) == 0
+
+
+@given(st.lists(st.one_of(_EXPONENT_FLOATS, st.floats(-1e6, 1e6)), min_size=1, max_size=80))
+def test_floats_as_json_writes_them_are_checked_without_a_regex(values: list[Any]) -> None:
+    """Lists of floats with exponents (`1.5e-05`) take the cheap check, not `_FRACTIONS`, as
+    long as each entry has a fraction (`json.dumps` writes `1e-05` without one)."""
+    texts = [v if isinstance(v, str) else repr(v) for v in values]
+    for separator in (",", ", "):
+        text = separator.join(texts).encode()
+        assert jsonarrays._plain(text, True) == all("." in entry for entry in texts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_EXPONENT_FLOATS, min_size=3, max_size=20), st.data())
+def test_the_cheap_check_accepts_only_what_the_grammar_does(
+    entries: list[str], data: st.DataObject
+) -> None:
+    """Entries with a few bytes changed: whatever `_plain` accepts, JSON's grammar does."""
+    text = bytearray(",".join(entries).encode())
+    for _ in range(data.draw(st.integers(1, 3))):
+        where = data.draw(st.integers(0, len(text) - 1))
+        text[where] = data.draw(st.sampled_from(b"0123456789-+.e, "))
+    if jsonarrays._plain(bytes(text), True):
+        assert jsonarrays._FRACTIONS.fullmatch(bytes(text)), bytes(text)

@@ -190,12 +190,12 @@ def _exact_list(raw: bytes, found: FlatList) -> list[Any]:
 
 
 def _plain(text: bytes, fraction: bool) -> bool:
-    """Whether `text` is entries `-?(0|[1-9][0-9]*)`, each followed by `.[0-9]+` if
-    `fraction` (else at most 18 digits), separated by `,` or each by `, `: what the `json`
-    module writes for lists of ints or of floats between 1e-4 and 1e16. Checked by counts of
-    bytes and a few array steps per entry, no step per byte: a match of `_INTEGERS` or
-    `_FRACTIONS` costs several times more."""
-    if text.translate(None, b"0123456789,- ." if fraction else b"0123456789,- "):
+    """Whether `text` is entries `-?(0|[1-9][0-9]*)`, each followed by `.[0-9]+` and
+    optionally `e[-+][0-9]+` if `fraction` (else at most 18 digits), separated by `,` or each
+    by `, `: what the `json` module writes for lists of ints or of floats (but a float without
+    a fraction, `1e-05`). Checked by counts of bytes and a few array steps per entry, no step
+    per byte: a match of `_INTEGERS` or `_FRACTIONS` costs several times more."""
+    if text.translate(None, b"0123456789,- .e+" if fraction else b"0123456789,- "):
         return False
     commas, spaces = text.count(b","), text.count(b" ")
     if spaces and not spaces == commas == text.count(b", "):
@@ -207,8 +207,15 @@ def _plain(text: bytes, fraction: bool) -> bool:
     if (ends <= starts).any():
         return False  # an empty entry
     negative = codes[starts] == ord("-")
-    if text.count(b"-") != negative.sum():
-        return False  # a `-` that does not start its entry
+    exponents = _exponents(codes, ends) if fraction else _NO_EXPONENTS
+    if exponents is None:
+        return False
+    minus_exponents = int((codes[exponents.at + 1] == ord("-")).sum())
+    if (
+        text.count(b"-") != int(negative.sum()) + minus_exponents
+        or text.count(b"+") != len(exponents.at) - minus_exponents
+    ):
+        return False  # a `-` or `+` neither starting its entry nor signing its exponent
     digits = starts + negative  # where each entry's first digit should be
     if (digits >= ends).any():
         return False
@@ -219,9 +226,33 @@ def _plain(text: bytes, fraction: bool) -> bool:
     dots = np.flatnonzero(codes == ord("."))
     if len(dots) != len(starts):
         return False
-    # the i-th `.` inside the i-th entry, after a digit and before one: one in each entry
-    within = (dots > digits) & (dots < ends - 1)
+    # the i-th `.` inside the i-th entry, after a digit and before one (and before its `e`)
+    mantissa_ends = ends.copy()
+    mantissa_ends[exponents.entry] = exponents.at
+    within = (dots > digits) & (dots < mantissa_ends - 1)
     return bool(within.all() and not (zero & (dots != digits + 1)).any())
+
+
+class _Exponents(NamedTuple):
+    at: np.ndarray  # where each `e` is
+    entry: np.ndarray  # the entry it is in
+
+
+_NO_EXPONENTS = _Exponents(np.zeros(0, np.intp), np.zeros(0, np.intp))
+
+
+def _exponents(codes: np.ndarray, ends: np.ndarray) -> _Exponents | None:
+    """Each `e` of a list's text and its entry, if each is followed by `-` or `+` and a byte
+    of its entry, and no entry holds two; else None. (Its sign's count and the digits are
+    checked by the caller.)"""
+    at = np.flatnonzero(codes == ord("e"))
+    entry = np.searchsorted(ends, at)  # the first entry ending after it (it is no comma)
+    if len(at) and ((at + 2 >= ends[entry]).any() or (np.diff(entry) == 0).any()):
+        return None
+    signs = codes[at + 1]
+    if not ((signs == ord("-")) | (signs == ord("+"))).all():
+        return None
+    return _Exponents(at, entry)
 
 
 def _words(text: bytes, words: tuple[bytes, ...]) -> bool:
