@@ -202,7 +202,7 @@ _ENTRIES = st.one_of(
     # what `json` writes for ints or for floats, with one entry it refuses (or reads otherwise)
     _one_odd(st.integers(-1000, 1000).map(str), ["01", "-01", "00", "-", "--1", "1-2", "-0"]),
     _one_odd(st.floats(-1e6, 1e6).map(repr), ["01.5", "1.", ".5", "-.5", "00.0", "1..2", "-0"]),
-    # floats `repr` writes with an exponent, and entries `_plain` must leave to the regexes
+    # floats `repr` writes with an exponent, and entries `_plain_commas` must leave to the regexes
     _one_odd(
         _EXPONENT_FLOATS,
         [
@@ -346,12 +346,14 @@ def test_two_words_in_one_entry_are_never_two_entries(
 
 @given(st.lists(st.one_of(_EXPONENT_FLOATS, st.floats(-1e6, 1e6)), min_size=1, max_size=80))
 def test_floats_as_json_writes_them_are_checked_without_a_regex(values: list[Any]) -> None:
-    """Lists of floats with exponents (`1.5e-05`) take the cheap check, not `_FRACTIONS`, as
+    """Lists of floats with exponents (`1.5e-05`) take the cheap check (`_plain_commas`), not `_FRACTIONS`, as
     long as each entry has a fraction (`json.dumps` writes `1e-05` without one)."""
     texts = [v if isinstance(v, str) else repr(v) for v in values]
     for separator in (",", ", "):
         text = separator.join(texts).encode()
-        assert jsonarrays._plain(text, True) == all("." in entry for entry in texts)
+        assert (jsonarrays._plain_commas(text, True) is not None) == all(
+            "." in entry for entry in texts
+        )
 
 
 @settings(max_examples=300, deadline=None)
@@ -359,10 +361,10 @@ def test_floats_as_json_writes_them_are_checked_without_a_regex(values: list[Any
 def test_the_cheap_check_accepts_only_what_the_grammar_does(
     entries: list[str], data: st.DataObject
 ) -> None:
-    """Entries with a few bytes changed: whatever `_plain` accepts, JSON's grammar does."""
+    """Entries with a few bytes changed: whatever `_plain_commas` accepts, JSON's grammar does."""
     text = bytearray(",".join(entries).encode())
     for _ in range(data.draw(st.integers(1, 3))):
         where = data.draw(st.integers(0, len(text) - 1))
         text[where] = data.draw(st.sampled_from(b"0123456789-+.e, "))
-    if jsonarrays._plain(bytes(text), True):
+    if jsonarrays._plain_commas(bytes(text), True) is not None:
         assert jsonarrays._FRACTIONS.fullmatch(bytes(text)), bytes(text)

@@ -162,14 +162,15 @@ def _decoded(raw: bytes, start: int, end: int) -> FlatList | None:
     text = raw[start + 1 : end]
     values: Any = None
     fraction = b"." in text
-    if not fraction and (_plain(text, fraction) or _INTEGERS.fullmatch(text)):
-        values = _cast(text, "int64")
+    commas = _plain_commas(text, fraction)  # found once for the check and the cast
+    if not fraction and (commas is not None or _INTEGERS.fullmatch(text)):
+        values = _cast(text, "int64", commas)
     elif (
-        (fraction and _plain(text, fraction))
+        (fraction and commas is not None)
         or _FRACTIONS.fullmatch(text)
         or (_NUMBERS.fullmatch(text) and not _minus_zero(text))
     ):
-        values = _cast(text, "float64")
+        values = _cast(text, "float64", commas)
     elif _words(text, (b"true", b"false")) or _BOOLS.fullmatch(text):
         codes = np.frombuffer(text, np.uint8)
         # `t` and `f` each begin a word (`false` holds no `t`): one per entry, in order
@@ -189,48 +190,49 @@ def _exact_list(raw: bytes, found: FlatList) -> list[Any]:
     return found.value.tolist()
 
 
-def _plain(text: bytes, fraction: bool) -> bool:
-    """Whether `text` is entries `-?(0|[1-9][0-9]*)`, each followed by `.[0-9]+` and
+def _plain_commas(text: bytes, fraction: bool) -> np.ndarray | None:
+    """Where the commas of `text` are if it is entries `-?(0|[1-9][0-9]*)`, each followed by `.[0-9]+` and
     optionally `e[-+][0-9]+` if `fraction` (else at most 18 digits), separated by `,` or each
     by `, `: what the `json` module writes for lists of ints or of floats (but a float without
     a fraction, `1e-05`). Checked by counts of bytes and a few array steps per entry, no step
-    per byte: a match of `_INTEGERS` or `_FRACTIONS` costs several times more."""
+    per byte: a match of `_INTEGERS` or `_FRACTIONS` costs several times more; else None."""
     if text.translate(None, b"0123456789,- .e+" if fraction else b"0123456789,- "):
-        return False
-    commas, spaces = text.count(b","), text.count(b" ")
-    if spaces and not spaces == commas == text.count(b", "):
-        return False  # a space only right after each comma
+        return None
     codes = np.frombuffer(text, np.uint8)
-    ends = np.flatnonzero(codes == ord(","))  # each entry's end (its comma, or the text's)
-    starts = np.concatenate((np.zeros(1, ends.dtype), ends + (2 if spaces else 1)))
-    ends = np.append(ends, len(codes))
+    commas = np.flatnonzero(codes == ord(","))
+    spaces = text.count(b" ")
+    if spaces and not spaces == len(commas) == text.count(b", "):
+        return None  # a space only right after each comma
+    starts = np.concatenate((np.zeros(1, commas.dtype), commas + (2 if spaces else 1)))
+    ends = np.append(commas, len(codes))  # each entry's end (its comma, or the text's)
     if (ends <= starts).any():
-        return False  # an empty entry
+        return None  # an empty entry
     negative = codes[starts] == ord("-")
     exponents = _exponents(codes, ends) if fraction else _NO_EXPONENTS
     if exponents is None:
-        return False
+        return None
     minus_exponents = int((codes[exponents.at + 1] == ord("-")).sum())
-    if (
-        text.count(b"-") != int(negative.sum()) + minus_exponents
-        or text.count(b"+") != len(exponents.at) - minus_exponents
+    plus_exponents = len(exponents.at) - minus_exponents
+    if text.count(b"-") != int(negative.sum()) + minus_exponents or (
+        (plus_exponents or b"+" in text) and text.count(b"+") != plus_exponents
     ):
-        return False  # a `-` or `+` neither starting its entry nor signing its exponent
+        return None  # a `-` or `+` neither starting its entry nor signing its exponent
     digits = starts + negative  # where each entry's first digit should be
     if (digits >= ends).any():
-        return False
+        return None
     zero = codes[digits] == ord("0")
     if not fraction:
         length = ends - digits
-        return not ((length > _MAX_INT_DIGITS).any() or (zero & (length > 1)).any())
+        too_long = (length > _MAX_INT_DIGITS).any() or (zero & (length > 1)).any()
+        return None if too_long else commas
     dots = np.flatnonzero(codes == ord("."))
     if len(dots) != len(starts):
-        return False
+        return None
     # the i-th `.` inside the i-th entry, after a digit and before one (and before its `e`)
     mantissa_ends = ends.copy()
     mantissa_ends[exponents.entry] = exponents.at
     within = (dots > digits) & (dots < mantissa_ends - 1)
-    return bool(within.all() and not (zero & (dots != digits + 1)).any())
+    return commas if within.all() and not (zero & (dots != digits + 1)).any() else None
 
 
 class _Exponents(NamedTuple):
@@ -275,15 +277,16 @@ def _minus_zero(text: bytes) -> bool:
     return (b"-0," in text or text.endswith(b"-0")) and _MINUS_ZERO.search(text) is not None
 
 
-def _cast(text: bytes, kind: str) -> np.ndarray | None:
+def _cast(text: bytes, kind: str, commas: np.ndarray | None = None) -> np.ndarray | None:
     """The entries of a list's text that `_INTEGERS` or `_NUMBERS` matched, parsed by pyarrow
     (correctly rounded as `float()`, integers exact) into a writable array; None if its
-    separators are mixed (`,` and `, `) or pyarrow refuses an entry."""
+    separators are mixed (`,` and `, `) or pyarrow refuses an entry. `commas`: where its
+    commas are, if found already."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    codes = np.frombuffer(text, np.uint8)
-    commas = np.flatnonzero(codes == ord(","))
+    if commas is None:
+        commas = np.flatnonzero(np.frombuffer(text, np.uint8) == ord(","))
     spaces = text.count(b" ")  # the matches allow a space only right after a comma
     if spaces not in (0, len(commas)):
         return None
