@@ -368,3 +368,19 @@ def test_the_cheap_check_accepts_only_what_the_grammar_does(
         text[where] = data.draw(st.sampled_from(b"0123456789-+.e, "))
     if jsonarrays._plain_commas(bytes(text), True) is not None:
         assert jsonarrays._FRACTIONS.fullmatch(bytes(text)), bytes(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["1, 2 ,3", "1, 2, ", "1,  2, 3", " 1, 2, 3", "1, 2,3 ", "1 , 2, 3", "1.5, 2.5 ,3.5",
+     "1.5e-05, 2.5 ,3.5", "1.5, 2.5, ", "1.5e-05,  2.5, 3.5"],
+)  # fmt: skip
+def test_a_space_anywhere_but_after_each_comma_is_left_to_json(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As many spaces as commas, but one misplaced: `json` reads it or refuses it, never the
+    cheap check."""
+    monkeypatch.setattr(jsonarrays, "MIN_LIST_BYTES", 0)
+    assert jsonarrays._plain_commas(text.encode(), "." in text) is None
+    line = ('{"advantages": [' + text + '], "pad": "' + "x" * 5000 + '"}').encode()
+    assert_fast_is_exact(line, PRIME)

@@ -161,16 +161,9 @@ def _decoded(raw: bytes, start: int, end: int) -> FlatList | None:
         return None
     text = raw[start + 1 : end]
     values: Any = None
-    fraction = b"." in text
-    commas = _plain_commas(text, fraction)  # found once for the check and the cast
-    if not fraction and (commas is not None or _INTEGERS.fullmatch(text)):
-        values = _cast(text, "int64", commas)
-    elif (
-        (fraction and commas is not None)
-        or _FRACTIONS.fullmatch(text)
-        or (_NUMBERS.fullmatch(text) and not _minus_zero(text))
-    ):
-        values = _cast(text, "float64", commas)
+    # every check of numbers accepts only text starting so, and no check of words does
+    if text[:1] in b"-0123456789":
+        values = _numbers(text)
     elif _words(text, (b"true", b"false")) or _BOOLS.fullmatch(text):
         codes = np.frombuffer(text, np.uint8)
         # `t` and `f` each begin a word (`false` holds no `t`): one per entry, in order
@@ -178,6 +171,22 @@ def _decoded(raw: bytes, start: int, end: int) -> FlatList | None:
     elif _words(text, (b"null",)) or _NULLS.fullmatch(text):
         return FlatList(start, end, [None] * (text.count(b",") + 1))
     return None if values is None else FlatList(start, end, values.view(ListArray))
+
+
+def _numbers(text: bytes) -> np.ndarray | None:
+    """A list's text of JSON numbers as an int64 or float64 array, as `np.asarray` makes
+    `json`'s list; None if it is not one `_cast` takes."""
+    fraction = b"." in text
+    commas = _plain_commas(text, fraction)  # found once for the check and the cast
+    if not fraction and (commas is not None or _INTEGERS.fullmatch(text)):
+        return _cast(text, "int64", commas)
+    if (
+        (fraction and commas is not None)
+        or _FRACTIONS.fullmatch(text)
+        or (_NUMBERS.fullmatch(text) and not _minus_zero(text))
+    ):
+        return _cast(text, "float64", commas)
+    return None
 
 
 def _exact_list(raw: bytes, found: FlatList) -> list[Any]:
@@ -201,7 +210,11 @@ def _plain_commas(text: bytes, fraction: bool) -> np.ndarray | None:
     codes = np.frombuffer(text, np.uint8)
     commas = np.flatnonzero(codes == ord(","))
     spaces = text.count(b" ")
-    if spaces and not spaces == len(commas) == text.count(b", "):
+    if spaces and not (
+        spaces == len(commas)
+        and commas[-1] + 1 < len(codes)
+        and (codes[commas + 1] == ord(" ")).all()
+    ):
         return None  # a space only right after each comma
     starts = np.concatenate((np.zeros(1, commas.dtype), commas + (2 if spaces else 1)))
     ends = np.append(commas, len(codes))  # each entry's end (its comma, or the text's)
