@@ -330,7 +330,14 @@ def test_a_real_line_decodes_its_lists_as_arrays(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize(
     "entries",
-    [["truefalse", ""], ["", "falsetrue"], ["nullnull", ""], ["true", "", "falsefalse"]],
+    [
+        ["truefalse", ""],
+        ["", "falsetrue"],
+        ["nullnull", ""],
+        ["true", "", "falsefalse"],
+        ["", "truetrue"],
+        ["nullnullnull", "", ""],
+    ],
 )
 def test_two_words_in_one_entry_are_never_two_entries(
     entries: list[str], monkeypatch: pytest.MonkeyPatch
