@@ -39,6 +39,9 @@ BOUND_ROWS = {
     # The explorer's own kept per-step rows, in the same private folders (docs/security.md,
     # "The explorer"): not a stranger's file either.
     "step_rows.MAX_FILE_BYTES": None,
+    # A reader's kept footer identities, in its private catalogs' folder ("The catalog file
+    # itself"): not a stranger's file.
+    "catalog_cache.MAX_FOOTERS_BYTES": None,
     # A run name's length, not a file's.
     "layout.MAX_RUN_NAME_BYTES": None,
 }

@@ -6,6 +6,7 @@ Builds are counted, never timed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -318,3 +319,33 @@ def test_a_reader_reads_again_only_the_footers_of_files_changed_since_the_last(
     os.utime(tokens)  # the same bytes, another mtime and ctime: read again, and still served
     assert _answer(lake) == first
     assert read == [tokens.relative_to(lake).as_posix()]
+
+
+@pytest.mark.parametrize("kept", ["too large", "not JSON", "a link"])
+def test_kept_footers_too_large_unreadable_or_a_link_are_not_used_and_every_footer_is_read(
+    tmp_path: Path, builds: list[Path], monkeypatch: pytest.MonkeyPatch, kept: str
+) -> None:
+    lake = lake_with_views(tmp_path, {})
+    catalog.build_catalog(store_of(lake))
+    first = _answer(lake)
+    (footers,) = (tmp_path / "cache").rglob("footers.json")
+    good = footers.read_bytes()
+    footers.unlink()
+    if kept == "too large":
+        monkeypatch.setattr(catalog_cache, "MAX_FOOTERS_BYTES", len(good) - 1)
+        footers.write_bytes(good)
+    elif kept == "not JSON":
+        footers.write_bytes(good[:-1])
+    else:
+        (tmp_path / "elsewhere.json").write_bytes(good)
+        footers.symlink_to(tmp_path / "elsewhere.json")
+    read: list[str] = []
+    footer_identity = parquet.footer_identity
+
+    def counting(store, name):  # type: ignore[no-untyped-def]
+        read.append(name)
+        return footer_identity(store, name)
+
+    monkeypatch.setattr(parquet, "footer_identity", counting)
+    assert _answer(lake) == first
+    assert len(set(read)) == len(json.loads(good))  # every listed file's footer read again

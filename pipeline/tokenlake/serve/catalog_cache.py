@@ -27,8 +27,8 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tokenlake import __version__, layout
-from tokenlake.errors import CacheError, LakeError
+from tokenlake import __version__, bounded, layout
+from tokenlake.errors import BoundedReadError, CacheError, LakeError
 from tokenlake.processes import process_alive
 from tokenlake.serve import kept_rows, rollups, sql_views, user_view_check, user_views
 from tokenlake.serve.served import KnownFooters
@@ -48,8 +48,10 @@ MAX_LAKES = 64  # lakes whose catalogs are kept, the ones used last
 # healthy (`remember_healthy`); never run, only compared.
 _HEALTHY = "healthy-catalog.txt"
 _HEALTHY_BYTES = 512
-# Beside a lake's keys: the footer identities its last reader found (`remember_footers`).
+# Beside a lake's keys: the footer identities its last reader found (`remember_footers`),
+# about 150 bytes a file: a lake of more than ~200,000 files keeps none.
 _FOOTERS = "footers.json"
+MAX_FOOTERS_BYTES = 32 << 20
 
 
 def catalog_key(
@@ -188,15 +190,11 @@ def _write_line(path: Path, line: str) -> None:
 def known_footers(folder: Path) -> KnownFooters:
     """The footer identities the lake's last reader found (`remember_footers`), by each file's
     `lstat` identity then; none when there are none or they cannot be read whole."""
-    try:  # never through a link
-        handle = os.open(folder / _FOOTERS, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    try:  # never through a link; an object of lists of two strings
+        text = bounded.read_file(folder / _FOOTERS, MAX_FOOTERS_BYTES, "kept footers", follow=False)
+        found = bounded.loads(text, max_depth=2)
+    except (BoundedReadError, ValueError):
         return KnownFooters()
-    with os.fdopen(handle, "rb") as file:
-        try:
-            found = json.loads(file.read())
-        except (OSError, ValueError):
-            return KnownFooters()
     if not isinstance(found, dict):
         return KnownFooters()
     kept = {
@@ -213,6 +211,8 @@ def remember_footers(folder: Path, footers: KnownFooters) -> None:
     if footers.found == footers.kept:
         return
     text = json.dumps({name: list(pair) for name, pair in footers.found.items()})
+    if len(text) > MAX_FOOTERS_BYTES:  # more than the next reader reads
+        return
     try:
         atomic_write(folder / _FOOTERS, lambda temporary: _write_line(temporary, text))
     except LakeError as exc:

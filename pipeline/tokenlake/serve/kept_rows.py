@@ -30,7 +30,7 @@ from tokenlake import schema
 from tokenlake.errors import CacheError, LakeError
 from tokenlake.serve import rollups
 from tokenlake.serve.sql_views import base_view_sql
-from tokenlake.store import manifest
+from tokenlake.store import manifest, parquet
 from tokenlake.store.base import Store
 from tokenlake.store.private_cache import private_folder
 
@@ -50,7 +50,9 @@ def plan(served: list[manifest.RunManifest]) -> dict[str, str] | None:
     steps = [step for record in served for step in record.steps.values()]
     if not steps or not all(_copyable(step) for step in steps):
         return None
-    copied = sum(int(step.identities[table].split(":")[0]) for step in steps for table in _tables())
+    copied = sum(
+        parquet.identity_size(step.identities[table]) for step in steps for table in _tables()
+    )
     if copied > COPY_LIMIT:
         return None
     digests = {}

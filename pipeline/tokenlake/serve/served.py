@@ -185,7 +185,7 @@ def _changed(
     found = listing.info(store.url(name))  # from the listing's cache: no request
     if found.get("type") != "file":  # not listed: gone, as a reader finds it anyway
         return False
-    return int(found["size"]) != int(recorded.split(":")[0])
+    return int(found["size"]) != parquet.identity_size(recorded)
 
 
 def _without_unservable_side_files(

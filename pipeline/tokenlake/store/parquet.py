@@ -151,6 +151,11 @@ def footer_identity(store: Store, name: str) -> str:
     return f"{size}:{hashlib.blake2b(footer + tail, digest_size=16).hexdigest()}"
 
 
+def identity_size(identity: str) -> int:
+    """The file size a `footer_identity` states."""
+    return int(identity.split(":", 1)[0])
+
+
 def identity_change(store: Store, name: str, recorded: str) -> str | None:
     """How the lake file `name` differs from the one whose identity its manifest `recorded`
     as written (None: it is that file).
@@ -161,9 +166,9 @@ def identity_change(store: Store, name: str, recorded: str) -> str | None:
     found = footer_identity(store, name)
     if found == recorded:
         return None
-    size, found_size = recorded.split(":")[0], found.split(":")[0]
+    size, found_size = identity_size(recorded), identity_size(found)
     if size != found_size:
-        return f"changed since it was written: {int(found_size):,} bytes, written {int(size):,}"
+        return f"changed since it was written: {found_size:,} bytes, written {size:,}"
     return "changed since it was written: its footer is not the one written"
 
 
