@@ -159,17 +159,17 @@ class StepTables:
 
 
 def compute_steps(steps: Sequence[StepTables], run: str) -> list[StepRollups]:
-    """`compute_step` for several steps of one run at once, no two of the same rollout id: the
-    ten queries run once over their tables together, and each step gets its own rows.
+    """`compute_step` for several steps of one run at once: the ten queries run once over
+    their tables together, and each step gets its own rows.
 
     A rollup's grain lies within one step, so a step's rows are the ones it gives alone, in
     the same order: DuckDB, single-threaded, reads the rows of each step in the same order and
     adds them up in it (tests/orchestrate/test_step_batches.py compares both, bit for bit). Most
     of a small step's rollup cost is DuckDB binding and planning the queries, paid here once
-    for the steps together.
+    for the steps together. Each step's rows carry its place in `steps` as their `rollout_id`,
+    which the rollups use as a key only: a train step and its eval file, of one rollout id,
+    are two steps here too.
     """
-    if len({step.rollout_id for step in steps}) != len(steps):
-        raise ValueError("steps computed together must have different rollout ids")
     con = _step_connection()
     with ctrl_c_from_duckdb():
         tables = _compute_steps(con, steps, run)
@@ -182,7 +182,7 @@ def compute_steps(steps: Sequence[StepTables], run: str) -> list[StepRollups]:
     return [StepRollups(each, version, dict(settings)) for each in tables]
 
 
-_STEP_KEY = "tokenlake_step_rollout_id"  # the rollout id column of steps computed together
+_STEP_KEY = "tokenlake_step_key"  # the `rollout_id` of steps computed together: their place
 
 
 def _compute_steps(
@@ -194,8 +194,8 @@ def _compute_steps(
         tokens, samples = steps[0].tokens, steps[0].samples
         rollout_id = f"{int(steps[0].rollout_id)}::BIGINT"
     else:
-        tokens = pa.concat_tables([_keyed(step.tokens, step.rollout_id) for step in steps])
-        samples = pa.concat_tables([_keyed(step.samples, step.rollout_id) for step in steps])
+        tokens = pa.concat_tables([_keyed(step.tokens, key) for key, step in enumerate(steps)])
+        samples = pa.concat_tables([_keyed(s.samples, key) for key, s in enumerate(steps)])
         rollout_id = _STEP_KEY
     con.register(_STEP_TOKENS, tokens)
     con.register(_STEP_SAMPLES, samples)
@@ -226,10 +226,10 @@ def _compute_steps(
         {
             name: rollup_schema(name).empty_table()
             if name in empty
-            else _step_rows(name, computed[name], step.rollout_id, len(steps) > 1)
+            else _step_rows(name, computed[name], key, len(steps) > 1)
             for name in rollup_names()
         }
-        for step in steps
+        for key in range(len(steps))
     ]
 
 
@@ -261,21 +261,21 @@ def _materialise_drift_tokens(
     )
 
 
-def _keyed(table: pa.Table, rollout_id: int) -> pa.Table:
-    """A step's table with its rollout id as a last column (the steps computed together)."""
+def _keyed(table: pa.Table, key: int) -> pa.Table:
+    """A step's table with its key as a last column (the steps computed together)."""
     import numpy as np
     import pyarrow as pa
 
-    return table.append_column(_STEP_KEY, pa.array(np.full(table.num_rows, rollout_id, np.int64)))
+    return table.append_column(_STEP_KEY, pa.array(np.full(table.num_rows, key, np.int64)))
 
 
-def _step_rows(name: str, rows: pa.Table, rollout_id: int, together: bool) -> pa.Table:
-    """One step's rows of a rollup (of several steps computed `together`: without their
-    rollout id), in the rollup's stored order (`_row_order`)."""
+def _step_rows(name: str, rows: pa.Table, key: int, together: bool) -> pa.Table:
+    """One step's rows of a rollup (of several steps computed `together`: those whose
+    `rollout_id` is the step's key, without it), in the rollup's stored order (`_row_order`)."""
     if together:
         import pyarrow.compute as pc
 
-        rows = rows.filter(pc.equal(rows.column(schema.ROLLOUT_ID), rollout_id))
+        rows = rows.filter(pc.equal(rows.column(schema.ROLLOUT_ID), key))
         rows = rows.drop_columns([schema.ROLLOUT_ID])
     return rows.sort_by(list(_row_order(name)))
 
