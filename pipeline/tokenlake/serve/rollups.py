@@ -270,28 +270,31 @@ def _keyed(table: pa.Table, key: int) -> pa.Table:
 
 
 def _step_rows(name: str, rows: pa.Table, key: int, together: bool) -> pa.Table:
-    """One step's rows of a rollup (of several steps computed `together`: those whose
-    `rollout_id` is the step's key, without it), in the rollup's stored order (`_row_order`)."""
-    if together:
-        import pyarrow.compute as pc
+    """One step's rows of a rollup, as `_rows` gives them in the stored order; of several steps
+    computed `together` (ordered by their key first): the slice whose `rollout_id` is the
+    step's key, without that column."""
+    if not together:
+        return rows
+    import numpy as np
 
-        rows = rows.filter(pc.equal(rows.column(schema.ROLLOUT_ID), key))
-        rows = rows.drop_columns([schema.ROLLOUT_ID])
-    return rows.sort_by(list(_row_order(name)))
+    keys = rows.column(schema.ROLLOUT_ID).to_numpy()
+    start, end = np.searchsorted(keys, [key, key + 1])
+    return rows.slice(int(start), int(end - start)).drop_columns([schema.ROLLOUT_ID])
 
 
 @cache
-def _row_order(name: str) -> tuple[tuple[str, str, str], ...]:
-    """The order a step's rows of a rollup are stored in: its rank column first where it has
-    one (`k3_rank`, `outlier_rank`: the order its delta-encoded integers compress best in),
-    then every column in its header's order. A function of the step's rows alone, so the
+def _row_order(name: str) -> str:
+    """The order a step's rows of a rollup are stored in, as an ORDER BY list: its rank column
+    first where it has one (`k3_rank`, `outlier_rank`: the order its delta-encoded integers
+    compress best in), then every column in its header's order, each ascending with NULLs
+    last (NaN after every number, before NULL). A function of the step's rows alone, so the
     step's files are the same bytes whether its rollups were computed alone or with other
     steps': a hash aggregate gives its groups in an order that depends on all the rows it saw.
     """
     names = [column for column, _ in _columns(name)[2:]]
     ranks = [column for column in names if column.endswith("_rank")]
     ordered = [*ranks, *(column for column in names if column not in ranks)]
-    return tuple((column, "ascending", "at_end") for column in ordered)  # NULLs last
+    return ", ".join(f"{column} ASC NULLS LAST" for column in ordered)
 
 
 def _has_teacher_log_probs(tokens: pa.Table) -> bool:
@@ -341,10 +344,12 @@ def _settings_digest(con: duckdb.DuckDBPyConnection, columns: Sequence[str]) -> 
 
 
 def _rows(con: duckdb.DuckDBPyConnection, name: str, together: bool = False) -> pa.Table:
-    """A rollup's rows, checked against and cast to its documented columns; with `together`
-    (several steps), with their `rollout_id` first."""
+    """A rollup's rows in their stored order (`_row_order`), checked against and cast to its
+    documented columns; with `together` (several steps), with their `rollout_id` first and
+    ordered by it first."""
     kept = _STEP_COLUMNS[:1] if together else _STEP_COLUMNS
-    query = f"SELECT * EXCLUDE ({', '.join(kept)}) FROM {name}"
+    order = f"{schema.ROLLOUT_ID}, {_row_order(name)}" if together else _row_order(name)
+    query = f"SELECT * EXCLUDE ({', '.join(kept)}) FROM {name} ORDER BY {order}"
     # `execute`, not `sql`: a relation binds the query once more before it runs, and binding
     # the nested views is most of a small step's cost (its rows are few: their copy is not).
     with warnings.catch_warnings():  # that Arrow output of `execute` copies the rows once
@@ -361,7 +366,7 @@ def _rows(con: duckdb.DuckDBPyConnection, name: str, together: bool = False) -> 
             sql_dir() / "rollups" / f"{name}.sql",
             f"gives columns {', '.join(table.schema.names)}; its header documents {', '.join(wanted.names)}",
         )
-    return table.cast(wanted)
+    return table if table.schema == wanted else table.cast(wanted)
 
 
 def default_settings_digests() -> dict[str, str]:
