@@ -551,7 +551,10 @@ def _fill_catalog(
         if Path(f"{written}.wal").exists():  # DuckDB could not fold its log into the file
             raise LakeError(_catalog_url(store), "catalog could not be written in full")
         if written != tmp:
-            shutil.copyfile(written, tmp)
+            try:
+                shutil.copyfile(written, tmp)
+            except OSError as exc:  # told as DuckDB's own write there is (a full disk)
+                raise _catalog_error(store, exc) from exc
         with duckdb.connect(str(tmp), read_only=True) as check:
             missing = missing_views(check)
     except duckdb.Error as exc:
