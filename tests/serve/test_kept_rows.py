@@ -109,3 +109,20 @@ def test_a_tag_carries_the_kept_rows_over_to_the_next_reader(
         assert con.execute("SELECT * FROM step_stats ORDER BY ALL").fetchall() == before
     assert copies == []  # the rows of before, carried over by the tag
     assert len(list(cache.rglob(f"{kept_rows.FOLDER}/tokenlake.duckdb"))) == 1
+
+
+def test_a_small_lakes_reader_runs_duckdb_on_one_thread(
+    lake: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example lake (4,079 tokens) is under one row group of tokens: one thread, kept
+    catalog or not; a lake at the bound keeps DuckDB's default of one thread a core."""
+    threads = "SELECT current_setting('threads')"
+    with duckdb.connect() as fresh:
+        default = fresh.execute(threads).fetchall()
+    with catalog.connect(store_of(lake)) as kept, uncached(lake, monkeypatch) as files:
+        assert kept.execute(threads).fetchall() == [(1,)]
+        assert files.execute(threads).fetchall() == [(1,)]
+    monkeypatch.setattr(catalog, "ONE_THREAD_TOKENS", 4_079)
+    with catalog.connect(store_of(lake)) as kept, uncached(lake, monkeypatch) as files:
+        assert kept.execute(threads).fetchall() == default
+        assert files.execute(threads).fetchall() == default

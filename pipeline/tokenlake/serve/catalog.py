@@ -544,7 +544,8 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
         with tempfile.TemporaryDirectory(prefix="tokenlake-") as temporary:
             built = Path(temporary) / layout.CATALOG_FILE
             _write_catalog(built, store, problems, records)
-            con = duckdb.connect(str(built), read_only=True)  # the file outlives its name
+            # the file outlives its name
+            con = duckdb.connect(str(built), read_only=True, config=reader_config(records))
     else:
         # Keyed on what may be served now, not only on the manifests: a file changed or
         # linked since a kept build was made is left out of a new one (serve/served.py).
@@ -567,11 +568,27 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
         path, problems = kept
         if catalog_cache.is_kept(path):  # the lake is as the key says: its rows may be kept too
             path = kept_rows.with_rows(path, store, served)
-        con = duckdb.connect(str(path), read_only=True)
+        con = duckdb.connect(str(path), read_only=True, config=reader_config(served))
         catalog_cache.discard_unkept(path)
     for problem in problems:
         log.warning("%s", problem)
     return con
+
+
+# A lake of fewer token rows than this (one row group of a tokens file, load/write.py's
+# ROW_GROUP_SIZE) is read by DuckDB on one thread: its queries' work is a few milliseconds,
+# less than what a second thread costs to start and hand work to. Measured on a busy 2-core
+# machine (docs/performance.md, issue 34): `audit` on the example lake (4,079 tokens) and on
+# one of 100 small steps (6,338) took 10-30 ms less CPU (median of 12) with one thread than
+# with DuckDB's default of one a core, and no more wall time.
+ONE_THREAD_TOKENS = 1 << 17
+
+
+def reader_config(records: list[manifest.RunManifest]) -> dict[str, object]:
+    """DuckDB's settings for a reader of the lake `records` describe: one thread on a small
+    lake (ONE_THREAD_TOKENS), else DuckDB's defaults."""
+    tokens = sum(step.tokens for record in records for step in record.steps.values())
+    return {"threads": 1} if tokens < ONE_THREAD_TOKENS else {}
 
 
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
