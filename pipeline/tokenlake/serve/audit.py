@@ -20,7 +20,7 @@ from tokenlake.serve import sql_views
 from tokenlake.serve.query import (
     Rows,
     cache_footers,
-    catalog_view,
+    catalog_schema,
     connect_reader,
     format_table,
     plain_result,
@@ -147,9 +147,10 @@ def _compute_shared_views(con: duckdb.DuckDBPyConnection) -> None:
     name and DuckDB's message, as without this."""
     import duckdb
 
+    schema = catalog_schema(con)
     for view in SHARED_VIEWS:
         try:
-            con.execute(f"CREATE TEMP TABLE {view} AS FROM {catalog_view(con, view)}")
+            con.execute(f"CREATE TEMP TABLE {view} AS FROM {schema}.{view}")
         except duckdb.Error:
             continue
 
