@@ -265,7 +265,8 @@ def _write_runs_views(
     them, checked as it checks a build. Beside it, the kept copy of `kept` with the lake's rows
     (serve/kept_rows.py) changed alike: a tag rewrites only the `runs` file, so the rows are
     those of the same files, and the next reader does not copy them again (where there is no
-    such copy, or it cannot be made, the next reader copies the rows).
+    such copy, or it cannot be made, the next reader copies the rows). The kept rows of views
+    that audits read, some of which read the `runs` row, are dropped from it.
 
     Both files are changed through one in-memory DuckDB, each attached in turn: a database
     opened by `duckdb.connect` costs ~30 ms of CPU before it holds anything, twice a file.
@@ -298,7 +299,7 @@ def _write_runs_views(
         try:
             into = private_folder(path.parent / kept_rows.FOLDER) / path.name
             shutil.copyfile(rows, into)
-            _replace_runs_view(con, into, runs_sql, digest, str(into))
+            _replace_runs_view(con, into, runs_sql, digest, str(into), kept_rows.forget_views_sql)
         except (duckdb.Error, LakeError, CacheError, OSError) as exc:
             log.info("the lake's kept rows are not carried over: %s", exc)
             shutil.rmtree(path.parent / kept_rows.FOLDER, ignore_errors=True)
@@ -309,11 +310,16 @@ _CHANGED = "tokenlake_changed"
 
 
 def _replace_runs_view(
-    con: duckdb.DuckDBPyConnection, path: Path, runs_sql: str, digest: str, named: str
+    con: duckdb.DuckDBPyConnection,
+    path: Path,
+    runs_sql: str,
+    digest: str,
+    named: str,
+    also: Callable[[str], str] | None = None,
 ) -> None:
     """In the catalog file `path`, attached to `con`: the `runs` view as `runs_sql` and the
-    listed files' `digest`, written in full, then attached again read-only to check it holds
-    every view.
+    listed files' `digest` (and the statement `also` gives for the attached database's name),
+    written in full, then attached again read-only to check it holds every view.
 
     Raises:
         LakeError: (naming the catalog as `named`) DuckDB could not fold its log into the
@@ -325,6 +331,8 @@ def _replace_runs_view(
     try:
         con.execute(f"CREATE OR REPLACE VIEW {_CHANGED}.main.{schema.RUNS} AS {runs_sql}")
         _record_listed(con, digest, f"{_CHANGED}.main.")
+        if also is not None:
+            con.execute(also(_CHANGED))
         con.execute(f"CHECKPOINT {_CHANGED}")
     finally:
         con.execute(f"DETACH {_CHANGED}")
@@ -584,7 +592,9 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
 ONE_THREAD_TOKENS = 1 << 17
 
 
-def reader_config(records: list[manifest.RunManifest]) -> dict[str, object]:
+def reader_config(
+    records: list[manifest.RunManifest],
+) -> dict[str, str | bool | int | float | list[str]]:
     """DuckDB's settings for a reader of the lake `records` describe: one thread on a small
     lake (ONE_THREAD_TOKENS), else DuckDB's defaults."""
     tokens = sum(step.tokens for record in records for step in record.steps.values())

@@ -16,6 +16,12 @@ rollup is computed from the tokens, so a `--set` override never reads them. The 
 this user's tokenlake wrote, in a folder only this user can write; nothing a stranger wrote is
 run. Lakes whose files to copy exceed COPY_LIMIT keep the views over the files (their
 per-file cost is small beside their rows').
+
+The copy also keeps the rows of the views several audits read (SHARED_VIEWS), computed with
+the rows under the catalog's own `drift_settings`, in the schema `tokenlake_views`: `audit`
+without `--set` reads them instead of computing them again (binding and planning
+`drift_steps` alone is ~40 ms of CPU). `tokenlake tag` drops them from the copy it carries
+over (its new `runs` row is read by some), so the audits after it compute them as before.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenlake import schema
 from tokenlake.errors import CacheError, LakeError
@@ -34,10 +41,18 @@ from tokenlake.store import manifest, parquet
 from tokenlake.store.base import Store
 from tokenlake.store.private_cache import private_folder
 
+if TYPE_CHECKING:
+    import duckdb
+
 log = logging.getLogger(__name__)
 
 FOLDER = "rows"  # in a kept catalog's key folder
 SCHEMA = "tokenlake_rows"  # of the copied tables
+VIEWS_SCHEMA = "tokenlake_views"  # of the kept rows of SHARED_VIEWS
+# Views several audits read, each of a row per step or group (or per suspect token row, normally
+# none): computed once per run of the audits (serve/audit.py), not once per audit, and kept
+# here under the catalog's own settings.
+SHARED_VIEWS = ("drift_steps", "drift_step_checks", "audit_tokens", "group_stats")
 COPY_LIMIT = 64 * 2**20  # of the Parquet files copied; a larger lake copies none
 _BUILDING = ".building-"
 
@@ -145,6 +160,7 @@ def _copy_rows(path: Path, queries: dict[str, str], digests: dict[str, str]) -> 
                     rows = rollups.guarded(table, rows, digests[table])
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS {rows}")
             con.execute("COMMIT")
+            _keep_shared_views(con)
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -152,3 +168,34 @@ def _copy_rows(path: Path, queries: dict[str, str], digests: dict[str, str]) -> 
         raise LakeError(path, f"rows cannot be copied ({str(exc).splitlines()[0][:300]})") from exc
     if Path(f"{path}.wal").exists():  # DuckDB could not fold its log into the file
         raise LakeError(path, "rows could not be written in full")
+
+
+def _keep_shared_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Each of SHARED_VIEWS' rows, over the rows just copied and under the catalog's own
+    `drift_settings`, as a table of VIEWS_SCHEMA. A view that cannot be computed is left out:
+    the audit that reads it computes it, and fails with its own name."""
+    import duckdb
+
+    con.execute(f"CREATE SCHEMA {VIEWS_SCHEMA}")
+    for view in SHARED_VIEWS:
+        try:
+            con.execute(f"CREATE TABLE {VIEWS_SCHEMA}.{view} AS FROM main.{view}")
+        except duckdb.Error:
+            continue
+
+
+def kept_views(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """Those of SHARED_VIEWS whose rows the reader's catalog `con` keeps in VIEWS_SCHEMA (none
+    in a catalog without kept rows, or in the copy a tag carried over)."""
+    listed = con.execute(
+        "SELECT table_name FROM duckdb_tables()"
+        " WHERE database_name = current_database() AND schema_name = ?",
+        [VIEWS_SCHEMA],
+    ).fetchall()
+    return {name for (name,) in listed if name in SHARED_VIEWS}
+
+
+def forget_views_sql(database: str) -> str:
+    """The statement that drops the kept rows of SHARED_VIEWS from the catalog attached as
+    `database`: what a tag's new `runs` row changes."""
+    return f"DROP SCHEMA IF EXISTS {database}.{VIEWS_SCHEMA} CASCADE"
