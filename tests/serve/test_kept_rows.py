@@ -150,9 +150,11 @@ def test_an_audit_reads_the_views_rows_the_kept_catalog_holds(
     assert reports["kept"][0] != reports["kept"][1]  # the override changed what the audits found
 
 
-def test_a_tag_drops_the_kept_rows_of_the_views_that_read_the_runs_row(
+def test_a_tag_drops_the_kept_rows_of_the_views_and_the_next_reader_computes_them(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Some of the views audits read read the `runs` row, which a tag rewrites: the copy it
+    carries over lacks their rows, and the next reader computes them into it."""
     synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
     lake = tmp_path / "lake"
     extract_run(tmp_path / "dump", store_of(lake), ExtractOptions(workers=1, run_name="r"))
@@ -160,7 +162,12 @@ def test_a_tag_drops_the_kept_rows_of_the_views_that_read_the_runs_row(
     with catalog.connect(store_of(lake)) as con:
         assert kept_rows.kept_views(con) == set(kept_rows.SHARED_VIEWS)
     assert CliRunner().invoke(main, ["tag", str(lake), "r", "k=v"]).exit_code == 0
+    (carried,) = cache.rglob(f"{kept_rows.FOLDER}/tokenlake.duckdb")
+    with duckdb.connect(str(carried), read_only=True) as con:
+        assert kept_rows.kept_views(con) == set()
     with catalog.connect(store_of(lake)) as con:
         assert copied_tables(con) == sorted([schema.SAMPLES, *rollups.rollup_names()])
-        assert kept_rows.kept_views(con) == set()
+        assert kept_rows.kept_views(con) == set(kept_rows.SHARED_VIEWS)
+        assert con.execute("SELECT key, value FROM run_tags").fetchall() == [("k", "v")]
     assert format_audit_report(run_audits(store_of(lake))) == before
+    assert sorted(p.name for p in carried.parent.iterdir()) == ["tokenlake.duckdb"]

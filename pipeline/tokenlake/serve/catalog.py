@@ -266,7 +266,8 @@ def _write_runs_views(
     (serve/kept_rows.py) changed alike: a tag rewrites only the `runs` file, so the rows are
     those of the same files, and the next reader does not copy them again (where there is no
     such copy, or it cannot be made, the next reader copies the rows). The kept rows of views
-    that audits read, some of which read the `runs` row, are dropped from it.
+    that audits read, some of which read the `runs` row, are dropped from it, for the next
+    reader to compute.
 
     Both files are changed through one in-memory DuckDB, each attached in turn: a database
     opened by `duckdb.connect` costs ~30 ms of CPU before it holds anything, twice a file.
@@ -300,6 +301,7 @@ def _write_runs_views(
             into = private_folder(path.parent / kept_rows.FOLDER) / path.name
             shutil.copyfile(rows, into)
             _replace_runs_view(con, into, runs_sql, digest, str(into), kept_rows.forget_views_sql)
+            kept_rows.forget_views(into)
         except (duckdb.Error, LakeError, CacheError, OSError) as exc:
             log.info("the lake's kept rows are not carried over: %s", exc)
             shutil.rmtree(path.parent / kept_rows.FOLDER, ignore_errors=True)

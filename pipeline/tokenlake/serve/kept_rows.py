@@ -21,7 +21,8 @@ The copy also keeps the rows of the views several audits read (SHARED_VIEWS), co
 the rows under the catalog's own `drift_settings`, in the schema `tokenlake_views`: `audit`
 without `--set` reads them instead of computing them again (binding and planning
 `drift_steps` alone is ~40 ms of CPU). `tokenlake tag` drops them from the copy it carries
-over (its new `runs` row is read by some), so the audits after it compute them as before.
+over (its new `runs` row is read by some) and marks it (`forget_views`); the next reader
+computes them into a new copy, renamed over it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 FOLDER = "rows"  # in a kept catalog's key folder
 SCHEMA = "tokenlake_rows"  # of the copied tables
 VIEWS_SCHEMA = "tokenlake_views"  # of the kept rows of SHARED_VIEWS
+_LACKS_VIEWS = "lacks-views"  # beside a copy without them: the next reader computes them
 # Views several audits read, each of a row per step or group (or per suspect token row, normally
 # none): computed once per run of the audits (serve/audit.py), not once per audit, and kept
 # here under the catalog's own settings.
@@ -125,6 +127,8 @@ def with_rows(catalog: Path, store: Store, served: list[manifest.RunManifest]) -
         return catalog
     kept = copied(catalog)
     if kept is not None:
+        if (kept.parent / _LACKS_VIEWS).exists():
+            _add_shared_views(kept)
         return kept
     top = catalog.parent / FOLDER
     path = top / catalog.name
@@ -197,5 +201,33 @@ def kept_views(con: duckdb.DuckDBPyConnection) -> set[str]:
 
 def forget_views_sql(database: str) -> str:
     """The statement that drops the kept rows of SHARED_VIEWS from the catalog attached as
-    `database`: what a tag's new `runs` row changes."""
+    `database`: what a tag's new `runs` row changes (`forget_views` marks the file)."""
     return f"DROP SCHEMA IF EXISTS {database}.{VIEWS_SCHEMA} CASCADE"
+
+
+def forget_views(copy: Path) -> None:
+    """Mark the copy `copy`, whose kept rows of SHARED_VIEWS were dropped, for the next reader
+    to compute them (`with_rows`)."""
+    os.close(os.open(copy.parent / _LACKS_VIEWS, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+
+
+def _add_shared_views(copy: Path) -> None:
+    """The copy `copy` with SHARED_VIEWS' rows computed in, made beside it and renamed over it
+    (other readers may hold it open); left as it is, still marked, where that fails."""
+    import duckdb
+
+    try:
+        building = private_folder(copy.parent / f"{_BUILDING}{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            shutil.copyfile(copy, building / copy.name)
+            with duckdb.connect(str(building / copy.name)) as con:
+                _keep_shared_views(con)
+                con.execute("CHECKPOINT")
+            if Path(f"{building / copy.name}.wal").exists():
+                raise LakeError(copy, "rows could not be written in full")
+            os.rename(building / copy.name, copy)
+            (copy.parent / _LACKS_VIEWS).unlink(missing_ok=True)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    except (OSError, LakeError, CacheError, duckdb.Error) as exc:
+        log.info("the rows of the views audits read are not kept: %s", exc)
