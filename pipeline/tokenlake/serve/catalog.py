@@ -197,11 +197,15 @@ def build_catalog(store: Store, warnings: list[str] | None = None) -> Path | str
 
 
 def build_catalog_after_tag(
-    store: Store, before: manifest.RunManifest, warnings: list[str]
+    store: Store,
+    before: manifest.RunManifest,
+    saved: manifest.RunManifest,
+    warnings: list[str],
 ) -> Path | str:
     """Rebuild the lake's catalog after `tokenlake tag` rewrote one run's `runs` file
-    (`before`: that run's manifest until then), as this user's private catalog of the lake as
-    it is now (kept for the next command, `_connect_private_build`), then put a copy in place.
+    (`before`: that run's manifest until then, `saved`: the one it saved, not read again), as
+    this user's private catalog of the lake as it is now (kept for the next command,
+    `_connect_private_build`), then put a copy in place.
 
     Where this user keeps a private catalog of the lake as it was (built by `_write_catalog`
     from the same manifests, in a folder only this user can write) and its build printed
@@ -215,7 +219,10 @@ def build_catalog_after_tag(
     if catalog_file is None or folder is None:
         return build_catalog(store, warnings)
     views = iter_user_view_files(store)
-    after = manifest.load_all(store)
+    after = [
+        saved if run == saved.run else manifest.load_listed(store, run)
+        for run in store.manifest_runs()
+    ]
     footers = catalog_cache.known_footers(folder)
     served, unserved = served_records(store, after, footers=footers)
     catalog_cache.remember_footers(folder, footers)
