@@ -32,6 +32,7 @@ from tokenlake.layout import (
     local_path,
     manifest_name,
     new_name,
+    relative_parts,
     table_dir_parts,
     temporary_owner,
     temporary_path,
@@ -228,14 +229,15 @@ class LocalStore:
         """The path of a file a manifest lists; refuses one outside the lake or reached
         through a symbolic link (with `itself` False, only its folders are checked: the
         caller judges the file itself)."""
-        path = self.root / relative
         try:
             check_relative(relative)
         except ValueError:
-            raise LakeError(path, "is listed by a manifest but lies outside the lake") from None
-        parts = PurePosixPath(relative).parts
+            raise LakeError(
+                self.root / relative, "is listed by a manifest but lies outside the lake"
+            ) from None
+        parts = relative_parts(relative)
         nofollow.refuse_links(self.root, parts if itself else parts[:-1])
-        return path
+        return self.root / relative
 
     def check_links(self, run: str) -> None:
         """Refuse the run if any folder or file of it in the lake is a symbolic link.

@@ -154,14 +154,18 @@ def load_all(store: Store) -> list[RunManifest]:
     return [load_listed(store, run) for run in store.manifest_runs()]
 
 
-def leftovers(store: Store) -> list[str]:
+def leftovers(store: Store, records: list[RunManifest] | None = None) -> list[str]:
     """Files the naming scheme made that no manifest lists (what an interrupted extraction
     left, or a file it superseded), other than temporaries a running tokenlake still writes.
+
+    Args:
+        records: Every run's manifest (`load_all`), if the caller has just loaded them.
 
     A damaged manifest raises (DamagedManifestError): what it lists is unknown, so nothing
     counts as a leftover then.
     """
-    records = load_all(store)
+    if records is None:
+        records = load_all(store)
     listed = {name for r in records for table in schema.LAKE_TABLES for name in r.files(table)}
     made = store.made_files()
     return sorted(name for name in made if name not in listed and not _in_flight(name))
