@@ -8,6 +8,7 @@ And once per lake: the catalog opens and holds every view.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,46 +152,21 @@ def check_step(
             when the dump is on an object store that could not be listed.
         deep: Also compute the step's rollups from its tokens and compare.
     """
-    missing = [name for name in step.files.values() if not store.exists(name)]
-    if missing:
-        return [f"file `{name}` is missing" for name in missing]
-    if root is None and not is_url(record.source_dir):
-        root = Path(record.source_dir)
-    problems = [] if root is None else _check_sources(record.source_dir, root, step)
-    tables: dict[str, pa.Table] = {}
-    altered: list[str] = []  # files that pass every check below but are not as written
-    unread = 0  # files whose checks fail before their rows
-    for table, name in step.files.items():
-        try:
-            written = not deep and _as_written(store, step, table, name)
-            if written and table not in schema.STEP_TABLES:
-                continue  # a rollup file as written: only --deep compares its rows
-            if written:  # only the columns checked below are decoded
-                declared, read = parquet.read_columns(store, name, _READ_COLUMNS.get(table, ()))
-                changed = None
-            else:
-                read = parquet.read_table(store, name)
-                declared = read.schema
-                changed = _changed_since_written(store, step, table, name)
-                if changed is None and deep:
-                    changed = parquet.statistics_disagreement(store, name, read)
-        except parquet.UnreadableLakeFile as exc:  # truncated, overwritten, or refused by the OS
-            problems.append(_unreadable_file(name, exc, table))
-            unread += 1
-            continue
-        unlike = columns_difference(table, declared, step)
-        if unlike is not None:  # another program's file under tokenlake's name
-            problems.append(
-                f"file `{name}` does not hold the columns of `{table}`: {unlike};"
-                f" {_WAY_OUT[_kind(table)]}"
-            )
-            unread += 1
-            continue
-        if changed is not None:  # what readers count is no longer what was committed
-            altered.append(f"file `{name}` {changed}; {_WAY_OUT[_kind(table)]}")
-        tables[table] = read
-    if unread:
-        return problems + altered
+    with ExitStack() as closing:  # each file opened once, for all its checks
+        opened = {}
+        for table, name in step.files.items():
+            lake_file = parquet.LakeFile.open(store, name)
+            if lake_file is not None:
+                opened[table] = closing.enter_context(lake_file)
+        missing = [name for table, name in step.files.items() if table not in opened]
+        if missing:
+            return [f"file `{name}` is missing" for name in missing]
+        if root is None and not is_url(record.source_dir):
+            root = Path(record.source_dir)
+        problems = [] if root is None else _check_sources(record.source_dir, root, step)
+        tables, failed, altered = _read_step_files(store, step, opened, deep)
+    if failed:
+        return problems + failed + altered
     tokens, samples = tables[schema.TOKENS], tables[schema.SAMPLES]
     if samples.num_rows != step.samples:
         problems.append(f"`samples` has {samples.num_rows} rows; extracted {step.samples}")
@@ -212,7 +188,47 @@ def check_step(
     return problems or altered
 
 
-def _as_written(store: Store, step: manifest.StepRecord, table: str, name: str) -> bool:
+def _read_step_files(
+    store: Store, step: manifest.StepRecord, opened: dict[str, parquet.LakeFile], deep: bool
+) -> tuple[dict[str, pa.Table], list[str], list[str]]:
+    """The rows verify checks of each of a step's opened files, by table; the problems of the
+    files whose checks fail before their rows; and those of the files that pass every check
+    but are not as written."""
+    tables: dict[str, pa.Table] = {}
+    failed: list[str] = []
+    altered: list[str] = []
+    for table, lake_file in opened.items():
+        name = lake_file.name
+        try:
+            written = not deep and _as_written(step, table, lake_file)
+            if written and table not in schema.STEP_TABLES:
+                continue  # a rollup file as written: only --deep compares its rows
+            if written:  # only the columns checked below are decoded
+                declared, read = lake_file.read_columns(_READ_COLUMNS.get(table, ()))
+                changed = None
+            else:
+                read = lake_file.read_table()
+                declared = read.schema
+                changed = _changed_since_written(step, table, lake_file)
+                if changed is None and deep:
+                    changed = parquet.statistics_disagreement(store, name, read)
+        except parquet.UnreadableLakeFile as exc:  # truncated, overwritten, or refused by the OS
+            failed.append(_unreadable_file(name, exc, table))
+            continue
+        unlike = columns_difference(table, declared, step)
+        if unlike is not None:  # another program's file under tokenlake's name
+            failed.append(
+                f"file `{name}` does not hold the columns of `{table}`: {unlike};"
+                f" {_WAY_OUT[_kind(table)]}"
+            )
+            continue
+        if changed is not None:  # what readers count is no longer what was committed
+            altered.append(f"file `{name}` {changed}; {_WAY_OUT[_kind(table)]}")
+        tables[table] = read
+    return tables, failed, altered
+
+
+def _as_written(step: manifest.StepRecord, table: str, lake_file: parquet.LakeFile) -> bool:
     """True when the file's size and footer are those its manifest recorded as written: its
     columns and row counts are the ones tokenlake wrote, and what is left to check is in its
     pages (a step file's token ids and masks, by their checksum; a rollup's rows, by
@@ -220,18 +236,18 @@ def _as_written(store: Store, step: manifest.StepRecord, table: str, name: str) 
     if table not in step.identities:
         return False
     try:
-        return _changed_since_written(store, step, table, name) is None
+        return _changed_since_written(step, table, lake_file) is None
     except parquet.UnreadableLakeFile:  # named by the reader's own words, below
         return False
 
 
 def _changed_since_written(
-    store: Store, step: manifest.StepRecord, table: str, name: str
+    step: manifest.StepRecord, table: str, lake_file: parquet.LakeFile
 ) -> str | None:
     """How a file differs from what its manifest records of it as written (None: the same, or
     a step written before manifests recorded identities)."""
     recorded = step.identities.get(table)
-    return None if recorded is None else parquet.identity_change(store, name, recorded)
+    return None if recorded is None else lake_file.identity_change(recorded)
 
 
 def check_side_files(store: Store, record: manifest.RunManifest) -> list[str]:
@@ -316,7 +332,8 @@ def columns_difference(table: str, found: pa.Schema, step: manifest.StepRecord) 
             return f"`{field.name}` is missing"
         if have[field.name] != field.type:
             return f"`{field.name}` is {have[field.name]}, not {field.type}"
-    extra = [n for n in found.names if n not in expected.names]
+    written = set(expected.names)  # `names` is a new list at each call
+    extra = [n for n in found.names if n not in written]
     if extra:
         return f"it has `{shown(extra[0], literal=False)}`, which `{table}` has not"
     return None

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.bounded import MiB, amount
@@ -101,6 +102,113 @@ def read_columns(store: Store, name: str, columns: Sequence[str]) -> tuple[pa.Sc
     return _read(store, name, None, columns)
 
 
+# A lake file of at most this many bytes is decoded from its bytes, read at once: pyarrow
+# reads a Python file object in many small calls, which cost more than the decoding itself.
+_READ_WHOLE_BYTES = 4 * MiB
+
+
+class LakeFile:
+    """A lake file opened once for every check of it: its identity (`identity_change`) and its
+    rows (`read_columns`, `read_table`) come from the same open file, and a local lake's file
+    is reached by one walk that refuses links (`LocalStore.open_listed`).
+
+    `open` gives None where `store.exists` is False; use it as a context manager.
+    """
+
+    def __init__(self, store: Store, name: str, handle: Any = None) -> None:
+        self.store = store
+        self.name = name
+        self._handle = handle  # None: each read opens the file afresh (an object store)
+        self._refused: OSError | None = None  # the OS refused to open it: raised when read
+
+    @classmethod
+    def open(cls, store: Store, name: str) -> LakeFile | None:
+        """The lake file `name`, or None when there is none (not a regular file).
+
+        Raises:
+            LakeError: A link is on its way, or it lies outside the lake.
+        """
+        from tokenlake.store.local import LocalStore
+
+        if not isinstance(store, LocalStore):
+            return cls(store, name) if store.exists(name) else None
+        try:
+            handle = store.open_listed(name)
+        except OSError as exc:  # named by every read of it, as `_open` would have
+            lake_file = cls(store, name)
+            lake_file._refused = exc
+            return lake_file
+        return None if handle is None else cls(store, name, handle)
+
+    def __enter__(self) -> LakeFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def identity_change(self, recorded: str) -> str | None:
+        """As `identity_change` of the module."""
+        try:
+            with self._opened() as handle:
+                found = _identity_of(handle)
+        except _Refused as exc:
+            raise UnreadableLakeFile(self.store.url(self.name), str(exc)) from exc
+        except OSError as exc:
+            raise UnreadableLakeFile(self.store.url(self.name), str(exc), exc) from exc
+        return _change(found, recorded)
+
+    def read_columns(self, columns: Sequence[str]) -> tuple[pa.Schema, pa.Table]:
+        """As `read_columns` of the module."""
+        return self._read(None, columns)
+
+    def read_table(self, max_rows: int | None = None) -> pa.Table:
+        """As `read_table` of the module."""
+        return self._read(max_rows, None)[1]
+
+    def _read(
+        self, max_rows: int | None, columns: Sequence[str] | None
+    ) -> tuple[pa.Schema, pa.Table]:
+        import pyarrow as pa
+
+        try:
+            with self._opened() as handle:
+                return _bounded_read(_decodable(handle), max_rows, columns)
+        except _Refused as exc:
+            raise UnreadableLakeFile(self.store.url(self.name), str(exc)) from exc
+        except (OSError, pa.ArrowException) as exc:
+            raise UnreadableLakeFile(self.store.url(self.name), str(exc), exc) from exc
+
+    @contextmanager
+    def _opened(self) -> Iterator[Any]:
+        if self._refused is not None:
+            raise self._refused
+        if self._handle is not None:
+            yield self._handle
+            return
+        with _open(self.store, self.name) as handle:
+            yield handle
+
+
+def _decodable(handle: Any) -> Any:
+    """What pyarrow decodes an open file from: a small file's bytes, else the file."""
+    import pyarrow as pa
+
+    size = handle.seek(0, 2)
+    handle.seek(0)
+    if size > _READ_WHOLE_BYTES:
+        return handle
+    data = handle.read(_READ_WHOLE_BYTES + 1)
+    if len(data) > _READ_WHOLE_BYTES:  # it grew since: read as a file after all
+        handle.seek(0)
+        return handle
+    return pa.BufferReader(data)
+
+
 def _read(
     store: Store,
     name: str,
@@ -134,20 +242,25 @@ def footer_identity(store: Store, name: str) -> str:
     """
     try:
         with _open(store, name) as handle:
-            size = handle.seek(0, 2)
-            if size < 2 * len(_MAGIC) + 4:
-                raise _Refused("it is too short to be Parquet")
-            handle.seek(size - 8)
-            tail = handle.read(8)
-            length = int.from_bytes(tail[:4], "little")
-            if tail[4:] != _MAGIC or length > size - 12:
-                raise _Refused("it ends in no Parquet footer")
-            handle.seek(size - 8 - length)
-            footer = handle.read(length)
+            return _identity_of(handle)
     except _Refused as exc:
         raise UnreadableLakeFile(store.url(name), str(exc)) from exc
     except OSError as exc:
         raise UnreadableLakeFile(store.url(name), str(exc), exc) from exc
+
+
+def _identity_of(handle: Any) -> str:
+    """`footer_identity` of an open file (_Refused: no Parquet footer)."""
+    size = handle.seek(0, 2)
+    if size < 2 * len(_MAGIC) + 4:
+        raise _Refused("it is too short to be Parquet")
+    handle.seek(size - 8)
+    tail = handle.read(8)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != _MAGIC or length > size - 12:
+        raise _Refused("it ends in no Parquet footer")
+    handle.seek(size - 8 - length)
+    footer = handle.read(length)
     return f"{size}:{hashlib.blake2b(footer + tail, digest_size=16).hexdigest()}"
 
 
@@ -163,7 +276,11 @@ def identity_change(store: Store, name: str, recorded: str) -> str | None:
     Raises:
         UnreadableLakeFile: The file cannot be read, or ends in no Parquet footer.
     """
-    found = footer_identity(store, name)
+    return _change(footer_identity(store, name), recorded)
+
+
+def _change(found: str, recorded: str) -> str | None:
+    """How a file of identity `found` differs from the one `recorded` (None: the same)."""
     if found == recorded:
         return None
     size, found_size = identity_size(recorded), identity_size(found)
@@ -258,8 +375,10 @@ def _bounded_read(
     dictionaries = _dictionary_strings(footer)
     if wanted is not None:
         dictionaries = [path for path in dictionaries if path.split(".")[0] in wanted]
-    handle.seek(0)
-    reader = pq.ParquetFile(handle, metadata=footer, read_dictionary=dictionaries)
+    reader = plain
+    if dictionaries:  # read as dictionaries: a reader of its own (of the same footer)
+        handle.seek(0)
+        reader = pq.ParquetFile(handle, metadata=footer, read_dictionary=dictionaries)
     # A few columns decode faster on this thread than handed to Arrow's pool and back.
     table = reader.read(columns=wanted, use_threads=wanted is None)
     expanded = declared + sum(_expanded_bytes(column) for column in table.columns)
