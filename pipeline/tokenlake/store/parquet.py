@@ -367,12 +367,12 @@ def _bounded_read(
     if max_rows is not None and footer.num_rows > max_rows:
         raise _Refused(f"it declares {footer.num_rows:,} rows; its manifest records {max_rows:,}")
     bound = decoded_bound(size)
-    declared = _declared_bytes(footer)  # of every column: the bound is the file's, not a part's
+    # Of every column: the bound is the file's, not a part's.
+    declared, dictionaries = _declared_bytes(footer)
     if declared > bound:
         raise _Refused(_too_large(declared, size, bound))
     declared_schema = plain.schema_arrow
     wanted = None if columns is None else [c for c in columns if c in declared_schema.names]
-    dictionaries = _dictionary_strings(footer)
     if wanted is not None:
         dictionaries = [path for path in dictionaries if path.split(".")[0] in wanted]
     reader = plain
@@ -411,17 +411,24 @@ def _mib(size: int) -> str:
     return f"{size / MiB:,.0f} MiB"
 
 
-def _declared_bytes(footer: pq.FileMetaData) -> int:
+def _declared_bytes(footer: pq.FileMetaData) -> tuple[int, list[str]]:
     """What the file's columns decode to, by its footer: fixed-width values by count, others by
     their pages' uncompressed sizes (a dictionary's strings by their dictionary alone: their
-    expansion is counted once read, `_expanded_bytes`)."""
+    expansion is counted once read, `_expanded_bytes`). And the string columns (by path) that
+    hold a dictionary in some row group: read as dictionaries, never expanded unread.
+
+    One walk of the footer for both: each column chunk's metadata is a Python object built
+    on demand, the most of what checking a small file's footer costs.
+    """
     total = 0
+    dictionaries = set()
     for group in range(footer.num_row_groups):
         row_group = footer.row_group(group)
         for index in range(row_group.num_columns):
             chunk = row_group.column(index)
-            width = _FIXED_WIDTHS.get(chunk.physical_type)
-            if chunk.physical_type == "FIXED_LEN_BYTE_ARRAY":
+            kind = chunk.physical_type
+            width = _FIXED_WIDTHS.get(kind)
+            if kind == "FIXED_LEN_BYTE_ARRAY":
                 width = footer.schema.column(index).length
             values = max(chunk.num_values, row_group.num_rows)
             if width is None:
@@ -429,20 +436,9 @@ def _declared_bytes(footer: pq.FileMetaData) -> int:
             else:
                 total += values * width
             total += values * _PER_VALUE_OVERHEAD
-    return total
-
-
-def _dictionary_strings(footer: pq.FileMetaData) -> list[str]:
-    """The string columns (by path) that hold a dictionary in some row group: read as
-    dictionaries, never expanded unread."""
-    paths = set()
-    for group in range(footer.num_row_groups):
-        row_group = footer.row_group(group)
-        for index in range(row_group.num_columns):
-            chunk = row_group.column(index)
-            if chunk.physical_type == "BYTE_ARRAY" and chunk.has_dictionary_page:
-                paths.add(chunk.path_in_schema)
-    return sorted(paths)
+            if kind == "BYTE_ARRAY" and chunk.has_dictionary_page:
+                dictionaries.add(chunk.path_in_schema)
+    return total, sorted(dictionaries)
 
 
 def _expanded_bytes(column: pa.ChunkedArray | pa.Array) -> int:
