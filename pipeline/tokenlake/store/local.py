@@ -17,7 +17,7 @@ import stat
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from tokenlake import bounded, schema
 from tokenlake.errors import LakeError, UnreadableError
@@ -111,8 +111,8 @@ class LocalStore:
     def exists(self, relative: str) -> bool:
         return self.file(relative).is_file()
 
-    def open_listed(self, relative: str) -> BinaryIO | None:
-        """A file a manifest lists, opened for reading: one walk of its folders and one open,
+    def open_listed(self, relative: str) -> int | None:
+        """A file a manifest lists, opened for reading (its descriptor): one walk of its folders and one open,
         never through a symbolic link. None where `exists` is False (nothing there, or not a
         regular file: a directory, a FIFO, a device is never opened).
 
@@ -138,11 +138,10 @@ class LocalStore:
             if exc.errno == errno.ELOOP:  # made a link since: refused alike
                 raise nofollow.link_error(self.root, relative) from None
             raise
-        handle = open(descriptor, "rb")  # noqa: SIM115 - the caller closes it
         if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # replaced since
-            handle.close()
+            os.close(descriptor)
             return None
-        return handle
+        return descriptor
 
     def read_bytes(self, relative: str, limit: int | None = None, what: str = "a file") -> bytes:
         """A lake file's bytes; with `limit`, only a regular file tokenlake wrote (no symbolic

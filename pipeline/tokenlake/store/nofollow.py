@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
@@ -33,21 +33,19 @@ def link_error(root: Path, relative: str) -> LakeError:
     )
 
 
-def refuse_links(root: Path, parts: Iterable[str]) -> None:
+def refuse_links(root: Path, parts: Sequence[str]) -> None:
     """A LakeError naming the first of `root/p0`, `root/p0/p1`, … that is a link."""
     # Joined as text, not as Path objects: a reader checks every file of the lake (its parts
     # as `PurePosixPath.parts` gives them: none empty), and pathlib cost most of that.
-    walked: list[str] = []
     path = str(root)
-    for name in parts:
-        walked.append(name)
-        path = os.path.join(path, name)
+    for depth, name in enumerate(parts, 1):
+        path = f"{path}/{name}"
         try:
             info = os.lstat(path)
         except OSError:  # missing (or unreadable): nothing below it is reached
             return
         if stat.S_ISLNK(info.st_mode):
-            raise link_error(root, "/".join(walked))
+            raise link_error(root, "/".join(parts[:depth]))
 
 
 def refuse_links_in(root: Path, folder: int, where: str, depth: int) -> None:

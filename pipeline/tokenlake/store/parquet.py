@@ -13,9 +13,9 @@ expanded once their expanded size is known to be within the bound too.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.bounded import MiB, amount
@@ -115,10 +115,10 @@ class LakeFile:
     `open` gives None where `store.exists` is False; use it as a context manager.
     """
 
-    def __init__(self, store: Store, name: str, handle: Any = None) -> None:
+    def __init__(self, store: Store, name: str, descriptor: int | None = None) -> None:
         self.store = store
         self.name = name
-        self._handle = handle  # None: each read opens the file afresh (an object store)
+        self._descriptor = descriptor  # None: each read opens the file afresh (object store)
         self._refused: OSError | None = None  # the OS refused to open it: raised when read
 
     @classmethod
@@ -133,12 +133,12 @@ class LakeFile:
         if not isinstance(store, LocalStore):
             return cls(store, name) if store.exists(name) else None
         try:
-            handle = store.open_listed(name)
+            descriptor = store.open_listed(name)
         except OSError as exc:  # named by every read of it, as `_open` would have
             lake_file = cls(store, name)
             lake_file._refused = exc
             return lake_file
-        return None if handle is None else cls(store, name, handle)
+        return None if descriptor is None else cls(store, name, descriptor)
 
     def __enter__(self) -> LakeFile:
         return self
@@ -147,15 +147,20 @@ class LakeFile:
         self.close()
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
 
     def identity_change(self, recorded: str) -> str | None:
         """As `identity_change` of the module."""
         try:
-            with self._opened() as handle:
-                found = _identity_of(handle)
+            if self._refused is not None:
+                raise self._refused
+            if self._descriptor is None:
+                with _open(self.store, self.name) as handle:
+                    found = _identity_of(handle)
+            else:
+                found = _identity_at(self._descriptor)
         except _Refused as exc:
             raise UnreadableLakeFile(self.store.url(self.name), str(exc)) from exc
         except OSError as exc:
@@ -176,37 +181,28 @@ class LakeFile:
         import pyarrow as pa
 
         try:
-            with self._opened() as handle:
-                return _bounded_read(_decodable(handle), max_rows, columns)
+            if self._refused is not None:
+                raise self._refused
+            if self._descriptor is None:
+                with _open(self.store, self.name) as handle:
+                    return _bounded_read(handle, max_rows, columns)
+            data = _small_file_bytes(self._descriptor)
+            if data is not None:
+                return _bounded_read(pa.BufferReader(data), max_rows, columns)
+            with open(self._descriptor, "rb", closefd=False) as handle:
+                return _bounded_read(handle, max_rows, columns)
         except _Refused as exc:
             raise UnreadableLakeFile(self.store.url(self.name), str(exc)) from exc
         except (OSError, pa.ArrowException) as exc:
             raise UnreadableLakeFile(self.store.url(self.name), str(exc), exc) from exc
 
-    @contextmanager
-    def _opened(self) -> Iterator[Any]:
-        if self._refused is not None:
-            raise self._refused
-        if self._handle is not None:
-            yield self._handle
-            return
-        with _open(self.store, self.name) as handle:
-            yield handle
 
-
-def _decodable(handle: Any) -> Any:
-    """What pyarrow decodes an open file from: a small file's bytes, else the file."""
-    import pyarrow as pa
-
-    size = handle.seek(0, 2)
-    handle.seek(0)
-    if size > _READ_WHOLE_BYTES:
-        return handle
-    data = handle.read(_READ_WHOLE_BYTES + 1)
-    if len(data) > _READ_WHOLE_BYTES:  # it grew since: read as a file after all
-        handle.seek(0)
-        return handle
-    return pa.BufferReader(data)
+def _small_file_bytes(descriptor: int) -> bytes | None:
+    """The bytes of an open file of at most `_READ_WHOLE_BYTES` (None: a larger one)."""
+    if os.fstat(descriptor).st_size > _READ_WHOLE_BYTES:
+        return None
+    data = os.pread(descriptor, _READ_WHOLE_BYTES + 1, 0)
+    return None if len(data) > _READ_WHOLE_BYTES else data  # None: it grew since
 
 
 def _read(
@@ -250,17 +246,32 @@ def footer_identity(store: Store, name: str) -> str:
 
 
 def _identity_of(handle: Any) -> str:
-    """`footer_identity` of an open file (_Refused: no Parquet footer)."""
-    size = handle.seek(0, 2)
+    """`footer_identity` of an open file object (_Refused: no Parquet footer)."""
+
+    def read_at(offset: int, length: int) -> bytes:
+        handle.seek(offset)
+        return bytes(handle.read(length))
+
+    return _identity(handle.seek(0, 2), read_at)
+
+
+def _identity_at(descriptor: int) -> str:
+    """`footer_identity` of an open local file, read by `pread` (no file object to build)."""
+    return _identity(
+        os.fstat(descriptor).st_size, lambda offset, length: os.pread(descriptor, length, offset)
+    )
+
+
+def _identity(size: int, read_at: Callable[[int, int], bytes]) -> str:
+    """`footer_identity` of a file of `size` bytes whose bytes `read_at(offset, length)` reads
+    (_Refused: no Parquet footer)."""
     if size < 2 * len(_MAGIC) + 4:
         raise _Refused("it is too short to be Parquet")
-    handle.seek(size - 8)
-    tail = handle.read(8)
+    tail = read_at(size - 8, 8)
     length = int.from_bytes(tail[:4], "little")
     if tail[4:] != _MAGIC or length > size - 12:
         raise _Refused("it ends in no Parquet footer")
-    handle.seek(size - 8 - length)
-    footer = handle.read(length)
+    footer = read_at(size - 8 - length, length)
     return f"{size}:{hashlib.blake2b(footer + tail, digest_size=16).hexdigest()}"
 
 
