@@ -111,8 +111,8 @@ class LocalStore:
     def exists(self, relative: str) -> bool:
         return self.file(relative).is_file()
 
-    def open_listed(self, relative: str) -> int | None:
-        """A file a manifest lists, opened for reading (its descriptor): one walk of its folders and one open,
+    def open_listed(self, relative: str) -> tuple[int, int] | None:
+        """A file a manifest lists, opened for reading (its descriptor and size): one walk of its folders and one open,
         never through a symbolic link. None where `exists` is False (nothing there, or not a
         regular file: a directory, a FIFO, a device is never opened).
 
@@ -138,10 +138,11 @@ class LocalStore:
             if exc.errno == errno.ELOOP:  # made a link since: refused alike
                 raise nofollow.link_error(self.root, relative) from None
             raise
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # replaced since
+        opened = os.fstat(descriptor)
+        if not stat.S_ISREG(opened.st_mode):  # replaced since
             os.close(descriptor)
             return None
-        return descriptor
+        return descriptor, opened.st_size
 
     def read_bytes(self, relative: str, limit: int | None = None, what: str = "a file") -> bytes:
         """A lake file's bytes; with `limit`, only a regular file tokenlake wrote (no symbolic

@@ -105,6 +105,9 @@ def read_columns(store: Store, name: str, columns: Sequence[str]) -> tuple[pa.Sc
 # A lake file of at most this many bytes is decoded from its bytes, read at once: pyarrow
 # reads a Python file object in many small calls, which cost more than the decoding itself.
 _READ_WHOLE_BYTES = 4 * MiB
+# A file of at most this many bytes is read whole for its footer identity too: one read
+# instead of two (its tail, then its footer), and its bytes kept for its rows.
+_IDENTITY_WHOLE_BYTES = 64 * 1024
 
 
 class LakeFile:
@@ -115,10 +118,14 @@ class LakeFile:
     `open` gives None where `store.exists` is False; use it as a context manager.
     """
 
-    def __init__(self, store: Store, name: str, descriptor: int | None = None) -> None:
+    def __init__(
+        self, store: Store, name: str, descriptor: int | None = None, size: int = 0
+    ) -> None:
         self.store = store
         self.name = name
         self._descriptor = descriptor  # None: each read opens the file afresh (object store)
+        self._size = size  # as the descriptor was opened
+        self._whole: bytes | None = None  # its bytes, once read whole
         self._refused: OSError | None = None  # the OS refused to open it: raised when read
 
     @classmethod
@@ -133,12 +140,12 @@ class LakeFile:
         if not isinstance(store, LocalStore):
             return cls(store, name) if store.exists(name) else None
         try:
-            descriptor = store.open_listed(name)
+            opened = store.open_listed(name)
         except OSError as exc:  # named by every read of it, as `_open` would have
             lake_file = cls(store, name)
             lake_file._refused = exc
             return lake_file
-        return None if descriptor is None else cls(store, name, descriptor)
+        return None if opened is None else cls(store, name, *opened)
 
     def __enter__(self) -> LakeFile:
         return self
@@ -160,7 +167,11 @@ class LakeFile:
                 with _open(self.store, self.name) as handle:
                     found = _identity_of(handle)
             else:
-                found = _identity_at(self._descriptor)
+                whole = self._whole_bytes(_IDENTITY_WHOLE_BYTES)
+                if whole is None:
+                    found = _identity_at(self._descriptor)
+                else:
+                    found = _identity(len(whole), lambda at, length: whole[at : at + length])
         except _Refused as exc:
             raise UnreadableLakeFile(self.store.url(self.name), str(exc)) from exc
         except OSError as exc:
@@ -186,7 +197,7 @@ class LakeFile:
             if self._descriptor is None:
                 with _open(self.store, self.name) as handle:
                     return _bounded_read(handle, max_rows, columns)
-            data = _small_file_bytes(self._descriptor)
+            data = self._whole_bytes(_READ_WHOLE_BYTES)
             if data is not None:
                 return _bounded_read(pa.BufferReader(data), max_rows, columns)
             with open(self._descriptor, "rb", closefd=False) as handle:
@@ -196,13 +207,14 @@ class LakeFile:
         except (OSError, pa.ArrowException) as exc:
             raise UnreadableLakeFile(self.store.url(self.name), str(exc), exc) from exc
 
-
-def _small_file_bytes(descriptor: int) -> bytes | None:
-    """The bytes of an open file of at most `_READ_WHOLE_BYTES` (None: a larger one)."""
-    if os.fstat(descriptor).st_size > _READ_WHOLE_BYTES:
-        return None
-    data = os.pread(descriptor, _READ_WHOLE_BYTES + 1, 0)
-    return None if len(data) > _READ_WHOLE_BYTES else data  # None: it grew since
+    def _whole_bytes(self, limit: int) -> bytes | None:
+        """The local file's bytes if it holds at most `limit` (read once, then kept)."""
+        assert self._descriptor is not None
+        if self._whole is None and self._size <= limit:
+            data = os.pread(self._descriptor, self._size + 1, 0)
+            if len(data) <= self._size:  # else it grew since it was opened: read as a file
+                self._whole = data
+        return self._whole if self._whole is not None and len(self._whole) <= limit else None
 
 
 def _read(
