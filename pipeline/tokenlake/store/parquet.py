@@ -395,7 +395,8 @@ def _bounded_read(
     if declared > bound:
         raise _Refused(_too_large(declared, size, bound))
     declared_schema = plain.schema_arrow
-    wanted = None if columns is None else [c for c in columns if c in declared_schema.names]
+    names = declared_schema.names  # a new list at each call
+    wanted = None if columns is None else [c for c in columns if c in names]
     if wanted is not None:
         dictionaries = [path for path in dictionaries if path.split(".")[0] in wanted]
     reader = plain
@@ -447,18 +448,20 @@ def _declared_bytes(footer: pq.FileMetaData) -> tuple[int, list[str]]:
     dictionaries = set()
     for group in range(footer.num_row_groups):
         row_group = footer.row_group(group)
+        rows = row_group.num_rows
         for index in range(row_group.num_columns):
             chunk = row_group.column(index)
             kind = chunk.physical_type
+            values = chunk.num_values
+            values = rows if values < rows else values
             width = _FIXED_WIDTHS.get(kind)
             if kind == "FIXED_LEN_BYTE_ARRAY":
                 width = footer.schema.column(index).length
-            values = max(chunk.num_values, row_group.num_rows)
-            if width is None:
-                total += max(chunk.total_uncompressed_size, 0)
-            else:
-                total += values * width
-            total += values * _PER_VALUE_OVERHEAD
+            if width is not None:
+                total += values * (width + _PER_VALUE_OVERHEAD)
+                continue
+            pages = chunk.total_uncompressed_size
+            total += (pages if pages > 0 else 0) + values * _PER_VALUE_OVERHEAD
             if kind == "BYTE_ARRAY" and chunk.has_dictionary_page:
                 dictionaries.add(chunk.path_in_schema)
     return total, sorted(dictionaries)
