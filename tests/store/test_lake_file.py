@@ -39,7 +39,13 @@ def lake(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_a_file_is_read_from_the_one_open_file(lake: Path) -> None:
+@pytest.mark.parametrize("whole", [True, False], ids=["read-whole", "read-as-a-file"])
+def test_a_file_is_read_from_the_one_open_file(
+    lake: Path, whole: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not whole:  # as a file larger than a read at once: its tail, footer and pages by pread
+        monkeypatch.setattr(parquet, "_IDENTITY_WHOLE_BYTES", 0)
+        monkeypatch.setattr(parquet, "_READ_WHOLE_BYTES", 0)
     store = LocalStore(lake)
     written = parquet.footer_identity(store, NAME)
     lake_file = parquet.LakeFile.open(store, NAME)
