@@ -17,7 +17,7 @@ this user's tokenlake wrote, in a folder only this user can write; nothing a str
 run. Lakes whose files to copy exceed COPY_LIMIT keep the views over the files (their
 per-file cost is small beside their rows').
 
-The copy also keeps the rows of the views several audits read (SHARED_VIEWS), computed with
+The copy also keeps the rows of the views the audits cost most to compute (SHARED_VIEWS), with
 the rows under the catalog's own `drift_settings`, in the schema `tokenlake_views`: `audit`
 without `--set` reads them instead of computing them again (binding and planning
 `drift_steps` alone is ~40 ms of CPU). `tokenlake tag` drops them from the copy it carries
@@ -53,8 +53,9 @@ VIEWS_SCHEMA = "tokenlake_views"  # of the kept rows of SHARED_VIEWS
 _LACKS_VIEWS = "lacks-views"  # beside a copy without them: the next reader computes them
 # Views several audits read, each of a row per step or group (or per suspect token row, normally
 # none): computed once per run of the audits (serve/audit.py), not once per audit, and kept
-# here under the catalog's own settings.
-SHARED_VIEWS = ("drift_steps", "drift_step_checks", "audit_tokens", "group_stats")
+# here under the catalog's own settings; and `step_stats`, which one audit reads, whose many
+# columns cost ~12 ms of CPU to bind and compute in a fresh process.
+SHARED_VIEWS = ("drift_steps", "drift_step_checks", "audit_tokens", "group_stats", "step_stats")
 COPY_LIMIT = 64 * 2**20  # of the Parquet files copied; a larger lake copies none
 _BUILDING = ".building-"
 
