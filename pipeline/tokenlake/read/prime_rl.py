@@ -91,6 +91,9 @@ _KEYS = ("micro_step", "micro_sequence_idx", "export_sequence_idx")
 _WANTED = tuple(
     (key,) for key in ("token_ids", "position_ids", "loss_mask", *_FLOATS, *_WEIGHTS, *_FLAGS)
 )
+# The ratio fields, which the lake derives from the two log-probs (module docstring): checked
+# as JSON, never parsed into values, and left out of a line's record.
+_UNREAD = ("log_importance_ratio", "importance_ratio", "mismatch_kl", "prob_delta")
 
 
 def export_files(root: Path) -> int:
@@ -213,7 +216,10 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.complete and line.text.strip():
                 raise _cut_short(path, label, info.st_mtime)
             if line.text.strip():
-                yield number, jsonarrays.object_line(path, line.text, label, MAX_DEPTH, _WANTED)
+                yield (
+                    number,
+                    jsonarrays.object_line(path, line.text, label, MAX_DEPTH, _WANTED, _UNREAD),
+                )
 
 
 def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:
