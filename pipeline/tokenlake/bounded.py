@@ -18,6 +18,7 @@ the limit.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import re
@@ -25,7 +26,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from tokenlake.errors import BoundedReadError, DumpFormatError, UnreadableError, shown
 
@@ -62,7 +63,7 @@ def kind_of(mode: int) -> str | None:
     return None if stat.S_ISREG(mode) else "not a regular file"
 
 
-def open_regular(path: Path | str, *, follow: bool = True) -> BinaryIO:
+def open_regular(path: Path | str, *, follow: bool = True) -> io.BufferedReader:
     """`path` opened for reading, if it is a regular file (a symbolic link to one unless
     `follow` is False); never blocks on a FIFO and never opens a device."""
     try:
@@ -382,7 +383,7 @@ class Line:
 
 
 def lines(
-    handle: BinaryIO, start: int, end: int, max_line: int, *, inside_long: bool = False
+    handle: io.BufferedIOBase, start: int, end: int, max_line: int, *, inside_long: bool = False
 ) -> Iterator[Line]:
     """The lines of bytes [start, end) of `handle` (newline not included), then the piece
     after the last newline, if any, with `complete` False.
@@ -394,37 +395,60 @@ def lines(
     rest comes as a first line with `text` None.
     """
     handle.seek(start)
-    # A bytearray grows in place: bytes concatenated chunk by chunk would copy a long line
-    # once per chunk (32 GiB of copies for a 256 MiB line, minutes to refuse it).
-    buffer, buffer_offset, line_start, position = bytearray(), start, start, start
+    # One buffer for the whole read, reused: the file is read into it and each line copied
+    # out once (chunks concatenated would copy each byte twice more and fault in fresh pages;
+    # bytes concatenated would copy a long line once per chunk).
+    buffer = bytearray(min(READ_CHUNK, max(end - start, 0)))
+    view = memoryview(buffer)
+    first = held = 0  # view[first:held]: read, not yet yielded (the start of a line)
+    offset = line_start = position = start  # offset: where in the file view[0] was read from
     oversize = inside_long
     while position < end:
-        if oversize and not buffer:  # inside a skipped line: a sparse file's holes hold no newline
-            position = buffer_offset = _after_hole(handle, position, end)
+        if (
+            oversize and first == held
+        ):  # inside a skipped line: a sparse file's holes hold no newline
+            position = offset = _after_hole(handle, position, end)
+            first = held = 0
             if position >= end:
                 break
-        chunk = handle.read(min(READ_CHUNK, end - position))
-        if not chunk:
+        want = min(READ_CHUNK, end - position)
+        if held + want > len(view):
+            buffer = _room(buffer, first, held, want, max_line + READ_CHUNK)
+            view = memoryview(buffer)
+            offset, first, held = offset + first, 0, held - first
+        got = handle.readinto(view[held : held + want])
+        if not got:
             break
-        position += len(chunk)
-        searched = len(buffer)  # what the buffer held before holds no newline
-        buffer += chunk
-        cursor = 0  # an index, not re-slicing per line: slicing would copy the chunk per line
-        while (newline := buffer.find(b"\n", max(cursor, searched))) >= 0:
-            after = buffer_offset + newline + 1
-            long = oversize or newline - cursor > max_line
-            yield Line(line_start, after, None if long else bytes(buffer[cursor:newline]), True)
-            cursor, line_start, oversize = newline + 1, after, False
-        del buffer[:cursor]
-        buffer_offset += cursor
-        if len(buffer) > max_line:
-            buffer_offset, oversize = buffer_offset + len(buffer), True
-            buffer = bytearray()
-    if oversize or buffer:
-        yield Line(line_start, position, None if oversize else bytes(buffer), False)
+        position += got
+        searched, held = held, held + got  # what was held before holds no newline
+        while (newline := buffer.find(b"\n", max(first, searched), held)) >= 0:
+            after = offset + newline + 1
+            long = oversize or newline - first > max_line
+            yield Line(line_start, after, None if long else bytes(view[first:newline]), True)
+            first, line_start, oversize = newline + 1, after, False
+        if held - first > max_line:
+            oversize = True
+        if oversize or first == held:  # nothing worth keeping: the next read starts at view[0]
+            offset, first, held = position, 0, 0
+    if oversize or held > first:
+        yield Line(line_start, position, None if oversize else bytes(view[first:held]), False)
 
 
-def _after_hole(handle: BinaryIO, position: int, end: int) -> int:
+def _room(buffer: bytearray, first: int, held: int, want: int, most: int) -> bytearray:
+    """`buffer[first:held]` moved to the start of a buffer with room for `want` more bytes:
+    the same one if it has room, else one twice as large (at most `most` bytes, which hold
+    the longest line kept and a chunk)."""
+    kept = held - first
+    view = memoryview(buffer)
+    if kept + want > len(buffer):
+        grown = bytearray(max(kept + want, min(2 * len(buffer), most)))
+        grown[:kept] = view[first:held]
+        return grown
+    view[:kept] = view[first:held]  # overlapping: copied as by memmove
+    return buffer
+
+
+def _after_hole(handle: io.BufferedIOBase, position: int, end: int) -> int:
     """Where the next written data of the file starts at or after `position` (at most
     `end`); `position` itself where the file system cannot say. The handle is moved there."""
     try:
