@@ -284,7 +284,7 @@ def _plain_commas(text: bytes, fraction: bool) -> np.ndarray | None:
     if (ends <= starts).any():
         return None  # an empty entry
     negative = codes[starts] == ord("-")
-    exponents = _exponents(codes, ends) if fraction else _NO_EXPONENTS
+    exponents = _exponents(codes, ends) if fraction and b"e" in text else _NO_EXPONENTS
     if exponents is None:
         return None
     minus_exponents = int((codes[exponents.at + 1] == ord("-")).sum())
