@@ -404,17 +404,15 @@ def lines(
     offset = line_start = position = start  # offset: where in the file view[0] was read from
     oversize = inside_long
     while position < end:
-        if (
-            oversize and first == held
-        ):  # inside a skipped line: a sparse file's holes hold no newline
+        # inside a skipped line: a sparse file's holes hold no newline
+        if oversize and first == held:
             position = offset = _after_hole(handle, position, end)
             first = held = 0
             if position >= end:
                 break
         want = min(READ_CHUNK, end - position)
         if held + want > len(view):
-            buffer = _room(buffer, first, held, want, max_line + READ_CHUNK)
-            view = memoryview(buffer)
+            view = _room(buffer, view, first, held, want)
             offset, first, held = offset + first, 0, held - first
         got = handle.readinto(view[held : held + want])
         if not got:
@@ -434,18 +432,17 @@ def lines(
         yield Line(line_start, position, None if oversize else bytes(view[first:held]), False)
 
 
-def _room(buffer: bytearray, first: int, held: int, want: int, most: int) -> bytearray:
-    """`buffer[first:held]` moved to the start of a buffer with room for `want` more bytes:
-    the same one if it has room, else one twice as large (at most `most` bytes, which hold
-    the longest line kept and a chunk)."""
+def _room(buffer: bytearray, view: memoryview, first: int, held: int, want: int) -> memoryview:
+    """`buffer[first:held]` moved to its start, and the buffer grown (in place, as far as it
+    must: never past the longest line kept and a chunk) to hold `want` more bytes after it;
+    returns a view of it."""
     kept = held - first
-    view = memoryview(buffer)
-    if kept + want > len(buffer):
-        grown = bytearray(max(kept + want, min(2 * len(buffer), most)))
-        grown[:kept] = view[first:held]
-        return grown
     view[:kept] = view[first:held]  # overlapping: copied as by memmove
-    return buffer
+    if kept + want > len(buffer):
+        view.release()  # a bytearray with a view cannot be resized
+        buffer.extend(bytes(kept + want - len(buffer)))
+        view = memoryview(buffer)
+    return view
 
 
 def _after_hole(handle: io.BufferedIOBase, position: int, end: int) -> int:
