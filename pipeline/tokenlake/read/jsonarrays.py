@@ -5,17 +5,20 @@ as JSON text; `json` makes one Python object of each number (about 50 MB/s), whi
 then turns into an array. Here the line's shape scan (`bounded.json_layout`, the one that
 enforces the depth and width caps) also finds its flat lists; each long one whose text is
 exactly `n1,n2,...` (JSON numbers, or only `true`/`false`, or only `null`; `, ` as `json.dumps`
-separates them) is decoded as a whole: its text checked against JSON's grammar (by byte
-counts and per-entry array steps for what `json.dumps` writes, else by a regex), numbers
-parsed by pyarrow's correctly rounded cast, as `float()` and `int()` would. The line is then
+separates them) is decoded as a whole: its text checked against JSON's grammar (numbers by
+byte counts and per-entry array steps for what `json.dumps` writes; words by comparing with
+the text the list must then be; else by a regex), numbers parsed by pyarrow's correctly
+rounded cast, as `float()` and `int()` would, once their value is taken. The line is then
 parsed by `json` with a placeholder (`Infinity`) for each decoded list; each placeholder where
 the reader asked for an array (`wanted`) becomes the array `np.asarray` makes of the list
-(`ListArray`: int64, float64 or bool), or for a list of `null`s the list itself, and any
+(`ListArray`: int64, float64 or bool), or for a list of `null`s the list itself; one at a
+top-level key the reader never reads (`unread`) is dropped, its numbers never parsed; any
 other becomes the very list `json` makes of its text. A list of another shape (mixed kinds,
 an integer beyond 18 digits, other spacing) is left in the text for `json`.
 
 Anything unexpected (a placeholder lost to a duplicate key, a `NaN` or `Infinity` of the
-line's own, text `json` refuses, a line that does not start with `{`) and the line is parsed
+line's own, text `json` refuses, a cast refusing an entry the grammar allows, a line that
+does not start with `{`) and the line is parsed
 the exact way (`bounded.json_object_line`), so the result, or the error, is always what
 `json` gives (tests/read/test_jsonarrays.py compares the two).
 """
@@ -375,10 +378,13 @@ def _cast(text: bytes, kind: str, commas: np.ndarray | None = None) -> np.ndarra
 
     if commas is None:
         commas = np.flatnonzero(np.frombuffer(text, np.uint8) == ord(","))
-    spaces = text.count(b" ")  # the matches allow a space only right after a comma
-    if spaces not in (0, len(commas)):
-        return None
-    width = 2 if spaces else 1
+        spaces = text.count(b" ")  # the matches allow a space only right after a comma
+        if spaces not in (0, len(commas)):
+            return None
+        spaced = spaces > 0
+    else:  # found by `_plain_commas`: a space after every comma, or none anywhere
+        spaced = len(commas) > 0 and text[commas[0] + 1] == ord(" ")
+    width = 2 if spaced else 1
     data = text.translate(None, b", ")  # the entries end to end: one C pass, no mask
     offsets = np.empty(len(commas) + 2, np.int32)
     offsets[0], offsets[-1] = 0, len(data)

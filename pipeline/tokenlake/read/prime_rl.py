@@ -23,7 +23,8 @@ mapping; in short:
 - the weight streams and the DPPO masks land in `rl_weight`, `ce_weight`, `ref_kl_weight`,
   `dppo_masked*`; an all-`null` list (no such stream, a pure cross-entropy micro-batch) is
   NULL. The ratio fields (`log_importance_ratio`, `mismatch_kl`, ...) are derived from the two
-  log-probs: the lake derives them from `lp_diff`, with the same sign.
+  log-probs: the lake derives them from `lp_diff`, with the same sign, so their text is checked
+  as JSON but never parsed into values.
 
 A step folder without `STABLE` is still being written: it is not listed as a step ("not yet",
 among the ignored files), so no step lands half; extracting again (or `--follow`, which lists
