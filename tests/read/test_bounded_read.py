@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tokenlake import bounded
@@ -90,7 +91,7 @@ def test_small_json_is_scanned_as_the_vectorised_scan_does() -> None:
     """Texts of the bytes that matter, in any order (valid JSON or not): the regex scan of
     small texts gives the vectorised scan's depth and object count."""
     generator = random.Random(34)
-    alphabet = b'[]{}"\\a,'
+    alphabet = b'[]{}"\\a,|z~;=\xdb\xfd'  # and bytes one bit or one step from `[\\]{|}`
     texts = [bytes(generator.choices(alphabet, k=generator.randrange(40))) for _ in range(5_000)]
     texts.append(json.dumps({"a\\": ['\\\\"[', {"b": [[["]]\\\\"]]]}], "c": "\\"}).encode())
     differ = [
@@ -100,6 +101,12 @@ def test_small_json_is_scanned_as_the_vectorised_scan_does() -> None:
     ]
     assert differ == []
     assert bounded._small_json_shape(texts[-1]) == bounded.JsonShape(depth=6, objects=12)
+
+
+def test_the_structural_bytes_are_marked_and_only_they_and_the_pipe() -> None:
+    codes = np.arange(256, dtype=np.uint8)
+    marked = bytes(codes[bounded._structural(codes)].tolist())
+    assert marked == b'"[\\]{|}'
 
 
 def test_loads_refuses_deep_json_before_parsing() -> None:

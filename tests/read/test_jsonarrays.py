@@ -305,6 +305,10 @@ MUTATIONS = {
     "bool in a ratio list": lambda line: line.replace(
         b'"prob_delta": [', b'"prob_delta": [true, ', 1
     ).replace(b'"prob_delta":[', b'"prob_delta":[true,', 1),
+    "pipe in a list": lambda line: line.replace(b"0.0,", b"0.0,|", 1),
+    "pipes in a string": lambda line: line.replace(
+        b'"env_name": "', b'"env_name": "|[|]|', 1
+    ).replace(b'"env_name":"', b'"env_name":"|[|]|', 1),
     "a ratio list twice": lambda line: line[:-1] + b', "importance_ratio": 5}',
     "tab separator": lambda line: line.replace(b",", b",\t", 40),
 }
