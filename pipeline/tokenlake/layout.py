@@ -217,12 +217,37 @@ def check_listed(name: object, table: str, run: str, rollout_id: int | None = No
 
 
 def check_relative(relative: object) -> str:
-    """A file name as a manifest lists it, or ValueError if it lies outside the lake."""
-    if isinstance(relative, str):
-        path = Path(relative)  # once: every reader checks every listed file
-        if not path.is_absolute() and ".." not in path.parts:
+    """A file name as a manifest lists it, or ValueError if it lies outside the lake.
+
+    Examples:
+        >>> check_relative("tokens/run=a/rollout_id=3/train-0a1b2c3d.parquet")
+        'tokens/run=a/rollout_id=3/train-0a1b2c3d.parquet'
+        >>> check_relative("tokens/../../etc/passwd")
+        Traceback (most recent call last):
+        ...
+        ValueError: it lists `tokens/../../etc/passwd`, which lies outside the lake
+        >>> check_relative("/etc/passwd")
+        Traceback (most recent call last):
+        ...
+        ValueError: it lists `/etc/passwd`, which lies outside the lake
+    """
+    # As text, not a Path: every reader checks every listed file, and pathlib cost most of it.
+    # An absolute path starts with `/`; `..` is a part of the path as it is of its Path's parts.
+    if isinstance(relative, str) and not relative.startswith("/"):
+        if ".." not in relative.split("/"):
             return relative
     raise ValueError(f"it lists `{str(relative)[:80]}`, which lies outside the lake")
+
+
+def relative_parts(relative: str) -> list[str]:
+    """The folders and file of a name `check_relative` accepted, as `PurePosixPath.parts`
+    gives them (no empty part, no `.`), without building a path.
+
+    Examples:
+        >>> relative_parts("tokens//run=a/./x.parquet")
+        ['tokens', 'run=a', 'x.parquet']
+    """
+    return [part for part in relative.split("/") if part and part != "."]
 
 
 def is_data_file(name: str) -> bool:

@@ -8,7 +8,9 @@ import json
 import os
 import random
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from tokenlake import bounded
@@ -89,7 +91,7 @@ def test_small_json_is_scanned_as_the_vectorised_scan_does() -> None:
     """Texts of the bytes that matter, in any order (valid JSON or not): the regex scan of
     small texts gives the vectorised scan's depth and object count."""
     generator = random.Random(34)
-    alphabet = b'[]{}"\\a,'
+    alphabet = b'[]{}"\\a,|z~;=\xdb\xfd'  # and bytes one bit or one step from `[\\]{|}`
     texts = [bytes(generator.choices(alphabet, k=generator.randrange(40))) for _ in range(5_000)]
     texts.append(json.dumps({"a\\": ['\\\\"[', {"b": [[["]]\\\\"]]]}], "c": "\\"}).encode())
     differ = [
@@ -99,6 +101,12 @@ def test_small_json_is_scanned_as_the_vectorised_scan_does() -> None:
     ]
     assert differ == []
     assert bounded._small_json_shape(texts[-1]) == bounded.JsonShape(depth=6, objects=12)
+
+
+def test_the_structural_bytes_are_marked_and_only_they_and_the_pipe() -> None:
+    codes = np.arange(256, dtype=np.uint8)
+    marked = bytes(codes[bounded._structural(codes)].tolist())
+    assert marked == b'"[\\]{|}'
 
 
 def test_loads_refuses_deep_json_before_parsing() -> None:
@@ -125,6 +133,36 @@ def test_lines_skips_a_long_line_and_resumes_inside_one(monkeypatch: pytest.Monk
     assert [(line.text, line.complete) for line in resumed] == [(None, True), (b"ok", True)]
 
 
+def _lines_as_split(data: bytes, start: int, max_line: int, inside_long: bool) -> list[Any]:
+    """What `bounded.lines` must give, found by splitting the bytes at each newline."""
+    got, position = [], start
+    for number, piece in enumerate(data[start:].split(b"\n")):
+        complete = position + len(piece) < len(data)
+        if not complete and not piece and not (inside_long and number == 0):
+            break
+        end = position + len(piece) + complete
+        skipped = len(piece) > max_line or (inside_long and number == 0)
+        got.append((position, end, None if skipped else piece, complete))
+        position = end
+    return got
+
+
+def test_lines_are_the_lines_split_at_each_newline_whatever_the_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    generator = random.Random(34)
+    for _ in range(3_000):
+        data = bytes(generator.choices(b"ab\n", weights=(4, 4, 1), k=generator.randrange(60)))
+        start = generator.randrange(len(data) + 1)
+        max_line, inside_long = generator.randrange(12), generator.random() < 0.2
+        monkeypatch.setattr(bounded, "READ_CHUNK", generator.randrange(1, 9))
+        handle = io.BytesIO(data)
+        got = bounded.lines(handle, start, len(data), max_line, inside_long=inside_long)
+        assert [(line.start, line.end, line.text, line.complete) for line in got] == (
+            _lines_as_split(data, start, max_line, inside_long)
+        ), (data, start, max_line, inside_long, bounded.READ_CHUNK)
+
+
 def test_lines_skips_the_holes_of_a_sparse_file(tmp_path: Path) -> None:
     path = tmp_path / "sparse.jsonl"
     path.write_bytes(b"a\n{")
@@ -146,10 +184,10 @@ class Counting:
         self.handle = handle
         self.bytes_read = 0
 
-    def read(self, size: int) -> bytes:
-        data = self.handle.read(size)
-        self.bytes_read += len(data)
-        return data
+    def readinto(self, buffer: memoryview) -> int:
+        got = self.handle.readinto(buffer)
+        self.bytes_read += got
+        return got
 
     def seek(self, offset: int) -> int:
         return self.handle.seek(offset)

@@ -16,6 +16,7 @@ from tokenlake.cli import main
 from tokenlake.generator import synth
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.serve import catalog, catalog_cache, kept_rows, rollups
+from tokenlake.serve.audit import format_audit_report, run_audits
 from tokenlake.serve.query import connect_reader
 
 OVERRIDE = {"histogram_half_width": 0.25}  # a setting drift_histogram_parts depends on
@@ -109,3 +110,64 @@ def test_a_tag_carries_the_kept_rows_over_to_the_next_reader(
         assert con.execute("SELECT * FROM step_stats ORDER BY ALL").fetchall() == before
     assert copies == []  # the rows of before, carried over by the tag
     assert len(list(cache.rglob(f"{kept_rows.FOLDER}/tokenlake.duckdb"))) == 1
+
+
+def test_a_small_lakes_reader_runs_duckdb_on_one_thread(
+    lake: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example lake (4,079 tokens) is under one row group of tokens: one thread, kept
+    catalog or not; a lake at the bound keeps DuckDB's default of one thread a core."""
+    threads = "SELECT current_setting('threads')"
+    with duckdb.connect() as fresh:
+        default = fresh.execute(threads).fetchall()
+    with catalog.connect(store_of(lake)) as kept, uncached(lake, monkeypatch) as files:
+        assert kept.execute(threads).fetchall() == [(1,)]
+        assert files.execute(threads).fetchall() == [(1,)]
+    monkeypatch.setattr(catalog, "ONE_THREAD_TOKENS", 4_079)
+    with catalog.connect(store_of(lake)) as kept, uncached(lake, monkeypatch) as files:
+        assert kept.execute(threads).fetchall() == default
+        assert files.execute(threads).fetchall() == default
+
+
+def test_an_audit_reads_the_views_rows_the_kept_catalog_holds(
+    lake: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows of the views several audits read are kept with the copied rows and read by an
+    audit without `--set`: the report is the one of a catalog without them, overrides too."""
+    with catalog.connect(store_of(lake)) as kept:
+        assert kept_rows.kept_views(kept) == set(kept_rows.SHARED_VIEWS)
+    with uncached(lake, monkeypatch) as files:
+        assert kept_rows.kept_views(files) == set()
+    override = {"alarm_ess_min": 0.99, "abs_lp_diff_limit": 0.01}
+    reports = {}
+    for name, folder in (("kept", catalog_cache.lake_folder), ("files", lambda store: None)):
+        monkeypatch.setattr(catalog_cache, "lake_folder", folder)
+        reports[name] = [
+            format_audit_report(run_audits(store_of(lake), settings), max_rows=1000)
+            for settings in (None, override)
+        ]
+    assert reports["kept"] == reports["files"]
+    assert reports["kept"][0] != reports["kept"][1]  # the override changed what the audits found
+
+
+def test_a_tag_drops_the_kept_rows_of_the_views_and_the_next_reader_computes_them(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some of the views audits read read the `runs` row, which a tag rewrites: the copy it
+    carries over lacks their rows, and the next reader computes them into it."""
+    synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
+    lake = tmp_path / "lake"
+    extract_run(tmp_path / "dump", store_of(lake), ExtractOptions(workers=1, run_name="r"))
+    before = format_audit_report(run_audits(store_of(lake)))
+    with catalog.connect(store_of(lake)) as con:
+        assert kept_rows.kept_views(con) == set(kept_rows.SHARED_VIEWS)
+    assert CliRunner().invoke(main, ["tag", str(lake), "r", "k=v"]).exit_code == 0
+    (carried,) = cache.rglob(f"{kept_rows.FOLDER}/tokenlake.duckdb")
+    with duckdb.connect(str(carried), read_only=True) as con:
+        assert kept_rows.kept_views(con) == set()
+    with catalog.connect(store_of(lake)) as con:
+        assert copied_tables(con) == sorted([schema.SAMPLES, *rollups.rollup_names()])
+        assert kept_rows.kept_views(con) == set(kept_rows.SHARED_VIEWS)
+        assert con.execute("SELECT key, value FROM run_tags").fetchall() == [("k", "v")]
+    assert format_audit_report(run_audits(store_of(lake))) == before
+    assert sorted(p.name for p in carried.parent.iterdir()) == ["tokenlake.duckdb"]

@@ -66,7 +66,7 @@ def tag_run(
         crash_point("tag:row")
         manifest.save_manifest(store, record)
         crash_point("tag:manifest")
-        catalog.build_catalog_after_tag(store, before, warnings)
+        catalog.build_catalog_after_tag(store, before, record, warnings)
         crash_point("tag:catalog")
         store.delete_unlisted(record)
     return TagResult(record.tags, tuple(warnings))

@@ -8,6 +8,10 @@ And once per lake: the catalog opens and holds every view.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +26,7 @@ from tokenlake.errors import (
     UsageError,
     shown,
 )
-from tokenlake.layout import check_relative, check_run_name, is_url
+from tokenlake.layout import check_relative, check_run_name, is_url, relative_parts
 from tokenlake.serve import catalog, rollups
 from tokenlake.store import manifest, parquet, require_lake
 from tokenlake.store.base import Store
@@ -54,7 +58,13 @@ def verify_lake(
     require_lake(store)  # else a mistyped path would "pass"
     if run is not None:
         check_run_name(run)
-    runs = manifest.load_all(store)
+    with manifest.parsed_once():  # the catalog's check reads them too
+        return _verify_lake(store, run, deep)
+
+
+def _verify_lake(store: Store, run: str | None, deep: bool) -> tuple[int, list[Problem]]:
+    records = manifest.load_all(store)
+    runs = records
     if run is not None:
         runs = [r for r in runs if r.run == run]
         if not runs:
@@ -80,7 +90,7 @@ def verify_lake(
             problems += [Problem(record.run, key, m) for m in found]
         side = check_side_files(store, record)
         problems += [Problem("", "", f"run `{record.run}`: {m}") for m in side]
-    problems += [Problem("", "", leftover_text(name)) for name in _leftovers(store, run)]
+    problems += [Problem("", "", leftover_text(n)) for n in _leftovers(store, records, run)]
     if runs or store.exists(store.catalog_name):  # a catalog may outlive the last run
         broken = catalog.catalog_problem(store)
         if broken is not None:
@@ -101,10 +111,10 @@ def leftover_text(name: str) -> str:
     )
 
 
-def _leftovers(store: Store, run: str | None) -> list[str]:
-    """The lake's files no manifest lists (of `run` only, when given). Files a running
-    extraction is writing are among them until it commits them."""
-    names = manifest.leftovers(store)
+def _leftovers(store: Store, records: list[manifest.RunManifest], run: str | None) -> list[str]:
+    """The lake's files no manifest of `records` (every run's) lists, of `run` only when
+    given. Files a running extraction is writing are among them until it commits them."""
+    names = manifest.leftovers(store, records)
     if run is None:
         return names
     return [name for name in names if f"/{schema.RUN}={run}/" in name]
@@ -150,46 +160,21 @@ def check_step(
             when the dump is on an object store that could not be listed.
         deep: Also compute the step's rollups from its tokens and compare.
     """
-    missing = [name for name in step.files.values() if not store.exists(name)]
-    if missing:
-        return [f"file `{name}` is missing" for name in missing]
-    if root is None and not is_url(record.source_dir):
-        root = Path(record.source_dir)
-    problems = [] if root is None else _check_sources(record.source_dir, root, step)
-    tables: dict[str, pa.Table] = {}
-    altered: list[str] = []  # files that pass every check below but are not as written
-    unread = 0  # files whose checks fail before their rows
-    for table, name in step.files.items():
-        try:
-            written = not deep and _as_written(store, step, table, name)
-            if written and table not in schema.STEP_TABLES:
-                continue  # a rollup file as written: only --deep compares its rows
-            if written:  # only the columns checked below are decoded
-                declared, read = parquet.read_columns(store, name, _READ_COLUMNS.get(table, ()))
-                changed = None
-            else:
-                read = parquet.read_table(store, name)
-                declared = read.schema
-                changed = _changed_since_written(store, step, table, name)
-                if changed is None and deep:
-                    changed = parquet.statistics_disagreement(store, name, read)
-        except parquet.UnreadableLakeFile as exc:  # truncated, overwritten, or refused by the OS
-            problems.append(_unreadable_file(name, exc, table))
-            unread += 1
-            continue
-        unlike = columns_difference(table, declared, step)
-        if unlike is not None:  # another program's file under tokenlake's name
-            problems.append(
-                f"file `{name}` does not hold the columns of `{table}`: {unlike};"
-                f" {_WAY_OUT[_kind(table)]}"
-            )
-            unread += 1
-            continue
-        if changed is not None:  # what readers count is no longer what was committed
-            altered.append(f"file `{name}` {changed}; {_WAY_OUT[_kind(table)]}")
-        tables[table] = read
-    if unread:
-        return problems + altered
+    with ExitStack() as closing:  # each file opened once, for all its checks
+        opened = {}
+        for table, name in step.files.items():
+            lake_file = parquet.LakeFile.open(store, name)
+            if lake_file is not None:
+                opened[table] = closing.enter_context(lake_file)
+        missing = [name for table, name in step.files.items() if table not in opened]
+        if missing:
+            return [f"file `{name}` is missing" for name in missing]
+        if root is None and not is_url(record.source_dir):
+            root = Path(record.source_dir)
+        problems = [] if root is None else _check_sources(record.source_dir, root, step)
+        tables, failed, altered = _read_step_files(store, step, opened, deep)
+    if failed:
+        return problems + failed + altered
     tokens, samples = tables[schema.TOKENS], tables[schema.SAMPLES]
     if samples.num_rows != step.samples:
         problems.append(f"`samples` has {samples.num_rows} rows; extracted {step.samples}")
@@ -211,7 +196,47 @@ def check_step(
     return problems or altered
 
 
-def _as_written(store: Store, step: manifest.StepRecord, table: str, name: str) -> bool:
+def _read_step_files(
+    store: Store, step: manifest.StepRecord, opened: dict[str, parquet.LakeFile], deep: bool
+) -> tuple[dict[str, pa.Table], list[str], list[str]]:
+    """The rows verify checks of each of a step's opened files, by table; the problems of the
+    files whose checks fail before their rows; and those of the files that pass every check
+    but are not as written."""
+    tables: dict[str, pa.Table] = {}
+    failed: list[str] = []
+    altered: list[str] = []
+    for table, lake_file in opened.items():
+        name = lake_file.name
+        try:
+            written = not deep and _as_written(step, table, lake_file)
+            if written and table not in schema.STEP_TABLES:
+                continue  # a rollup file as written: only --deep compares its rows
+            if written:  # only the columns checked below are decoded
+                declared, read = lake_file.read_columns(_READ_COLUMNS.get(table, ()))
+                changed = None
+            else:
+                read = lake_file.read_table()
+                declared = read.schema
+                changed = _changed_since_written(step, table, lake_file)
+                if changed is None and deep:
+                    changed = parquet.statistics_disagreement(store, name, read)
+        except parquet.UnreadableLakeFile as exc:  # truncated, overwritten, or refused by the OS
+            failed.append(_unreadable_file(name, exc, table))
+            continue
+        unlike = columns_difference(table, declared, step)
+        if unlike is not None:  # another program's file under tokenlake's name
+            failed.append(
+                f"file `{name}` does not hold the columns of `{table}`: {unlike};"
+                f" {_WAY_OUT[_kind(table)]}"
+            )
+            continue
+        if changed is not None:  # what readers count is no longer what was committed
+            altered.append(f"file `{name}` {changed}; {_WAY_OUT[_kind(table)]}")
+        tables[table] = read
+    return tables, failed, altered
+
+
+def _as_written(step: manifest.StepRecord, table: str, lake_file: parquet.LakeFile) -> bool:
     """True when the file's size and footer are those its manifest recorded as written: its
     columns and row counts are the ones tokenlake wrote, and what is left to check is in its
     pages (a step file's token ids and masks, by their checksum; a rollup's rows, by
@@ -219,18 +244,18 @@ def _as_written(store: Store, step: manifest.StepRecord, table: str, name: str) 
     if table not in step.identities:
         return False
     try:
-        return _changed_since_written(store, step, table, name) is None
+        return _changed_since_written(step, table, lake_file) is None
     except parquet.UnreadableLakeFile:  # named by the reader's own words, below
         return False
 
 
 def _changed_since_written(
-    store: Store, step: manifest.StepRecord, table: str, name: str
+    step: manifest.StepRecord, table: str, lake_file: parquet.LakeFile
 ) -> str | None:
     """How a file differs from what its manifest records of it as written (None: the same, or
     a step written before manifests recorded identities)."""
     recorded = step.identities.get(table)
-    return None if recorded is None else parquet.identity_change(store, name, recorded)
+    return None if recorded is None else lake_file.identity_change(recorded)
 
 
 def check_side_files(store: Store, record: manifest.RunManifest) -> list[str]:
@@ -309,13 +334,16 @@ def columns_difference(table: str, found: pa.Schema, step: manifest.StepRecord) 
         needed = _READ_COLUMNS.get(table, ())
         missing = [c for c in needed if c not in found.names]
         return f"`{missing[0]}` is missing" if missing else None
+    if found.equals(expected):  # as written, in the same order: no field to look at
+        return None
     have = {f.name: f.type for f in found}
     for field in expected:
         if field.name not in have:
             return f"`{field.name}` is missing"
         if have[field.name] != field.type:
             return f"`{field.name}` is {have[field.name]}, not {field.type}"
-    extra = [n for n in found.names if n not in expected.names]
+    written = set(expected.names)  # `names` is a new list at each call
+    extra = [n for n in found.names if n not in written]
     if extra:
         return f"it has `{shown(extra[0], literal=False)}`, which `{table}` has not"
     return None
@@ -369,12 +397,25 @@ def _check_sources(source_dir: str, root: Path, step: manifest.StepRecord) -> li
         except ValueError:
             problems.append(f"source `{shown(source.name, literal=False)}` lies outside its dump")
             continue
-        path = root / source.name
-        named = _shown_source(source_dir, path)
-        if not path.is_file():
-            problems.append(f"source `{named}` no longer exists")
-            continue
-        current = manifest.SourceFile.of(path, root)
-        if current != source:
-            problems.append(f"source `{named}` changed since extraction; extract again")
+        change = _source_change(root, source)
+        if change is not None:
+            named = _shown_source(source_dir, root / source.name)
+            problems.append(f"source `{named}` {change}")
     return problems
+
+
+def _source_change(root: Path, source: manifest.SourceFile) -> str | None:
+    """How a dump file differs from the one extracted (None: the same name, size and time),
+    by one `stat` of it (a step's sources are checked at every verify)."""
+    try:
+        found = os.stat(f"{root}/{source.name}")
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+            return "no longer exists"  # as `Path.is_file` takes these
+        raise
+    if not stat.S_ISREG(found.st_mode):
+        return "no longer exists"
+    # `SourceFile.of` records the name as the path gives it back: `a//b` reads `a/b`.
+    as_recorded = "/".join(relative_parts(source.name)) or "."
+    current = manifest.SourceFile(as_recorded, found.st_size, found.st_mtime_ns)
+    return None if current == source else "changed since extraction; extract again"

@@ -5,17 +5,20 @@ as JSON text; `json` makes one Python object of each number (about 50 MB/s), whi
 then turns into an array. Here the line's shape scan (`bounded.json_layout`, the one that
 enforces the depth and width caps) also finds its flat lists; each long one whose text is
 exactly `n1,n2,...` (JSON numbers, or only `true`/`false`, or only `null`; `, ` as `json.dumps`
-separates them) is decoded as a whole: its text checked against JSON's grammar (by byte
-counts and per-entry array steps for what `json.dumps` writes, else by a regex), numbers
-parsed by pyarrow's correctly rounded cast, as `float()` and `int()` would. The line is then
+separates them) is decoded as a whole: its text checked against JSON's grammar (numbers by
+byte counts and per-entry array steps for what `json.dumps` writes; words by comparing with
+the text the list must then be; else by a regex), numbers parsed by pyarrow's correctly
+rounded cast, as `float()` and `int()` would, once their value is taken. The line is then
 parsed by `json` with a placeholder (`Infinity`) for each decoded list; each placeholder where
 the reader asked for an array (`wanted`) becomes the array `np.asarray` makes of the list
-(`ListArray`: int64, float64 or bool), or for a list of `null`s the list itself, and any
+(`ListArray`: int64, float64 or bool), or for a list of `null`s the list itself; one at a
+top-level key the reader never reads (`unread`) is dropped, its numbers never parsed; any
 other becomes the very list `json` makes of its text. A list of another shape (mixed kinds,
 an integer beyond 18 digits, other spacing) is left in the text for `json`.
 
 Anything unexpected (a placeholder lost to a duplicate key, a `NaN` or `Infinity` of the
-line's own, text `json` refuses, a line that does not start with `{`) and the line is parsed
+line's own, text `json` refuses, a cast refusing an entry the grammar allows, a line that
+does not start with `{`) and the line is parsed
 the exact way (`bounded.json_object_line`), so the result, or the error, is always what
 `json` gives (tests/read/test_jsonarrays.py compares the two).
 """
@@ -46,34 +49,53 @@ _PLACEHOLDER = b"Infinity"  # a JSON value `json` hands to `parse_constant`
 Wanted = tuple[tuple[str | int, ...], ...]  # where a reader takes arrays: keys and indexes
 
 
+class Numbers(NamedTuple):
+    """A list's text of numbers checked against JSON's grammar, parsed only when its value
+    is taken (`_value`): how (`int64` or `float64`), and where its commas are."""
+
+    text: bytes
+    kind: str
+    commas: np.ndarray | None
+
+
 class FlatList(NamedTuple):
-    """One decoded list: its `[` and `]` in the line, and its value."""
+    """One decoded list: its `[` and `]` in the line, and its value (numbers: once taken)."""
 
     start: int
     end: int
-    value: ListArray | list[None]
+    value: ListArray | list[None] | Numbers
+
+
+class _Doubt(Exception):
+    """The fast read might differ from `json`'s: the line is parsed the exact way."""
 
 
 def object_line(
-    path: Path, raw: bytes, label: str, max_depth: int, wanted: Wanted
+    path: Path, raw: bytes, label: str, max_depth: int, wanted: Wanted, unread: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """`bounded.json_object_line(path, raw, label, max_depth)`, with the lists at `wanted`
     (`("token_ids",)`: `record["token_ids"]`; `("token_ids", 0)`: its first entry) possibly
-    decoded as `ListArray`s (a list of `null`s as that list).
+    decoded as `ListArray`s (a list of `null`s as that list), and the top-level keys in
+    `unread` (values the reader never reads) left out of the record: their text is checked
+    as JSON all the same, but a list of numbers there is never parsed into values.
 
     Raises:
         DumpFormatError: As `bounded.json_object_line`, with its text.
     """
+    record: dict[str, Any] | None
     if len(raw) < MIN_LINE_BYTES or not raw.startswith(b"{") or b"\0" in raw[:4]:
-        return bounded.json_object_line(path, raw, label, max_depth)
-    flat: list[tuple[int, int]] = []
-    shape = bounded.json_layout(raw, flat)
-    if shape.depth > max_depth or bounded.too_wide(shape, len(raw)):
-        return bounded.json_object_line(path, raw, label, max_depth, shape)  # its refusal
-    found = [item for start, end in flat if (item := _decoded(raw, start, end)) is not None]
-    record = _with_arrays(raw, found, wanted) if found else None
-    if record is None:
-        return bounded.json_object_line(path, raw, label, max_depth, shape)
+        record = bounded.json_object_line(path, raw, label, max_depth)
+    else:
+        flat: list[tuple[int, int]] = []
+        shape = bounded.json_layout(raw, flat)
+        found: list[FlatList] = []
+        if shape.depth <= max_depth and not bounded.too_wide(shape, len(raw)):
+            found = [item for start, end in flat if (item := _decoded(raw, start, end))]
+        record = _with_arrays(raw, found, wanted, unread) if found else None
+        if record is None:  # the exact parse, or its refusal of a line too deep or too wide
+            record = bounded.json_object_line(path, raw, label, max_depth, shape)
+    for key in unread:
+        record.pop(key, None)
     return record
 
 
@@ -96,9 +118,11 @@ class _Hole:
         self.index = index
 
 
-def _with_arrays(raw: bytes, decoded: list[FlatList], wanted: Wanted) -> dict[str, Any] | None:
-    """The line parsed with the decoded lists in place, or None when that might differ
-    from `json`'s parse of it (then the caller parses it so)."""
+def _with_arrays(
+    raw: bytes, decoded: list[FlatList], wanted: Wanted, unread: tuple[str, ...]
+) -> dict[str, Any] | None:
+    """The line parsed with the decoded lists in place (those at `unread` dropped), or None
+    when that might differ from `json`'s parse of it (then the caller parses it so)."""
     pieces, position = [], 0
     for start, end, *_ in decoded:
         pieces.append(raw[position:start])
@@ -113,38 +137,69 @@ def _with_arrays(raw: bytes, decoded: list[FlatList], wanted: Wanted) -> dict[st
         return None
     if not isinstance(record, dict) or holes.calls != len(decoded):
         return None
-    settled = sum(_settle(record, where, decoded) for where in wanted)
-    if settled < len(decoded):
-        settled += _fill(record, raw, decoded, {id(found.value) for found in decoded})
+    try:
+        settled = sum(_settle(record, where, decoded) for where in wanted)
+        settled += sum(_drop(record, key) for key in unread)
+        if settled < len(decoded):
+            settled += _fill(record, decoded, {id(found.value) for found in decoded})
+    except _Doubt:
+        return None
     return record if settled == len(decoded) else None
 
 
-def _fill(container: Any, raw: bytes, decoded: list[FlatList], placed: set[int]) -> int:
+def _fill(container: Any, decoded: list[FlatList], placed: set[int]) -> int:
     """Swaps each placeholder left in `container` (one no reader asked for) for the list
     `json` makes of its text; returns how many. The decoded lists (`placed`) and the lists
-    filled in hold no placeholder: they are not looked into."""
+    filled in hold no placeholder: they are not looked into.
+
+    Raises:
+        _Doubt: A list's numbers refused by the parse."""
     keys = container.keys() if isinstance(container, dict) else range(len(container))
     filled = 0
     for key in keys:
         value = container[key]
         if type(value) is _Hole:
-            container[key] = _exact_list(raw, decoded[value.index])
+            container[key] = _exact_list(decoded[value.index])
             filled += 1
         elif isinstance(value, dict | list) and id(value) not in placed:
-            filled += _fill(value, raw, decoded, placed)
+            filled += _fill(value, decoded, placed)
     return filled
 
 
 def _settle(record: dict[str, Any], where: tuple[str | int, ...], decoded: list[FlatList]) -> int:
-    """Swaps the placeholder at `where` for its list's value: 1 if there was one, else 0."""
+    """Swaps the placeholder at `where` for its list's value: 1 if there was one, else 0.
+
+    Raises:
+        _Doubt: Its numbers refused by the parse."""
     container: Any = record
     for step in where[:-1]:
         container = _entry(container, step)
     last = where[-1]
     if type(_entry(container, last)) is not _Hole:
         return 0
-    container[last] = decoded[_entry(container, last).index].value
+    container[last] = _value(decoded[_entry(container, last).index])
     return 1
+
+
+def _drop(record: dict[str, Any], key: str) -> int:
+    """Drops the placeholder at `record[key]`, its list unparsed: 1 if there was one, else 0."""
+    if type(record.get(key)) is not _Hole:
+        return 0
+    del record[key]
+    return 1
+
+
+def _value(found: FlatList) -> ListArray | list[None]:
+    """A decoded list's value, its numbers parsed now if they were not yet.
+
+    Raises:
+        _Doubt: pyarrow refused an entry (the line is then parsed by `json`)."""
+    if not isinstance(found.value, Numbers):
+        return found.value
+    values = _cast(*found.value)
+    if values is None:
+        raise _Doubt
+    return values.view(ListArray)
 
 
 def _entry(container: Any, step: str | int) -> Any:
@@ -156,47 +211,58 @@ def _entry(container: Any, step: str | int) -> Any:
 
 def _decoded(raw: bytes, start: int, end: int) -> FlatList | None:
     """The list `raw[start:end + 1]` (a flat list) as `np.asarray` makes it from `json`'s
-    list (a list of `null`s: that list); None if it is not worth it or not of a decoded kind."""
+    list (a list of `null`s: that list; numbers: checked, to be parsed if taken); None if it
+    is not worth it or not of a decoded kind."""
     if not MIN_LIST_BYTES <= end - start <= MAX_LIST_BYTES:
         return None
     text = raw[start + 1 : end]
-    values: Any = None
-    # every check of numbers accepts only text starting so, and no check of words does
+    # every check of numbers accepts only text starting so, every check of bools only text
+    # starting with `t` or `f`, of nulls with `n`
     if text[:1] in b"-0123456789":
-        values = _numbers(text)
-    elif _words(text, (b"true", b"false")) or _BOOLS.fullmatch(text):
-        codes = np.frombuffer(text, np.uint8)
-        # `t` and `f` each begin a word (`false` holds no `t`): one per entry, in order
-        values = codes[(codes == ord("t")) | (codes == ord("f"))] == ord("t")
-    elif _words(text, (b"null",)) or _NULLS.fullmatch(text):
-        return FlatList(start, end, [None] * (text.count(b",") + 1))
-    return None if values is None else FlatList(start, end, values.view(ListArray))
+        numbers = _numbers(text)
+        return None if numbers is None else FlatList(start, end, numbers)
+    if text[:1] == b"n":
+        nulls = _repeats(text, b"null") or (_words(text, (b"null",)) or _NULLS.fullmatch(text))
+        return FlatList(start, end, [None] * (text.count(b",") + 1)) if nulls else None
+    if not (
+        _repeats(text.replace(b"false", b"true"), b"true")
+        or _words(text, (b"true", b"false"))
+        or _BOOLS.fullmatch(text)
+    ):
+        return None
+    # only words and separators: `t` and `f` are left, one per entry, in order
+    values = np.frombuffer(text.translate(None, b"rueals, "), np.uint8) == ord("t")
+    return FlatList(start, end, values.view(ListArray))
 
 
-def _numbers(text: bytes) -> np.ndarray | None:
-    """A list's text of JSON numbers as an int64 or float64 array, as `np.asarray` makes
-    `json`'s list; None if it is not one `_cast` takes."""
+def _numbers(text: bytes) -> Numbers | None:
+    """A list's text of JSON numbers, to be parsed as an int64 or float64 array as
+    `np.asarray` makes `json`'s list; None if it is not one `_cast` takes."""
     fraction = b"." in text
     commas = _plain_commas(text, fraction)  # found once for the check and the cast
     if not fraction and (commas is not None or _INTEGERS.fullmatch(text)):
-        return _cast(text, "int64", commas)
+        return Numbers(text, "int64", commas)
     if (
         (fraction and commas is not None)
         or _FRACTIONS.fullmatch(text)
         or (_NUMBERS.fullmatch(text) and not _minus_zero(text))
     ):
-        return _cast(text, "float64", commas)
+        return Numbers(text, "float64", commas)
     return None
 
 
-def _exact_list(raw: bytes, found: FlatList) -> list[Any]:
-    """The list `json` makes of a decoded list's text."""
-    text = raw[found.start + 1 : found.end]
-    if isinstance(found.value, list):
-        return found.value
-    if found.value.dtype.kind == "f" and text.count(b".") != len(found.value):
+def _exact_list(found: FlatList) -> list[Any]:
+    """The list `json` makes of a decoded list's text.
+
+    Raises:
+        _Doubt: Its numbers refused by the parse."""
+    value = _value(found)
+    if isinstance(value, list):
+        return value
+    text = found.value.text if isinstance(found.value, Numbers) else b""
+    if value.dtype.kind == "f" and text.count(b".") != len(value):
         return json.loads(b"[" + text + b"]")  # an entry without `.` may be an integer
-    return found.value.tolist()
+    return value.tolist()
 
 
 def _plain_commas(text: bytes, fraction: bool) -> np.ndarray | None:
@@ -205,11 +271,12 @@ def _plain_commas(text: bytes, fraction: bool) -> np.ndarray | None:
     by `, `: what the `json` module writes for lists of ints or of floats (but a float without
     a fraction, `1e-05`). Checked by counts of bytes and a few array steps per entry, no step
     per byte: a match of `_INTEGERS` or `_FRACTIONS` costs several times more; else None."""
-    if text.translate(None, b"0123456789,- .e+" if fraction else b"0123456789,- "):
+    others = text.translate(None, b"0123456789")  # a few bytes an entry: counted cheaply
+    if others.translate(None, b",- .e+" if fraction else b",- "):
         return None
     codes = np.frombuffer(text, np.uint8)
     commas = np.flatnonzero(codes == ord(","))
-    spaces = text.count(b" ")
+    spaces = others.count(b" ")
     if spaces and not (
         spaces == len(commas)
         and commas[-1] + 1 < len(codes)
@@ -221,13 +288,13 @@ def _plain_commas(text: bytes, fraction: bool) -> np.ndarray | None:
     if (ends <= starts).any():
         return None  # an empty entry
     negative = codes[starts] == ord("-")
-    exponents = _exponents(codes, ends) if fraction else _NO_EXPONENTS
+    exponents = _exponents(codes, ends) if fraction and b"e" in others else _NO_EXPONENTS
     if exponents is None:
         return None
     minus_exponents = int((codes[exponents.at + 1] == ord("-")).sum())
     plus_exponents = len(exponents.at) - minus_exponents
-    if text.count(b"-") != int(negative.sum()) + minus_exponents or (
-        (plus_exponents or b"+" in text) and text.count(b"+") != plus_exponents
+    if others.count(b"-") != int(negative.sum()) + minus_exponents or (
+        (plus_exponents or b"+" in others) and others.count(b"+") != plus_exponents
     ):
         return None  # a `-` or `+` neither starting its entry nor signing its exponent
     digits = starts + negative  # where each entry's first digit should be
@@ -270,6 +337,18 @@ def _exponents(codes: np.ndarray, ends: np.ndarray) -> _Exponents | None:
     return _Exponents(at, entry)
 
 
+def _repeats(text: bytes, word: bytes) -> bool:
+    """Whether `text` is `word` separated by `,`, or each by `, ` (compared with that text,
+    built: two passes at memory speed). With each `false` replaced by `true` beforehand, it
+    tells a list of bools: the built text has a `t` only where a word starts, so each `true`
+    put in stands for a whole entry, and each entry was one word."""
+    for separator in (b",", b", "):
+        count, rest = divmod(len(text) + len(separator), len(word) + len(separator))
+        if not rest and count and text == (word + separator) * (count - 1) + word:
+            return True
+    return False
+
+
 def _words(text: bytes, words: tuple[bytes, ...]) -> bool:
     """Whether `text` is `words` separated by `,` or each by `, ` (`true` and `false`, or
     `null`), by counts: every byte is in a counted word or a separator, and no two words
@@ -300,10 +379,13 @@ def _cast(text: bytes, kind: str, commas: np.ndarray | None = None) -> np.ndarra
 
     if commas is None:
         commas = np.flatnonzero(np.frombuffer(text, np.uint8) == ord(","))
-    spaces = text.count(b" ")  # the matches allow a space only right after a comma
-    if spaces not in (0, len(commas)):
-        return None
-    width = 2 if spaces else 1
+        spaces = text.count(b" ")  # the matches allow a space only right after a comma
+        if spaces not in (0, len(commas)):
+            return None
+        spaced = spaces > 0
+    else:  # found by `_plain_commas`: a space after every comma, or none anywhere
+        spaced = len(commas) > 0 and text[commas[0] + 1] == ord(" ")
+    width = 2 if spaced else 1
     data = text.translate(None, b", ")  # the entries end to end: one C pass, no mask
     offsets = np.empty(len(commas) + 2, np.int32)
     offsets[0], offsets[-1] = 0, len(data)

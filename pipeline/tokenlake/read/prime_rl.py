@@ -23,7 +23,8 @@ mapping; in short:
 - the weight streams and the DPPO masks land in `rl_weight`, `ce_weight`, `ref_kl_weight`,
   `dppo_masked*`; an all-`null` list (no such stream, a pure cross-entropy micro-batch) is
   NULL. The ratio fields (`log_importance_ratio`, `mismatch_kl`, ...) are derived from the two
-  log-probs: the lake derives them from `lp_diff`, with the same sign.
+  log-probs: the lake derives them from `lp_diff`, with the same sign, so their text is checked
+  as JSON but never parsed into values.
 
 A step folder without `STABLE` is still being written: it is not listed as a step ("not yet",
 among the ignored files), so no step lands half; extracting again (or `--follow`, which lists
@@ -91,6 +92,9 @@ _KEYS = ("micro_step", "micro_sequence_idx", "export_sequence_idx")
 _WANTED = tuple(
     (key,) for key in ("token_ids", "position_ids", "loss_mask", *_FLOATS, *_WEIGHTS, *_FLAGS)
 )
+# The ratio fields, which the lake derives from the two log-probs (module docstring): checked
+# as JSON, never parsed into values, and left out of a line's record.
+_UNREAD = ("log_importance_ratio", "importance_ratio", "mismatch_kl", "prob_delta")
 
 
 def export_files(root: Path) -> int:
@@ -213,7 +217,10 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.complete and line.text.strip():
                 raise _cut_short(path, label, info.st_mtime)
             if line.text.strip():
-                yield number, jsonarrays.object_line(path, line.text, label, MAX_DEPTH, _WANTED)
+                yield (
+                    number,
+                    jsonarrays.object_line(path, line.text, label, MAX_DEPTH, _WANTED, _UNREAD),
+                )
 
 
 def _cut_short(path: Path, label: str, mtime: float) -> PipelineError:

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenlake.errors import LakeError, duckdb_problem
-from tokenlake.serve import sql_views
+from tokenlake.serve import kept_rows, sql_views
+from tokenlake.serve.kept_rows import SHARED_VIEWS
 from tokenlake.serve.query import (
     Rows,
     cache_footers,
-    catalog_view,
+    catalog_database,
     connect_reader,
     format_table,
     plain_result,
@@ -38,9 +39,6 @@ _SEVERITY_LINE = re.compile(r"^Severity:\s*(\S+)\s*$", re.MULTILINE)
 SEVERITIES = ("error", "warning", "info")
 # Report label of an audit that returned rows, by severity.
 _LABELS = {"error": "FAIL", "warning": "WARN", "info": "INFO"}
-# Views several audits read, each of a row per step or group (or per suspect token row, normally
-# none): computed once per run of the audits (`_compute_shared_views`), not once per audit.
-SHARED_VIEWS = ("drift_steps", "drift_step_checks", "audit_tokens", "group_stats")
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,8 @@ def run_audits(store: Store, settings: Mapping[str, float] | None = None) -> lis
     results = []
     try:
         cache_footers(con)  # 0.83 -> 0.67 s of the audits' CPU on a lake of 100 small steps
-        _compute_shared_views(con)  # 0.74 -> 0.51 s more on that lake
+        # 0.74 -> 0.51 s more on that lake; those a kept catalog holds are read, not computed
+        _compute_shared_views(con, set() if settings else kept_rows.kept_views(con))
         for path in sql_views.iter_audit_files():
             text = path.read_text(encoding="utf-8")
             level = severity(path, text)
@@ -139,17 +138,21 @@ def run_audits(store: Store, settings: Mapping[str, float] | None = None) -> lis
     return results
 
 
-def _compute_shared_views(con: duckdb.DuckDBPyConnection) -> None:
+def _compute_shared_views(con: duckdb.DuckDBPyConnection, kept: set[str]) -> None:
     """Each of SHARED_VIEWS into a TEMP table of its name, which the audits (and the views they
     read) find before the catalog's view, as they find a `--set` override of `drift_settings`
-    (`query.settings_override_sql`): the same rows, with the overrides in force. A view that
-    cannot be computed is left to the first audit that reads it, which fails with its own
-    name and DuckDB's message, as without this."""
+    (`query.settings_override_sql`): the same rows, with the overrides in force. Those in
+    `kept` (never under an override) are copied from the rows the reader's kept catalog holds
+    (serve/kept_rows.py), computed there under the catalog's own settings. A view that cannot
+    be computed is left to the first audit that reads it, which fails with its own name and
+    DuckDB's message, as without this."""
     import duckdb
 
+    database = catalog_database(con)
     for view in SHARED_VIEWS:
+        schema = kept_rows.VIEWS_SCHEMA if view in kept else "main"
         try:
-            con.execute(f"CREATE TEMP TABLE {view} AS FROM {catalog_view(con, view)}")
+            con.execute(f"CREATE TEMP TABLE {view} AS FROM {database}.{schema}.{view}")
         except duckdb.Error:
             continue
 

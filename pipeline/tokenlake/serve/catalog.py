@@ -162,8 +162,12 @@ def incomplete_sql(records: list[manifest.RunManifest]) -> str:
     )
 
 
-def missing_views(con: duckdb.DuckDBPyConnection) -> list[str]:
-    listed = con.execute("SELECT view_name FROM system.main.duckdb_views()").fetchall()
+def missing_views(con: duckdb.DuckDBPyConnection, database: str | None = None) -> list[str]:
+    """The views every catalog holds that `con`'s databases (or its attached `database`) lack."""
+    listed = con.execute(
+        "SELECT view_name FROM system.main.duckdb_views() WHERE ? IS NULL OR database_name = ?",
+        [database, database],
+    ).fetchall()
     present = {row[0] for row in listed}
     return [name for name in expected_views() if name not in present]
 
@@ -208,11 +212,15 @@ def build_catalog(
 
 
 def build_catalog_after_tag(
-    store: Store, before: manifest.RunManifest, warnings: list[str]
+    store: Store,
+    before: manifest.RunManifest,
+    saved: manifest.RunManifest,
+    warnings: list[str],
 ) -> Path | str:
     """Rebuild the lake's catalog after `tokenlake tag` rewrote one run's `runs` file
-    (`before`: that run's manifest until then), as this user's private catalog of the lake as
-    it is now (kept for the next command, `_connect_private_build`), then put a copy in place.
+    (`before`: that run's manifest until then, `saved`: the one it saved, not read again), as
+    this user's private catalog of the lake as it is now (kept for the next command,
+    `_connect_private_build`), then put a copy in place.
 
     Where this user keeps a private catalog of the lake as it was (built by `_write_catalog`
     from the same manifests, in a folder only this user can write) and its build printed
@@ -226,7 +234,10 @@ def build_catalog_after_tag(
     if catalog_file is None or folder is None:
         return build_catalog(store, warnings)
     views = iter_user_view_files(store)
-    after = manifest.load_all(store)
+    after = [
+        saved if run == saved.run else manifest.load_listed(store, run)
+        for run in store.manifest_runs()
+    ]
     footers = catalog_cache.known_footers(folder)
     served, unserved = served_records(store, after, footers=footers)
     catalog_cache.remember_footers(folder, footers)
@@ -241,8 +252,7 @@ def build_catalog_after_tag(
 
     def build(path: Path) -> list[str]:
         if kept is not None and not kept[1]:
-            _write_runs_view(kept[0], path, store, served, after)
-            _carry_rows_over(kept[0], path, store, served, after)
+            _write_runs_views(kept[0], path, store, served, after)
             return []
         lines: list[str] = []
         _write_catalog(path, store, lines, after)
@@ -265,51 +275,101 @@ def build_catalog_after_tag(
     return catalog_file
 
 
-def _write_runs_view(
-    kept: Path,
-    tmp: Path,
-    store: Store,
-    served: list[manifest.RunManifest],
-    records: list[manifest.RunManifest],
-) -> None:
-    """Into `tmp`, the kept catalog `kept` with the `runs` view over the `runs` files the
-    `served` manifests list and the digest of what `records` list, as `_write_catalog` makes
-    them; checked as it checks a build."""
-    shutil.copyfile(kept, tmp)
-    older = any(
-        step.schema_version < schema.SCHEMA_VERSION
-        for record in served
-        for step in record.steps.values()
-    )
-    sql = base_view_sql(schema.RUNS, _listed_files(store, served, schema.RUNS), older)
-
-    def fill(con: duckdb.DuckDBPyConnection) -> list[manifest.RunManifest]:
-        con.execute(f"CREATE OR REPLACE VIEW {schema.RUNS} AS {sql}")
-        return records
-
-    _fill_catalog(tmp, store, fill)
-
-
-def _carry_rows_over(
+def _write_runs_views(
     kept: Path,
     path: Path,
     store: Store,
     served: list[manifest.RunManifest],
     records: list[manifest.RunManifest],
 ) -> None:
-    """Beside the new catalog `path` made from the kept `kept` by `_write_runs_view`, the kept
-    copy of `kept` with the lake's rows (serve/kept_rows.py), changed alike: a tag rewrites
-    only the `runs` file, so the rows are those of the same files, and the next reader does
-    not copy them again. Nothing where there is no such copy, or it cannot be made."""
+    """Into `path`, the kept catalog `kept` with the `runs` view over the `runs` files the
+    `served` manifests list and the digest of what `records` list, as `_write_catalog` makes
+    them, checked as it checks a build. Beside it, the kept copy of `kept` with the lake's rows
+    (serve/kept_rows.py) changed alike: a tag rewrites only the `runs` file, so the rows are
+    those of the same files, and the next reader does not copy them again (where there is no
+    such copy, or it cannot be made, the next reader copies the rows). The kept rows of views
+    that audits read, some of which read the `runs` row, are dropped from it, for the next
+    reader to compute.
+
+    Both files are changed through one in-memory DuckDB, each attached in turn: a database
+    opened by `duckdb.connect` costs ~30 ms of CPU before it holds anything, twice a file.
+
+    Raises:
+        LakeError: The new catalog cannot be written or lacks views.
+    """
+    import duckdb
+
+    older = any(
+        step.schema_version < schema.SCHEMA_VERSION
+        for record in served
+        for step in record.steps.values()
+    )
+    runs_sql = base_view_sql(schema.RUNS, _listed_files(store, served, schema.RUNS), older)
+    digest = _digest_of(records)
     rows = kept_rows.copied(kept)
-    if rows is None:
-        return
     try:
-        into = private_folder(path.parent / kept_rows.FOLDER) / path.name
-        _write_runs_view(rows, into, store, served, records)
-    except (LakeError, CacheError, OSError) as exc:
-        log.info("the lake's kept rows are not carried over: %s", exc)
-        shutil.rmtree(path.parent / kept_rows.FOLDER, ignore_errors=True)
+        con = duckdb.connect()
+    except duckdb.Error as exc:
+        raise _catalog_error(store, exc) from exc
+    with con:
+        try:
+            shutil.copyfile(kept, path)
+            _replace_runs_view(con, path, runs_sql, digest, _catalog_url(store))
+        except duckdb.Error as exc:
+            raise _catalog_error(store, exc) from exc
+        if rows is None:
+            return
+        try:
+            into = private_folder(path.parent / kept_rows.FOLDER) / path.name
+            shutil.copyfile(rows, into)
+            _replace_runs_view(con, into, runs_sql, digest, str(into), kept_rows.forget_views_sql)
+            kept_rows.forget_views(into)
+        except (duckdb.Error, LakeError, CacheError, OSError) as exc:
+            log.info("the lake's kept rows are not carried over: %s", exc)
+            shutil.rmtree(path.parent / kept_rows.FOLDER, ignore_errors=True)
+
+
+# The alias a catalog file is attached under while `_replace_runs_view` changes it.
+_CHANGED = "tokenlake_changed"
+
+
+def _replace_runs_view(
+    con: duckdb.DuckDBPyConnection,
+    path: Path,
+    runs_sql: str,
+    digest: str,
+    named: str,
+    also: Callable[[str], str] | None = None,
+) -> None:
+    """In the catalog file `path`, attached to `con`: the `runs` view as `runs_sql` and the
+    listed files' `digest` (and the statement `also` gives for the attached database's name),
+    written in full, then attached again read-only to check it holds every view.
+
+    Raises:
+        LakeError: (naming the catalog as `named`) DuckDB could not fold its log into the
+            file, or views are missing.
+        duckdb.Error: DuckDB failed.
+    """
+    target = quote_literal(str(path))
+    con.execute(f"ATTACH {target} AS {_CHANGED} (STORAGE_VERSION '{_STORAGE_VERSION}')")
+    try:
+        con.execute(f"CREATE OR REPLACE VIEW {_CHANGED}.main.{schema.RUNS} AS {runs_sql}")
+        _record_listed(con, digest, f"{_CHANGED}.main.")
+        if also is not None:
+            con.execute(also(_CHANGED))
+        con.execute(f"CHECKPOINT {_CHANGED}")
+    finally:
+        con.execute(f"DETACH {_CHANGED}")
+    if Path(f"{path}.wal").exists():  # DuckDB could not fold its log into the file
+        raise LakeError(named, "catalog could not be written in full")
+    con.execute(f"ATTACH {target} AS {_CHANGED} (READ_ONLY)")
+    try:
+        missing = missing_views(con, _CHANGED)
+    finally:
+        con.execute(f"DETACH {_CHANGED}")
+    if missing:
+        names = ", ".join(f"`{v}`" for v in missing)
+        raise LakeError(named, f"catalog lacks views {names} after its build")
 
 
 def _catalog_url(store: Store) -> str:
@@ -476,8 +536,10 @@ def _digest_of(records: list[manifest.RunManifest]) -> str:
     return digest.hexdigest()
 
 
-def _record_listed(con: duckdb.DuckDBPyConnection, digest: str) -> None:
-    con.execute(f"CREATE OR REPLACE MACRO {_BUILT_FROM}() AS {quote_literal(digest)}")
+def _record_listed(con: duckdb.DuckDBPyConnection, digest: str, where: str = "") -> None:
+    """The digest recorded in the catalog `con` writes (`where`: `db.schema.` of an attached
+    one)."""
+    con.execute(f"CREATE OR REPLACE MACRO {where}{_BUILT_FROM}() AS {quote_literal(digest)}")
 
 
 def recorded_digest(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -627,7 +689,8 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
         with tempfile.TemporaryDirectory(prefix="tokenlake-") as temporary:
             built = Path(temporary) / layout.CATALOG_FILE
             _write_catalog(built, store, problems, records)
-            con = duckdb.connect(str(built), read_only=True)  # the file outlives its name
+            # the file outlives its name
+            con = duckdb.connect(str(built), read_only=True, config=reader_config(records))
     else:
         # Keyed on what may be served now, not only on the manifests: a file changed or
         # linked since a kept build was made is left out of a new one (serve/served.py).
@@ -650,11 +713,29 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
         path, problems = kept
         if catalog_cache.is_kept(path):  # the lake is as the key says: its rows may be kept too
             path = kept_rows.with_rows(path, store, served)
-        con = duckdb.connect(str(path), read_only=True)
+        con = duckdb.connect(str(path), read_only=True, config=reader_config(served))
         catalog_cache.discard_unkept(path)
     for problem in problems:
         log.warning("%s", problem)
     return con
+
+
+# A lake of fewer token rows than this (one row group of a tokens file, load/write.py's
+# ROW_GROUP_SIZE) is read by DuckDB on one thread: its queries' work is a few milliseconds,
+# less than what a second thread costs to start and hand work to. Measured on a busy 2-core
+# machine (docs/performance.md, issue 34): `audit` on the example lake (4,079 tokens) and on
+# one of 100 small steps (6,338) took 10-30 ms less CPU (median of 12) with one thread than
+# with DuckDB's default of one a core, and no more wall time.
+ONE_THREAD_TOKENS = 1 << 17
+
+
+def reader_config(
+    records: list[manifest.RunManifest],
+) -> dict[str, str | bool | int | float | list[str]]:
+    """DuckDB's settings for a reader of the lake `records` describe: one thread on a small
+    lake (ONE_THREAD_TOKENS), else DuckDB's defaults."""
+    tokens = sum(step.tokens for record in records for step in record.steps.values())
+    return {"threads": 1} if tokens < ONE_THREAD_TOKENS else {}
 
 
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")

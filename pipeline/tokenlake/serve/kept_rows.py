@@ -16,6 +16,13 @@ rollup is computed from the tokens, so a `--set` override never reads them. The 
 this user's tokenlake wrote, in a folder only this user can write; nothing a stranger wrote is
 run. Lakes whose files to copy exceed COPY_LIMIT keep the views over the files (their
 per-file cost is small beside their rows').
+
+The copy also keeps the rows of the views the audits cost most to compute (SHARED_VIEWS), with
+the rows under the catalog's own `drift_settings`, in the schema `tokenlake_views`: `audit`
+without `--set` reads them instead of computing them again (binding and planning
+`drift_steps` alone is ~40 ms of CPU). `tokenlake tag` drops them from the copy it carries
+over (its new `runs` row is read by some) and marks it (`forget_views`); the next reader
+computes them into a new copy, renamed over it.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenlake import schema
 from tokenlake.errors import CacheError, LakeError
@@ -34,10 +42,20 @@ from tokenlake.store import manifest, parquet
 from tokenlake.store.base import Store
 from tokenlake.store.private_cache import private_folder
 
+if TYPE_CHECKING:
+    import duckdb
+
 log = logging.getLogger(__name__)
 
 FOLDER = "rows"  # in a kept catalog's key folder
 SCHEMA = "tokenlake_rows"  # of the copied tables
+VIEWS_SCHEMA = "tokenlake_views"  # of the kept rows of SHARED_VIEWS
+_LACKS_VIEWS = "lacks-views"  # beside a copy without them: the next reader computes them
+# Views several audits read, each of a row per step or group (or per suspect token row, normally
+# none): computed once per run of the audits (serve/audit.py), not once per audit, and kept
+# here under the catalog's own settings; and `step_stats`, which one audit reads, whose many
+# columns cost ~12 ms of CPU to bind and compute in a fresh process.
+SHARED_VIEWS = ("drift_steps", "drift_step_checks", "audit_tokens", "group_stats", "step_stats")
 COPY_LIMIT = 64 * 2**20  # of the Parquet files copied; a larger lake copies none
 _BUILDING = ".building-"
 
@@ -110,6 +128,8 @@ def with_rows(catalog: Path, store: Store, served: list[manifest.RunManifest]) -
         return catalog
     kept = copied(catalog)
     if kept is not None:
+        if (kept.parent / _LACKS_VIEWS).exists():
+            _add_shared_views(kept)
         return kept
     top = catalog.parent / FOLDER
     path = top / catalog.name
@@ -145,6 +165,7 @@ def _copy_rows(path: Path, queries: dict[str, str], digests: dict[str, str]) -> 
                     rows = rollups.guarded(table, rows, digests[table])
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS {rows}")
             con.execute("COMMIT")
+            _keep_shared_views(con)
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -152,3 +173,62 @@ def _copy_rows(path: Path, queries: dict[str, str], digests: dict[str, str]) -> 
         raise LakeError(path, f"rows cannot be copied ({str(exc).splitlines()[0][:300]})") from exc
     if Path(f"{path}.wal").exists():  # DuckDB could not fold its log into the file
         raise LakeError(path, "rows could not be written in full")
+
+
+def _keep_shared_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Each of SHARED_VIEWS' rows, over the rows just copied and under the catalog's own
+    `drift_settings`, as a table of VIEWS_SCHEMA. A view that cannot be computed is left out:
+    the audit that reads it computes it, and fails with its own name."""
+    import duckdb
+
+    con.execute(f"CREATE SCHEMA {VIEWS_SCHEMA}")
+    for view in SHARED_VIEWS:
+        try:
+            con.execute(f"CREATE TABLE {VIEWS_SCHEMA}.{view} AS FROM main.{view}")
+        except duckdb.Error:
+            continue
+
+
+def kept_views(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """Those of SHARED_VIEWS whose rows the reader's catalog `con` keeps in VIEWS_SCHEMA (none
+    in a catalog without kept rows, or in the copy a tag carried over)."""
+    listed = con.execute(
+        "SELECT table_name FROM duckdb_tables()"
+        " WHERE database_name = current_database() AND schema_name = ?",
+        [VIEWS_SCHEMA],
+    ).fetchall()
+    return {name for (name,) in listed if name in SHARED_VIEWS}
+
+
+def forget_views_sql(database: str) -> str:
+    """The statement that drops the kept rows of SHARED_VIEWS from the catalog attached as
+    `database`: what a tag's new `runs` row changes (`forget_views` marks the file)."""
+    return f"DROP SCHEMA IF EXISTS {database}.{VIEWS_SCHEMA} CASCADE"
+
+
+def forget_views(copy: Path) -> None:
+    """Mark the copy `copy`, whose kept rows of SHARED_VIEWS were dropped, for the next reader
+    to compute them (`with_rows`)."""
+    os.close(os.open(copy.parent / _LACKS_VIEWS, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+
+
+def _add_shared_views(copy: Path) -> None:
+    """The copy `copy` with SHARED_VIEWS' rows computed in, made beside it and renamed over it
+    (other readers may hold it open); left as it is, still marked, where that fails."""
+    import duckdb
+
+    try:
+        building = private_folder(copy.parent / f"{_BUILDING}{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            shutil.copyfile(copy, building / copy.name)
+            with duckdb.connect(str(building / copy.name)) as con:
+                _keep_shared_views(con)
+                con.execute("CHECKPOINT")
+            if Path(f"{building / copy.name}.wal").exists():
+                raise LakeError(copy, "rows could not be written in full")
+            os.rename(building / copy.name, copy)
+            (copy.parent / _LACKS_VIEWS).unlink(missing_ok=True)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    except (OSError, LakeError, CacheError, duckdb.Error) as exc:
+        log.info("the rows of the views audits read are not kept: %s", exc)

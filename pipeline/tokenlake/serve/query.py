@@ -84,8 +84,14 @@ def _catalog_settings(con: duckdb.DuckDBPyConnection) -> str:
 def catalog_view(con: duckdb.DuckDBPyConnection, view: str) -> str:
     """The qualified name of the catalog's own view `view` (a TEMP object of its name shadows
     the bare name)."""
+    return f"{catalog_database(con)}.main.{view}"
+
+
+def catalog_database(con: duckdb.DuckDBPyConnection) -> str:
+    """The quoted name of the catalog's database: one query, asked once by a caller that names
+    several of its views (each query costs a few milliseconds)."""
     database = con.execute("SELECT current_database()").fetchall()[0][0]
-    return f"{_quote_ident(database)}.main.{view}"
+    return _quote_ident(database)
 
 
 def settings_override_sql(con: duckdb.DuckDBPyConnection, settings: Mapping[str, float]) -> str:

@@ -32,6 +32,7 @@ from tokenlake.layout import (
     local_path,
     manifest_name,
     new_name,
+    relative_parts,
     table_dir_parts,
     temporary_owner,
     temporary_path,
@@ -47,6 +48,10 @@ log = logging.getLogger(__name__)
 
 # The lock never follows a link and never waits on a FIFO (which `open` would, for a writer).
 _LOCK_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# A lake file is read likewise: a FIFO put in its place since it was checked never blocks.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# What `Path.is_file` takes for "no file there" rather than raising.
+_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 _KINDS = {
     stat.S_IFIFO: "a FIFO",
     stat.S_IFSOCK: "a socket",
@@ -105,6 +110,39 @@ class LocalStore:
 
     def exists(self, relative: str) -> bool:
         return self.file(relative).is_file()
+
+    def open_listed(self, relative: str) -> tuple[int, int] | None:
+        """A file a manifest lists, opened for reading (its descriptor and size): one walk of its folders and one open,
+        never through a symbolic link. None where `exists` is False (nothing there, or not a
+        regular file: a directory, a FIFO, a device is never opened).
+
+        Raises:
+            LakeError: It lies outside the lake, or a link is on its way (`file`).
+            OSError: The OS refuses it (permission denied): its readers name it.
+        """
+        self._check_listed(relative, itself=False)
+        path = f"{self.root}/{relative}"  # its folders checked: no Path to build
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError as exc:
+            if exc.errno in _ABSENT:
+                return None
+            raise
+        if stat.S_ISLNK(mode):
+            raise nofollow.link_error(self.root, relative)
+        if not stat.S_ISREG(mode):
+            return None
+        try:
+            descriptor = os.open(path, _READ_FLAGS)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # made a link since: refused alike
+                raise nofollow.link_error(self.root, relative) from None
+            raise
+        opened = os.fstat(descriptor)
+        if not stat.S_ISREG(opened.st_mode):  # replaced since
+            os.close(descriptor)
+            return None
+        return descriptor, opened.st_size
 
     def read_bytes(self, relative: str, limit: int | None = None, what: str = "a file") -> bytes:
         """A lake file's bytes; with `limit`, only a regular file tokenlake wrote (no symbolic
@@ -228,14 +266,19 @@ class LocalStore:
         """The path of a file a manifest lists; refuses one outside the lake or reached
         through a symbolic link (with `itself` False, only its folders are checked: the
         caller judges the file itself)."""
-        path = self.root / relative
+        self._check_listed(relative, itself)
+        return self.root / relative
+
+    def _check_listed(self, relative: str, itself: bool) -> None:
+        """`file` without the Path (LakeError)."""
         try:
             check_relative(relative)
         except ValueError:
-            raise LakeError(path, "is listed by a manifest but lies outside the lake") from None
-        parts = PurePosixPath(relative).parts
+            raise LakeError(
+                self.root / relative, "is listed by a manifest but lies outside the lake"
+            ) from None
+        parts = relative_parts(relative)
         nofollow.refuse_links(self.root, parts if itself else parts[:-1])
-        return path
 
     def check_links(self, run: str) -> None:
         """Refuse the run if any folder or file of it in the lake is a symbolic link.

@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -154,14 +156,18 @@ def load_all(store: Store) -> list[RunManifest]:
     return [load_listed(store, run) for run in store.manifest_runs()]
 
 
-def leftovers(store: Store) -> list[str]:
+def leftovers(store: Store, records: list[RunManifest] | None = None) -> list[str]:
     """Files the naming scheme made that no manifest lists (what an interrupted extraction
     left, or a file it superseded), other than temporaries a running tokenlake still writes.
+
+    Args:
+        records: Every run's manifest (`load_all`), if the caller has just loaded them.
 
     A damaged manifest raises (DamagedManifestError): what it lists is unknown, so nothing
     counts as a leftover then.
     """
-    records = load_all(store)
+    if records is None:
+        records = load_all(store)
     listed = {name for r in records for table in schema.LAKE_TABLES for name in r.files(table)}
     made = store.made_files()
     return sorted(name for name in made if name not in listed and not _in_flight(name))
@@ -188,7 +194,32 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
         if exc.problem.startswith("cannot be read"):
             raise LakeError(where, exc.problem) from exc
         raise DamagedManifestError(where, f"it {exc.problem}") from exc
-    return parse_manifest(where, raw)
+    parsed = _PARSED.get()
+    if parsed is None:
+        return parse_manifest(where, raw)
+    record = parsed.get((where, raw))
+    if record is None:
+        record = parsed[(where, raw)] = parse_manifest(where, raw)
+    return record
+
+
+# Within `parsed_once`, each manifest parsed, by its name and its exact bytes.
+_PARSED: ContextVar[dict[tuple[str, bytes], RunManifest] | None] = ContextVar(
+    "tokenlake_parsed_manifests", default=None
+)
+
+
+@contextmanager
+def parsed_once() -> Iterator[None]:
+    """Within it, a manifest is parsed once: a load that reads the same bytes again gets the
+    record parsed from them (the same object: the caller only reads it). A command that
+    reads the manifests in several places (verify: its checks, the leftovers, the catalog's
+    digest) parses them once; one whose bytes changed is parsed again."""
+    token = _PARSED.set({})
+    try:
+        yield
+    finally:
+        _PARSED.reset(token)
 
 
 def save_manifest(store: Store, manifest: RunManifest) -> None:
@@ -293,11 +324,15 @@ def _fields(cls: type, data: Any) -> dict[str, Any]:
     """`data` as keyword arguments of a dataclass: a dict with exactly its field names."""
     if not isinstance(data, dict):
         raise TypeError(f"expected an object for {cls.__name__}, got {type(data).__name__}")
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise TypeError(f"unexpected keyword argument '{unknown[0]}'")
+    names = _FIELD_NAMES.get(cls)
+    if names is None:  # once per class: a manifest has a record per step and per source
+        names = _FIELD_NAMES[cls] = frozenset(f.name for f in fields(cls))
+    if not names.issuperset(data):
+        raise TypeError(f"unexpected keyword argument '{min(set(data) - names)}'")
     return data
+
+
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
 
 
 def _object(value: Any, key: str) -> dict[Any, Any]:

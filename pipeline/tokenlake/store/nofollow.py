@@ -12,8 +12,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from operator import attrgetter
 from pathlib import Path, PurePosixPath
 
 from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, UnreadableError, shown
@@ -21,6 +22,7 @@ from tokenlake.layout import is_partition_folder, made_here
 
 # A folder opened without following a link: a sweep walks only what it opened this way.
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NAME = attrgetter("name")
 
 
 def link_error(root: Path, relative: str) -> LakeError:
@@ -33,21 +35,19 @@ def link_error(root: Path, relative: str) -> LakeError:
     )
 
 
-def refuse_links(root: Path, parts: Iterable[str]) -> None:
+def refuse_links(root: Path, parts: Sequence[str]) -> None:
     """A LakeError naming the first of `root/p0`, `root/p0/p1`, … that is a link."""
     # Joined as text, not as Path objects: a reader checks every file of the lake (its parts
     # as `PurePosixPath.parts` gives them: none empty), and pathlib cost most of that.
-    walked: list[str] = []
     path = str(root)
-    for name in parts:
-        walked.append(name)
-        path = os.path.join(path, name)
+    for depth, name in enumerate(parts, 1):
+        path = f"{path}/{name}"
         try:
             info = os.lstat(path)
         except OSError:  # missing (or unreadable): nothing below it is reached
             return
         if stat.S_ISLNK(info.st_mode):
-            raise link_error(root, "/".join(walked))
+            raise link_error(root, "/".join(parts[:depth]))
 
 
 def refuse_links_in(root: Path, folder: int, where: str, depth: int) -> None:
@@ -57,9 +57,12 @@ def refuse_links_in(root: Path, folder: int, where: str, depth: int) -> None:
         if entry.is_symlink():
             raise link_error(root, f"{where}/{entry.name}")
         if depth > 1 and entry.is_dir(follow_symlinks=False) and is_partition_folder(entry.name):
-            with opened_in(folder, entry.name) as inner:
-                if inner is not None:
+            inner = _open_in(folder, entry.name)
+            if inner is not None:
+                try:
                     refuse_links_in(root, inner, f"{where}/{entry.name}", depth - 1)
+                finally:
+                    os.close(inner)
 
 
 def make_folders(root: Path, parts: Iterable[str]) -> None:
@@ -108,15 +111,21 @@ def opened(root: Path, parts: Iterable[str]) -> Iterator[list[int]]:
 @contextmanager
 def opened_in(folder: int, name: str) -> Iterator[int | None]:
     """A subfolder opened without following a link (None: gone, or it is a link now)."""
-    try:
-        inner = os.open(name, _FOLDER_FLAGS, dir_fd=folder)
-    except OSError:
-        yield None
-        return
+    inner = _open_in(folder, name)
     try:
         yield inner
     finally:
-        os.close(inner)
+        if inner is not None:
+            os.close(inner)
+
+
+def _open_in(folder: int, name: str) -> int | None:
+    """`opened_in` for the walks over every step folder, where a context manager's own cost
+    was a fifth of theirs: the caller closes it."""
+    try:
+        return os.open(name, _FOLDER_FLAGS, dir_fd=folder)
+    except OSError:
+        return None
 
 
 def sweep_run(folder: int, where: str, listed: set[str]) -> int:
@@ -143,9 +152,12 @@ def made_files(folder: int, where: str) -> list[str]:
     for entry in entries(folder):
         name = f"{where}/{entry.name}"
         if entry.is_dir(follow_symlinks=False) and is_partition_folder(entry.name):
-            with opened_in(folder, entry.name) as step:
-                if step is not None:
+            step = _open_in(folder, entry.name)
+            if step is not None:
+                try:
                     found += made_files(step, name)
+                finally:
+                    os.close(step)
         elif entry.is_file(follow_symlinks=False) and made_here(entry.name):
             found.append(name)
     return found
@@ -154,7 +166,7 @@ def made_files(folder: int, where: str) -> list[str]:
 def entries(folder: int) -> list[os.DirEntry[str]]:
     """The entries of an opened folder, by name."""
     with os.scandir(folder) as found:
-        return sorted(found, key=lambda entry: entry.name)
+        return sorted(found, key=_NAME)
 
 
 def unlink_in(folder: int, name: str) -> int:

@@ -13,8 +13,9 @@ expanded once their expanded size is known to be within the bound too.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tokenlake.bounded import MiB, amount
@@ -101,6 +102,121 @@ def read_columns(store: Store, name: str, columns: Sequence[str]) -> tuple[pa.Sc
     return _read(store, name, None, columns)
 
 
+# A lake file of at most this many bytes is decoded from its bytes, read at once: pyarrow
+# reads a Python file object in many small calls, which cost more than the decoding itself.
+_READ_WHOLE_BYTES = 4 * MiB
+# A file of at most this many bytes is read whole for its footer identity too: one read
+# instead of two (its tail, then its footer), and its bytes kept for its rows.
+_IDENTITY_WHOLE_BYTES = 64 * 1024
+
+
+class LakeFile:
+    """A lake file opened once for every check of it: its identity (`identity_change`) and its
+    rows (`read_columns`, `read_table`) come from the same open file, and a local lake's file
+    is reached by one walk that refuses links (`LocalStore.open_listed`).
+
+    `open` gives None where `store.exists` is False; use it as a context manager.
+    """
+
+    def __init__(
+        self, store: Store, name: str, descriptor: int | None = None, size: int = 0
+    ) -> None:
+        self.store = store
+        self.name = name
+        self._descriptor = descriptor  # None: each read opens the file afresh (object store)
+        self._size = size  # as the descriptor was opened
+        self._whole: bytes | None = None  # its bytes, once read whole
+        self._refused: OSError | None = None  # the OS refused to open it: raised when read
+
+    @classmethod
+    def open(cls, store: Store, name: str) -> LakeFile | None:
+        """The lake file `name`, or None when there is none (not a regular file).
+
+        Raises:
+            LakeError: A link is on its way, or it lies outside the lake.
+        """
+        from tokenlake.store.local import LocalStore
+
+        if not isinstance(store, LocalStore):
+            return cls(store, name) if store.exists(name) else None
+        try:
+            opened = store.open_listed(name)
+        except OSError as exc:  # named by every read of it, as `_open` would have
+            lake_file = cls(store, name)
+            lake_file._refused = exc
+            return lake_file
+        return None if opened is None else cls(store, name, *opened)
+
+    def __enter__(self) -> LakeFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
+
+    def identity_change(self, recorded: str) -> str | None:
+        """As `identity_change` of the module."""
+        try:
+            if self._refused is not None:
+                raise self._refused
+            if self._descriptor is None:
+                with _open(self.store, self.name) as handle:
+                    found = _identity_of(handle)
+            else:
+                whole = self._whole_bytes(_IDENTITY_WHOLE_BYTES)
+                if whole is None:
+                    found = _identity_at(self._descriptor)
+                else:
+                    found = _identity(len(whole), lambda at, length: whole[at : at + length])
+        except _Refused as exc:
+            raise UnreadableLakeFile(self.store.url(self.name), str(exc)) from exc
+        except OSError as exc:
+            raise UnreadableLakeFile(self.store.url(self.name), str(exc), exc) from exc
+        return _change(found, recorded)
+
+    def read_columns(self, columns: Sequence[str]) -> tuple[pa.Schema, pa.Table]:
+        """As `read_columns` of the module."""
+        return self._read(None, columns)
+
+    def read_table(self, max_rows: int | None = None) -> pa.Table:
+        """As `read_table` of the module."""
+        return self._read(max_rows, None)[1]
+
+    def _read(
+        self, max_rows: int | None, columns: Sequence[str] | None
+    ) -> tuple[pa.Schema, pa.Table]:
+        import pyarrow as pa
+
+        try:
+            if self._refused is not None:
+                raise self._refused
+            if self._descriptor is None:
+                with _open(self.store, self.name) as handle:
+                    return _bounded_read(handle, max_rows, columns)
+            data = self._whole_bytes(_READ_WHOLE_BYTES)
+            if data is not None:
+                return _bounded_read(pa.BufferReader(data), max_rows, columns)
+            with open(self._descriptor, "rb", closefd=False) as handle:
+                return _bounded_read(handle, max_rows, columns)
+        except _Refused as exc:
+            raise UnreadableLakeFile(self.store.url(self.name), str(exc)) from exc
+        except (OSError, pa.ArrowException) as exc:
+            raise UnreadableLakeFile(self.store.url(self.name), str(exc), exc) from exc
+
+    def _whole_bytes(self, limit: int) -> bytes | None:
+        """The local file's bytes if it holds at most `limit` (read once, then kept)."""
+        assert self._descriptor is not None
+        if self._whole is None and self._size <= limit:
+            data = os.pread(self._descriptor, self._size + 1, 0)
+            if len(data) <= self._size:  # else it grew since it was opened: read as a file
+                self._whole = data
+        return self._whole if self._whole is not None and len(self._whole) <= limit else None
+
+
 def _read(
     store: Store,
     name: str,
@@ -134,20 +250,40 @@ def footer_identity(store: Store, name: str) -> str:
     """
     try:
         with _open(store, name) as handle:
-            size = handle.seek(0, 2)
-            if size < 2 * len(_MAGIC) + 4:
-                raise _Refused("it is too short to be Parquet")
-            handle.seek(size - 8)
-            tail = handle.read(8)
-            length = int.from_bytes(tail[:4], "little")
-            if tail[4:] != _MAGIC or length > size - 12:
-                raise _Refused("it ends in no Parquet footer")
-            handle.seek(size - 8 - length)
-            footer = handle.read(length)
+            return _identity_of(handle)
     except _Refused as exc:
         raise UnreadableLakeFile(store.url(name), str(exc)) from exc
     except OSError as exc:
         raise UnreadableLakeFile(store.url(name), str(exc), exc) from exc
+
+
+def _identity_of(handle: Any) -> str:
+    """`footer_identity` of an open file object (_Refused: no Parquet footer)."""
+
+    def read_at(offset: int, length: int) -> bytes:
+        handle.seek(offset)
+        return bytes(handle.read(length))
+
+    return _identity(handle.seek(0, 2), read_at)
+
+
+def _identity_at(descriptor: int) -> str:
+    """`footer_identity` of an open local file, read by `pread` (no file object to build)."""
+    return _identity(
+        os.fstat(descriptor).st_size, lambda offset, length: os.pread(descriptor, length, offset)
+    )
+
+
+def _identity(size: int, read_at: Callable[[int, int], bytes]) -> str:
+    """`footer_identity` of a file of `size` bytes whose bytes `read_at(offset, length)` reads
+    (_Refused: no Parquet footer)."""
+    if size < 2 * len(_MAGIC) + 4:
+        raise _Refused("it is too short to be Parquet")
+    tail = read_at(size - 8, 8)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != _MAGIC or length > size - 12:
+        raise _Refused("it ends in no Parquet footer")
+    footer = read_at(size - 8 - length, length)
     return f"{size}:{hashlib.blake2b(footer + tail, digest_size=16).hexdigest()}"
 
 
@@ -163,7 +299,11 @@ def identity_change(store: Store, name: str, recorded: str) -> str | None:
     Raises:
         UnreadableLakeFile: The file cannot be read, or ends in no Parquet footer.
     """
-    found = footer_identity(store, name)
+    return _change(footer_identity(store, name), recorded)
+
+
+def _change(found: str, recorded: str) -> str | None:
+    """How a file of identity `found` differs from the one `recorded` (None: the same)."""
     if found == recorded:
         return None
     size, found_size = identity_size(recorded), identity_size(found)
@@ -250,16 +390,19 @@ def _bounded_read(
     if max_rows is not None and footer.num_rows > max_rows:
         raise _Refused(f"it declares {footer.num_rows:,} rows; its manifest records {max_rows:,}")
     bound = decoded_bound(size)
-    declared = _declared_bytes(footer)  # of every column: the bound is the file's, not a part's
+    # Of every column: the bound is the file's, not a part's.
+    declared, dictionaries = _declared_bytes(footer)
     if declared > bound:
         raise _Refused(_too_large(declared, size, bound))
     declared_schema = plain.schema_arrow
-    wanted = None if columns is None else [c for c in columns if c in declared_schema.names]
-    dictionaries = _dictionary_strings(footer)
+    names = declared_schema.names  # a new list at each call
+    wanted = None if columns is None else [c for c in columns if c in names]
     if wanted is not None:
         dictionaries = [path for path in dictionaries if path.split(".")[0] in wanted]
-    handle.seek(0)
-    reader = pq.ParquetFile(handle, metadata=footer, read_dictionary=dictionaries)
+    reader = plain
+    if dictionaries:  # read as dictionaries: a reader of its own (of the same footer)
+        handle.seek(0)
+        reader = pq.ParquetFile(handle, metadata=footer, read_dictionary=dictionaries)
     # A few columns decode faster on this thread than handed to Arrow's pool and back.
     table = reader.read(columns=wanted, use_threads=wanted is None)
     expanded = declared + sum(_expanded_bytes(column) for column in table.columns)
@@ -292,38 +435,36 @@ def _mib(size: int) -> str:
     return f"{size / MiB:,.0f} MiB"
 
 
-def _declared_bytes(footer: pq.FileMetaData) -> int:
+def _declared_bytes(footer: pq.FileMetaData) -> tuple[int, list[str]]:
     """What the file's columns decode to, by its footer: fixed-width values by count, others by
     their pages' uncompressed sizes (a dictionary's strings by their dictionary alone: their
-    expansion is counted once read, `_expanded_bytes`)."""
+    expansion is counted once read, `_expanded_bytes`). And the string columns (by path) that
+    hold a dictionary in some row group: read as dictionaries, never expanded unread.
+
+    One walk of the footer for both: each column chunk's metadata is a Python object built
+    on demand, the most of what checking a small file's footer costs.
+    """
     total = 0
+    dictionaries = set()
     for group in range(footer.num_row_groups):
         row_group = footer.row_group(group)
+        rows = row_group.num_rows
         for index in range(row_group.num_columns):
             chunk = row_group.column(index)
-            width = _FIXED_WIDTHS.get(chunk.physical_type)
-            if chunk.physical_type == "FIXED_LEN_BYTE_ARRAY":
+            kind = chunk.physical_type
+            values = chunk.num_values
+            values = rows if values < rows else values
+            width = _FIXED_WIDTHS.get(kind)
+            if kind == "FIXED_LEN_BYTE_ARRAY":
                 width = footer.schema.column(index).length
-            values = max(chunk.num_values, row_group.num_rows)
-            if width is None:
-                total += max(chunk.total_uncompressed_size, 0)
-            else:
-                total += values * width
-            total += values * _PER_VALUE_OVERHEAD
-    return total
-
-
-def _dictionary_strings(footer: pq.FileMetaData) -> list[str]:
-    """The string columns (by path) that hold a dictionary in some row group: read as
-    dictionaries, never expanded unread."""
-    paths = set()
-    for group in range(footer.num_row_groups):
-        row_group = footer.row_group(group)
-        for index in range(row_group.num_columns):
-            chunk = row_group.column(index)
-            if chunk.physical_type == "BYTE_ARRAY" and chunk.has_dictionary_page:
-                paths.add(chunk.path_in_schema)
-    return sorted(paths)
+            if width is not None:
+                total += values * (width + _PER_VALUE_OVERHEAD)
+                continue
+            pages = chunk.total_uncompressed_size
+            total += (pages if pages > 0 else 0) + values * _PER_VALUE_OVERHEAD
+            if kind == "BYTE_ARRAY" and chunk.has_dictionary_page:
+                dictionaries.add(chunk.path_in_schema)
+    return total, sorted(dictionaries)
 
 
 def _expanded_bytes(column: pa.ChunkedArray | pa.Array) -> int:
