@@ -6,7 +6,10 @@ columns, the same macros, and every view gives the same rows.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -123,3 +126,28 @@ def test_an_extraction_begins_its_catalog_ahead_only_with_steps_to_write_and_lea
     again = extract_run(REAL_DUMPS / "basic", local_store(lake), ExtractOptions(workers=1))
     assert again.tokens == 0 and len(begun) == 1  # nothing to write: nothing begun
     assert list(temporary.iterdir()) == []
+
+
+def test_the_folder_a_killed_extraction_left_is_swept_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    gone = int(ended.stdout)  # a process that has ended, as a SIGKILLed extraction has
+    left = temporary / f"tokenlake-catalog-{gone}-abc_12x"
+    left.mkdir()
+    (left / "catalog.duckdb").write_bytes(b"half")
+    live = temporary / f"tokenlake-catalog-{os.getpid()}-zz9"  # this process's: in use
+    live.mkdir()
+    other = temporary / "tokenlake-catalog-notapid"
+    other.mkdir()
+    link = temporary / f"tokenlake-catalog-{gone}-link"  # never followed nor removed
+    link.symlink_to(live)
+    ahead = catalog.CatalogAhead(local_store(tmp_path / "lake"))
+    ahead.discard()
+    assert sorted(p.name for p in temporary.iterdir()) == sorted([live.name, other.name, link.name])

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from tokenlake import layout, schema
 from tokenlake.errors import CacheError, LakeError, ctrl_c_from_duckdb
-from tokenlake.processes import crash_point
+from tokenlake.processes import crash_point, process_alive
 from tokenlake.serve import catalog_cache, kept_rows, rollups
 from tokenlake.serve.served import served_records
 from tokenlake.serve.sql_views import (
@@ -428,7 +428,8 @@ class CatalogAhead:
     """
 
     def __init__(self, store: Store) -> None:
-        self._folder = Path(tempfile.mkdtemp(prefix="tokenlake-catalog-"))
+        _sweep_stale_ahead_folders()
+        self._folder = Path(tempfile.mkdtemp(prefix=f"{_AHEAD_PREFIX}{os.getpid()}-"))
         self._made: tuple[duckdb.DuckDBPyConnection, Path] | None = None
         self._thread = threading.Thread(
             target=self._make, args=(store,), name="tokenlake-catalog-ahead"
@@ -455,6 +456,33 @@ class CatalogAhead:
         if made is not None:
             made[0].close()
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+# The folders of catalogs made ahead, in the system's temporary folder: `<prefix><pid>-<random>`.
+_AHEAD_PREFIX = "tokenlake-catalog-"
+_AHEAD_FOLDER = re.compile(rf"^{_AHEAD_PREFIX}(\d+)-[a-z0-9_]+$")
+
+
+def _sweep_stale_ahead_folders() -> None:
+    """Delete the folders of catalogs made ahead by this user's processes that are gone (an
+    extraction killed with SIGKILL cannot delete its own); never a link, nor another user's."""
+    root = Path(tempfile.gettempdir())
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        match = _AHEAD_FOLDER.match(entry.name)
+        if match is None or process_alive(int(match.group(1))):
+            continue
+        try:
+            if (
+                entry.is_dir(follow_symlinks=False)
+                and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+            ):
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def _make_ahead(path: Path, store: Store) -> duckdb.DuckDBPyConnection:
