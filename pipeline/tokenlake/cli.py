@@ -248,6 +248,11 @@ def extract(
         tokenlake extract /data/runs/fp8 --lake lake --tag precision=fp8 --meta run.yaml
         tokenlake extract /data/nemo-rl/logs/exp_001 --lake lake --format nemo-rl
     """
+    from tokenlake.serve.rollups import prepare_step_connection
+
+    # First: DuckDB's import and the binding of the rollups' views, in a thread, while the
+    # rest of extraction's code is imported (`Lake.extract` takes it)
+    prepare_step_connection()
     from tokenlake.orchestrate.extract import ExtractInterrupted, ExtractOptions
     from tokenlake.orchestrate.progress import cli_reporter
     from tokenlake.orchestrate.scheduler import sigterm_as_ctrl_c

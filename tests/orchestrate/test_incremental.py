@@ -205,7 +205,7 @@ def test_rerun_after_a_crash_before_publishing_repairs_the_catalog(
     extract(dump, lake, "--steps", "0")
     assert [r[:2] for r in catalog_rows(lake, STEPS_SQL)] == [(0, False), (0, True)]
     with monkeypatch.context() as patched:
-        patched.setattr(extract_module, "_publish", lambda lake, record, dump_format: None)
+        patched.setattr(extract_module, "_publish", lambda lake, record, dump_format, ahead: None)
         patched.setattr(extract_module, "sweep_leftovers", lambda store: 0)
         extract_run(
             dump, store_of(lake), ExtractOptions(steps=None, workers=1)

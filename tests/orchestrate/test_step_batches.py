@@ -48,9 +48,9 @@ def test_a_job_holds_consecutive_steps_within_its_bytes_and_steps():
         assert len(batch) == 1 or (sum(sizes) <= 10 and len(batch) <= 4)
 
 
-def test_a_train_step_and_its_eval_file_are_never_one_job():
+def test_a_train_step_and_its_eval_file_can_be_one_job():
     todo = [_step(0, 1), _step(0, 1, evaluation=True), _step(1, 1), _step(1, 1, evaluation=True)]
-    assert _labels(scheduler.step_batches(todo)) == [["0"], ["eval_0", "1"], ["eval_1"]]
+    assert _labels(scheduler.step_batches(todo)) == [["0", "eval_0", "1", "eval_1"]]
 
 
 def test_every_worker_gets_a_job_and_a_step_of_unknown_size_is_alone(tmp_path):
@@ -137,7 +137,7 @@ def test_steps_extracted_together_write_what_steps_extracted_alone_write(
     monkeypatch.setattr(rollups, "compute_steps", spied)
     options = ExtractOptions(run_name="r", workers=1)
     batched = extract_run(mixed_dump, store_of(tmp_path / "batched"), options)
-    assert max(together) > 1  # some steps were computed together
+    assert together == [len(batched.steps)]  # every step, eval files too, in one job
     monkeypatch.setattr(scheduler, "BATCH_STEPS", 1)
     together.clear()
     alone = extract_run(mixed_dump, store_of(tmp_path / "alone"), options)
@@ -165,8 +165,3 @@ def test_a_bad_step_in_a_job_costs_only_itself(mixed_dump, tmp_path):
     assert sorted(s.rollout_id for s in summary.steps) == sorted(
         s.rollout_id for s in dump.discover(copy).steps if s.label != "2"
     )
-
-
-def test_steps_of_one_rollout_id_are_never_computed_together():
-    with pytest.raises(ValueError, match="different rollout ids"):
-        rollups.compute_steps([rollups.StepTables(None, None, 1)] * 2, "r")  # type: ignore[arg-type]

@@ -334,7 +334,10 @@ def test_a_writer_killed_mid_run_leaves_a_consistent_lake_and_a_rerun_completes_
     url = f"s3://{bucket}/lake"
     dump = tmp_path / "dump"
     synth.write_dump(dump, synth.DumpSpec(steps=6, prompts_per_step=8, seed=5))
+    # Two jobs (steps 0-2 and eval 0, steps 3-5), the second in a worker process that starts
+    # meanwhile: committed one after the other, so the kill lands between the commits
     command = [sys.executable, "-m", "tokenlake", "extract", str(dump), "--lake", url]
+    command += ["--workers", "2"]
     writer = subprocess.Popen([*command, "--silent"], cwd=ROOT, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "lake/_manifest/dump.json" not in list_keys(bucket):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 
 from tokenlake.read.weight_versions import TokenVersions
+from tokenlake.transform import flatten
 from tokenlake.transform.flatten import SampleTokens, version_columns
 
 
@@ -44,3 +48,35 @@ def test_without_the_rollout_id_the_staleness_is_null() -> None:
 def test_a_step_without_versions_is_null_everywhere() -> None:
     assert _columns([_sample(2), _sample(1)], 4) == ([None, None, None], [None, None, None])
     assert _columns([], 4) == ([], [])
+
+
+def test_a_large_step_gives_the_columns_a_small_one_gives(monkeypatch) -> None:
+    parts = [
+        _sample(3, ("7", "9"), [0, -1, 1]),
+        _sample(2),
+        _sample(4, ("9", "rc-1"), [-1, 0, 0, 1]),
+    ]
+    listed = version_columns(parts, 9, 10)
+    monkeypatch.setattr(flatten, "_LISTED_ROWS", 0)  # every step "large": Arrow's take
+    taken = version_columns(parts, 9, 10)
+    assert [column.to_pylist() for column in listed] == [
+        ["7", None, "9", None, None, None, "9", "9", "rc-1"],
+        [3, None, 1, None, None, None, 1, 1, None],
+    ]
+    assert all(a.equals(b) and a.type == b.type for a, b in zip(listed, taken, strict=True))
+
+
+def test_a_small_step_imports_no_pyarrow_compute() -> None:
+    code = (
+        "import sys, numpy as np\n"
+        "from tokenlake.read.weight_versions import TokenVersions\n"
+        "from tokenlake.transform.flatten import SampleTokens, version_columns\n"
+        "v = TokenVersions(('3', 'x'), np.array([0, 1, -1], dtype=np.int32))\n"
+        "part = SampleTokens(np.arange(3), None, False, {}, versions=v)\n"
+        "print([c.to_pylist() for c in version_columns([part], 3, 5)])\n"
+        "print('pyarrow.compute' in sys.modules)\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert shown == "[['3', 'x', None], [2, None, None]]\nFalse\n"

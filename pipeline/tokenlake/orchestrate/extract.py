@@ -213,6 +213,8 @@ def extract_run(
         if options.steps is None:  # `ready` only defers present steps; a vanished one is gone
             _drop_vanished_steps(record, {s.label for s in listing.steps}, summary)
         reporter.planned(len(todo))
+        # Steps to write: the catalog they end with is begun now, on the core they leave free.
+        ahead = catalog.CatalogAhead(store) if todo else None
         interrupted = False
         batch: list[StepOutcome] = []
         try:
@@ -239,7 +241,12 @@ def extract_run(
                     if batch:
                         _commit(store, record, batch, summary)
                 finally:
-                    _publish_if_needed(store, record, summary, tags_changed or judge.marked)
+                    try:
+                        changed = tags_changed or judge.marked
+                        _publish_if_needed(store, record, summary, changed, ahead)
+                    finally:
+                        if ahead is not None:
+                            ahead.discard()
                     crash_point("extract:published")
                     sweep_leftovers(store)
             interrupted = interrupted or bool(deferred)
@@ -420,9 +427,11 @@ def _publish_if_needed(
     record: manifest.RunManifest,
     summary: ExtractSummary,
     tags_changed: bool = False,
+    ahead: catalog.CatalogAhead | None = None,
 ) -> None:
     """Publish when something changed; a run that has never had a step committed is not
-    published at all (no empty run when its first step fails or is not complete yet)."""
+    published at all (no empty run when its first step fails or is not complete yet).
+    `ahead`: the catalog begun for this extraction, if any."""
     known = bool(record.steps) or store.exists(manifest_name(record.run))
     if not known:
         return
@@ -447,16 +456,22 @@ def _publish_if_needed(
         or _changed(summary)
         or catalog_is_stale(store)
     ):
-        summary.warnings.extend(_publish(store, record, summary.dump_format) or ())
+        summary.warnings.extend(_publish(store, record, summary.dump_format, ahead) or ())
 
 
-def _publish(store: Store, record: manifest.RunManifest, dump_format: str) -> list[str]:
-    """Record the run row, rebuild the catalog, then delete files no manifest lists.
+def _publish(
+    store: Store,
+    record: manifest.RunManifest,
+    dump_format: str,
+    ahead: catalog.CatalogAhead | None = None,
+) -> list[str]:
+    """Record the run row, rebuild the catalog (from `ahead` if given), then delete files no
+    manifest lists.
 
     Returns the warnings (a malformed meta.json, a broken user view), one line each."""
     warnings = lake_files.write_run_row(store, record, dump_format=dump_format)
     manifest.save_manifest(store, record)
-    catalog.build_catalog(store, warnings)
+    catalog.build_catalog(store, warnings, ahead)
     store.delete_unlisted(record)
     return warnings
 

@@ -74,9 +74,8 @@ def step_batches(
     todo: Sequence[Todo], workers: int = 1, budget: int | None = None, most: int | None = None
 ) -> list[list[Todo]]:
     """The steps in order, cut into jobs: consecutive steps whose dump files add up to at most
-    `budget` bytes, at most `most` of them (fewer when that leaves a worker idle), no two of
-    one rollout id (a train step and its eval file); a step whose size is unknown, or larger
-    than `budget`, alone (defaults: BATCH_BYTES, BATCH_STEPS).
+    `budget` bytes, at most `most` of them (fewer when that leaves a worker idle); a step whose
+    size is unknown, or larger than `budget`, alone (defaults: BATCH_BYTES, BATCH_STEPS).
 
     Examples:
         >>> from pathlib import Path
@@ -97,9 +96,8 @@ def step_batches(
     held = 0
     for files, status in todo:
         size = _dump_bytes(files)
-        ids = {f.rollout_id for f, _ in batch}
         fits = size is not None and held + size <= budget
-        if batch and (not fits or len(batch) >= most or files.rollout_id in ids):
+        if batch and (not fits or len(batch) >= most):
             batches.append(batch)
             batch, held = [], 0
         batch.append((files, status))

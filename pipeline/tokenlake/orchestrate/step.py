@@ -83,9 +83,9 @@ def extract_step(files: dump.StepFiles, store: Store, run: str, status: StepStat
 def extract_steps(
     batch: Sequence[tuple[dump.StepFiles, StepStatus]], store: Store, run: str
 ) -> list[StepOutcome]:
-    """`extract_step` for a batch of small steps (no two of one rollout id), one outcome each,
-    in order: each step is read and built, the rollups of those built are computed together
-    (`rollups.compute_steps`: one set of queries instead of one a step), then each is written.
+    """`extract_step` for a batch of small steps, one outcome each, in order: each step is
+    read and built, the rollups of those built are computed together (`rollups.compute_steps`:
+    one set of queries instead of one a step), then each is written.
 
     Each step fails alone, as in `extract_step`: a step whose files are bad, or whose rows the
     rollups cannot be computed from together with the others', costs only itself (the

@@ -159,17 +159,17 @@ class StepTables:
 
 
 def compute_steps(steps: Sequence[StepTables], run: str) -> list[StepRollups]:
-    """`compute_step` for several steps of one run at once, no two of the same rollout id: the
-    ten queries run once over their tables together, and each step gets its own rows.
+    """`compute_step` for several steps of one run at once: the ten queries run once over
+    their tables together, and each step gets its own rows.
 
     A rollup's grain lies within one step, so a step's rows are the ones it gives alone, in
     the same order: DuckDB, single-threaded, reads the rows of each step in the same order and
     adds them up in it (tests/orchestrate/test_step_batches.py compares both, bit for bit). Most
     of a small step's rollup cost is DuckDB binding and planning the queries, paid here once
-    for the steps together.
+    for the steps together. Each step's rows carry its place in `steps` as their `rollout_id`,
+    which the rollups use as a key only: a train step and its eval file, of one rollout id,
+    are two steps here too.
     """
-    if len({step.rollout_id for step in steps}) != len(steps):
-        raise ValueError("steps computed together must have different rollout ids")
     con = _step_connection()
     with ctrl_c_from_duckdb():
         tables = _compute_steps(con, steps, run)
@@ -182,7 +182,7 @@ def compute_steps(steps: Sequence[StepTables], run: str) -> list[StepRollups]:
     return [StepRollups(each, version, dict(settings)) for each in tables]
 
 
-_STEP_KEY = "tokenlake_step_rollout_id"  # the rollout id column of steps computed together
+_STEP_KEY = "tokenlake_step_key"  # the `rollout_id` of steps computed together: their place
 
 
 def _compute_steps(
@@ -194,8 +194,8 @@ def _compute_steps(
         tokens, samples = steps[0].tokens, steps[0].samples
         rollout_id = f"{int(steps[0].rollout_id)}::BIGINT"
     else:
-        tokens = pa.concat_tables([_keyed(step.tokens, step.rollout_id) for step in steps])
-        samples = pa.concat_tables([_keyed(step.samples, step.rollout_id) for step in steps])
+        tokens = pa.concat_tables([_keyed(step.tokens, key) for key, step in enumerate(steps)])
+        samples = pa.concat_tables([_keyed(s.samples, key) for key, s in enumerate(steps)])
         rollout_id = _STEP_KEY
     con.register(_STEP_TOKENS, tokens)
     con.register(_STEP_SAMPLES, samples)
@@ -226,10 +226,10 @@ def _compute_steps(
         {
             name: rollup_schema(name).empty_table()
             if name in empty
-            else _step_rows(name, computed[name], step.rollout_id, len(steps) > 1)
+            else _step_rows(name, computed[name], key, len(steps) > 1)
             for name in rollup_names()
         }
-        for step in steps
+        for key in range(len(steps))
     ]
 
 
@@ -261,37 +261,40 @@ def _materialise_drift_tokens(
     )
 
 
-def _keyed(table: pa.Table, rollout_id: int) -> pa.Table:
-    """A step's table with its rollout id as a last column (the steps computed together)."""
+def _keyed(table: pa.Table, key: int) -> pa.Table:
+    """A step's table with its key as a last column (the steps computed together)."""
     import numpy as np
     import pyarrow as pa
 
-    return table.append_column(_STEP_KEY, pa.array(np.full(table.num_rows, rollout_id, np.int64)))
+    return table.append_column(_STEP_KEY, pa.array(np.full(table.num_rows, key, np.int64)))
 
 
-def _step_rows(name: str, rows: pa.Table, rollout_id: int, together: bool) -> pa.Table:
-    """One step's rows of a rollup (of several steps computed `together`: without their
-    rollout id), in the rollup's stored order (`_row_order`)."""
-    if together:
-        import pyarrow.compute as pc
+def _step_rows(name: str, rows: pa.Table, key: int, together: bool) -> pa.Table:
+    """One step's rows of a rollup, as `_rows` gives them in the stored order; of several steps
+    computed `together` (ordered by their key first): the slice whose `rollout_id` is the
+    step's key, without that column."""
+    if not together:
+        return rows
+    import numpy as np
 
-        rows = rows.filter(pc.equal(rows.column(schema.ROLLOUT_ID), rollout_id))
-        rows = rows.drop_columns([schema.ROLLOUT_ID])
-    return rows.sort_by(list(_row_order(name)))
+    keys = rows.column(schema.ROLLOUT_ID).to_numpy()
+    start, end = np.searchsorted(keys, [key, key + 1])
+    return rows.slice(int(start), int(end - start)).drop_columns([schema.ROLLOUT_ID])
 
 
 @cache
-def _row_order(name: str) -> tuple[tuple[str, str, str], ...]:
-    """The order a step's rows of a rollup are stored in: its rank column first where it has
-    one (`k3_rank`, `outlier_rank`: the order its delta-encoded integers compress best in),
-    then every column in its header's order. A function of the step's rows alone, so the
+def _row_order(name: str) -> str:
+    """The order a step's rows of a rollup are stored in, as an ORDER BY list: its rank column
+    first where it has one (`k3_rank`, `outlier_rank`: the order its delta-encoded integers
+    compress best in), then every column in its header's order, each ascending with NULLs
+    last (NaN after every number, before NULL). A function of the step's rows alone, so the
     step's files are the same bytes whether its rollups were computed alone or with other
     steps': a hash aggregate gives its groups in an order that depends on all the rows it saw.
     """
     names = [column for column, _ in _columns(name)[2:]]
     ranks = [column for column in names if column.endswith("_rank")]
     ordered = [*ranks, *(column for column in names if column not in ranks)]
-    return tuple((column, "ascending", "at_end") for column in ordered)  # NULLs last
+    return ", ".join(f"{column} ASC NULLS LAST" for column in ordered)
 
 
 def _has_teacher_log_probs(tokens: pa.Table) -> bool:
@@ -341,10 +344,12 @@ def _settings_digest(con: duckdb.DuckDBPyConnection, columns: Sequence[str]) -> 
 
 
 def _rows(con: duckdb.DuckDBPyConnection, name: str, together: bool = False) -> pa.Table:
-    """A rollup's rows, checked against and cast to its documented columns; with `together`
-    (several steps), with their `rollout_id` first."""
+    """A rollup's rows in their stored order (`_row_order`), checked against and cast to its
+    documented columns; with `together` (several steps), with their `rollout_id` first and
+    ordered by it first."""
     kept = _STEP_COLUMNS[:1] if together else _STEP_COLUMNS
-    query = f"SELECT * EXCLUDE ({', '.join(kept)}) FROM {name}"
+    order = f"{schema.ROLLOUT_ID}, {_row_order(name)}" if together else _row_order(name)
+    query = f"SELECT * EXCLUDE ({', '.join(kept)}) FROM {name} ORDER BY {order}"
     # `execute`, not `sql`: a relation binds the query once more before it runs, and binding
     # the nested views is most of a small step's cost (its rows are few: their copy is not).
     with warnings.catch_warnings():  # that Arrow output of `execute` copies the rows once
@@ -361,7 +366,7 @@ def _rows(con: duckdb.DuckDBPyConnection, name: str, together: bool = False) -> 
             sql_dir() / "rollups" / f"{name}.sql",
             f"gives columns {', '.join(table.schema.names)}; its header documents {', '.join(wanted.names)}",
         )
-    return table.cast(wanted)
+    return table if table.schema == wanted else table.cast(wanted)
 
 
 def default_settings_digests() -> dict[str, str]:

@@ -182,6 +182,27 @@ def create_sql_views(
     return created
 
 
+def redefine_sql_views(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str]) -> None:
+    """Define each view named in `queries` by that query instead of its file, with its header
+    as its COMMENT, in a database where `create_sql_views` made every view: the statements
+    `create_sql_views(con, queries)` runs for those views. A view that reads them binds them
+    when it is queried, so it reads the new definitions (whose columns are the same: those its
+    file's header documents)."""
+    if not queries:
+        return
+    texts = _view_texts()
+    order = view_order({name: view_inputs(text) for name, text in texts.items()})
+    run_script(
+        con,
+        [
+            statement
+            for name in order
+            if name in queries
+            for statement in _commented_view(name, texts[name], queries)
+        ],
+    )
+
+
 def view_layers(
     order: Sequence[str], inputs: Mapping[str, tuple[str, ...] | None]
 ) -> list[list[str]]:

@@ -256,11 +256,29 @@ def version_columns(
     step_codes[step_codes < 0] = len(names)  # the NULL after the step's versions, below
     # R codes a sample (`weight_versions.per_token`), each offset into its sample's list
     codes = step_codes[np.repeat(bases, lengths) + np.concatenate(own_codes)]
-    index = pa.array(codes)
     numbers = [weight_versions.numeric(v) for v in names]
     lag = [None if rollout_id is None or n is None else rollout_id - n for n in numbers]
-    version = pa.array([*names, None], pa.string()).take(index)
-    return version, pa.array([*lag, None], pa.int64()).take(index)
+    return _strings_taken([*names, None], codes), _integers_taken([*lag, None], codes)
+
+
+# Below this many rows a column of a few strings is made from a Python list rather than by
+# Arrow's `take`, whose module (pyarrow.compute) costs ~50 ms of CPU to import: a small step
+# (the example's) then never imports it, a large one pays it once among seconds.
+_LISTED_ROWS = 1 << 16
+
+
+def _strings_taken(values: list[str | None], codes: np.ndarray) -> pa.Array:
+    """`values[code]` for each code, as a string column (None: NULL)."""
+    if len(codes) < _LISTED_ROWS:
+        return pa.array([values[code] for code in codes.tolist()], pa.string())
+    return pa.array(values, pa.string()).take(pa.array(codes))
+
+
+def _integers_taken(values: list[int | None], codes: np.ndarray) -> pa.Array:
+    """`values[code]` for each code, as an int64 column (None: NULL)."""
+    numbers = np.array([0 if v is None else v for v in values], dtype=np.int64)
+    null = np.array([v is None for v in values])
+    return pa.array(numbers[codes], pa.int64(), mask=null[codes])
 
 
 def turn_index_column(loss_mask: pa.Array, starts: np.ndarray) -> pa.Array:
