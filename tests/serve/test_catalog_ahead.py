@@ -104,12 +104,18 @@ def test_a_catalog_that_could_not_be_made_ahead_is_built_in_full(
     assert _contents(basic_and_pp2_lake / "tokenlake.duckdb") == full
 
 
+@pytest.fixture
+def temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The system's temporary folder, where catalogs are made ahead: one of the test's own."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
 def test_an_extraction_begins_its_catalog_ahead_only_with_steps_to_write_and_leaves_no_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, temporary: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     begun: list[catalog.CatalogAhead] = []
     made = catalog.CatalogAhead
 
@@ -129,11 +135,8 @@ def test_an_extraction_begins_its_catalog_ahead_only_with_steps_to_write_and_lea
 
 
 def test_the_folder_a_killed_extraction_left_is_swept_by_the_next(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, temporary: Path
 ) -> None:
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     ended = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True, text=True, check=True,
