@@ -142,15 +142,23 @@ def test_the_folder_a_killed_extraction_left_is_swept_by_the_next(
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     gone = int(ended.stdout)  # a process that has ended, as a SIGKILLed extraction has
-    left = temporary / f"tokenlake-catalog-{gone}-abc_12x"
+    namespace = os.stat("/proc/self/ns/pid").st_ino
+    left = temporary / f"tokenlake-catalog-{namespace}-{gone}-abc_12x"
     left.mkdir()
     (left / "catalog.duckdb").write_bytes(b"half")
-    live = temporary / f"tokenlake-catalog-{os.getpid()}-zz9"  # this process's: in use
+    live = temporary / f"tokenlake-catalog-{namespace}-{os.getpid()}-zz9"  # this process's
     live.mkdir()
     other = temporary / "tokenlake-catalog-notapid"
     other.mkdir()
-    link = temporary / f"tokenlake-catalog-{gone}-link"  # never followed nor removed
+    # Another container's (pid namespace): its pid means nothing here, so it is left.
+    elsewhere = temporary / f"tokenlake-catalog-{namespace + 1}-{gone}-abc_12x"
+    elsewhere.mkdir()
+    link = temporary / f"tokenlake-catalog-{namespace}-{gone}-link"  # never followed nor removed
     link.symlink_to(live)
     ahead = catalog.CatalogAhead(local_store(tmp_path / "lake"))
+    made = ahead._folder.name
     ahead.discard()
-    assert sorted(p.name for p in temporary.iterdir()) == sorted([live.name, other.name, link.name])
+    assert made.startswith(f"tokenlake-catalog-{namespace}-{os.getpid()}-")
+    assert sorted(p.name for p in temporary.iterdir()) == sorted(
+        [live.name, other.name, elsewhere.name, link.name]
+    )

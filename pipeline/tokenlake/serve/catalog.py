@@ -429,7 +429,9 @@ class CatalogAhead:
 
     def __init__(self, store: Store) -> None:
         _sweep_stale_ahead_folders()
-        self._folder = Path(tempfile.mkdtemp(prefix=f"{_AHEAD_PREFIX}{os.getpid()}-"))
+        self._folder = Path(
+            tempfile.mkdtemp(prefix=f"{_AHEAD_PREFIX}{_pid_namespace()}-{os.getpid()}-")
+        )
         self._made: tuple[duckdb.DuckDBPyConnection, Path] | None = None
         self._thread = threading.Thread(
             target=self._make, args=(store,), name="tokenlake-catalog-ahead"
@@ -458,22 +460,34 @@ class CatalogAhead:
         shutil.rmtree(self._folder, ignore_errors=True)
 
 
-# The folders of catalogs made ahead, in the system's temporary folder: `<prefix><pid>-<random>`.
+# The folders of catalogs made ahead, in the system's temporary folder:
+# `<prefix><pid namespace>-<pid>-<random>`.
 _AHEAD_PREFIX = "tokenlake-catalog-"
-_AHEAD_FOLDER = re.compile(rf"^{_AHEAD_PREFIX}(\d+)-[a-z0-9_]+$")
+_AHEAD_FOLDER = re.compile(rf"^{_AHEAD_PREFIX}(\d+)-(\d+)-[a-z0-9_]+$")
+
+
+def _pid_namespace() -> int:
+    """The inode of this process's pid namespace (0 where the OS does not say): a pid names a
+    process only within it, and containers that share a temporary folder have their own."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def _sweep_stale_ahead_folders() -> None:
     """Delete the folders of catalogs made ahead by this user's processes that are gone (an
-    extraction killed with SIGKILL cannot delete its own); never a link, nor another user's."""
+    extraction killed with SIGKILL cannot delete its own); never a link, nor another user's,
+    nor one made in another pid namespace (whose pids this process cannot judge)."""
     root = Path(tempfile.gettempdir())
     try:
         entries = list(os.scandir(root))
     except OSError:
         return
+    namespace = _pid_namespace()
     for entry in entries:
         match = _AHEAD_FOLDER.match(entry.name)
-        if match is None or process_alive(int(match.group(1))):
+        if match is None or int(match.group(1)) != namespace or process_alive(int(match.group(2))):
             continue
         try:
             if (
