@@ -296,11 +296,8 @@ def test_tag_reads_the_runs_row_without_importing_pyarrow_compute(
     assert "pyarrow.compute" not in imported
 
 
-def test_a_reader_reads_again_only_the_footers_of_files_changed_since_the_last(
-    tmp_path: Path, builds: list[Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lake = lake_with_views(tmp_path, {})
-    catalog.build_catalog(store_of(lake))
+def _counted_footer_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names whose footer identity is read from now on, in order."""
     read: list[str] = []
     footer_identity = parquet.footer_identity
 
@@ -309,6 +306,15 @@ def test_a_reader_reads_again_only_the_footers_of_files_changed_since_the_last(
         return footer_identity(store, name)
 
     monkeypatch.setattr(parquet, "footer_identity", counting)
+    return read
+
+
+def test_a_reader_reads_again_only_the_footers_of_files_changed_since_the_last(
+    tmp_path: Path, builds: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake = lake_with_views(tmp_path, {})
+    catalog.build_catalog(store_of(lake))
+    read = _counted_footer_reads(monkeypatch)
     first = _answer(lake)
     listed = sorted(set(read))
     assert listed  # every listed file's footer, the first time
@@ -339,13 +345,6 @@ def test_kept_footers_too_large_unreadable_or_a_link_are_not_used_and_every_foot
     else:
         (tmp_path / "elsewhere.json").write_bytes(good)
         footers.symlink_to(tmp_path / "elsewhere.json")
-    read: list[str] = []
-    footer_identity = parquet.footer_identity
-
-    def counting(store, name):  # type: ignore[no-untyped-def]
-        read.append(name)
-        return footer_identity(store, name)
-
-    monkeypatch.setattr(parquet, "footer_identity", counting)
+    read = _counted_footer_reads(monkeypatch)
     assert _answer(lake) == first
     assert len(set(read)) == len(json.loads(good))  # every listed file's footer read again
