@@ -12,6 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path, PurePath
 from typing import Any
 
+# The errors `Path.is_file` takes for "no file there" rather than raising.
+NO_FILE_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
+
 # How many characters of a dump value a message quotes: a 2 MB string must not make a 2 MB
 # "one-line" error, and control characters must not rewrite the user's terminal. 60 shows
 # any real value (a number, a field name, a dtype) whole and the start of a hostile one.

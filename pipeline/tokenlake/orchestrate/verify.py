@@ -8,7 +8,6 @@ And once per lake: the catalog opens and holds every view.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from contextlib import ExitStack
@@ -20,6 +19,7 @@ import pyarrow as pa
 
 from tokenlake import schema
 from tokenlake.errors import (
+    NO_FILE_ERRNOS,
     SHOWN_PATH_CHARS,
     LakeError,
     PipelineError,
@@ -410,7 +410,7 @@ def _source_change(root: Path, source: manifest.SourceFile) -> str | None:
     try:
         found = os.stat(f"{root}/{source.name}")
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+        if exc.errno in NO_FILE_ERRNOS:
             return "no longer exists"  # as `Path.is_file` takes these
         raise
     if not stat.S_ISREG(found.st_mode):

@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from tokenlake import bounded, schema
-from tokenlake.errors import LakeError, UnreadableError
+from tokenlake.errors import NO_FILE_ERRNOS, LakeError, UnreadableError
 from tokenlake.layout import (
     CATALOG_FILE,
     LOCK_FILE,
@@ -50,8 +50,6 @@ log = logging.getLogger(__name__)
 _LOCK_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # A lake file is read likewise: a FIFO put in its place since it was checked never blocks.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-# What `Path.is_file` takes for "no file there" rather than raising.
-_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 _KINDS = {
     stat.S_IFIFO: "a FIFO",
     stat.S_IFSOCK: "a socket",
@@ -125,7 +123,7 @@ class LocalStore:
         try:
             mode = os.lstat(path).st_mode
         except OSError as exc:
-            if exc.errno in _ABSENT:
+            if exc.errno in NO_FILE_ERRNOS:
                 return None
             raise
         if stat.S_ISLNK(mode):
