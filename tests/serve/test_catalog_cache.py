@@ -36,9 +36,9 @@ def builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     made: list[Path] = []
     write = catalog._write_catalog
 
-    def counting(tmp, store, problems, records=None):  # type: ignore[no-untyped-def]
+    def counting(tmp, store, problems, records=None, **ahead):  # type: ignore[no-untyped-def]
         made.append(tmp)
-        write(tmp, store, problems, records)
+        write(tmp, store, problems, records, **ahead)
 
     monkeypatch.setattr(catalog, "_write_catalog", counting)
     return made

@@ -192,13 +192,9 @@ def build_catalog(
     problems: list[str] = []
     made = None if ahead is None else ahead.taken()
 
-    def write(tmp: Path) -> None:
-        if made is None:
-            _write_catalog(tmp, store, problems)
-        else:
-            _write_catalog_from(made, tmp, store, problems)
-
-    store.publish_built(store.catalog_name, write)
+    store.publish_built(
+        store.catalog_name, lambda tmp: _write_catalog(tmp, store, problems, made=made)
+    )
     if store.local_catalog is not None:  # tokenlake leaves no log: one is another program's
         foreign_log(store.local_catalog).unlink(missing_ok=True)
     if warnings is None:
@@ -387,12 +383,20 @@ def create_all_views(
 
 
 def _create_all_views(
-    con: duckdb.DuckDBPyConnection, store: Store, records: list[manifest.RunManifest]
+    con: duckdb.DuckDBPyConnection,
+    store: Store,
+    records: list[manifest.RunManifest],
+    made_ahead: bool = False,
 ) -> list[str]:
+    """Every view of the catalog `con` over the files `records` list, the rollups over their
+    stored files where every step has current ones, and the user's views; returns the lines of
+    what is not served. `made_ahead`: `con` already holds the macros and the views of `sql/`
+    (`CatalogAhead`), so only the base views and the rollups' views are made."""
     reading = store.reading_filesystem()
     if reading is not None:  # an object store: DuckDB reads it through fsspec
         con.register_filesystem(reading)
     records, unserved = served_records(store, records, reading)
+    stored = _stored_rollups(store, records)
     # tokenlake's own objects in few transactions: a catalog file commits (writes its log)
     # after each statement otherwise, ~100 times a build. The base views and macros in one,
     # committed for the second connection that makes half of each layer of views; then a
@@ -400,11 +404,14 @@ def _create_all_views(
     # statement ends a transaction and a user view that fails is skipped alone.
     con.execute("BEGIN TRANSACTION")
     create_base_views(con, store, records)
-    for path in iter_macro_files():
-        con.execute(path.read_text(encoding="utf-8"))
-    con.execute("COMMIT")
-    stored = _stored_rollups(store, records)
-    create_sql_views(con, stored.queries)
+    if made_ahead:
+        redefine_sql_views(con, stored.queries)
+        con.execute("COMMIT")
+    else:
+        for path in iter_macro_files():
+            con.execute(path.read_text(encoding="utf-8"))
+        con.execute("COMMIT")
+        create_sql_views(con, stored.queries)
     problems = [*unserved, stored.problem] if stored.problem else unserved
     return problems + create_user_views(con, store)
 
@@ -518,41 +525,6 @@ def _make_ahead(path: Path, store: Store) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _write_catalog_from(
-    made: tuple[duckdb.DuckDBPyConnection, Path], tmp: Path, store: Store, problems: list[str]
-) -> None:
-    """Build the catalog into `tmp` from the catalog `made` ahead (`CatalogAhead`) and the
-    manifests, read now."""
-
-    def fill(con: duckdb.DuckDBPyConnection) -> list[manifest.RunManifest]:
-        found = manifest.load_all(store)
-        with ctrl_c_from_duckdb():
-            problems[:] = _complete_views(con, store, found)
-        return found
-
-    _fill_catalog(tmp, store, fill, made)
-    crash_point("catalog:built")  # built in full, not yet in place
-
-
-def _complete_views(
-    con: duckdb.DuckDBPyConnection, store: Store, records: list[manifest.RunManifest]
-) -> list[str]:
-    """In a catalog made ahead: the base views over the files `records` list, the rollups over
-    their stored files where every step has current ones, and the user's views; returns what
-    `create_all_views` returns."""
-    reading = store.reading_filesystem()
-    if reading is not None:  # an object store: DuckDB reads it through fsspec
-        con.register_filesystem(reading)
-    records, unserved = served_records(store, records, reading)
-    stored = _stored_rollups(store, records)
-    con.execute("BEGIN TRANSACTION")
-    create_base_views(con, store, records)
-    redefine_sql_views(con, stored.queries)
-    con.execute("COMMIT")
-    problems = [*unserved, stored.problem] if stored.problem else unserved
-    return problems + create_user_views(con, store)
-
-
 # How a catalog records the digest of the file lists it was built from: a macro, like the
 # views' own, so the catalog still holds views only (what BI tools list).
 _BUILT_FROM = "tokenlake_listed_digest"
@@ -610,16 +582,19 @@ def _write_catalog(
     store: Store,
     problems: list[str],
     records: list[manifest.RunManifest] | None = None,
+    made: tuple[duckdb.DuckDBPyConnection, Path] | None = None,
 ) -> None:
-    """Build the catalog into `tmp` from `records` (default: the manifests, read now)."""
+    """Build the catalog into `tmp` from `records` (default: the manifests, read now); with
+    `made`, by completing the catalog `CatalogAhead` made (its connection and file)."""
 
     def fill(con: duckdb.DuckDBPyConnection) -> list[manifest.RunManifest]:
         # Read once: the views and the digest recorded agree.
         found = manifest.load_all(store) if records is None else records
-        problems[:] = create_all_views(con, store, found)
+        with ctrl_c_from_duckdb():
+            problems[:] = _create_all_views(con, store, found, made_ahead=made is not None)
         return found
 
-    _fill_catalog(tmp, store, fill)
+    _fill_catalog(tmp, store, fill, made)
     crash_point("catalog:built")  # built in full, not yet in place
 
 
