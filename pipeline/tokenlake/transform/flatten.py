@@ -270,7 +270,7 @@ _LISTED_ROWS = 1 << 16
 def _strings_taken(values: list[str | None], codes: np.ndarray) -> pa.Array:
     """`values[code]` for each code, as a string column (None: NULL)."""
     if len(codes) < _LISTED_ROWS:
-        return pa.array([values[code] for code in codes.tolist()], pa.string())
+        return pa.array(np.array(values, dtype=object)[codes], pa.string())
     return pa.array(values, pa.string()).take(pa.array(codes))
 
 
