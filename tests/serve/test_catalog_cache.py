@@ -6,6 +6,7 @@ Builds are counted, never timed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from tests.serve.test_user_view_sandbox import FORM, lake_with_views, skipped
 from tokenlake import layout
 from tokenlake.cli import main
 from tokenlake.serve import catalog, catalog_cache
-from tokenlake.store import manifest, parquet
+from tokenlake.store import manifest, parquet, private_cache
 
 QUESTION = "SELECT count(*), sum(token_id) FROM tokens"  # token ids 0, 0, 0
 
@@ -348,3 +349,27 @@ def test_kept_footers_too_large_unreadable_or_a_link_are_not_used_and_every_foot
     read = _counted_footer_reads(monkeypatch)
     assert _answer(lake) == first
     assert len(set(read)) == len(json.loads(good))  # every listed file's footer read again
+
+
+def test_forgetting_skips_a_lakes_folder_another_command_deleted_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two commands of the user forget lakes at once: a folder the other one deleted between
+    this one's listing and its look at the folder is skipped, not an error."""
+    top = tmp_path / "catalogs"
+    for age, name in enumerate(("oldest", "gone", "newer", "newest")):
+        (top / name).mkdir(parents=True)
+        os.utime(top / name, ns=(age * 10**9, age * 10**9))
+    listing = os.scandir
+
+    @contextlib.contextmanager
+    def listing_then_other_deletes(path):  # type: ignore[no-untyped-def]
+        with listing(path) as listed:
+            entries = list(listed)
+        (top / "gone").rmdir()  # the other command, after this one listed the folders
+        yield iter(entries)
+
+    monkeypatch.setattr(os, "scandir", listing_then_other_deletes)
+    private_cache.forget_least_used(top, 2)
+    monkeypatch.undo()
+    assert sorted(entry.name for entry in top.iterdir()) == ["newer", "newest"]

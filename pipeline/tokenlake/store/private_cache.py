@@ -126,9 +126,16 @@ def _foreign(info: os.stat_result) -> str | None:
 
 def forget_least_used(top: Path, keep: int) -> None:
     """Delete all but the `keep` folders of `top` touched last (a lake's folder is touched
-    when it is used), never through a link."""
+    when it is used), never through a link. Other commands of the user may be forgetting the
+    same folders at the same moment: one gone before it is looked at is skipped."""
     with os.scandir(top) as listed:
         folders = [entry for entry in listed if entry.is_dir(follow_symlinks=False)]
-    folders.sort(key=lambda entry: entry.stat(follow_symlinks=False).st_mtime_ns, reverse=True)
-    for entry in folders[keep:]:
-        shutil.rmtree(entry.path, ignore_errors=True)
+    touched: list[tuple[int, str]] = []
+    for entry in folders:
+        try:
+            touched.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
+        except FileNotFoundError:
+            continue
+    touched.sort(reverse=True)
+    for _, path in touched[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
