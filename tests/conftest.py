@@ -12,6 +12,7 @@ The grouping is a scheduler of our own (`pytest_xdist_make_scheduler`) rather th
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,14 @@ def runs_whole(path: Path) -> bool:
         return path.suffix == ".py" and MODULE_FIXTURE in path.read_text(encoding="utf-8")
     except OSError:  # a node id that names no file here: schedule its tests one by one
         return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The suite's catalogs and stages kept in a cache of its own (each xdist worker its own),
+    not in the user's (even one `TOKENLAKE_CACHE` names): hundreds of test lakes would otherwise
+    push the user's own lakes' catalogs out of it. A test that sets `TOKENLAKE_CACHE` wins."""
+    os.environ["TOKENLAKE_CACHE"] = str(tmp_path_factory.mktemp("cache") / "tokenlake")
 
 
 def _rank(item: pytest.Item) -> int:
