@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from tests.fixture_paths import REAL_DUMPS
 from tests.serve.test_user_view_sandbox import FORM, lake_with_views, skipped
 from tokenlake import layout
 from tokenlake.cli import main
-from tokenlake.serve import catalog, catalog_cache
+from tokenlake.serve import catalog, catalog_cache, kept_rows
 from tokenlake.store import manifest, parquet, private_cache
 
 QUESTION = "SELECT count(*), sum(token_id) FROM tokens"  # token ids 0, 0, 0
@@ -373,3 +374,26 @@ def test_forgetting_skips_a_lakes_folder_another_command_deleted_first(
     private_cache.forget_least_used(top, 2)
     monkeypatch.undo()
     assert sorted(entry.name for entry in top.iterdir()) == ["newer", "newest"]
+
+
+def test_a_kept_catalog_another_command_deleted_before_it_was_opened_is_built_again(
+    tmp_path: Path, builds: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another command of the user keeps a newer key of the lake (the lake changed, or another
+    tokenlake version read it) and deletes this one between its lookup and its open."""
+    lake = lake_with_views(tmp_path, {"mine.sql": "CREATE VIEW mine AS SELECT 7 AS seven"})
+    catalog.build_catalog(store_of(lake))
+    first = _answer(lake)
+    builds.clear()
+    with_rows = kept_rows.with_rows
+
+    def then_deleted(path, store, served):  # type: ignore[no-untyped-def]
+        opened = with_rows(path, store, served)
+        shutil.rmtree(path.parent)  # the key's folder, as the other command's `keep` does
+        return opened
+
+    monkeypatch.setattr(kept_rows, "with_rows", then_deleted)
+    with catalog.connect(store_of(lake)) as con:
+        assert con.execute(QUESTION).fetchall() == first == [(3, 0)]
+        assert con.execute("SELECT seven FROM mine").fetchall() == [(7,)]
+    assert len(builds) == 1  # built for this command

@@ -702,12 +702,7 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
     views = iter_user_view_files(store)
     folder = catalog_cache.lake_folder(store)
     if folder is None:  # no private cache: built for this command only
-        problems: list[str] = []
-        with tempfile.TemporaryDirectory(prefix="tokenlake-") as temporary:
-            built = Path(temporary) / layout.CATALOG_FILE
-            _write_catalog(built, store, problems, records)
-            # the file outlives its name
-            con = duckdb.connect(str(built), read_only=True, config=reader_config(records))
+        con, problems = _connect_built_for_this_command(store, records)
     else:
         # Keyed on what may be served now, not only on the manifests: a file changed or
         # linked since a kept build was made is left out of a new one (serve/served.py).
@@ -730,11 +725,34 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
         path, problems = kept
         if catalog_cache.is_kept(path):  # the lake is as the key says: its rows may be kept too
             path = kept_rows.with_rows(path, store, served)
-        con = duckdb.connect(str(path), read_only=True, config=reader_config(served))
-        catalog_cache.discard_unkept(path)
+        try:
+            con = duckdb.connect(str(path), read_only=True, config=reader_config(served))
+        except duckdb.Error:
+            if path.exists():
+                raise
+            # Another command of the user kept a newer key of the lake (the lake changed, or
+            # another tokenlake version read it) and deleted this one meanwhile.
+            con, problems = _connect_built_for_this_command(store, records)
+        else:
+            catalog_cache.discard_unkept(path)
     for problem in problems:
         log.warning("%s", problem)
     return con
+
+
+def _connect_built_for_this_command(
+    store: Store, records: list[manifest.RunManifest]
+) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
+    """The lake's catalog built into a temporary file, opened read-only (the open connection
+    keeps the file alive once its name is gone), and the lines its build printed."""
+    import duckdb
+
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="tokenlake-") as temporary:
+        built = Path(temporary) / layout.CATALOG_FILE
+        _write_catalog(built, store, problems, records)
+        con = duckdb.connect(str(built), read_only=True, config=reader_config(records))
+    return con, problems
 
 
 # A lake of fewer token rows than this (one row group of a tokens file, load/write.py's
