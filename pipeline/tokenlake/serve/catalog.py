@@ -695,10 +695,43 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
     """The lake's catalog built into a private file, opened read-only: the views
     `LAKE/tokenlake.duckdb` would hold, in a database named `tokenlake` as there. The file is
     kept in the user's cache and opened again while the manifests, the user views and
-    tokenlake's SQL are unchanged (pipeline/tokenlake/serve/catalog_cache.py)."""
+    tokenlake's SQL are unchanged (pipeline/tokenlake/serve/catalog_cache.py).
+
+    Another command of the user may commit new manifests meanwhile (an extraction landing a
+    step, a tag, `views --recompute`) and delete the files they replace: a build that then
+    fails (a file it lists is gone) is made once more from the manifests as they are now."""
+    records = manifest.load_all(store)
+    try:
+        con, problems = _connect_to_views_of(store, records)
+    except LakeError:
+        if not _changed_since(store, records):
+            raise
+        con, problems = _connect_to_views_of(store, manifest.load_all(store))
+    for problem in problems:
+        log.warning("%s", problem)
+    return con
+
+
+def _changed_since(store: Store, records: list[manifest.RunManifest]) -> bool:
+    """Whether the lake's manifests list other files than `records` now: another command of
+    the user (an extraction, a tag) committed new ones, and deletes the files they replace."""
+    try:
+        return listed_digest(store) != _digest_of(records)
+    except LakeError:
+        return False
+
+
+def _connect_to_views_of(
+    store: Store, records: list[manifest.RunManifest]
+) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
+    """A read-only connection to the views of the manifests `records`, in a private file (kept
+    or built for this command), and the lines its build printed.
+
+    Raises:
+        LakeError: The views cannot be built (a file they list vanished, among others).
+    """
     import duckdb
 
-    records = manifest.load_all(store)
     views = iter_user_view_files(store)
     folder = catalog_cache.lake_folder(store)
     if folder is None:  # no private cache: built for this command only
@@ -735,9 +768,7 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
             con, problems = _connect_built_for_this_command(store, records)
         else:
             catalog_cache.discard_unkept(path)
-    for problem in problems:
-        log.warning("%s", problem)
-    return con
+    return con, problems
 
 
 def _connect_built_for_this_command(

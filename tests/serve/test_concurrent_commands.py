@@ -1,0 +1,94 @@
+"""Commands of one user at the same moment on one lake and one private cache: a reader while a
+tag or an extraction commits new manifests and deletes the files they replace.
+
+Each test forces one interleaving (the other command runs inside a step of this one, between
+its check and its act); none is timed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import store_of
+from tests.serve.test_user_view_sandbox import lake_with_views
+from tokenlake.cli import main
+from tokenlake.serve import catalog
+
+TAGS = "SELECT * FROM run_tags"
+
+
+@pytest.fixture
+def lake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A lake of one run `r` with its catalog, and the user's cache in a folder of the test's."""
+    monkeypatch.setenv("TOKENLAKE_CACHE", str(tmp_path / "cache"))
+    made = lake_with_views(tmp_path, {"mine.sql": "CREATE VIEW mine AS SELECT run FROM runs"})
+    catalog.build_catalog(store_of(made))
+    return made
+
+
+def tag(lake: Path, value: str) -> None:
+    result = CliRunner().invoke(main, ["tag", str(lake), "r", f"k={value}"])
+    assert (result.exit_code, result.output) == (0, f"Run `r` tags: k={value}\n")
+
+
+def once_first(
+    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, other: Callable[[], None]
+) -> None:
+    """`owner.name` runs `other` (another command) before its first call's own work; the other
+    command's own calls of it, and later ones, are left as they are."""
+    original = getattr(owner, name)
+    done: list[bool] = []
+
+    def then(*args: Any, **kwargs: Any) -> Any:
+        if not done:
+            done.append(True)
+            other()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, then)
+
+
+def test_a_reader_that_read_the_manifests_before_a_tag_serves_the_lake_after_it(
+    lake: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tag commits its manifest and deletes the `runs` file the reader's manifests list,
+    after the reader read them and before it looked at the files."""
+    once_first(monkeypatch, catalog, "iter_user_view_files", lambda: tag(lake, "after"))
+    with caplog.at_level(logging.WARNING), catalog.connect(store_of(lake)) as con:
+        assert con.execute(TAGS).fetchall() == [("r", "k", "after")]
+        assert con.execute("SELECT * FROM mine").fetchall() == [("r",)]
+    assert caplog.records == []
+
+
+def test_a_reader_whose_build_lost_a_file_to_a_tag_builds_again(
+    lake: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tag deletes the `runs` file after the reader checked the files its manifests list
+    and before its views read them: the build fails, and is made again from the new ones."""
+    once_first(monkeypatch, catalog, "create_base_views", lambda: tag(lake, "after"))
+    with caplog.at_level(logging.WARNING), catalog.connect(store_of(lake)) as con:
+        assert con.execute(TAGS).fetchall() == [("r", "k", "after")]
+    assert caplog.records == []
+
+
+def test_a_reader_that_read_the_manifests_before_rollups_were_recomputed_serves_the_new_ones(
+    lake: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`tokenlake views --recompute` replaces every rollup file after the reader read the
+    manifests: its views are those of the new files, not the tokens' with a warning per step
+    that the rollups are not served."""
+
+    def recompute() -> None:
+        result = CliRunner().invoke(main, ["views", str(lake), "--recompute"])
+        assert result.exit_code == 0, result.output
+
+    once_first(monkeypatch, catalog, "iter_user_view_files", recompute)
+    with caplog.at_level(logging.WARNING), catalog.connect(store_of(lake)) as con:
+        assert con.execute("SELECT count(*), sum(token_id) FROM tokens").fetchall() == [(3, 0)]
+    assert caplog.records == []
