@@ -8,6 +8,7 @@ its check and its act); none is timed.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from click.testing import CliRunner
 from tests.conftest import store_of
 from tests.serve.test_user_view_sandbox import lake_with_views
 from tokenlake.cli import main
-from tokenlake.serve import catalog
+from tokenlake.serve import catalog, kept_rows
 
 TAGS = "SELECT * FROM run_tags"
 
@@ -35,6 +36,11 @@ def lake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def tag(lake: Path, value: str) -> None:
     result = CliRunner().invoke(main, ["tag", str(lake), "r", f"k={value}"])
     assert (result.exit_code, result.output) == (0, f"Run `r` tags: k={value}\n")
+
+
+def recompute(lake: Path) -> None:
+    result = CliRunner().invoke(main, ["views", str(lake), "--recompute"])
+    assert result.exit_code == 0, result.output
 
 
 def once_first(
@@ -84,11 +90,67 @@ def test_a_reader_that_read_the_manifests_before_rollups_were_recomputed_serves_
     manifests: its views are those of the new files, not the tokens' with a warning per step
     that the rollups are not served."""
 
-    def recompute() -> None:
-        result = CliRunner().invoke(main, ["views", str(lake), "--recompute"])
-        assert result.exit_code == 0, result.output
-
-    once_first(monkeypatch, catalog, "iter_user_view_files", recompute)
+    once_first(monkeypatch, catalog, "iter_user_view_files", lambda: recompute(lake))
     with caplog.at_level(logging.WARNING), catalog.connect(store_of(lake)) as con:
         assert con.execute("SELECT count(*), sum(token_id) FROM tokens").fetchall() == [(3, 0)]
     assert caplog.records == []
+
+
+def once_after(
+    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, other: Callable[[], None]
+) -> None:
+    """`owner.name` runs `other` (another command) once its first call's own work is done."""
+    original = getattr(owner, name)
+    done: list[bool] = []
+
+    def then(*args: Any, **kwargs: Any) -> Any:
+        made = original(*args, **kwargs)
+        if not done:
+            done.append(True)
+            other()
+        return made
+
+    monkeypatch.setattr(owner, name, then)
+
+
+@pytest.mark.parametrize(
+    ("command", "output"),
+    [
+        (["query", TAGS, "--format", "csv"], '"run","key","value"\n"r","k","after"\n'),
+        (["query", "SELECT * FROM mine", "--format", "csv"], '"run"\n"r"\n'),
+    ],
+)
+def test_a_query_whose_files_a_tag_deleted_after_it_connected_reads_the_lake_again(
+    lake: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], output: str
+) -> None:
+    """The tag commits its manifest and deletes the `runs` file the reader's views list, after
+    the reader connected and before its query read them."""
+    once_after(monkeypatch, catalog, "connect", lambda: tag(lake, "after"))
+    result = CliRunner().invoke(main, [command[0], str(lake), *command[1:]])
+    assert (result.exit_code, result.output) == (0, output)
+
+
+def test_audits_whose_files_a_tag_deleted_after_they_connected_read_the_lake_again(
+    lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tag replaces the `runs` file after the audits connected; `drift_alarms` reads it
+    (here the views read the files, not rows copied into the reader's catalog)."""
+    monkeypatch.setattr(kept_rows, "COPY_LIMIT", 0)
+    tag(lake, "before")
+    expected = CliRunner().invoke(main, ["audit", str(lake)])
+    once_after(monkeypatch, catalog, "connect", lambda: tag(lake, "after"))
+    result = CliRunner().invoke(main, ["audit", str(lake)])
+    assert (result.exit_code, result.output) == (expected.exit_code, expected.output)
+    assert result.output.endswith("\n1 of 15 audits failed; 0 warnings, 0 info.\n")
+
+
+def test_a_report_whose_files_a_tag_deleted_after_it_connected_reads_the_lake_again(
+    lake: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    once_after(monkeypatch, catalog, "connect", lambda: tag(lake, "after"))
+    page = tmp_path / "r.html"
+    result = CliRunner().invoke(main, ["report", str(lake), "-o", str(page)])
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(
+        rf"Wrote {re.escape(str(page))} \(1\.0 MB, 1 run\) in \d+\.\d s\n", result.output
+    )

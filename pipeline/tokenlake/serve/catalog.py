@@ -721,6 +721,19 @@ def _changed_since(store: Store, records: list[manifest.RunManifest]) -> bool:
         return False
 
 
+def changed_since_built(con: duckdb.DuckDBPyConnection, store: Store) -> bool:
+    """Whether the lake's manifests list other files than those the catalog `con` reads was
+    built from (`connect`): another command of the user committed new ones since, and deletes
+    the files they replace."""
+    import duckdb
+
+    try:
+        built_from = recorded_digest(con)
+        return built_from is not None and built_from != listed_digest(store)
+    except (duckdb.Error, LakeError):
+        return False
+
+
 def _connect_to_views_of(
     store: Store, records: list[manifest.RunManifest]
 ) -> tuple[duckdb.DuckDBPyConnection, list[str]]:

@@ -16,7 +16,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tokenlake.errors import UsageError, ctrl_c_from_duckdb, duckdb_problem, lake_read_error
+from tokenlake.errors import (
+    LakeError,
+    UsageError,
+    ctrl_c_from_duckdb,
+    duckdb_problem,
+    lake_read_error,
+)
 from tokenlake.serve import catalog, rollups
 from tokenlake.store.base import Store
 from tokenlake.terminal import escape_controls, plural
@@ -54,6 +60,35 @@ def connect_reader(
         con.close()
         raise
     return con
+
+
+_Result = TypeVar("_Result")
+
+
+def read_lake(
+    store: Store,
+    read: Callable[[duckdb.DuckDBPyConnection], _Result],
+    settings: Mapping[str, float] | None = None,
+) -> _Result:
+    """`read(con)` on a reader's connection (`connect_reader`), closed after it. Another command
+    of the user (an extraction landing a step, a tag) may commit new manifests while it reads,
+    and delete the files the connection's views list: a read that then fails is made once more
+    on a connection to the lake as it is now. Whatever else fails is raised as it is."""
+    import duckdb
+
+    con = connect_reader(store, settings)
+    try:
+        return read(con)
+    except (duckdb.Error, LakeError):
+        if not catalog.changed_since_built(con, store):
+            raise
+    finally:
+        con.close()
+    con = connect_reader(store, settings)
+    try:
+        return read(con)
+    finally:
+        con.close()
 
 
 def cache_footers(con: duckdb.DuckDBPyConnection) -> None:
@@ -154,9 +189,6 @@ def render_query(
     return format_table(run_query(store, sql, settings), fmt)
 
 
-_Result = TypeVar("_Result")
-
-
 def _run(
     store: Store,
     sql: str,
@@ -165,17 +197,17 @@ def _run(
 ) -> _Result:
     import duckdb
 
-    con = connect_reader(store, settings)
-    try:
+    def read(con: duckdb.DuckDBPyConnection) -> _Result:
         with ctrl_c_from_duckdb():
             return fetch(con.sql(sql))
+
+    try:
+        return read_lake(store, read, settings)
     except duckdb.Error as exc:
         location = str(store.location)
         if location.rstrip("/") + "/" in duckdb_problem(exc):  # a lake file failed, not the SQL
             raise lake_read_error(location, "a query", exc) from exc
         raise UsageError(f"Query failed: {exc}") from exc
-    finally:
-        con.close()
 
 
 def _arrow_table(relation: duckdb.DuckDBPyRelation | None) -> pa.Table:

@@ -22,7 +22,7 @@ from tokenlake.layout import temporary_path
 from tokenlake.serve import report_charts as rc
 from tokenlake.serve import report_data as rd
 from tokenlake.serve import report_html as rh
-from tokenlake.serve.query import cache_footers, connect_reader
+from tokenlake.serve.query import cache_footers, read_lake
 from tokenlake.serve.run_colours import run_colours
 from tokenlake.steps import StepSelection, as_selection
 from tokenlake.store.base import Store
@@ -204,14 +204,14 @@ def _collect(
 ) -> _Page:
     import duckdb
 
-    con = connect_reader(store)
-    try:
+    def read(con: duckdb.DuckDBPyConnection) -> _Page:
         cache_footers(con)
         return _sections(con, runs, steps, worst)
+
+    try:
+        return read_lake(store, read)
     except duckdb.Error as exc:  # the report's own SQL failing is the lake's files failing it
         raise lake_read_error(str(store.location), "the report", exc) from exc
-    finally:
-        con.close()
 
 
 def _sections(
