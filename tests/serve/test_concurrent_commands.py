@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from click.testing import CliRunner
 from tests.conftest import store_of
 from tests.serve.test_user_view_sandbox import lake_with_views
 from tokenlake.cli import main
-from tokenlake.serve import catalog, kept_rows
+from tokenlake.serve import catalog, catalog_cache, kept_rows
 
 TAGS = "SELECT * FROM run_tags"
 
@@ -154,3 +155,18 @@ def test_a_report_whose_files_a_tag_deleted_after_it_connected_reads_the_lake_ag
     assert re.fullmatch(
         rf"Wrote {re.escape(str(page))} \(1\.0 MB, 1 run\) in \d+\.\d s\n", result.output
     )
+
+
+def test_a_kept_catalog_deleted_between_its_lookup_and_the_read_of_its_lines_is_not_kept(
+    lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another command of the user keeps a newer key of the lake and deletes this one after
+    `cached` found its catalog and before it read the lines its build printed."""
+    with catalog.connect(store_of(lake)):
+        pass
+    (folder,) = (lake.parent / "cache" / catalog_cache.FOLDER).iterdir()
+    (key,) = [entry.name for entry in folder.iterdir() if entry.is_dir()]
+    once_first(monkeypatch, Path, "is_symlink", lambda: shutil.rmtree(folder / key))
+    found = catalog_cache.cached(folder, key)
+    monkeypatch.undo()
+    assert found is None

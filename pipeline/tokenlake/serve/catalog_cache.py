@@ -101,10 +101,16 @@ def lake_folder(store: Store) -> Path | None:
 def cached(folder: Path, key: str) -> tuple[Path, list[str]] | None:
     """The kept catalog of `key` and the lines its build printed, if there is one."""
     path = folder / key / layout.CATALOG_FILE
-    lines = folder / key / _PROBLEMS
-    if not (path.is_file() and lines.is_file()) or path.is_symlink() or lines.is_symlink():
+    if not path.is_file() or path.is_symlink():
         return None
-    text = lines.read_text(encoding="utf-8", errors="replace")
+    # Never through a link. Gone when another command of the user kept a newer key of the lake
+    # (the lake changed, or another tokenlake version read it) and deleted this one since.
+    try:
+        handle = os.open(folder / key / _PROBLEMS, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(handle, "rb") as file:
+        text = file.read().decode("utf-8", "replace")
     return path, [line for line in text.split("\n") if line]
 
 
