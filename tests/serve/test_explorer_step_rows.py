@@ -206,3 +206,42 @@ def test_a_rollup_computed_under_the_settings_read_is_served_without_the_fallbac
         assert len(found[0]) == 31 and found[0] == found[1]  # one removed sample
     finally:
         con.close()
+
+
+class OlderCatalog(Reader):
+    """A catalog built before an extraction landed step 2, which the manifests, read after it,
+    list: reading every step gives steps 0 and 1; the chosen steps are read from their files."""
+
+    def __call__(self, chosen: Any) -> tuple[pa.Table, pa.Table]:
+        counts, drift = super().__call__(chosen)
+        if chosen is None:
+            counts, drift = counts.slice(0, 2), drift.slice(0, 2)
+        return counts, drift
+
+
+def test_a_step_the_catalog_read_did_not_hold_is_not_kept_and_is_read_next_time(tmp_path):
+    """A server's catalog built before an extraction landed a step, its manifests read after:
+    that step is in no row read, and is not kept as a step without rows."""
+    three = {("a", 0, False): "id-0", ("a", 1, False): "id-1", ("a", 2, False): "id-2"}
+    older = OlderCatalog()
+    first = step_rows.StepRowsKept(tmp_path).tables(three, older)
+    assert [r["rollout_id"] for r in first[0].to_pylist()] == [0, 1]
+    assert step_rows._read_file(tmp_path / step_rows.FILE).num_rows == 2
+    read = Reader()
+    found = step_rows.StepRowsKept(tmp_path).tables(three, read)  # the next server
+    assert read.asked == [[("a", 2, False)]]
+    assert [r["rollout_id"] for r in found[0].to_pylist()] == [0, 1, 2]
+    assert _k3(found)[:2] == [(0, 0.5), (1, 0.25)] and math.isnan(_k3(found)[2][1])
+
+
+def test_a_step_kept_without_rows_by_an_older_tokenlake_is_read_again(tmp_path):
+    two = {("a", 0, False): "id-0", ("a", 1, False): "id-1"}
+    step_rows.StepRowsKept(tmp_path).tables(two, Reader())
+    kept = step_rows._read_file(tmp_path / step_rows.FILE)
+    counts = kept.column("counts").combine_chunks()
+    emptied = pa.array([counts[0].as_py(), None], counts.type)  # step 1: no rows, as kept before
+    step_rows._write_file(tmp_path, kept.set_column(1, "counts", emptied))
+    read = Reader()
+    found = step_rows.StepRowsKept(tmp_path).tables(two, read)
+    assert read.asked == [[("a", 1, False)]]
+    assert [r["rollout_id"] for r in found[0].to_pylist()] == [0, 1]

@@ -122,7 +122,7 @@ def runs_rows(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 @dataclasses.dataclass
 class _Read:
     """One step's rows: its `STEP_COUNTS_SQL` row and its `drift_steps` row (windows not yet
-    computed), each None when the step has none."""
+    computed; None when the step has none, an evaluation step)."""
 
     counts: Row | None
     drift: Row | None
@@ -164,7 +164,9 @@ class StepRowsKept:
                 self._schemas = (counts.schema, drift.schema)
                 self._add(missing, counts, drift)
             before = len(self._rows)
-            self._rows = {name: self._rows[name] for name in identities.values()}
+            self._rows = {
+                name: self._rows[name] for name in identities.values() if name in self._rows
+            }
             if missing or len(self._rows) < before:  # steps read, or steps no longer served
                 self._save()
             return self._assembled(identities)
@@ -189,13 +191,15 @@ class StepRowsKept:
             name = missing.get((row["run"], row["rollout_id"], False))
             if name is not None:
                 found[name].drift = row
-        self._rows.update(found)
+        # A step without a row of counts is not in the catalog read: the manifests were read
+        # after it was built, and an extraction landed the step between. Not kept: read again.
+        self._rows.update({name: rows for name, rows in found.items() if rows.counts is not None})
 
     def _assembled(self, identities: dict[StepId, str]) -> tuple[pa.Table, pa.Table]:
         import pyarrow as pa
 
         assert self._schemas is not None
-        kept = [self._rows[name] for name in identities.values()]
+        kept = [self._rows[name] for name in identities.values() if name in self._rows]
         counted = [r.counts for r in kept if r.counts is not None]
         counted.sort(key=lambda row: (row["run"], row["rollout_id"], row["evaluation"]))
         drift = with_windows([r.drift for r in kept if r.drift is not None])
@@ -225,7 +229,8 @@ class StepRowsKept:
         schemas = tuple(pa.schema(list(table.schema.field(n).type)) for n in ("counts", "drift"))
         self._schemas = (schemas[0], schemas[1])
         for row in table.to_pylist():
-            self._rows[row["step_identity"]] = _Read(row["counts"], row["drift"])
+            if row["counts"] is not None:  # one without was kept by an older tokenlake (`_add`)
+                self._rows[row["step_identity"]] = _Read(row["counts"], row["drift"])
 
     def _save(self) -> None:
         if self._folder is None or self._schemas is None:
