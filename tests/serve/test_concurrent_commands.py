@@ -170,3 +170,25 @@ def test_a_kept_catalog_deleted_between_its_lookup_and_the_read_of_its_lines_is_
     found = catalog_cache.cached(folder, key)
     monkeypatch.undo()
     assert found is None
+
+
+def test_a_lakes_folder_another_command_forgot_after_it_was_used_is_made_again(
+    lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another command of the user, keeping the catalogs of the lakes it used last, deletes
+    this lake's folder between this reader's use of it and its build there."""
+    used = catalog_cache.lake_folder
+
+    def then_forgotten(store: Any) -> Path | None:
+        folder = used(store)
+        assert folder is not None
+        shutil.rmtree(folder)
+        return folder
+
+    monkeypatch.setattr(catalog_cache, "lake_folder", then_forgotten)
+    with catalog.connect(store_of(lake)) as con:
+        assert con.execute(TAGS).fetchall() == []
+    monkeypatch.undo()
+    (folder,) = (lake.parent / "cache" / catalog_cache.FOLDER).iterdir()
+    (key,) = [entry.name for entry in folder.iterdir() if entry.is_dir()]  # kept there
+    assert catalog_cache.cached(folder, key) is not None

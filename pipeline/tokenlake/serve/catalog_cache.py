@@ -124,7 +124,10 @@ def keep(
     holds once it is built (else it serves this command only: `discard_unkept`); delete the
     lake's other keys. Returns its path and the lines the build printed."""
     building = folder / f"{_BUILDING}{os.getpid()}-{secrets.token_hex(4)}"
-    os.mkdir(building, 0o700)
+    try:
+        os.mkdir(building, 0o700)
+    except FileNotFoundError:  # another command of the user forgot the lake since it was used
+        os.mkdir(private_folder(folder) / building.name, 0o700)
     try:
         problems = build(building / layout.CATALOG_FILE)
         (building / _PROBLEMS).write_text("".join(f"{p}\n" for p in problems), encoding="utf-8")
