@@ -192,3 +192,19 @@ def test_a_lakes_folder_another_command_forgot_after_it_was_used_is_made_again(
     (folder,) = (lake.parent / "cache" / catalog_cache.FOLDER).iterdir()
     (key,) = [entry.name for entry in folder.iterdir() if entry.is_dir()]  # kept there
     assert catalog_cache.cached(folder, key) is not None
+
+
+def test_what_a_deletion_of_the_key_left_does_not_stop_the_key_from_being_kept(
+    lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another tokenlake version deleted this key's folder while a reader still copied the
+    lake's rows into it: its `rows/` folder stayed, without the catalog."""
+    with catalog.connect(store_of(lake)):
+        pass
+    (folder,) = (lake.parent / "cache" / catalog_cache.FOLDER).iterdir()
+    (key,) = [entry.name for entry in folder.iterdir() if entry.is_dir()]
+    shutil.rmtree(folder / key)
+    (folder / key / kept_rows.FOLDER / ".building-1-0a1b2c3d").mkdir(parents=True)
+    with catalog.connect(store_of(lake)) as con:
+        assert con.execute("SELECT * FROM mine").fetchall() == [("r",)]
+    assert catalog_cache.cached(folder, key) is not None

@@ -137,7 +137,7 @@ def keep(
     if not unchanged():  # the lake changed during the build: the key does not describe it
         return building / layout.CATALOG_FILE, problems
     try:
-        os.rename(building, folder / key)
+        _rename_into(building, folder / key)
     except OSError:  # another command kept the same key first (the same views)
         return building / layout.CATALOG_FILE, problems
     for entry in os.scandir(folder):
@@ -146,6 +146,24 @@ def keep(
             shutil.rmtree(entry.path, ignore_errors=True)
     forget_least_used(folder.parent, MAX_LAKES)
     return folder / key / layout.CATALOG_FILE, problems
+
+
+def _rename_into(building: Path, key: Path) -> None:
+    """Rename the build `building` to the key's folder `key`. A folder of that name that holds
+    no kept catalog is what another command's deletion of the key left while a third one still
+    wrote in it (a tokenlake version that keeps another key deletes this one): it is deleted,
+    else no catalog of the key would ever be kept again.
+
+    Raises:
+        OSError: The key is kept already (by another command, with the same views).
+    """
+    try:
+        os.rename(building, key)
+    except OSError:
+        if cached(key.parent, key.name) is not None:
+            raise
+        shutil.rmtree(key, ignore_errors=True)
+        os.rename(building, key)
 
 
 def _finished_with(name: str) -> bool:
