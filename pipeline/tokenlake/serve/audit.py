@@ -121,6 +121,7 @@ def run_audits(store: Store, settings: Mapping[str, float] | None = None) -> lis
 def _run_audits(
     con: duckdb.DuckDBPyConnection, store: Store, settings: Mapping[str, float] | None
 ) -> list[AuditResult]:
+    """Every audit's result, read through the reader's connection `con`."""
     import duckdb
 
     results = []

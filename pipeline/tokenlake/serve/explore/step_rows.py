@@ -122,7 +122,8 @@ def runs_rows(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 @dataclasses.dataclass
 class _Read:
     """One step's rows: its `STEP_COUNTS_SQL` row and its `drift_steps` row (windows not yet
-    computed; None when the step has none, an evaluation step)."""
+    computed). A kept step has a row of counts; its drift row is None when it has none (an
+    evaluation step)."""
 
     counts: Row | None
     drift: Row | None
