@@ -199,7 +199,7 @@ class LakeFile:
                     return _bounded_read(handle, max_rows, columns)
             data = self._whole_bytes(_READ_WHOLE_BYTES)
             if data is not None:
-                return _bounded_read(pa.BufferReader(data), max_rows, columns)
+                return _bounded_read(pa.BufferReader(data), max_rows, columns, in_memory=True)
             with open(self._descriptor, "rb", closefd=False) as handle:
                 return _bounded_read(handle, max_rows, columns)
         except _Refused as exc:
@@ -377,15 +377,22 @@ def _open(store: Store, name: str) -> Any:
 
 
 def _bounded_read(
-    handle: Any, max_rows: int | None, columns: Sequence[str] | None, decode: bool = True
+    handle: Any,
+    max_rows: int | None,
+    columns: Sequence[str] | None,
+    decode: bool = True,
+    in_memory: bool = False,
 ) -> tuple[pa.Schema, pa.Table]:
     """The file's declared columns and its rows (of `columns` only, when given); without
-    `decode`, its dictionary strings are left as Arrow dictionaries (the same values)."""
+    `decode`, its dictionary strings are left as Arrow dictionaries (the same values).
+    `in_memory`: the handle reads bytes already in memory, where pyarrow's pre-buffering
+    (coalescing reads ahead) only costs CPU: a fifth of a small file's read."""
     import pyarrow.parquet as pq
 
     size = handle.seek(0, 2)
     handle.seek(0)
-    plain = pq.ParquetFile(handle)
+    pre_buffer = not in_memory
+    plain = pq.ParquetFile(handle, pre_buffer=pre_buffer)
     footer = plain.metadata
     if max_rows is not None and footer.num_rows > max_rows:
         raise _Refused(f"it declares {footer.num_rows:,} rows; its manifest records {max_rows:,}")
@@ -402,7 +409,9 @@ def _bounded_read(
     reader = plain
     if dictionaries:  # read as dictionaries: a reader of its own (of the same footer)
         handle.seek(0)
-        reader = pq.ParquetFile(handle, metadata=footer, read_dictionary=dictionaries)
+        reader = pq.ParquetFile(
+            handle, metadata=footer, read_dictionary=dictionaries, pre_buffer=pre_buffer
+        )
     # A few columns decode faster on this thread than handed to Arrow's pool and back.
     table = reader.read(columns=wanted, use_threads=wanted is None)
     expanded = declared + sum(_expanded_bytes(column) for column in table.columns)
