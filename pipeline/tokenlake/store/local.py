@@ -126,7 +126,7 @@ class LocalStore:
         parts = self._listed_parts(relative)
         walk = _WALKED.get()
         held = None if walk is None or len(parts) < 3 else walk.held.get(tuple(parts[:-2]))
-        if held is None or walk is None or walk.root != self.root:
+        if held is None or walk is None or walk.root is not self.root:  # by its path
             nofollow.refuse_links(self.root, parts[:-1])
             return self._open_file(f"{self.root}/{relative}", relative)
         folder = nofollow.folder_in(self.root, held, parts[:-1])
