@@ -4,7 +4,8 @@ A shared lake's writer can plant a link (`tokens/run=x -> /other/lake/tokens/run
 are checked component by component with `lstat` before tokenlake reads or writes them
 (`refuse_links`), and deletions walk folders opened with `O_NOFOLLOW` (`opened`) and remove
 names relative to them (`unlink_in`, `rmdir_in`), so a folder swapped for a link mid-sweep is
-not entered either. Each link found is one LakeError naming it (`link_error`).
+not entered either; verify reaches a run's files likewise, from the run's opened folders
+(`folder_in`). Each link found is one LakeError naming it (`link_error`).
 """
 
 from __future__ import annotations
