@@ -7,9 +7,12 @@ its check and its act); none is timed.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from tests.conftest import store_of
 from tests.serve.test_user_view_sandbox import lake_with_views
 from tokenlake.cli import main
 from tokenlake.serve import catalog, catalog_cache, kept_rows
+from tokenlake.serve.explore import server
 
 TAGS = "SELECT * FROM run_tags"
 
@@ -208,3 +212,32 @@ def test_what_a_deletion_of_the_key_left_does_not_stop_the_key_from_being_kept(
     with catalog.connect(store_of(lake)) as con:
         assert con.execute("SELECT * FROM mine").fetchall() == [("r",)]
     assert catalog_cache.cached(folder, key) is not None
+
+
+def _get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=120) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+@pytest.mark.parametrize("page", ["api/sql?q=SELECT+*+FROM+run_tags", "api/runs"])
+def test_an_explorer_page_whose_files_a_tag_deleted_reads_the_lake_again(
+    lake: Path, monkeypatch: pytest.MonkeyPatch, page: str
+) -> None:
+    """The tag replaces the catalog and deletes the `runs` file the server's catalog version
+    lists, before the server's next look at the catalog (here: never by itself)."""
+    monkeypatch.setattr(server, "STAMP_EVERY_SECONDS", float("inf"))
+    running = server.start(store_of(lake), server.ServeOptions(port=0))
+    try:
+        assert _get(running.url + "api/version")[0] == 200  # the server's catalog version
+        tag(lake, "after")
+        status, answer = _get(running.url + page)
+        assert status == 200, answer
+        if page.startswith("api/sql"):
+            assert answer["rows"] == [["r", "k", "after"]]
+        else:
+            assert [run["tags"] for run in answer["runs"]] == [{"k": "after"}]
+    finally:
+        running.stop()

@@ -129,11 +129,12 @@ class ServedLake:
         """A cursor of the current catalog (its own connection: queries run side by side)."""
         return self.versioned_cursor()[0]
 
-    def versioned_cursor(self) -> tuple[duckdb.DuckDBPyConnection, int]:
-        """A cursor of the current catalog and that catalog's version, taken together."""
+    def versioned_cursor(self, look: bool = False) -> tuple[duckdb.DuckDBPyConnection, int]:
+        """A cursor of the current catalog and that catalog's version, taken together (`look`:
+        whether the catalog was replaced is looked at now, not once every few seconds)."""
         with self._lock:
             now = time.monotonic()
-            if self._con is None or now - self._looked_at >= STAMP_EVERY_SECONDS:
+            if self._con is None or look or now - self._looked_at >= STAMP_EVERY_SECONDS:
                 self._looked_at = now
                 stamp = self.store.catalog_stamp()
                 if self._con is None or stamp != self._stamp:
@@ -330,6 +331,15 @@ class Explorer:
 
         def work() -> Any:
             cursor, version = self.served.versioned_cursor()
+            with _limited(cursor, seconds) as limited:
+                try:
+                    return compute(limited, version)
+                except Exception:
+                    if not catalog.changed_since_built(limited, self.served.store):
+                        raise
+            # Another command of the user (an extraction, a tag) committed new manifests since
+            # this version was built, and deleted files it lists: once more on the lake as it is.
+            cursor, version = self.served.versioned_cursor(look=True)
             with _limited(cursor, seconds) as limited:
                 return compute(limited, version)
 
