@@ -129,15 +129,15 @@ class ServedLake:
         """A cursor of the current catalog (its own connection: queries run side by side)."""
         return self.versioned_cursor()[0]
 
-    def versioned_cursor(self, look: bool = False) -> tuple[duckdb.DuckDBPyConnection, int]:
-        """A cursor of the current catalog and that catalog's version, taken together (`look`:
-        whether the catalog was replaced is looked at now, not once every few seconds)."""
+    def versioned_cursor(self, renew: bool = False) -> tuple[duckdb.DuckDBPyConnection, int]:
+        """A cursor of the current catalog and that catalog's version, taken together (`renew`:
+        of a new version built now, the lake having changed since the current one was)."""
         with self._lock:
             now = time.monotonic()
-            if self._con is None or look or now - self._looked_at >= STAMP_EVERY_SECONDS:
+            if self._con is None or renew or now - self._looked_at >= STAMP_EVERY_SECONDS:
                 self._looked_at = now
                 stamp = self.store.catalog_stamp()
-                if self._con is None or stamp != self._stamp:
+                if self._con is None or renew or stamp != self._stamp:
                     self._connect(stamp)
             assert self._con is not None
             return self._con.cursor(), self.version
@@ -339,7 +339,7 @@ class Explorer:
                         raise
             # Another command of the user (an extraction, a tag) committed new manifests since
             # this version was built, and deleted files it lists: once more on the lake as it is.
-            cursor, version = self.served.versioned_cursor(look=True)
+            cursor, version = self.served.versioned_cursor(renew=True)
             with _limited(cursor, seconds) as limited:
                 return compute(limited, version)
 
