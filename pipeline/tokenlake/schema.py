@@ -99,16 +99,27 @@ LAKE_TABLES = (*TABLES, *ROLLUP_TABLES)
 
 CATALOG_FILE = "tokenlake.duckdb"
 
+
+class Column(NamedTuple):
+    """A column as DuckDB names its type (a key of `ARROW_TYPES`): what a writer that does not
+    import pyarrow reads (the `runs` row `tokenlake tag` rewrites through DuckDB,
+    pipeline/tokenlake/load/write.py), and what the Arrow schema is built from."""
+
+    name: str
+    duckdb_type: str
+    nullable: bool = True
+
+
 # Partition columns: part of the directory path, typed explicitly for readers.
 RUN = "run"
 ROLLOUT_ID = "rollout_id"
+PARTITION_DUCKDB_TYPES = {RUN: "VARCHAR", ROLLOUT_ID: "BIGINT"}
 
 
 @_built_on_first_use("PARTITION_TYPES")
 def _partition_types() -> dict[str, pa.DataType]:
-    import pyarrow as pa
-
-    return {RUN: pa.string(), ROLLOUT_ID: pa.int64()}
+    types = _arrow_value("ARROW_TYPES")
+    return {name: types[kind] for name, kind in PARTITION_DUCKDB_TYPES.items()}
 
 
 # File stems inside a partition.
@@ -422,16 +433,6 @@ def _experts_schema() -> pa.Schema:
 # ---------------------------------------------------------------------------------------------
 # `runs`: one row per extracted run.
 # ---------------------------------------------------------------------------------------------
-class Column(NamedTuple):
-    """A column as DuckDB names its type (a key of `ARROW_TYPES`): what a writer that does not
-    import pyarrow reads (the `runs` row `tokenlake tag` rewrites through DuckDB,
-    pipeline/tokenlake/load/write.py), and what the Arrow schema is built from."""
-
-    name: str
-    duckdb_type: str
-    nullable: bool = True
-
-
 RUNS_BASE_COLUMNS = (
     Column("source_dir", "VARCHAR", nullable=False),  # absolute dump directory
     Column("extracted_at", "TIMESTAMP WITH TIME ZONE", nullable=False),
@@ -594,6 +595,21 @@ def polars_types(table: str) -> dict[str, Any]:
     empty = pl.from_arrow(pa.schema([*fields, *table_schema]).empty_table())
     assert isinstance(empty, pl.DataFrame)
     return dict(empty.schema)
+
+
+def duckdb_columns(table: str) -> tuple[Column, ...]:
+    """The columns of `table` with their DuckDB types; of `runs`, without importing pyarrow
+    (`tokenlake tag` rebuilds its base view without it).
+
+    Examples:
+        >>> duckdb_columns(VOCAB)[0]
+        Column(name='token_id', duckdb_type='BIGINT', nullable=False)
+    """
+    if table == RUNS:
+        return RUNS_COLUMNS
+    types = _arrow_value("DUCKDB_TYPES")
+    fields = _arrow_value("TABLE_SCHEMAS")[table]
+    return tuple(Column(f.name, types[f.type], f.nullable) for f in fields)
 
 
 def table_from_rows(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
