@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,7 +63,11 @@ def tag_run(
             runs = ", ".join(f"`{name}`" for name in store.manifest_runs()) or "none"
             raise LakeError(store.location, f"has no run `{run}` (runs: {runs})")
         store.delete_stale_temporaries()  # of a command killed earlier
-        before = copy.deepcopy(record)
+        # The record as it was: a tag changes only its tags, `runs_file` and `side_identities`
+        # (its steps, ~10 ms to copy deep on 100 steps, stay as they are).
+        before = replace(
+            record, tags=dict(record.tags), side_identities=dict(record.side_identities)
+        )
         record.tags = tags.change_tags(record.tags, set_tags, remove)
         # A local lake's `runs` row and catalogs are rewritten through one in-memory DuckDB,
         # which then spares importing pyarrow (docs/performance.md).
@@ -80,7 +83,7 @@ def tag_run(
         crash_point("tag:manifest")
         catalog.build_catalog_after_tag(store, before, record, warnings, con)
         crash_point("tag:catalog")
-        store.delete_unlisted(record)
+        store.delete_unlisted(record, (schema.RUNS,))  # a tag writes no other table's files
     return TagResult(record.tags, tuple(warnings))
 
 
