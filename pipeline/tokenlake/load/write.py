@@ -1,6 +1,12 @@
 """Write lake Parquet files: the only module that writes them (verify.py reads them back with
 `pyarrow.parquet`; query.py's `--format parquet` and the generator write files outside a lake).
 
+Every file is written by pyarrow (`write_lake_file`) but one: `tokenlake tag` writes a local
+lake's one-row `runs` file through DuckDB (`write_runs_file_by_duckdb`), which it has open for
+the catalog anyway, because importing pyarrow would be half of the command's CPU
+(docs/performance.md); tests/store/test_runs_file_writers.py holds both files to the same
+schema, metadata and values.
+
 Every file is written through the lake's `write_with` (locally a hidden temporary name in its
 partition directory, renamed into place; on an object store one upload under a fresh name), so a
 reader (or a crash) never sees half a file. Every setting is stated here.
