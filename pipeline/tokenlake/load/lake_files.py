@@ -117,19 +117,20 @@ def rewrite_run_row(
         return False
     import duckdb
 
-    with _private_copy(data) as copy:
-        try:
+    try:
+        with _private_copy(data) as copy:
             held = _plain_runs_columns(con, copy, len(data))
             if held is None:
                 return False
             row_sql, parameters = _rewritten_row_sql(record, held)
             name = new_name(schema.RUNS, record.run, "run")
             metadata = write.file_metadata(schema.RUNS, record.run, record.source_dir)
-            record.side_identities[name] = write.write_runs_file_by_duckdb(
+            identity = write.write_runs_file_by_duckdb(
                 con, store, name, row_sql, [*parameters, str(copy)], metadata
             )
-        except duckdb.Error:
-            return False
+    except (duckdb.Error, OSError):  # DuckDB could not read it, or no private copy was made
+        return False
+    record.side_identities[name] = identity
     record.runs_file = name
     return True
 

@@ -176,8 +176,9 @@ def write_runs_file_by_duckdb(
         The file's identity as written, as `write_lake_file`.
 
     Raises:
-        LakeError: DuckDB could not write the file, or the row breaks the schema (a NULL
-            where a column is NOT NULL).
+        LakeError: The file could not be written, or `row_sql` gave not one row.
+        duckdb.Error: `row_sql` failed (a file it reads could not be read, or its row breaks
+            the schema: a NULL where a column is NOT NULL).
     """
     import duckdb
 
@@ -186,34 +187,35 @@ def write_runs_file_by_duckdb(
         for c in schema.RUNS_COLUMNS
     )
     # The keys are `file_metadata`'s own names (a struct's keys cannot be parameters); the
-    # values, which name the run and its dump, are parameters.
+    # values, which name the run and its dump, are parameters. DuckDB writes the path it is
+    # given, never a temporary of its own beside it: `write_with` makes the write atomic.
     assert all(_PLAIN_KEY.fullmatch(key) for key in metadata)
     keys = ", ".join(f"'{key.decode()}': ?" for key in metadata)
     options = (
         f"FORMAT parquet, COMPRESSION {COMPRESSION}, COMPRESSION_LEVEL {COMPRESSION_LEVEL},"
-        f" KV_METADATA {{{keys}}}"
+        f" KV_METADATA {{{keys}}}, USE_TMP_FILE false"
     )
     stamped = [value.decode() for value in metadata.values()]
 
     def write(where: str, filesystem: object) -> None:
         assert filesystem is None  # a local lake's temporary path
-        con.execute(f"COPY {_RUNS_ROW} TO ? ({options})", [where, *stamped])
+        try:
+            con.execute(f"COPY {_RUNS_ROW} TO ? ({options})", [where, *stamped])
+        except duckdb.Error as exc:
+            raise LakeError(store.url(relative), f"cannot be written ({exc})") from exc
 
     # DuckDB writes a column REQUIRED where its statistics hold no NULL: a second row, NULL in
     # every nullable column and deleted before the COPY, leaves those OPTIONAL, as pyarrow
     # writes the schema's nullable fields.
     nulled = ", ".join(c.name if not c.nullable else "NULL" for c in schema.RUNS_COLUMNS)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_RUNS_ROW} ({columns})")
     try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {_RUNS_ROW} ({columns})")
-        try:
-            inserted = con.execute(f"INSERT INTO {_RUNS_ROW} {row_sql}", list(parameters))
-            if inserted.fetchall() != [(1,)]:
-                raise LakeError(store.url(relative), "cannot be written (not one `runs` row)")
-            con.execute(f"INSERT INTO {_RUNS_ROW} SELECT {nulled} FROM {_RUNS_ROW}")
-            con.execute(f"DELETE FROM {_RUNS_ROW} WHERE rowid = 1")
-            store.write_with(relative, write)
-        finally:
-            con.execute(f"DROP TABLE {_RUNS_ROW}")
-    except duckdb.Error as exc:
-        raise LakeError(store.url(relative), f"cannot be written ({exc})") from exc
+        inserted = con.execute(f"INSERT INTO {_RUNS_ROW} {row_sql}", list(parameters))
+        if inserted.fetchall() != [(1,)]:
+            raise LakeError(store.url(relative), "cannot be written (not one `runs` row)")
+        con.execute(f"INSERT INTO {_RUNS_ROW} SELECT {nulled} FROM {_RUNS_ROW}")
+        con.execute(f"DELETE FROM {_RUNS_ROW} WHERE rowid = 1")
+        store.write_with(relative, write)
+    finally:
+        con.execute(f"DROP TABLE {_RUNS_ROW}")
     return footer_identity(store, relative)
