@@ -115,10 +115,12 @@ def test_a_runs_file_of_an_older_schema_reads_null_in_the_columns_added_since(
         assert {n: _read(store, by_duckdb)[1][0][n] for n in lacking} == dict.fromkeys(lacking)
 
 
-@pytest.mark.parametrize("change", ["identity", "two rows", "unknown column", "other type"])
+@pytest.mark.parametrize(
+    "change", ["identity", "two rows", "unknown column", "other type", "garbled pages"]
+)
 def test_a_runs_file_that_is_not_plain_is_left_to_pyarrow(tmp_path: Path, change: str) -> None:
-    """Not the file its manifest records, or not one row of `runs` columns of their types:
-    nothing is written, and the record is as it was."""
+    """Not the file its manifest records, not one row of `runs` columns of their types, or
+    pages DuckDB cannot decode: nothing is written, and the record is as it was."""
     store, record = _lake(tmp_path, STORED)
     assert record.runs_file is not None
     path = store.file(record.runs_file)
@@ -129,7 +131,11 @@ def test_a_runs_file_that_is_not_plain_is_left_to_pyarrow(tmp_path: Path, change
         rows = rows.append_column("extra", pa.array([1]))
     elif change == "other type":
         rows = rows.set_column(3, "schema_version", pa.array(["5"]))
-    if change != "identity":
+    if change == "garbled pages":  # its footer, and so its identity, as written
+        data = bytearray(path.read_bytes())
+        data[8:200] = bytes(b ^ 0xFF for b in data[8:200])
+        path.write_bytes(bytes(data))
+    elif change != "identity":
         pq.write_table(rows, path)
         record.side_identities[record.runs_file] = parquet.footer_identity(store, record.runs_file)
     else:

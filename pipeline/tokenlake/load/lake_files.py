@@ -102,9 +102,10 @@ def rewrite_run_row(
 
     The current file is read by DuckDB from a private copy of its bytes, taken without
     following a link, and only where they are the file its manifest records (`footer_identity`)
-    and a plain `runs` file: one row, every column a `runs` column of its type, at most
-    REWRITTEN_BY_DUCKDB_BYTES, declaring no more than `parquet.decoded_bound` of them. Any
-    other file is left to `write_run_row` (which reads it, or names what is wrong with it).
+    and a plain `runs` file: at most REWRITTEN_BY_DUCKDB_BYTES, one row, every column a `runs`
+    column of its type, its footer declaring at most `parquet.decoded_bound` of its size
+    decoded. Any other file, or one DuckDB cannot decode, is left to `write_run_row` (which
+    reads it, or names what is wrong with it).
 
     Returns:
         Whether the row was written (the record then lists it).
