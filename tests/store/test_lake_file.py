@@ -9,7 +9,9 @@ follows none); `manifest.parsed_once` keeps each manifest's record by its exact 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,8 +21,8 @@ from tests.lakes import build_lake
 from tests.serve.test_audits import healthy_rows
 from tokenlake.errors import LakeError
 from tokenlake.orchestrate import verify
-from tokenlake.store import manifest, parquet
-from tokenlake.store.local import LocalStore
+from tokenlake.store import manifest, nofollow, parquet
+from tokenlake.store.local import LocalStore, walked_once
 
 RUN_FILE = "_manifest/r.json"
 NAME = "tokens/run=a/rollout_id=0/train-0a1b2c3d.parquet"
@@ -66,8 +68,22 @@ def test_a_file_is_read_from_the_one_open_file(
         )
 
 
-def test_a_file_a_link_reaches_is_refused_and_a_folder_or_fifo_is_missing(lake: Path) -> None:
+@pytest.fixture(params=[False, True], ids=["by-path", "from-the-walked-run-folder"])
+def store(lake: Path, request: pytest.FixtureRequest) -> Iterator[LocalStore]:
+    """The lake's store; or, as verify reads it, within `walked_once` once `check_links` has
+    walked the run (its files opened from the run's folder it holds)."""
     store = LocalStore(lake)
+    if not request.param:
+        yield store
+        return
+    with walked_once():
+        store.check_links("a")
+        yield store
+
+
+def test_a_file_a_link_reaches_is_refused_and_a_folder_or_fifo_is_missing(
+    lake: Path, store: LocalStore
+) -> None:
     target = lake / "elsewhere.parquet"
     (lake / NAME).rename(target)
     (lake / NAME).symlink_to(target)
@@ -120,3 +136,34 @@ def test_a_manifest_whose_bytes_changed_is_parsed_again(tmp_path: Path) -> None:
         again = manifest.load_all(store)[0]
     assert again is not first
     assert (again.tags, first.tags) == ({"kept": "no"}, {})
+
+
+def test_verify_walks_each_run_folder_once_and_keeps_no_folder_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build_lake(tmp_path, *healthy_rows())
+    _, found = verify.verify_lake(LocalStore(tmp_path))  # the hand-built lake's own lines
+    leftover = "tokens/run=r/rollout_id=0/train-99999999.parquet"
+    (tmp_path / leftover).write_bytes(b"")
+    walked: list[str] = []  # each folder a walk entered, by both walks of a run folder
+    for walk in ("made_files", "refuse_links_in"):
+        monkeypatch.setattr(nofollow, walk, counted(getattr(nofollow, walk), walked))
+    before = sorted(os.listdir("/proc/self/fd"))
+    checked, problems = verify.verify_lake(LocalStore(tmp_path))
+    assert checked == 1
+    assert problems == [*found, verify.Problem("", "", verify.leftover_text(leftover))]
+    assert len(walked) == len(set(walked)) > 0  # each run folder once: links and leftovers
+    assert "tokens/run=r/rollout_id=0" in walked
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def counted(walk: Callable[..., Any], walked: list[str]) -> Callable[..., Any]:
+    """`walk(folder, where, ...)` recording each `where` it enters in `walked`."""
+
+    where = 2 if walk is nofollow.refuse_links_in else 1  # (root, folder, where, ...)
+
+    def walking(*args: Any, **kwargs: Any) -> Any:
+        walked.append(args[where])
+        return walk(*args, **kwargs)
+
+    return walking

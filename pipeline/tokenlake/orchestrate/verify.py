@@ -30,6 +30,7 @@ from tokenlake.layout import check_relative, check_run_name, is_url, relative_pa
 from tokenlake.serve import catalog, rollups
 from tokenlake.store import manifest, parquet, require_lake
 from tokenlake.store.base import Store
+from tokenlake.store.local import walked_once
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,9 @@ def verify_lake(
     require_lake(store)  # else a mistyped path would "pass"
     if run is not None:
         check_run_name(run)
-    with manifest.parsed_once():  # the catalog's check reads them too
+    # The catalog's check reads the manifests too; the leftovers' walk, the folders the
+    # links' check walks.
+    with manifest.parsed_once(), walked_once():
         return _verify_lake(store, run, deep)
 
 

@@ -16,6 +16,7 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -110,18 +111,38 @@ class LocalStore:
         return self.file(relative).is_file()
 
     def open_listed(self, relative: str) -> tuple[int, int] | None:
-        """A file a manifest lists, opened for reading (its descriptor and size): one walk of its folders and one open,
-        never through a symbolic link. None where `exists` is False (nothing there, or not a
-        regular file: a directory, a FIFO, a device is never opened).
+        """A file a manifest lists, opened for reading (its descriptor and size): one walk of
+        its folders and one open, never through a symbolic link. None where `exists` is False
+        (nothing there, or not a regular file: a directory, a FIFO, a device is never opened).
+
+        Within `walked_once`, a file of the run `check_links` walked last is opened from that
+        run's folder as `check_links` opened it (never through a link): its step folder and
+        itself are all that is left to look up.
 
         Raises:
             LakeError: It lies outside the lake, or a link is on its way (`file`).
             OSError: The OS refuses it (permission denied): its readers name it.
         """
-        self._check_listed(relative, itself=False)
-        path = f"{self.root}/{relative}"  # its folders checked: no Path to build
+        parts = self._listed_parts(relative)
+        walk = _WALKED.get()
+        held = None if walk is None or len(parts) < 3 else walk.held.get(tuple(parts[:-2]))
+        if held is None or walk is None or walk.root is not self.root:  # by its path
+            nofollow.refuse_links(self.root, parts[:-1])
+            return self._open_file(f"{self.root}/{relative}", relative)
+        folder = nofollow.folder_in(self.root, held, parts[:-1])
+        if folder is None:
+            return None
         try:
-            mode = os.lstat(path).st_mode
+            return self._open_file(parts[-1], relative, folder)
+        finally:
+            os.close(folder)
+
+    def _open_file(
+        self, path: str, relative: str, folder: int | None = None
+    ) -> tuple[int, int] | None:
+        """`open_listed` of a file whose folders are checked: `path` (in `folder`, if given)."""
+        try:
+            mode = os.lstat(path, dir_fd=folder).st_mode
         except OSError as exc:
             if exc.errno in NO_FILE_ERRNOS:
                 return None
@@ -131,7 +152,7 @@ class LocalStore:
         if not stat.S_ISREG(mode):
             return None
         try:
-            descriptor = os.open(path, _READ_FLAGS)
+            descriptor = os.open(path, _READ_FLAGS, dir_fd=folder)
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # made a link since: refused alike
                 raise nofollow.link_error(self.root, relative) from None
@@ -269,14 +290,18 @@ class LocalStore:
 
     def _check_listed(self, relative: str, itself: bool) -> None:
         """`file` without the Path (LakeError)."""
+        parts = self._listed_parts(relative)
+        nofollow.refuse_links(self.root, parts if itself else parts[:-1])
+
+    def _listed_parts(self, relative: str) -> list[str]:
+        """The folders and file of a name a manifest lists (LakeError: outside the lake)."""
         try:
             check_relative(relative)
         except ValueError:
             raise LakeError(
                 self.root / relative, "is listed by a manifest but lies outside the lake"
             ) from None
-        parts = relative_parts(relative)
-        nofollow.refuse_links(self.root, parts if itself else parts[:-1])
+        return relative_parts(relative)
 
     def check_links(self, run: str) -> None:
         """Refuse the run if any folder or file of it in the lake is a symbolic link.
@@ -287,12 +312,21 @@ class LocalStore:
         # The manifest's folder: a manifest that is itself a link is a damaged manifest, which
         # drop removes (the link, never what it points to).
         nofollow.refuse_links(self.root, PurePosixPath(manifest_name(run)).parts[:-1])
+        walk = _WALKED.get()
+        if walk is not None:
+            walk.begin_run(self.root)
         for table in schema.LAKE_TABLES:
             run_dir = (*table_dir_parts(table), f"{schema.RUN}={run}")
             nofollow.refuse_links(self.root, run_dir)
             with nofollow.opened(self.root, run_dir) as folders:
-                if len(folders) == len(run_dir) + 1:  # the root, then each part
-                    nofollow.refuse_links_in(self.root, folders[-1], "/".join(run_dir), depth=2)
+                if len(folders) < len(run_dir) + 1:  # the root, then each part
+                    continue
+                where = "/".join(run_dir)
+                if walk is None:
+                    nofollow.refuse_links_in(self.root, folders[-1], where, depth=2)
+                    continue
+                made = nofollow.made_files(folders[-1], where, links_of=self.root)
+                walk.keep(run_dir, made, folders[-1])
 
     @property
     def catalog_name(self) -> str:
@@ -416,7 +450,7 @@ class LocalStore:
     def made_files(self) -> list[str]:
         """Every file of a run that the naming scheme made, listed or not: regular files in
         each table's `run=<name>` folders and their `rollout_id=<n>` folders, never through a
-        link."""
+        link. Within `walked_once`, a run folder `check_links` walked is not walked again."""
         found: list[str] = []
         for table in schema.LAKE_TABLES:
             parts = table_dir_parts(table)
@@ -425,6 +459,10 @@ class LocalStore:
                     continue
                 for entry in nofollow.entries(folders[-1]):
                     if entry.is_dir(follow_symlinks=False) and is_run_folder(entry.name):
+                        kept = walked_made_files(self.root, (*parts, entry.name))
+                        if kept is not None:
+                            found += kept
+                            continue
                         with nofollow.opened_in(folders[-1], entry.name) as run_folder:
                             if run_folder is not None:
                                 where = "/".join((*parts, entry.name))
@@ -444,6 +482,57 @@ class LocalStore:
                     if stale and entry.is_file(follow_symlinks=False):
                         deleted += nofollow.unlink_in(folders[-1], entry.name)
         return deleted
+
+
+class _Walk:
+    """What `check_links` found within `walked_once`: the files made in each run folder it
+    walked (by its parts), and the last run's folders, held open for `open_listed`."""
+
+    def __init__(self) -> None:
+        self.root: Path | None = None  # the lake of the held folders
+        self.made: dict[tuple[Path, tuple[str, ...]], list[str]] = {}
+        self.held: dict[tuple[str, ...], int] = {}
+
+    def begin_run(self, root: Path) -> None:
+        """Close the previous run's folders: one run's are held at a time (a dozen
+        descriptors, whatever the number of runs)."""
+        self.release()
+        self.root = root
+
+    def keep(self, run_dir: tuple[str, ...], made: list[str], folder: int) -> None:
+        assert self.root is not None
+        self.made[(self.root, run_dir)] = made
+        self.held[run_dir] = os.dup(folder)
+
+    def release(self) -> None:
+        for descriptor in self.held.values():
+            os.close(descriptor)
+        self.held.clear()
+
+
+_WALKED: ContextVar[_Walk | None] = ContextVar("tokenlake_walked_runs", default=None)
+
+
+@contextmanager
+def walked_once() -> Iterator[None]:
+    """Within it, each run's folders are walked once by a command that both refuses their
+    links and lists the files made there (verify): `check_links` keeps the files it passed
+    for `made_files`, and holds the run's folders, opened without following a link, for
+    `open_listed` of its files until the next run's `check_links`."""
+    walk = _Walk()
+    token = _WALKED.set(walk)
+    try:
+        yield
+    finally:
+        _WALKED.reset(token)
+        walk.release()
+
+
+def walked_made_files(root: Path, run_dir: tuple[str, ...]) -> list[str] | None:
+    """The files `check_links` found made in a run folder within `walked_once` (None: not
+    walked)."""
+    walk = _WALKED.get()
+    return None if walk is None else walk.made.get((root, run_dir))
 
 
 def _open_lock(path: str, flags: int) -> int:

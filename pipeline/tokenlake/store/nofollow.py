@@ -4,7 +4,8 @@ A shared lake's writer can plant a link (`tokens/run=x -> /other/lake/tokens/run
 are checked component by component with `lstat` before tokenlake reads or writes them
 (`refuse_links`), and deletions walk folders opened with `O_NOFOLLOW` (`opened`) and remove
 names relative to them (`unlink_in`, `rmdir_in`), so a folder swapped for a link mid-sweep is
-not entered either. Each link found is one LakeError naming it (`link_error`).
+not entered either; verify reaches a run's files likewise, from the run's opened folders
+(`folder_in`). Each link found is one LakeError naming it (`link_error`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 from operator import attrgetter
 from pathlib import Path, PurePosixPath
 
-from tokenlake.errors import SHOWN_PATH_CHARS, LakeError, UnreadableError, shown
+from tokenlake.errors import NO_FILE_ERRNOS, SHOWN_PATH_CHARS, LakeError, UnreadableError, shown
 from tokenlake.layout import is_partition_folder, made_here
 
 # A folder opened without following a link: a sweep walks only what it opened this way.
@@ -145,17 +146,24 @@ def sweep_run(folder: int, where: str, listed: set[str]) -> int:
     return deleted
 
 
-def made_files(folder: int, where: str) -> list[str]:
+def made_files(folder: int, where: str, links_of: Path | None = None, depth: int = 2) -> list[str]:
     """Names in the lake of the scheme's regular files in a run's opened folder (`where` in
-    the lake) and in its `rollout_id=<n>` folders; other folders are never entered."""
+    the lake) and in its `rollout_id=<n>` folders; other folders are never entered.
+
+    With `links_of` (the lake's root), a link among the entries is a LakeError, as
+    `refuse_links_in` of the folder to `depth` levels: one walk both lists a run's files and
+    refuses its links.
+    """
     found = []
     for entry in entries(folder):
         name = f"{where}/{entry.name}"
+        if links_of is not None and depth > 0 and entry.is_symlink():
+            raise link_error(links_of, name)
         if entry.is_dir(follow_symlinks=False) and is_partition_folder(entry.name):
             step = _open_in(folder, entry.name)
             if step is not None:
                 try:
-                    found += made_files(step, name)
+                    found += made_files(step, name, links_of, depth - 1)
                 finally:
                     os.close(step)
         elif entry.is_file(follow_symlinks=False) and made_here(entry.name):
@@ -185,6 +193,31 @@ def rmdir_in(folder: int, name: str) -> bool:
     except OSError:  # not empty (other steps or runs live there): keep it
         return False
     return True
+
+
+# A step folder opened only to look its files up (O_PATH where the OS has it: search
+# permission is all it needs, as for a path through it), never through a link.
+_LOOKUP_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
+
+
+def folder_in(root: Path, folder: int, parts: Sequence[str]) -> int | None:
+    """The folder `parts` of the lake at `root`, opened in its opened parent `folder` for
+    looking up its files (None: not there, or not a folder); the caller closes it.
+
+    Raises:
+        LakeError: It is a symbolic link.
+        OSError: The OS refuses it.
+    """
+    name = parts[-1]
+    try:
+        return os.open(name, _LOOKUP_FLAGS, dir_fd=folder)
+    except OSError as exc:
+        # a link gives ELOOP, or ENOTDIR (Linux checks O_DIRECTORY first)
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(folder, name):
+            raise link_error(root, "/".join(parts)) from None
+        if exc.errno in NO_FILE_ERRNOS:
+            return None
+        raise
 
 
 def _is_link(folder: int, name: str) -> bool:

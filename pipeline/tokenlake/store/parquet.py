@@ -199,7 +199,7 @@ class LakeFile:
                     return _bounded_read(handle, max_rows, columns)
             data = self._whole_bytes(_READ_WHOLE_BYTES)
             if data is not None:
-                return _bounded_read(pa.BufferReader(data), max_rows, columns)
+                return _bounded_read(pa.BufferReader(data), max_rows, columns, in_memory=True)
             with open(self._descriptor, "rb", closefd=False) as handle:
                 return _bounded_read(handle, max_rows, columns)
         except _Refused as exc:
@@ -386,15 +386,25 @@ def _open(store: Store, name: str) -> Any:
 
 
 def _bounded_read(
-    handle: Any, max_rows: int | None, columns: Sequence[str] | None, decode: bool = True
+    handle: Any,
+    max_rows: int | None,
+    columns: Sequence[str] | None,
+    decode: bool = True,
+    in_memory: bool = False,
 ) -> tuple[pa.Schema, pa.Table]:
     """The file's declared columns and its rows (of `columns` only, when given); without
-    `decode`, its dictionary strings are left as Arrow dictionaries (the same values)."""
+    `decode`, its dictionary strings are left as Arrow dictionaries (the same values).
+    `in_memory`: the handle reads bytes already in memory, where pyarrow's pre-buffering
+    (coalescing reads ahead) only costs CPU: a fifth of a small file's read."""
     import pyarrow.parquet as pq
 
     size = handle.seek(0, 2)
     handle.seek(0)
-    plain = pq.ParquetFile(handle)
+    pre_buffer = not in_memory
+    # pyarrow's reader under `ParquetFile`, without the index of every nested column path
+    # that `ParquetFile` builds in Python for each file (a tenth of a small file's read).
+    plain = pq.ParquetReader()
+    plain.open(handle, pre_buffer=pre_buffer)
     footer = plain.metadata
     if max_rows is not None and footer.num_rows > max_rows:
         raise _Refused(f"it declares {footer.num_rows:,} rows; its manifest records {max_rows:,}")
@@ -406,14 +416,16 @@ def _bounded_read(
     declared_schema = plain.schema_arrow
     names = declared_schema.names  # a new list at each call
     wanted = None if columns is None else [c for c in columns if c in names]
+    indices = None if wanted is None else _leaf_indices(plain.column_paths, wanted)
     if wanted is not None:
         dictionaries = [path for path in dictionaries if path.split(".")[0] in wanted]
     reader = plain
     if dictionaries:  # read as dictionaries: a reader of its own (of the same footer)
         handle.seek(0)
-        reader = pq.ParquetFile(handle, metadata=footer, read_dictionary=dictionaries)
+        reader = pq.ParquetReader()
+        reader.open(handle, metadata=footer, read_dictionary=dictionaries, pre_buffer=pre_buffer)
     # A few columns decode faster on this thread than handed to Arrow's pool and back.
-    table = reader.read(columns=wanted, use_threads=wanted is None)
+    table = reader.read_all(column_indices=indices, use_threads=wanted is None)
     expanded = declared + sum(_expanded_bytes(column) for column in table.columns)
     if expanded > bound:
         raise _Refused(_too_large(expanded, size, bound))
@@ -425,6 +437,17 @@ def _bounded_read(
 
     fields = [declared_schema.field(name) for name in table.column_names]
     return declared_schema, table.cast(pa.schema(fields, metadata=declared_schema.metadata))
+
+
+def _leaf_indices(paths: list[list[str]], columns: list[str]) -> list[int]:
+    """The indices of the Parquet leaf columns of the top-level `columns`, column by column
+    (as `ParquetFile.read(columns=...)` takes them: the table's columns in that order).
+
+    Examples:
+        >>> _leaf_indices([["a"], ["b", "list", "element"], ["c"]], ["c", "b"])
+        [2, 1]
+    """
+    return [index for name in columns for index, path in enumerate(paths) if path[0] == name]
 
 
 def _too_large(decoded: int, size: int, bound: int) -> str:
