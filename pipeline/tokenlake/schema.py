@@ -12,7 +12,7 @@ its evaluation file share one partition and are told apart by the ``evaluation``
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from tokenlake.errors import RowKeysError
 
@@ -99,16 +99,27 @@ LAKE_TABLES = (*TABLES, *ROLLUP_TABLES)
 
 CATALOG_FILE = "tokenlake.duckdb"
 
+
+class Column(NamedTuple):
+    """A column as DuckDB names its type (a key of `ARROW_TYPES`): what a writer that does not
+    import pyarrow reads (the `runs` row `tokenlake tag` rewrites through DuckDB,
+    pipeline/tokenlake/load/write.py), and what the Arrow schema is built from."""
+
+    name: str
+    duckdb_type: str
+    nullable: bool = True
+
+
 # Partition columns: part of the directory path, typed explicitly for readers.
 RUN = "run"
 ROLLOUT_ID = "rollout_id"
+PARTITION_DUCKDB_TYPES = {RUN: "VARCHAR", ROLLOUT_ID: "BIGINT"}
 
 
 @_built_on_first_use("PARTITION_TYPES")
 def _partition_types() -> dict[str, pa.DataType]:
-    import pyarrow as pa
-
-    return {RUN: pa.string(), ROLLOUT_ID: pa.int64()}
+    types = _arrow_value("ARROW_TYPES")
+    return {name: types[kind] for name, kind in PARTITION_DUCKDB_TYPES.items()}
 
 
 # File stems inside a partition.
@@ -422,20 +433,26 @@ def _experts_schema() -> pa.Schema:
 # ---------------------------------------------------------------------------------------------
 # `runs`: one row per extracted run.
 # ---------------------------------------------------------------------------------------------
-@_built_on_first_use("RUNS_BASE_SCHEMA")
-def _runs_base_schema() -> pa.Schema:
+RUNS_BASE_COLUMNS = (
+    Column("source_dir", "VARCHAR", nullable=False),  # absolute dump directory
+    Column("extracted_at", "TIMESTAMP WITH TIME ZONE", nullable=False),
+    Column("tool", "VARCHAR", nullable=False),  # "tokenlake <version>"
+    Column("schema_version", "INTEGER", nullable=False),  # SCHEMA_VERSION
+    Column("train_steps", "BIGINT", nullable=False),  # training steps extracted
+    Column("eval_steps", "BIGINT", nullable=False),  # evaluation files extracted
+)
+
+
+def _arrow_schema(columns: Sequence[Column]) -> pa.Schema:
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            pa.field("source_dir", pa.string(), nullable=False),  # absolute dump directory
-            pa.field("extracted_at", pa.timestamp("us", tz="UTC"), nullable=False),
-            pa.field("tool", pa.string(), nullable=False),  # "tokenlake <version>"
-            pa.field("schema_version", pa.int32(), nullable=False),  # SCHEMA_VERSION
-            pa.field("train_steps", pa.int64(), nullable=False),  # training steps extracted
-            pa.field("eval_steps", pa.int64(), nullable=False),  # evaluation files extracted
-        ]
-    )
+    types = _arrow_value("ARROW_TYPES")
+    return pa.schema([pa.field(c.name, types[c.duckdb_type], c.nullable) for c in columns])
+
+
+@_built_on_first_use("RUNS_BASE_SCHEMA")
+def _runs_base_schema() -> pa.Schema:
+    return _arrow_schema(RUNS_BASE_COLUMNS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,21 +496,20 @@ ARGS_JSON = "args_json"
 TAGS_JSON = "tags_json"
 
 
+RUN_META_COLUMNS = (
+    Column(START_TS, "TIMESTAMP WITH TIME ZONE"),  # meta.json `start_ts`: run start
+    Column(WANDB_PROJECT, "VARCHAR"),  # meta.json args.wandb_project
+    Column(WANDB_GROUP, "VARCHAR"),  # meta.json args.wandb_group
+    Column(WANDB_RUN_ID, "VARCHAR"),  # meta.json args.wandb_run_id
+    Column(HF_CHECKPOINT, "VARCHAR"),  # meta.json args.hf_checkpoint (model path)
+    Column(ARGS_JSON, "VARCHAR"),  # meta.json `args`, the whole object, keys sorted
+    Column(TAGS_JSON, "VARCHAR"),  # user tags {key: value} as JSON, keys sorted
+)
+
+
 @_built_on_first_use("RUN_META_SCHEMA")
 def _run_meta_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            pa.field(START_TS, pa.timestamp("us", tz="UTC")),  # meta.json `start_ts`: run start
-            pa.field(WANDB_PROJECT, pa.string()),  # meta.json args.wandb_project
-            pa.field(WANDB_GROUP, pa.string()),  # meta.json args.wandb_group
-            pa.field(WANDB_RUN_ID, pa.string()),  # meta.json args.wandb_run_id
-            pa.field(HF_CHECKPOINT, pa.string()),  # meta.json args.hf_checkpoint (model path)
-            pa.field(ARGS_JSON, pa.string()),  # meta.json `args`, the whole object, keys sorted
-            pa.field(TAGS_JSON, pa.string()),  # user tags {key: value} as JSON, keys sorted
-        ]
-    )
+    return _arrow_schema(RUN_META_COLUMNS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,29 +549,27 @@ DUMP_FORMAT = "dump_format"
 FORMAT_VERSION = "format_version"
 
 
+RUN_FORMAT_COLUMNS = (
+    Column(FRAMEWORK, "VARCHAR"),  # miles, slime, nemo-rl or prime-rl
+    Column(DUMP_FORMAT, "VARCHAR"),  # miles, slime-v1, slime-v2, nemo-rl or prime-rl (--format)
+    # The framework's numbered train dump format (slime: 1 or 2); NULL for unnumbered ones.
+    Column(FORMAT_VERSION, "INTEGER"),
+)
+
+
 @_built_on_first_use("RUN_FORMAT_SCHEMA")
 def _run_format_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            pa.field(FRAMEWORK, pa.string()),  # miles, slime, nemo-rl or prime-rl
-            # miles, slime-v1, slime-v2, nemo-rl or prime-rl (--format)
-            pa.field(DUMP_FORMAT, pa.string()),
-            # The framework's numbered train dump format (slime: 1 or 2); NULL for unnumbered ones.
-            pa.field(FORMAT_VERSION, pa.int32()),
-        ]
-    )
+    return _arrow_schema(RUN_FORMAT_COLUMNS)
 
 
 # `runs`: the base columns, the run metadata (files of schema version 1 lack it), then the
 # dump's format (files of schema version 3 and before lack it).
+RUNS_COLUMNS = RUNS_BASE_COLUMNS + RUN_META_COLUMNS + RUN_FORMAT_COLUMNS
+
+
 @_built_on_first_use("RUNS_SCHEMA")
 def _runs_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    parts = ("RUNS_BASE_SCHEMA", "RUN_META_SCHEMA", "RUN_FORMAT_SCHEMA")
-    return pa.schema([field for part in parts for field in _arrow_value(part)])
+    return _arrow_schema(RUNS_COLUMNS)
 
 
 @_built_on_first_use("TABLE_SCHEMAS")
@@ -581,6 +595,21 @@ def polars_types(table: str) -> dict[str, Any]:
     empty = pl.from_arrow(pa.schema([*fields, *table_schema]).empty_table())
     assert isinstance(empty, pl.DataFrame)
     return dict(empty.schema)
+
+
+def duckdb_columns(table: str) -> tuple[Column, ...]:
+    """The columns of `table` with their DuckDB types; of `runs`, without importing pyarrow
+    (`tokenlake tag` rebuilds its base view without it).
+
+    Examples:
+        >>> duckdb_columns(VOCAB)[0]
+        Column(name='token_id', duckdb_type='BIGINT', nullable=False)
+    """
+    if table == RUNS:
+        return RUNS_COLUMNS
+    types = _arrow_value("DUCKDB_TYPES")
+    fields = _arrow_value("TABLE_SCHEMAS")[table]
+    return tuple(Column(f.name, types[f.type], f.nullable) for f in fields)
 
 
 def table_from_rows(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:

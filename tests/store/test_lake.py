@@ -167,6 +167,19 @@ def test_sweeps_delete_only_what_the_scheme_made(tmp_path: Path) -> None:
     assert [p for p in [listed, *theirs] if not p.exists()] == []
 
 
+def test_delete_unlisted_of_some_tables_leaves_the_others(tmp_path: Path) -> None:
+    """`tag` sweeps only the `runs` files it writes: another table's unlisted file stays."""
+    lake = LocalStore(tmp_path)
+    stale_row = tmp_path / "runs" / "run=r" / "run-0a1b2c3d.parquet"
+    stale_step = tmp_path / "tokens" / "run=r" / "rollout_id=0" / "train-0a1b2c3d.parquet"
+    for path in (stale_row, stale_step):
+        path.parent.mkdir(parents=True)
+        path.write_text("x")
+    record = manifest.RunManifest(run="r", source_dir="")
+    assert lake.delete_unlisted(record, ("runs",)) == 1
+    assert (stale_row.exists(), stale_step.exists()) == (False, True)
+
+
 def test_empty_partitions_are_removed_and_foreign_folders_kept(tmp_path: Path) -> None:
     lake = LocalStore(tmp_path)
     (tmp_path / "tokens" / "run=r" / "rollout_id=0").mkdir(parents=True)

@@ -19,6 +19,7 @@ builds the same views for each command from the manifests.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -26,7 +27,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -207,11 +208,31 @@ def build_catalog(
     return where
 
 
+@contextlib.contextmanager
+def scratch_connection(store: Store) -> Iterator[duckdb.DuckDBPyConnection]:
+    """An in-memory DuckDB for a command's work on files (`tokenlake tag`: its `runs` row and
+    both catalogs it changes): a database opened by `duckdb.connect` costs ~30 ms of CPU before
+    it holds anything, once per command rather than per file.
+
+    Raises:
+        LakeError: DuckDB cannot start (named as the lake's catalog).
+    """
+    import duckdb
+
+    try:
+        con = duckdb.connect()
+    except duckdb.Error as exc:
+        raise _catalog_error(store, exc) from exc
+    with con:
+        yield con
+
+
 def build_catalog_after_tag(
     store: Store,
     before: manifest.RunManifest,
     saved: manifest.RunManifest,
     warnings: list[str],
+    con: duckdb.DuckDBPyConnection | None = None,
 ) -> Path | str:
     """Rebuild the lake's catalog after `tokenlake tag` rewrote one run's `runs` file
     (`before`: that run's manifest until then, `saved`: the one it saved, not read again), as
@@ -223,7 +244,8 @@ def build_catalog_after_tag(
     nothing, the new one is that file with its `runs` view and its record of the listed files
     replaced: the views a rebuild would create, without creating the other ~50 again.
     Otherwise (no such catalog, a file left out) a full build. A lake on an object store, or
-    without a private cache: `build_catalog`.
+    without a private cache: `build_catalog`. `con`: the command's `scratch_connection`, if it
+    has one.
     """
     catalog_file = store.local_catalog
     folder = None if catalog_file is None else catalog_cache.lake_folder(store)
@@ -248,7 +270,11 @@ def build_catalog_after_tag(
 
     def build(path: Path) -> list[str]:
         if kept is not None and not kept[1]:
-            _write_runs_views(kept[0], path, store, served, after)
+            if con is not None:
+                _write_runs_views(kept[0], path, store, served, after, con)
+                return []
+            with scratch_connection(store) as own:
+                _write_runs_views(kept[0], path, store, served, after, own)
             return []
         lines: list[str] = []
         _write_catalog(path, store, lines, after)
@@ -277,6 +303,7 @@ def _write_runs_views(
     store: Store,
     served: list[manifest.RunManifest],
     records: list[manifest.RunManifest],
+    con: duckdb.DuckDBPyConnection,
 ) -> None:
     """Into `path`, the kept catalog `kept` with the `runs` view over the `runs` files the
     `served` manifests list and the digest of what `records` list, as `_write_catalog` makes
@@ -287,8 +314,8 @@ def _write_runs_views(
     that audits read, some of which read the `runs` row, are dropped from it, for the next
     reader to compute.
 
-    Both files are changed through one in-memory DuckDB, each attached in turn: a database
-    opened by `duckdb.connect` costs ~30 ms of CPU before it holds anything, twice a file.
+    Both files are changed through the in-memory DuckDB `con` (`scratch_connection`), each
+    attached in turn.
 
     Raises:
         LakeError: The new catalog cannot be written or lacks views.
@@ -304,25 +331,20 @@ def _write_runs_views(
     digest = _digest_of(records)
     rows = kept_rows.copied(kept)
     try:
-        con = duckdb.connect()
+        shutil.copyfile(kept, path)
+        _replace_runs_view(con, path, runs_sql, digest, _catalog_url(store))
     except duckdb.Error as exc:
         raise _catalog_error(store, exc) from exc
-    with con:
-        try:
-            shutil.copyfile(kept, path)
-            _replace_runs_view(con, path, runs_sql, digest, _catalog_url(store))
-        except duckdb.Error as exc:
-            raise _catalog_error(store, exc) from exc
-        if rows is None:
-            return
-        try:
-            into = private_folder(path.parent / kept_rows.FOLDER) / path.name
-            shutil.copyfile(rows, into)
-            _replace_runs_view(con, into, runs_sql, digest, str(into), kept_rows.forget_views_sql)
-            kept_rows.forget_views(into)
-        except (duckdb.Error, LakeError, CacheError, OSError) as exc:
-            log.info("the lake's kept rows are not carried over: %s", exc)
-            shutil.rmtree(path.parent / kept_rows.FOLDER, ignore_errors=True)
+    if rows is None:
+        return
+    try:
+        into = private_folder(path.parent / kept_rows.FOLDER) / path.name
+        shutil.copyfile(rows, into)
+        _replace_runs_view(con, into, runs_sql, digest, str(into), kept_rows.forget_views_sql)
+        kept_rows.forget_views(into)
+    except (duckdb.Error, LakeError, CacheError, OSError) as exc:
+        log.info("the lake's kept rows are not carried over: %s", exc)
+        shutil.rmtree(path.parent / kept_rows.FOLDER, ignore_errors=True)
 
 
 # The alias a catalog file is attached under while `_replace_runs_view` changes it.

@@ -20,7 +20,6 @@ from tokenlake.layout import partition_patterns
 
 if TYPE_CHECKING:
     import duckdb
-    import pyarrow as pa
 
 
 _VIEW_STATEMENT = re.compile(r"CREATE\s+OR\s+REPLACE\s+VIEW\s+(\w+)\s", re.IGNORECASE)
@@ -80,11 +79,6 @@ def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def duckdb_type(arrow_type: pa.DataType) -> str:
-    """DuckDB type name of a schema column type."""
-    return schema.DUCKDB_TYPES[arrow_type]
-
-
 def base_view_sql(table: str, files: list[str], older_files: bool = False) -> str:
     """`SELECT` over a table's files with the partition columns first, typed from the schema.
 
@@ -94,19 +88,19 @@ def base_view_sql(table: str, files: list[str], older_files: bool = False) -> st
     With `older_files` (some file was written by an older schema version, which lacks the
     columns added since), the files are read by name and those columns read NULL.
     """
-    table_schema = schema.TABLE_SCHEMAS[table]
+    table_columns = schema.duckdb_columns(table)
     partitions = schema.TABLE_PARTITIONS[table]
-    types = {col: duckdb_type(schema.PARTITION_TYPES[col]) for col in partitions}
+    types = {col: schema.PARTITION_DUCKDB_TYPES[col] for col in partitions}
     if not files:
         columns = [f"NULL::{types[col]} AS {col}" for col in partitions]
-        columns += [f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in table_schema]
+        columns += [f"NULL::{c.duckdb_type} AS {c.name}" for c in table_columns]
         return "SELECT " + ", ".join(columns) + " WHERE false"
     file_list = ", ".join(quote_literal(str(p)) for p in files)
     parsed = [
         f"CAST(regexp_extract(filename, {quote_literal(pattern)}, 1) AS {types[col]}) AS {col}"
         for col, pattern in partition_patterns(table).items()
     ]
-    selected = ", ".join([*parsed, *(f.name for f in table_schema)])
+    selected = ", ".join([*parsed, *(c.name for c in table_columns)])
     source = f"read_parquet([{file_list}], hive_partitioning = false, filename = true)"
     if table in _GROWN_TABLES or older_files:
         source = _with_added_columns(table, file_list)
@@ -121,9 +115,7 @@ _GROWN_TABLES = frozenset({schema.RUNS})
 def _with_added_columns(table: str, file_list: str) -> str:
     """The files read by name, unioned with a typed empty row set that has every column, so a
     column absent from every file is still there (NULL) with the schema's type."""
-    typed = ", ".join(
-        f"NULL::{duckdb_type(f.type)} AS {f.name}" for f in schema.TABLE_SCHEMAS[table]
-    )
+    typed = ", ".join(f"NULL::{c.duckdb_type} AS {c.name}" for c in schema.duckdb_columns(table))
     return (
         f"(SELECT * FROM read_parquet([{file_list}], hive_partitioning = false, filename = true,"
         f" union_by_name = true) UNION ALL BY NAME SELECT {typed}, NULL::VARCHAR AS filename"

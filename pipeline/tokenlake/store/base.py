@@ -8,11 +8,13 @@ into one, once, at the edge; everything below takes the store.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from tokenlake import schema
 
 if TYPE_CHECKING:
     import polars as pl
@@ -132,8 +134,11 @@ class Store(Protocol):
     def lock(self) -> AbstractContextManager[None]:
         """One writer per lake at a time; a second fails at once with a clear error."""
 
-    def delete_unlisted(self, record: RunListing) -> int:
-        """Delete the run's files the naming scheme made that its manifest does not list."""
+    def delete_unlisted(
+        self, record: RunListing, tables: Sequence[str] = schema.LAKE_TABLES
+    ) -> int:
+        """Delete the run's files the naming scheme made that its manifest does not list (of
+        `tables` only: `tag` writes only `runs` files, and need not list the others)."""
 
     def made_files(self) -> list[str]:
         """Every file of every run that the naming scheme made, whether a manifest lists it

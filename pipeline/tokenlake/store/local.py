@@ -14,7 +14,7 @@ import fcntl
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path, PurePosixPath
@@ -422,7 +422,9 @@ class LocalStore:
         where = f"`{exc.filename}`: " if exc.filename else ""
         return LakeError(self.root, f"cannot be written ({where}{exc.strerror or exc})")
 
-    def delete_unlisted(self, record: RunListing) -> int:
+    def delete_unlisted(
+        self, record: RunListing, tables: Sequence[str] = schema.LAKE_TABLES
+    ) -> int:
         """Delete the run's files, named by this scheme, that its manifest does not list.
 
         Only regular files with the scheme's names, in the run's folder and its
@@ -433,7 +435,7 @@ class LocalStore:
             str(PurePosixPath(name)) for table in schema.LAKE_TABLES for name in record.files(table)
         }
         deleted = 0
-        for table in schema.LAKE_TABLES:
+        for table in tables:
             run_name = f"{schema.RUN}={record.run}"
             run_dir = (*table_dir_parts(table), run_name)
             with nofollow.opened(self.root, run_dir) as folders:

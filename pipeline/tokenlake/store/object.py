@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -315,12 +315,14 @@ class ObjectStore:
     def check_links(self, run: str) -> None:
         """Nothing to check: an object store has no symbolic links."""
 
-    def delete_unlisted(self, record: RunListing) -> int:
+    def delete_unlisted(
+        self, record: RunListing, tables: Sequence[str] = schema.LAKE_TABLES
+    ) -> int:
         """Delete the run's objects, named by this scheme, that its manifest does not list."""
         listed = {name for table in schema.LAKE_TABLES for name in record.files(table)}
         doomed = [
             name
-            for table in schema.LAKE_TABLES
+            for table in tables
             for name in self._list(f"{table_dir(table)}/{schema.RUN}={record.run}")
             if name not in listed and is_data_file(name.rsplit("/", 1)[-1])
         ]

@@ -274,6 +274,15 @@ def _identity_at(descriptor: int) -> str:
     )
 
 
+def bytes_identity(data: bytes) -> str | None:
+    """`footer_identity` of a file's whole bytes, read by the caller; None where they end in no
+    Parquet footer."""
+    try:
+        return _identity(len(data), lambda offset, length: data[offset : offset + length])
+    except _Refused:
+        return None
+
+
 def _identity(size: int, read_at: Callable[[int, int], bytes]) -> str:
     """`footer_identity` of a file of `size` bytes whose bytes `read_at(offset, length)` reads
     (_Refused: no Parquet footer)."""
