@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import shutil
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -239,5 +240,35 @@ def test_an_explorer_page_whose_files_a_tag_deleted_reads_the_lake_again(
             assert answer["rows"] == [["r", "k", "after"]]
         else:
             assert [run["tags"] for run in answer["runs"]] == [{"k": "after"}]
+    finally:
+        running.stop()
+
+
+def test_the_explorers_audits_whose_files_a_tag_deleted_are_computed_again(
+    lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tag replaces the `runs` file after the server's audits (on a thread of their own)
+    took their catalog version and before `drift_alarms` read it (here the views read the
+    files, not rows copied into the reader's catalog)."""
+    from tokenlake.orchestrate.maintain import tag_run
+    from tokenlake.serve.explore import data
+
+    monkeypatch.setattr(kept_rows, "COPY_LIMIT", 0)
+    monkeypatch.setattr(server, "STAMP_EVERY_SECONDS", float("inf"))
+    once_first(
+        monkeypatch, data, "failing_audits", lambda: tag_run(store_of(lake), "r", {"k": "v"})
+    )
+    running = server.start(store_of(lake), server.ServeOptions(port=0))
+    try:
+        state = {"state": server.AUDITS_COMPUTING}
+        for _ in range(600):  # the audits' own thread: done within a minute of a loaded machine
+            status, page = _get(running.url + "api/runs")
+            assert status == 200, page
+            state = page["audits"]
+            if state["state"] != server.AUDITS_COMPUTING:
+                break
+            time.sleep(0.1)
+        assert state == {"state": server.AUDITS_READY}
+        assert [run["tags"] for run in page["runs"]] == [{"k": "v"}]
     finally:
         running.stop()

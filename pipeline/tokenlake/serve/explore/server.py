@@ -424,11 +424,28 @@ class Explorer:
         """Every audit's failing runs, and the kept rows of the version on the way: the step
         pages that follow find them read."""
         try:
-            with _limited(run.cursor, AUDIT_SECONDS) as limited:
-                self._kept(limited, run.version)
-                run.result.set_result(data.failing_audits(limited, run.stopped.is_set))
+            run.result.set_result(self._failing_audits(run))
         except BaseException as exc:  # noqa: BLE001 - shown by the runs page, as one line
             run.result.set_exception(exc)
+
+    def _failing_audits(self, run: _AuditRun) -> dict[str, Any]:
+        with _limited(run.cursor, AUDIT_SECONDS) as limited:
+            try:
+                self._kept(limited, run.version)
+                return data.failing_audits(limited, run.stopped.is_set)
+            except Exception:
+                if run.stopped.is_set() or not catalog.changed_since_built(
+                    limited, self.served.store
+                ):
+                    raise
+        # Another command of the user committed new manifests since this version was built,
+        # and deleted files it lists: the audits are those of a version built now.
+        cursor, version = self.served.versioned_cursor(renew=True)
+        with self._audits_lock:
+            run.cursor, run.version = cursor, version
+        with _limited(run.cursor, AUDIT_SECONDS) as limited:
+            self._kept(limited, run.version)
+            return data.failing_audits(limited, run.stopped.is_set)
 
     async def _runs(self, request: web.Request) -> web.StreamResponse:
         return await self._answer(request, self._runs_answer)
