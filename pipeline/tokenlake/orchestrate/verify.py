@@ -31,6 +31,7 @@ from tokenlake.serve import catalog, rollups
 from tokenlake.store import manifest, parquet, require_lake
 from tokenlake.store.base import Store
 from tokenlake.store.local import walked_once
+from tokenlake.terminal import plural
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,29 @@ def _verify_lake(store: Store, run: str | None, deep: bool) -> tuple[int, list[P
         broken = catalog.catalog_problem(store)
         if broken is not None:
             problems.append(Problem("", "", broken))
+    if problems and _written_meanwhile(store, records):
+        raise LakeError(
+            str(store),
+            f"another tokenlake command (an extraction, a tag, a drop) wrote to it while verify"
+            f" read it, so the {plural(len(problems), 'problem')} seen may be its work in"
+            " flight; run verify again once it has finished",
+        )
     return checked, problems
+
+
+def _written_meanwhile(store: Store, records: list[manifest.RunManifest]) -> bool:
+    """Whether a writer holds the lake's lock now, or committed other manifests than `records`
+    since verify read them: files of steps in flight are listed by no manifest yet, and those a
+    commit replaced are deleted after it."""
+    if store.writer_busy():
+        return True
+    try:
+        now = manifest.load_all(store)
+    except LakeError:
+        return False  # a damaged manifest is reported by its own line
+    return [manifest.manifest_bytes(r) for r in now] != [
+        manifest.manifest_bytes(r) for r in records
+    ]
 
 
 def leftover_text(name: str) -> str:

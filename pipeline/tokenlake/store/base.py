@@ -134,6 +134,10 @@ class Store(Protocol):
     def lock(self) -> AbstractContextManager[None]:
         """One writer per lake at a time; a second fails at once with a clear error."""
 
+    def writer_busy(self) -> bool:
+        """Whether another command holds the lake's writer lock now (an extraction, a tag, a
+        drop): what a reader just read may be that command's work in flight."""
+
     def delete_unlisted(
         self, record: RunListing, tables: Sequence[str] = schema.LAKE_TABLES
     ) -> int:

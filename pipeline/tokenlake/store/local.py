@@ -404,6 +404,25 @@ class LocalStore:
         finally:
             handle.close()
 
+    def writer_busy(self) -> bool:
+        """Whether a writer holds the lock: a shared lock is asked for and released at once
+        (it cannot be had while a writer holds the exclusive one). The lock file is never
+        created, nor opened through a link."""
+        try:
+            descriptor = os.open(self.manifest_dir / LOCK_FILE, os.O_RDONLY | _LOCK_FLAGS)
+        except OSError:  # no lock file: no writer ever took it
+            return False
+        try:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                return False
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            return False
+        finally:
+            os.close(descriptor)  # and with it the shared lock
+
     def _lock_error(self, exc: OSError) -> LakeError:
         """Why the lock file cannot be opened: a link or not a file (planted), or the OSError."""
         relative = f"{MANIFEST_DIR}/{LOCK_FILE}"

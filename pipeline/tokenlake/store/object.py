@@ -367,6 +367,12 @@ class ObjectStore:
         with held_lock(self, f"{MANIFEST_DIR}/{LOCK_FILE}"):
             yield
 
+    def writer_busy(self) -> bool:
+        """Whether another writer's lease on the lake's lock runs now."""
+        from tokenlake.store.object_lock import lease_running
+
+        return lease_running(self, f"{MANIFEST_DIR}/{LOCK_FILE}")
+
     def check_lease(self) -> None:
         """Raise if this process's writer lock on the lake was lost (its lease ran out)."""
         from tokenlake.store.object_lock import check_held

@@ -70,6 +70,35 @@ def held_lock(store: ObjectStore, relative: str) -> Iterator[None]:
         lock.release()
 
 
+def lease_running(store: ObjectStore, relative: str) -> bool:
+    """Whether the lock object `relative` holds a lease that runs now, as a writer taking the
+    lock would judge it (an unreadable or missing lock holds none)."""
+    try:
+        held = _LeaseLock(store, relative)._held()
+    except (OSError, ValueError):  # FileNotFoundError among them: no writer
+        return False
+    return isinstance(held, dict) and _lease_runs(held)
+
+
+def _lease_runs(held: dict[str, Any]) -> bool:
+    """Whether the lease `held` (a lock object's JSON) still runs: not expired, and not of a
+    process of this host that is gone."""
+    try:
+        expires = float(held.get("expires", 0) or 0)
+    except (TypeError, ValueError):
+        return False
+    gone = held.get("host") == socket.gethostname() and not process_alive(held.get("pid"))
+    return time.time() < expires and not gone
+
+
+def _shown_time(when: float) -> str:
+    """`when` (seconds since the epoch, from a lock object anybody may write) as a UTC time."""
+    try:
+        return datetime.fromtimestamp(when, timezone.utc).strftime("%H:%M:%S UTC")
+    except (OverflowError, ValueError, OSError):
+        return "a time past any date"
+
+
 def check_held(location: str) -> None:
     """Raise if this process holds the lake's lock but lost it (its lease ran out)."""
     held = _HELD.get(location)
@@ -162,10 +191,8 @@ class _LeaseLock:
             held = {"holder": f"an unreadable lock ({str(exc)[:200]})", "expires": 0}
         if not isinstance(held, dict):
             held = {"holder": "an unreadable lock", "expires": 0}
-        expires = float(held.get("expires", 0) or 0)
-        gone = held.get("host") == socket.gethostname() and not process_alive(held.get("pid"))
-        if time.time() < expires and not gone:
-            until = datetime.fromtimestamp(expires, timezone.utc).strftime("%H:%M:%S UTC")
+        if _lease_runs(held):
+            until = _shown_time(float(held["expires"]))
             raise LakeError(
                 self.store.location,
                 f"another tokenlake extraction is writing to it ({held.get('holder')}, lease"
