@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 if TYPE_CHECKING:
     from tokenlake.store.base import Store
@@ -43,6 +44,13 @@ def runs_whole(path: Path) -> bool:
         return path.suffix == ".py" and MODULE_FIXTURE in path.read_text(encoding="utf-8")
     except OSError:  # a node id that names no file here: schedule its tests one by one
         return False
+
+
+# No test depends on wall-clock speed: Hypothesis's default deadline (200 ms an example) and its
+# health check of slow data generation fail on a busy CI machine (an example that ran in
+# 0.3 ms took 288 ms there once).
+settings.register_profile("tokenlake", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("tokenlake")
 
 
 @pytest.fixture(scope="session", autouse=True)
