@@ -364,7 +364,7 @@ def test_views_while_an_extraction_writes_is_one_line(tmp_path: Path) -> None:
             1,
             "",
             [
-                f"Error: Lake `{lake}`: another tokenlake extraction is writing to it; wait"
+                f"Error: Lake `{lake}`: another tokenlake command (an extraction, a tag, a drop) is writing to it; wait"
                 " for it to finish"
             ],
         )

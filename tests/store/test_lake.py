@@ -194,7 +194,7 @@ def test_the_lock_admits_one_writer(tmp_path: Path) -> None:
         with pytest.raises(LakeError) as info, LocalStore(tmp_path).lock():
             pass
     assert str(info.value) == (
-        f"Lake `{tmp_path}`: another tokenlake extraction is writing to it; wait for it to finish"
+        f"Lake `{tmp_path}`: another tokenlake command (an extraction, a tag, a drop) is writing to it; wait for it to finish"
     )
 
 

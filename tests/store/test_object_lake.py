@@ -260,7 +260,7 @@ def test_a_live_writer_on_another_host_holds_the_lake(bucket: str) -> None:
     until = time.strftime("%H:%M:%S", time.gmtime(expires))
     assert (code, out) == (
         1,
-        f"Error: Lake `{url}`: another tokenlake extraction is writing to it (tokenlake on"
+        f"Error: Lake `{url}`: another tokenlake command (an extraction, a tag, a drop) is writing to it (tokenlake on"
         f" build-7 (PID 4242), lease until {until} UTC); wait for it to finish\n",
     )
     assert list_keys(bucket) == ["lake/_manifest/.tokenlake.lock"]  # nothing written
@@ -278,7 +278,7 @@ def test_second_writer_is_refused_while_the_first_holds_the_lock(bucket: str) ->
         code, out = cli("extract", str(BASIC), "--lake", url, "--run-name", "other", "--silent")
         assert code == 1
         assert out.startswith(
-            f"Error: Lake `{url}`: another tokenlake extraction is writing to it (tokenlake on"
+            f"Error: Lake `{url}`: another tokenlake command (an extraction, a tag, a drop) is writing to it (tokenlake on"
             f" {socket.gethostname()} (PID {os.getpid()}), lease until "
         )
         assert cli("drop", url, "basic")[0] == 1

@@ -398,7 +398,7 @@ class LocalStore:
             except BlockingIOError as exc:
                 raise LakeError(
                     self.root,
-                    "another tokenlake extraction is writing to it; wait for it to finish",
+                    "another tokenlake command (an extraction, a tag, a drop) is writing to it; wait for it to finish",
                 ) from exc
             yield
         finally:

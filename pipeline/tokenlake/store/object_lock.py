@@ -195,7 +195,7 @@ class _LeaseLock:
             until = _shown_time(float(held["expires"]))
             raise LakeError(
                 self.store.location,
-                f"another tokenlake extraction is writing to it ({held.get('holder')}, lease"
+                f"another tokenlake command (an extraction, a tag, a drop) is writing to it ({held.get('holder')}, lease"
                 f" until {until}); wait for it to finish",
             )
         try:  # only one of several takers can match the stale lock's ETag
