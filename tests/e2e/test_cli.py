@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -202,3 +204,21 @@ def test_numpy_blas_threads_are_one_unless_the_user_says(monkeypatch, users, see
     code, _, err = run("query")
     assert (code, err.splitlines()[-1]) == (2, "Error: Missing argument 'LAKE'.")
     assert os.environ["OPENBLAS_NUM_THREADS"] == seen
+
+
+def test_ctrl_c_while_the_command_loads_is_aborted_without_a_traceback():
+    """The Ctrl-C lands while `tokenlake.cli` and its dependencies are imported: before click
+    runs, whose own `Aborted!` covers the command from then on."""
+    interrupted = (
+        "import builtins, sys\n"
+        "real = builtins.__import__\n"
+        "def ctrl_c(name, *args, **kwargs):\n"
+        "    if name == 'tokenlake.cli':\n"
+        "        raise KeyboardInterrupt\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = ctrl_c\n"
+        "from tokenlake.__main__ import run\n"
+        "run()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", interrupted], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", "\nAborted!\n")
