@@ -272,3 +272,54 @@ def test_the_explorers_audits_whose_files_a_tag_deleted_are_computed_again(
         assert [run["tags"] for run in page["runs"]] == [{"k": "v"}]
     finally:
         running.stop()
+
+
+def each_of_first(
+    monkeypatch: pytest.MonkeyPatch,
+    owner: Any,
+    name: str,
+    others: list[Callable[[], None]],
+    after: bool,
+) -> None:
+    """The first `len(others)` calls of `owner.name` each run the next of `others` (another
+    command), before or `after` the call's own work; the other commands' own calls of it, and
+    later ones, are left as they are."""
+    original = getattr(owner, name)
+    pending = list(others)
+    running: list[bool] = []
+
+    def then(*args: Any, **kwargs: Any) -> Any:
+        if running or not pending:
+            return original(*args, **kwargs)
+        other = pending.pop(0)
+        running.append(True)
+        try:
+            if not after:
+                other()
+            made = original(*args, **kwargs)
+            if after:
+                other()
+        finally:
+            running.pop()
+        return made
+
+    monkeypatch.setattr(owner, name, then)
+
+
+def test_a_query_three_tags_overtake_in_a_row_reads_the_lake_a_fourth_time(
+    lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tags = [lambda value=value: tag(lake, value) for value in ("one", "two", "three")]
+    each_of_first(monkeypatch, catalog, "connect", tags, after=True)
+    result = CliRunner().invoke(main, ["query", str(lake), TAGS, "--format", "csv"])
+    assert (result.exit_code, result.output) == (0, '"run","key","value"\n"r","k","three"\n')
+
+
+def test_a_query_overtaken_at_every_read_stops_after_four_with_the_last_ones_line(
+    lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tags = [lambda value=value: tag(lake, value) for value in ("one", "two", "three", "four")]
+    each_of_first(monkeypatch, catalog, "connect", tags, after=True)
+    result = CliRunner().invoke(main, ["query", str(lake), TAGS, "--format", "csv"])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: Lake `{lake}`: a query cannot read it: ")

@@ -72,23 +72,22 @@ def read_lake(
 ) -> _Result:
     """`read(con)` on a reader's connection (`connect_reader`), closed after it. Another command
     of the user (an extraction landing a step, a tag) may commit new manifests while it reads,
-    and delete the files the connection's views list: a read that then fails is made once more
-    on a connection to the lake as it is now. Whatever else fails is raised as it is."""
+    and delete the files the connection's views list: a read that then fails is made again on
+    a connection to the lake as it is now, up to `catalog.READ_ATTEMPTS` reads in all. Whatever
+    else fails is raised as it is."""
     import duckdb
 
-    con = connect_reader(store, settings)
-    try:
-        return read(con)
-    except (duckdb.Error, LakeError):
-        if not catalog.changed_since_built(con, store):
-            raise
-    finally:
-        con.close()
-    con = connect_reader(store, settings)
-    try:
-        return read(con)
-    finally:
-        con.close()
+    attempts = catalog.READ_ATTEMPTS
+    while True:
+        con = connect_reader(store, settings)
+        try:
+            return read(con)
+        except (duckdb.Error, LakeError):
+            attempts -= 1
+            if attempts == 0 or not catalog.changed_since_built(con, store):
+                raise
+        finally:
+            con.close()
 
 
 def cache_footers(con: duckdb.DuckDBPyConnection) -> None:
