@@ -113,15 +113,7 @@ def _written_meanwhile(store: Store, records: list[manifest.RunManifest]) -> boo
     """Whether a writer holds the lake's lock now, or committed other manifests than `records`
     since verify read them: files of steps in flight are listed by no manifest yet, and those a
     commit replaced are deleted after it."""
-    if store.writer_busy():
-        return True
-    try:
-        now = manifest.load_all(store)
-    except LakeError:
-        return False  # a damaged manifest is reported by its own line
-    return [manifest.manifest_bytes(r) for r in now] != [
-        manifest.manifest_bytes(r) for r in records
-    ]
+    return store.writer_busy() or catalog.changed_since(store, records)
 
 
 def leftover_text(name: str) -> str:

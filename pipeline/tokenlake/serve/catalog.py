@@ -731,7 +731,7 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
             break
         except LakeError:
             attempts -= 1
-            if attempts == 0 or not _changed_since(store, records):
+            if attempts == 0 or not changed_since(store, records):
                 raise
             records = manifest.load_all(store)
     for problem in problems:
@@ -746,7 +746,7 @@ def _connect_private_build(store: Store) -> duckdb.DuckDBPyConnection:
 READ_ATTEMPTS = 4
 
 
-def _changed_since(store: Store, records: list[manifest.RunManifest]) -> bool:
+def changed_since(store: Store, records: list[manifest.RunManifest]) -> bool:
     """Whether the lake's manifests list other files than `records` now: another command of
     the user (an extraction, a tag) committed new ones, and deletes the files they replace."""
     try:
