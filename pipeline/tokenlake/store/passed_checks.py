@@ -29,9 +29,9 @@ from tokenlake.store.local import atomic_write
 log = logging.getLogger(__name__)
 
 FILE = "passed-checks.txt"
-_KEY_CHARS = 32  # a blake2b of 16 bytes, in hex
-# 33 bytes a step: a lake of ~250,000 steps. Of a larger one, the steps checked last are kept.
-MAX_BYTES = 8 << 20
+_KEY_CHARS = 64  # a blake2b of 32 bytes, in hex: a collision takes ~2^128 hashes
+# 65 bytes a step: a lake of ~250,000 steps. Of a larger one, the steps checked last are kept.
+MAX_BYTES = 16 << 20
 
 
 def code_digest(parts: Iterable[str], modules: Iterable[str | None]) -> bytes:
@@ -52,7 +52,7 @@ def step_key(code: bytes, record: Iterable[object], contents: Iterable[bytes]) -
     Examples:
         >>> key = step_key(b"code", [3, "abc"], [b"PAR1", b"PAR1"])
         >>> len(key), key == step_key(b"code", [3, "abc"], [b"PAR1", b"PAR2"])
-        (32, False)
+        (64, False)
     """
     digest = hashlib.blake2b(code, digest_size=_KEY_CHARS // 2)
     # Each value and each file with its length: no two different inputs join to the same bytes.
