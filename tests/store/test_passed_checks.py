@@ -149,3 +149,27 @@ def _change_a_token_id(path: Path) -> None:
         except (OSError, pa.ArrowException):  # this byte breaks the page
             continue
     raise AssertionError("no byte of the page changes a token id and still decodes")
+
+
+def test_a_cache_others_may_write_is_not_used(lake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = Path(os.environ["TOKENLAKE_CACHE"])
+    cache.chmod(0o777)
+    names = decoded(monkeypatch)
+    assert cli("verify", str(lake)) == CLEAN
+    assert len(names) == 6  # every step checked in full, nothing kept
+
+
+@pytest.mark.parametrize("keep_others", [True, False])
+def test_the_record_keeps_the_keys_used_first_within_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_others: bool
+) -> None:
+    monkeypatch.setattr(passed_checks, "MAX_BYTES", 3 * 65)  # three keys
+    old = [f"{n:064x}" for n in range(3)]
+    (tmp_path / passed_checks.FILE).write_text("".join(f"{key}\n" for key in old))
+    record = passed_checks.PassedChecks(tmp_path, b"code")
+    new = "e" * 64
+    assert record.passed(old[1]) and not record.passed(new)
+    record.add(new)
+    record.save(keep_others)
+    kept = (tmp_path / passed_checks.FILE).read_text().split()
+    assert kept == ([old[1], new, old[0]] if keep_others else [old[1], new])
