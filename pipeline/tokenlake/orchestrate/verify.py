@@ -27,7 +27,7 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import check_relative, check_run_name, is_url, relative_parts
-from tokenlake.serve import catalog, rollups
+from tokenlake.serve import catalog, catalog_cache, rollups
 from tokenlake.store import manifest, parquet, passed_checks, require_lake
 from tokenlake.store.base import Store
 from tokenlake.store.local import LocalStore, walked_once
@@ -118,8 +118,6 @@ def _passed_checks(store: Store, deep: bool) -> PassedChecks | None:
     used; `--deep` reads every file whole, and an object store's files are not read whole)."""
     if deep or not isinstance(store, LocalStore):
         return None
-    from tokenlake.serve import catalog_cache
-
     return PassedChecks(catalog_cache.lake_folder(store), _checking_code())
 
 
