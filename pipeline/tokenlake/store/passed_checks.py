@@ -73,7 +73,7 @@ class PassedChecks:
     def __init__(self, folder: Path | None, code: bytes) -> None:
         self.folder = folder
         self.code = code
-        self.kept = _read_keys(folder) if folder is not None else set()
+        self.kept: dict[str, None] = {} if folder is None else _read_keys(folder)  # last used first
         self.used: dict[str, None] = {}  # keys found or added by this check, in order
 
     def passed(self, key: str) -> bool:
@@ -97,7 +97,7 @@ class PassedChecks:
         if keep_others:
             keys += [key for key in self.kept if key not in self.used]
         keys = keys[: MAX_BYTES // (_KEY_CHARS + 1)]
-        if set(keys) == self.kept:
+        if keys == list(self.kept):
             return
         text = "".join(f"{key}\n" for key in keys)
         try:
@@ -106,13 +106,14 @@ class PassedChecks:
             log.info("the passed checks are not kept: %s", exc)
 
 
-def _read_keys(folder: Path) -> set[str]:
-    """The keys kept in `folder`, none when the file is missing, too large, or a link."""
+def _read_keys(folder: Path) -> dict[str, None]:
+    """The keys kept in `folder` in their order (those used last first), none when the file is
+    missing, too large, or a link."""
     try:
         text = bounded.read_file(folder / FILE, MAX_BYTES, "passed checks", follow=False)
     except BoundedReadError:
-        return set()
-    return {line for line in text.decode("ascii", "replace").split("\n") if line}
+        return {}
+    return dict.fromkeys(line for line in text.decode("ascii", "replace").split("\n") if line)
 
 
 def _write_text(path: Path, text: str) -> None:
