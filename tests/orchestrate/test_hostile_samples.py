@@ -82,6 +82,8 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("status-int", _set("status", 5), "`status` is 5, not a string"),
     ("non_generation_time-string", _set("non_generation_time", "slow"), "`non_generation_time` is 'slow', not a number"),
     ("rollout_log_probs-strings", _set_entry("rollout_log_probs", 0, "-0.5"), "`rollout_log_probs` entry 0 is '-0.5', not a number"),
+    ("rollout_log_probs-a-bool", _set_entry("rollout_log_probs", 2, True), "`rollout_log_probs` entry 2 is True, not a number"),
+    ("tokens-a-bool", _set_entry("tokens", 7, False), "`tokens` entry 7 is False, not an integer"),
     ("loss_mask-none", _set("loss_mask", [1, None, 1, 1]), "`loss_mask` entry 1 is None, not an integer"),
     ("escaped-in-message", _set("index", "\x1b[2K\r0 skipped" + "x" * 100), "`index` is '\\x1b[2K\\r0 skipped" + "x" * 46 + "'…, not an integer"),
 ]  # fmt: skip

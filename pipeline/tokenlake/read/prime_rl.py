@@ -63,7 +63,7 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.read import dump, jsonarrays, pt, validate
-from tokenlake.read.train_checks import exact_int
+from tokenlake.read.train_checks import exact_int, refuse_a_bool_among_numbers
 from tokenlake.read.values import INT64_MAX
 from tokenlake.steptypes import ListArray, StepRead, TrainRow
 
@@ -310,6 +310,7 @@ def _ints(
     array = np.asarray(values) if len(values) else np.zeros(0, dtype=np.int64)
     if array.ndim != 1 or array.dtype.kind not in "iu":
         raise DumpFormatError(path, f"`{key}` is not a flat list of integers", sample=label)
+    refuse_a_bool_among_numbers(values, array, path, key, label)
     return array.astype(np.int64, copy=False)
 
 
@@ -323,6 +324,7 @@ def _floats(
         return None  # `count` compares by identity first: no Python step per entry
     array = np.asarray(values) if n else np.zeros(0)
     if array.ndim == 1 and array.dtype.kind in "iuf":
+        refuse_a_bool_among_numbers(values, array, path, key, label)
         return array.astype(np.float64, copy=False), np.zeros(n, dtype=bool)
     nulls = np.fromiter((v is None for v in values), dtype=bool, count=n)
     if n and nulls.all():

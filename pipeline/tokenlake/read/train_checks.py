@@ -14,7 +14,7 @@ import numpy as np
 
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, shown
-from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int, scalar
+from tokenlake.read.values import INT64_MAX, INT64_MIN, first_bool, is_int, scalar
 
 
 def exact_int(value: Any, path: Path, field: str, sample: str | None = None) -> int:
@@ -42,7 +42,18 @@ def numbers(value: Any, path: Path, field: str, sample: str | None = None) -> np
             f"`{field}` holds {shown(value)}, not numbers",
             sample=sample,
         )
+    refuse_a_bool_among_numbers(value, array, path, field, sample)
     return array
+
+
+def refuse_a_bool_among_numbers(
+    value: Any, array: np.ndarray, path: Path, field: str, sample: str | None = None
+) -> None:
+    """A list of numbers with a bool in it (numpy made it 1 or 0) is an error naming it."""
+    entry = first_bool(value, array)
+    if entry is not None:
+        problem = f"`{field}` entry {entry} is {shown(value[entry])}, a bool among numbers"
+        raise DumpFormatError(path, problem, sample=sample)
 
 
 _REQUIRED = ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks")
