@@ -244,6 +244,30 @@ def test_train_row_for_a_sample_absent_from_the_rollout_dump(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("rollout_id", 0, "holds `rollout_id` 0, but its name says 1"),
+        ("rank", 2, "holds `rank` 2, but its name says 0"),
+        ("rank", None, "holds `rank` None, but its name says 0"),
+    ],
+    ids=["another-step", "another-rank", "no-rank"],
+)
+def test_train_file_copied_from_another_step_or_rank(
+    tmp_path: Path, key: str, value: Any, problem: str
+) -> None:
+    """A train file whose own `rollout_id` or `rank` is not its name's (mixed dumps, a file
+    copied over another) fails its step, as a rollout file of another step does."""
+    dump = copy_dump(tmp_path)
+    bad = dump / "train_data" / "1_0.pt"
+    rewrite_pt(bad, lambda d: d.__setitem__(key, value))
+    code, _, err = extract(dump, tmp_path / "lake")
+    assert code == 1
+    assert err == [f"Skipped step 1: rank 0: `{bad}`: {problem}. {REPLACE}"]
+    assert lake_steps(tmp_path / "lake", "basic") == STEP_0_AND_EVAL
+
+
+@pytest.mark.slow
 def test_ranks_that_disagree_on_a_samples_lengths(tmp_path: Path) -> None:
     dump = copy_dump(tmp_path)
     bad = dump / "train_data" / "1_1.pt"  # TP peer of rank 0: holds the same rows

@@ -365,11 +365,7 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
     data = pt.load(path, arrays_under=("samples", validate.ARRAY_FIELDS))
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise DumpFormatError(path, "is not a rollout dump: it has no `samples` list")
-    found = data.get("rollout_id")
-    if type(found) is not int or found != rollout_id:  # exact type: a hostile `==` never runs
-        raise DumpFormatError(
-            path, f"holds `rollout_id` {shown(found)}, but its name says {rollout_id}"
-        )
+    _check_named(path, data, "rollout_id", rollout_id)
     for position, sample in enumerate(data["samples"]):
         if not isinstance(sample, dict):
             raise DumpFormatError(
@@ -384,13 +380,23 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
     return data
 
 
-def load_train(path: Path, rank: int) -> dict[str, Any]:
+def _check_named(path: Path, data: dict[str, Any], key: str, named: int) -> None:
+    """The file's own `rollout_id` or `rank` is the one its name says: a file copied from
+    another step or rank (mixed dumps) would otherwise land as this one's."""
+    found = data.get(key)
+    if type(found) is not int or found != named:  # exact type: a hostile `==` never runs
+        raise DumpFormatError(path, f"holds `{key}` {shown(found)}, but its name says {named}")
+
+
+def load_train(path: Path, rollout_id: int, rank: int) -> dict[str, Any]:
     """Load one rank's train dump and check its top-level structure (section 3.1)."""
     from tokenlake.read import pt, train_checks  # only commands that read a dump
 
     data = pt.load(path)
     if not isinstance(data, dict) or not isinstance(data.get("rollout_data"), dict):
         raise DumpFormatError(path, "is not a train dump: it has no `rollout_data` dict")
+    _check_named(path, data, "rollout_id", rollout_id)
+    _check_named(path, data, "rank", rank)
     columns = data["rollout_data"]
     for key in ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks"):
         if key not in columns:

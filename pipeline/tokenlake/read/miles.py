@@ -24,7 +24,8 @@ def read_step(files: dump.StepFiles) -> StepRead:
     samples: list[dict[str, Any]] = rollout["samples"]
     checked = validate.check_samples(files.rollout_file, samples)  # before anything reads them
     train_files = [
-        TrainFile(rank, path, dump.load_train(path, rank)) for rank, path in files.train_files
+        TrainFile(rank, path, dump.load_train(path, files.rollout_id, rank))
+        for rank, path in files.train_files
     ]
     train_rows = resolve_train_rows(files.rollout_file, samples, train_files)
     return StepRead(
