@@ -177,11 +177,11 @@ def discover(dump_dir: Path, format: str = "miles", per_step_train: bool = False
         raise DumpNotFoundError(
             dump_dir, f"is not a miles dump: it has no `{ROLLOUT_DIR}/` directory"
         )
-    train, unread, ignored = _list_train_files(Dump(root).train_dir, per_step_train)
+    train, unread, ignored = _list_train_files(root, per_step_train)
     steps: dict[tuple[int, bool], StepFiles] = {}
     for path in listed(rollout_dir):
         match = _ROLLOUT_NAME.match(path.name)
-        why = not_a_dump_file(path, match, (2,))
+        why = not_a_dump_file(path, match, (2,), root)
         if why is not None:
             ignored.append((path, why))
             continue
@@ -229,8 +229,11 @@ def _require_utf8(dump_dir: Path, root: Path) -> None:
         ) from None
 
 
-def not_a_dump_file(path: Path, match: re.Match[str] | None, groups: tuple[int, ...]) -> str | None:
-    """Why `path` is not extracted, or None for a dump file (a regular file, ids in int64)."""
+def not_a_dump_file(
+    path: Path, match: re.Match[str] | None, groups: tuple[int, ...], root: Path
+) -> str | None:
+    """Why `path` is not extracted, or None for a dump file (a regular file inside the dump
+    `root`, ids in int64)."""
     if match is None:
         return NOT_A_DUMP_FILE
     if path.is_symlink() and not path.exists():
@@ -238,6 +241,9 @@ def not_a_dump_file(path: Path, match: re.Match[str] | None, groups: tuple[int, 
     kind = _file_kind(path)
     if kind is not None:
         return f"is {kind}, not a regular file"
+    outside = bounded.linked_out(path, root)
+    if outside is not None:
+        return outside
     for group in groups:
         if int(match.group(group)) > INT64_MAX:
             return f"its id {match.group(group)[:40]} exceeds the largest step id or rank ({INT64_MAX})"
@@ -276,10 +282,11 @@ def refuse_duplicate(earlier: StepFiles | Path | None, path: Path, what: str = "
 
 
 def _list_train_files(
-    train_dir: Path, per_step: bool = False
+    root: Path, per_step: bool = False
 ) -> tuple[dict[int, dict[int, Path]], dict[int, list[Path]], list[tuple[Path | str, str]]]:
-    """(step → rank → file, step → files of the other layout, ignored) of `train_data/`;
-    a per-step file is listed as rank 0."""
+    """(step → rank → file, step → files of the other layout, ignored) of the dump's
+    `train_data/`; a per-step file is listed as rank 0."""
+    train_dir = Dump(root).train_dir
     by_step: dict[int, dict[int, Path]] = {}
     unread: dict[int, list[Path]] = {}
     ignored: list[tuple[Path | str, str]] = []
@@ -289,10 +296,10 @@ def _list_train_files(
     for path in listed(train_dir):
         match = read.match(path.name)
         foreign = None if match else other.match(path.name)
-        if foreign is not None and not_a_dump_file(path, foreign, (1,)) is None:
+        if foreign is not None and not_a_dump_file(path, foreign, (1,), root) is None:
             unread.setdefault(int(foreign.group(1)), []).append(path)
             continue
-        why = not_a_dump_file(path, match, (1,) if per_step else (1, 2))
+        why = not_a_dump_file(path, match, (1,) if per_step else (1, 2), root)
         if why is not None:
             ignored.append((path, why))
             continue

@@ -93,7 +93,7 @@ def discover(root: Path) -> dump.Dump:
         match = LOG_NAME.match(path.name)
         if match is None:
             continue
-        why = dump.not_a_dump_file(path, match, (2,))
+        why = dump.not_a_dump_file(path, match, (2,), root)
         if why is not None:
             ignored.append((path, why))
             continue

@@ -130,7 +130,7 @@ def discover(root: Path) -> dump.Dump:
         if not _is_regular(stable):  # not yet: never read half a step
             ignored.append((folder, NOT_YET))
             continue
-        ranks = _rank_files(folder, ignored)
+        ranks = _rank_files(root, folder, ignored)
         if not ranks:
             ignored.append((folder, "holds no `rank_{R}.jsonl` file"))
             continue
@@ -151,13 +151,13 @@ def _is_regular(path: Path) -> bool:
         return False
 
 
-def _rank_files(folder: Path, ignored: list[tuple[Path | str, str]]) -> dict[int, Path]:
+def _rank_files(root: Path, folder: Path, ignored: list[tuple[Path | str, str]]) -> dict[int, Path]:
     ranks: dict[int, Path] = {}
     for path in sorted(folder.iterdir()):
         if path.name == STABLE:
             continue
         match = RANK_FILE.match(path.name)
-        why = dump.not_a_dump_file(path, match, (1,))
+        why = dump.not_a_dump_file(path, match, (1,), root)
         if match is None or why is not None:
             ignored.append((path, why or dump.NOT_A_DUMP_FILE))
             continue
