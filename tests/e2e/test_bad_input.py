@@ -268,6 +268,23 @@ def test_train_file_copied_from_another_step_or_rank(
 
 
 @pytest.mark.slow
+def test_ranks_that_disagree_on_the_batch_global_raw_reward(tmp_path: Path) -> None:
+    """Every rank holds the step's whole `raw_reward`; a rank whose list differs (a file of
+    another run) fails the step rather than the first file's list being taken unseen."""
+    dump = copy_dump(tmp_path)
+    bad = dump / "train_data" / "1_2.pt"  # the other DP shard: not compared row by row
+    rewrite_pt(bad, lambda d: d["rollout_data"]["raw_reward"].__setitem__(3, 0.25))
+    code, _, err = extract(dump, tmp_path / "lake")
+    assert code == 1
+    assert err == [
+        f"Skipped step 1: rank 2: `{bad}`: `raw_reward` at batch position 3 is 0.25, but 1.0 in"
+        f" `1_0.pt`; it is batch-global, every rank holds the same (mixed or corrupt dumps)."
+        f" {REPLACE}"
+    ]
+    assert lake_steps(tmp_path / "lake", "basic") == STEP_0_AND_EVAL
+
+
+@pytest.mark.slow
 def test_ranks_that_disagree_on_a_samples_lengths(tmp_path: Path) -> None:
     dump = copy_dump(tmp_path)
     bad = dump / "train_data" / "1_1.pt"  # TP peer of rank 0: holds the same rows

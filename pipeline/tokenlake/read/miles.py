@@ -9,12 +9,14 @@ rows are joined to them and their TP/PP/CP layout resolved (`resolve.py`), givin
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-from tokenlake.errors import DumpFormatError
+from tokenlake.errors import DumpFormatError, shown
 from tokenlake.read import dump, validate
 from tokenlake.read.resolve import TrainFile, locate_rows, resolve_sample
+from tokenlake.read.train_checks import number_or_none
 from tokenlake.steptypes import StepRead, TrainRow
 
 
@@ -50,6 +52,10 @@ def resolve_train_rows(
 def _raw_reward(
     rollout_path: Path, samples: list[dict[str, Any]], train_files: list[TrainFile]
 ) -> list[Any] | None:
+    """The step's batch-global `raw_reward` (dump-format.md 3.4): every file that has one
+    holds the same list, one entry per rollout sample; ranks that disagree are mixed dumps."""
+    first: TrainFile | None = None
+    chosen: list[Any] = []
     for train_file in train_files:
         raw = train_file.columns.get("raw_reward")
         if raw is None:
@@ -60,5 +66,31 @@ def _raw_reward(
                 f"`raw_reward` has {len(raw)} entries but `{rollout_path.name}` has"
                 f" {len(samples)} samples (it is batch-global)",
             )
-        return list(raw)
+        if first is None:
+            first, chosen = train_file, list(raw)
+            continue
+        position = _first_difference(chosen, list(raw))
+        if position is not None:
+            mine, theirs = number_or_none(raw[position]), number_or_none(chosen[position])
+            raise DumpFormatError(
+                train_file.path,
+                f"`raw_reward` at batch position {position} is {shown(mine)}, but"
+                f" {shown(theirs)} in `{first.path.name}`; it is batch-global, every rank holds"
+                " the same (mixed or corrupt dumps)",
+            )
+    return chosen if first is not None else None
+
+
+def _first_difference(ours: list[Any], theirs: list[Any]) -> int | None:
+    """The first batch position whose rewards, as the lake would hold them, differ (NaN equals
+    NaN); None when the lists agree. Equal lists cost one C-level comparison."""
+    try:
+        if ours == theirs:
+            return None
+    except (ValueError, TypeError):  # an entry is an array: compared one by one below
+        pass
+    for position, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        x, y = number_or_none(a), number_or_none(b)
+        if x != y and not (x is not None and y is not None and math.isnan(x) and math.isnan(y)):
+            return position
     return None
