@@ -129,3 +129,12 @@ def test_a_5000_digit_sample_index(tmp_path, monkeypatch):
         f"rank 0: `{path}` (train row 0): `sample_indices` is an integer of 16610 bits;"
         f" expected a 64-bit integer. {REPLACE}"
     )
+
+
+def test_a_cp_size_of_2_40_is_an_alignment_failure_not_a_2_40_list(tmp_path, monkeypatch):
+    """One rank of a CP group claiming 2**40 ranks: its slices cannot be assembled (flagged,
+    NULL), and nothing the size of the claim is built."""
+    dump, _ = _dump(tmp_path, monkeypatch, cp_rank=0, cp_size=2**40)
+    tokens, samples = dump.tables()
+    assert column(tokens, "train_log_prob") == [None, None]
+    assert column(samples, "alignment_failed") == [True]

@@ -333,8 +333,8 @@ def _assemble_field(
         return None
     if cp_size == 1:
         full = slices.get(0)
-    elif sorted(slices) != list(range(cp_size)):
-        return None
+    elif len(slices) != cp_size or sorted(slices) != list(range(cp_size)):
+        return None  # (the count first: a forged `cp_size` of 2**40 builds no such list)
     else:
         ordered = [slices[s] for s in range(cp_size)]
         full = cp_layout.assemble(ordered, total_length, response_length, padded)
