@@ -138,3 +138,19 @@ def test_a_cp_size_of_2_40_is_an_alignment_failure_not_a_2_40_list(tmp_path, mon
     tokens, samples = dump.tables()
     assert column(tokens, "train_log_prob") == [None, None]
     assert column(samples, "alignment_failed") == [True]
+
+
+BEYOND_FLOAT = f"{'1' + '0' * 59}…, beyond the float64 range"
+
+
+def test_a_raw_reward_beyond_float64(tmp_path, monkeypatch):
+    dump, path = _dump(tmp_path, monkeypatch, columns={"raw_reward": [10**400]})
+    assert dump.error() == f"rank 0: `{path}`: `raw_reward` entry 0 is {BEYOND_FLOAT}. {REPLACE}"
+
+
+def test_a_normalised_reward_beyond_float64(tmp_path, monkeypatch):
+    dump, path = _dump(tmp_path, monkeypatch, columns={"rewards": [10**400]})
+    assert dump.error() == (
+        f"rank 0: `{path}` (batch position 0, sample_index 0): `rewards` is {BEYOND_FLOAT}."
+        f" {REPLACE}"
+    )

@@ -16,7 +16,7 @@ from typing import Any
 from tokenlake.errors import DumpFormatError, shown
 from tokenlake.read import dump, validate
 from tokenlake.read.resolve import TrainFile, locate_rows, resolve_sample
-from tokenlake.read.train_checks import number_or_none
+from tokenlake.read.train_checks import raw_rewards
 from tokenlake.steptypes import StepRead, TrainRow
 
 
@@ -51,11 +51,13 @@ def resolve_train_rows(
 
 def _raw_reward(
     rollout_path: Path, samples: list[dict[str, Any]], train_files: list[TrainFile]
-) -> list[Any] | None:
-    """The step's batch-global `raw_reward` (dump-format.md 3.4): every file that has one
-    holds the same list, one entry per rollout sample; ranks that disagree are mixed dumps."""
+) -> list[float | None] | None:
+    """The step's batch-global `raw_reward` (dump-format.md 3.4) as the lake holds it: every
+    file that has one holds the same list, one entry per rollout sample; ranks that disagree
+    are mixed dumps."""
     first: TrainFile | None = None
-    chosen: list[Any] = []
+    first_raw: list[Any] = []
+    rewards: list[float | None] = []
     for train_file in train_files:
         raw = train_file.columns.get("raw_reward")
         if raw is None:
@@ -67,30 +69,32 @@ def _raw_reward(
                 f" {len(samples)} samples (it is batch-global)",
             )
         if first is None:
-            first, chosen = train_file, list(raw)
-            continue
-        position = _first_difference(chosen, list(raw))
-        if position is not None:
-            mine, theirs = number_or_none(raw[position]), number_or_none(chosen[position])
+            first, first_raw, rewards = train_file, list(raw), raw_rewards(train_file.path, raw)
+        elif not _same_list(first_raw, list(raw)):
+            _refuse_difference(train_file, raw_rewards(train_file.path, raw), first, rewards)
+    return rewards if first is not None else None
+
+
+def _same_list(ours: list[Any], theirs: list[Any]) -> bool:
+    """Whether two lists are equal by one C-level comparison (False when it cannot tell)."""
+    try:
+        return bool(ours == theirs)
+    except (ValueError, TypeError):  # an entry is an array
+        return False
+
+
+def _refuse_difference(
+    train_file: TrainFile,
+    theirs: list[float | None],
+    first: TrainFile,
+    ours: list[float | None],
+) -> None:
+    """Fail the step at the first batch position whose rewards differ (NaN equals NaN)."""
+    for position, (x, y) in enumerate(zip(ours, theirs, strict=True)):
+        if x != y and not (x is not None and y is not None and math.isnan(x) and math.isnan(y)):
             raise DumpFormatError(
                 train_file.path,
-                f"`raw_reward` at batch position {position} is {shown(mine)}, but"
-                f" {shown(theirs)} in `{first.path.name}`; it is batch-global, every rank holds"
-                " the same (mixed or corrupt dumps)",
+                f"`raw_reward` at batch position {position} is {shown(y)}, but {shown(x)} in"
+                f" `{first.path.name}`; it is batch-global, every rank holds the same (mixed or"
+                " corrupt dumps)",
             )
-    return chosen if first is not None else None
-
-
-def _first_difference(ours: list[Any], theirs: list[Any]) -> int | None:
-    """The first batch position whose rewards, as the lake would hold them, differ (NaN equals
-    NaN); None when the lists agree. Equal lists cost one C-level comparison."""
-    try:
-        if ours == theirs:
-            return None
-    except (ValueError, TypeError):  # an entry is an array: compared one by one below
-        pass
-    for position, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-        x, y = number_or_none(a), number_or_none(b)
-        if x != y and not (x is not None and y is not None and math.isnan(x) and math.isnan(y)):
-            return position
-    return None

@@ -97,6 +97,35 @@ def number_or_none(value: Any) -> float | None:
     return None
 
 
+def reward_or_none(value: Any, path: Path, field: str, sample: str | None = None) -> float | None:
+    """`number_or_none` of a train file's reward; an integer beyond float64 (`10**400`) is an
+    error naming the file, as `Sample.reward` is on the rollout side."""
+    try:
+        return number_or_none(value)
+    except OverflowError:
+        problem = f"`{field}` is {shown(value)}, beyond the float64 range"
+        raise DumpFormatError(path, problem, sample=sample) from None
+
+
+def raw_rewards(path: Path, raw: Any) -> list[float | None]:
+    """A batch-global `raw_reward` list as the lake's `raw_reward` holds it (non-numbers:
+    NULL, section 8.11); an integer beyond float64 (`10**400`) is an error naming its entry."""
+    try:
+        return [number_or_none(value) for value in raw]
+    except OverflowError:
+        position, value = next((p, v) for p, v in enumerate(raw) if _beyond_float(v))
+        problem = f"`raw_reward` entry {position} is {shown(value)}, beyond the float64 range"
+        raise DumpFormatError(path, problem) from None
+
+
+def _beyond_float(value: Any) -> bool:
+    try:
+        number_or_none(value)
+    except OverflowError:
+        return True
+    return False
+
+
 def flag_or_none(value: Any) -> bool | None:
     """A 0/1 flag (`truncated`); None when it is not an integer or bool (then status decides)."""
     value = scalar(value)
