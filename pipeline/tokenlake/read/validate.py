@@ -124,9 +124,9 @@ def response_length(sample: dict[str, Any], total: int) -> int:
         raise SampleValueError("response_length", f"is {shown(value)}, not an integer")
     length = int(value)
     if length < 0:
-        raise SampleValueError("response_length", f"is {length}; it cannot be negative")
+        raise SampleValueError("response_length", f"is {shown(length)}; it cannot be negative")
     if length > total:
-        raise SampleValueError("response_length", f"{length} exceeds the {total} `tokens`")
+        raise SampleValueError("response_length", f"{shown(length)} exceeds the {total} `tokens`")
     return length
 
 
