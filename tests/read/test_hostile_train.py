@@ -64,6 +64,21 @@ def test_a_string_cp_size(tmp_path, monkeypatch):
     )
 
 
+def test_an_unknown_qkv_format_under_cp(tmp_path, monkeypatch):
+    """`sbhd` slices would be placed as `thd`'s: at the wrong positions, with no error."""
+    dump, path = _dump(tmp_path, monkeypatch, cp_rank=0, cp_size=2, qkv_format="sbhd")
+    assert dump.error() == (
+        f"rank 0: `{path}`: `qkv_format` is 'sbhd'; tokenlake places the context-parallel"
+        f" slices of `thd` and `bshd` only. {REPLACE}"
+    )
+
+
+def test_an_unknown_qkv_format_without_cp_is_read(tmp_path, monkeypatch):
+    dump, _ = _dump(tmp_path, monkeypatch, cp_rank=0, cp_size=1, qkv_format="sbhd")
+    tokens, _ = dump.tables()
+    assert column(tokens, "train_log_prob") == [-1.0, -2.0]
+
+
 def test_a_cp_rank_outside_cp_size(tmp_path, monkeypatch):
     dump, path = _dump(tmp_path, monkeypatch, cp_rank=2, cp_size=2)
     assert dump.error() == (

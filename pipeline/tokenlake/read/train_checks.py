@@ -87,6 +87,19 @@ def check_columns(path: Path, data: dict[str, Any]) -> None:
             raise DumpFormatError(
                 path, f"`cp_rank` is {rank}; expected 0..{size - 1} (`cp_size` {size})"
             )
+    qkv_format = data.get("qkv_format")
+    known = type(qkv_format) is str and qkv_format in _QKV_FORMATS  # exact type: no hostile `==`
+    if size > 1 and qkv_format is not None and not known:
+        raise DumpFormatError(
+            path,
+            f"`qkv_format` is {shown(qkv_format)}; tokenlake places the context-parallel slices"
+            " of `thd` and `bshd` only",
+        )
+
+
+# The layouts whose CP slicing cp_layout.py knows (dump-format.md 4.4, 4.8); another one's
+# slices would be placed as thd's, at the wrong positions.
+_QKV_FORMATS = ("thd", "bshd")
 
 
 def number_or_none(value: Any) -> float | None:
