@@ -481,6 +481,18 @@ def test_a_broken_line_fails_its_step_alone(
     assert summary.counts["new"] == 1
 
 
+def test_a_line_written_twice_fails_its_step(tmp_path: Path) -> None:
+    """(step, rank, `export_sequence_idx`) keys a sample: a repeated line is not two samples."""
+    run = _copy(tmp_path)
+    path = run / "token_exports" / "step_1" / "rank_0.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("".join(f"{line}\n" for line in [*lines, lines[1]]))
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    problem = "`export_sequence_idx` 1 is line 2's too; prime-rl exports each sequence once"
+    assert summary.failed == [("1", f"`{path}` (line 5): {problem}. {AFTER}")]
+    assert summary.counts["new"] == 1
+
+
 @pytest.mark.parametrize(
     ("text", "problem"),
     [

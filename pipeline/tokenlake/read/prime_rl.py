@@ -173,14 +173,29 @@ def read_step(files: dump.StepFiles) -> StepRead:
     samples: list[dict[str, Any]] = []
     rows: dict[int, TrainRow] = {}
     for rank, path in files.train_files:
+        exported: dict[int, int] = {}  # export_sequence_idx -> its line
         for number, record in _records(path):
             label = f"line {number}"
             sample, train = _sample(path, record, label, files.rollout_id, rank)
+            _refuse_a_repeat(path, exported, record["export_sequence_idx"], number)
             rows[len(samples)] = train
             samples.append(sample)
     checked = validate.check_samples(files.rollout_file, samples)
     messages: list[str | None] = [None] * len(samples)
     return StepRead(samples, checked, rows, len(files.train_files), messages, unknown=_NOT_EXPORTED)
+
+
+def _refuse_a_repeat(path: Path, exported: dict[int, int], index: int, number: int) -> None:
+    """A sample is keyed by (step, rank, `export_sequence_idx`): a key that repeats is a line
+    written twice, which would land as two samples."""
+    first = exported.setdefault(index, number)
+    if first != number:
+        raise DumpFormatError(
+            path,
+            f"`export_sequence_idx` {index} is line {first}'s too; prime-rl exports each"
+            " sequence once",
+            sample=f"line {number}",
+        )
 
 
 def _require_stable(files: dump.StepFiles) -> None:
