@@ -270,11 +270,11 @@ def build_catalog_after_tag(
 
     def build(path: Path) -> list[str]:
         if kept is not None and not kept[1]:
-            if con is not None:
-                _write_runs_views(kept[0], path, store, served, after, con)
-                return []
-            with scratch_connection(store) as own:
-                _write_runs_views(kept[0], path, store, served, after, own)
+            held: contextlib.AbstractContextManager[duckdb.DuckDBPyConnection] = (
+                contextlib.nullcontext(con) if con is not None else scratch_connection(store)
+            )
+            with held as scratch:
+                _write_runs_views(kept[0], path, store, served, after, scratch)
             return []
         lines: list[str] = []
         _write_catalog(path, store, lines, after)

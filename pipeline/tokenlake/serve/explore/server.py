@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tokenlake.errors import LakeError, PipelineError, UsageError
 from tokenlake.serve import catalog, rollups
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 log = logging.getLogger(__name__)
+_Read = TypeVar("_Read")
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 8765
@@ -330,18 +331,7 @@ class Explorer:
         from aiohttp import web
 
         def work() -> Any:
-            cursor, version = self.served.versioned_cursor()
-            with _limited(cursor, seconds) as limited:
-                try:
-                    return compute(limited, version)
-                except Exception:
-                    if not catalog.changed_since_built(limited, self.served.store):
-                        raise
-            # Another command of the user (an extraction, a tag) committed new manifests since
-            # this version was built, and deleted files it lists: once more on the lake as it is.
-            cursor, version = self.served.versioned_cursor(renew=True)
-            with _limited(cursor, seconds) as limited:
-                return compute(limited, version)
+            return self._read_current(compute, self.served.versioned_cursor(), seconds)
 
         try:
             result = await asyncio.get_running_loop().run_in_executor(self.pool, work)
@@ -429,23 +419,41 @@ class Explorer:
             run.result.set_exception(exc)
 
     def _failing_audits(self, run: _AuditRun) -> dict[str, Any]:
-        with _limited(run.cursor, AUDIT_SECONDS) as limited:
-            try:
-                self._kept(limited, run.version)
-                return data.failing_audits(limited, run.stopped.is_set)
-            except Exception:
-                if run.stopped.is_set() or not catalog.changed_since_built(
-                    limited, self.served.store
-                ):
-                    raise
-        # Another command of the user committed new manifests since this version was built,
-        # and deleted files it lists: the audits are those of a version built now.
-        cursor, version = self.served.versioned_cursor(renew=True)
-        with self._audits_lock:
-            run.cursor, run.version = cursor, version
-        with _limited(run.cursor, AUDIT_SECONDS) as limited:
-            self._kept(limited, run.version)
-            return data.failing_audits(limited, run.stopped.is_set)
+        def audit(cursor: duckdb.DuckDBPyConnection, version: int) -> dict[str, Any]:
+            with self._audits_lock:  # the audits are those of the version they read
+                run.cursor, run.version = cursor, version
+            self._kept(cursor, version)
+            return data.failing_audits(cursor, run.stopped.is_set)
+
+        return self._read_current(audit, (run.cursor, run.version), AUDIT_SECONDS, run.stopped)
+
+    def _read_current(
+        self,
+        read: Callable[[duckdb.DuckDBPyConnection, int], _Read],
+        first: tuple[duckdb.DuckDBPyConnection, int],
+        seconds: float,
+        stopped: threading.Event | None = None,
+    ) -> _Read:
+        """`read(cursor, catalog version)` on the `first` cursor and version, stopped after
+        `seconds`. Another command of the user (an extraction, a tag) may commit new manifests
+        since that version was built, and delete files it lists: a read that then fails is
+        made again on a version built now, up to `catalog.READ_ATTEMPTS` reads in all (not
+        once `stopped`: nothing would show it)."""
+        cursor, version = first
+        attempts = catalog.READ_ATTEMPTS
+        while True:
+            with _limited(cursor, seconds) as limited:
+                try:
+                    return read(limited, version)
+                except Exception:
+                    attempts -= 1
+                    if (
+                        attempts == 0
+                        or (stopped is not None and stopped.is_set())
+                        or not catalog.changed_since_built(limited, self.served.store)
+                    ):
+                        raise
+            cursor, version = self.served.versioned_cursor(renew=True)
 
     async def _runs(self, request: web.Request) -> web.StreamResponse:
         return await self._answer(request, self._runs_answer)
