@@ -415,6 +415,19 @@ def test_a_broken_line_fails_its_step_alone(tmp_path: Path, edit: Any, problem: 
     assert summary.counts["new"] == 3
 
 
+def test_a_line_written_twice_fails_its_step(tmp_path: Path) -> None:
+    """NeMo-RL writes a batch's file in one go, `idx` the line's place: a repeat is not a
+    second sample."""
+    dump = _copy(tmp_path)
+    path = dump / "train_data_step1.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("".join(f"{line}\n" for line in [*lines, lines[2]]))
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    problem = "`idx` 2 is line 3's too; NeMo-RL logs each sample of a batch once"
+    assert summary.failed == [("1", f"`{path}` (line 17): {problem}. {AFTER}")]
+    assert summary.counts["new"] == 3
+
+
 def test_a_last_line_without_its_newline_is_still_being_written_or_cut_short(
     tmp_path: Path,
 ) -> None:
