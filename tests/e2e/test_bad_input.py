@@ -226,6 +226,26 @@ def test_stray_files_are_listed_and_ignored(tmp_path: Path) -> None:
     assert (code, out) == (0, summary_line("basic", tmp_path / "lake", counts, 20, 206))
 
 
+def test_names_miles_never_writes_are_not_steps(tmp_path: Path) -> None:
+    """Only ASCII digits name a step or rank, and a name ends at `.pt`: `١.pt` (an Arabic-Indic
+    one) and `1_0.pt` with a newline after it are strays, not step 1 and its rank 0."""
+    dump = copy_dump(tmp_path)
+    arabic = dump / "rollout_data" / "\u0661.pt"
+    newline = dump / "train_data" / "1_0.pt\n"
+    (dump / "rollout_data" / "1.pt").rename(arabic)
+    (dump / "train_data" / "1_0.pt").rename(newline)
+    code, out, err = extract(dump, tmp_path / "lake")
+    stray = "not a rollout or train dump file name"
+    unjoined = "step 1 has no `rollout_data/1.pt` to join it to"
+    assert err == [
+        f"Ignored `{arabic}`: {stray}",
+        f"Ignored `{dump}/train_data/1_0.pt\\x0a`: {stray}",
+        *(f"Ignored `{dump}/train_data/1_{rank}.pt`: {unjoined}" for rank in (1, 2, 3)),
+    ]
+    counts = "2 new, 0 updated, 0 unchanged, 0 removed, 0 skipped"
+    assert (code, out) == (0, summary_line("basic", tmp_path / "lake", counts, 12, 124))
+
+
 # --- files that load but break the format -----------------------------------------------------
 
 

@@ -36,10 +36,10 @@ TRAJECTORY_DIR = "trajectory"  # {label}.jsonl: the conversation of each sample 
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_FILE = "tokenizer.json"
 DASHBOARD_DIR = "dashboard"  # miles' dashboard telemetry (see pipeline/tokenlake/read/dashboard.py)
-_ROLLOUT_NAME = re.compile(r"^(eval_)?(\d+)\.pt$")
-_TRAIN_NAME = re.compile(r"^(\d+)_(\d+)\.pt$")
+_ROLLOUT_NAME = re.compile(r"^(eval_)?([0-9]+)\.pt\Z")
+_TRAIN_NAME = re.compile(r"^([0-9]+)_([0-9]+)\.pt\Z")
 # slime's one train file per step (its train dump format 2, pipeline/tokenlake/read/slime_v2.py)
-_TRAIN_STEP_NAME = re.compile(r"^(\d+)\.pt$")
+_TRAIN_STEP_NAME = re.compile(r"^([0-9]+)\.pt\Z")
 NOT_A_DUMP_FILE = "not a rollout or train dump file name"
 
 

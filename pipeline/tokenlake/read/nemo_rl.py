@@ -54,7 +54,7 @@ from tokenlake.read.jsontext import clean_text, to_json
 from tokenlake.read.train_checks import exact_int, numbers
 from tokenlake.steptypes import ListArray, StepRead, TrainRow
 
-LOG_NAME = re.compile(r"^(train|val)_data_step(\d+)\.jsonl$")
+LOG_NAME = re.compile(r"^(train|val)_data_step([0-9]+)\.jsonl\Z")
 # One sample's line: ~20 bytes per position for each of its five arrays, so 256 MiB is a
 # sequence of about 2.5 million tokens; a longer line fails its step.
 MAX_LINE_BYTES = 256 << 20

@@ -71,8 +71,8 @@ EXPORT_DIR = "token_exports"
 STABLE = "STABLE"
 METRICS_FILE = "metrics.jsonl"
 SCHEMA_VERSION = 1
-STEP_DIR = re.compile(r"^step_(\d+)$")
-RANK_FILE = re.compile(r"^rank_(\d+)\.jsonl$")
+STEP_DIR = re.compile(r"^step_([0-9]+)\Z")
+RANK_FILE = re.compile(r"^rank_([0-9]+)\.jsonl\Z")
 # One sample's line holds ~17 values per token, ~200 bytes per token, so 256 MiB is a sequence
 # of about 1.3 million tokens; a longer line fails its step. Parsing one line takes about 3
 # times its size for the moment it is parsed.
