@@ -248,16 +248,16 @@ def extract(
         tokenlake extract /data/runs/fp8 --lake lake --tag precision=fp8 --meta run.yaml
         tokenlake extract /data/nemo-rl/logs/exp_001 --lake lake --format nemo-rl
     """
-    from tokenlake.serve.rollups import prepare_step_connection
+    from tokenlake.lake import rollup_connection_started
 
     # First: DuckDB's import and the binding of the rollups' views, in a thread, while the
     # rest of extraction's code is imported (`Lake.extract` takes it)
-    prepare_step_connection()
-    from tokenlake.orchestrate.extract import ExtractInterrupted, ExtractOptions
-    from tokenlake.orchestrate.progress import cli_reporter
-    from tokenlake.orchestrate.scheduler import sigterm_as_ctrl_c
-    from tokenlake.read.formats import parse_format
-    from tokenlake.tags import user_tags
+    with rollup_connection_started():
+        from tokenlake.orchestrate.extract import ExtractInterrupted, ExtractOptions
+        from tokenlake.orchestrate.progress import cli_reporter
+        from tokenlake.orchestrate.scheduler import sigterm_as_ctrl_c
+        from tokenlake.read.formats import parse_format
+        from tokenlake.tags import user_tags
 
     dump_format = parse_format(dump_format)
 

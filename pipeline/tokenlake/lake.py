@@ -36,9 +36,10 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -240,8 +241,8 @@ class Lake:
         """Extract a dump into this lake (`tokenlake extract`): `options`, or its fields by
         name (`run_name`, `steps`, `workers`, `replace`, `tags`, ...: `ExtractOptions`)."""
         self.close()
-        _start_rollup_connection()
-        from tokenlake.orchestrate.extract import extract_run
+        with rollup_connection_started():
+            from tokenlake.orchestrate.extract import extract_run
 
         return extract_run(
             _dump_source(dump), self.store, _options(options, fields), progress=progress
@@ -360,13 +361,19 @@ def _options(options: ExtractOptions | None, fields: Mapping[str, Any]) -> Extra
     return dataclasses.replace(options or ExtractOptions(), **fields).check()
 
 
-def _start_rollup_connection() -> None:
+@contextlib.contextmanager
+def rollup_connection_started() -> Iterator[None]:
     """Start making the connection an extraction computes its rollups with (DuckDB's import
-    and the binding of the views they read, ~0.2 s, mostly outside the GIL) before the rest of
-    extraction's code is imported, which then happens meanwhile."""
+    and the binding of the views they read, ~0.2 s, mostly outside the GIL) while the block
+    imports the rest of extraction's code, with a Ctrl-C held until both have imported what
+    they need (`rollups.step_connection_imported` says why), then raised."""
     from tokenlake.serve import rollups
+    from tokenlake.threads import sigint_held
 
-    rollups.prepare_step_connection()
+    with sigint_held():
+        rollups.prepare_step_connection()
+        yield
+        rollups.step_connection_imported()
 
 
 def _dump_source(dump: Path | str) -> Path | str:

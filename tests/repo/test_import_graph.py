@@ -26,6 +26,7 @@ FLOORS: list[tuple[str, ...]] = [
         "tokenlake.bounded",
         "tokenlake.extras",
         "tokenlake.processes",
+        "tokenlake.threads",
         "tokenlake.tags",
         "tokenlake.terminal",
         "tokenlake.steps",

@@ -20,9 +20,9 @@ def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     threads: list[str] = []
     real = rollups._new_step_connection
 
-    def making():  # type: ignore[no-untyped-def]
+    def making(*imported):  # type: ignore[no-untyped-def]
         threads.append(threading.current_thread().name)
-        return real()
+        return real(*imported)
 
     monkeypatch.setattr(rollups, "_local", threading.local())
     monkeypatch.setattr(rollups, "_new_step_connection", making)
@@ -46,7 +46,7 @@ def test_making_it_ahead_failed_so_it_is_made_again_where_it_is_used(
 ) -> None:
     threads: list[str] = []
 
-    def failing():  # type: ignore[no-untyped-def]
+    def failing(*imported):  # type: ignore[no-untyped-def]
         threads.append(threading.current_thread().name)
         raise LakeError("sql/drift_tokens.sql", "view cannot be created: broken")
 
@@ -68,3 +68,19 @@ def test_an_extraction_in_one_process_makes_one_connection_ahead(made: list[str]
     summary = lake.extract(REAL_DUMPS / "basic")
     assert summary.counts["new"] == 3  # its steps' rollups, then the refresh at publish
     assert made == [AHEAD]
+
+
+def test_waiting_for_its_imports_ends_also_when_making_it_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`step_connection_imported` (which an extraction waits for with a Ctrl-C held) returns
+    once the thread has imported what it needs, and also when it failed before saying so."""
+
+    def failing(*imported):  # type: ignore[no-untyped-def]
+        raise LakeError("sql/drift_tokens.sql", "view cannot be created: broken")
+
+    monkeypatch.setattr(rollups, "_local", threading.local())
+    monkeypatch.setattr(rollups, "_new_step_connection", failing)
+    rollups.prepare_step_connection()
+    rollups.step_connection_imported()
+    assert rollups._local.pending.imported.is_set()

@@ -27,7 +27,7 @@ from tokenlake.layout import check_run_name, manifest_name
 from tokenlake.load import lake_files
 from tokenlake.orchestrate import maintain
 from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_reporter
-from tokenlake.orchestrate.scheduler import Todo, run_steps, sigint_deferred, sigint_held
+from tokenlake.orchestrate.scheduler import Todo, run_steps
 from tokenlake.orchestrate.step import StepOutcome, StepStatus, incomplete_text, not_yet_text
 from tokenlake.processes import crash_point
 from tokenlake.read import completeness, dump, formats
@@ -35,6 +35,7 @@ from tokenlake.read.remote import remote_dump
 from tokenlake.serve import catalog, rollups
 from tokenlake.store import manifest, require_lake
 from tokenlake.store.base import Store
+from tokenlake.threads import sigint_deferred, sigint_held
 from tokenlake.transform.tables import StepResult
 
 log = logging.getLogger(__name__)

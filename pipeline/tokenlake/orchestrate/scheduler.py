@@ -21,6 +21,7 @@ from typing import Any
 from tokenlake.orchestrate.step import StepOutcome, StepStatus, extract_steps, worker_died_text
 from tokenlake.read import dump
 from tokenlake.store.base import Store
+from tokenlake.threads import sigint_held
 
 # A step to extract and its status (new or updated) as planned by extract.py.
 Todo = tuple[dump.StepFiles, StepStatus]
@@ -218,25 +219,6 @@ def _exit_with_parent(parent: int, poll_seconds: float = 1.0) -> None:
 
 
 @contextmanager
-def sigint_deferred() -> Iterator[list[bool]]:
-    """Hold a Ctrl-C until the block ends: the yielded list is non-empty if one came.
-
-    Publishing (manifest, catalog, vocab) is short and must finish: an interrupt inside it
-    would abort DuckDB's catalog build or even an extension import. Only the main thread can
-    set handlers; elsewhere Python delivers no KeyboardInterrupt anyway.
-    """
-    received: list[bool] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
-    previous = signal.signal(signal.SIGINT, lambda *_: received.append(True))
-    try:
-        yield received
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-@contextmanager
 def ctrl_c_remembered() -> Iterator[list[bool]]:
     """Note every Ctrl-C in the yielded list (non-empty once one came), and raise it as
     KeyboardInterrupt as before: a loop that checks the list stops at its next turn even when
@@ -276,16 +258,6 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-@contextmanager
-def sigint_held() -> Iterator[None]:
-    """Run the block to its end with a Ctrl-C held, then raise it (KeyboardInterrupt) if one
-    came: for work a Ctrl-C must not cut in the middle of, whose caller still stops."""
-    with sigint_deferred() as received:
-        yield
-    if received:
-        raise KeyboardInterrupt
 
 
 @contextmanager

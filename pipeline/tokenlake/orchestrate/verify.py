@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tokenlake import schema
+from tokenlake import __version__, schema
 from tokenlake.errors import (
     NO_FILE_ERRNOS,
     SHOWN_PATH_CHARS,
@@ -27,10 +27,11 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import check_relative, check_run_name, is_url, relative_parts
-from tokenlake.serve import catalog, rollups
-from tokenlake.store import manifest, parquet, require_lake
+from tokenlake.serve import catalog, catalog_cache, rollups
+from tokenlake.store import manifest, parquet, passed_checks, require_lake
 from tokenlake.store.base import Store
-from tokenlake.store.local import walked_once
+from tokenlake.store.local import LocalStore, walked_once
+from tokenlake.store.passed_checks import PassedChecks
 from tokenlake.terminal import plural
 
 
@@ -75,6 +76,7 @@ def _verify_lake(store: Store, run: str | None, deep: bool) -> tuple[int, list[P
             raise LakeError(str(store), f"has no run `{run}`")
     problems: list[Problem] = []
     checked = 0
+    passed = _passed_checks(store, deep)
     for record in runs:
         try:  # never read through a planted link (`tokens/run=x -> /other/lake/...`)
             store.check_links(record.run)
@@ -90,10 +92,12 @@ def _verify_lake(store: Store, run: str | None, deep: bool) -> tuple[int, list[P
             )
         for key, step in sorted(record.steps.items(), key=lambda kv: (kv[1].rollout_id, kv[0])):
             checked += 1
-            found = check_step(store, record, step, root, deep)
+            found = check_step(store, record, step, root, deep, passed)
             problems += [Problem(record.run, key, m) for m in found]
         side = check_side_files(store, record)
         problems += [Problem("", "", f"run `{record.run}`: {m}") for m in side]
+    if passed is not None:
+        passed.save(keep_others=run is not None)
     problems += [Problem("", "", leftover_text(n)) for n in _leftovers(store, records, run)]
     if runs or store.exists(store.catalog_name):  # a catalog may outlive the last run
         broken = catalog.catalog_problem(store)
@@ -107,6 +111,24 @@ def _verify_lake(store: Store, run: str | None, deep: bool) -> tuple[int, list[P
             " flight; run verify again once it has finished",
         )
     return checked, problems
+
+
+def _passed_checks(store: Store, deep: bool) -> PassedChecks | None:
+    """The user's record of the steps of this lake whose content checks passed (None: not
+    used; `--deep` reads every file whole, and an object store's files are not read whole)."""
+    if deep or not isinstance(store, LocalStore):
+        return None
+    return PassedChecks(catalog_cache.lake_folder(store), _checking_code())
+
+
+def _checking_code() -> bytes:
+    """The digest of the code a step's content check depends on (a kept pass of other code
+    does not count): this module, the file reader, the checksum, the schemas, and the
+    versions of tokenlake and the libraries that decode."""
+    return passed_checks.code_digest(
+        (__version__, pa.__version__, np.__version__),
+        (__file__, parquet.__file__, manifest.__file__, schema.__file__),
+    )
 
 
 def _written_meanwhile(store: Store, records: list[manifest.RunManifest]) -> bool:
@@ -170,6 +192,7 @@ def check_step(
     step: manifest.StepRecord,
     root: Path | None = None,
     deep: bool = False,
+    passed: PassedChecks | None = None,
 ) -> list[str]:
     """The problems of one step (empty list when it is consistent).
 
@@ -177,6 +200,9 @@ def check_step(
         root: Where the run's dump is read (`remote_dump.local_root`); None: not checked
             when the dump is on an object store that could not be listed.
         deep: Also compute the step's rollups from its tokens and compare.
+        passed: The steps whose content checks passed before: one whose step files' bytes
+            and manifest record are those of a kept pass is not decoded again; one that
+            passes now is recorded.
     """
     with ExitStack() as closing:  # each file opened once, for all its checks
         opened = {}
@@ -190,9 +216,25 @@ def check_step(
         if root is None and not is_url(record.source_dir):
             root = Path(record.source_dir)
         problems = [] if root is None else _check_sources(record.source_dir, root, step)
-        tables, failed, altered = _read_step_files(store, step, opened, deep)
+        key = None if passed is None else _passed_key(step, opened, passed.code)
+        known = passed is not None and key is not None and passed.passed(key)
+        tables, failed, altered = _read_step_files(store, step, opened, deep, known)
     if failed:
         return problems + failed + altered
+    if known:  # its step files' content passed these checks before
+        return problems or altered
+    found = _content_problems(step, tables)
+    if not found and key is not None and passed is not None:
+        passed.add(key)
+    problems += found
+    if deep and not problems:
+        problems += _check_rollups(record.run, step, tables)
+    return problems or altered
+
+
+def _content_problems(step: manifest.StepRecord, tables: dict[str, pa.Table]) -> list[str]:
+    """How a step's token and sample rows differ from its manifest record and each other."""
+    problems = []
     tokens, samples = tables[schema.TOKENS], tables[schema.SAMPLES]
     if samples.num_rows != step.samples:
         problems.append(f"`samples` has {samples.num_rows} rows; extracted {step.samples}")
@@ -209,17 +251,41 @@ def check_step(
         problems.append(f"`tokens` has {tokens.num_rows} rows; extracted {step.tokens}")
     if manifest.tokens_checksum(tokens) != step.checksum:
         problems.append("token ids or loss masks differ from what was extracted (checksum)")
-    if deep and not problems:
-        problems += _check_rollups(record.run, step, tables)
-    return problems or altered
+    return problems
+
+
+def _passed_key(
+    step: manifest.StepRecord, opened: dict[str, parquet.LakeFile], code: bytes
+) -> str | None:
+    """The key of the step's content check in the record of passed ones: the checking code,
+    the step's manifest record, and the whole bytes of its step files, each as written (None
+    when one is not, has no recorded identity, or is not read whole: it is checked in full)."""
+    tables = [table for table in schema.STEP_TABLES if table in step.files]
+    contents = []
+    for table in tables:
+        lake_file = opened[table]
+        if not _as_written(step, table, lake_file):
+            return None
+        content = lake_file.contents()
+        if content is None:
+            return None
+        contents.append(content)
+    record = [step.schema_version, step.samples, step.tokens, step.checksum]
+    record += [value for table in tables for value in (table, step.identities[table])]
+    return passed_checks.step_key(code, record, contents)
 
 
 def _read_step_files(
-    store: Store, step: manifest.StepRecord, opened: dict[str, parquet.LakeFile], deep: bool
+    store: Store,
+    step: manifest.StepRecord,
+    opened: dict[str, parquet.LakeFile],
+    deep: bool,
+    known: bool = False,
 ) -> tuple[dict[str, pa.Table], list[str], list[str]]:
     """The rows verify checks of each of a step's opened files, by table; the problems of the
     files whose checks fail before their rows; and those of the files that pass every check
-    but are not as written."""
+    but are not as written. `known`: the step files' content passed before (as written: their
+    rows are not read)."""
     tables: dict[str, pa.Table] = {}
     failed: list[str] = []
     altered: list[str] = []
@@ -227,7 +293,7 @@ def _read_step_files(
         name = lake_file.name
         try:
             written = not deep and _as_written(step, table, lake_file)
-            if written and table not in schema.STEP_TABLES:
+            if written and (known or table not in schema.STEP_TABLES):
                 continue  # a rollup file as written: only --deep compares its rows
             if written:  # only the columns checked below are decoded
                 declared, read = lake_file.read_columns(_READ_COLUMNS.get(table, ()))

@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +48,7 @@ from tokenlake.serve.user_views import create_user_views, iter_user_view_files
 from tokenlake.store import is_dump, manifest, require_lake
 from tokenlake.store.base import Store
 from tokenlake.store.private_cache import private_folder
+from tokenlake.threads import Background
 
 if TYPE_CHECKING:
     import duckdb
@@ -462,10 +462,7 @@ class CatalogAhead:
             tempfile.mkdtemp(prefix=f"{_AHEAD_PREFIX}{_pid_namespace()}-{os.getpid()}-")
         )
         self._made: tuple[duckdb.DuckDBPyConnection, Path] | None = None
-        self._thread = threading.Thread(
-            target=self._make, args=(store,), name="tokenlake-catalog-ahead"
-        )
-        self._thread.start()
+        self._background = Background(lambda: self._make(store), "tokenlake-catalog-ahead")
 
     def _make(self, store: Store) -> None:
         path = self._folder / "catalog.duckdb"
@@ -477,7 +474,7 @@ class CatalogAhead:
     def taken(self) -> tuple[duckdb.DuckDBPyConnection, Path] | None:
         """The open connection to the catalog made ahead, and its file, once made (None:
         making it failed, or it was taken). Whoever takes it closes it."""
-        self._thread.join()
+        self._background.wait()
         made, self._made = self._made, None
         return made
 

@@ -24,7 +24,7 @@ import math
 import re
 import threading
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
@@ -45,6 +45,7 @@ from tokenlake.serve.sql_views import (
     view_query,
     view_settings,
 )
+from tokenlake.threads import Background
 
 if TYPE_CHECKING:
     import duckdb
@@ -455,24 +456,39 @@ def prepare_step_connection() -> None:
         _local.pending = _PendingConnection()
 
 
+def step_connection_imported() -> None:
+    """Wait until the connection `prepare_step_connection` started has imported every module
+    it needs (DuckDB's import, ~0.1 s; not the binding after it), if one is being made.
+
+    A caller that imports modules meanwhile holds a Ctrl-C until then: a Ctrl-C that lands
+    inside an import while another thread imports can leave Python's import lock held
+    (CPython 3.11: a module lock's weakref callback takes it outside its `try`), and the other
+    thread, then the process's exit, wait for it forever."""
+    pending: _PendingConnection | None = getattr(_local, "pending", None)
+    if pending is not None:
+        pending.imported.wait()
+
+
 class _PendingConnection:
-    """A step connection being made in its own thread (not a daemon: a process that exits
-    meanwhile waits the few milliseconds left rather than leave DuckDB mid-statement)."""
+    """A step connection being made in its own thread (a process that exits meanwhile waits
+    the few milliseconds left rather than leave DuckDB mid-statement)."""
 
     def __init__(self) -> None:
         self._made: duckdb.DuckDBPyConnection | None = None
-        self._thread = threading.Thread(target=self._make, name="tokenlake-rollups-connection")
-        self._thread.start()
+        self.imported = threading.Event()  # set also when making it failed
+        self._background = Background(self._make, "tokenlake-rollups-connection")
 
     def _make(self) -> None:
         try:
-            self._made = _new_step_connection()
+            self._made = _new_step_connection(self.imported.set)
         except BaseException:  # noqa: BLE001 - made again by the caller, who gets the error
             self._made = None
+        finally:
+            self.imported.set()
 
     def taken(self) -> duckdb.DuckDBPyConnection | None:
         """The connection once made (None: it failed)."""
-        self._thread.join()
+        self._background.wait()
         return self._made
 
 
@@ -488,13 +504,17 @@ def _step_connection() -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _new_step_connection() -> duckdb.DuckDBPyConnection:
+def _new_step_connection(imported: Callable[[], None] = lambda: None) -> duckdb.DuckDBPyConnection:
+    """A connection that computes rollups; `imported()` is called once it has imported and
+    read what it needs, before DuckDB binds the views."""
     import duckdb
 
     con = duckdb.connect(config={"threads": 1, "autoload_known_extensions": False})
     # The tables typed and empty (tokens and samples become the step's), then the macros.
     tables = [f"CREATE VIEW {table} AS {base_view_sql(table, [])}" for table in schema.TABLES]
     macros = [path.read_text(encoding="utf-8") for path in iter_macro_files()]
+    rollup_names()
+    imported()
     run_script(con, [*tables, *macros])
     # The views a commit queries, and what they read: not the ~20 others (each costs its binding).
     create_views_reading(con, (*rollup_names(), "drift_settings", _DRIFT_TOKENS, _TEACHER_TOKENS))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import re
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +16,8 @@ from typing import TYPE_CHECKING
 from tokenlake import schema
 from tokenlake.errors import InstallError, LakeError
 from tokenlake.layout import partition_patterns
+from tokenlake.processes import crash_point
+from tokenlake.threads import Background, sigint_held
 
 if TYPE_CHECKING:
     import duckdb
@@ -166,10 +167,13 @@ def create_sql_views(
     created = view_order(inputs)
     statements = {name: _commented_view(name, texts[name], queries) for name in created}
     helper = con.cursor()
+    started: list[_Made] = []
     try:
         for layer in view_layers(created, inputs):
-            _create_layer(con, helper, layer, statements)
+            _create_layer(con, helper, layer, statements, started)
     finally:
+        for made in started:  # after an error or a Ctrl-C, none is left running
+            made.stopped()
         helper.close()
     return created
 
@@ -228,14 +232,15 @@ def _create_layer(
     helper: duckdb.DuckDBPyConnection,
     layer: list[str],
     statements: Mapping[str, list[str]],
+    started: list[_Made],
 ) -> None:
-    """One layer's views, every other one made by `helper` in its own thread."""
+    """One layer's views, every other one made by `helper` in its own thread (listed in
+    `started` as it starts: the caller stops it if this raises)."""
     theirs = layer[1::2]
-    other = _Made(helper, theirs, statements) if theirs else None
-    try:
-        _create_in_transaction(con, layer[0::2], statements)
-    finally:
-        failure = other.joined() if other is not None else None
+    other = _Made(helper, theirs, statements, started) if theirs else None
+    crash_point("views:layer")
+    _create_in_transaction(con, layer[0::2], statements)
+    failure = other.joined() if other is not None else None
     if failure is not None:
         raise failure
 
@@ -248,25 +253,33 @@ class _Made:
         con: duckdb.DuckDBPyConnection,
         names: list[str],
         statements: Mapping[str, list[str]],
+        started: list[_Made],
     ) -> None:
         self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._make, args=(con, names, statements), name="tokenlake-views"
-        )
-        self._thread.start()
+        self._con = con
+        with sigint_held():  # listed once started, or the caller would not stop it
+            self._background = Background(lambda: self._make(names, statements), "tokenlake-views")
+            started.append(self)
 
-    def _make(
-        self, con: duckdb.DuckDBPyConnection, names: list[str], statements: Mapping[str, list[str]]
-    ) -> None:
+    def _make(self, names: list[str], statements: Mapping[str, list[str]]) -> None:
         try:
-            _create_in_transaction(con, names, statements)
+            crash_point("views:helper")  # its signal is the main thread's to handle
+            _create_in_transaction(self._con, names, statements)
         except BaseException as exc:  # noqa: BLE001 - raised again by the caller
             self._error = exc
 
     def joined(self) -> BaseException | None:
         """Wait for the views; the error that stopped them (None: all made)."""
-        self._thread.join()
+        self._background.wait()
         return self._error
+
+    def stopped(self) -> None:
+        """Unless its thread has ended: interrupt the connection's statement and wait until
+        it has (within milliseconds), whatever Ctrl-C comes meanwhile. A connection still in a
+        statement cannot be closed, and a statement left running as Python exits aborts the
+        process."""
+        if not self._background.ended:
+            self._background.wait_out(self._con.interrupt)
 
 
 def _create_in_transaction(

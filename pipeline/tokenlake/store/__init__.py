@@ -2,7 +2,8 @@
 
 `store_at(location)` is the one place a location becomes a store (`Store`, `base.py`): a
 directory (`local.py`, walked by `nofollow.py`) or an object-store prefix (`object.py`, locked
-by `object_lock.py`); `manifest.py` is the commit point; `private_cache.py` the user's cache.
+by `object_lock.py`); `manifest.py` is the commit point; `private_cache.py` the user's cache,
+where `passed_checks.py` keeps the steps whose content checks passed.
 `tokenlake.Lake` calls it once, at the front door; everything below takes the store.
 `require_lake` is the one check that a store holds a lake (and not a dump).
 """

@@ -127,6 +127,7 @@ class LakeFile:
         self._size = size  # as the descriptor was opened
         self._whole: bytes | None = None  # its bytes, once read whole
         self._refused: OSError | None = None  # the OS refused to open it: raised when read
+        self._identity: str | None = None  # its footer identity, once read
 
     @classmethod
     def open(cls, store: Store, name: str) -> LakeFile | None:
@@ -159,7 +160,12 @@ class LakeFile:
             self._descriptor = None
 
     def identity_change(self, recorded: str) -> str | None:
-        """As `identity_change` of the module."""
+        """As `identity_change` of the module (the footer read once for every comparison)."""
+        if self._identity is None:
+            self._identity = self._footer_identity()
+        return _change(self._identity, recorded)
+
+    def _footer_identity(self) -> str:
         try:
             if self._refused is not None:
                 raise self._refused
@@ -176,7 +182,18 @@ class LakeFile:
             raise UnreadableLakeFile(self.store.url(self.name), str(exc)) from exc
         except OSError as exc:
             raise UnreadableLakeFile(self.store.url(self.name), str(exc), exc) from exc
-        return _change(found, recorded)
+        return found
+
+    def contents(self) -> bytes | None:
+        """The local file's whole bytes as opened, read once and kept for its other checks;
+        None for a file of more than 4 MiB, one on an object store, or one that cannot be read
+        (its reads name why)."""
+        if self._descriptor is None:
+            return None
+        try:
+            return self._whole_bytes(_READ_WHOLE_BYTES)
+        except OSError:
+            return None
 
     def read_columns(self, columns: Sequence[str]) -> tuple[pa.Schema, pa.Table]:
         """As `read_columns` of the module."""
