@@ -68,6 +68,8 @@ def linked_out(path: Path | str, root: Path) -> str | None:
     of it (the file is a link, or a folder on its way) is not read, or None. Links within the
     dump are followed; one out of it would let a dump read any file its reader may (another
     run's steps, a private file). A missing file is None: opening it says so."""
+    if _no_link_below(Path(path), root):
+        return None  # the common case: an lstat per folder below the dump, nothing resolved
     try:
         target = Path(path).resolve(strict=True)
     except FileNotFoundError:
@@ -77,6 +79,20 @@ def linked_out(path: Path | str, root: Path) -> str | None:
     if target.is_relative_to(root.resolve()):
         return None
     return f"is a symbolic link out of the dump (to `{target}`); tokenlake never follows one"
+
+
+def _no_link_below(path: Path, root: Path) -> bool:
+    """Whether `path` is written under `root` with no symbolic link on its way down from it."""
+    try:
+        relative = path.relative_to(root)
+    except ValueError:
+        return False
+    current = root
+    for part in relative.parts:
+        current = current / part
+        if current.is_symlink():
+            return False
+    return True
 
 
 def open_regular(
