@@ -7,8 +7,12 @@ import sys
 
 def run() -> None:
     """The command. A Ctrl-C while its modules load (a few tenths of a second) ends it as one
-    during a command does, with click's `Aborted!` and exit 1, not with a traceback."""
+    during a command does, with click's `Aborted!` and exit 1, not with a traceback; one
+    while DuckDB is imported, wherever a command first imports it, waits until it is."""
     try:
+        from tokenlake.threads import hold_ctrl_c_while_importing
+
+        hold_ctrl_c_while_importing(["duckdb"])
         from tokenlake.cli import main
     except KeyboardInterrupt:
         sys.stderr.write("\nAborted!\n")

@@ -11,10 +11,14 @@ Ctrl-C interrupts without marking anything.
 
 from __future__ import annotations
 
+import importlib.abc
 import signal
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 
 
 class Background:
@@ -80,3 +84,56 @@ def sigint_held() -> Iterator[None]:
         yield
     if received:
         raise KeyboardInterrupt
+
+
+def hold_ctrl_c_while_importing(names: Iterable[str]) -> None:
+    """Import the modules `names` (not yet imported) with a Ctrl-C held until each is made,
+    wherever it is first imported, then raised (the import fails, the command stops): a
+    Ctrl-C inside DuckDB's C extension as it registers its types ends the process with
+    "Critical nanobind error" and SIGABRT instead of `Aborted!`.
+    For the `tokenlake` command's own process, whose imports are lazy (a command imports the
+    engines it uses)."""
+    finder = _HeldImports(frozenset(names))
+    if not any(isinstance(each, _HeldImports) for each in sys.meta_path):
+        sys.meta_path.insert(0, finder)
+
+
+class _HeldImports(importlib.abc.MetaPathFinder):
+    """Finds the modules it names as the finders after it do, and loads them with a Ctrl-C
+    held (`sigint_held`)."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname not in self.names:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _HeldLoader(spec.loader)
+                return spec
+        return None
+
+
+class _HeldLoader(importlib.abc.Loader):
+    """A loader whose module is made and run with a Ctrl-C held."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def __getattr__(self, name: str) -> object:  # the rest as the loader has it
+        return getattr(self.loader, name)
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        with sigint_held():
+            return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        with sigint_held():
+            self.loader.exec_module(module)

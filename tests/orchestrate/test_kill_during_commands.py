@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import store_of
 from tests.fixture_paths import REAL_DUMPS
 from tokenlake import layout, schema
-from tokenlake.processes import KILL_VARIABLE
+from tokenlake.processes import KILL_SIGNAL_VARIABLE, KILL_VARIABLE
 from tokenlake.store import manifest
 
 pytestmark = pytest.mark.slow  # extracts two real fixture dumps, runs the CLI many times
@@ -31,10 +31,12 @@ BEHIND = (
 RUNS_SQL = "SELECT run, count(*) AS n FROM tokens GROUP BY run ORDER BY run"
 
 
-def tokenlake(*args: str, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != KILL_VARIABLE}
+def tokenlake(
+    *args: str, kill_at: str | None = None, sig: str = "KILL"
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in (KILL_VARIABLE, KILL_SIGNAL_VARIABLE)}
     if kill_at is not None:
-        env[KILL_VARIABLE] = kill_at
+        env[KILL_VARIABLE], env[KILL_SIGNAL_VARIABLE] = kill_at, sig
     command = [sys.executable, "-m", "tokenlake", *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
 
@@ -131,6 +133,18 @@ def test_drop_killed_at_each_step(lake: Path, point: str, problems: list[str]) -
     assert leftovers(lake) == []
 
 
+@pytest.mark.parametrize("point", ["drop:emptied", "catalog:built", "drop:catalog", "drop:files"])
+def test_a_ctrl_c_during_a_drop_comes_once_the_run_is_gone(lake: Path, point: str) -> None:
+    """A Ctrl-C (not a kill) after a drop's commit point is held until the run is gone:
+    `Aborted!`, and nothing of the run is left, its catalog rebuilt."""
+    stopped = tokenlake("drop", str(lake), "basic", kill_at=point, sig="INT")
+    assert (stopped.returncode, stopped.stdout, stopped.stderr) == (1, "", "\nAborted!\n")
+    assert leftovers(lake) == []
+    assert not (lake / "_manifest" / "basic.json").exists()
+    assert verify(lake) == (0, "3 steps checked, 0 problems\n")
+    assert query_runs(lake) == PP2_ONLY
+
+
 def test_an_unchanged_extraction_after_a_killed_drop_rebuilds_the_catalog(lake: Path) -> None:
     killed = tokenlake("drop", str(lake), "basic", kill_at="drop:emptied")
     assert killed.returncode == -signal.SIGKILL
@@ -178,6 +192,17 @@ def test_tag_killed_at_each_step(lake: Path, point: str, problems: list[str], se
     assert verify(lake) == (0, "6 steps checked, 0 problems\n")
     assert tokenlake("query", str(lake), TAGS_SQL).stdout == TAGGED
     assert leftovers(lake) == []
+
+
+@pytest.mark.parametrize("point", ["tag:row", "tag:manifest", "catalog:built", "tag:catalog"])
+def test_a_ctrl_c_during_a_tag_comes_once_it_is_committed_whole(lake: Path, point: str) -> None:
+    """A Ctrl-C (not a kill) between a tag's files is held until the tag is done: `Aborted!`,
+    and the lake holds the tag whole, nothing left behind, its catalog rebuilt."""
+    stopped = tokenlake("tag", str(lake), "basic", "precision=fp8", kill_at=point, sig="INT")
+    assert (stopped.returncode, stopped.stdout, stopped.stderr) == (1, "", "\nAborted!\n")
+    assert leftovers(lake) == []
+    assert verify(lake) == (0, "6 steps checked, 0 problems\n")
+    assert tokenlake("query", str(lake), TAGS_SQL).stdout == TAGGED
 
 
 def test_views_killed_before_the_new_catalog_is_in_place(lake: Path) -> None:

@@ -350,7 +350,8 @@ def drop_run(store: Store, run: str) -> None:
     Each step leaves a consistent lake, so a kill at any point is repaired by dropping again:
     the manifest is first replaced by an empty one (the commit point: from then on no reader
     gets a row of the run, see `catalog.connect`), then the catalog is rebuilt, then the
-    run's files are deleted, and the manifest last (so the run is still there to drop).
+    run's files are deleted, and the manifest last (so the run is still there to drop). A
+    Ctrl-C after the commit point is raised once the run is gone.
     """
     store = require_lake(store)
     manifest_name(run)  # a bad run name is refused before anything is listed
@@ -362,13 +363,14 @@ def drop_run(store: Store, run: str) -> None:
         store.check_links(run)  # refused before anything is deleted
         store.delete_stale_temporaries()  # of a command killed earlier
         emptied = manifest.RunManifest(run=run, source_dir="")  # lists no file
-        manifest.save_manifest(store, emptied)
-        crash_point("drop:emptied")
-        catalog.build_catalog(store)
-        crash_point("drop:catalog")
-        store.delete_unlisted(emptied)
-        crash_point("drop:files")
-        store.delete([manifest_name(run)])
+        with sigint_held():  # from the commit point, a Ctrl-C waits until the run is gone
+            manifest.save_manifest(store, emptied)
+            crash_point("drop:emptied")
+            catalog.build_catalog(store)
+            crash_point("drop:catalog")
+            store.delete_unlisted(emptied)
+            crash_point("drop:files")
+            store.delete([manifest_name(run)])
 
 
 def sweep_leftovers(store: Store) -> int:

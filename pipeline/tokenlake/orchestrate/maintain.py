@@ -15,6 +15,7 @@ from tokenlake.serve import catalog, rollups
 from tokenlake.store import manifest, parquet, require_lake
 from tokenlake.store.base import Store
 from tokenlake.store.local import LocalStore
+from tokenlake.threads import sigint_held
 
 if TYPE_CHECKING:  # `tokenlake views` reads step files with it; `tokenlake tag` never needs it
     import pyarrow as pa
@@ -49,7 +50,7 @@ def tag_run(
 
     Each step leaves a consistent lake (a new runs row is unlisted until the manifest, the
     commit point, lists it; readers follow the manifest until the catalog is rebuilt), so a
-    kill at any point is repaired by tagging again.
+    kill at any point is repaired by tagging again; a Ctrl-C is raised once the tag is whole.
 
     Raises:
         LakeError: Not a lake, no such run, or another writer holds the lake.
@@ -69,6 +70,9 @@ def tag_run(
             record, tags=dict(record.tags), side_identities=dict(record.side_identities)
         )
         record.tags = tags.change_tags(record.tags, set_tags, remove)
+        # Written whole or not at all: a Ctrl-C from here is raised once the tag is committed
+        # and its catalog rebuilt (a few tenths of a second), not between its files.
+        opened.enter_context(sigint_held())
         # A local lake's `runs` row and catalogs are rewritten through one in-memory DuckDB,
         # which then spares importing pyarrow (docs/performance.md).
         con, rewritten = None, False
@@ -104,11 +108,12 @@ def rebuild_views(store: Store, recompute: bool = False) -> ViewsResult:
         records = manifest.load_all(store)
         counts = {r.run: refresh_rollups(store, r, recompute, warnings) for r in records}
         refreshed = [r for r in records if counts[r.run]]
-        for record in refreshed:
-            manifest.save_manifest(store, record)  # the commit point of its new rollups
-        where = catalog.build_catalog(store, warnings)
-        for record in refreshed:
-            store.delete_unlisted(record)  # the rollups they replace
+        with sigint_held():  # a Ctrl-C from here waits for the catalog and the sweep
+            for record in refreshed:
+                manifest.save_manifest(store, record)  # the commit point of its new rollups
+            where = catalog.build_catalog(store, warnings)
+            for record in refreshed:
+                store.delete_unlisted(record)  # the rollups they replace
         return ViewsResult(where, sum(counts.values()), tuple(warnings))
 
 
