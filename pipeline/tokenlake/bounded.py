@@ -63,9 +63,44 @@ def kind_of(mode: int) -> str | None:
     return None if stat.S_ISREG(mode) else "not a regular file"
 
 
-def open_regular(path: Path | str, *, follow: bool = True) -> io.BufferedReader:
+def linked_out(path: Path | str, root: Path) -> str | None:
+    """Why a file of the dump `root` reached through a symbolic link that leads out
+    of it (the file is a link, or a folder on its way) is not read, or None. Links within the
+    dump are followed; one out of it would let a dump read any file its reader may (another
+    run's steps, a private file). A missing file is None: opening it says so."""
+    if _no_link_below(Path(path), root):
+        return None  # the common case: an lstat per folder below the dump, nothing resolved
+    try:
+        target = Path(path).resolve(strict=True)
+    except FileNotFoundError:
+        return None
+    except (OSError, RuntimeError):  # a loop of links
+        return "is a symbolic link that does not resolve (a loop?)"
+    if target.is_relative_to(root.resolve()):
+        return None
+    return f"is a symbolic link out of the dump (to `{target}`); tokenlake never follows one"
+
+
+def _no_link_below(path: Path, root: Path) -> bool:
+    """Whether `path` is written under `root` with no symbolic link on its way down from it."""
+    try:
+        relative = path.relative_to(root)
+    except ValueError:
+        return False
+    current = root
+    for part in relative.parts:
+        current = current / part
+        if current.is_symlink():
+            return False
+    return True
+
+
+def open_regular(
+    path: Path | str, *, follow: bool = True, within: Path | None = None
+) -> io.BufferedReader:
     """`path` opened for reading, if it is a regular file (a symbolic link to one unless
-    `follow` is False); never blocks on a FIFO and never opens a device."""
+    `follow` is False, and only to one inside the dump `within` when given); never blocks on
+    a FIFO and never opens a device."""
     try:
         mode = os.stat(path, follow_symlinks=follow).st_mode
     except OSError as exc:
@@ -73,6 +108,9 @@ def open_regular(path: Path | str, *, follow: bool = True) -> io.BufferedReader:
     if stat.S_ISLNK(mode):
         raise BoundedReadError(path, "is a symbolic link; tokenlake reads only a file it wrote")
     _require_regular(path, mode)
+    outside = None if within is None else linked_out(path, within)
+    if outside is not None:
+        raise BoundedReadError(path, outside)
     nofollow = 0 if follow else os.O_NOFOLLOW
     try:  # O_NONBLOCK: a file swapped for a FIFO since the stat must not block the open
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | nofollow)
@@ -107,19 +145,22 @@ def too_large(path: Path | str, size: int, limit: int, what: str) -> BoundedRead
     )
 
 
-def read_file(path: Path | str, limit: int, what: str, *, follow: bool = True) -> bytes:
+def read_file(
+    path: Path | str, limit: int, what: str, *, follow: bool = True, within: Path | None = None
+) -> bytes:
     """The whole content of a regular file of at most `limit` bytes (memory: its size).
 
     Args:
         what: The kind of file, as messages name it (`a run manifest`).
         follow: Whether a symbolic link to a regular file is read (False where tokenlake
             wrote the file itself).
+        within: The dump the file belongs to: a link out of it is refused.
 
     Raises:
         BoundedReadError: Not a regular file, unreadable, or larger than `limit` (also when
             it grows past `limit` while it is read).
     """
-    with open_regular(path, follow=follow) as handle:
+    with open_regular(path, follow=follow, within=within) as handle:
         size = os.fstat(handle.fileno()).st_size
         if size > limit:
             raise too_large(path, size, limit, what)

@@ -226,6 +226,26 @@ def test_stray_files_are_listed_and_ignored(tmp_path: Path) -> None:
     assert (code, out) == (0, summary_line("basic", tmp_path / "lake", counts, 20, 206))
 
 
+def test_names_miles_never_writes_are_not_steps(tmp_path: Path) -> None:
+    """Only ASCII digits name a step or rank, and a name ends at `.pt`: `١.pt` (an Arabic-Indic
+    one) and `1_0.pt` with a newline after it are strays, not step 1 and its rank 0."""
+    dump = copy_dump(tmp_path)
+    arabic = dump / "rollout_data" / "\u0661.pt"
+    newline = dump / "train_data" / "1_0.pt\n"
+    (dump / "rollout_data" / "1.pt").rename(arabic)
+    (dump / "train_data" / "1_0.pt").rename(newline)
+    code, out, err = extract(dump, tmp_path / "lake")
+    stray = "not a rollout or train dump file name"
+    unjoined = "step 1 has no `rollout_data/1.pt` to join it to"
+    assert err == [
+        f"Ignored `{arabic}`: {stray}",
+        f"Ignored `{dump}/train_data/1_0.pt\\x0a`: {stray}",
+        *(f"Ignored `{dump}/train_data/1_{rank}.pt`: {unjoined}" for rank in (1, 2, 3)),
+    ]
+    counts = "2 new, 0 updated, 0 unchanged, 0 removed, 0 skipped"
+    assert (code, out) == (0, summary_line("basic", tmp_path / "lake", counts, 12, 124))
+
+
 # --- files that load but break the format -----------------------------------------------------
 
 
@@ -239,6 +259,47 @@ def test_train_row_for_a_sample_absent_from_the_rollout_dump(tmp_path: Path) -> 
     assert err == [
         f"Skipped step 1: rank 0: `{bad}`: train row 0 refers to `sample_index` 999, which is"
         f" absent from the step's rollout dump (mixed or corrupt dumps). {REPLACE}"
+    ]
+    assert lake_steps(tmp_path / "lake", "basic") == STEP_0_AND_EVAL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("rollout_id", 0, "holds `rollout_id` 0, but its name says 1"),
+        ("rank", 2, "holds `rank` 2, but its name says 0"),
+        ("rank", None, "holds `rank` None, but its name says 0"),
+    ],
+    ids=["another-step", "another-rank", "no-rank"],
+)
+def test_train_file_copied_from_another_step_or_rank(
+    tmp_path: Path, key: str, value: Any, problem: str
+) -> None:
+    """A train file whose own `rollout_id` or `rank` is not its name's (mixed dumps, a file
+    copied over another) fails its step, as a rollout file of another step does."""
+    dump = copy_dump(tmp_path)
+    bad = dump / "train_data" / "1_0.pt"
+    rewrite_pt(bad, lambda d: d.__setitem__(key, value))
+    code, _, err = extract(dump, tmp_path / "lake")
+    assert code == 1
+    assert err == [f"Skipped step 1: rank 0: `{bad}`: {problem}. {REPLACE}"]
+    assert lake_steps(tmp_path / "lake", "basic") == STEP_0_AND_EVAL
+
+
+@pytest.mark.slow
+def test_ranks_that_disagree_on_the_batch_global_raw_reward(tmp_path: Path) -> None:
+    """Every rank holds the step's whole `raw_reward`; a rank whose list differs (a file of
+    another run) fails the step rather than the first file's list being taken unseen."""
+    dump = copy_dump(tmp_path)
+    bad = dump / "train_data" / "1_2.pt"  # the other DP shard: not compared row by row
+    rewrite_pt(bad, lambda d: d["rollout_data"]["raw_reward"].__setitem__(3, 0.25))
+    code, _, err = extract(dump, tmp_path / "lake")
+    assert code == 1
+    assert err == [
+        f"Skipped step 1: rank 2: `{bad}`: `raw_reward` at batch position 3 is 0.25, but 1.0 in"
+        f" `1_0.pt`; it is batch-global, every rank holds the same (mixed or corrupt dumps)."
+        f" {REPLACE}"
     ]
     assert lake_steps(tmp_path / "lake", "basic") == STEP_0_AND_EVAL
 

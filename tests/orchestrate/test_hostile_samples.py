@@ -68,6 +68,9 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("response_length-10.9", _set("response_length", 10.9), "`response_length` is 10.9, not an integer"),
     ("response_length-negative", _set("response_length", -3), "`response_length` is -3; it cannot be negative"),
     ("response_length-too-long", _set("response_length", 13), "`response_length` 13 exceeds the 12 `tokens`"),
+    ("response_length-10**5000", _set("response_length", 10**5000), "`response_length` an integer of 16610 bits exceeds the 12 `tokens`"),
+    ("response_length-10**400", _set("response_length", 10**400), f"`response_length` {'1' + '0' * 59}… exceeds the 12 `tokens`"),
+    ("response_length-minus-10**5000", _set("response_length", -(10**5000)), "`response_length` is an integer of 16610 bits; it cannot be negative"),
     ("index-zero", _set("index", "zero"), "`index` is 'zero', not an integer"),
     ("index-0.5", _set("index", 0.5), "`index` is 0.5, not an integer"),
     ("index-2**70", _set("index", BIG), f"`index` is {BIG}, outside the int64 range"),
@@ -82,6 +85,8 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("status-int", _set("status", 5), "`status` is 5, not a string"),
     ("non_generation_time-string", _set("non_generation_time", "slow"), "`non_generation_time` is 'slow', not a number"),
     ("rollout_log_probs-strings", _set_entry("rollout_log_probs", 0, "-0.5"), "`rollout_log_probs` entry 0 is '-0.5', not a number"),
+    ("rollout_log_probs-a-bool", _set_entry("rollout_log_probs", 2, True), "`rollout_log_probs` entry 2 is True, not a number"),
+    ("tokens-a-bool", _set_entry("tokens", 7, False), "`tokens` entry 7 is False, not an integer"),
     ("loss_mask-none", _set("loss_mask", [1, None, 1, 1]), "`loss_mask` entry 1 is None, not an integer"),
     ("escaped-in-message", _set("index", "\x1b[2K\r0 skipped" + "x" * 100), "`index` is '\\x1b[2K\\r0 skipped" + "x" * 46 + "'…, not an integer"),
 ]  # fmt: skip

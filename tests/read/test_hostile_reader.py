@@ -445,7 +445,7 @@ def test_train_columns_of_stride_0_tensors_are_refused(tmp_path: Path) -> None:
     p.raw(b"u").setitem().stop()
     path = write_pt(tmp_path / "0_0.pt", p, {"0": b"\0" * 8})
     with pytest.raises(DumpFileError) as err:
-        dump.load_train(path, 0)
+        dump.load_train(path, 0, 0)
     budget = 4 * path.stat().st_size + (1 << 20)
     assert str(err.value) == (
         f"Cannot read `{path}`: {EXPANDS.format(budget)} (at most 4 per byte of the file),"

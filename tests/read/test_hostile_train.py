@@ -64,6 +64,21 @@ def test_a_string_cp_size(tmp_path, monkeypatch):
     )
 
 
+def test_an_unknown_qkv_format_under_cp(tmp_path, monkeypatch):
+    """`sbhd` slices would be placed as `thd`'s: at the wrong positions, with no error."""
+    dump, path = _dump(tmp_path, monkeypatch, cp_rank=0, cp_size=2, qkv_format="sbhd")
+    assert dump.error() == (
+        f"rank 0: `{path}`: `qkv_format` is 'sbhd'; tokenlake places the context-parallel"
+        f" slices of `thd` and `bshd` only. {REPLACE}"
+    )
+
+
+def test_an_unknown_qkv_format_without_cp_is_read(tmp_path, monkeypatch):
+    dump, _ = _dump(tmp_path, monkeypatch, cp_rank=0, cp_size=1, qkv_format="sbhd")
+    tokens, _ = dump.tables()
+    assert column(tokens, "train_log_prob") == [-1.0, -2.0]
+
+
 def test_a_cp_rank_outside_cp_size(tmp_path, monkeypatch):
     dump, path = _dump(tmp_path, monkeypatch, cp_rank=2, cp_size=2)
     assert dump.error() == (
@@ -128,4 +143,29 @@ def test_a_5000_digit_sample_index(tmp_path, monkeypatch):
     assert dump.error() == (
         f"rank 0: `{path}` (train row 0): `sample_indices` is an integer of 16610 bits;"
         f" expected a 64-bit integer. {REPLACE}"
+    )
+
+
+def test_a_cp_size_of_2_40_is_an_alignment_failure_not_a_2_40_list(tmp_path, monkeypatch):
+    """One rank of a CP group claiming 2**40 ranks: its slices cannot be assembled (flagged,
+    NULL), and nothing the size of the claim is built."""
+    dump, _ = _dump(tmp_path, monkeypatch, cp_rank=0, cp_size=2**40)
+    tokens, samples = dump.tables()
+    assert column(tokens, "train_log_prob") == [None, None]
+    assert column(samples, "alignment_failed") == [True]
+
+
+BEYOND_FLOAT = f"{'1' + '0' * 59}…, beyond the float64 range"
+
+
+def test_a_raw_reward_beyond_float64(tmp_path, monkeypatch):
+    dump, path = _dump(tmp_path, monkeypatch, columns={"raw_reward": [10**400]})
+    assert dump.error() == f"rank 0: `{path}`: `raw_reward` entry 0 is {BEYOND_FLOAT}. {REPLACE}"
+
+
+def test_a_normalised_reward_beyond_float64(tmp_path, monkeypatch):
+    dump, path = _dump(tmp_path, monkeypatch, columns={"rewards": [10**400]})
+    assert dump.error() == (
+        f"rank 0: `{path}` (batch position 0, sample_index 0): `rewards` is {BEYOND_FLOAT}."
+        f" {REPLACE}"
     )

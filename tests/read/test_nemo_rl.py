@@ -304,6 +304,17 @@ def _change_key(number: int, key: str, value: Any) -> Any:
     return edit
 
 
+def _change_entry(number: int, key: str, entry: int, value: Any) -> Any:
+    def edit(n: int, line: str) -> str:
+        if n != number:
+            return line
+        record = json.loads(line)
+        record[key][0][entry] = value
+        return json.dumps(record)
+
+    return edit
+
+
 _DROP = object()
 
 
@@ -362,6 +373,14 @@ _DROP = object()
             _change_key(2, "content", [["prompt", 3]]),
             "(line 2): `content` entry 1 is 3, not a message text",
         ),
+        (
+            _change_entry(2, "generation_logprobs", 40, True),
+            "(line 2): `generation_logprobs` entry 40 is True, a bool among numbers",
+        ),
+        (
+            _change_entry(2, "token_ids", 3, False),
+            "(line 2): `token_ids` entry 3 is False, a bool among numbers",
+        ),
     ],
     ids=[
         "not-json",
@@ -380,6 +399,8 @@ _DROP = object()
         "negative-token-id",
         "token-id-beyond-int64",
         "content-not-text",
+        "a-bool-among-log-probs",
+        "a-bool-among-token-ids",
     ],
 )
 def test_a_broken_line_fails_its_step_alone(tmp_path: Path, edit: Any, problem: str) -> None:
@@ -391,6 +412,19 @@ def test_a_broken_line_fails_its_step_alone(tmp_path: Path, edit: Any, problem: 
     message = summary.failed[0][1]
     assert message.startswith(f"`{path}` {problem}")
     assert message.endswith(f". {AFTER}") and "\n" not in message
+    assert summary.counts["new"] == 3
+
+
+def test_a_line_written_twice_fails_its_step(tmp_path: Path) -> None:
+    """NeMo-RL writes a batch's file in one go, `idx` the line's place: a repeat is not a
+    second sample."""
+    dump = _copy(tmp_path)
+    path = dump / "train_data_step1.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("".join(f"{line}\n" for line in [*lines, lines[2]]))
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    problem = "`idx` 2 is line 3's too; NeMo-RL logs each sample of a batch once"
+    assert summary.failed == [("1", f"`{path}` (line 17): {problem}. {AFTER}")]
     assert summary.counts["new"] == 3
 
 

@@ -416,6 +416,10 @@ def _set(key: str, value: Any) -> Any:
     return change
 
 
+def _set_entry(key: str, entry: int, value: Any) -> Any:
+    return lambda record: record[key].__setitem__(entry, value)
+
+
 _DROP = object()
 
 
@@ -442,6 +446,12 @@ _DROP = object()
         (2, _set("loss_mask", [1] * 49), "`loss_mask` holds values other than true or false"),
         (2, _set("is_masked", [0] * 49), "`is_masked` holds values other than true, false or null"),
         (2, _set("env_name", 3), "`env_name` is 3, not a string"),
+        (
+            2,
+            _set_entry("inference_logprobs", 30, True),
+            "`inference_logprobs` entry 30 is True, a bool among numbers",
+        ),
+        (2, _set_entry("token_ids", 4, True), "`token_ids` entry 4 is True, a bool among numbers"),
     ],
     ids=[
         "schema-version",
@@ -456,6 +466,8 @@ _DROP = object()
         "mask-ints",
         "flag-ints",
         "env-not-text",
+        "a-bool-among-log-probs",
+        "a-bool-among-token-ids",
     ],
 )
 def test_a_broken_line_fails_its_step_alone(
@@ -466,6 +478,18 @@ def test_a_broken_line_fails_its_step_alone(
     _edit_lines(path, _edit_record(line, change))
     summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
     assert summary.failed == [("1", f"`{path}` (line {line}): {problem}. {AFTER}")]
+    assert summary.counts["new"] == 1
+
+
+def test_a_line_written_twice_fails_its_step(tmp_path: Path) -> None:
+    """(step, rank, `export_sequence_idx`) keys a sample: a repeated line is not two samples."""
+    run = _copy(tmp_path)
+    path = run / "token_exports" / "step_1" / "rank_0.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("".join(f"{line}\n" for line in [*lines, lines[1]]))
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    problem = "`export_sequence_idx` 1 is line 2's too; prime-rl exports each sequence once"
+    assert summary.failed == [("1", f"`{path}` (line 5): {problem}. {AFTER}")]
     assert summary.counts["new"] == 1
 
 

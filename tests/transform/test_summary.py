@@ -116,6 +116,15 @@ def test_spec_info_as_dict_or_old_object_and_prefix_cache():
     assert sample_summary(0, False, 0, _sample(spec_info=zero), None)["spec_accept_rate"] is None
 
 
+def test_a_missing_numerator_is_an_unknown_rate_not_0():
+    """A dict that gives the drafts (or the prompt tokens) but not what was accepted (or
+    cached) says nothing about the rate: NULL, never a made-up 0.0."""
+    spec = {"spec_num_proposed_drafts": 12, "spec_num_correct_drafts": None}
+    cache = {"total_prompt_tokens": 8}
+    row = sample_summary(0, False, 0, _sample(spec_info=spec, prefix_cache_info=cache), None)
+    assert (row["spec_accept_rate"], row["prefix_cache_hit_rate"]) == (None, None)
+
+
 def test_truncated_comes_from_status_without_a_train_row():
     row = sample_summary(0, False, 0, _sample(status="truncated"), None)
     assert row["truncated"] is True

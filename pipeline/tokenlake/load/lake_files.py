@@ -420,7 +420,7 @@ def refresh_vocab(
     ):
         return False, None  # unchanged (a broken one was reported when it was first seen)
     try:
-        table = vocab.vocab_table(source)
+        table = vocab.vocab_table(source, within=root)
     except DumpFormatError as exc:
         changed = record.vocab_file is not None or record.vocab_source != stamp
         record.vocab_file, record.vocab_source = None, stamp

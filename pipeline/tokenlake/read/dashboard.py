@@ -93,10 +93,10 @@ def _empty_meta() -> dict[str, Any]:
     return {name: None for name in schema.RUN_META_SCHEMA.names}
 
 
-def _load_meta(path: Path) -> tuple[Any, str | None]:
+def _load_meta(path: Path, dump_root: Path) -> tuple[Any, str | None]:
     """The parsed JSON of meta.json, or the reason it cannot be read."""
     try:
-        text = bounded.read_file(path, MAX_META_BYTES, "a dashboard `meta.json`")
+        text = bounded.read_file(path, MAX_META_BYTES, "a dashboard `meta.json`", within=dump_root)
     except BoundedReadError as exc:
         return None, exc.problem
     try:
@@ -139,7 +139,7 @@ def read_run_meta(dump_root: Path | str) -> tuple[dict[str, Any], list[str]]:
     del meta[schema.TAGS_JSON]
     if not path.exists() and not path.is_symlink():
         return meta, []
-    data, problem = _load_meta(path)
+    data, problem = _load_meta(path, Path(dump_root))
     if problem is None and not isinstance(data, dict):
         problem = f"holds a JSON {type(data).__name__}, not an object"
     if problem is not None:
@@ -348,7 +348,7 @@ def _read_file(path: Path, name: str, start: int, budget: int, state: _Reading) 
     out, bad, where = state.out, [], shown(path, SHOWN_PATH_CHARS)
     end, resumed = start, name in state.inside_long
     try:
-        with bounded.open_regular(path) as handle:
+        with bounded.open_regular(path, within=state.dump_root) as handle:
             size = os.fstat(handle.fileno()).st_size  # lines appended meanwhile wait for later
             if start > size:
                 out.warnings.append(
@@ -392,6 +392,7 @@ class _Reading:
     columns: _Columns
     out: MetricsRead
     inside_long: Container[str]
+    dump_root: Path | None = None  # a link out of it is not read
 
 
 def read_metrics(
@@ -431,7 +432,12 @@ def read_metrics(
     else:
         files = {source.name: source} if source.is_file() else {}
         starts = {source.name: start_offset if isinstance(start_offset, int) else 0}
-    state = _Reading(_Columns(), MetricsRead(schema.METRICS_SCHEMA.empty_table()), inside_long)
+    state = _Reading(
+        _Columns(),
+        MetricsRead(schema.METRICS_SCHEMA.empty_table()),
+        inside_long,
+        source if source.is_dir() else None,
+    )
     budget = MAX_READ_BYTES
     for name, path in files.items():
         start = max(0, starts.get(name, 0))

@@ -36,10 +36,10 @@ TRAJECTORY_DIR = "trajectory"  # {label}.jsonl: the conversation of each sample 
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_FILE = "tokenizer.json"
 DASHBOARD_DIR = "dashboard"  # miles' dashboard telemetry (see pipeline/tokenlake/read/dashboard.py)
-_ROLLOUT_NAME = re.compile(r"^(eval_)?(\d+)\.pt$")
-_TRAIN_NAME = re.compile(r"^(\d+)_(\d+)\.pt$")
+_ROLLOUT_NAME = re.compile(r"^(eval_)?([0-9]+)\.pt\Z")
+_TRAIN_NAME = re.compile(r"^([0-9]+)_([0-9]+)\.pt\Z")
 # slime's one train file per step (its train dump format 2, pipeline/tokenlake/read/slime_v2.py)
-_TRAIN_STEP_NAME = re.compile(r"^(\d+)\.pt$")
+_TRAIN_STEP_NAME = re.compile(r"^([0-9]+)\.pt\Z")
 NOT_A_DUMP_FILE = "not a rollout or train dump file name"
 
 
@@ -177,11 +177,11 @@ def discover(dump_dir: Path, format: str = "miles", per_step_train: bool = False
         raise DumpNotFoundError(
             dump_dir, f"is not a miles dump: it has no `{ROLLOUT_DIR}/` directory"
         )
-    train, unread, ignored = _list_train_files(Dump(root).train_dir, per_step_train)
+    train, unread, ignored = _list_train_files(root, per_step_train)
     steps: dict[tuple[int, bool], StepFiles] = {}
     for path in listed(rollout_dir):
         match = _ROLLOUT_NAME.match(path.name)
-        why = not_a_dump_file(path, match, (2,))
+        why = not_a_dump_file(path, match, (2,), root)
         if why is not None:
             ignored.append((path, why))
             continue
@@ -229,8 +229,11 @@ def _require_utf8(dump_dir: Path, root: Path) -> None:
         ) from None
 
 
-def not_a_dump_file(path: Path, match: re.Match[str] | None, groups: tuple[int, ...]) -> str | None:
-    """Why `path` is not extracted, or None for a dump file (a regular file, ids in int64)."""
+def not_a_dump_file(
+    path: Path, match: re.Match[str] | None, groups: tuple[int, ...], root: Path
+) -> str | None:
+    """Why `path` is not extracted, or None for a dump file (a regular file inside the dump
+    `root`, ids in int64)."""
     if match is None:
         return NOT_A_DUMP_FILE
     if path.is_symlink() and not path.exists():
@@ -238,6 +241,9 @@ def not_a_dump_file(path: Path, match: re.Match[str] | None, groups: tuple[int, 
     kind = _file_kind(path)
     if kind is not None:
         return f"is {kind}, not a regular file"
+    outside = bounded.linked_out(path, root)
+    if outside is not None:
+        return outside
     for group in groups:
         if int(match.group(group)) > INT64_MAX:
             return f"its id {match.group(group)[:40]} exceeds the largest step id or rank ({INT64_MAX})"
@@ -276,10 +282,11 @@ def refuse_duplicate(earlier: StepFiles | Path | None, path: Path, what: str = "
 
 
 def _list_train_files(
-    train_dir: Path, per_step: bool = False
+    root: Path, per_step: bool = False
 ) -> tuple[dict[int, dict[int, Path]], dict[int, list[Path]], list[tuple[Path | str, str]]]:
-    """(step → rank → file, step → files of the other layout, ignored) of `train_data/`;
-    a per-step file is listed as rank 0."""
+    """(step → rank → file, step → files of the other layout, ignored) of the dump's
+    `train_data/`; a per-step file is listed as rank 0."""
+    train_dir = Dump(root).train_dir
     by_step: dict[int, dict[int, Path]] = {}
     unread: dict[int, list[Path]] = {}
     ignored: list[tuple[Path | str, str]] = []
@@ -289,10 +296,10 @@ def _list_train_files(
     for path in listed(train_dir):
         match = read.match(path.name)
         foreign = None if match else other.match(path.name)
-        if foreign is not None and not_a_dump_file(path, foreign, (1,)) is None:
+        if foreign is not None and not_a_dump_file(path, foreign, (1,), root) is None:
             unread.setdefault(int(foreign.group(1)), []).append(path)
             continue
-        why = not_a_dump_file(path, match, (1,) if per_step else (1, 2))
+        why = not_a_dump_file(path, match, (1,) if per_step else (1, 2), root)
         if why is not None:
             ignored.append((path, why))
             continue
@@ -365,11 +372,7 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
     data = pt.load(path, arrays_under=("samples", validate.ARRAY_FIELDS))
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise DumpFormatError(path, "is not a rollout dump: it has no `samples` list")
-    found = data.get("rollout_id")
-    if type(found) is not int or found != rollout_id:  # exact type: a hostile `==` never runs
-        raise DumpFormatError(
-            path, f"holds `rollout_id` {shown(found)}, but its name says {rollout_id}"
-        )
+    _check_named(path, data, "rollout_id", rollout_id)
     for position, sample in enumerate(data["samples"]):
         if not isinstance(sample, dict):
             raise DumpFormatError(
@@ -384,13 +387,23 @@ def load_rollout(path: Path, rollout_id: int) -> dict[str, Any]:
     return data
 
 
-def load_train(path: Path, rank: int) -> dict[str, Any]:
+def _check_named(path: Path, data: dict[str, Any], key: str, named: int) -> None:
+    """The file's own `rollout_id` or `rank` is the one its name says: a file copied from
+    another step or rank (mixed dumps) would otherwise land as this one's."""
+    found = data.get(key)
+    if type(found) is not int or found != named:  # exact type: a hostile `==` never runs
+        raise DumpFormatError(path, f"holds `{key}` {shown(found)}, but its name says {named}")
+
+
+def load_train(path: Path, rollout_id: int, rank: int) -> dict[str, Any]:
     """Load one rank's train dump and check its top-level structure (section 3.1)."""
     from tokenlake.read import pt, train_checks  # only commands that read a dump
 
     data = pt.load(path)
     if not isinstance(data, dict) or not isinstance(data.get("rollout_data"), dict):
         raise DumpFormatError(path, "is not a train dump: it has no `rollout_data` dict")
+    _check_named(path, data, "rollout_id", rollout_id)
+    _check_named(path, data, "rank", rank)
     columns = data["rollout_data"]
     for key in ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks"):
         if key not in columns:

@@ -205,7 +205,7 @@ def _has_miles_metadata(root: Path, load: Loader) -> bool:
     candidates = []
     for path in dump.listed(root / dump.ROLLOUT_DIR):
         match = dump._ROLLOUT_NAME.match(path.name)
-        if dump.not_a_dump_file(path, match, (2,)) is None:
+        if dump.not_a_dump_file(path, match, (2,), root) is None:
             candidates.append((path.stat().st_size, path.name, path))
     if not candidates:
         return True

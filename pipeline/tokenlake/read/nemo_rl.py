@@ -54,7 +54,7 @@ from tokenlake.read.jsontext import clean_text, to_json
 from tokenlake.read.train_checks import exact_int, numbers
 from tokenlake.steptypes import ListArray, StepRead, TrainRow
 
-LOG_NAME = re.compile(r"^(train|val)_data_step(\d+)\.jsonl$")
+LOG_NAME = re.compile(r"^(train|val)_data_step([0-9]+)\.jsonl\Z")
 # One sample's line: ~20 bytes per position for each of its five arrays, so 256 MiB is a
 # sequence of about 2.5 million tokens; a longer line fails its step.
 MAX_LINE_BYTES = 256 << 20
@@ -93,7 +93,7 @@ def discover(root: Path) -> dump.Dump:
         match = LOG_NAME.match(path.name)
         if match is None:
             continue
-        why = dump.not_a_dump_file(path, match, (2,))
+        why = dump.not_a_dump_file(path, match, (2,), root)
         if why is not None:
             ignored.append((path, why))
             continue
@@ -110,9 +110,11 @@ def read_step(files: dump.StepFiles) -> StepRead:
     samples: list[dict[str, Any]] = []
     messages: list[str | None] = []
     rows: dict[int, TrainRow] = {}
+    logged: dict[int, int] = {}  # idx -> its line
     for number, record in _records(path):
         label = f"line {number}"
         sample, train = (_val_line if files.evaluation else _train_line)(path, record, label)
+        _refuse_a_repeat(path, logged, sample["index"], number)
         if train is not None:
             rows[len(samples)] = train
         messages.append(to_json(record["content"][0], "content") if "content" in record else None)
@@ -121,6 +123,20 @@ def read_step(files: dump.StepFiles) -> StepRead:
     if files.evaluation:
         return StepRead(samples, checked, rows, 0, messages, unknown=_NOT_IN_VALIDATION)
     return StepRead(samples, checked, rows, 1, messages, unknown=_NOT_LOGGED)
+
+
+def _refuse_a_repeat(path: Path, logged: dict[int, int], index: int | None, number: int) -> None:
+    """`idx` is the line's place in the batch NeMo-RL logged (it writes the file in one go):
+    one that repeats is a line written twice, which would land as two samples."""
+    if index is None:
+        return
+    first = logged.setdefault(index, number)
+    if first != number:
+        raise DumpFormatError(
+            path,
+            f"`idx` {index} is line {first}'s too; NeMo-RL logs each sample of a batch once",
+            sample=f"line {number}",
+        )
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -63,7 +63,7 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.read import dump, jsonarrays, pt, validate
-from tokenlake.read.train_checks import exact_int
+from tokenlake.read.train_checks import exact_int, refuse_a_bool_among_numbers
 from tokenlake.read.values import INT64_MAX
 from tokenlake.steptypes import ListArray, StepRead, TrainRow
 
@@ -71,8 +71,8 @@ EXPORT_DIR = "token_exports"
 STABLE = "STABLE"
 METRICS_FILE = "metrics.jsonl"
 SCHEMA_VERSION = 1
-STEP_DIR = re.compile(r"^step_(\d+)$")
-RANK_FILE = re.compile(r"^rank_(\d+)\.jsonl$")
+STEP_DIR = re.compile(r"^step_([0-9]+)\Z")
+RANK_FILE = re.compile(r"^rank_([0-9]+)\.jsonl\Z")
 # One sample's line holds ~17 values per token, ~200 bytes per token, so 256 MiB is a sequence
 # of about 1.3 million tokens; a longer line fails its step. Parsing one line takes about 3
 # times its size for the moment it is parsed.
@@ -130,7 +130,7 @@ def discover(root: Path) -> dump.Dump:
         if not _is_regular(stable):  # not yet: never read half a step
             ignored.append((folder, NOT_YET))
             continue
-        ranks = _rank_files(folder, ignored)
+        ranks = _rank_files(root, folder, ignored)
         if not ranks:
             ignored.append((folder, "holds no `rank_{R}.jsonl` file"))
             continue
@@ -151,13 +151,13 @@ def _is_regular(path: Path) -> bool:
         return False
 
 
-def _rank_files(folder: Path, ignored: list[tuple[Path | str, str]]) -> dict[int, Path]:
+def _rank_files(root: Path, folder: Path, ignored: list[tuple[Path | str, str]]) -> dict[int, Path]:
     ranks: dict[int, Path] = {}
     for path in sorted(folder.iterdir()):
         if path.name == STABLE:
             continue
         match = RANK_FILE.match(path.name)
-        why = dump.not_a_dump_file(path, match, (1,))
+        why = dump.not_a_dump_file(path, match, (1,), root)
         if match is None or why is not None:
             ignored.append((path, why or dump.NOT_A_DUMP_FILE))
             continue
@@ -173,14 +173,29 @@ def read_step(files: dump.StepFiles) -> StepRead:
     samples: list[dict[str, Any]] = []
     rows: dict[int, TrainRow] = {}
     for rank, path in files.train_files:
+        exported: dict[int, int] = {}  # export_sequence_idx -> its line
         for number, record in _records(path):
             label = f"line {number}"
             sample, train = _sample(path, record, label, files.rollout_id, rank)
+            _refuse_a_repeat(path, exported, record["export_sequence_idx"], number)
             rows[len(samples)] = train
             samples.append(sample)
     checked = validate.check_samples(files.rollout_file, samples)
     messages: list[str | None] = [None] * len(samples)
     return StepRead(samples, checked, rows, len(files.train_files), messages, unknown=_NOT_EXPORTED)
+
+
+def _refuse_a_repeat(path: Path, exported: dict[int, int], index: int, number: int) -> None:
+    """A sample is keyed by (step, rank, `export_sequence_idx`): a key that repeats is a line
+    written twice, which would land as two samples."""
+    first = exported.setdefault(index, number)
+    if first != number:
+        raise DumpFormatError(
+            path,
+            f"`export_sequence_idx` {index} is line {first}'s too; prime-rl exports each"
+            " sequence once",
+            sample=f"line {number}",
+        )
 
 
 def _require_stable(files: dump.StepFiles) -> None:
@@ -310,6 +325,7 @@ def _ints(
     array = np.asarray(values) if len(values) else np.zeros(0, dtype=np.int64)
     if array.ndim != 1 or array.dtype.kind not in "iu":
         raise DumpFormatError(path, f"`{key}` is not a flat list of integers", sample=label)
+    refuse_a_bool_among_numbers(values, array, path, key, label)
     return array.astype(np.int64, copy=False)
 
 
@@ -323,6 +339,7 @@ def _floats(
         return None  # `count` compares by identity first: no Python step per entry
     array = np.asarray(values) if n else np.zeros(0)
     if array.ndim == 1 and array.dtype.kind in "iuf":
+        refuse_a_bool_among_numbers(values, array, path, key, label)
         return array.astype(np.float64, copy=False), np.zeros(n, dtype=bool)
     nulls = np.fromiter((v is None for v in values), dtype=bool, count=n)
     if n and nulls.all():

@@ -26,8 +26,8 @@ from tokenlake.read.train_checks import (
     exact_int,
     flag_or_none,
     is_column,
-    number_or_none,
     numbers,
+    reward_or_none,
 )
 from tokenlake.read.validate import sample_label
 from tokenlake.read.values import is_int
@@ -158,7 +158,7 @@ def resolve_sample(
     position: int,
     sample: dict[str, Any],
     locations: list[Location],
-    raw_reward: Sequence[Any] | None,
+    raw_reward: Sequence[float | None] | None,
 ) -> TrainRow:
     """Resolve one sample's train side from all the rank rows holding it (section 4.7)."""
     first = locations[0]
@@ -177,9 +177,13 @@ def resolve_sample(
         response_length=response_length,
         total_length=total_length,
         loss_mask=loss_mask,
-        normalized_reward=number_or_none(first.get("rewards")) if first.has("rewards") else None,
+        normalized_reward=(
+            reward_or_none(first.get("rewards"), first.file.path, "rewards", label)
+            if first.has("rewards")
+            else None
+        ),
         truncated=flag_or_none(first.get("truncated")) if first.has("truncated") else None,
-        raw_reward=number_or_none(raw_reward[position]) if raw_reward is not None else None,
+        raw_reward=raw_reward[position] if raw_reward is not None else None,
         fields=layout.fields,
         alignment_failed=layout.failed,
         holes=layout.holes,
@@ -333,8 +337,8 @@ def _assemble_field(
         return None
     if cp_size == 1:
         full = slices.get(0)
-    elif sorted(slices) != list(range(cp_size)):
-        return None
+    elif len(slices) != cp_size or sorted(slices) != list(range(cp_size)):
+        return None  # (the count first: a forged `cp_size` of 2**40 builds no such list)
     else:
         ordered = [slices[s] for s in range(cp_size)]
         full = cp_layout.assemble(ordered, total_length, response_length, padded)

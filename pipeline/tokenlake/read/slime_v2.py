@@ -191,7 +191,7 @@ def _shard_ranks(path: Path, data: dict[str, Any]) -> dict[int, int]:
     return ranks
 
 
-def _raw_reward(path: Path, data: dict[str, Any], samples: int) -> list[Any] | None:
+def _raw_reward(path: Path, data: dict[str, Any], samples: int) -> list[float | None] | None:
     """The batch-global `raw_reward` (one per rollout position), or None if not dumped."""
     raw = data.get("raw_reward")
     if raw is None:
@@ -202,4 +202,4 @@ def _raw_reward(path: Path, data: dict[str, Any], samples: int) -> list[Any] | N
             path,
             f"`raw_reward` is {size}; expected one entry per rollout sample ({samples})",
         )
-    return raw
+    return train_checks.raw_rewards(path, raw)

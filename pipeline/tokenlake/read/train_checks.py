@@ -14,7 +14,7 @@ import numpy as np
 
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, shown
-from tokenlake.read.values import INT64_MAX, INT64_MIN, is_int, scalar
+from tokenlake.read.values import INT64_MAX, INT64_MIN, first_bool, is_int, scalar
 
 
 def exact_int(value: Any, path: Path, field: str, sample: str | None = None) -> int:
@@ -42,7 +42,18 @@ def numbers(value: Any, path: Path, field: str, sample: str | None = None) -> np
             f"`{field}` holds {shown(value)}, not numbers",
             sample=sample,
         )
+    refuse_a_bool_among_numbers(value, array, path, field, sample)
     return array
+
+
+def refuse_a_bool_among_numbers(
+    value: Any, array: np.ndarray, path: Path, field: str, sample: str | None = None
+) -> None:
+    """A list of numbers with a bool in it (numpy made it 1 or 0) is an error naming it."""
+    entry = first_bool(value, array)
+    if entry is not None:
+        problem = f"`{field}` entry {entry} is {shown(value[entry])}, a bool among numbers"
+        raise DumpFormatError(path, problem, sample=sample)
 
 
 _REQUIRED = ("sample_indices", "response_lengths", "total_lengths", "tokens", "loss_masks")
@@ -76,6 +87,19 @@ def check_columns(path: Path, data: dict[str, Any]) -> None:
             raise DumpFormatError(
                 path, f"`cp_rank` is {rank}; expected 0..{size - 1} (`cp_size` {size})"
             )
+    qkv_format = data.get("qkv_format")
+    known = type(qkv_format) is str and qkv_format in _QKV_FORMATS  # exact type: no hostile `==`
+    if size > 1 and qkv_format is not None and not known:
+        raise DumpFormatError(
+            path,
+            f"`qkv_format` is {shown(qkv_format)}; tokenlake places the context-parallel slices"
+            " of `thd` and `bshd` only",
+        )
+
+
+# The layouts whose CP slicing cp_layout.py knows (dump-format.md 4.4, 4.8); another one's
+# slices would be placed as thd's, at the wrong positions.
+_QKV_FORMATS = ("thd", "bshd")
 
 
 def number_or_none(value: Any) -> float | None:
@@ -84,6 +108,35 @@ def number_or_none(value: Any) -> float | None:
     if isinstance(value, int | float | np.number | np.bool_):
         return float(value)
     return None
+
+
+def reward_or_none(value: Any, path: Path, field: str, sample: str | None = None) -> float | None:
+    """`number_or_none` of a train file's reward; an integer beyond float64 (`10**400`) is an
+    error naming the file, as `Sample.reward` is on the rollout side."""
+    try:
+        return number_or_none(value)
+    except OverflowError:
+        problem = f"`{field}` is {shown(value)}, beyond the float64 range"
+        raise DumpFormatError(path, problem, sample=sample) from None
+
+
+def raw_rewards(path: Path, raw: Any) -> list[float | None]:
+    """A batch-global `raw_reward` list as the lake's `raw_reward` holds it (non-numbers:
+    NULL, section 8.11); an integer beyond float64 (`10**400`) is an error naming its entry."""
+    try:
+        return [number_or_none(value) for value in raw]
+    except OverflowError:
+        position, value = next((p, v) for p, v in enumerate(raw) if _beyond_float(v))
+        problem = f"`raw_reward` entry {position} is {shown(value)}, beyond the float64 range"
+        raise DumpFormatError(path, problem) from None
+
+
+def _beyond_float(value: Any) -> bool:
+    try:
+        number_or_none(value)
+    except OverflowError:
+        return True
+    return False
 
 
 def flag_or_none(value: Any) -> bool | None:

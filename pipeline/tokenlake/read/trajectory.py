@@ -57,7 +57,10 @@ class _JsonText(str):
 
 
 def messages_by_position(
-    path: Path | None, samples: list[dict[str, Any]], warnings: list[str] | None = None
+    path: Path | None,
+    samples: list[dict[str, Any]],
+    warnings: list[str] | None = None,
+    within: Path | None = None,
 ) -> list[str | None]:
     """Each sample's conversation as JSON text, or None (no line for it, ambiguous, no file,
     and no `metadata["messages"]` list in the sample).
@@ -81,7 +84,7 @@ def messages_by_position(
         index = sample.get("index")
         if isinstance(index, int | np.integer) and not isinstance(index, bool | np.bool_):
             positions[int(index)].append(position)
-    for index, records in _records_by_index(path, positions, warnings).items():
+    for index, records in _records_by_index(path, positions, warnings, within).items():
         candidates = positions[index]
         fits = [[_fits(r.keys, samples[p]) for p in candidates] for r in records]
         for line, slot in enumerate(forced_slots(fits)):
@@ -105,14 +108,17 @@ def _messages_in_sample(position: int, sample: dict[str, Any]) -> str | None:
 
 
 def _records_by_index(
-    path: Path, positions: dict[int, list[int]], warnings: list[str] | None
+    path: Path,
+    positions: dict[int, list[int]],
+    warnings: list[str] | None,
+    within: Path | None = None,
 ) -> dict[int, list[_Record]]:
     """The lines that may go to a sample, by index. A line for an index no sample has is
     dropped at once, and so are all lines of an index with more lines than samples (no
     assignment exists), so at most one line per sample is kept."""
     kept: dict[int, list[_Record]] = defaultdict(list)
     overfull: set[int] = set()
-    for line in read_records(path, warnings):
+    for line in read_records(path, warnings, within):
         index = line["sample_index"]
         if index not in positions or index in overfull:
             continue
@@ -124,15 +130,17 @@ def _records_by_index(
     return kept
 
 
-def read_records(path: Path, warnings: list[str] | None = None) -> Iterator[dict[str, Any]]:
+def read_records(
+    path: Path, warnings: list[str] | None = None, within: Path | None = None
+) -> Iterator[dict[str, Any]]:
     """The file's records, parsed one line at a time; a line that is not UTF-8 JSON with an
     integer `sample_index` and a `messages` list fails the step with one line naming the
-    file and the line. Beyond the size bounds: a warning in `warnings`, and no record (see
-    `messages_by_position`)."""
+    file and the line. Beyond the size bounds, or a link out of the dump `within`: a warning
+    in `warnings`, and no record (see `messages_by_position`)."""
     notes = warnings if warnings is not None else []
     where = shown(path, SHOWN_PATH_CHARS)
     try:
-        handle = bounded.open_regular(path)
+        handle = bounded.open_regular(path, within=within)
     except BoundedReadError as exc:
         notes.append(f"`{where}` {exc.problem}; the step's conversations are NULL.")
         return

@@ -22,7 +22,7 @@ import numpy as np
 from tokenlake import schema
 from tokenlake.errors import DumpFormatError, SampleValueError, shown
 from tokenlake.read import sampling_support, weight_versions
-from tokenlake.read.values import INT64_MAX, INT64_MIN, flat_array, is_int
+from tokenlake.read.values import INT64_MAX, INT64_MIN, first_bool, flat_array, is_int
 from tokenlake.steptypes import CheckedSample, ListArray
 
 # The per-token lists `check_sample` reads as arrays: the unpickler may give them as
@@ -124,9 +124,9 @@ def response_length(sample: dict[str, Any], total: int) -> int:
         raise SampleValueError("response_length", f"is {shown(value)}, not an integer")
     length = int(value)
     if length < 0:
-        raise SampleValueError("response_length", f"is {length}; it cannot be negative")
+        raise SampleValueError("response_length", f"is {shown(length)}; it cannot be negative")
     if length > total:
-        raise SampleValueError("response_length", f"{length} exceeds the {total} `tokens`")
+        raise SampleValueError("response_length", f"{shown(length)} exceeds the {total} `tokens`")
     return length
 
 
@@ -150,12 +150,18 @@ def _numeric_list(values: Any, field: str, what: str) -> np.ndarray:
     if not values:
         return np.zeros(0, dtype=np.int64)
     array = flat_array(values)
-    if array is None or array.dtype.kind not in kinds:
+    if array is None or array.dtype.kind not in kinds or _hides_a_bool(values, array, kinds):
         problem = _token_problem if field == "tokens" else _ENTRY_PROBLEMS[what]
         _raise_first_bad(values, field, problem)
         # Each entry is right, but numpy promoted the mix (int64 with uint64 gives float64).
         return np.array(values, dtype=np.float64 if what == "numbers" else np.int64)
     return array
+
+
+def _hides_a_bool(values: list[Any] | tuple[Any, ...], array: np.ndarray, kinds: str) -> bool:
+    """A bool numpy turned into 1 or 0 in a list of numbers or token ids (masks may hold
+    bools: there `True` is 1)."""
+    return "b" not in kinds and first_bool(values, array) is not None
 
 
 def _as_list(values: Any) -> Any:

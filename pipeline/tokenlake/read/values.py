@@ -48,3 +48,23 @@ def flat_array(values: list[Any] | tuple[Any, ...]) -> np.ndarray | None:
         return np.asarray(values)  # pragma: no cover - numpy < 2.4
     except (ValueError, TypeError, OverflowError):  # nested, or entries numpy cannot hold
         return None
+
+
+def first_bool(values: Any, array: np.ndarray) -> int | None:
+    """The entry of a list that is a bool although numpy made numbers of the list, or None.
+
+    numpy reads `[True, -0.5]` as `[1.0, -0.5]` and `[True, 7]` as `[1, 7]`: a `true` among a
+    JSON line's log-probs or token ids would land as a log-prob of 1.0 or token 1. A bool can
+    only hide where the array holds 0 or 1, so other lists cost one array comparison.
+
+    Examples:
+        >>> first_bool([0.5, True], np.asarray([0.5, True])), first_bool([1, 2], np.asarray([1, 2]))
+        (1, None)
+    """
+    if not isinstance(values, list | tuple) or array.ndim != 1 or array.dtype.kind not in "iuf":
+        return None
+    if not ((array == 0) | (array == 1)).any():
+        return None
+    if not {bool, np.bool_} & set(map(type, values)):
+        return None
+    return next(i for i, v in enumerate(values) if isinstance(v, bool | np.bool_))

@@ -17,7 +17,7 @@ from tokenlake.errors import BoundedReadError, DumpFormatError
 MAX_TOKENIZER_BYTES = 64 * bounded.MiB
 
 
-def vocab_table(path: Path) -> pa.Table:
+def vocab_table(path: Path, within: Path | None = None) -> pa.Table:
     """One row per token id of the tokenizer: its id and its text decoded alone.
 
     A file that is not a regular file, or larger than `MAX_TOKENIZER_BYTES`, is a
@@ -36,7 +36,7 @@ def vocab_table(path: Path) -> pa.Table:
     from tokenizers import Tokenizer
 
     try:
-        data = bounded.read_file(path, MAX_TOKENIZER_BYTES, "a `tokenizer.json`")
+        data = bounded.read_file(path, MAX_TOKENIZER_BYTES, "a `tokenizer.json`", within=within)
     except BoundedReadError as exc:
         raise DumpFormatError(path, exc.problem) from exc
     try:

@@ -184,13 +184,15 @@ def _ratio(
         raise SampleValueError(field, f"is {shown(info)}, not a dict of counters")
     num = _counter(info, field, numerator)
     den = _counter(info, field, denominator)
-    return num / den if den else None
+    return num / den if den and num is not None else None
 
 
-def _counter(info: dict[Any, Any], field: str, names: str | tuple[str, ...]) -> int:
+def _counter(info: dict[Any, Any], field: str, names: str | tuple[str, ...]) -> int | None:
+    """The counter under the first of its names the dict has; None when it has none (or
+    only None): a missing numerator is unknown, not a 0 of a 0.0 rate."""
     names = (names,) if isinstance(names, str) else names
-    name = next((n for n in names if info.get(n) is not None), names[0])
-    return _count(info.get(name), f"{field}.{name}")
+    name = next((n for n in names if info.get(n) is not None), None)
+    return None if name is None else _count(info.get(name), f"{field}.{name}")
 
 
 def _count(value: Any, field: str) -> int:

@@ -63,7 +63,9 @@ def build_step(
     try:
         messages = step.messages
         if messages is None:
-            messages = trajectory.messages_by_position(files.trajectory_file, samples, warnings)
+            messages = trajectory.messages_by_position(
+                files.trajectory_file, samples, warnings, within=files.dump.root
+            )
         samples_table = flatten.samples_table(
             files.rollout_id,
             files.evaluation,
