@@ -11,14 +11,17 @@ Ctrl-C interrupts without marking anything.
 
 from __future__ import annotations
 
-import importlib.abc
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from importlib.machinery import ModuleSpec
-from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # `importlib.abc` imports `importlib.resources`: 14 ms a command
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
 
 class Background:
@@ -98,9 +101,10 @@ def hold_ctrl_c_while_importing(names: Iterable[str]) -> None:
         sys.meta_path.insert(0, finder)
 
 
-class _HeldImports(importlib.abc.MetaPathFinder):
-    """Finds the modules it names as the finders after it do, and loads them with a Ctrl-C
-    held (`sigint_held`)."""
+class _HeldImports:
+    """A finder of `sys.meta_path` (as `importlib.abc.MetaPathFinder` describes one): finds
+    the modules it names as the finders after it do, and loads them with a Ctrl-C held
+    (`sigint_held`)."""
 
     def __init__(self, names: frozenset[str]) -> None:
         self.names = names
@@ -116,15 +120,16 @@ class _HeldImports(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _HeldLoader(spec.loader)
+                    spec.loader = cast("Loader", _HeldLoader(spec.loader))
                 return spec
         return None
 
 
-class _HeldLoader(importlib.abc.Loader):
-    """A loader whose module is made and run with a Ctrl-C held."""
+class _HeldLoader:
+    """A loader (as `importlib.abc.Loader` describes one) whose module is made and run with a
+    Ctrl-C held."""
 
-    def __init__(self, loader: importlib.abc.Loader) -> None:
+    def __init__(self, loader: Any) -> None:
         self.loader = loader
 
     def __getattr__(self, name: str) -> object:  # the rest as the loader has it
@@ -132,7 +137,8 @@ class _HeldLoader(importlib.abc.Loader):
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         with sigint_held():
-            return self.loader.create_module(spec)
+            made: ModuleType | None = self.loader.create_module(spec)
+            return made
 
     def exec_module(self, module: ModuleType) -> None:
         with sigint_held():
