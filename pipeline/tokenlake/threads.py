@@ -66,17 +66,33 @@ def sigint_deferred() -> Iterator[list[bool]]:
 
     Publishing (manifest, catalog, vocab) is short and must finish: an interrupt inside it
     would abort DuckDB's catalog build or even an extension import. Only the main thread can
-    set handlers; elsewhere Python delivers no KeyboardInterrupt anyway.
+    set handlers; elsewhere Python delivers no KeyboardInterrupt anyway. Within a block that
+    holds a Ctrl-C already, the list stays empty: the outer block has it, and its end is when
+    it comes (an inner block ending first would cut the outer one short).
     """
-    received: list[bool] = []
     if threading.current_thread() is not threading.main_thread():
-        yield received
+        yield []
         return
-    previous = signal.signal(signal.SIGINT, lambda *_: received.append(True))
+    previous = signal.getsignal(signal.SIGINT)
+    if isinstance(previous, _Held):
+        yield []
+        return
+    held = _Held()
+    signal.signal(signal.SIGINT, held)
     try:
-        yield received
+        yield held.received
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+class _Held:
+    """The SIGINT handler of a block that holds a Ctrl-C: it notes each one."""
+
+    def __init__(self) -> None:
+        self.received: list[bool] = []
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.received.append(True)
 
 
 @contextmanager

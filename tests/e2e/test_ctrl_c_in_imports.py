@@ -7,6 +7,8 @@ comes (as a failed import: the command stops).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,3 +46,15 @@ def test_with_the_hold_the_import_ends_whole_then_the_ctrl_c_comes(module_path: 
     with pytest.raises(KeyboardInterrupt):
         __import__(MODULE)
     assert (module_path / f"{MODULE}.py.ran").exists()
+
+
+def test_a_hold_within_a_hold_leaves_the_ctrl_c_to_the_outer_one() -> None:
+    """DuckDB's held import inside `drop`'s hold (its catalog build imports it) raised the
+    Ctrl-C at the import's end, between the drop's emptied manifest and its deletions."""
+    ran = []
+    with pytest.raises(KeyboardInterrupt):
+        with threads.sigint_held():
+            with threads.sigint_held():
+                os.kill(os.getpid(), signal.SIGINT)
+            ran.append("after the inner block")
+    assert ran == ["after the inner block"]
