@@ -51,13 +51,14 @@ from tokenlake.errors import (
 )
 from tokenlake.read import dump, jsonarrays, pt, validate
 from tokenlake.read.jsontext import clean_text, to_json
-from tokenlake.read.train_checks import exact_int, numbers
+from tokenlake.read.train_checks import exact_int, numbers, refuse_a_repeated_line
 from tokenlake.steptypes import ListArray, StepRead, TrainRow
 
 LOG_NAME = re.compile(r"^(train|val)_data_step([0-9]+)\.jsonl\Z")
 # One sample's line: ~20 bytes per position for each of its five arrays, so 256 MiB is a
 # sequence of about 2.5 million tokens; a longer line fails its step.
 MAX_LINE_BYTES = 256 << 20
+_REPEATED_IDX = "`idx` {key} is line {first}'s too; NeMo-RL logs each sample of a batch once"
 MAX_DEPTH = 8  # {"content": [[{"role": ...}]]} nests 4 deep
 # NeMo-RL logs no truncation: unknown, never false.
 _NOT_LOGGED = ("truncated",)
@@ -114,7 +115,8 @@ def read_step(files: dump.StepFiles) -> StepRead:
     for number, record in _records(path):
         label = f"line {number}"
         sample, train = (_val_line if files.evaluation else _train_line)(path, record, label)
-        _refuse_a_repeat(path, logged, sample["index"], number)
+        if sample["index"] is not None:  # `idx`: its place in the batch, logged in one go
+            refuse_a_repeated_line(path, logged, sample["index"], number, _REPEATED_IDX)
         if train is not None:
             rows[len(samples)] = train
         messages.append(to_json(record["content"][0], "content") if "content" in record else None)
@@ -123,20 +125,6 @@ def read_step(files: dump.StepFiles) -> StepRead:
     if files.evaluation:
         return StepRead(samples, checked, rows, 0, messages, unknown=_NOT_IN_VALIDATION)
     return StepRead(samples, checked, rows, 1, messages, unknown=_NOT_LOGGED)
-
-
-def _refuse_a_repeat(path: Path, logged: dict[int, int], index: int | None, number: int) -> None:
-    """`idx` is the line's place in the batch NeMo-RL logged (it writes the file in one go):
-    one that repeats is a line written twice, which would land as two samples."""
-    if index is None:
-        return
-    first = logged.setdefault(index, number)
-    if first != number:
-        raise DumpFormatError(
-            path,
-            f"`idx` {index} is line {first}'s too; NeMo-RL logs each sample of a batch once",
-            sample=f"line {number}",
-        )
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

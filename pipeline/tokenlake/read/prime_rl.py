@@ -63,12 +63,19 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.read import dump, jsonarrays, pt, validate
-from tokenlake.read.train_checks import exact_int, refuse_a_bool_among_numbers
+from tokenlake.read.train_checks import (
+    exact_int,
+    refuse_a_bool_among_numbers,
+    refuse_a_repeated_line,
+)
 from tokenlake.read.values import INT64_MAX
 from tokenlake.steptypes import ListArray, StepRead, TrainRow
 
 EXPORT_DIR = "token_exports"
 STABLE = "STABLE"
+_REPEATED_SEQUENCE = (
+    "`export_sequence_idx` {key} is line {first}'s too; prime-rl exports each sequence once"
+)
 METRICS_FILE = "metrics.jsonl"
 SCHEMA_VERSION = 1
 STEP_DIR = re.compile(r"^step_([0-9]+)\Z")
@@ -177,25 +184,13 @@ def read_step(files: dump.StepFiles) -> StepRead:
         for number, record in _records(path):
             label = f"line {number}"
             sample, train = _sample(path, record, label, files.rollout_id, rank)
-            _refuse_a_repeat(path, exported, record["export_sequence_idx"], number)
+            key = record["export_sequence_idx"]  # (step, rank, it) keys a sample
+            refuse_a_repeated_line(path, exported, key, number, _REPEATED_SEQUENCE)
             rows[len(samples)] = train
             samples.append(sample)
     checked = validate.check_samples(files.rollout_file, samples)
     messages: list[str | None] = [None] * len(samples)
     return StepRead(samples, checked, rows, len(files.train_files), messages, unknown=_NOT_EXPORTED)
-
-
-def _refuse_a_repeat(path: Path, exported: dict[int, int], index: int, number: int) -> None:
-    """A sample is keyed by (step, rank, `export_sequence_idx`): a key that repeats is a line
-    written twice, which would land as two samples."""
-    first = exported.setdefault(index, number)
-    if first != number:
-        raise DumpFormatError(
-            path,
-            f"`export_sequence_idx` {index} is line {first}'s too; prime-rl exports each"
-            " sequence once",
-            sample=f"line {number}",
-        )
 
 
 def _require_stable(files: dump.StepFiles) -> None:

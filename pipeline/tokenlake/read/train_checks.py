@@ -123,20 +123,25 @@ def reward_or_none(value: Any, path: Path, field: str, sample: str | None = None
 def raw_rewards(path: Path, raw: Any) -> list[float | None]:
     """A batch-global `raw_reward` list as the lake's `raw_reward` holds it (non-numbers:
     NULL, section 8.11); an integer beyond float64 (`10**400`) is an error naming its entry."""
-    try:
-        return [number_or_none(value) for value in raw]
-    except OverflowError:
-        position, value = next((p, v) for p, v in enumerate(raw) if _beyond_float(v))
-        problem = f"`raw_reward` entry {position} is {shown(value)}, beyond the float64 range"
-        raise DumpFormatError(path, problem) from None
+    rewards = []
+    for position, value in enumerate(raw):
+        try:
+            rewards.append(number_or_none(value))
+        except OverflowError:
+            problem = f"`raw_reward` entry {position} is {shown(value)}, beyond the float64 range"
+            raise DumpFormatError(path, problem) from None
+    return rewards
 
 
-def _beyond_float(value: Any) -> bool:
-    try:
-        number_or_none(value)
-    except OverflowError:
-        return True
-    return False
+def refuse_a_repeated_line(
+    path: Path, seen: dict[int, int], key: int, number: int, what: str
+) -> None:
+    """A JSON-lines sample keyed by `key` (`what` names it and why it is unique): line `number`
+    is recorded in `seen` as the key's, or, when an earlier line had it, the step fails (a line
+    written twice would land as two samples)."""
+    first = seen.setdefault(key, number)
+    if first != number:
+        raise DumpFormatError(path, what.format(key=key, first=first), sample=f"line {number}")
 
 
 def flag_or_none(value: Any) -> bool | None:
