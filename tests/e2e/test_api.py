@@ -12,7 +12,7 @@ import pytest
 import tokenlake
 from tokenlake import lake as api
 from tokenlake import schema
-from tokenlake.errors import LakeError, UnknownRunError
+from tokenlake.errors import LakeError, UnknownRunError, UsageError
 from tokenlake.generator import synth
 from tokenlake.store import manifest
 
@@ -109,6 +109,27 @@ def test_sql_sees_a_new_catalog_after_an_extraction(tmp_path):
     assert lake.sql("SELECT count(*) FROM runs").fetchall() == [(1,)]
     lake.extract(tmp_path / "dump", run_name="y", steps=[0])
     assert lake.sql("SELECT list(run ORDER BY run) FROM runs").fetchall() == [(["x", "y"],)]
+    lake.close()
+
+
+@pytest.mark.slow
+def test_extract_takes_steps_as_the_other_calls_do(tmp_path):
+    # `.extract(steps="1")` or `steps=1` raised TypeError (`1 in "1"`): `.tokens`, `.report`
+    # and `tokenlake extract --steps` read those; `steps=["1"]` selected nothing.
+    synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
+    lake = tokenlake.open_lake(tmp_path / "lake", create=True)
+    assert lake.extract(tmp_path / "dump", run_name="x", steps="1-2").counts["new"] == 2
+    assert lake.extract(tmp_path / "dump", run_name="x", steps=0).counts["new"] == 2  # eval 0
+    with pytest.raises(UsageError) as refused:
+        lake.extract(tmp_path / "dump", run_name="x", steps=["1"])
+    assert str(refused.value) == (
+        "steps: `'1'` is not a step id; give ints, a range, or a string like `0-9,12`."
+    )
+    assert sorted(lake.samples().select("rollout_id").unique().collect()["rollout_id"]) == [
+        0,
+        1,
+        2,
+    ]
     lake.close()
 
 

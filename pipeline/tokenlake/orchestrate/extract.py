@@ -33,6 +33,7 @@ from tokenlake.processes import crash_point
 from tokenlake.read import completeness, dump, formats
 from tokenlake.read.remote import remote_dump
 from tokenlake.serve import catalog, rollups
+from tokenlake.steps import StepSelection, as_selection
 from tokenlake.store import manifest, require_lake
 from tokenlake.store.base import Store
 from tokenlake.threads import sigint_deferred, sigint_held
@@ -130,7 +131,11 @@ class ExtractOptions:
     with_experts: bool = False
 
     def check(self) -> ExtractOptions:
-        """These options, or a UsageError naming the two that cannot go together."""
+        """These options, `steps` read as `tokenlake.steps.as_selection` reads them (the
+        Python API's `"0-9,12"`, `5`, `range(3)`, ids), or a UsageError naming the option
+        that is not valid or the two that cannot go together."""
+        if self.steps is not None and not isinstance(self.steps, StepSelection):
+            return dataclasses.replace(self, steps=as_selection(self.steps)).check()
         if self.executor not in ("local", "ray"):
             raise UsageError(f"Unknown executor `{self.executor}`; choose `local` or `ray`.")
         if self.ray_address is not None and self.executor != "ray":
