@@ -199,6 +199,29 @@ def test_verify_checks_the_catalog_and_a_reextract_repairs_it(tmp_path: Path) ->
     assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
 
 
+def test_verify_names_a_source_no_file_can_have_in_one_line(tmp_path: Path) -> None:
+    # A manifest (anyone may write one) listing a source with a NUL byte or a name longer
+    # than the OS allows made verify end in a ValueError or OSError traceback.
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    path = lake / "_manifest" / "basic.json"
+    record = json.loads(path.read_text())
+    steps = record["steps"]
+    steps["0"]["sources"][0]["name"] = "rollout_data/0\x00.pt"
+    steps["1"]["sources"][0]["name"] = "x" * 5000
+    path.write_text(json.dumps(record))
+    code, out, err = cli("verify", str(lake))
+    dump = REAL_DUMPS / "basic"
+    assert (code, err) == (1, [])
+    assert out.splitlines() == [
+        f"run `basic` step 0: source `{dump}/rollout_data/0\\x00.pt` cannot be the name of a"
+        " file (it holds a NUL byte); extract again",
+        f"run `basic` step 1: source `{str(dump / ('x' * 5000))[:1000]}…` cannot be the name of"
+        " a file (the path is longer than the system allows); extract again",
+        "3 steps checked, 2 problems",
+    ]
+
+
 # --- 8.3: partition values, run names --------------------------------------------------
 
 
