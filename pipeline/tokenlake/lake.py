@@ -285,7 +285,10 @@ class Lake:
         from tokenlake.orchestrate.maintain import tag_run
 
         self.close()
-        return tag_run(self.store, run, set_tags, tuple(remove))
+        # A string is refused there, not taken as its letters.
+        return tag_run(
+            self.store, run, set_tags, remove if isinstance(remove, str) else tuple(remove)
+        )
 
     def build_views(self, recompute: bool = False) -> ViewsResult:
         """Compute the rollups steps lack (`recompute`: every step's) from their tokens and

@@ -53,6 +53,8 @@ def check_run_name(name: str) -> str:
         >>> check_run_name("qwen 'grpo' ü")
         "qwen 'grpo' ü"
     """
+    if not isinstance(name, str):  # the Python API's argument
+        raise UsageError(f"Run name {shown(name)} is not a string.")
     quoted = shown(name, literal=False)
     if not name or name.startswith(".") or _FORBIDDEN_IN_RUN_NAME.search(name):
         raise UsageError(

@@ -133,6 +133,49 @@ def test_extract_takes_steps_as_the_other_calls_do(tmp_path):
     lake.close()
 
 
+@pytest.mark.slow
+def test_tags_from_python_are_checked_as_the_cli_checks_them(tmp_path):
+    # `.extract(tags={"seed": 3})` and `.tag(run, {"seed": 3})` wrote the int into the run's
+    # manifest, which every later command then refused as damaged; a key or value `--tag`
+    # refuses landed; `remove="abc"` removed the tags `a`, `b` and `c`; a run name that is
+    # not a string was an AttributeError.
+    synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
+    lake = tokenlake.open_lake(tmp_path / "lake", create=True)
+    lake.extract(tmp_path / "dump", run_name="x", steps=[0], tags={"seed": 3, "ema": True})
+    assert lake.tag("x", {"lr": 0.5, "a": "1", "b": "2"}).tags == {
+        "seed": "3",
+        "ema": "true",
+        "lr": "0.5",
+        "a": "1",
+        "b": "2",
+    }
+    refused = {
+        "none": lambda: lake.tag("x", {"note": None}),
+        "key": lambda: lake.tag("x", {"bad key": "v"}),
+        "newline": lambda: lake.extract(tmp_path / "dump", run_name="x", tags={"a": "1\n2"}),
+        "letters": lambda: lake.tag("x", {}, remove="ab"),
+        "run": lambda: lake.drop(5),
+    }
+    errors = {}
+    for name, call in refused.items():
+        with pytest.raises(UsageError) as info:
+            call()
+        errors[name] = str(info.value)
+    assert errors == {
+        "none": "tags: value of `note` is a null; give a string, number or boolean.",
+        "key": "tags: key `bad key` must start with a letter or `_` and hold only letters,"
+        " digits and `_.-/` (at most 64 characters).",
+        "newline": "tags: value of `a` holds a control character (newline, tab).",
+        "letters": "--remove `ab`: give a list of keys.",
+        "run": "Run name 5 is not a string.",
+    }
+    assert lake.verify() == (2, [])  # step 0 and eval 0
+    assert lake.runs().select("tags_json").collect().item() == (
+        '{"a": "1", "b": "2", "ema": "true", "lr": "0.5", "seed": "3"}'
+    )
+    lake.close()
+
+
 def test_an_empty_lake_gives_typed_empty_frames(tmp_path):
     Path(tmp_path / "_manifest").mkdir()
     lake = tokenlake.open_lake(tmp_path)

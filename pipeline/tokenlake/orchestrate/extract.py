@@ -36,6 +36,7 @@ from tokenlake.serve import catalog, rollups
 from tokenlake.steps import StepSelection, as_selection
 from tokenlake.store import manifest, require_lake
 from tokenlake.store.base import Store
+from tokenlake.tags import checked_tags
 from tokenlake.threads import sigint_deferred, sigint_held
 from tokenlake.transform.tables import StepResult
 
@@ -136,6 +137,10 @@ class ExtractOptions:
         that is not valid or the two that cannot go together."""
         if self.steps is not None and not isinstance(self.steps, StepSelection):
             return dataclasses.replace(self, steps=as_selection(self.steps)).check()
+        if self.tags is not None:
+            checked = checked_tags(self.tags)
+            if checked != self.tags:  # numbers and booleans as their JSON text
+                return dataclasses.replace(self, tags=checked).check()
         if self.executor not in ("local", "ray"):
             raise UsageError(f"Unknown executor `{self.executor}`; choose `local` or `ray`.")
         if self.ray_address is not None and self.executor != "ray":
