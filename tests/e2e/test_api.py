@@ -176,6 +176,17 @@ def test_tags_from_python_are_checked_as_the_cli_checks_them(tmp_path):
     lake.close()
 
 
+@pytest.mark.slow
+def test_report_takes_runs_and_steps_as_the_other_calls_do(lake, tmp_path):
+    # `steps="1-2"` raised TypeError (`'<=' between str and int`), `runs="a"` was read as
+    # the runs `a` (its letters), `worst=-1` or `"3"` made a report.
+    summary = lake.report(tmp_path / "r.html", runs="a", steps="1-2")
+    assert summary.runs == ("a",)
+    with pytest.raises(UsageError) as refused:
+        lake.report(tmp_path / "r.html", worst=-1)
+    assert str(refused.value) == "worst is -1; give a whole number of samples from 0."
+
+
 def test_an_empty_lake_gives_typed_empty_frames(tmp_path):
     Path(tmp_path / "_manifest").mkdir()
     lake = tokenlake.open_lake(tmp_path)
