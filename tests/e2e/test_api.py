@@ -187,6 +187,33 @@ def test_report_takes_runs_and_steps_as_the_other_calls_do(lake, tmp_path):
     assert str(refused.value) == "worst is -1; give a whole number of samples from 0."
 
 
+@pytest.mark.parametrize(
+    ("fields", "line"),
+    [
+        ({"workers": "2"}, "workers is '2'; give a whole number at least 1 and at most 256."),
+        ({"workers": 0}, "workers is 0; give a whole number at least 1 and at most 256."),
+        (
+            {"settle_seconds": float("nan")},
+            "settle_seconds is nan; give a number at least 0 and at most 86400.",
+        ),
+        ({"poll_seconds": -1}, "poll_seconds is -1; give a number more than 0 and at most 86400."),
+        (
+            {"dump_format": "xyz"},
+            "--format 'xyz' is not a format tokenlake reads (`miles`, `slime-v1`, `slime-v2`,"
+            " `nemo-rl`, `prime-rl`).",
+        ),
+    ],
+    ids=["workers-text", "workers-0", "settle-nan", "poll-negative", "format"],
+)
+def test_extract_options_are_checked_as_the_cli_checks_them(tmp_path, fields, line):
+    # `workers="2"` was a TypeError, `dump_format="xyz"` a KeyError; `workers=0`, a NaN
+    # settle time and a negative poll were taken.
+    lake = tokenlake.open_lake(tmp_path / "lake", create=True)
+    with pytest.raises(UsageError) as refused:
+        lake.extract(tmp_path / "dump", **fields)
+    assert str(refused.value) == line
+
+
 def test_an_empty_lake_gives_typed_empty_frames(tmp_path):
     Path(tmp_path / "_manifest").mkdir()
     lake = tokenlake.open_lake(tmp_path)

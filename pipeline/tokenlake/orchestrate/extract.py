@@ -16,16 +16,17 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import math
 import time
 from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenlake import schema
-from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError
+from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError, shown
 from tokenlake.layout import check_run_name, manifest_name
 from tokenlake.load import lake_files
-from tokenlake.orchestrate import maintain
+from tokenlake.orchestrate import MAX_SECONDS, MAX_WORKERS, maintain
 from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_reporter
 from tokenlake.orchestrate.scheduler import Todo, run_steps
 from tokenlake.orchestrate.step import StepOutcome, StepStatus, incomplete_text, not_yet_text
@@ -141,6 +142,11 @@ class ExtractOptions:
             checked = checked_tags(self.tags)
             if checked != self.tags:  # numbers and booleans as their JSON text
                 return dataclasses.replace(self, tags=checked).check()
+        if self.workers is not None:
+            _check_number("workers", self.workers, 1, MAX_WORKERS, whole=True)
+        _check_number("poll_seconds", self.poll_seconds, 0, MAX_SECONDS, low_open=True)
+        _check_number("settle_seconds", self.settle_seconds, 0, MAX_SECONDS)
+        formats.parse_format(self.dump_format)
         if self.executor not in ("local", "ray"):
             raise UsageError(f"Unknown executor `{self.executor}`; choose `local` or `ray`.")
         if self.ray_address is not None and self.executor != "ray":
@@ -156,6 +162,36 @@ class ExtractOptions:
                     " complete step and retries a bad one when it changes."
                 )
         return self
+
+
+def _check_number(
+    name: str,
+    value: object,
+    low: float,
+    high: float,
+    *,
+    whole: bool = False,
+    low_open: bool = False,
+) -> None:
+    """An option's number (the Python API passes it as it comes; the CLI's callbacks check
+    its text): finite, within [low, high] (above `low` with `low_open`), whole if `whole`.
+
+    Examples:
+        >>> _check_number("workers", "2", 1, 256, whole=True)
+        Traceback (most recent call last):
+        ...
+        tokenlake.errors.UsageError: workers is '2'; give a whole number at least 1 and at most 256.
+    """
+    kinds = (int,) if whole else (int, float)
+    good = isinstance(value, kinds) and not isinstance(value, bool)
+    if good:
+        assert isinstance(value, int | float)
+        below = value <= low if low_open else value < low
+        good = math.isfinite(value) and not below and value <= high
+    if not good:
+        kind = "whole number" if whole else "number"
+        bound = f"more than {low:g}" if low_open else f"at least {low:g}"
+        raise UsageError(f"{name} is {shown(value)}; give a {kind} {bound} and at most {high:g}.")
 
 
 def extract_run(
