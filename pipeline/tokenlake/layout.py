@@ -39,8 +39,8 @@ _FORBIDDEN_IN_RUN_NAME = re.compile(r"[/\\=%\x00-\x1f\x7f]")
 _GLOB_CHARACTERS = re.compile(r"[?*\[\]{}]")
 # What `new_file` names, and temporary names of `atomic_write` (DuckDB adds `.wal`).
 _DATA_FILE = re.compile(r"^(?:train|eval|run|vocab|metrics)(?:-[0-9a-f]{8})?\.parquet$")
-_TEMPORARY = re.compile(r"^\.tokenlake-(\d+)-[0-9a-f]{8}\.tmp(?:\.wal)?$")
-_STEP_FOLDER = re.compile(rf"^{schema.ROLLOUT_ID}=-?\d+$")
+_TEMPORARY = re.compile(r"^\.tokenlake-([0-9]+)-[0-9a-f]{8}\.tmp(?:\.wal)?$")
+_STEP_FOLDER = re.compile(rf"^{schema.ROLLOUT_ID}=-?[0-9]+$")
 
 
 def check_run_name(name: str) -> str:

@@ -343,14 +343,20 @@ def test_other_programs_temporary_files_are_never_deleted(tmp_path: Path) -> Non
         lake / "_manifest" / ".basic.json.1.tmp",
         lake / "tokens" / "run=basic" / "rollout_id=0" / ".name.42.tmp",
         lake / "tokens" / "run=basic" / "README.txt",
+        # tokenlake's temporary names hold ASCII digits; `\d` also matched `١٢` (drop deleted it)
+        lake / "tokens" / "run=basic" / "rollout_id=0" / ".tokenlake-١٢-0a1b2c3d.tmp",
+        lake / "tokens" / "run=basic" / "rollout_id=٣" / "README.txt",
     ]
+    theirs[-1].parent.mkdir()  # not a step folder tokenlake makes either
     for path in theirs:
         path.write_text("theirs")
     extract(dump, lake, "--run-name", "other")
     os.utime(dump / "rollout_data" / "1.pt", ns=(1, 1))  # step 1 is rewritten
     assert extract(dump, lake)[0] == 0
+    code, out, _ = cli("verify", str(lake), "--run", "basic")
+    assert (code, out) == (0, "3 steps checked, 0 problems\n")  # neither is its leftover
     assert cli("drop", str(lake), "basic")[0] == 0
-    assert [p.read_text() for p in theirs] == ["theirs"] * 4
+    assert [p.read_text() for p in theirs] == ["theirs"] * 6
 
 
 # --- 8.3 and 9: one line for every mistake with a lake ---------------------------------
