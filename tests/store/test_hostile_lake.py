@@ -346,8 +346,11 @@ def test_other_programs_temporary_files_are_never_deleted(tmp_path: Path) -> Non
         # tokenlake's temporary names hold ASCII digits; `\d` also matched `١٢` (drop deleted it)
         lake / "tokens" / "run=basic" / "rollout_id=0" / ".tokenlake-١٢-0a1b2c3d.tmp",
         lake / "tokens" / "run=basic" / "rollout_id=٣" / "README.txt",
+        # nor a newline (`$` matched before one): drop deleted these two
+        lake / "tokens" / "run=basic" / "rollout_id=0" / "train-0a1b2c3d.parquet\n",
+        lake / "tokens" / "run=basic" / "rollout_id=0" / ".tokenlake-12-0a1b2c3d.tmp\n",
     ]
-    theirs[-1].parent.mkdir()  # not a step folder tokenlake makes either
+    theirs[-3].parent.mkdir()  # not a step folder tokenlake makes either
     for path in theirs:
         path.write_text("theirs")
     extract(dump, lake, "--run-name", "other")
@@ -356,7 +359,7 @@ def test_other_programs_temporary_files_are_never_deleted(tmp_path: Path) -> Non
     code, out, _ = cli("verify", str(lake), "--run", "basic")
     assert (code, out) == (0, "3 steps checked, 0 problems\n")  # neither is its leftover
     assert cli("drop", str(lake), "basic")[0] == 0
-    assert [p.read_text() for p in theirs] == ["theirs"] * 6
+    assert [p.read_text() for p in theirs] == ["theirs"] * 8
 
 
 # --- 8.3 and 9: one line for every mistake with a lake ---------------------------------
