@@ -490,6 +490,24 @@ def test_a_damaged_manifest_is_named_with_the_way_out(tmp_path: Path, damage: st
     assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
 
 
+def test_a_manifest_under_a_name_no_run_has_says_to_remove_the_file(tmp_path: Path) -> None:
+    # Its way out was `tokenlake drop LAKE x*y` or extracting it again, both refused for
+    # that name (`*` is a glob to DuckDB): the lake stayed unreadable.
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    planted = lake / "_manifest" / "x*y.json"
+    shutil.copy(lake / "_manifest" / "basic.json", planted)
+    line = (
+        f"Error: Lake `{planted}`: manifest is damaged: its `run` is not `x*y`, the name of the"
+        " file. Its name is no run name tokenlake makes, so no tokenlake command replaces it:"
+        " remove the file"
+    )
+    for args in (["query", str(lake), "SELECT 1"], ["verify", str(lake)]):
+        assert cli(*args) == (1, "", [line]), args
+    planted.unlink()
+    assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
+
+
 def test_a_moved_lake_is_read_where_it_is_now(tmp_path: Path) -> None:
     old, new = tmp_path / "old", tmp_path / "new"
     extract(REAL_DUMPS / "basic", old)
