@@ -177,6 +177,14 @@ def test_tags_from_python_are_checked_as_the_cli_checks_them(tmp_path):
 
 
 @pytest.mark.slow
+def test_one_column_by_name_is_that_column(lake):
+    # `columns="token_id"` was read as its letters: "has no column `t`".
+    frame = lake.tokens(run="a", steps=1, columns="token_id").collect()
+    assert frame.columns == ["run", "rollout_id", "token_id"]
+    assert frame.height == lake.tokens(run="a", steps=1).collect().height > 0
+
+
+@pytest.mark.slow
 def test_report_takes_runs_and_steps_as_the_other_calls_do(lake, tmp_path):
     # `steps="1-2"` raised TypeError (`'<=' between str and int`), `runs="a"` was read as
     # the runs `a` (its letters), `worst=-1` or `"3"` made a report.
