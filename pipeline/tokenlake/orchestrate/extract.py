@@ -17,6 +17,7 @@ import dataclasses
 import importlib
 import logging
 import math
+import numbers
 import time
 from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -182,12 +183,15 @@ def _check_number(
         ...
         tokenlake.errors.UsageError: workers is '2'; give a whole number at least 1 and at most 256.
     """
-    kinds = (int,) if whole else (int, float)
-    good = isinstance(value, kinds) and not isinstance(value, bool)
+    kind_of = numbers.Integral if whole else numbers.Real  # numpy's numbers too
+    good = isinstance(value, kind_of) and not isinstance(value, bool)
     if good:
-        assert isinstance(value, int | float)
-        below = value <= low if low_open else value < low
-        good = math.isfinite(value) and not below and value <= high
+        try:
+            number = float(value)  # type: ignore[arg-type]  # a Real
+        except OverflowError:  # an int beyond float64
+            number = math.inf
+        below = number <= low if low_open else number < low
+        good = math.isfinite(number) and not below and number <= high
     if not good:
         kind = "whole number" if whole else "number"
         bound = f"more than {low:g}" if low_open else f"at least {low:g}"
