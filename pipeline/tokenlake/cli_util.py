@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from tokenlake.errors import UsageError
+from tokenlake.orchestrate import MAX_SECONDS, MAX_WORKERS  # noqa: F401 - the CLI's bounds
 from tokenlake.terminal import safe_text
 
 
@@ -38,10 +39,6 @@ def bounded(low: float, high: float, *, low_open: bool = False) -> Callable[...,
         return value
 
     return check
-
-
-MAX_WORKERS = 256
-MAX_SECONDS = 86400.0
 
 
 _SQL_COMMENT = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)

@@ -327,12 +327,19 @@ class DamagedManifestError(LakeError):
     """A run manifest (`_manifest/<run>.json`) cannot be read as one."""
 
     def __init__(self, path: Path | str, problem: str) -> None:
+        from tokenlake.layout import check_run_name  # layout imports this module
+
         self.run = Path(path).stem
-        super().__init__(
-            path,
-            f"manifest is damaged: {problem}. Remove the run with `tokenlake drop LAKE"
-            f" {self.run}` or extract it again",
-        )
+        try:
+            check_run_name(self.run)
+        except UsageError:  # `drop` and `extract` refuse the name: neither is a way out
+            way_out = (
+                "Its name is no run name tokenlake makes, so no tokenlake command replaces it:"
+                " remove the file"
+            )
+        else:
+            way_out = f"Remove the run with `tokenlake drop LAKE {self.run}` or extract it again"
+        super().__init__(path, f"manifest is damaged: {problem}. {way_out}")
 
 
 class InstallError(PipelineError):

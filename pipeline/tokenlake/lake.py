@@ -285,7 +285,10 @@ class Lake:
         from tokenlake.orchestrate.maintain import tag_run
 
         self.close()
-        return tag_run(self.store, run, set_tags, tuple(remove))
+        # A string is refused there, not taken as its letters.
+        return tag_run(
+            self.store, run, set_tags, remove if isinstance(remove, str) else tuple(remove)
+        )
 
     def build_views(self, recompute: bool = False) -> ViewsResult:
         """Compute the rollups steps lack (`recompute`: every step's) from their tokens and
@@ -383,10 +386,13 @@ def _dump_source(dump: Path | str) -> Path | str:
 
 
 def _columns(table: str, columns: Sequence[str] | None) -> list[str]:
-    """The table's file columns to read, checked against the schema."""
+    """The table's file columns to read, checked against the schema (one name: that column,
+    not its letters)."""
     names = schema.TABLE_SCHEMAS[table].names
     if columns is None:
         return list(names)
+    if isinstance(columns, str):
+        columns = [columns]
     unknown = [c for c in columns if c not in names and c not in schema.TABLE_PARTITIONS[table]]
     if unknown:
         raise LakeError(Path(table), f"has no column `{unknown[0]}` (columns: {', '.join(names)})")

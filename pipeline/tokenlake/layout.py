@@ -37,10 +37,11 @@ MAX_RUN_NAME_BYTES = 250
 _FORBIDDEN_IN_RUN_NAME = re.compile(r"[/\\=%\x00-\x1f\x7f]")
 # DuckDB expands these in a file path (a glob), so a run name holding one reads other files.
 _GLOB_CHARACTERS = re.compile(r"[?*\[\]{}]")
-# What `new_file` names, and temporary names of `atomic_write` (DuckDB adds `.wal`).
-_DATA_FILE = re.compile(r"^(?:train|eval|run|vocab|metrics)(?:-[0-9a-f]{8})?\.parquet$")
-_TEMPORARY = re.compile(r"^\.tokenlake-(\d+)-[0-9a-f]{8}\.tmp(?:\.wal)?$")
-_STEP_FOLDER = re.compile(rf"^{schema.ROLLOUT_ID}=-?\d+$")
+# What `new_file` names, and temporary names of `atomic_write` (DuckDB adds `.wal`): ASCII digits
+# only, and `\Z`, not `$` (which also matches before a final newline, a name tokenlake never makes).
+_DATA_FILE = re.compile(r"^(?:train|eval|run|vocab|metrics)(?:-[0-9a-f]{8})?\.parquet\Z")
+_TEMPORARY = re.compile(r"^\.tokenlake-([0-9]+)-[0-9a-f]{8}\.tmp(?:\.wal)?\Z")
+_STEP_FOLDER = re.compile(rf"^{schema.ROLLOUT_ID}=-?[0-9]+\Z")
 
 
 def check_run_name(name: str) -> str:
@@ -53,6 +54,8 @@ def check_run_name(name: str) -> str:
         >>> check_run_name("qwen 'grpo' ü")
         "qwen 'grpo' ü"
     """
+    if not isinstance(name, str):  # the Python API's argument
+        raise UsageError(f"Run name {shown(name)} is not a string.")
     quoted = shown(name, literal=False)
     if not name or name.startswith(".") or _FORBIDDEN_IN_RUN_NAME.search(name):
         raise UsageError(

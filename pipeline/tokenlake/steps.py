@@ -37,7 +37,7 @@ def parse_steps(text: str | None) -> StepSelection | None:
     ranges = []
     for part in text.split(","):
         low, sep, high = part.strip().partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
+        if not _digits(low) or (sep and not _digits(high)):
             raise UsageError(f"--steps `{text}` is not a list of steps or ranges like `0-9,12`.")
         lo, hi = int(low), int(high) if sep else int(low)
         if max(lo, hi) > INT64_MAX:
@@ -48,6 +48,16 @@ def parse_steps(text: str | None) -> StepSelection | None:
             )
         ranges.append((lo, hi))
     return StepSelection(text, tuple(ranges))
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only: `isdigit` alone passes `²` (which `int` refuses) and `١` (read as 1).
+
+    Examples:
+        >>> _digits("12"), _digits("²"), _digits("١"), _digits("")
+        (True, False, False, False)
+    """
+    return text.isascii() and text.isdigit()
 
 
 def as_selection(steps: object) -> StepSelection | None:

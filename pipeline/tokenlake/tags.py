@@ -189,6 +189,29 @@ def load_meta_file(path: Path | str) -> dict[str, str]:
     data = _parse_text(text, path, where)
     if not isinstance(data, dict):
         raise UsageError(f"{where} holds a {type(data).__name__}; expected an object of tags.")
+    return _tags_of(data, where)
+
+
+def checked_tags(tags: object, where: str = "tags") -> dict[str, str]:
+    """Tags the Python API was given (`Lake.tag`, `Lake.extract(tags=...)`), checked as
+    `--meta`'s are: a mapping of valid keys to strings (numbers and booleans as their JSON
+    text). A value of another type would be written into the run's manifest, which every
+    later command then refuses as damaged.
+
+    Examples:
+        >>> checked_tags({"precision": "fp8", "lr": 0.001, "ema": True})
+        {'precision': 'fp8', 'lr': '0.001', 'ema': 'true'}
+        >>> checked_tags({"note": None})
+        Traceback (most recent call last):
+        ...
+        tokenlake.errors.UsageError: tags: value of `note` is a null; give a string, number or boolean.
+    """
+    if not isinstance(tags, Mapping):
+        raise UsageError(f"{where} is {shown(tags)}; give a dict of tags (key: value).")
+    return _tags_of(tags, where)
+
+
+def _tags_of(data: Mapping[Any, Any], where: str) -> dict[str, str]:
     tags: dict[str, str] = {}
     for key, value in data.items():
         if not isinstance(key, str):
@@ -218,7 +241,13 @@ def change_tags(
         >>> change_tags({"a": "1", "b": "2"}, {"c": "3"}, remove=["a"])
         {'b': '2', 'c': '3'}
     """
+    if isinstance(remove, str):  # its letters would be removed as keys
+        raise UsageError(f"--remove `{shown(remove, literal=False)}`: give a list of keys.")
+    for key in remove:
+        if not isinstance(key, str):
+            raise UsageError(f"--remove: key `{shown(key)}` is not a string.")
     removed = [check_key(key, "--remove") for key in remove]
+    set_tags = checked_tags(set_tags)
     clash = sorted(set(removed) & set(set_tags))
     if clash:
         raise UsageError(f"Tag `{clash[0]}` is both set and removed; give one of the two.")

@@ -12,7 +12,7 @@ import pytest
 import tokenlake
 from tokenlake import lake as api
 from tokenlake import schema
-from tokenlake.errors import LakeError, UnknownRunError
+from tokenlake.errors import LakeError, UnknownRunError, UsageError
 from tokenlake.generator import synth
 from tokenlake.store import manifest
 
@@ -110,6 +110,116 @@ def test_sql_sees_a_new_catalog_after_an_extraction(tmp_path):
     lake.extract(tmp_path / "dump", run_name="y", steps=[0])
     assert lake.sql("SELECT list(run ORDER BY run) FROM runs").fetchall() == [(["x", "y"],)]
     lake.close()
+
+
+@pytest.mark.slow
+def test_extract_takes_steps_as_the_other_calls_do(tmp_path):
+    # `.extract(steps="1")` or `steps=1` raised TypeError (`1 in "1"`): `.tokens`, `.report`
+    # and `tokenlake extract --steps` read those; `steps=["1"]` selected nothing.
+    synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
+    lake = tokenlake.open_lake(tmp_path / "lake", create=True)
+    assert lake.extract(tmp_path / "dump", run_name="x", steps="1-2").counts["new"] == 2
+    assert lake.extract(tmp_path / "dump", run_name="x", steps=0).counts["new"] == 2  # eval 0
+    with pytest.raises(UsageError) as refused:
+        lake.extract(tmp_path / "dump", run_name="x", steps=["1"])
+    assert str(refused.value) == (
+        "steps: `'1'` is not a step id; give ints, a range, or a string like `0-9,12`."
+    )
+    assert sorted(lake.samples().select("rollout_id").unique().collect()["rollout_id"]) == [
+        0,
+        1,
+        2,
+    ]
+    lake.close()
+
+
+@pytest.mark.slow
+def test_tags_from_python_are_checked_as_the_cli_checks_them(tmp_path):
+    # `.extract(tags={"seed": 3})` and `.tag(run, {"seed": 3})` wrote the int into the run's
+    # manifest, which every later command then refused as damaged; a key or value `--tag`
+    # refuses landed; `remove="abc"` removed the tags `a`, `b` and `c`; a run name that is
+    # not a string was an AttributeError.
+    synth.write_dump(tmp_path / "dump", synth.PRESETS["example"])
+    lake = tokenlake.open_lake(tmp_path / "lake", create=True)
+    lake.extract(tmp_path / "dump", run_name="x", steps=[0], tags={"seed": 3, "ema": True})
+    assert lake.tag("x", {"lr": 0.5, "a": "1", "b": "2"}).tags == {
+        "seed": "3",
+        "ema": "true",
+        "lr": "0.5",
+        "a": "1",
+        "b": "2",
+    }
+    refused = {
+        "none": lambda: lake.tag("x", {"note": None}),
+        "key": lambda: lake.tag("x", {"bad key": "v"}),
+        "newline": lambda: lake.extract(tmp_path / "dump", run_name="x", tags={"a": "1\n2"}),
+        "letters": lambda: lake.tag("x", {}, remove="ab"),
+        "run": lambda: lake.drop(5),
+    }
+    errors = {}
+    for name, call in refused.items():
+        with pytest.raises(UsageError) as info:
+            call()
+        errors[name] = str(info.value)
+    assert errors == {
+        "none": "tags: value of `note` is a null; give a string, number or boolean.",
+        "key": "tags: key `bad key` must start with a letter or `_` and hold only letters,"
+        " digits and `_.-/` (at most 64 characters).",
+        "newline": "tags: value of `a` holds a control character (newline, tab).",
+        "letters": "--remove `ab`: give a list of keys.",
+        "run": "Run name 5 is not a string.",
+    }
+    assert lake.verify() == (2, [])  # step 0 and eval 0
+    assert lake.runs().select("tags_json").collect().item() == (
+        '{"a": "1", "b": "2", "ema": "true", "lr": "0.5", "seed": "3"}'
+    )
+    lake.close()
+
+
+@pytest.mark.slow
+def test_one_column_by_name_is_that_column(lake):
+    # `columns="token_id"` was read as its letters: "has no column `t`".
+    frame = lake.tokens(run="a", steps=1, columns="token_id").collect()
+    assert frame.columns == ["run", "rollout_id", "token_id"]
+    assert frame.height == lake.tokens(run="a", steps=1).collect().height > 0
+
+
+@pytest.mark.slow
+def test_report_takes_runs_and_steps_as_the_other_calls_do(lake, tmp_path):
+    # `steps="1-2"` raised TypeError (`'<=' between str and int`), `runs="a"` was read as
+    # the runs `a` (its letters), `worst=-1` or `"3"` made a report.
+    summary = lake.report(tmp_path / "r.html", runs="a", steps="1-2")
+    assert summary.runs == ("a",)
+    with pytest.raises(UsageError) as refused:
+        lake.report(tmp_path / "r.html", worst=-1)
+    assert str(refused.value) == "worst is -1; give a whole number of samples from 0."
+
+
+@pytest.mark.parametrize(
+    ("fields", "line"),
+    [
+        ({"workers": "2"}, "workers is '2'; give a whole number at least 1 and at most 256."),
+        ({"workers": 0}, "workers is 0; give a whole number at least 1 and at most 256."),
+        (
+            {"settle_seconds": float("nan")},
+            "settle_seconds is nan; give a number at least 0 and at most 86400.",
+        ),
+        ({"poll_seconds": -1}, "poll_seconds is -1; give a number more than 0 and at most 86400."),
+        (
+            {"dump_format": "xyz"},
+            "--format 'xyz' is not a format tokenlake reads (`miles`, `slime-v1`, `slime-v2`,"
+            " `nemo-rl`, `prime-rl`).",
+        ),
+    ],
+    ids=["workers-text", "workers-0", "settle-nan", "poll-negative", "format"],
+)
+def test_extract_options_are_checked_as_the_cli_checks_them(tmp_path, fields, line):
+    # `workers="2"` was a TypeError, `dump_format="xyz"` a KeyError; `workers=0`, a NaN
+    # settle time and a negative poll were taken.
+    lake = tokenlake.open_lake(tmp_path / "lake", create=True)
+    with pytest.raises(UsageError) as refused:
+        lake.extract(tmp_path / "dump", **fields)
+    assert str(refused.value) == line
 
 
 def test_an_empty_lake_gives_typed_empty_frames(tmp_path):

@@ -31,6 +31,16 @@ def test_parse_steps_accepts_ranges_and_rejects_garbage():
     )
 
 
+@pytest.mark.parametrize("steps", ["²", "0-١"], ids=["superscript-2", "arabic-1"])
+def test_steps_in_digits_other_than_ascii_are_one_line(steps):
+    # `"²".isdigit()` is true: `int("²")` raised a traceback; `int("١")` read it as step 1.
+    code, _, err = run("extract", "x", "--steps", steps)
+    assert (code, err) == (
+        1,
+        f"Error: --steps `{steps}` is not a list of steps or ranges like `0-9,12`.\n",
+    )
+
+
 def test_missing_dump_directory_is_one_line(tmp_path):
     code, out, err = run("extract", str(tmp_path / "nope"), "--lake", str(tmp_path / "lake"))
     assert code == 1

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.fixture_paths import NEMO_RL_REAL, REAL_DUMPS
+from tests.fixture_paths import NEMO_RL_REAL, PRIME_RL_REAL, REAL_DUMPS
 from tokenlake import Lake
 from tokenlake.cli import main
 from tokenlake.errors import LakeError
@@ -27,10 +27,11 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 @pytest.fixture
 def dumps(tmp_path: Path) -> Path:
-    """Copies of two miles dumps and a NeMo-RL log folder, side by side."""
+    """Copies of two miles dumps, a NeMo-RL log folder and a prime-rl run, side by side."""
     shutil.copytree(REAL_DUMPS / "basic", tmp_path / "basic")
     shutil.copytree(REAL_DUMPS / "cp2", tmp_path / "cp2")
     shutil.copytree(NEMO_RL_REAL / "grpo_multiturn", tmp_path / "nemo")
+    shutil.copytree(PRIME_RL_REAL / "single_rank", tmp_path / "prime")
     (tmp_path / "link").symlink_to(tmp_path / "cp2")
     return tmp_path
 
@@ -65,6 +66,14 @@ def refused(dump: Path, lake: Path) -> str:
             "Lake `{t}/nemo/lake`: is inside `{t}/nemo`, a dump (NeMo-RL: it holds"
             " `train_data_step1.jsonl`)",
         ),
+        # a prime-rl run was written into: its folder was no dump to this check
+        ("basic", "prime", "Lake `{t}/prime`: is a dump (prime-rl: it holds `token_exports/`)"),
+        (
+            "basic",
+            "prime/lake",
+            "Lake `{t}/prime/lake`: is inside `{t}/prime`, a dump (prime-rl: it holds"
+            " `token_exports/`)",
+        ),
     ],
 )
 def test_a_lake_overlapping_a_dump_is_refused_and_nothing_is_written(
@@ -74,7 +83,7 @@ def test_a_lake_overlapping_a_dump_is_refused_and_nothing_is_written(
     line = problem.format(t=dumps)
     assert refused(dumps / dump, dumps / lake) == f"Error: {line}; {NEVER}\n"
     assert snapshot(dumps) == before
-    assert not (dumps / "cp2" / "lake").exists() and not (dumps / "nemo" / "lake").exists()
+    assert not any((dumps / name / "lake").exists() for name in ("cp2", "nemo", "prime"))
 
 
 def test_the_python_api_refuses_the_same(dumps: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,6 +108,28 @@ def test_following_a_prime_rl_run_takes_a_step_when_its_stable_appears(tmp_path:
     assert [s.rollout_id for s in later.steps] == [2]
     assert _counts(later) == {"new": 1, "unchanged": 1}
     assert rows(lake, "SELECT count(*) FROM samples") == [("16",)]
+
+
+def test_following_a_prime_rl_run_takes_a_step_in_the_round_after_its_stable(
+    tmp_path: Path,
+) -> None:
+    """`STABLE` says the step is complete: the next round takes it, without waiting
+    `settle_seconds` for its files to age (it waited 30 s after `STABLE` by default, as a
+    miles step without the rank set known)."""
+    run, lake = _copy("prime-rl", tmp_path), tmp_path / "lake"
+    marker = run / "token_exports" / "step_2" / "STABLE"
+    marker.unlink()
+    for path in run.rglob("*"):  # every file written just now, as in a live run
+        path.touch()
+    state, options = FollowState(), ExtractOptions(settle_seconds=30.0)
+    now = time.time()
+    first = follow_round(run, store_of(lake), "live", state, options, None, clock=lambda: now)
+    assert [s.rollout_id for s in first.steps] == [1]
+    marker.touch()
+    now = marker.stat().st_mtime + 1
+    later = follow_round(run, store_of(lake), "live", state, options, None, clock=lambda: now)
+    assert [s.rollout_id for s in later.steps] == [2]
+    assert _counts(later) == {"new": 1, "unchanged": 1}
 
 
 @pytest.fixture(scope="module")

@@ -391,6 +391,31 @@ def test_the_cli_says_which_step_is_not_yet_and_what_it_read(tmp_path: Path) -> 
     assert result.stdout.startswith("Run `run`: 1 new, 0 updated, 0 unchanged, 0 removed")
 
 
+def test_metrics_warnings_name_the_metrics_jsonl_they_are_about(tmp_path: Path) -> None:
+    # The warnings named `RUN/dashboard` and `RUN/dashboard/../metrics.jsonl`: a prime-rl run
+    # has no `dashboard/` folder.
+    from click.testing import CliRunner
+
+    from tokenlake.cli import main
+
+    run = _copy(tmp_path)
+    metrics = run / "metrics.jsonl"
+    _edit_lines(metrics, _edit_record(1, lambda record: record.update(a="x", b=10**400)))
+    result = CliRunner().invoke(main, ["extract", str(run), "--lake", str(tmp_path / "lake")])
+    assert result.exit_code == 0
+    assert result.stderr.splitlines()[-1] == (
+        f"Warning: `{metrics}`: 2 non-numeric metric values skipped (strings, null, lists,"
+        " objects, integers beyond float64)."
+    )
+    metrics.unlink()  # and `RUN/dashboard/../metrics.jsonl`, a path that does not resolve
+    result = CliRunner().invoke(main, ["extract", str(run), "--lake", str(tmp_path / "lake")])
+    assert result.exit_code == 0
+    assert result.stderr.splitlines()[-1] == (
+        f"Warning: `{metrics}` was rewritten or removed since it was read; the run's metrics"
+        " are read again from the start."
+    )
+
+
 def test_a_changed_rank_file_re_extracts_its_step_alone(tmp_path: Path) -> None:
     run = _copy(tmp_path)
     lake = tmp_path / "lake"

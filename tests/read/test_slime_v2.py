@@ -252,6 +252,11 @@ AFTER = "Replace or remove the file, then extract again."
             "(train sample 0): `data_parallel_rank` 5 is in no `dp_shards` entry",
         ),
         (
+            lambda data: data["dp_shards"].append({"data_parallel_rank": 1, "rank": 3}),
+            "(dp_shards entry 2): `data_parallel_rank` 1 is dp_shards entry 1's too; slime"
+            " lists each data-parallel shard once",
+        ),
+        (
             _set_sample(0, "rollout_position", "0"),
             "(train sample 0): `rollout_position` is '0' (a str); expected an integer",
         ),
@@ -273,6 +278,7 @@ AFTER = "Replace or remove the file, then extract again."
         "position-twice",
         "index-mismatch",
         "unknown-dp-rank",
+        "dp-rank-twice",
         "position-a-string",
         "other-tokens",
         "raw-reward-length",

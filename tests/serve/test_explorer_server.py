@@ -121,6 +121,20 @@ def test_a_slow_query_is_stopped_at_the_limit_while_other_requests_are_answered(
         running.stop()
 
 
+@pytest.mark.parametrize("digits", ["%C2%B2", "%D9%A1"], ids=["superscript-2", "arabic-1"])
+def test_a_step_or_position_in_digits_other_than_ascii_is_a_400_not_a_traceback(lake, digits):
+    # `"²".isdigit()` is true and `int("²")` raised: a 500 and a traceback in the server's log;
+    # `int("١")` is 1, so `step=١` answered step 1's page.
+    running = start(store_of(lake), ServeOptions(port=0))
+    try:
+        step = _get(f"{running.url}api/step?run=basic&step={digits}")
+        sample = _get(f"{running.url}api/sample?run=basic&step=1&position={digits}")
+    finally:
+        running.stop()
+    assert step == (400, {"error": "Give the step as a whole number."})
+    assert sample == (400, {"error": "Give the step and the batch position as whole numbers."})
+
+
 def test_a_query_with_more_rows_than_the_limit_is_cut_and_says_so(lake):
     running = start(store_of(lake), ServeOptions(port=0, query_rows=5))
     try:

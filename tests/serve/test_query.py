@@ -105,6 +105,20 @@ def test_unknown_setting(lake):
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(float("nan"), "nan"), ("x", "'x'"), (None, "None"), (True, "True"), (10**400, None)],
+    ids=["nan", "text", "none", "bool", "beyond-float64"],
+)
+def test_a_setting_that_is_not_a_finite_number_is_one_usage_error(lake, value, shown):
+    # NaN made a Binder Error about a column `nan`; "x", None and 10**400 a ValueError,
+    # TypeError or OverflowError from float(); True was read as 1.0.
+    with pytest.raises(UsageError) as info:
+        run_query(store_of(lake), "SELECT 1", settings={"is_cap": value})
+    shown = shown or f"{str(10**400)[:60]}…"
+    assert str(info.value) == f"Drift setting `is_cap` is {shown}; give a finite number."
+
+
 def test_format_table_text():
     assert format_table(RESULT, "table") == "\n".join(
         [

@@ -199,6 +199,29 @@ def test_verify_checks_the_catalog_and_a_reextract_repairs_it(tmp_path: Path) ->
     assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
 
 
+def test_verify_names_a_source_no_file_can_have_in_one_line(tmp_path: Path) -> None:
+    # A manifest (anyone may write one) listing a source with a NUL byte or a name longer
+    # than the OS allows made verify end in a ValueError or OSError traceback.
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    path = lake / "_manifest" / "basic.json"
+    record = json.loads(path.read_text())
+    steps = record["steps"]
+    steps["0"]["sources"][0]["name"] = "rollout_data/0\x00.pt"
+    steps["1"]["sources"][0]["name"] = "x" * 5000
+    path.write_text(json.dumps(record))
+    code, out, err = cli("verify", str(lake))
+    dump = REAL_DUMPS / "basic"
+    assert (code, err) == (1, [])
+    assert out.splitlines() == [
+        f"run `basic` step 0: source `{dump}/rollout_data/0\\x00.pt` cannot be the name of a"
+        " file (it holds a NUL byte); extract again",
+        f"run `basic` step 1: source `{str(dump / ('x' * 5000))[:1000]}…` cannot be the name of"
+        " a file (the path is longer than the system allows); extract again",
+        "3 steps checked, 2 problems",
+    ]
+
+
 # --- 8.3: partition values, run names --------------------------------------------------
 
 
@@ -320,14 +343,23 @@ def test_other_programs_temporary_files_are_never_deleted(tmp_path: Path) -> Non
         lake / "_manifest" / ".basic.json.1.tmp",
         lake / "tokens" / "run=basic" / "rollout_id=0" / ".name.42.tmp",
         lake / "tokens" / "run=basic" / "README.txt",
+        # tokenlake's temporary names hold ASCII digits; `\d` also matched `١٢` (drop deleted it)
+        lake / "tokens" / "run=basic" / "rollout_id=0" / ".tokenlake-١٢-0a1b2c3d.tmp",
+        lake / "tokens" / "run=basic" / "rollout_id=٣" / "README.txt",
+        # nor a newline (`$` matched before one): drop deleted these two
+        lake / "tokens" / "run=basic" / "rollout_id=0" / "train-0a1b2c3d.parquet\n",
+        lake / "tokens" / "run=basic" / "rollout_id=0" / ".tokenlake-12-0a1b2c3d.tmp\n",
     ]
+    theirs[-3].parent.mkdir()  # not a step folder tokenlake makes either
     for path in theirs:
         path.write_text("theirs")
     extract(dump, lake, "--run-name", "other")
     os.utime(dump / "rollout_data" / "1.pt", ns=(1, 1))  # step 1 is rewritten
     assert extract(dump, lake)[0] == 0
+    code, out, _ = cli("verify", str(lake), "--run", "basic")
+    assert (code, out) == (0, "3 steps checked, 0 problems\n")  # neither is its leftover
     assert cli("drop", str(lake), "basic")[0] == 0
-    assert [p.read_text() for p in theirs] == ["theirs"] * 4
+    assert [p.read_text() for p in theirs] == ["theirs"] * 8
 
 
 # --- 8.3 and 9: one line for every mistake with a lake ---------------------------------
@@ -455,6 +487,24 @@ def test_a_damaged_manifest_is_named_with_the_way_out(tmp_path: Path, damage: st
         0,
         counts_line(lake, "3 new, 0 updated, 0 unchanged, 0 removed, 0 skipped", 20, 206),
     )
+    assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
+
+
+def test_a_manifest_under_a_name_no_run_has_says_to_remove_the_file(tmp_path: Path) -> None:
+    # Its way out was `tokenlake drop LAKE x*y` or extracting it again, both refused for
+    # that name (`*` is a glob to DuckDB): the lake stayed unreadable.
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    planted = lake / "_manifest" / "x*y.json"
+    shutil.copy(lake / "_manifest" / "basic.json", planted)
+    line = (
+        f"Error: Lake `{planted}`: manifest is damaged: its `run` is not `x*y`, the name of the"
+        " file. Its name is no run name tokenlake makes, so no tokenlake command replaces it:"
+        " remove the file"
+    )
+    for args in (["query", str(lake), "SELECT 1"], ["verify", str(lake)]):
+        assert cli(*args) == (1, "", [line]), args
+    planted.unlink()
     assert cli("verify", str(lake))[:2] == (0, "3 steps checked, 0 problems\n")
 
 

@@ -327,7 +327,7 @@ def refresh_metrics(store: Store, record: manifest.RunManifest) -> tuple[bool, l
     files = dashboard.metrics_files(root)
     gone = _rewritten(record, files)
     warnings = [
-        f"`{shown(Dump(root).dashboard_dir / name, SHOWN_PATH_CHARS)}` was rewritten or removed"
+        f"`{shown(_stream_path(root, name), SHOWN_PATH_CHARS)}` was rewritten or removed"
         " since it was read; the run's metrics are read again from the start."
         for name in gone
     ]
@@ -355,16 +355,32 @@ def refresh_metrics(store: Store, record: manifest.RunManifest) -> tuple[bool, l
             changed = True
         if not read.more:
             break
-    if skipped:
+    if skipped:  # named by the one stream read, else by the folder of miles' streams
+        where = files[next(iter(files))] if len(files) == 1 else Dump(root).dashboard_dir
         warnings.append(
-            f"`{shown(Dump(root).dashboard_dir, SHOWN_PATH_CHARS)}`: {skipped} non-numeric"
-            " metric values skipped (strings, null, lists, objects)."
+            f"`{shown(where, SHOWN_PATH_CHARS)}`: {skipped} non-numeric metric values skipped"
+            " (strings, null, lists, objects, integers beyond float64)."
         )
     changed = changed or sources != record.metrics_sources
     record.metrics_sources = sources
     if len(record.metrics_files) > MAX_METRICS_FILES:
         record.metrics_files = [_merge_metrics(store, record)]
     return changed, [urls_in(record.source_dir, warning) for warning in warnings]
+
+
+def _stream_path(root: Path, name: str) -> Path:
+    """A metrics stream's file, from its name under `dashboard/` (prime-rl's `../metrics.jsonl`
+    is beside `dashboard/`, which its dump does not have: the path must not pass through it).
+
+    Examples:
+        >>> str(_stream_path(Path("run"), "../metrics.jsonl"))
+        'run/metrics.jsonl'
+        >>> str(_stream_path(Path("run"), "metrics/20260101_00.jsonl"))
+        'run/dashboard/metrics/20260101_00.jsonl'
+    """
+    from tokenlake.read.dump import Dump
+
+    return Path(os.path.normpath(Dump(root).dashboard_dir / name))
 
 
 def _write_metrics(store: Store, record: manifest.RunManifest, table: pa.Table) -> str:

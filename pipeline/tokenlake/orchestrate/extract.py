@@ -16,16 +16,18 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import math
+import numbers
 import time
 from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenlake import schema
-from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError
+from tokenlake.errors import DamagedManifestError, LakeError, PipelineError, UsageError, shown
 from tokenlake.layout import check_run_name, manifest_name
 from tokenlake.load import lake_files
-from tokenlake.orchestrate import maintain
+from tokenlake.orchestrate import MAX_SECONDS, MAX_WORKERS, maintain
 from tokenlake.orchestrate.progress import ProgressCallback, Reporter, as_reporter
 from tokenlake.orchestrate.scheduler import Todo, run_steps
 from tokenlake.orchestrate.step import StepOutcome, StepStatus, incomplete_text, not_yet_text
@@ -33,8 +35,10 @@ from tokenlake.processes import crash_point
 from tokenlake.read import completeness, dump, formats
 from tokenlake.read.remote import remote_dump
 from tokenlake.serve import catalog, rollups
+from tokenlake.steps import StepSelection, as_selection
 from tokenlake.store import manifest, require_lake
 from tokenlake.store.base import Store
+from tokenlake.tags import checked_tags
 from tokenlake.threads import sigint_deferred, sigint_held
 from tokenlake.transform.tables import StepResult
 
@@ -130,7 +134,20 @@ class ExtractOptions:
     with_experts: bool = False
 
     def check(self) -> ExtractOptions:
-        """These options, or a UsageError naming the two that cannot go together."""
+        """These options, `steps` read as `tokenlake.steps.as_selection` reads them (the
+        Python API's `"0-9,12"`, `5`, `range(3)`, ids), or a UsageError naming the option
+        that is not valid or the two that cannot go together."""
+        if self.steps is not None and not isinstance(self.steps, StepSelection):
+            return dataclasses.replace(self, steps=as_selection(self.steps)).check()
+        if self.tags is not None:
+            checked = checked_tags(self.tags)
+            if checked != self.tags:  # numbers and booleans as their JSON text
+                return dataclasses.replace(self, tags=checked).check()
+        if self.workers is not None:
+            _check_number("workers", self.workers, 1, MAX_WORKERS, whole=True)
+        _check_number("poll_seconds", self.poll_seconds, 0, MAX_SECONDS, low_open=True)
+        _check_number("settle_seconds", self.settle_seconds, 0, MAX_SECONDS)
+        formats.parse_format(self.dump_format)
         if self.executor not in ("local", "ray"):
             raise UsageError(f"Unknown executor `{self.executor}`; choose `local` or `ray`.")
         if self.ray_address is not None and self.executor != "ray":
@@ -146,6 +163,39 @@ class ExtractOptions:
                     " complete step and retries a bad one when it changes."
                 )
         return self
+
+
+def _check_number(
+    name: str,
+    value: object,
+    low: float,
+    high: float,
+    *,
+    whole: bool = False,
+    low_open: bool = False,
+) -> None:
+    """An option's number (the Python API passes it as it comes; the CLI's callbacks check
+    its text): finite, within [low, high] (above `low` with `low_open`), whole if `whole`.
+
+    Examples:
+        >>> _check_number("workers", "2", 1, 256, whole=True)
+        Traceback (most recent call last):
+        ...
+        tokenlake.errors.UsageError: workers is '2'; give a whole number at least 1 and at most 256.
+    """
+    kind_of = numbers.Integral if whole else numbers.Real  # numpy's numbers too
+    good = isinstance(value, kind_of) and not isinstance(value, bool)
+    if good:
+        try:
+            number = float(value)  # type: ignore[arg-type]  # a Real
+        except OverflowError:  # an int beyond float64
+            number = math.inf
+        below = number <= low if low_open else number < low
+        good = math.isfinite(number) and not below and number <= high
+    if not good:
+        kind = "whole number" if whole else "number"
+        bound = f"more than {low:g}" if low_open else f"at least {low:g}"
+        raise UsageError(f"{name} is {shown(value)}; give a {kind} {bound} and at most {high:g}.")
 
 
 def extract_run(

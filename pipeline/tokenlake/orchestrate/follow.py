@@ -9,6 +9,8 @@ as complete when:
 - an evaluation file (never has train files) or a step without train files has not changed for
   `settle_seconds` (such a step is extracted rollout-side only and extracted again when its
   train files appear).
+prime-rl marks a complete step itself (`STABLE`, without which its reader lists no step):
+such a step is complete as soon as it is listed.
 A file that fails to load is skipped for now and retried when it changes; each round re-lists
 the directory, and a step whose files changed since its extraction is extracted again.
 """
@@ -30,7 +32,7 @@ from tokenlake.orchestrate.extract import (
 )
 from tokenlake.orchestrate.progress import ProgressCallback
 from tokenlake.orchestrate.scheduler import ctrl_c_remembered
-from tokenlake.read import dump
+from tokenlake.read import completeness, dump
 from tokenlake.read.remote import remote_dump
 from tokenlake.store import manifest
 from tokenlake.store.base import Store
@@ -130,7 +132,10 @@ def follow_round(
 def is_complete(
     files: dump.StepFiles, expected_ranks: frozenset[int] | None, now: float, settle: float
 ) -> bool:
-    """Whether a step's files are all there and (where that is all we can tell) settled."""
+    """Whether a step's files are all there and (where that is all we can tell) settled; a
+    step its framework marked complete (prime-rl's `STABLE`) is."""
+    if files.format in completeness.MARKED_FORMATS:
+        return True
     ranks = files.ranks
     if not files.evaluation and ranks and expected_ranks is not None and expected_ranks <= ranks:
         return True

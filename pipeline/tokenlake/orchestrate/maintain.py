@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,7 +44,7 @@ def tag_run(
     store: Store,
     run: str,
     set_tags: dict[str, str],
-    remove: list[str] | tuple[str, ...] = (),
+    remove: Iterable[str] = (),
 ) -> TagResult:
     """Change a run's tags without reading its dump: runs row, manifest, catalog, under the
     writer lock. Returns the run's tags after the change and the catalog's warnings.

@@ -8,6 +8,7 @@ And once per lake: the catalog opens and holds every view.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from contextlib import ExitStack
@@ -484,8 +485,12 @@ def _check_sources(source_dir: str, root: Path, step: manifest.StepRecord) -> li
         change = _source_change(root, source)
         if change is not None:
             named = _shown_source(source_dir, root / source.name)
+            named = shown(named, SHOWN_PATH_CHARS, literal=False)
             problems.append(f"source `{named}` {change}")
     return problems
+
+
+_NO_FILE_NAME = "cannot be the name of a file ({why}); extract again"
 
 
 def _source_change(root: Path, source: manifest.SourceFile) -> str | None:
@@ -493,9 +498,13 @@ def _source_change(root: Path, source: manifest.SourceFile) -> str | None:
     by one `stat` of it (a step's sources are checked at every verify)."""
     try:
         found = os.stat(f"{root}/{source.name}")
+    except ValueError:  # a NUL byte: the manifest, which anyone may write, names no file
+        return _NO_FILE_NAME.format(why="it holds a NUL byte")
     except OSError as exc:
         if exc.errno in NO_FILE_ERRNOS:
             return "no longer exists"  # as `Path.is_file` takes these
+        if exc.errno == errno.ENAMETOOLONG:
+            return _NO_FILE_NAME.format(why="the path is longer than the system allows")
         raise
     if not stat.S_ISREG(found.st_mode):
         return "no longer exists"

@@ -36,6 +36,9 @@ from tokenlake.steps import describe_ids
 
 PER_RANK_FORMATS = ("miles", "slime-v1")
 NEMO_RL = "nemo-rl"
+# The formats whose reader lists a step only once the framework marked it complete (prime-rl's
+# `STABLE`): `--follow` takes such a step at once, without waiting for its files to settle.
+MARKED_FORMATS = ("prime-rl",)
 
 
 @dataclass(frozen=True)

@@ -114,12 +114,16 @@ def dump_mark(entries: Iterable[tuple[str, bool]]) -> str | None:
         'miles, slime: it holds `rollout_data/`'
         >>> dump_mark([("train_data_step3.jsonl", False)]), dump_mark([("rollout_data", False)])
         ('NeMo-RL: it holds `train_data_step3.jsonl`', None)
+        >>> dump_mark([("metrics.jsonl", False), ("token_exports", True)])
+        'prime-rl: it holds `token_exports/`'
     """
     for name, is_folder in sorted(entries):  # the same line whatever the listing's order
         if is_folder and name == dump.ROLLOUT_DIR:
             return f"miles, slime: it holds `{dump.ROLLOUT_DIR}/`"
         if not is_folder and nemo_rl.is_log_name(name):
             return f"NeMo-RL: it holds `{shown(name, literal=False)}`"
+        if is_folder and name == prime_rl.EXPORT_DIR:
+            return f"prime-rl: it holds `{prime_rl.EXPORT_DIR}/`"
     return None
 
 

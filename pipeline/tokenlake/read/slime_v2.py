@@ -178,8 +178,10 @@ def _is_cp_local(path: Path, value: Any, train: dict[str, Any], label: str) -> b
 
 
 def _shard_ranks(path: Path, data: dict[str, Any]) -> dict[int, int]:
-    """Data-parallel rank -> the global rank slime gave that shard (`dumped_rank`)."""
+    """Data-parallel rank -> the global rank slime gave that shard (`dumped_rank`); a shard
+    listed twice is an error (either entry's rank could be meant)."""
     ranks: dict[int, int] = {}
+    entries: dict[int, int] = {}  # data-parallel rank -> its dp_shards entry
     for entry, shard in enumerate(data["dp_shards"]):
         label = f"dp_shards entry {entry}"
         if not isinstance(shard, dict) or "data_parallel_rank" not in shard or "rank" not in shard:
@@ -187,6 +189,14 @@ def _shard_ranks(path: Path, data: dict[str, Any]) -> dict[int, int]:
                 path, "is not a dict with `data_parallel_rank` and `rank`", sample=label
             )
         dp_rank = exact_int(shard["data_parallel_rank"], path, "data_parallel_rank", label)
+        first = entries.setdefault(dp_rank, entry)
+        if first != entry:
+            raise DumpFormatError(
+                path,
+                f"`data_parallel_rank` {dp_rank} is dp_shards entry {first}'s too; slime lists"
+                " each data-parallel shard once",
+                sample=label,
+            )
         ranks[dp_rank] = exact_int(shard["rank"], path, "rank", label)
     return ranks
 

@@ -18,7 +18,8 @@ MAX_TOKENIZER_BYTES = 64 * bounded.MiB
 
 
 def vocab_table(path: Path, within: Path | None = None) -> pa.Table:
-    """One row per token id of the tokenizer: its id and its text decoded alone.
+    """One row per token id of the tokenizer: its id and its text decoded alone (an id it
+    does not have has no row: its tokens' text is NULL).
 
     A file that is not a regular file, or larger than `MAX_TOKENIZER_BYTES`, is a
     `DumpFormatError` before anything is parsed.
@@ -32,6 +33,12 @@ def vocab_table(path: Path, within: Path | None = None) -> pa.Table:
         ...     _ = p.write_text(json.dumps(spec))
         ...     vocab_table(p).to_pylist()
         [{'token_id': 0, 'token_text': 'a'}, {'token_id': 1, 'token_text': 'b'}]
+        >>> spec["model"]["vocab"] = {"a": 0, "b": 3}  # no id 1 or 2
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = Path(d) / "tokenizer.json"
+        ...     _ = p.write_text(json.dumps(spec))
+        ...     vocab_table(p).to_pylist()
+        [{'token_id': 0, 'token_text': 'a'}, {'token_id': 3, 'token_text': 'b'}]
     """
     from tokenizers import Tokenizer
 
@@ -41,8 +48,10 @@ def vocab_table(path: Path, within: Path | None = None) -> pa.Table:
         raise DumpFormatError(path, exc.problem) from exc
     try:
         tokenizer = Tokenizer.from_buffer(data)
-        size = tokenizer.get_vocab_size(with_added_tokens=True)
-        texts = tokenizer.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+        # The ids it has: its size counts them, so ids with a gap below them would make it
+        # decode ids it lacks (as "") and leave out its highest ones.
+        ids = sorted(set(tokenizer.get_vocab(with_added_tokens=True).values()))
+        texts = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
     except (KeyboardInterrupt, SystemExit):
         raise
     # The tokenizers library raises bare Exceptions on bad files, and its Rust panics are a
@@ -51,6 +60,6 @@ def vocab_table(path: Path, within: Path | None = None) -> pa.Table:
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise DumpFormatError(path, f"is not a readable tokenizer ({reason})") from exc
     return pa.table(
-        {schema.TOKEN_ID: pa.array(range(size), pa.int64()), "token_text": pa.array(texts)},
+        {schema.TOKEN_ID: pa.array(ids, pa.int64()), "token_text": pa.array(texts)},
         schema=schema.VOCAB_SCHEMA,
     )

@@ -489,7 +489,7 @@ class CatalogAhead:
 # The folders of catalogs made ahead, in the system's temporary folder:
 # `<prefix><pid namespace>-<pid>-<random>`.
 _AHEAD_PREFIX = "tokenlake-catalog-"
-_AHEAD_FOLDER = re.compile(rf"^{_AHEAD_PREFIX}(\d+)-(\d+)-[a-z0-9_]+$")
+_AHEAD_FOLDER = re.compile(rf"^{_AHEAD_PREFIX}([0-9]+)-([0-9]+)-[a-z0-9_]+\Z")
 
 
 def _pid_namespace() -> int:

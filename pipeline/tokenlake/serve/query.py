@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from tokenlake.errors import (
     ctrl_c_from_duckdb,
     duckdb_problem,
     lake_read_error,
+    shown,
 )
 from tokenlake.serve import catalog, rollups
 from tokenlake.store.base import Store
@@ -141,7 +143,8 @@ def settings_override_sql(con: duckdb.DuckDBPyConnection, settings: Mapping[str,
         names = ", ".join(f"`{name}`" for name in types)
         raise UsageError(f"Unknown drift setting `{unknown[0]}`; the settings are {names}")
     replaced = ", ".join(
-        f"{float(value)!r}::{types[name]} AS {name}" for name, value in settings.items()
+        f"{_setting_value(name, value)!r}::{types[name]} AS {name}"
+        for name, value in settings.items()
     )
     # The temp schema is searched before `main`, so this view shadows the catalog's one for
     # every view that reads `drift_settings`; the source must name the catalog explicitly.
@@ -149,6 +152,31 @@ def settings_override_sql(con: duckdb.DuckDBPyConnection, settings: Mapping[str,
         f"CREATE OR REPLACE TEMP VIEW {SETTINGS_VIEW} AS "
         f"SELECT * REPLACE ({replaced}) FROM {qualified}"
     )
+
+
+def _setting_value(name: str, value: object) -> float:
+    """A drift setting's override as the float the SQL holds: a finite real number (the
+    Python API passes them as they come; `--set` text is checked by the CLI).
+
+    Examples:
+        >>> _setting_value("alarm_k3_kl", 1)
+        1.0
+        >>> _setting_value("alarm_k3_kl", float("nan"))
+        Traceback (most recent call last):
+        ...
+        tokenlake.errors.UsageError: Drift setting `alarm_k3_kl` is nan; give a finite number.
+    """
+    number = math.nan
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float64
+            pass
+    if not math.isfinite(number):
+        raise UsageError(
+            f"Drift setting `{shown(name, literal=False)}` is {shown(value)}; give a finite number."
+        )
+    return number
 
 
 def _quote_ident(name: str) -> str:

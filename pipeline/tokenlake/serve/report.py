@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenlake.errors import LakeError, OutputError, lake_read_error
+from tokenlake.errors import LakeError, OutputError, UsageError, lake_read_error, shown
 from tokenlake.layout import temporary_path
 from tokenlake.serve import report_charts as rc
 from tokenlake.serve import report_data as rd
@@ -135,8 +135,9 @@ def build_report(
 ) -> ReportSummary:
     """Write the report of `runs` (default: all) and `steps` (default: all) to `out`.
 
-    `steps` is a list of step ids, or any container of them (the CLI's lazy `--steps` ranges),
-    which is then matched against the steps the lake has.
+    `steps` is what `tokenlake.steps.as_selection` takes (step ids, a range, `"0-9,12"`, the
+    CLI's lazy `--steps` ranges), matched against the steps the lake has; `runs` run names
+    (one name: that run).
 
     Raises:
         LakeError: The lake has no catalog.
@@ -145,6 +146,12 @@ def build_report(
     """
     started = time.perf_counter()
     out = Path(out)
+    # The Python API's arguments, read as the other calls read them (`--steps` text, one run
+    # name), before any work.
+    steps = as_selection(steps)
+    runs = (runs,) if isinstance(runs, str) else runs
+    if isinstance(worst, bool) or not isinstance(worst, int) or worst < 0:
+        raise UsageError(f"worst is {shown(worst)}; give a whole number of samples from 0.")
     _check_output(out)
     with ThreadPoolExecutor(max_workers=1) as pool:
         bundle = pool.submit(rh.vega_bundle)  # ~2 s in vl-convert, beside the queries

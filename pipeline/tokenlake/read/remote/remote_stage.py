@@ -68,7 +68,7 @@ MAX_STATE_BYTES = 64 << 20  # ~100 bytes per staged object
 PLACEHOLDER_DIRS = (ROLLOUT_DIR, TRAIN_DIR, TRAJECTORY_DIR, EXPORT_DIR)
 COPIED_DIRS = (TOKENIZER_DIR, DASHBOARD_DIR)  # read by the driver: downloaded whole
 _PRIVATE_PREFIX = ".tokenlake-"  # temporaries and private download folders
-_TEMPORARY = re.compile(r"^\.tokenlake-(\d+)-[0-9a-f]{8}\.tmp$")  # as `temporary_path` names
+_TEMPORARY = re.compile(r"^\.tokenlake-([0-9]+)-[0-9a-f]{8}\.tmp\Z")  # as `temporary_path` names
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = datetime.resolution  # timedelta(microseconds=1)
 _SECOND_NS = 1_000_000_000

@@ -605,8 +605,17 @@ def _first(exc: BaseException) -> str:
 
 
 def _integer(query: Any, name: str) -> int | None:
+    """A query parameter of ASCII digits (at most 12) as an int, else None. `isdigit` alone
+    also passes `²` (which `int` refuses) and `١` (which it reads as 1).
+
+    Examples:
+        >>> _integer({"step": "12"}, "step"), _integer({"step": "²"}, "step")
+        (12, None)
+        >>> _integer({"step": "١"}, "step") is None
+        True
+    """
     text = str(query.get(name, ""))
-    if not text.isdigit() or len(text) > 12:
+    if not (text.isascii() and text.isdigit()) or len(text) > 12:
         return None
     return int(text)
 
