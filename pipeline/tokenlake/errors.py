@@ -324,21 +324,19 @@ class CacheError(PipelineError):
 
 
 class DamagedManifestError(LakeError):
-    """A run manifest (`_manifest/<run>.json`) cannot be read as one."""
+    """A run manifest (`_manifest/<run>.json`) cannot be read as one; `droppable`: its file
+    name is a run name, which `drop` and `extract` take (else removing the file is the way out).
+    """
 
-    def __init__(self, path: Path | str, problem: str) -> None:
-        from tokenlake.layout import check_run_name  # layout imports this module
-
+    def __init__(self, path: Path | str, problem: str, *, droppable: bool = True) -> None:
         self.run = Path(path).stem
-        try:
-            check_run_name(self.run)
-        except UsageError:  # `drop` and `extract` refuse the name: neither is a way out
+        if droppable:
+            way_out = f"Remove the run with `tokenlake drop LAKE {self.run}` or extract it again"
+        else:  # `drop` and `extract` refuse the name: neither is a way out
             way_out = (
                 "Its name is no run name tokenlake makes, so no tokenlake command replaces it:"
                 " remove the file"
             )
-        else:
-            way_out = f"Remove the run with `tokenlake drop LAKE {self.run}` or extract it again"
         super().__init__(path, f"manifest is damaged: {problem}. {way_out}")
 
 

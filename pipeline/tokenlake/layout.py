@@ -44,6 +44,20 @@ _TEMPORARY = re.compile(r"^\.tokenlake-([0-9]+)-[0-9a-f]{8}\.tmp(?:\.wal)?\Z")
 _STEP_FOLDER = re.compile(rf"^{schema.ROLLOUT_ID}=-?[0-9]+\Z")
 
 
+def is_run_name(name: str) -> bool:
+    """Whether `check_run_name` takes `name`.
+
+    Examples:
+        >>> is_run_name("grpo"), is_run_name("x*y")
+        (True, False)
+    """
+    try:
+        check_run_name(name)
+    except UsageError:
+        return False
+    return True
+
+
 def check_run_name(name: str) -> str:
     """The one validation of a run name, for every command that takes one.
 

@@ -28,7 +28,13 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.layout import MANIFEST_DIR as MANIFEST_DIR
-from tokenlake.layout import check_listed, manifest_name, step_label, temporary_owner
+from tokenlake.layout import (
+    check_listed,
+    is_run_name,
+    manifest_name,
+    step_label,
+    temporary_owner,
+)
 from tokenlake.processes import process_alive
 from tokenlake.store.base import Store
 from tokenlake.store.parquet import IDENTITY
@@ -193,7 +199,7 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
     except BoundedReadError as exc:
         if exc.problem.startswith("cannot be read"):
             raise LakeError(where, exc.problem) from exc
-        raise DamagedManifestError(where, f"it {exc.problem}") from exc
+        raise _damaged(where, f"it {exc.problem}") from exc
     parsed = _PARSED.get()
     if parsed is None:
         return parse_manifest(where, raw)
@@ -288,13 +294,13 @@ def parse_manifest(where: str, raw: bytes) -> RunManifest:
     try:
         data = bounded.loads(raw.decode("utf-8"), MAX_MANIFEST_DEPTH, parse_int=_manifest_int)
     except bounded.JsonTooDeep as exc:
-        raise DamagedManifestError(where, f"it is {exc}") from exc
+        raise _damaged(where, f"it is {exc}") from exc
     except _LongInteger as exc:
-        raise DamagedManifestError(where, str(exc)) from exc
+        raise _damaged(where, str(exc)) from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DamagedManifestError(where, f"it is not JSON ({exc})") from exc
+        raise _damaged(where, f"it is not JSON ({exc})") from exc
     if not isinstance(data, dict):
-        raise DamagedManifestError(where, "it is not a JSON object")
+        raise _damaged(where, "it is not a JSON object")
     if data.get("version") != MANIFEST_VERSION:
         raise LakeError(
             where, f"manifest version {shown(data.get('version'))} is not {MANIFEST_VERSION}"
@@ -302,7 +308,12 @@ def parse_manifest(where: str, raw: bytes) -> RunManifest:
     try:
         return _from_json(path, data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise DamagedManifestError(where, _what_is_wrong(exc)) from exc
+        raise _damaged(where, _what_is_wrong(exc)) from exc
+
+
+def _damaged(where: str, problem: str) -> DamagedManifestError:
+    """The error of a damaged manifest at `where`, with the way out its file name allows."""
+    return DamagedManifestError(where, problem, droppable=is_run_name(Path(where).stem))
 
 
 def _what_is_wrong(exc: Exception) -> str:
