@@ -96,6 +96,9 @@ class TrainRow:
     # field -> bool [R]: positions the format wrote as unknown (prime-rl's `null`): NULL in
     # that field's column, and in `lp_diff` where either log-prob is unknown
     nulls: dict[str, np.ndarray] = field(default_factory=dict)
+    # int [R]: the response token ids the train row's values are of (miles' train `tokens`),
+    # compared with the rollout sample's; None: the format records none, or they do not fit
+    response_tokens: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

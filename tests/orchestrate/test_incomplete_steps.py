@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import store_of
-from tests.fixture_paths import NEMO_RL_REAL, REAL_DUMPS, SLIME_REAL
+from tests.fixture_paths import NEMO_RL_REAL, NEXT_DUMPS, REAL_DUMPS, SLIME_REAL
 from tokenlake.cli import main
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 from tokenlake.store import manifest
@@ -189,3 +189,32 @@ def test_a_manifest_whose_mark_is_not_a_line_of_text_is_damaged(tmp_path: Path) 
         """ "x'); DROP TABLE y; --\\n", not a line of text. Remove the run with `tokenlake"""
         " drop LAKE nemo` or extract it again\n",
     )
+
+
+def test_the_only_training_step_lands_once_every_rank_file_is_there(tmp_path: Path) -> None:
+    """A run's first training step has no other step to tell its rank set: with rank 8 of
+    ranks 8, 12 just written (#3141's sparse ranks, rank 12 still saving), it landed with half
+    its samples trained, exit 0 and no word. While its files change it now waits until its
+    train files hold every sample; settled (a batch whose trailing rollouts were dropped) it
+    lands as it is, unmarked."""
+    dump, lake = tmp_path / "sparse", tmp_path / "lake"
+    shutil.copytree(NEXT_DUMPS / "sparse_ranks", dump)
+    for name in ("rollout_data/1.pt", "train_data/1_8.pt", "train_data/1_12.pt"):
+        (dump / name).unlink()
+    (dump / "train_data" / "0_12.pt").unlink()
+    age(every_file(dump), HOUR)
+    age([dump / "train_data" / "0_8.pt"], 0)
+
+    code, out, err = extract(dump, lake)
+    assert (code, out) == (
+        1,
+        "Run `sparse`: 0 new, 0 updated, 0 unchanged, 0 removed, 1 skipped steps; wrote 0"
+        " samples and 0 tokens\n",
+    )
+    assert err == not_yet("0", "its train files hold 4 of its 8 samples")
+
+    age([dump / "train_data" / "0_8.pt"], HOUR)
+    code, out, err = extract(dump, lake)
+    assert (code, err) == (0, "")
+    assert out.startswith("Run `sparse`: 1 new, 0 updated, 0 unchanged")
+    assert marks(lake, "sparse") == {"0": None}

@@ -169,3 +169,29 @@ def test_a_normalised_reward_beyond_float64(tmp_path, monkeypatch):
         f"rank 0: `{path}` (batch position 0, sample_index 0): `rewards` is {BEYOND_FLOAT}."
         f" {REPLACE}"
     )
+
+
+def test_a_train_row_for_other_response_tokens_is_not_placed(tmp_path, monkeypatch):
+    """A stale rank file (a run restarted over the same step; equal lengths, as truncated
+    responses have) holds the trainer's log-probs of other tokens: NULL on the rollout's
+    tokens and `alignment_failed`, never the other sequence's numbers on these tokens."""
+    dump = MemDump(tmp_path, monkeypatch)
+    dump.rollout([sample(0, TOKENS, 2, rollout_log_probs=[-0.5, -0.25])])
+    dump.train(0, train_rows([0], [[1, 2, 9]], [2], log_probs=[[-1.0, -2.0]]))
+    tokens, samples = dump.tables()
+    assert column(tokens, "token_id") == [2, 3]
+    assert column(tokens, "train_log_prob") == [None, None]
+    assert column(tokens, "lp_diff") == [None, None]
+    assert column(tokens, "loss_mask") == [None, None]  # as a media-expanded row's
+    assert column(samples, "alignment_failed") == [True]
+
+
+def test_a_train_row_whose_prompt_differs_is_still_placed(tmp_path, monkeypatch):
+    """Media expansion changes the prompt the trainer saw (section 8.13), not the response
+    tokens its log-probs are of: those are placed."""
+    dump = MemDump(tmp_path, monkeypatch)
+    dump.rollout([sample(0, TOKENS, 2, rollout_log_probs=[-0.5, -0.25])])
+    dump.train(0, train_rows([0], [[7, 7, 2, 3]], [2], log_probs=[[-1.0, -2.0]]))
+    tokens, samples = dump.tables()
+    assert column(tokens, "train_log_prob") == [-1.0, -2.0]
+    assert column(samples, "alignment_failed") == [False]

@@ -295,6 +295,43 @@ def test_stage_mirrors_the_prefix_sparse_and_drops_what_vanished(
     assert replace(remote_dump.discover(url), steps=()).url == url
 
 
+def test_dashboard_and_tokenizer_files_tokenlake_never_reads_are_not_downloaded(
+    bucket: str, tmp_path: Path
+) -> None:
+    """The dashboard viewer's Parquet caches and telemetry streams (GBs in a long run) and a
+    tokenizer folder's other files stay sparse placeholders (the folders, which tell the
+    format, still exist); `meta.json`, the metrics streams and `tokenizer.json` are copied."""
+    import boto3
+
+    client = boto3.client("s3")
+    url = upload(bucket, "basic")
+    big = os.urandom(1 << 20)
+    unread = (
+        "dashboard/cache/summary_v4.parquet",
+        "dashboard/gpu_util/20260101_00.jsonl",
+        "dashboard/topology.jsonl",
+        "tokenizer/model.safetensors",
+    )
+    for name in unread:
+        client.put_object(Bucket=bucket, Key=f"basic/{name}", Body=big)
+    read = {
+        "dashboard/meta.json": b'{"run_name": "r"}',
+        "dashboard/metrics.jsonl": b'{"ts": 1.0, "step": 0, "metrics": {"a": 1}}\n',
+        "dashboard/metrics/20260101_00.jsonl": b'{"ts": 2.0, "step": 1, "metrics": {"a": 2}}\n',
+    }
+    for name, body in read.items():
+        client.put_object(Bucket=bucket, Key=f"basic/{name}", Body=body)
+    root = remote_dump.stage(url)
+    for name in unread:
+        staged = (root / name).stat()
+        assert (staged.st_size, staged.st_blocks) == (len(big), 0), name
+    for name, body in read.items():
+        assert (root / name).read_bytes() == body, name
+    assert (root / "tokenizer" / "tokenizer.json").read_bytes() == (
+        BASIC / "tokenizer" / "tokenizer.json"
+    ).read_bytes()
+
+
 def test_what_is_not_extracted_is_named_by_its_url(bucket: str, tmp_path: Path) -> None:
     import boto3
 

@@ -329,6 +329,8 @@ class Completeness:
                 files, reference.get(files.label), self.now, self.settle
             )
             if missing is None:
+                if completeness.unjudged(files, reference.get(files.label), self.now, self.settle):
+                    files = dataclasses.replace(files, unsettled=self.settle)
                 judged.append((files, status))
             elif missing.fresh:
                 self._not_yet(files.label, missing.what)

@@ -186,6 +186,9 @@ def _build(files: dump.StepFiles, status: StepStatus) -> _Built | StepOutcome:
             sources = _fingerprint(files)
             tokens, samples_table, result, experts = build_step(read, files.with_experts)
         warnings = tuple(remote_dump.as_urls(files, read, w) for w in result.warnings)
+        if files.unsettled is not None and not completeness.covers_every_sample(samples_table):
+            missing = completeness.uncovered(samples_table)
+            return StepOutcome(files.label, status, error=not_yet_text(missing, files.unsettled))
         if files.incomplete is not None and completeness.covers_every_sample(samples_table):
             files = replace(files, incomplete=None)  # another rank layout, every sample there
         if files.incomplete is not None:

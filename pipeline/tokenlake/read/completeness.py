@@ -8,7 +8,10 @@ by what its dump declares; prime-rl writes one, and its reader lists a step only
   those of the nearest other training step of the dump that has train files (the one before
   it, else the one after). A rank missing from that set is missing from the step, unless,
   once read, the step's train files hold every sample of its rollout, none refused by the
-  CP/PP reassembly (a run resumed on another rank layout: `covers_every_sample`).
+  CP/PP reassembly (a run resumed on another rank layout: `covers_every_sample`). A step no
+  other training step tells the rank set of (a run's first) is not complete, while its files
+  still change, until its train files hold every sample (`unjudged`): rank 0's file may be
+  there long before the others'.
 - slime format 2 (`train_data/{rid}.pt`): the one train file is written whole by one rank
   (a file cut short fails to load, `pt.load`); nothing more to count.
 - NeMo-RL (`train_data_step{N}.jsonl`): a file cut at a line boundary loads; its sample count
@@ -65,6 +68,36 @@ def step_missing(
     verb = "has" if len(gone) == 1 else "have"
     what = f"{_ranges(gone)} of {_ranges(gone | files.ranks)} {verb} no train file"
     return Missing(what, age < settle, age)
+
+
+def unjudged(
+    files: dump.StepFiles, expected_ranks: frozenset[int] | None, now: float, settle: float
+) -> bool:
+    """Whether a training step of a per-rank format has train files but no other step to
+    tell its rank set, and its files changed less than `settle` seconds ago: it is complete
+    only if they hold every sample (`covers_every_sample`, judged once it is read)."""
+    return (
+        not files.evaluation
+        and files.format in PER_RANK_FORMATS
+        and bool(files.train_files)
+        and expected_ranks is None
+        and seconds_since_change(files, now) < settle
+    )
+
+
+def uncovered(samples: Any) -> str:
+    """What a step whose train files do not hold every sample lacks, as `not_yet_text`
+    words it.
+
+    Examples:
+        >>> import pyarrow as pa
+        >>> uncovered(pa.table({schema.HAS_TRAIN_ROW: [True, False, False]}))
+        'its train files hold 1 of its 3 samples'
+    """
+    import pyarrow.compute as pc
+
+    held = pc.sum(samples.column(schema.HAS_TRAIN_ROW).cast("int64")).as_py() or 0
+    return f"its train files hold {held} of its {samples.num_rows} samples"
 
 
 def missing_ranks(present: frozenset[int], expected: frozenset[int] | None) -> frozenset[int]:

@@ -130,6 +130,10 @@ class StepFiles:
     with_experts: bool = False
     # What the step's files lack, settled (`read.completeness`): it lands marked incomplete.
     incomplete: str | None = None
+    # A training step whose rank set no other step tells, while its files still change
+    # (`read.completeness.unjudged`): the settle seconds. It lands only if its train files
+    # hold every sample; else it is not yet complete.
+    unsettled: float | None = None
 
     def __post_init__(self) -> None:
         if self.root is None:  # rollout files live in ROOT/rollout_data/

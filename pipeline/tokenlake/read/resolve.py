@@ -187,7 +187,21 @@ def resolve_sample(
         fields=layout.fields,
         alignment_failed=layout.failed,
         holes=layout.holes,
+        response_tokens=_response_tokens(first, total_length, response_length, label),
     )
+
+
+def _response_tokens(
+    loc: Location, total_length: int, response_length: int, label: str
+) -> np.ndarray | None:
+    """The last R of the row's `tokens` (the tokens its values are of), or None when the row
+    has none or they are not `total_lengths` long (nothing to compare them with)."""
+    if not loc.has("tokens"):
+        return None
+    tokens = numbers(loc.get("tokens"), loc.file.path, "tokens", label)
+    if tokens.ndim != 1 or len(tokens) != total_length:
+        return None
+    return tokens[total_length - response_length :]
 
 
 def _agreed_lengths(locations: list[Location], label: str) -> tuple[int, int]:

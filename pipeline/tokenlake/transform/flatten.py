@@ -62,9 +62,11 @@ def sample_tokens(
         return SampleTokens(
             token_ids, _i8(mask.values), False, columns, {}, misaligned, versions, supports
         )
-    if train.response_length != response_length:
+    if train.response_length != response_length or _other_tokens(train, token_ids):
         # Media expansion (section 8.13): the train arrays (mask included) do not fit the
-        # rollout token grid, so nothing of the train side is placed on it.
+        # rollout token grid, so nothing of the train side is placed on it. Nor when the
+        # train row's response tokens are others (a stale rank file of a restarted run): its
+        # log-probs are of those tokens, not of these.
         empty: dict[str, np.ndarray | None] = dict.fromkeys(schema.TOKEN_STAT_COLUMNS)
         return SampleTokens(token_ids, None, True, empty, {}, True, versions, supports)
     columns = _train_columns(train, rollout_lp.values, placeholders)
@@ -79,6 +81,13 @@ def sample_tokens(
         versions,
         supports,
     )
+
+
+def _other_tokens(train: TrainRow, token_ids: np.ndarray) -> bool:
+    """Whether the train row says which response tokens its values are of, and they differ
+    from the rollout sample's (equal lengths: `sample_tokens` checked them first)."""
+    theirs = train.response_tokens
+    return theirs is not None and not np.array_equal(theirs, token_ids)
 
 
 def _train_columns(

@@ -10,9 +10,12 @@ never inside the lake or the dump:
   LastModified to the second with a digest of its ETag below the second (`version_stamp_ns`);
   it costs no disk and is never read (a step's objects are downloaded apart,
   see `remote_dump.hydrated`);
-- the small side files under `tokenizer/` and `dashboard/`, and prime-rl's `metrics.jsonl` at
-  the top, are downloaded whole (again only
-  when their size or LastModified changed, as `.tokenlake-remote.json` in the stage records);
+- the side files the driver reads, `tokenizer/tokenizer.json`, `dashboard/meta.json` and the
+  metrics streams (`dashboard/metrics.jsonl`, `dashboard/metrics/*.jsonl`, prime-rl's
+  `metrics.jsonl` at the top), are downloaded whole (again only when their size or
+  LastModified changed, as `.tokenlake-remote.json` in the stage records); every other object
+  under `tokenizer/` and `dashboard/` (the dashboard viewer's Parquet caches, telemetry
+  streams: GBs in a long run) is never read, so it is a placeholder too;
 - whatever is no longer under the prefix is removed from the stage.
 
 Every file appears by rename (temporary names `.tokenlake-<pid>-<hex8>.tmp`), so two processes
@@ -194,12 +197,37 @@ def _update(
         try:
             if known.get(name) != [size, mtime_ns] or not _same(target, size, mtime_ns):
                 make_folders(root, Path(name).parent)
-                placeholder = _read_per_step(name) or _too_large(name, size)
+                placeholder = (
+                    _read_per_step(name) or not _read_whole(name) or _too_large(name, size)
+                )
                 _stage_one(fs, f"{base}/{name}", target, size, mtime_ns, placeholder)
             staged[name] = [size, mtime_ns]
         except (OSError, RemoteObjectError) as exc:  # e.g. a name both a file and a folder
             log.warning("`%s/%s` is not staged: %s", url, name, exc)
     return staged
+
+
+def _read_whole(name: str) -> bool:
+    """A side file the driver reads (`tokenizer.json`, the dashboard's `meta.json` and metrics
+    streams, prime-rl's metrics); the others under `tokenizer/` and `dashboard/` are never read.
+
+    Examples:
+        >>> [_read_whole(n) for n in ("dashboard/metrics/20260101_00.jsonl", "dashboard/cache/a")]
+        [True, False]
+    """
+    from tokenlake.read import dashboard
+
+    parts = name.split("/")
+    return (
+        name in (f"{TOKENIZER_DIR}/{TOKENIZER_FILE}", METRICS_FILE)
+        or name
+        in (f"{DASHBOARD_DIR}/{dashboard.META_FILE}", f"{DASHBOARD_DIR}/{dashboard.METRICS_FILE}")
+        or (
+            len(parts) == 3
+            and parts[:2] == [DASHBOARD_DIR, dashboard.METRICS_PARTITION_DIR]
+            and parts[2].endswith(".jsonl")
+        )
+    )
 
 
 def _too_large(name: str, size: int) -> bool:
