@@ -19,8 +19,6 @@ from tokenlake import __version__
 from tokenlake.cli_util import (
     DUMP,
     LAKE,
-    MAX_SECONDS,
-    MAX_WORKERS,
     FreeTextArgs,
     bounded,
     parse_settings,
@@ -34,6 +32,7 @@ from tokenlake.errors import (
     UsageError,
     ctrl_c_from_duckdb,
 )
+from tokenlake.orchestrate import MAX_SECONDS, MAX_WORKERS
 from tokenlake.steps import parse_steps
 from tokenlake.terminal import plural, safe_text
 

@@ -14,7 +14,6 @@ from typing import Any
 import click
 
 from tokenlake.errors import UsageError
-from tokenlake.orchestrate import MAX_SECONDS, MAX_WORKERS  # noqa: F401 - the CLI's bounds
 from tokenlake.terminal import safe_text
 
 
