@@ -7,6 +7,11 @@ as Python exits aborts the process ("terminate called after throwing an instance
 its connection cannot be closed meanwhile ("connection is busy with another call"). So the
 threads tokenlake waits for set an Event as they end, and the waits are on that Event, which a
 Ctrl-C interrupts without marking anything.
+
+The kernel hands a Ctrl-C (SIGINT) to any thread of the process that does not block it, and
+when a thread other than the main one takes it, Python raises KeyboardInterrupt in the main
+thread only once that thread runs Python again: a main thread blocked on a lock without a
+timeout never does. So the main thread's waits are made in slices (`wait_for`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,21 @@ if TYPE_CHECKING:  # `importlib.abc` imports `importlib.resources`: 14 ms a comm
     from importlib.abc import Loader
     from importlib.machinery import ModuleSpec
     from types import ModuleType
+
+
+# The longest a Ctrl-C that another thread took waits before the main thread raises it.
+WAKE_SECONDS = 0.2
+
+
+def wait_for(event: threading.Event) -> None:
+    """Until `event` is set; a Ctrl-C meanwhile is raised (whichever thread took it)."""
+    while not event.wait(WAKE_SECONDS):
+        pass
+
+
+def until_ctrl_c() -> None:
+    """Wait for a Ctrl-C (raised as KeyboardInterrupt): a server's main thread."""
+    wait_for(threading.Event())
 
 
 class Background:
@@ -45,7 +65,7 @@ class Background:
 
     def wait(self) -> None:
         """Until the thread has ended; a Ctrl-C meanwhile is raised, the thread runs on."""
-        self._ended.wait()
+        wait_for(self._ended)
 
     def wait_out(self, stop: Callable[[], None]) -> None:
         """`stop()` (such as interrupting the thread's DuckDB statement), then wait until the
@@ -55,7 +75,7 @@ class Background:
         stop()
         while not self._ended.is_set():
             try:
-                self._ended.wait()
+                wait_for(self._ended)
             except KeyboardInterrupt:
                 stop()
 

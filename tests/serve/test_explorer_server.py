@@ -203,7 +203,9 @@ def _started(command: list[str], cwd: Path = ROOT) -> subprocess.Popen[str]:
     return subprocess.Popen(
         command,
         cwd=cwd,
-        env={**os.environ, "PWD": str(cwd)},
+        # A process that hangs is ended with SIGABRT, and faulthandler then prints every
+        # thread's stack: the failure shows where it hung.
+        env={**os.environ, "PWD": str(cwd), "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -225,12 +227,22 @@ def _stopped(process: subprocess.Popen[str]) -> tuple[int, str, str]:
     """Ctrl-C to the process's group; its exit code and what it wrote after its first line
     (stdout, then stderr)."""
     os.killpg(process.pid, signal.SIGINT)
+    return _ended(process)
+
+
+def _ended(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    """The process's exit code, stdout and stderr once it ends; one still running after
+    PATIENCE fails the test with every thread's stack (see `_started`)."""
     try:
         out, err = process.communicate(timeout=PATIENCE)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
+        os.killpg(process.pid, signal.SIGABRT)
+        try:
+            _, stacks = process.communicate(timeout=PATIENCE)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            _, stacks = process.communicate()
+        raise AssertionError(f"the process did not end; its threads:\n{stacks}") from None
     return process.returncode, out, err
 
 
@@ -274,6 +286,34 @@ def test_lake_serve_announces_the_url_it_serves(lake):
         stopped = _stopped(process)
     assert stopped == (0, "stopped\n", "")  # Ctrl-C reaches the caller as KeyboardInterrupt
 
+
+def test_serve_stops_on_a_ctrl_c_that_another_thread_took(lake):
+    # The kernel may hand a process's SIGINT to any of its threads (DuckDB's, the server's);
+    # here one of them takes it for sure (a thread-directed signal), once the server's main
+    # thread waits for a Ctrl-C.
+    script = (
+        "import signal, sys, threading, time, tokenlake\n"
+        "def serving():\n"
+        "    frame = sys._current_frames()[threading.main_thread().ident]\n"
+        "    names = [frame.f_code.co_name]\n"
+        "    while frame.f_back:\n"
+        "        frame = frame.f_back\n"
+        "        names.append(frame.f_code.co_name)\n"
+        "    return names[0] == 'wait' and 'start' not in names and 'serve_forever' in names\n"
+        "def ctrl_c():\n"
+        "    while not serving():\n"
+        "        time.sleep(0.01)\n"
+        "    signal.pthread_kill(threading.get_ident(), signal.SIGINT)\n"
+        "def announce(url):\n"
+        "    print(url, flush=True)\n"
+        "    threading.Thread(target=ctrl_c).start()\n"
+        "try:\n"
+        "    tokenlake.open_lake(sys.argv[1]).serve(port=0, announce=announce)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('stopped', flush=True)\n"
+    )
+    code, out, err = _ended(_started([sys.executable, "-c", script, str(lake)]))
+    assert (code, out, err) == (0, f"http://127.0.0.1:{_port(out)}/\nstopped\n", "")
 
 def test_make_serve_serves_the_lake_it_is_given(lake, tmp_path):
     venv = Path(sys.executable).parent.parent

@@ -21,7 +21,7 @@ from typing import Any
 from tokenlake.orchestrate.step import StepOutcome, StepStatus, extract_steps, worker_died_text
 from tokenlake.read import dump
 from tokenlake.store.base import Store
-from tokenlake.threads import sigint_held
+from tokenlake.threads import WAKE_SECONDS, sigint_held
 
 # A step to extract and its status (new or updated) as planned by extract.py.
 Todo = tuple[dump.StepFiles, StepStatus]
@@ -158,7 +158,8 @@ def _run_in_pool(
         if pending:
             hand_out(local)
         while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            # In slices: see `threads.WAKE_SECONDS`.
+            done, _ = wait(running, timeout=WAKE_SECONDS, return_when=FIRST_COMPLETED)
             for future in done:
                 executor, batch = running.pop(future), held.pop(future)
                 broken = isinstance(future.exception(), BrokenProcessPool)

@@ -45,7 +45,7 @@ from tokenlake.serve.sql_views import (
     view_query,
     view_settings,
 )
-from tokenlake.threads import Background
+from tokenlake.threads import Background, wait_for
 
 if TYPE_CHECKING:
     import duckdb
@@ -466,7 +466,7 @@ def step_connection_imported() -> None:
     thread, then the process's exit, wait for it forever."""
     pending: _PendingConnection | None = getattr(_local, "pending", None)
     if pending is not None:
-        pending.imported.wait()
+        wait_for(pending.imported)
 
 
 class _PendingConnection:

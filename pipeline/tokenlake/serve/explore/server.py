@@ -40,6 +40,7 @@ from tokenlake.serve.query import format_table
 from tokenlake.serve.served import served_records
 from tokenlake.store import manifest
 from tokenlake.store.base import Store
+from tokenlake.threads import until_ctrl_c
 
 if TYPE_CHECKING:
     import duckdb
@@ -708,7 +709,7 @@ def serve_forever(store: Store, options: ServeOptions, announce: Callable[[str],
     running = start(store, options)
     try:
         announce(running.url)
-        threading.Event().wait()
+        until_ctrl_c()
     finally:
         running.stop()
 
