@@ -121,6 +121,24 @@ def test_a_slow_query_is_stopped_at_the_limit_while_other_requests_are_answered(
         running.stop()
 
 
+def test_stopping_the_server_stops_the_queries_it_runs(lake):
+    # A console query may run for its whole limit, a page's on a large lake for minutes: a
+    # Ctrl-C waited for them.
+    running = start(store_of(lake), ServeOptions(port=0, query_seconds=3 * PATIENCE))
+    slow: dict[str, Any] = {}
+    asking = threading.Thread(
+        target=lambda: slow.update(answer=_get(_sql(running.url, SLOW_QUERY)))
+    )
+    asking.start()
+    _until(lambda: _console_queries_running() == 1, "the slow query to start")
+    stopping = threading.Thread(target=running.stop)
+    stopping.start()
+    stopping.join(timeout=PATIENCE)
+    asking.join(timeout=PATIENCE)
+    assert not stopping.is_alive() and _console_queries_running() == 0
+    assert slow["answer"] == (400, {"error": "The query was stopped: the server is stopping."})
+
+
 @pytest.mark.parametrize("digits", ["%C2%B2", "%D9%A1"], ids=["superscript-2", "arabic-1"])
 def test_a_step_or_position_in_digits_other_than_ascii_is_a_400_not_a_traceback(lake, digits):
     # `"²".isdigit()` is true and `int("²")` raised: a 500 and a traceback in the server's log;
@@ -314,6 +332,7 @@ def test_serve_stops_on_a_ctrl_c_that_another_thread_took(lake):
     )
     code, out, err = _ended(_started([sys.executable, "-c", script, str(lake)]))
     assert (code, out, err) == (0, f"http://127.0.0.1:{_port(out)}/\nstopped\n", "")
+
 
 def test_make_serve_serves_the_lake_it_is_given(lake, tmp_path):
     venv = Path(sys.executable).parent.parent

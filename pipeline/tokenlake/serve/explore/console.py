@@ -92,22 +92,29 @@ def catalog_relations(con: duckdb.DuckDBPyConnection) -> set[str]:
 
 
 def run_limited(
-    con: duckdb.DuckDBPyConnection, sql: str, max_rows: int, seconds: float, max_bytes: int
+    cursor: duckdb.DuckDBPyConnection, sql: str, max_rows: int, seconds: float, max_bytes: int
 ) -> ConsoleResult:
-    """Run one checked SELECT on its own cursor: at most `max_rows` rows are fetched, the
-    query is interrupted after `seconds` (DuckDB stops it; its thread is free again), and
-    one whose rows take more than `max_bytes` (Arrow's count, as fetched) is refused.
+    """Run one checked SELECT on `cursor` (a connection of this query's alone, which the
+    caller closes, and may interrupt): at most `max_rows` rows are fetched, the query is
+    interrupted after `seconds` (DuckDB stops it; its thread is free again), and one whose
+    rows take more than `max_bytes` (Arrow's count, as fetched) is refused.
 
     Raises:
         QueryTimeout: It ran longer than `seconds`.
         QueryTooLarge: Its rows, up to the row limit, take more than `max_bytes`.
-        UsageError: DuckDB refused or failed it (DuckDB's first line).
+        UsageError: DuckDB refused or failed it (DuckDB's first line), or the caller
+            interrupted it (the server is stopping).
     """
     import duckdb
     import pyarrow as pa
 
-    cursor = con.cursor()
-    timer = threading.Timer(seconds, cursor.interrupt)
+    timed_out = threading.Event()
+
+    def time_out() -> None:
+        timed_out.set()
+        cursor.interrupt()
+
+    timer = threading.Timer(seconds, time_out)
     timer.start()
     try:
         reader = cursor.sql(sql).to_arrow_reader(min(max_rows + 1, BATCH_ROWS))
@@ -125,16 +132,13 @@ def run_limited(
                 break
         table = pa.Table.from_batches(batches, schema=reader.schema)
         return ConsoleResult(table.slice(0, max_rows), rows > max_rows)
-    except duckdb.InterruptException:
-        raise QueryTimeout(
-            f"The query was stopped after {seconds:g} s (the console's limit)."
-        ) from None
     except duckdb.Error as exc:
-        if not timer.is_alive():
+        if timed_out.is_set():
             raise QueryTimeout(
                 f"The query was stopped after {seconds:g} s (the console's limit)."
             ) from None
+        if isinstance(exc, duckdb.InterruptException):
+            raise UsageError("The query was stopped: the server is stopping.") from None
         raise UsageError(f"Query failed: {first_line(exc)}") from None
     finally:
         timer.cancel()
-        cursor.close()

@@ -65,6 +65,8 @@ AUDIT_SECONDS = 1800.0
 TRUNCATED_HEADER = "X-Tokenlake-Truncated"
 # How long a stopping server waits for its interrupted audits to let go of DuckDB.
 AUDIT_STOP_SECONDS = 30.0
+# How long a stopping server interrupts its requests' queries until none runs.
+QUERY_STOP_SECONDS = 10.0
 AUDITS_COMPUTING = "computing"
 AUDITS_READY = "ready"
 AUDITS_FAILED = "failed"
@@ -206,6 +208,7 @@ class Explorer:
         self.token = token
         self.port = options.port
         self.pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="tokenlake-serve")
+        self.queries = _RunningQueries()
         self.console = console.Console()
         self.kept = kept.KeptByVersion[kept.Kept]()
         self.run_level = kept.KeptByVersion[kept.RunLevel]()
@@ -238,17 +241,24 @@ class Explorer:
             app.router.add_get(path, handler)
         return app
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def interrupt(self) -> None:
+        """Stop every query running now, the audits' too, and start no other: what a stopping
+        server does before it waits for its requests."""
         with self._audits_lock:
             running = self._audits
         if running is not None:
-            # Stopped and waited for before the catalog's connection closes: a DuckDB query
-            # still running on a closed database (or at the interpreter's exit) aborts the
-            # process.
             running.stop()
-            if running.thread is not None:
-                running.thread.join(timeout=AUDIT_STOP_SECONDS)
+        self.queries.stop(QUERY_STOP_SECONDS)
+
+    def close(self) -> None:
+        """After `interrupt`: the audits' thread waited for, the console closed."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        with self._audits_lock:
+            running = self._audits
+        # Waited for before the catalog's connection closes: a DuckDB query still running on a
+        # closed database (or at the interpreter's exit) aborts the process.
+        if running is not None and running.thread is not None:
+            running.thread.join(timeout=AUDIT_STOP_SECONDS)
         self.console.close()
 
     # --- what every request meets ----------------------------------------------------------
@@ -443,7 +453,7 @@ class Explorer:
         cursor, version = first
         attempts = catalog.READ_ATTEMPTS
         while True:
-            with _limited(cursor, seconds) as limited:
+            with _limited(cursor, seconds, self.queries) as limited:
                 try:
                     return read(limited, version)
                 except Exception:
@@ -549,9 +559,14 @@ class _AuditRun:
 
     def stop(self) -> None:
         """Stop after the running query, which is interrupted now."""
+        import duckdb
+
         self.stopped.set()
         if not self.result.done():
-            self.cursor.interrupt()
+            try:
+                self.cursor.interrupt()
+            except duckdb.ConnectionException:  # closed: its query is over
+                pass
 
 
 def _with_audits(page: dict[str, Any], audits: Future[dict[str, Any]]) -> dict[str, Any]:
@@ -579,15 +594,59 @@ def _audit_failure(exc: BaseException | None) -> str:
     return f"the audits failed ({type(exc).__name__})"
 
 
+class _RunningQueries:
+    """The cursors of the queries running now: a stopping server interrupts them (a console
+    query runs up to its limit, a page's on a large lake for minutes) and starts no other."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cursors: set[duckdb.DuckDBPyConnection] = set()
+        self._stopping = False
+
+    @contextmanager
+    def running(self, cursor: duckdb.DuckDBPyConnection) -> Iterator[None]:
+        """Raises UsageError once the server is stopping."""
+        with self._lock:
+            if self._stopping:
+                raise UsageError("The server is stopping.")
+            self._cursors.add(cursor)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._cursors.discard(cursor)
+
+    def stop(self, seconds: float) -> None:
+        """Interrupt every query running now, again until none runs or `seconds` have passed
+        (an interrupt that comes before a statement starts, or between a page's statements,
+        stops nothing), and start no other."""
+        deadline = time.monotonic() + seconds
+        while True:
+            with self._lock:  # a cursor is closed only once it left the set
+                self._stopping = True
+                for cursor in self._cursors:
+                    cursor.interrupt()
+                if not self._cursors:
+                    return
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+
+
 @contextmanager
-def _limited(cursor: duckdb.DuckDBPyConnection, seconds: float) -> Iterator[Any]:
-    """The cursor, interrupted after `seconds`, closed afterwards."""
-    timer = threading.Timer(seconds, cursor.interrupt)
-    timer.start()
+def _limited(
+    cursor: duckdb.DuckDBPyConnection, seconds: float, queries: _RunningQueries
+) -> Iterator[Any]:
+    """The cursor, interrupted after `seconds` or when the server stops, closed afterwards."""
     try:
-        yield cursor
+        with queries.running(cursor):
+            timer = threading.Timer(seconds, cursor.interrupt)
+            timer.start()
+            try:
+                yield cursor
+            finally:
+                timer.cancel()
     finally:
-        timer.cancel()
         cursor.close()
 
 
@@ -694,6 +753,7 @@ def start(store: Store, options: ServeOptions = ServeOptions()) -> Running:
     thread.start()
 
     def stop() -> None:
+        explorer.interrupt()  # the requests it waits for next then end at once
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=30)
