@@ -21,7 +21,10 @@ checked against each other.
   `inference_logprobs` and `advantages` off the sampled tokens, the ratio fields and DPPO masks
   computed in float32 as `compute_importance_ratio_and_mismatch_kl` does, no weight streams),
   sample i on DP rank i % dp (rank `dp * cp`: one writer per CP group), then `STABLE`; no
-  evaluation export; and `metrics.jsonl` with each step's `mismatch_kl/all/mean`.
+  evaluation export; and `metrics.jsonl` with each step's `mismatch_kl/all/mean`. With
+  `prime_rl_june_2026` the lines are those of 2026-06-11 .. 2026-06-26: `export_step` (the
+  step) and `run_id` (null) after their keys, `training_mode` `rl` after `env_name`, the
+  sample's reward on every token as `rewards` after `advantages`, and no weight streams.
 """
 
 from __future__ import annotations
@@ -271,7 +274,28 @@ def _prime_rl_line(
         "ce_weights": nothing,
         "ref_kl_weights": nothing,
     }
+    if spec.prime_rl_june_2026:
+        record = _june_2026_line(record, float(step.reward[i]))
     return record, k3[loss & np.isfinite(k3)]
+
+
+def _june_2026_line(record: dict[str, Any], reward: float) -> dict[str, Any]:
+    """A line as prime-rl wrote it from 2026-06-11 (941019f2e) to 2026-06-26 (before
+    0be5ac452): its keys in that writer's order."""
+    older: dict[str, Any] = {}
+    for key, value in record.items():
+        if key in ("rl_weights", "ce_weights", "ref_kl_weights"):
+            continue
+        older[key] = value
+        if key == "step":
+            older["export_step"] = value
+        elif key == "export_sequence_idx":
+            older["run_id"] = None
+        elif key == "env_name":
+            older["training_mode"] = "rl"
+        elif key == "advantages":
+            older["rewards"] = [reward] * len(record["token_ids"])
+    return older
 
 
 def _json_floats(values: np.ndarray) -> list[float | None]:

@@ -68,6 +68,9 @@ class DumpSpec:
     # Writers of 2026-07-22: conversation in metadata["messages"], no trajectory/, no
     # dashboard_columns/, no Sample.rollout_id, no rollout_ids / rollout_mask_sums columns
     pre_dashboard: bool = False
+    # prime-rl's token export lines of 2026-06-11 .. 2026-06-26 (docs/frameworks.md): with
+    # `export_step`, `run_id`, `training_mode` and per-token `rewards`, no weight streams
+    prime_rl_june_2026: bool = False
     seed: int = 0
 
     @property
@@ -140,6 +143,7 @@ PRESETS: dict[str, DumpSpec] = {
     "bench-slime-v2": replace(_BENCH, framework="slime-v2", dashboard_columns=False, cp=2),
     "bench-nemo-rl": replace(_BENCH, framework="nemo-rl", dashboard_columns=False),
     "prime-rl": replace(_SLIME, framework="prime-rl"),
+    "prime-rl-2026-06": replace(_SLIME, framework="prime-rl", prime_rl_june_2026=True),
     "bench-prime-rl": replace(_BENCH, framework="prime-rl", dashboard_columns=False),
 }
 
