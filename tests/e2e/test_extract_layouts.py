@@ -178,6 +178,7 @@ def test_every_layout_preset_is_covered() -> None:
         "log-probs-missing-step",
         "multi-turn",
         "nemo-rl",
+        "nemo-rl-2026-01",
         "no-dashboard-columns",
         "no-entropy",
         "no-log-probs",

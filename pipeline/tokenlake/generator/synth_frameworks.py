@@ -15,6 +15,8 @@ checked against each other.
   step, `val_data_step{rid}.jsonl`; one line per sample, each value wrapped in a one-entry
   list, sequences right-padded with 0 to the step's longest. `log_probs=False` writes
   `prev_logprobs` as 0.0 everywhere, as `loss_fn.force_on_policy_ratio` does.
+  `nemo_rl_before_2026_02` writes the train lines NeMo-RL logged before 2026-02-21: without
+  `token_ids`, `token_loss_mask`, `sample_loss_mask` and `advantages`.
 - prime-rl: `token_exports/step_{rid + 1}/rank_{R}.jsonl` (prime-rl counts steps from 1), one
   line per sample with a loss token, as `TokenExporter` writes them (the keys in its order,
   `separators=(",", ":")`, non-finite values as `null`, the 0.0 placeholders of
@@ -49,6 +51,8 @@ from tokenlake.read.cp_layout import slice_for_rank
 FRAMEWORKS = ("miles", "slime-v1", "slime-v2", "nemo-rl", "prime-rl")
 # miles' sample keys that slime's `Sample` does not have
 _MILES_ONLY = ("rollout_indexer_topk", "opd_reverse_kl", "adapter", "reward_spec", "routing_key")
+# The train line's keys NeMo-RL added on 2026-02-21 (f11f99c79)
+_NEMO_RL_SINCE_2026_02 = ("token_ids", "token_loss_mask", "sample_loss_mask", "advantages")
 PROMPT_LOG_PROB = -2.0  # NeMo-RL's trainer log-prob of a prompt token: any value, never read
 PRIME_RL_VOCAB = 512  # prime-rl's first token of a micro-batch: log(1/vocab), entropy log(vocab)
 PRIME_RL_DPPO = (0.2, 0.2)  # DefaultLossConfig's dppo_mask_low, dppo_mask_high
@@ -145,6 +149,10 @@ def write_nemo_rl_step(out: Path, spec: DumpSpec, step: StepBatch, evaluation: b
         _val_line(step, i) if evaluation else _train_line(spec, step, i, width)
         for i in range(count)
     ]
+    if spec.nemo_rl_before_2026_02 and not evaluation:
+        lines = [
+            {k: v for k, v in line.items() if k not in _NEMO_RL_SINCE_2026_02} for line in lines
+        ]
     text = "".join(json.dumps({**line, "idx": i}) + "\n" for i, line in enumerate(lines))
     (out / nemo_rl_name(step.rid, evaluation)).write_text(text)
 

@@ -71,6 +71,9 @@ class DumpSpec:
     # prime-rl's token export lines of 2026-06-11 .. 2026-06-26 (docs/frameworks.md): with
     # `export_step`, `run_id`, `training_mode` and per-token `rewards`, no weight streams
     prime_rl_june_2026: bool = False
+    # NeMo-RL's train lines of before 2026-02-21 (docs/frameworks.md): `content`, `rewards`,
+    # `input_lengths` and the two log-prob arrays only, no tokens
+    nemo_rl_before_2026_02: bool = False
     seed: int = 0
 
     @property
@@ -140,6 +143,7 @@ PRESETS: dict[str, DumpSpec] = {
     "slime-v1": replace(_SLIME, framework="slime-v1", tp=2, record_cp=False),
     "slime-v2": replace(_SLIME, framework="slime-v2", cp=2),
     "nemo-rl": replace(_SLIME, framework="nemo-rl"),
+    "nemo-rl-2026-01": replace(_SLIME, framework="nemo-rl", nemo_rl_before_2026_02=True),
     "bench-slime-v2": replace(_BENCH, framework="slime-v2", dashboard_columns=False, cp=2),
     "bench-nemo-rl": replace(_BENCH, framework="nemo-rl", dashboard_columns=False),
     "prime-rl": replace(_SLIME, framework="prime-rl"),
