@@ -192,6 +192,7 @@ def test_every_layout_preset_is_covered() -> None:
         "sampling-support",
         "slime-v1",
         "slime-v2",
+        "slime-v2-top-p",
         "sparse-ranks",
         "sparse-ranks-cp",
         "spec-rename",

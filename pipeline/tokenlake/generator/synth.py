@@ -277,6 +277,8 @@ def _shard_columns(
             "rollout_sampling_mask_ids": [ids for ids, _ in supports],
             "rollout_sampling_mask_offsets": [offsets for _, offsets in supports],
         }
+        if spec.framework == "slime-v1":  # slime's names (#2102)
+            extra = {synth_frameworks.SLIME_SUPPORT_NAMES[k]: v for k, v in extra.items()}
         columns = {k: columns[k] for k in order[:at]} | extra | {k: columns[k] for k in order[at:]}
     return columns
 

@@ -6,7 +6,8 @@ generated in two formats gives the same token values in the lake, and the drift 
 checked against each other.
 
 - slime: rollout files without miles' top-level `metadata`, slime's sample keys (`session_id`,
-  `rollout_top_p_token_ids`/`_offsets`), no `dashboard_columns/` or `trajectory/`.
+  `rollout_top_p_token_ids`/`_offsets`: with `sampling_support` the supports miles writes as
+  `rollout_sampling_mask_*`, train side too), no `dashboard_columns/` or `trajectory/`.
   Format 1: miles' per-rank train files without `weight_versions` or CP keys (legacy CP).
   Format 2: one `train_data/{rid}.pt` per step, `{format_version: 2, rollout_id, rank,
   samples, dp_shards, raw_reward}`, every column at full length except `ref_entropy`, which
@@ -38,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenlake.generator import synth_shapes
 from tokenlake.generator.synth_spec import (
     DumpSpec,
     StepBatch,
@@ -53,6 +55,12 @@ FRAMEWORKS = ("miles", "slime-v1", "slime-v2", "nemo-rl", "prime-rl")
 _MILES_ONLY = ("rollout_indexer_topk", "opd_reverse_kl", "adapter", "reward_spec", "routing_key")
 # The train line's keys NeMo-RL added on 2026-02-21 (f11f99c79)
 _NEMO_RL_SINCE_2026_02 = ("token_ids", "token_loss_mask", "sample_loss_mask", "advantages")
+MILES_SUPPORT_IDS = "rollout_sampling_mask_ids"
+MILES_SUPPORT_OFFSETS = "rollout_sampling_mask_offsets"
+SLIME_SUPPORT_NAMES = {
+    MILES_SUPPORT_IDS: "rollout_top_p_token_ids",
+    MILES_SUPPORT_OFFSETS: "rollout_top_p_token_offsets",
+}
 PROMPT_LOG_PROB = -2.0  # NeMo-RL's trainer log-prob of a prompt token: any value, never read
 PRIME_RL_VOCAB = 512  # prime-rl's first token of a micro-batch: log(1/vocab), entropy log(vocab)
 PRIME_RL_DPPO = (0.2, 0.2)  # DefaultLossConfig's dppo_mask_low, dppo_mask_high
@@ -65,9 +73,9 @@ def slime_rollout(payload: dict[str, Any], spec: DumpSpec) -> dict[str, Any]:
     for sample in payload["samples"]:
         kept = {k: v for k, v in sample.items() if k not in _MILES_ONLY}
         session = uuid.UUID(int=spec.seed << 64 | payload["rollout_id"] << 32 | sample["index"])
-        kept.update(
-            rollout_top_p_token_ids=None,
-            rollout_top_p_token_offsets=None,
+        kept.update(  # slime's names for the sampler's supports (#2102), miles' are #2595's
+            rollout_top_p_token_ids=kept.pop(MILES_SUPPORT_IDS, None),
+            rollout_top_p_token_offsets=kept.pop(MILES_SUPPORT_OFFSETS, None),
             session_id=str(session),
         )
         samples.append(kept)
@@ -115,6 +123,10 @@ def _v2_sample(
         "local_raw_reward": float(step.reward[i]),
         "rollout_log_probs": torch.from_numpy(step.resp(rlp32, i).copy()),
     }
+    if spec.sampling_support:  # int32 tensors, as slime's rollout data holds them
+        ids, offsets = synth_shapes.sampling_mask(step, i)
+        sample["rollout_top_p_token_ids"] = torch.tensor(ids, dtype=torch.int32)
+        sample["rollout_top_p_token_offsets"] = torch.tensor(offsets, dtype=torch.int32)
     for name in fields:
         full = step.resp(step.trainer[name], i).copy()
         if name == "ref_entropy" and spec.cp > 1:  # not gathered over CP ranks by slime

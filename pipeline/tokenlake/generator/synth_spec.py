@@ -142,6 +142,7 @@ PRESETS: dict[str, DumpSpec] = {
     # The other frameworks (docs/frameworks.md): their own layouts of the same batches.
     "slime-v1": replace(_SLIME, framework="slime-v1", tp=2, record_cp=False),
     "slime-v2": replace(_SLIME, framework="slime-v2", cp=2),
+    "slime-v2-top-p": replace(_SLIME, framework="slime-v2", sampling_support=True),
     "nemo-rl": replace(_SLIME, framework="nemo-rl"),
     "nemo-rl-2026-01": replace(_SLIME, framework="nemo-rl", nemo_rl_before_2026_02=True),
     "bench-slime-v2": replace(_BENCH, framework="slime-v2", dashboard_columns=False, cp=2),
