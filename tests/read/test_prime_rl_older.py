@@ -219,3 +219,79 @@ def test_a_broken_older_line_fails_its_step_alone(
     summary = _extract(run, tmp_path / "lake")
     assert summary.failed == [("1", f"`{path}` (line 2): {problem}. {AFTER}")]
     assert summary.counts["new"] == 1
+
+
+# -- before `STABLE` (2026-05-21 .. 2026-06-10) ----------------------------------------------
+
+
+def _may_2026(record: dict[str, Any], _: int = 0) -> None:
+    """A line as prime-rl badd2b0fe .. 941019f2e^ wrote it: June's without `export_step` and
+    `run_id`."""
+    _june_2026(record, 0.5)
+    del record["export_step"], record["run_id"]
+
+
+def _to_may_2026(run: Path) -> None:
+    for path in _rank_files(run):
+        _rewrite(path, _may_2026)
+    for marker in (run / "token_exports").glob("step_*/STABLE"):
+        marker.unlink()
+
+
+def test_may_2026_steps_without_stable_land_and_the_newest_when_settled(
+    tmp_path: Path, today: Path
+) -> None:
+    """prime-rl wrote no `STABLE` until 2026-06-10: a step a later step shows finished (a file
+    of each of its ranks there) is complete; the newest lands once its files no longer change,
+    marked incomplete, since nothing tells whether the run ended there."""
+    run = _copy(tmp_path)
+    _to_may_2026(run)
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(settle_seconds=0.0))
+    assert (summary.failed, summary.counts["new"], summary.ignored_files) == ([], 2, [])
+    assert summary.warnings == [
+        "Step 2 is incomplete: prime-rl wrote no `STABLE` before 2026-06-11 and no later step"
+        " shows this newest one finished; its files no longer change, so it is extracted as it"
+        " is and marked incomplete (`tokenlake audit`: incomplete_steps)"
+    ]
+    assert rows(tmp_path / "lake", TOKENS_SQL) == rows(today, TOKENS_SQL)
+
+
+def test_the_newest_step_without_stable_waits_while_its_files_change(tmp_path: Path) -> None:
+    run = _copy(tmp_path)
+    _to_may_2026(run)
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(settle_seconds=3600))
+    assert summary.counts["new"] == 1
+    assert summary.failed == [
+        (
+            "2",
+            "not yet complete: prime-rl wrote no `STABLE` before 2026-06-11 and no later step"
+            " shows this newest one finished, and its files changed less than 3600 s ago;"
+            " extract again once they are written",
+        )
+    ]
+
+
+def test_a_step_without_stable_whose_later_step_lacks_a_rank_is_judged_by_settling(
+    tmp_path: Path,
+) -> None:
+    """Step 1's rank 1 has no file in step 2: rank 1 may still be writing step 1."""
+    run = _copy(tmp_path)
+    _to_may_2026(run)
+    (run / "token_exports" / "step_2" / "rank_1.jsonl").unlink()
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(settle_seconds=3600))
+    assert [label for label, _ in summary.failed] == ["1", "2"]
+    assert summary.counts["new"] == 0
+
+
+def test_todays_lines_without_stable_are_still_not_yet(tmp_path: Path) -> None:
+    """Only the writer before 2026-06-11 (a `training_mode`, no `export_step`) wrote no
+    `STABLE`; June's lines without it are a step still being written."""
+    run = _copy(tmp_path)
+    _to_june_2026(run)
+    (run / "token_exports" / "step_2" / "STABLE").unlink()
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(settle_seconds=0.0))
+    assert summary.counts["new"] == 1
+    folder = run / "token_exports" / "step_2"
+    assert summary.ignored_files == [
+        (folder, "not yet: it has no `STABLE`, prime-rl is still writing the step")
+    ]

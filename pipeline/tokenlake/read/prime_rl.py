@@ -34,7 +34,14 @@ its `run_id`; until 2026-06-27 (0be5ac452) a line has no weight streams but a `t
 for drift, as prime-rl's mismatch statistics skip it) and a per-token `rewards`, the sample's
 reward repeated (`null` without one): the sample's `reward`.
 
-A step folder without `STABLE` is still being written: it is not listed as a step ("not yet",
+Until 2026-06-10 (prime-rl badd2b0fe .. 941019f2e) the trainer wrote no `STABLE` at all: it
+wrote each step's rank file whole, closing it when the rank began the next step. A folder
+without `STABLE` whose lines are of that writer (a `training_mode`, no `export_step`) is
+complete when a later step folder holds a file of each of its ranks; the newest such folder is
+judged by its files settling (`read.completeness`), then lands marked incomplete: nothing tells
+whether its run ended there or is still writing it.
+
+A step folder without `STABLE` is otherwise still being written: it is not listed as a step ("not yet",
 among the ignored files), so no step lands half; extracting again (or `--follow`, which lists
 the run again each round) picks it up once `STABLE` is there. `STABLE` is the step's first
 file, so its fingerprint covers it. No reward, group index, weight version or truncation flag is exported: NULL.
@@ -56,6 +63,7 @@ import re
 import stat
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +107,13 @@ MAX_DEPTH = 4  # {"token_ids": [1, 2]} nests 2 deep
 # prime-rl exports no truncation flag: unknown, never false.
 _NOT_EXPORTED = ("truncated",)
 NOT_YET = f"not yet: it has no `{STABLE}`, prime-rl is still writing the step"
+UNMARKED = (
+    f"prime-rl wrote no `{STABLE}` before 2026-06-11 and no later step shows this newest one"
+    " finished"
+)
+# The start of a line of the writer before `STABLE` (2026-05-21 .. 2026-06-10): its keys come
+# before `token_ids`, in this much of the line.
+_HEAD_BYTES = 64 << 10
 _FLOATS = ("advantages", "inference_logprobs", "trainer_logprobs", "entropy")
 _WEIGHTS = ("rl_weights", "ce_weights", "ref_kl_weights")
 _FLAGS = ("is_masked", "is_masked_high", "is_masked_low")
@@ -137,6 +152,7 @@ def discover(root: Path) -> dump.Dump:
     its `STABLE` marker as the step's first file and its rank files as its train files."""
     steps: dict[int, dump.StepFiles] = {}
     ignored: list[tuple[Path | str, str]] = []
+    named: dict[int, frozenset[int]] = {}  # step -> the ranks its folder has a file of
     exports = root / EXPORT_DIR
     for folder in sorted(exports.iterdir()) if exports.is_dir() else ():
         match = STEP_DIR.match(folder.name)
@@ -146,21 +162,59 @@ def discover(root: Path) -> dump.Dump:
         if int(match.group(1)) > INT64_MAX:
             ignored.append((folder, f"its step exceeds the largest step id ({INT64_MAX})"))
             continue
-        stable = folder / STABLE
-        if not _is_regular(stable):  # not yet: never read half a step
+        rid = int(match.group(1))
+        named[rid] = named.get(rid, frozenset()) | _ranks_named(folder)
+        marked = _is_regular(folder / STABLE)
+        if not marked and not _before_stable(folder):  # not yet: never read half a step
             ignored.append((folder, NOT_YET))
             continue
         ranks = _rank_files(root, folder, ignored)
         if not ranks:
             ignored.append((folder, "holds no `rank_{R}.jsonl` file"))
             continue
-        rid = int(match.group(1))
-        dump.refuse_duplicate(steps.get(rid), stable)
+        first = folder / STABLE if marked else ranks[min(ranks)]
+        dump.refuse_duplicate(steps.get(rid), first)
         steps[rid] = dump.StepFiles(
-            rid, False, stable, tuple(sorted(ranks.items())), root=root, format="prime-rl"
+            rid, False, first, tuple(sorted(ranks.items())), root=root, format="prime-rl"
         )
+    for rid, files in steps.items():
+        if files.rollout_file.name != STABLE and not _finished(files, named):
+            steps[rid] = replace(files, unmarked=UNMARKED)
     ordered = sorted(steps.values(), key=lambda s: s.rollout_id)
     return dump.Dump(root, tuple(ordered), tuple(sorted(ignored)))
+
+
+def _ranks_named(folder: Path) -> frozenset[int]:
+    """The ranks a step folder has a `rank_{R}.jsonl` name of (whatever the file holds)."""
+    found = (RANK_FILE.match(path.name) for path in folder.iterdir())
+    return frozenset(int(match.group(1)) for match in found if match)
+
+
+def _finished(files: dump.StepFiles, named: dict[int, frozenset[int]]) -> bool:
+    """Whether a later step folder names a rank file of each of the step's ranks: the writer
+    before `STABLE` closed a rank's file of a step when that rank began the next."""
+    return any(later > files.rollout_id and files.ranks <= ranks for later, ranks in named.items())
+
+
+def _before_stable(folder: Path) -> bool:
+    """Whether a folder without `STABLE` was written by prime-rl before 2026-06-11, which
+    never wrote one: the first line of its lowest rank file has a `training_mode` and no
+    `export_step` among the keys before `token_ids` (its writer's keys, in its order)."""
+    ranks = {
+        int(match.group(1)): path
+        for path in folder.iterdir()
+        if (match := RANK_FILE.match(path.name)) is not None
+    }
+    if not ranks:
+        return False
+    path = ranks[min(ranks)]
+    try:
+        with bounded.open_regular(path, follow=False) as handle:
+            head = handle.read(_HEAD_BYTES)
+    except (BoundedReadError, OSError):
+        return False
+    keys, found, _ = head.partition(b'"token_ids":')
+    return bool(found) and b'"training_mode":' in keys and b'"export_step":' not in keys
 
 
 def _is_regular(path: Path) -> bool:
@@ -207,9 +261,10 @@ def read_step(files: dump.StepFiles) -> StepRead:
 
 
 def _require_stable(files: dump.StepFiles) -> None:
-    """`STABLE` is still there (listing found it): every rank flushed the step."""
+    """`STABLE` is still there (listing found it): every rank flushed the step (a step of
+    the writer before `STABLE` has none to check)."""
     marker = files.rollout_file
-    if not _is_regular(marker):
+    if marker.name == STABLE and not _is_regular(marker):
         raise DumpNotFoundError(marker.parent, f"lost its `{STABLE}` since it was listed")
 
 
