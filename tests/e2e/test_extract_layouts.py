@@ -186,6 +186,7 @@ def test_every_layout_preset_is_covered() -> None:
         "pp",
         "pre-dashboard",
         "prime-rl",
+        "prime-rl-2026-05",
         "prime-rl-2026-06",
         "removed",
         "rollout-only",

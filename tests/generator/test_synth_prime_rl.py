@@ -158,3 +158,17 @@ def test_the_june_2026_preset_writes_that_writers_lines_and_lands_as_today(
                 ).fetchall()
     assert got["june"] == got["today"]
     assert landed == [(reward,) for reward in rewards]
+
+
+def test_the_may_2026_preset_writes_no_stable_and_every_step_lands(tmp_path: Path) -> None:
+    """Preset `prime-rl-2026-05`: the writer before `STABLE` (2026-05-21 .. 2026-06-10)."""
+    may = tmp_path / "may"
+    write_dump(may, PRESETS["prime-rl-2026-05"])
+    assert not list(may.rglob("STABLE"))
+    lines = _lines(may / "token_exports" / "step_1" / "rank_0.jsonl")
+    keys = [k for k in JUNE_2026_KEYS if k not in ("export_step", "run_id")]
+    assert [list(record) for record in lines] == [keys] * len(lines)
+    options = ExtractOptions(workers=1, settle_seconds=0.0)
+    summary = extract_run(may, store_of(tmp_path / "lake"), options)
+    assert (summary.failed, summary.counts["new"]) == ([], 3)
+    assert [w.split(":")[0] for w in summary.warnings] == ["Step 3 is incomplete"]

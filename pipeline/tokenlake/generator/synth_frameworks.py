@@ -27,7 +27,8 @@ checked against each other.
   evaluation export; and `metrics.jsonl` with each step's `mismatch_kl/all/mean`. With
   `prime_rl_june_2026` the lines are those of 2026-06-11 .. 2026-06-26: `export_step` (the
   step) and `run_id` (null) after their keys, `training_mode` `rl` after `env_name`, the
-  sample's reward on every token as `rewards` after `advantages`, and no weight streams.
+  sample's reward on every token as `rewards` after `advantages`, and no weight streams;
+  `prime_rl_may_2026` those lines without `export_step` and `run_id`, and no `STABLE`.
 """
 
 from __future__ import annotations
@@ -229,7 +230,8 @@ def write_prime_rl_step(out: Path, spec: DumpSpec, step: StepBatch, evaluation: 
                 k3_sum, k3_count = k3_sum + k3.sum(dtype=np.float32), k3_count + len(k3)
         if lines:
             (folder / f"rank_{dp * spec.cp}.jsonl").write_text("".join(lines))
-    (folder / "STABLE").touch()
+    if not spec.prime_rl_may_2026:  # that writer marked no step complete
+        (folder / "STABLE").touch()
     metrics = {"step": step.rid + 1, "time": PRIME_RL_START + step.rid}
     if k3_count:
         metrics["mismatch_kl/all/mean"] = float(k3_sum / np.float32(k3_count))
@@ -294,8 +296,10 @@ def _prime_rl_line(
         "ce_weights": nothing,
         "ref_kl_weights": nothing,
     }
-    if spec.prime_rl_june_2026:
+    if spec.prime_rl_june_2026 or spec.prime_rl_may_2026:
         record = _june_2026_line(record, float(step.reward[i]))
+    if spec.prime_rl_may_2026:
+        del record["export_step"], record["run_id"]
     return record, k3[loss & np.isfinite(k3)]
 
 

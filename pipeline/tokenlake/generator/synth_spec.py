@@ -71,6 +71,9 @@ class DumpSpec:
     # prime-rl's token export lines of 2026-06-11 .. 2026-06-26 (docs/frameworks.md): with
     # `export_step`, `run_id`, `training_mode` and per-token `rewards`, no weight streams
     prime_rl_june_2026: bool = False
+    # ... and of 2026-05-21 .. 2026-06-10: June's lines without `export_step` and `run_id`, and
+    # no `STABLE` in any step folder
+    prime_rl_may_2026: bool = False
     # NeMo-RL's train lines of before 2026-02-21 (docs/frameworks.md): `content`, `rewards`,
     # `input_lengths` and the two log-prob arrays only, no tokens
     nemo_rl_before_2026_02: bool = False
@@ -149,6 +152,7 @@ PRESETS: dict[str, DumpSpec] = {
     "bench-nemo-rl": replace(_BENCH, framework="nemo-rl", dashboard_columns=False),
     "prime-rl": replace(_SLIME, framework="prime-rl"),
     "prime-rl-2026-06": replace(_SLIME, framework="prime-rl", prime_rl_june_2026=True),
+    "prime-rl-2026-05": replace(_SLIME, framework="prime-rl", prime_rl_may_2026=True),
     "bench-prime-rl": replace(_BENCH, framework="prime-rl", dashboard_columns=False),
 }
 
