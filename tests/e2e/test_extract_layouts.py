@@ -169,6 +169,7 @@ def test_lake_matches_truth(preset: str, tmp_path: Path) -> None:
 def test_every_layout_preset_is_covered() -> None:
     assert LAYOUT_PRESETS == [
         "cp-bshd",
+        "cp-bshd-per-sample",
         "cp-legacy",
         "cp-legacy-missing-rank",
         "cp-missing-rank",

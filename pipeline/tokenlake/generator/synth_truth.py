@@ -17,7 +17,7 @@ from tokenlake.generator.synth_spec import (
     StepBatch,
     dropped_cp_rank,
     eval_count,
-    padded_length,
+    padded_lengths,
     train_rollout_log_probs,
     trainer_fields,
 )
@@ -110,7 +110,8 @@ def alignment_fails(spec: DumpSpec, step: StepBatch, i: int, probe: np.ndarray) 
     if spec.record_cp:
         return len(present) != spec.cp
     rows = np.arange(dp, step.n, spec.dp)
-    padded = padded_length(step, rows) if spec.qkv_format == "bshd" else None
+    pads = padded_lengths(spec, step, rows)
+    padded = None if pads is None else pads[i]
     total, full = int(step.t_off[i + 1] - step.t_off[i]), step.resp(probe, i)
     slices = [slice_for_rank(full, total, s, spec.cp, padded) for s in present]
     return not legacy_layout_ok(slices, total, int(step.rlen[i]))
