@@ -117,3 +117,20 @@ def test_a_broken_older_line_fails_its_step_alone(
     summary = extract_run(logs, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
     assert summary.failed == [("1", f"`{path}` (line 3): {problem}. {AFTER}")]
     assert summary.counts["new"] == 3
+
+
+def test_distillation_lines_land_as_samples_without_tokens_or_reward(tmp_path: Path) -> None:
+    """NeMo-RL's on-policy distillation (`algorithms/distillation.py`) logs a train line as
+    `content` and `input_lengths` only: the samples and their messages, reward NULL."""
+    logs = _copy(tmp_path)
+    keep = ("content", "input_lengths", "idx")
+    for path in sorted(logs.glob("train_data_step*.jsonl")):
+        _rewrite(path, lambda record, _: [record.pop(k) for k in list(record) if k not in keep])
+    summary = extract_run(logs, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    assert (summary.failed, summary.counts["new"]) == ([], 4)
+    got = rows(
+        tmp_path / "lake",
+        "SELECT count(*), count(reward), count(messages_json), count(prompt_text)"
+        " FROM samples WHERE NOT evaluation",
+    )
+    assert got == [(48, 0, 48, 48)]

@@ -24,6 +24,8 @@ tokens. So do train lines NeMo-RL wrote before 2026-02-21 (f11f99c79; its async 
 `token_ids`, `token_loss_mask`, `sample_loss_mask` or `advantages`. Without the token ids and
 the mask nothing tells which positions are the response, so those log-probs are placed
 nowhere: the samples land with their reward and messages, lengths and train rows unknown.
+NeMo-RL's on-policy distillation logs its train lines so to this day, with `content` and
+`input_lengths` only (`algorithms/distillation.py`): no reward either.
 
 Lines are streamed one at a time (`bounded.lines`): a line longer than `MAX_LINE_BYTES` or
 nested deeper than `MAX_DEPTH`, or not a JSON object of the expected types, fails the step
@@ -150,10 +152,10 @@ def _without_tokens(path: Path, record: dict[str, Any], label: str, earlier: lis
             " every line of a step with the same keys",
             sample=label,
         )
-    if without:  # the keys it still has, as an older line holds them
+    if without:  # the keys it still has, as an older (or a distillation) line holds them
         exact_int(_one(path, record, "input_lengths", label), path, "input_lengths", label)
         for key in ("generation_logprobs", "prev_logprobs"):
-            if not isinstance(_one(path, record, key, label), list | ListArray):
+            if key in record and not isinstance(_one(path, record, key, label), list | ListArray):
                 raise DumpFormatError(path, f"`{key}` is not a list", sample=label)
     return without
 
@@ -269,11 +271,12 @@ def _train_row(
 
 
 def _tokenless_line(path: Path, record: dict[str, Any], label: str) -> tuple[dict[str, Any], None]:
-    """A train line of before 2026-02-21: messages (the prompt first) and reward, no tokens."""
+    """A train line of before 2026-02-21, or of on-policy distillation: messages (the prompt
+    first) and reward (distillation logs none), no tokens."""
     content = _content(path, record, label)
     sample = {
         "index": _idx(path, record, label),
-        "reward": _reward(path, record, label),
+        "reward": _reward(path, record, label) if "rewards" in record else None,
         "prompt": content[0] if content else None,
         "response": "".join(content[1:]) if content else None,
         "non_generation_time": None,
