@@ -145,11 +145,11 @@ def _without_tokens(path: Path, record: dict[str, Any], label: str, earlier: lis
     docstring); a step whose lines differ in this is refused (one writer logs one shape)."""
     without = not any(key in record for key in _SINCE_2026_02)
     if earlier and earlier[0] != without:
-        has = "has" if without else "lacks"
+        this, first = ("lacks", "has") if without else ("has", "lacks")
         raise DumpFormatError(
             path,
-            f"{'lacks' if without else 'has'} `token_ids` while line 1 {has} it; NeMo-RL logs"
-            " every line of a step with the same keys",
+            f"{this} `token_ids` while line 1 {first} it; NeMo-RL logs every line of a step"
+            " with the same keys",
             sample=label,
         )
     if without:  # the keys it still has, as an older (or a distillation) line holds them

@@ -41,10 +41,11 @@ complete when a later step folder holds a file of each of its ranks; the newest 
 judged by its files settling (`read.completeness`), then lands marked incomplete: nothing tells
 whether its run ended there or is still writing it.
 
-A step folder without `STABLE` is otherwise still being written: it is not listed as a step ("not yet",
-among the ignored files), so no step lands half; extracting again (or `--follow`, which lists
-the run again each round) picks it up once `STABLE` is there. `STABLE` is the step's first
-file, so its fingerprint covers it. No reward, group index, weight version or truncation flag is exported: NULL.
+A step folder without `STABLE` is otherwise still being written: it is not listed as a step
+("not yet", among the ignored files), so no step lands half; extracting again (or `--follow`,
+which lists the run again each round) picks it up once `STABLE` is there. `STABLE` is the
+step's first file, so its fingerprint covers it. No group index, weight version or truncation
+flag is exported, nor (since 2026-06-27) a reward: NULL.
 
 Lines are streamed one at a time (`bounded.lines`): a line longer than `MAX_LINE_BYTES`, a rank
 file larger than `MAX_FILE_BYTES`, a line nested deeper than `MAX_DEPTH`, or one that is not a
