@@ -78,7 +78,7 @@ def extracted(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("synth_next")
     lake = root / "lake"
     truths = {}
-    for preset in (*MIRRORS, "sparse-ranks-cp"):
+    for preset in (*MIRRORS, "sparse-ranks-cp", "slime-v2-top-p"):
         truths[preset] = write_dump(root / preset, PRESETS[preset], keep_truth=True)
         assert (
             extract_run(
@@ -112,15 +112,17 @@ def test_token_versions_match_the_truth(extracted, preset: str) -> None:
     assert got == expected
 
 
-def test_support_sizes_match_the_truth(extracted) -> None:
+@pytest.mark.parametrize("preset", ["sampling-support", "slime-v2-top-p"])
+def test_support_sizes_match_the_truth(extracted, preset: str) -> None:
+    """miles' `rollout_sampling_mask_*` and slime's `rollout_top_p_token_*` (#2102) alike."""
     con, truths = extracted
-    truth = truths["sampling-support"].samples
+    truth = truths[preset].samples
     expected = {
         key: None if t.support_sizes is None else t.support_sizes.tolist()
         for key, t in truth.items()
         if t.response_length
     }
-    got = _per_sample(con, "sampling-support", "list(support_size ORDER BY position)")
+    got = _per_sample(con, preset, "list(support_size ORDER BY position)")
     assert {k: None if all(v is None for v in vs) else vs for k, vs in got.items()} == expected
     assert any(v is None for v in expected.values()) and any(expected.values())
 

@@ -115,3 +115,60 @@ def test_the_bench_preset_is_prime_rls_layout_at_the_bench_size() -> None:
     assert (bench.framework, small.framework) == ("prime-rl", "prime-rl")
     assert bench.samples_per_step == PRESETS["bench"].samples_per_step
     assert bench.dashboard_columns is False
+
+
+JUNE_2026_KEYS = [  # prime-rl 941019f2e's record and `_export_columns`, in their order
+    "schema_version", "step", "export_step", "rank", "micro_step", "micro_sequence_idx",
+    "export_sequence_idx", "run_id", "env_name", "training_mode", "token_ids", "position_ids",
+    "loss_mask", "advantages", "rewards", "inference_logprobs", "trainer_logprobs", "entropy",
+    "mismatch_kl", "log_importance_ratio", "importance_ratio", "prob_delta", "is_masked",
+    "is_masked_high", "is_masked_low",
+]  # fmt: skip
+
+
+def test_the_june_2026_preset_writes_that_writers_lines_and_lands_as_today(
+    tmp_path: Path,
+) -> None:
+    """Preset `prime-rl-2026-06`: the lines of prime-rl 2026-06-11 .. 2026-06-26 (no weight
+    streams; the sample's reward on every token): the same tokens as today's lines, and each
+    sample's reward from them."""
+    today, june = tmp_path / "today", tmp_path / "june"
+    write_dump(today, PRESETS["prime-rl"])
+    write_dump(june, PRESETS["prime-rl-2026-06"])
+    lines = _lines(june / "token_exports" / "step_1" / "rank_0.jsonl")
+    assert [list(record) for record in lines] == [JUNE_2026_KEYS] * len(lines)
+    assert {(r["export_step"], r["run_id"], r["training_mode"]) for r in lines} == {(1, None, "rl")}
+    rewards = [r["rewards"][0] for r in lines]
+    assert all(r["rewards"] == [r["rewards"][0]] * len(r["token_ids"]) for r in lines)
+    import duckdb
+
+    got = {}
+    for name, dump in (("today", today), ("june", june)):
+        summary = extract_run(dump, store_of(tmp_path / f"lake-{name}"), ExtractOptions(workers=1))
+        assert (summary.failed, summary.counts["new"]) == ([], 3)
+        with duckdb.connect(str(tmp_path / f"lake-{name}" / "tokenlake.duckdb")) as con:
+            got[name] = con.execute(
+                "SELECT rollout_id, batch_position, position, token_id, train_log_prob,"
+                " rollout_log_prob, lp_diff, advantage FROM tokens ORDER BY 1, 2, 3"
+            ).fetchall()
+            if name == "june":
+                landed = con.execute(
+                    "SELECT reward FROM samples WHERE rollout_id = 1 AND dumped_rank = 0"
+                    " ORDER BY batch_position"
+                ).fetchall()
+    assert got["june"] == got["today"]
+    assert landed == [(reward,) for reward in rewards]
+
+
+def test_the_may_2026_preset_writes_no_stable_and_every_step_lands(tmp_path: Path) -> None:
+    """Preset `prime-rl-2026-05`: the writer before `STABLE` (2026-05-21 .. 2026-06-10)."""
+    may = tmp_path / "may"
+    write_dump(may, PRESETS["prime-rl-2026-05"])
+    assert not list(may.rglob("STABLE"))
+    lines = _lines(may / "token_exports" / "step_1" / "rank_0.jsonl")
+    keys = [k for k in JUNE_2026_KEYS if k not in ("export_step", "run_id")]
+    assert [list(record) for record in lines] == [keys] * len(lines)
+    options = ExtractOptions(workers=1, settle_seconds=0.0)
+    summary = extract_run(may, store_of(tmp_path / "lake"), options)
+    assert (summary.failed, summary.counts["new"]) == ([], 3)
+    assert [w.split(":")[0] for w in summary.warnings] == ["Step 3 is incomplete"]

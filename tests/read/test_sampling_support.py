@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.conftest import store_of
 from tests.fixture_paths import NEXT_DUMPS, NEXT_ORACLE
 from tokenlake.errors import SampleValueError
-from tokenlake.read.sampling_support import support_sizes
+from tokenlake.read.sampling_support import bounded, support_sizes
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +100,37 @@ BAD = [
 
 @pytest.mark.parametrize(("sample", "problem"), BAD)
 def test_malformed_supports_are_named(sample, problem):
+    with pytest.raises(SampleValueError) as caught:
+        support_sizes(sample, 1)
+    assert str(caught.value) == problem
+
+
+def _slime(ids: Any, offsets: Any) -> dict[str, Any]:
+    return {"rollout_top_p_token_ids": ids, "rollout_top_p_token_offsets": offsets}
+
+
+def test_slimes_top_p_supports_are_read_as_miles_are():
+    """slime #2102 records the top-p supports under its own keys, as lists or int32 tensors
+    (arrays once read); miles' keys win where a sample had both."""
+    assert support_sizes(_slime([4, 5, 6], [0, 1, 3]), 2).tolist() == [1, 2]
+    offsets = np.array([0, 2, 3], dtype=np.int32)
+    assert support_sizes(_slime(np.arange(3, dtype=np.int32), offsets), 2).tolist() == [2, 1]
+    both = {**_slime([4, 5, 6], [0, 1, 3]), **_sample([1], [0, 1])}
+    assert support_sizes(both, 1).tolist() == [1]
+    assert bounded(_slime([4], [0, 1])) and bounded(_sample([1], [0, 1]))
+    assert not bounded(_slime(None, None)) and not bounded({})
+
+
+SLIME_BAD = [
+    (_slime([1], None), "`rollout_top_p_token_ids` is set but `rollout_top_p_token_offsets` is None; slime writes both"),
+    (_slime(np.zeros((1, 2), dtype=np.int32), [0, 2]), "`rollout_top_p_token_ids` is an int32 array of shape (1, 2), not a list of integers"),
+    (_slime([1, 2], np.array([0, 1], dtype=np.int32)), "`rollout_top_p_token_offsets` run from 0 to 1; expected 0 to 2 (the number of `rollout_top_p_token_ids`)"),
+    (_slime([1, 2], np.array([], dtype=np.int32)), "`rollout_top_p_token_offsets` holds an int32 array of shape (0,), not integer offsets"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sample", "problem"), SLIME_BAD)
+def test_malformed_slime_supports_are_named(sample, problem):
     with pytest.raises(SampleValueError) as caught:
         support_sizes(sample, 1)
     assert str(caught.value) == problem

@@ -366,7 +366,9 @@ def test_the_cli_prints_one_line_for_a_broken_step_and_says_the_format(tmp_path:
 def test_slimes_own_rollout_sample_keys_read(lake: Path, tmp_path: Path) -> None:
     """slime's rollout samples differ from miles' a little: `session_id`, top-p ids and
     offsets as lists or int32 tensors, routed experts as a tensor, the `trace` dict, and the
-    old `spec_info` counter names. None stops a step; the counters give the accept rate."""
+    old `spec_info` counter names. None stops a step; the counters give the accept rate; the
+    top-p supports (slime #2102) are the sampler's bounded supports, as miles'
+    `rollout_sampling_mask_*`: each token's `support_size`, the sample `bounded_sampling`."""
     import torch
 
     dump = _copy(tmp_path)
@@ -383,7 +385,7 @@ def test_slimes_own_rollout_sample_keys_read(lake: Path, tmp_path: Path) -> None
             "spec_verify_ct": 2,
             "completion_token_num": 24,
         }
-        second["rollout_top_p_token_ids"] = list(range(2 * second["response_length"]))
+        second["rollout_top_p_token_ids"] = list(range(second["response_length"]))
         second["rollout_top_p_token_offsets"] = list(range(second["response_length"] + 1))
 
     _rewrite(dump / "rollout_data" / "0.pt", vary)
@@ -400,3 +402,17 @@ def test_slimes_own_rollout_sample_keys_read(lake: Path, tmp_path: Path) -> None
     # the same drift as the dump as written
     unchanged = rows(lake, sql.format(run="v2_dp2_cp2"))
     assert [r[3] for r in got] == [r[3] for r in unchanged]
+    supports = rows(
+        tmp_path / "lake",
+        "SELECT s.batch_position, s.bounded_sampling, count(t.support_size),"
+        " min(t.support_size), max(t.support_size), count(*) FROM samples AS s JOIN tokens AS t"
+        " USING (run, rollout_id, evaluation, batch_position) WHERE s.run = 'v2'"
+        " AND s.rollout_id = 0 AND NOT s.evaluation AND s.batch_position < 3"
+        " GROUP BY 1, 2 ORDER BY 1",
+    )
+    lengths = [r[5] for r in supports]
+    assert supports == [
+        (0, True, lengths[0], 2, 2, lengths[0]),
+        (1, True, lengths[1], 1, 1, lengths[1]),
+        (2, False, 0, None, None, lengths[2]),
+    ]

@@ -58,7 +58,7 @@ from tokenlake.generator.synth_spec import (
     eval_count,
     global_rank,
     grpo_normalise,
-    padded_length,
+    padded_lengths,
     train_rollout_log_probs,
     trainer_fields,
 )
@@ -242,7 +242,7 @@ def _write_rollout(out: Path, spec: DumpSpec, step: StepBatch, evaluation: bool)
 
 
 def _shard_columns(
-    spec: DumpSpec, step: StepBatch, rows: np.ndarray, padded: int | None
+    spec: DumpSpec, step: StepBatch, rows: np.ndarray, padded: dict[int, int] | None
 ) -> dict[str, Any]:
     """Columns every rank of a DP shard holds in full, in the real dumps' key order."""
     import torch
@@ -266,7 +266,7 @@ def _shard_columns(
     if spec.framework == "slime-v1":  # slime's format 1 never had the column
         del columns["weight_versions"]
     if padded is not None:
-        columns["max_seq_lens"] = [padded] * len(rows)
+        columns["max_seq_lens"] = [padded[int(i)] for i in rows]
     if spec.pre_dashboard:  # both came on 2026-08-04
         del columns["rollout_ids"], columns["rollout_mask_sums"]
     if spec.sampling_support:  # plain lists per row, never CP-sliced, after rollout_log_probs
@@ -277,12 +277,19 @@ def _shard_columns(
             "rollout_sampling_mask_ids": [ids for ids, _ in supports],
             "rollout_sampling_mask_offsets": [offsets for _, offsets in supports],
         }
+        if spec.framework == "slime-v1":  # slime's names (#2102)
+            extra = {synth_frameworks.SLIME_SUPPORT_NAMES[k]: v for k, v in extra.items()}
         columns = {k: columns[k] for k in order[:at]} | extra | {k: columns[k] for k in order[at:]}
     return columns
 
 
 def _sliced(
-    spec: DumpSpec, step: StepBatch, flat: np.ndarray, rows: np.ndarray, cp: int, padded: int | None
+    spec: DumpSpec,
+    step: StepBatch,
+    flat: np.ndarray,
+    rows: np.ndarray,
+    cp: int,
+    padded: dict[int, int] | None,
 ) -> list[Any]:
     """One tensor per row: the CP rank's zigzag slice of a response-aligned array."""
     import torch
@@ -291,7 +298,8 @@ def _sliced(
     for i in rows:
         full = step.resp(flat, i)
         total = int(step.t_off[i + 1] - step.t_off[i])
-        part = full.copy() if spec.cp == 1 else slice_for_rank(full, total, cp, spec.cp, padded)
+        pad = None if padded is None else padded[int(i)]
+        part = full.copy() if spec.cp == 1 else slice_for_rank(full, total, cp, spec.cp, pad)
         parts.append(torch.from_numpy(part))
     return parts
 
@@ -319,7 +327,7 @@ def _write_train(out: Path, spec: DumpSpec, step: StepBatch) -> None:
     fields = trainer_fields(spec, step.rid)
     for dp in range(spec.dp):
         rows = np.arange(dp, step.n, spec.dp)
-        padded = padded_length(step, rows) if spec.qkv_format == "bshd" else None
+        padded = padded_lengths(spec, step, rows)
         common = _shard_columns(spec, step, rows, padded)
         for cp in range(spec.cp):
             if dropped_cp_rank(spec, step.rid, dp, cp):

@@ -6,7 +6,8 @@ generated in two formats gives the same token values in the lake, and the drift 
 checked against each other.
 
 - slime: rollout files without miles' top-level `metadata`, slime's sample keys (`session_id`,
-  `rollout_top_p_token_ids`/`_offsets`), no `dashboard_columns/` or `trajectory/`.
+  `rollout_top_p_token_ids`/`_offsets`: with `sampling_support` the supports miles writes as
+  `rollout_sampling_mask_*`, train side too), no `dashboard_columns/` or `trajectory/`.
   Format 1: miles' per-rank train files without `weight_versions` or CP keys (legacy CP).
   Format 2: one `train_data/{rid}.pt` per step, `{format_version: 2, rollout_id, rank,
   samples, dp_shards, raw_reward}`, every column at full length except `ref_entropy`, which
@@ -15,13 +16,19 @@ checked against each other.
   step, `val_data_step{rid}.jsonl`; one line per sample, each value wrapped in a one-entry
   list, sequences right-padded with 0 to the step's longest. `log_probs=False` writes
   `prev_logprobs` as 0.0 everywhere, as `loss_fn.force_on_policy_ratio` does.
+  `nemo_rl_before_2026_02` writes the train lines NeMo-RL logged before 2026-02-21: without
+  `token_ids`, `token_loss_mask`, `sample_loss_mask` and `advantages`.
 - prime-rl: `token_exports/step_{rid + 1}/rank_{R}.jsonl` (prime-rl counts steps from 1), one
   line per sample with a loss token, as `TokenExporter` writes them (the keys in its order,
   `separators=(",", ":")`, non-finite values as `null`, the 0.0 placeholders of
   `inference_logprobs` and `advantages` off the sampled tokens, the ratio fields and DPPO masks
   computed in float32 as `compute_importance_ratio_and_mismatch_kl` does, no weight streams),
   sample i on DP rank i % dp (rank `dp * cp`: one writer per CP group), then `STABLE`; no
-  evaluation export; and `metrics.jsonl` with each step's `mismatch_kl/all/mean`.
+  evaluation export; and `metrics.jsonl` with each step's `mismatch_kl/all/mean`. With
+  `prime_rl_june_2026` the lines are those of 2026-06-11 .. 2026-06-26: `export_step` (the
+  step) and `run_id` (null) after their keys, `training_mode` `rl` after `env_name`, the
+  sample's reward on every token as `rewards` after `advantages`, and no weight streams;
+  `prime_rl_may_2026` those lines without `export_step` and `run_id`, and no `STABLE`.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenlake.generator import synth_shapes
 from tokenlake.generator.synth_spec import (
     DumpSpec,
     StepBatch,
@@ -46,6 +54,14 @@ from tokenlake.read.cp_layout import slice_for_rank
 FRAMEWORKS = ("miles", "slime-v1", "slime-v2", "nemo-rl", "prime-rl")
 # miles' sample keys that slime's `Sample` does not have
 _MILES_ONLY = ("rollout_indexer_topk", "opd_reverse_kl", "adapter", "reward_spec", "routing_key")
+# The train line's keys NeMo-RL added on 2026-02-21 (f11f99c79)
+_NEMO_RL_SINCE_2026_02 = ("token_ids", "token_loss_mask", "sample_loss_mask", "advantages")
+MILES_SUPPORT_IDS = "rollout_sampling_mask_ids"
+MILES_SUPPORT_OFFSETS = "rollout_sampling_mask_offsets"
+SLIME_SUPPORT_NAMES = {
+    MILES_SUPPORT_IDS: "rollout_top_p_token_ids",
+    MILES_SUPPORT_OFFSETS: "rollout_top_p_token_offsets",
+}
 PROMPT_LOG_PROB = -2.0  # NeMo-RL's trainer log-prob of a prompt token: any value, never read
 PRIME_RL_VOCAB = 512  # prime-rl's first token of a micro-batch: log(1/vocab), entropy log(vocab)
 PRIME_RL_DPPO = (0.2, 0.2)  # DefaultLossConfig's dppo_mask_low, dppo_mask_high
@@ -58,9 +74,9 @@ def slime_rollout(payload: dict[str, Any], spec: DumpSpec) -> dict[str, Any]:
     for sample in payload["samples"]:
         kept = {k: v for k, v in sample.items() if k not in _MILES_ONLY}
         session = uuid.UUID(int=spec.seed << 64 | payload["rollout_id"] << 32 | sample["index"])
-        kept.update(
-            rollout_top_p_token_ids=None,
-            rollout_top_p_token_offsets=None,
+        kept.update(  # slime's names for the sampler's supports (#2102), miles' are #2595's
+            rollout_top_p_token_ids=kept.pop(MILES_SUPPORT_IDS, None),
+            rollout_top_p_token_offsets=kept.pop(MILES_SUPPORT_OFFSETS, None),
             session_id=str(session),
         )
         samples.append(kept)
@@ -108,6 +124,10 @@ def _v2_sample(
         "local_raw_reward": float(step.reward[i]),
         "rollout_log_probs": torch.from_numpy(step.resp(rlp32, i).copy()),
     }
+    if spec.sampling_support:  # int32 tensors, as slime's rollout data holds them
+        ids, offsets = synth_shapes.sampling_mask(step, i)
+        sample["rollout_top_p_token_ids"] = torch.tensor(ids, dtype=torch.int32)
+        sample["rollout_top_p_token_offsets"] = torch.tensor(offsets, dtype=torch.int32)
     for name in fields:
         full = step.resp(step.trainer[name], i).copy()
         if name == "ref_entropy" and spec.cp > 1:  # not gathered over CP ranks by slime
@@ -142,6 +162,10 @@ def write_nemo_rl_step(out: Path, spec: DumpSpec, step: StepBatch, evaluation: b
         _val_line(step, i) if evaluation else _train_line(spec, step, i, width)
         for i in range(count)
     ]
+    if spec.nemo_rl_before_2026_02 and not evaluation:
+        lines = [
+            {k: v for k, v in line.items() if k not in _NEMO_RL_SINCE_2026_02} for line in lines
+        ]
     text = "".join(json.dumps({**line, "idx": i}) + "\n" for i, line in enumerate(lines))
     (out / nemo_rl_name(step.rid, evaluation)).write_text(text)
 
@@ -206,7 +230,8 @@ def write_prime_rl_step(out: Path, spec: DumpSpec, step: StepBatch, evaluation: 
                 k3_sum, k3_count = k3_sum + k3.sum(dtype=np.float32), k3_count + len(k3)
         if lines:
             (folder / f"rank_{dp * spec.cp}.jsonl").write_text("".join(lines))
-    (folder / "STABLE").touch()
+    if not spec.prime_rl_may_2026:  # that writer marked no step complete
+        (folder / "STABLE").touch()
     metrics = {"step": step.rid + 1, "time": PRIME_RL_START + step.rid}
     if k3_count:
         metrics["mismatch_kl/all/mean"] = float(k3_sum / np.float32(k3_count))
@@ -271,7 +296,30 @@ def _prime_rl_line(
         "ce_weights": nothing,
         "ref_kl_weights": nothing,
     }
+    if spec.prime_rl_june_2026 or spec.prime_rl_may_2026:
+        record = _june_2026_line(record, float(step.reward[i]))
+    if spec.prime_rl_may_2026:
+        del record["export_step"], record["run_id"]
     return record, k3[loss & np.isfinite(k3)]
+
+
+def _june_2026_line(record: dict[str, Any], reward: float) -> dict[str, Any]:
+    """A line as prime-rl wrote it from 2026-06-11 (941019f2e) to 2026-06-26 (before
+    0be5ac452): its keys in that writer's order."""
+    older: dict[str, Any] = {}
+    for key, value in record.items():
+        if key in ("rl_weights", "ce_weights", "ref_kl_weights"):
+            continue
+        older[key] = value
+        if key == "step":
+            older["export_step"] = value
+        elif key == "export_sequence_idx":
+            older["run_id"] = None
+        elif key == "env_name":
+            older["training_mode"] = "rl"
+        elif key == "advantages":
+            older["rewards"] = [reward] * len(record["token_ids"])
+    return older
 
 
 def _json_floats(values: np.ndarray) -> list[float | None]:

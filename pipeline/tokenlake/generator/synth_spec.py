@@ -68,6 +68,18 @@ class DumpSpec:
     # Writers of 2026-07-22: conversation in metadata["messages"], no trajectory/, no
     # dashboard_columns/, no Sample.rollout_id, no rollout_ids / rollout_mask_sums columns
     pre_dashboard: bool = False
+    # prime-rl's token export lines of 2026-06-11 .. 2026-06-26 (docs/frameworks.md): with
+    # `export_step`, `run_id`, `training_mode` and per-token `rewards`, no weight streams
+    prime_rl_june_2026: bool = False
+    # ... and of 2026-05-21 .. 2026-06-10: June's lines without `export_step` and `run_id`, and
+    # no `STABLE` in any step folder
+    prime_rl_may_2026: bool = False
+    # bshd: each sample padded to its own length, not the shard's longest (miles #2698, open
+    # on 2026-08-21): each train row's `max_seq_lens` is its own
+    bshd_per_sample_pad: bool = False
+    # NeMo-RL's train lines of before 2026-02-21 (docs/frameworks.md): `content`, `rewards`,
+    # `input_lengths` and the two log-prob arrays only, no tokens
+    nemo_rl_before_2026_02: bool = False
     seed: int = 0
 
     @property
@@ -107,6 +119,9 @@ PRESETS: dict[str, DumpSpec] = {
     "pp": replace(_SMALL, pp=2),
     "cp-thd": replace(_SMALL, cp=2, tp=2, response_length=(1, 48), removed_positions=(5,)),
     "cp-bshd": replace(_SMALL, cp=2, qkv_format="bshd", response_length=(1, 48)),
+    "cp-bshd-per-sample": replace(
+        _SMALL, cp=2, qkv_format="bshd", response_length=(1, 48), bshd_per_sample_pad=True
+    ),
     "cp-legacy": replace(_SMALL, cp=2, record_cp=False, response_length=(1, 48)),
     "cp-missing-rank": replace(_SMALL, cp=2, tp=2, missing_cp_rank=True),
     "cp-legacy-missing-rank": replace(
@@ -136,10 +151,14 @@ PRESETS: dict[str, DumpSpec] = {
     # The other frameworks (docs/frameworks.md): their own layouts of the same batches.
     "slime-v1": replace(_SLIME, framework="slime-v1", tp=2, record_cp=False),
     "slime-v2": replace(_SLIME, framework="slime-v2", cp=2),
+    "slime-v2-top-p": replace(_SLIME, framework="slime-v2", sampling_support=True),
     "nemo-rl": replace(_SLIME, framework="nemo-rl"),
+    "nemo-rl-2026-01": replace(_SLIME, framework="nemo-rl", nemo_rl_before_2026_02=True),
     "bench-slime-v2": replace(_BENCH, framework="slime-v2", dashboard_columns=False, cp=2),
     "bench-nemo-rl": replace(_BENCH, framework="nemo-rl", dashboard_columns=False),
     "prime-rl": replace(_SLIME, framework="prime-rl"),
+    "prime-rl-2026-06": replace(_SLIME, framework="prime-rl", prime_rl_june_2026=True),
+    "prime-rl-2026-05": replace(_SLIME, framework="prime-rl", prime_rl_may_2026=True),
     "bench-prime-rl": replace(_BENCH, framework="prime-rl", dashboard_columns=False),
 }
 
@@ -348,7 +367,16 @@ def trainer_fields(spec: DumpSpec, rid: int) -> tuple[str, ...]:
     return tuple(f for f in TRAINER_FIELDS if f not in skip)
 
 
-def padded_length(step: StepBatch, rows: np.ndarray) -> int:
-    """bshd M: the shard's maximum T rounded up to a multiple of `BSHD_PAD`."""
-    longest = int(np.diff(step.t_off)[rows].max())
-    return -(-longest // BSHD_PAD) * BSHD_PAD
+def padded_lengths(spec: DumpSpec, step: StepBatch, rows: np.ndarray) -> dict[int, int] | None:
+    """bshd M of each row (batch position -> M): the shard's maximum T rounded up to a
+    multiple of `BSHD_PAD`, or with `bshd_per_sample_pad` the row's own T so rounded (miles
+    #2698); None under thd."""
+    if spec.qkv_format != "bshd":
+        return None
+    lengths = np.diff(step.t_off)[rows]
+    if spec.bshd_per_sample_pad:
+        return {
+            int(i): -(-int(t) // BSHD_PAD) * BSHD_PAD for i, t in zip(rows, lengths, strict=True)
+        }
+    padded = -(-int(lengths.max()) // BSHD_PAD) * BSHD_PAD
+    return dict.fromkeys((int(i) for i in rows), padded)

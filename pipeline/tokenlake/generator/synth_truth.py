@@ -6,6 +6,7 @@ extracted lake with it; it is computed from the same arrays `tokenlake.generator
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from tokenlake.generator.synth_spec import (
     StepBatch,
     dropped_cp_rank,
     eval_count,
-    padded_length,
+    padded_lengths,
     train_rollout_log_probs,
     trainer_fields,
 )
@@ -109,7 +110,8 @@ def alignment_fails(spec: DumpSpec, step: StepBatch, i: int, probe: np.ndarray) 
     if spec.record_cp:
         return len(present) != spec.cp
     rows = np.arange(dp, step.n, spec.dp)
-    padded = padded_length(step, rows) if spec.qkv_format == "bshd" else None
+    pads = padded_lengths(spec, step, rows)
+    padded = None if pads is None else pads[i]
     total, full = int(step.t_off[i + 1] - step.t_off[i]), step.resp(probe, i)
     slices = [slice_for_rank(full, total, s, spec.cp, padded) for s in present]
     return not legacy_layout_ok(slices, total, int(step.rlen[i]))
@@ -209,21 +211,31 @@ def in_prime_rl(spec: DumpSpec, samples: list[SampleTruth]) -> list[SampleTruth]
     return kept
 
 
+# A NeMo-RL train line of before 2026-02-21 as the lake holds it: no tokens, so no train row
+_NO_TRAIN_ROW: dict[str, Any] = dict(
+    loss_mask=None, train_rollout_log_probs=None, log_probs=None,
+    ref_log_probs=None, entropy=None, ref_entropy=None, advantages=None, returns=None,
+    raw_reward=None, normalized_reward=None, has_train_row=False, remove_sample=False,
+)  # fmt: skip
+
+
 def in_framework(spec: DumpSpec, truth: SampleTruth) -> SampleTruth:
     """A sample's truth as the lake holds it when the spec is written in another framework's
     layout (docs/frameworks.md): slime's format 2 leaves `ref_entropy` CP-local (NULL);
     NeMo-RL counts training steps from 1, logs a line's number as its index, no status and
-    none of the fields below, and validation lines without tokens."""
+    none of the fields below, and validation lines (and train lines of before 2026-02-21)
+    without tokens."""
     if spec.framework == "slime-v2" and spec.cp > 1:
         return replace(truth, ref_entropy=None)
     if spec.framework != "nemo-rl":
         return truth
     line = replace(truth, sample_index=truth.batch_position, status=None, alignment_fails=False)
-    if truth.evaluation:
+    if truth.evaluation or spec.nemo_rl_before_2026_02:
         nothing = np.zeros(0)
         return replace(
             line, token_ids=nothing.astype(np.int64), prompt_length=0, response_length=0,
             rollout_log_probs=nothing, rollout_loss_mask=None, lengths_known=False,
+            **({} if truth.evaluation else {**_NO_TRAIN_ROW, "rollout_id": truth.rollout_id + 1}),
         )  # fmt: skip
     return replace(
         line, rollout_id=truth.rollout_id + 1, ref_log_probs=None, entropy=None,

@@ -189,7 +189,11 @@ def _build(files: dump.StepFiles, status: StepStatus) -> _Built | StepOutcome:
         if files.unsettled is not None and not completeness.covers_every_sample(samples_table):
             missing = completeness.uncovered(samples_table)
             return StepOutcome(files.label, status, error=not_yet_text(missing, files.unsettled))
-        if files.incomplete is not None and completeness.covers_every_sample(samples_table):
+        if (
+            files.incomplete is not None
+            and files.unmarked is None  # a step's own samples cannot tell it finished
+            and completeness.covers_every_sample(samples_table)
+        ):
             files = replace(files, incomplete=None)  # another rank layout, every sample there
         if files.incomplete is not None:
             warnings += (incomplete_text(files.label, files.incomplete),)

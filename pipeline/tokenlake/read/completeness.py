@@ -17,6 +17,9 @@ by what its dump declares; prime-rl writes one, and its reader lists a step only
 - NeMo-RL (`train_data_step{N}.jsonl`): a file cut at a line boundary loads; its sample count
   is then below the run's batch size, the largest count of its other training steps
   (`short_batch`, judged when the counts are known, at commit).
+- prime-rl before 2026-06-11 wrote no `STABLE`: a step folder a later step folder shows
+  finished (it has a file of each of its ranks: every rank moved on) is complete; the newest
+  (`StepFiles.unmarked`) is judged by its files settling, then marked incomplete.
 - Every format: a training step without any train file is a rollout-only step (`samples`
   says so: `train_files` 0), extracted again when its train files appear; `--follow` waits
   for it to settle first (pipeline/tokenlake/orchestrate/follow.py).
@@ -59,6 +62,9 @@ def step_missing(
     """What the step's files lack by its format's rule (None: complete, or nothing to count).
 
     `expected_ranks`: the ranks another step of the run has (`reference_ranks`), if known."""
+    if files.unmarked is not None:  # prime-rl before its `STABLE`: judged by settling
+        age = seconds_since_change(files, now)
+        return Missing(files.unmarked, age < settle, age)
     if files.evaluation or files.format not in PER_RANK_FORMATS or not files.train_files:
         return None
     gone = missing_ranks(files.ranks, expected_ranks)

@@ -134,6 +134,10 @@ class StepFiles:
     # (`read.completeness.unjudged`): the settle seconds. It lands only if its train files
     # hold every sample; else it is not yet complete.
     unsettled: float | None = None
+    # A step of a format that marks complete steps, written before its framework marked them
+    # (prime-rl before 2026-06-11), that no later step shows finished: why. It is judged by its
+    # files settling (`read.completeness.step_missing`): then it lands marked incomplete.
+    unmarked: str | None = None
 
     def __post_init__(self) -> None:
         if self.root is None:  # rollout files live in ROOT/rollout_data/
@@ -155,8 +159,10 @@ class StepFiles:
 
     @property
     def paths(self) -> list[Path]:
-        """The rollout file, then the train files (and any its format does not read)."""
-        return [self.rollout_file, *(path for _, path in self.train_files), *self.unread]
+        """The rollout file, then the train files (and any its format does not read), each
+        once (a prime-rl step without `STABLE` names its first rank file as its first file)."""
+        listed = [self.rollout_file, *(path for _, path in self.train_files), *self.unread]
+        return list(dict.fromkeys(listed))
 
     @property
     def trajectory_file(self) -> Path | None:

@@ -19,7 +19,13 @@ arrays (docs/frameworks.md has the mapping):
 
 No weight versions, group index, rank or truncation flag is logged: those columns are NULL.
 Validation lines hold only `content` (the messages), `rewards` and `idx`: samples without
-tokens.
+tokens. So do train lines NeMo-RL wrote before 2026-02-21 (f11f99c79; its async loop until
+2026-03-01, 7684dc27c): `content`, `rewards`, `input_lengths` and the two log-prob arrays, but no
+`token_ids`, `token_loss_mask`, `sample_loss_mask` or `advantages`. Without the token ids and
+the mask nothing tells which positions are the response, so those log-probs are placed
+nowhere: the samples land with their reward and messages, lengths and train rows unknown.
+NeMo-RL's on-policy distillation logs its train lines so to this day, with `content` and
+`input_lengths` only (`algorithms/distillation.py`): no reward either.
 
 Lines are streamed one at a time (`bounded.lines`): a line longer than `MAX_LINE_BYTES` or
 nested deeper than `MAX_DEPTH`, or not a JSON object of the expected types, fails the step
@@ -71,6 +77,9 @@ _NOT_IN_VALIDATION = (
     "prompt_token_ids",
 )
 _ARRAYS = ("token_ids", "token_loss_mask", "generation_logprobs", "prev_logprobs", "advantages")
+# The train line's keys NeMo-RL added on 2026-02-21 (module docstring): a line with none of
+# them is an older line, without tokens.
+_SINCE_2026_02 = ("token_ids", "token_loss_mask", "sample_loss_mask", "advantages")
 # Each array is the one entry of its list, which a line's reading may give as an array.
 _WANTED = tuple((key, 0) for key in _ARRAYS)
 
@@ -112,9 +121,13 @@ def read_step(files: dump.StepFiles) -> StepRead:
     messages: list[str | None] = []
     rows: dict[int, TrainRow] = {}
     logged: dict[int, int] = {}  # idx -> its line
+    tokenless: list[bool] = []  # per train line: an older line without tokens
     for number, record in _records(path):
         label = f"line {number}"
-        sample, train = (_val_line if files.evaluation else _train_line)(path, record, label)
+        if not files.evaluation:
+            tokenless.append(_without_tokens(path, record, label, tokenless))
+        read = _val_line if files.evaluation else _tokenless_line if tokenless[-1] else _train_line
+        sample, train = read(path, record, label)
         if sample["index"] is not None:  # `idx`: its place in the batch, logged in one go
             refuse_a_repeated_line(path, logged, sample["index"], number, _REPEATED_IDX)
         if train is not None:
@@ -122,9 +135,29 @@ def read_step(files: dump.StepFiles) -> StepRead:
         messages.append(to_json(record["content"][0], "content") if "content" in record else None)
         samples.append(sample)
     checked = validate.check_samples(path, samples)
-    if files.evaluation:
+    if files.evaluation or any(tokenless):
         return StepRead(samples, checked, rows, 0, messages, unknown=_NOT_IN_VALIDATION)
     return StepRead(samples, checked, rows, 1, messages, unknown=_NOT_LOGGED)
+
+
+def _without_tokens(path: Path, record: dict[str, Any], label: str, earlier: list[bool]) -> bool:
+    """Whether a train line is one of NeMo-RL's older lines without tokens (module
+    docstring); a step whose lines differ in this is refused (one writer logs one shape)."""
+    without = not any(key in record for key in _SINCE_2026_02)
+    if earlier and earlier[0] != without:
+        this, first = ("lacks", "has") if without else ("has", "lacks")
+        raise DumpFormatError(
+            path,
+            f"{this} `token_ids` while line 1 {first} it; NeMo-RL logs every line of a step"
+            " with the same keys",
+            sample=label,
+        )
+    if without:  # the keys it still has, as an older (or a distillation) line holds them
+        exact_int(_one(path, record, "input_lengths", label), path, "input_lengths", label)
+        for key in ("generation_logprobs", "prev_logprobs"):
+            if key in record and not isinstance(_one(path, record, key, label), list | ListArray):
+                raise DumpFormatError(path, f"`{key}` is not a list", sample=label)
+    return without
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -235,6 +268,20 @@ def _train_row(
         fields=fields,
         alignment_failed=False,
     )
+
+
+def _tokenless_line(path: Path, record: dict[str, Any], label: str) -> tuple[dict[str, Any], None]:
+    """A train line of before 2026-02-21, or of on-policy distillation: messages (the prompt
+    first) and reward (distillation logs none), no tokens."""
+    content = _content(path, record, label)
+    sample = {
+        "index": _idx(path, record, label),
+        "reward": _reward(path, record, label) if "rewards" in record else None,
+        "prompt": content[0] if content else None,
+        "response": "".join(content[1:]) if content else None,
+        "non_generation_time": None,
+    }
+    return sample, None
 
 
 def _val_line(path: Path, record: dict[str, Any], label: str) -> tuple[dict[str, Any], None]:

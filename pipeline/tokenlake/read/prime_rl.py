@@ -26,10 +26,26 @@ mapping; in short:
   log-probs: the lake derives them from `lp_diff`, with the same sign, so their text is checked
   as JSON but never parsed into values.
 
-A step folder without `STABLE` is still being written: it is not listed as a step ("not yet",
-among the ignored files), so no step lands half; extracting again (or `--follow`, which lists
-the run again each round) picks it up once `STABLE` is there. `STABLE` is the step's first
-file, so its fingerprint covers it. No reward, group index, weight version or truncation flag is exported: NULL.
+Older exports (schema version 1 all along) are read too: from 2026-06-11 to 2026-08-08
+(prime-rl 941019f2e .. 289562d2e) a line also names its `export_step` (the step folder it is
+in: a multi-run trainer exported each run's own step there, while `step` is the trainer's) and
+its `run_id`; until 2026-06-27 (0be5ac452) a line has no weight streams but a `training_mode`
+(`rl`, `opd` or `sft`: an `sft` line's tokens are not sampled by this policy, so none counts
+for drift, as prime-rl's mismatch statistics skip it) and a per-token `rewards`, the sample's
+reward repeated (`null` without one): the sample's `reward`.
+
+Until 2026-06-10 (prime-rl badd2b0fe .. 941019f2e) the trainer wrote no `STABLE` at all: it
+wrote each step's rank file whole, closing it when the rank began the next step. A folder
+without `STABLE` whose lines are of that writer (a `training_mode`, no `export_step`) is
+complete when a later step folder holds a file of each of its ranks; the newest such folder is
+judged by its files settling (`read.completeness`), then lands marked incomplete: nothing tells
+whether its run ended there or is still writing it.
+
+A step folder without `STABLE` is otherwise still being written: it is not listed as a step
+("not yet", among the ignored files), so no step lands half; extracting again (or `--follow`,
+which lists the run again each round) picks it up once `STABLE` is there. `STABLE` is the
+step's first file, so its fingerprint covers it. No group index, weight version or truncation
+flag is exported, nor (since 2026-06-27) a reward: NULL.
 
 Lines are streamed one at a time (`bounded.lines`): a line longer than `MAX_LINE_BYTES`, a rank
 file larger than `MAX_FILE_BYTES`, a line nested deeper than `MAX_DEPTH`, or one that is not a
@@ -48,6 +64,7 @@ import re
 import stat
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,13 +108,25 @@ MAX_DEPTH = 4  # {"token_ids": [1, 2]} nests 2 deep
 # prime-rl exports no truncation flag: unknown, never false.
 _NOT_EXPORTED = ("truncated",)
 NOT_YET = f"not yet: it has no `{STABLE}`, prime-rl is still writing the step"
+UNMARKED = (
+    f"prime-rl wrote no `{STABLE}` before 2026-06-11 and no later step shows this newest one"
+    " finished"
+)
+# The start of a line of the writer before `STABLE` (2026-05-21 .. 2026-06-10): its keys come
+# before `token_ids`, in this much of the line.
+_HEAD_BYTES = 64 << 10
 _FLOATS = ("advantages", "inference_logprobs", "trainer_logprobs", "entropy")
 _WEIGHTS = ("rl_weights", "ce_weights", "ref_kl_weights")
 _FLAGS = ("is_masked", "is_masked_high", "is_masked_low")
 _KEYS = ("micro_step", "micro_sequence_idx", "export_sequence_idx")
+# prime-rl's `TrainingMode` of the lines written before 2026-06-27 (module docstring); its
+# `sft` lines are not policy-sampled, so their engine log-probs are no drift.
+_TRAINING_MODES = ("rl", "opd", "sft")
+_NOT_SAMPLED = "sft"
 # The per-token lists, which a line's reading may give as arrays (`jsonarrays`).
 _WANTED = tuple(
-    (key,) for key in ("token_ids", "position_ids", "loss_mask", *_FLOATS, *_WEIGHTS, *_FLAGS)
+    (key,)
+    for key in ("token_ids", "position_ids", "loss_mask", "rewards", *_FLOATS, *_WEIGHTS, *_FLAGS)
 )
 # The ratio fields, which the lake derives from the two log-probs (module docstring): checked
 # as JSON, never parsed into values, and left out of a line's record.
@@ -124,6 +153,7 @@ def discover(root: Path) -> dump.Dump:
     its `STABLE` marker as the step's first file and its rank files as its train files."""
     steps: dict[int, dump.StepFiles] = {}
     ignored: list[tuple[Path | str, str]] = []
+    named: dict[int, frozenset[int]] = {}  # step -> the ranks its folder has a file of
     exports = root / EXPORT_DIR
     for folder in sorted(exports.iterdir()) if exports.is_dir() else ():
         match = STEP_DIR.match(folder.name)
@@ -133,21 +163,59 @@ def discover(root: Path) -> dump.Dump:
         if int(match.group(1)) > INT64_MAX:
             ignored.append((folder, f"its step exceeds the largest step id ({INT64_MAX})"))
             continue
-        stable = folder / STABLE
-        if not _is_regular(stable):  # not yet: never read half a step
+        rid = int(match.group(1))
+        named[rid] = named.get(rid, frozenset()) | _ranks_named(folder)
+        marked = _is_regular(folder / STABLE)
+        if not marked and not _before_stable(folder):  # not yet: never read half a step
             ignored.append((folder, NOT_YET))
             continue
         ranks = _rank_files(root, folder, ignored)
         if not ranks:
             ignored.append((folder, "holds no `rank_{R}.jsonl` file"))
             continue
-        rid = int(match.group(1))
-        dump.refuse_duplicate(steps.get(rid), stable)
+        first = folder / STABLE if marked else ranks[min(ranks)]
+        dump.refuse_duplicate(steps.get(rid), first)
         steps[rid] = dump.StepFiles(
-            rid, False, stable, tuple(sorted(ranks.items())), root=root, format="prime-rl"
+            rid, False, first, tuple(sorted(ranks.items())), root=root, format="prime-rl"
         )
+    for rid, files in steps.items():
+        if files.rollout_file.name != STABLE and not _finished(files, named):
+            steps[rid] = replace(files, unmarked=UNMARKED)
     ordered = sorted(steps.values(), key=lambda s: s.rollout_id)
     return dump.Dump(root, tuple(ordered), tuple(sorted(ignored)))
+
+
+def _ranks_named(folder: Path) -> frozenset[int]:
+    """The ranks a step folder has a `rank_{R}.jsonl` name of (whatever the file holds)."""
+    found = (RANK_FILE.match(path.name) for path in folder.iterdir())
+    return frozenset(int(match.group(1)) for match in found if match)
+
+
+def _finished(files: dump.StepFiles, named: dict[int, frozenset[int]]) -> bool:
+    """Whether a later step folder names a rank file of each of the step's ranks: the writer
+    before `STABLE` closed a rank's file of a step when that rank began the next."""
+    return any(later > files.rollout_id and files.ranks <= ranks for later, ranks in named.items())
+
+
+def _before_stable(folder: Path) -> bool:
+    """Whether a folder without `STABLE` was written by prime-rl before 2026-06-11, which
+    never wrote one: the first line of its lowest rank file has a `training_mode` and no
+    `export_step` among the keys before `token_ids` (its writer's keys, in its order)."""
+    ranks = {
+        int(match.group(1)): path
+        for path in folder.iterdir()
+        if (match := RANK_FILE.match(path.name)) is not None
+    }
+    if not ranks:
+        return False
+    path = ranks[min(ranks)]
+    try:
+        with bounded.open_regular(path, follow=False) as handle:
+            head = handle.read(_HEAD_BYTES)
+    except (BoundedReadError, OSError):
+        return False
+    keys, found, _ = head.partition(b'"token_ids":')
+    return bool(found) and b'"training_mode":' in keys and b'"export_step":' not in keys
 
 
 def _is_regular(path: Path) -> bool:
@@ -194,9 +262,10 @@ def read_step(files: dump.StepFiles) -> StepRead:
 
 
 def _require_stable(files: dump.StepFiles) -> None:
-    """`STABLE` is still there (listing found it): every rank flushed the step."""
+    """`STABLE` is still there (listing found it): every rank flushed the step (a step of
+    the writer before `STABLE` has none to check)."""
     marker = files.rollout_file
-    if not _is_regular(marker):
+    if marker.name == STABLE and not _is_regular(marker):
         raise DumpNotFoundError(marker.parent, f"lost its `{STABLE}` since it was listed")
 
 
@@ -254,7 +323,11 @@ def _sample(
     _ints(path, record, "position_ids", label, n)
     loss_mask = _bools(path, record, "loss_mask", label, n)
     assert loss_mask is not None  # `_bools` refuses nulls unless asked to allow them
-    values = {key: _floats(path, record, key, label, n) for key in (*_FLOATS, *_WEIGHTS)}
+    mode = _training_mode(path, record, label)
+    values = {key: _floats(path, record, key, label, n) for key in _FLOATS}
+    for key in _WEIGHTS:  # lines with a `training_mode` predate the weight streams
+        absent = mode is not None and key not in record
+        values[key] = None if absent else _floats(path, record, key, label, n)
     flags = {key: _bools(path, record, key, label, n, nullable=True) for key in _FLAGS}
     sampled = np.flatnonzero(loss_mask)
     prompt = int(sampled[0]) if sampled.size else n
@@ -266,11 +339,55 @@ def _sample(
         "tokens": tokens.tolist(),
         "response_length": n - prompt,
         "env_name": env_name,
-        "metadata": {"rank": rank, **{key: record[key] for key in _KEYS}},
+        "reward": _reward(path, record, label, n),
+        "metadata": {"rank": rank, **{key: record[key] for key in _KEYS}, **_run_keys(record)},
         "non_generation_time": None,
     }
-    train = _train_row(rank, prompt, loss_mask, values, flags)
+    sampled_by_policy = mode != _NOT_SAMPLED
+    train = _train_row(rank, prompt, loss_mask, values, flags, sampled_by_policy)
     return sample, train
+
+
+def _training_mode(path: Path, record: dict[str, Any], label: str) -> str | None:
+    """The line's `training_mode` (lines written before 2026-06-27), else None."""
+    if "training_mode" not in record:
+        return None
+    mode = record["training_mode"]
+    if mode not in _TRAINING_MODES or not isinstance(mode, str):
+        raise DumpFormatError(
+            path,
+            f"`training_mode` is {shown(mode)}; prime-rl's are {', '.join(_TRAINING_MODES)}",
+            sample=label,
+        )
+    return mode
+
+
+def _reward(path: Path, record: dict[str, Any], label: str, n: int) -> float | None:
+    """The sample's reward from the per-token `rewards` of lines written before 2026-06-27
+    (the reward repeated; `null` everywhere without one); None when the line has none."""
+    if "rewards" not in record:
+        return None
+    pair = _floats(path, record, "rewards", label, n)
+    if pair is None:
+        return None
+    values, nulls = pair
+    given = values[~nulls]
+    if nulls.any() or (given.size and (given != given[0]).any()):
+        raise DumpFormatError(
+            path,
+            "`rewards` differs between positions; prime-rl repeats the sample's reward on"
+            " every token",
+            sample=label,
+        )
+    return float(given[0]) if given.size else None
+
+
+def _run_keys(record: dict[str, Any]) -> dict[str, Any]:
+    """The trainer step and run of a line that names its `export_step` (2026-06-11 to
+    2026-08-08): a multi-run trainer's step differs from the run's step, the folder's."""
+    if "export_step" not in record:
+        return {}
+    return {"trainer_step": record["step"], "run_id": record.get("run_id")}
 
 
 def _check_header(path: Path, record: dict[str, Any], label: str, step: int, rank: int) -> None:
@@ -282,14 +399,22 @@ def _check_header(path: Path, record: dict[str, Any], label: str, step: int, ran
             f" schema {SCHEMA_VERSION}",
             sample=label,
         )
-    for key, want in (("step", step), ("rank", rank)):
+    # The folder's step is `export_step` where a line names one (the trainer's `step` may
+    # differ, module docstring), else `step`.
+    folder_key = "export_step" if "export_step" in record else "step"
+    for key, want in ((folder_key, step), ("rank", rank)):
         got = exact_int(_required(path, record, key, label), path, key, label)
         if got != want:
             raise DumpFormatError(
-                path, f"`{key}` is {got}, but the file is {key} {want}'s", sample=label
+                path,
+                f"`{key}` is {got}, but the file is {key.removeprefix('export_')} {want}'s",
+                sample=label,
             )
-    for key in _KEYS:
+    for key in (*_KEYS, "step"):
         exact_int(_required(path, record, key, label), path, key, label)
+    run_id = record.get("run_id")
+    if run_id is not None and not isinstance(run_id, str):
+        raise DumpFormatError(path, f"`run_id` is {shown(run_id)}, not a string", sample=label)
 
 
 def _required(path: Path, record: dict[str, Any], key: str, label: str) -> Any:
@@ -389,9 +514,12 @@ def _train_row(
     loss_mask: np.ndarray,
     values: dict[str, tuple[np.ndarray, np.ndarray] | None],
     flags: dict[str, np.ndarray | None],
+    sampled_by_policy: bool = True,
 ) -> TrainRow:
     n = len(loss_mask)
     covered = _drift_covered(loss_mask, values["rl_weights"], values["ref_kl_weights"])
+    if not sampled_by_policy:
+        covered = np.zeros_like(loss_mask)
     fields: dict[str, np.ndarray | None] = {}
     nulls: dict[str, np.ndarray] = {}
     names = {

@@ -99,7 +99,7 @@ def _rollout_side(rollout_id: int, sample: dict[str, Any]) -> dict[str, Any]:
         schema.PROMPT_TOKEN_IDS: list(tokens[:prompt_length]),
         schema.METADATA_JSON: to_json(_or_empty(sample.get("metadata")), "metadata"),
         # checked with the sample (`validate.check_sample`): both keys or neither
-        schema.BOUNDED_SAMPLING: sample.get(sampling_support.OFFSETS) is not None,
+        schema.BOUNDED_SAMPLING: sampling_support.bounded(sample),
         schema.ENV_NAME: _optional_text(sample.get("env_name"), "env_name"),
     }
 
