@@ -287,6 +287,41 @@ def test_a_null_log_prob_is_null_and_leaves_the_drift(tmp_path: Path) -> None:
     assert rows(tmp_path / "lake", "SELECT tokens FROM drift_steps WHERE rollout_id = 1") == [(91,)]
 
 
+def test_a_value_beyond_float32_is_inf_and_inf_minus_inf_is_nan_without_a_numpy_warning(
+    tmp_path: Path,
+) -> None:
+    """The lake's floats are float32: 1e308 is +inf there (IEEE rounding, as torch casts it)
+    and inf - inf is NaN, both counted among the NaN/inf values kept. numpy's RuntimeWarnings
+    about them reached the user's terminal as two lines of tokenlake's source."""
+    import warnings
+
+    run = _copy(tmp_path)
+    path = run / "token_exports" / "step_1" / "rank_1.jsonl"
+    start = _first_loss(json.loads(path.read_text().splitlines()[0]))
+
+    def huge(record: dict[str, Any]) -> None:
+        record["trainer_logprobs"][start] = 1e308
+        record["trainer_logprobs"][start + 1] = math.inf
+        record["inference_logprobs"][start + 1] = math.inf
+
+    _edit_lines(path, _edit_record(1, huge))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    assert [str(warning.message) for warning in caught] == []
+    assert summary.failed == []
+    got = rows(
+        tmp_path / "lake",
+        "SELECT position, train_log_prob, rollout_log_prob, lp_diff"
+        " FROM tokens WHERE rollout_id = 1 AND batch_position = 4 AND position < 2 ORDER BY 1",
+    )
+    assert got[0][1] == math.inf and got[0][3] == math.inf
+    assert got[1][1:3] == (math.inf, math.inf) and math.isnan(got[1][3])
+    assert rows(
+        tmp_path / "lake", "SELECT nonfinite_tokens FROM drift_steps WHERE rollout_id = 1"
+    ) == [(2,)]
+
+
 def test_weight_streams_decide_which_tokens_count_for_drift(tmp_path: Path) -> None:
     """With weight streams, the tokens prime-rl's mismatch statistics count are loss tokens with
     rl_weights != 0 or ref_kl_weights != 0: a cross-entropy-only token keeps its trainer
