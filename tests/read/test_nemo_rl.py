@@ -286,6 +286,31 @@ def test_all_zero_prev_logprobs_are_placeholders_never_a_drift(tmp_path: Path) -
     assert steps == [(1, 0), (2, 351), (3, 537)]
 
 
+def test_a_log_prob_beyond_float32_is_inf_without_a_numpy_warning(tmp_path: Path) -> None:
+    """1e308 is +inf in the lake's float32 (as torch casts it), one of the NaN/inf values the
+    extraction counts; numpy's RuntimeWarning about it reached the user's terminal as two lines
+    of tokenlake's source."""
+    import warnings
+
+    dump = _copy(tmp_path)
+    first = json.loads((dump / "train_data_step1.jsonl").read_text().splitlines()[0])
+    start = first["token_loss_mask"][0].index(1)
+    _edit_lines(
+        dump / "train_data_step1.jsonl", _change_entry(1, "generation_logprobs", start, 1e308)
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    assert [str(warning.message) for warning in caught] == []
+    assert summary.failed == []
+    got = rows(
+        tmp_path / "lake",
+        "SELECT rollout_log_prob, lp_diff FROM tokens"
+        " WHERE rollout_id = 1 AND NOT evaluation AND batch_position = 0 AND position = 0",
+    )
+    assert got == [(math.inf, -math.inf)]
+
+
 def _replace_line(number: int, text: str) -> Any:
     return lambda n, line: text if n == number else line
 

@@ -212,7 +212,8 @@ def _train_row(
     arrays: dict[str, np.ndarray], prompt: int, length: int, mask: np.ndarray
 ) -> TrainRow:
     def response(key: str) -> np.ndarray:
-        return arrays[key][prompt:length].astype(np.float32)
+        # as logged: the lake's float32 is made where every reader's values are (flatten)
+        return arrays[key][prompt:length]
 
     placeholders = not np.any(arrays["prev_logprobs"][:length])
     fields: dict[str, np.ndarray | None] = {
