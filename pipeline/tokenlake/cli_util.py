@@ -71,16 +71,23 @@ def read_sql(sql: str | None, file: Path | None) -> str:
 def parse_settings(pairs: tuple[str, ...]) -> dict[str, float]:
     """`--set name=value` pairs as drift_settings overrides."""
     settings: dict[str, float] = {}
+    given: dict[str, str] = {}  # name -> the value as typed
     for pair in pairs:
         name, sep, value = pair.partition("=")
+        name = name.strip()
+        if name in given:  # the last would silently win, as if the first were not typed
+            raise UsageError(
+                f"--set `{name}` is given twice, as `{given[name].strip()}` and `{value.strip()}`."
+            )
         try:
-            settings[name.strip()] = float(value)
+            settings[name] = float(value)
         except ValueError:
             sep = ""
         if not sep:
             raise UsageError(f"--set `{pair}` is not `name=number`, e.g. `--set alarm_k3_kl=0.01`.")
-        if not math.isfinite(settings[name.strip()]):
+        if not math.isfinite(settings[name]):
             raise UsageError(f"--set `{pair}`: the value must be a finite number.")
+        given[name] = value
     return settings
 
 

@@ -142,6 +142,14 @@ def test_set_takes_finite_numbers_only(tmp_path, value):
     )
 
 
+def test_a_setting_given_twice_is_refused_naming_both_values(tmp_path):
+    # The last one silently won, as if the first had not been typed; --tag refuses the same.
+    code, _, err = run(
+        "query", str(tmp_path), "SELECT 1", "--set", "is_cap=3", "--set", " is_cap=4"
+    )
+    assert (code, err) == (1, "Error: --set `is_cap` is given twice, as `3` and `4`.\n")
+
+
 def test_steps_matching_nothing_lists_the_dumps_steps(tmp_path):
     code, out, err = run("extract", str(BASIC), "--lake", str(tmp_path / "lake"), "--steps", "99")
     assert (code, out) == (1, "")
