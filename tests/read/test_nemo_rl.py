@@ -440,6 +440,22 @@ def test_a_broken_line_fails_its_step_alone(tmp_path: Path, edit: Any, problem: 
     assert summary.counts["new"] == 3
 
 
+def test_a_second_name_for_a_step_fails_that_step_and_the_others_land(tmp_path: Path) -> None:
+    # Either name could be meant, so neither is picked; the whole extraction was refused.
+    dump = _copy(tmp_path)
+    shutil.copyfile(dump / "train_data_step2.jsonl", dump / "train_data_step02.jsonl")
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    assert summary.failed == [
+        (
+            "2",
+            f"`{dump}/train_data_step2.jsonl`: names the same step as `logs/train_data_step02"
+            f".jsonl`; which one is meant is ambiguous: remove or rename one of them. {AFTER}",
+        )
+    ]
+    landed = rows(tmp_path / "lake", "SELECT DISTINCT rollout_id, evaluation FROM samples")
+    assert sorted(landed) == [(1, False), (2, True), (3, False)]
+
+
 def test_a_line_written_twice_fails_its_step(tmp_path: Path) -> None:
     """NeMo-RL writes a batch's file in one go, `idx` the line's place: a repeat is not a
     second sample."""

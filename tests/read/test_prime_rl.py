@@ -541,6 +541,36 @@ def test_a_broken_line_fails_its_step_alone(
     assert summary.counts["new"] == 1
 
 
+def test_a_second_name_for_a_rank_or_a_step_fails_that_step_and_the_other_lands(
+    tmp_path: Path,
+) -> None:
+    # Either name could be meant, so neither is picked; the whole extraction was refused,
+    # and the run's other step did not land either.
+    run = _copy(tmp_path)
+    exports = run / "token_exports"
+    shutil.copyfile(exports / "step_2" / "rank_1.jsonl", exports / "step_2" / "rank_01.jsonl")
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    assert summary.failed == [
+        (
+            "2",
+            f"`{exports}/step_2/rank_1.jsonl`: names the same rank as `step_2/rank_01.jsonl`;"
+            f" which one is meant is ambiguous: remove or rename one of them. {AFTER}",
+        )
+    ]
+    assert rows(tmp_path / "lake", "SELECT DISTINCT rollout_id FROM samples") == [(1,)]
+    (exports / "step_2" / "rank_01.jsonl").unlink()
+    shutil.copytree(exports / "step_1", exports / "step_01")
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    assert summary.failed == [
+        (
+            "1",
+            f"`{exports}/step_1/STABLE`: names the same step as `step_01/STABLE`;"
+            f" which one is meant is ambiguous: remove or rename one of them. {AFTER}",
+        )
+    ]
+    assert summary.counts["new"] == 1
+
+
 def test_a_line_written_twice_fails_its_step(tmp_path: Path) -> None:
     """(step, rank, `export_sequence_idx`) keys a sample: a repeated line is not two samples."""
     run = _copy(tmp_path)

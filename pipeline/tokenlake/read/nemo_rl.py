@@ -99,7 +99,10 @@ def discover(root: Path) -> dump.Dump:
             ignored.append((path, why))
             continue
         rid, evaluation = int(match.group(2)), match.group(1) == "val"
-        dump.refuse_duplicate(steps.get((rid, evaluation)), path)
+        duplicate = dump.duplicate_name(steps.get((rid, evaluation)), path)
+        if duplicate is not None:  # the step fails on it, the others land
+            steps[rid, evaluation] = dump.with_duplicate(steps[rid, evaluation], duplicate)
+            continue
         steps[rid, evaluation] = dump.StepFiles(rid, evaluation, path, root=root, format="nemo-rl")
     ordered = sorted(steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
     return dump.Dump(root, tuple(ordered), tuple(sorted(ignored)))

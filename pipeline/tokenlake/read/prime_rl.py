@@ -137,14 +137,23 @@ def discover(root: Path) -> dump.Dump:
         if not _is_regular(stable):  # not yet: never read half a step
             ignored.append((folder, NOT_YET))
             continue
-        ranks = _rank_files(root, folder, ignored)
+        ranks, duplicates = _rank_files(root, folder, ignored)
         if not ranks:
             ignored.append((folder, "holds no `rank_{R}.jsonl` file"))
             continue
         rid = int(match.group(1))
-        dump.refuse_duplicate(steps.get(rid), stable)
+        duplicate = dump.duplicate_name(steps.get(rid), stable)
+        if duplicate is not None:  # `step_01` beside `step_1`: the step fails, the others land
+            steps[rid] = dump.with_duplicate(steps[rid], duplicate)
+            continue
         steps[rid] = dump.StepFiles(
-            rid, False, stable, tuple(sorted(ranks.items())), root=root, format="prime-rl"
+            rid,
+            False,
+            stable,
+            tuple(sorted(ranks.items())),
+            root=root,
+            format="prime-rl",
+            duplicates=duplicates,
         )
     ordered = sorted(steps.values(), key=lambda s: s.rollout_id)
     return dump.Dump(root, tuple(ordered), tuple(sorted(ignored)))
@@ -158,8 +167,13 @@ def _is_regular(path: Path) -> bool:
         return False
 
 
-def _rank_files(root: Path, folder: Path, ignored: list[tuple[Path | str, str]]) -> dict[int, Path]:
+def _rank_files(
+    root: Path, folder: Path, ignored: list[tuple[Path | str, str]]
+) -> tuple[dict[int, Path], tuple[dump.DuplicateName, ...]]:
+    """The step folder's rank files, and the second names of a rank (`rank_01.jsonl` beside
+    `rank_1.jsonl`), on which the step fails."""
     ranks: dict[int, Path] = {}
+    duplicates: list[dump.DuplicateName] = []
     for path in sorted(folder.iterdir()):
         if path.name == STABLE:
             continue
@@ -169,9 +183,12 @@ def _rank_files(root: Path, folder: Path, ignored: list[tuple[Path | str, str]])
             ignored.append((path, why or dump.NOT_A_DUMP_FILE))
             continue
         rank = int(match.group(1))
-        dump.refuse_duplicate(ranks.get(rank), path, "rank")
+        duplicate = dump.duplicate_name(ranks.get(rank), path, "rank")
+        if duplicate is not None:
+            duplicates.append(duplicate)
+            continue
         ranks[rank] = path
-    return ranks
+    return ranks, tuple(duplicates)
 
 
 def read_step(files: dump.StepFiles) -> StepRead:
