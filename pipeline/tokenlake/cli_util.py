@@ -100,6 +100,9 @@ class LakeLocationType(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from tokenlake.layout import is_url, local_path
 
+        if isinstance(value, str) and not value.strip():
+            # Path("") is the current folder: an unset `$LAKE` would read or write there.
+            self.fail(f"the {self.name}'s location is empty; give its folder (`.` for this one).")
         if isinstance(value, Path) or not is_url(str(value)):
             return local_path(str(value))
         return str(value)

@@ -123,6 +123,29 @@ def test_numeric_options_are_range_checked(tmp_path, args, message):
     assert not (tmp_path / "lake").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "parameter", "what"),
+    [
+        (("extract", str(BASIC), "--lake", ""), "'--lake'", "lake"),
+        (("query", "", "SELECT 1"), "'LAKE'", "lake"),
+        (("extract", "", "--lake", "lake"), "'DUMP_DIR'", "dump"),
+    ],
+)
+def test_an_empty_location_is_refused_not_read_as_the_current_folder(
+    tmp_path, monkeypatch, args, parameter, what
+):
+    # Path("") is ".": `--lake "$LAKE"` with LAKE unset wrote the lake's folders and catalog
+    # into the folder the command ran in.
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(*args)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == (
+        f"Error: Invalid value for {parameter}: the {what}'s location is empty; give its folder"
+        " (`.` for this one)."
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("option", [("--steps", "3"), ("--strict",)])
 def test_options_follow_would_ignore_are_refused(tmp_path, option):
     code, _, err = run("extract", str(BASIC), "--lake", str(tmp_path), "--follow", *option)
