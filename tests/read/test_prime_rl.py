@@ -689,6 +689,32 @@ def test_stray_files_and_folders_are_ignored_with_a_reason(tmp_path: Path) -> No
     )
 
 
+def test_a_stable_that_is_not_a_file_is_named_as_such_not_as_a_step_being_written(
+    tmp_path: Path,
+) -> None:
+    # They read "not yet: ... prime-rl is still writing the step", which no wait would end.
+    run = _copy(tmp_path)
+    exports = run / "token_exports"
+    (exports / "step_2" / "STABLE").unlink()
+    (exports / "step_2" / "STABLE").mkdir()
+    (exports / "step_1" / "STABLE").unlink()
+    (exports / "step_1" / "STABLE").symlink_to(tmp_path / "elsewhere")
+    listing = prime_rl.discover(run)
+    assert listing.steps == ()
+    assert listing.ignored == (
+        (
+            exports / "step_1",
+            "its `STABLE` is a symbolic link, not the empty file prime-rl writes once every"
+            " rank flushed the step",
+        ),
+        (
+            exports / "step_2",
+            "its `STABLE` is a directory, not the empty file prime-rl writes once every rank"
+            " flushed the step",
+        ),
+    )
+
+
 def test_a_line_of_empty_containers_fails_its_step_before_it_is_parsed(tmp_path: Path) -> None:
     """`[{}, {}, ...]` in one line: each `{}, ` would parse into a dict of ~64 bytes, ~20 x
     the line; counted and refused before anything is built, as NeMo-RL's lines are."""

@@ -134,6 +134,10 @@ def discover(root: Path) -> dump.Dump:
             ignored.append((folder, f"its step exceeds the largest step id ({INT64_MAX})"))
             continue
         stable = folder / STABLE
+        odd = _not_a_marker(stable)
+        if odd is not None:
+            ignored.append((folder, odd))
+            continue
         if not _is_regular(stable):  # not yet: never read half a step
             ignored.append((folder, NOT_YET))
             continue
@@ -165,6 +169,19 @@ def _is_regular(path: Path) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def _not_a_marker(stable: Path) -> str | None:
+    """Why a `STABLE` that is there is not prime-rl's marker (a folder, a link: no wait makes
+    it one), or None (a file, or none yet)."""
+    try:
+        mode = os.lstat(stable).st_mode
+    except OSError:
+        return None
+    kind = "a symbolic link" if stat.S_ISLNK(mode) else bounded.kind_of(mode)
+    if kind is None:
+        return None
+    return f"its `{STABLE}` is {kind}, not the empty file prime-rl writes once every rank flushed the step"
 
 
 def _rank_files(
