@@ -594,7 +594,7 @@ def test_every_step_page_read_over_its_own_files_equals_it_read_over_every_file(
                 )
                 assert [shown["drift"]] == json.loads(json.dumps(drift, default=str))
         for chosen in (["slime"], ["example", "multi-turn"], sorted({r for r, _, _ in steps})):
-            query = urllib.parse.urlencode({"runs": ",".join(chosen)})
+            query = urllib.parse.urlencode([("run", run) for run in chosen])
             with urllib.request.urlopen(server + "api/steps?" + query) as answer:
                 shown = json.load(answer)
             # what the page showed before it kept rows: the views read for these runs
