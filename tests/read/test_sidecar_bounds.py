@@ -110,6 +110,30 @@ def test_an_8_gib_tokenizer_is_one_line_and_the_steps_land(tmp_path: Path) -> No
     assert rows(lake, "SELECT count(*) FROM vocab") == [(0,)]
 
 
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [(os.mkdir, "a directory"), (os.mkfifo, "a FIFO (named pipe)")],
+    ids=["folder", "fifo"],
+)
+def test_a_tokenizer_json_that_is_not_a_file_is_one_line_and_the_steps_land(
+    tmp_path: Path, make: Any, kind: str
+) -> None:
+    # It was passed over in silence, as if the dump had saved no tokenizer: every token text
+    # NULL with no word of why.
+    dump, lake = copy_dump(tmp_path), tmp_path / "lake"
+    tokenizer = dump / "tokenizer" / "tokenizer.json"
+    tokenizer.unlink()
+    make(tokenizer)
+    code, out, err = extract(dump, lake)
+    assert (code, out) == (0, summary(lake))
+    assert err == [
+        f"Ignored `{tokenizer}`: is {kind}, not a regular file; token texts are NULL until it"
+        " is fixed"
+    ]
+    assert landed(lake) == BASIC_STEPS
+    assert rows(lake, "SELECT count(*) FROM vocab") == [(0,)]
+
+
 def test_a_16_gib_metrics_line_without_newline_is_skipped_once(tmp_path: Path) -> None:
     dump, lake = copy_dump(tmp_path), tmp_path / "lake"
     first = json.dumps({"ts": 1.0, "step_key": "s", "step": 0, "metrics": {"a": 1.5}}) + "\n"

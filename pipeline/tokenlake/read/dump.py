@@ -88,9 +88,12 @@ class Dump:
 
     @property
     def tokenizer_file(self) -> Path | None:
-        """`tokenizer/tokenizer.json`, if the dump saved one."""
+        """`tokenizer/tokenizer.json`, if the dump has one: also a folder, a FIFO or a device
+        by that name, which `vocab.vocab_table` refuses in a warning rather than passing it
+        over as if the dump had saved no tokenizer. None when there is nothing (or a broken
+        link) there."""
         path = self.root / TOKENIZER_DIR / TOKENIZER_FILE
-        return path if path.is_file() else None
+        return path if path.exists() else None
 
     def trajectory_file(self, label: str) -> Path | None:
         """The step's `trajectory/{label}.jsonl`, if the dump has one."""
