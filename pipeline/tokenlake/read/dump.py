@@ -96,9 +96,11 @@ class Dump:
         return path if path.exists() else None
 
     def trajectory_file(self, label: str) -> Path | None:
-        """The step's `trajectory/{label}.jsonl`, if the dump has one."""
+        """The step's `trajectory/{label}.jsonl`, if the dump has one (a folder or a FIFO by
+        that name too: `trajectory.read_records` warns of it, rather than passing it over as
+        if the step had no conversations)."""
         path = self.root / TRAJECTORY_DIR / f"{label}.jsonl"
-        return path if path.is_file() else None
+        return path if path.exists() else None
 
 
 @dataclass(frozen=True)
