@@ -63,7 +63,7 @@ def page_requests(lake: Path) -> dict[str, str]:
     query = urllib.parse.urlencode
     return {
         "runs (/)": "api/runs",
-        "run over steps (/runs/RUN)": "api/steps?" + query({"runs": run}),
+        "run over steps (/runs/RUN)": "api/steps?" + query({"run": run}),
         "step (/runs/RUN/steps/N)": "api/step?" + query({"run": run, "step": step}),
         f"sample of {longest[2]:,} tokens": "api/sample?"
         + query({"run": run, "step": longest[0], "position": longest[1]}),

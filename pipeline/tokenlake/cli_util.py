@@ -71,16 +71,23 @@ def read_sql(sql: str | None, file: Path | None) -> str:
 def parse_settings(pairs: tuple[str, ...]) -> dict[str, float]:
     """`--set name=value` pairs as drift_settings overrides."""
     settings: dict[str, float] = {}
+    given: dict[str, str] = {}  # name -> the value as typed
     for pair in pairs:
         name, sep, value = pair.partition("=")
+        name = name.strip()
+        if name in given:  # the last would silently win, as if the first were not typed
+            raise UsageError(
+                f"--set `{name}` is given twice, as `{given[name].strip()}` and `{value.strip()}`."
+            )
         try:
-            settings[name.strip()] = float(value)
+            settings[name] = float(value)
         except ValueError:
             sep = ""
         if not sep:
             raise UsageError(f"--set `{pair}` is not `name=number`, e.g. `--set alarm_k3_kl=0.01`.")
-        if not math.isfinite(settings[name.strip()]):
+        if not math.isfinite(settings[name]):
             raise UsageError(f"--set `{pair}`: the value must be a finite number.")
+        given[name] = value
     return settings
 
 
@@ -93,6 +100,9 @@ class LakeLocationType(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from tokenlake.layout import is_url, local_path
 
+        if isinstance(value, str) and not value.strip():
+            # Path("") is the current folder: an unset `$LAKE` would read or write there.
+            self.fail(f"the {self.name}'s location is empty; give its folder (`.` for this one).")
         if isinstance(value, Path) or not is_url(str(value)):
             return local_path(str(value))
         return str(value)

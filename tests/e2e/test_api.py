@@ -41,6 +41,30 @@ def test_open_lake_is_the_api_class():
         tokenlake.nope  # noqa: B018
 
 
+@pytest.mark.parametrize(
+    ("location", "line"),
+    [
+        ("", "The lake's location is empty; give its folder (`.` for this one) or its URL."),
+        ("  ", "The lake's location is empty; give its folder (`.` for this one) or its URL."),
+        (None, "A lake's location is a folder or a URL (str or os.PathLike), not None."),
+        (123, "A lake's location is a folder or a URL (str or os.PathLike), not 123."),
+        (
+            b"/tmp/lake",
+            "A lake's location is a folder or a URL (str or os.PathLike), not b'/tmp/lake'.",
+        ),
+    ],
+    ids=["empty", "blank", "none", "int", "bytes"],
+)
+def test_a_location_that_names_no_folder_is_one_usage_error(tmp_path, monkeypatch, location, line):
+    # "" was the current folder (Path("") is "."), so an unset variable opened, or extracted
+    # into, wherever the notebook ran; None, 123 and b"..." an AttributeError.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as info:
+        tokenlake.open_lake(location, create=True)
+    assert str(info.value) == line
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("table", list(KEYS))
 def test_frames_equal_the_sql_views(lake, table):

@@ -123,6 +123,29 @@ def test_numeric_options_are_range_checked(tmp_path, args, message):
     assert not (tmp_path / "lake").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "parameter", "what"),
+    [
+        (("extract", str(BASIC), "--lake", ""), "'--lake'", "lake"),
+        (("query", "", "SELECT 1"), "'LAKE'", "lake"),
+        (("extract", "", "--lake", "lake"), "'DUMP_DIR'", "dump"),
+    ],
+)
+def test_an_empty_location_is_refused_not_read_as_the_current_folder(
+    tmp_path, monkeypatch, args, parameter, what
+):
+    # Path("") is ".": `--lake "$LAKE"` with LAKE unset wrote the lake's folders and catalog
+    # into the folder the command ran in.
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(*args)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == (
+        f"Error: Invalid value for {parameter}: the {what}'s location is empty; give its folder"
+        " (`.` for this one)."
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("option", [("--steps", "3"), ("--strict",)])
 def test_options_follow_would_ignore_are_refused(tmp_path, option):
     code, _, err = run("extract", str(BASIC), "--lake", str(tmp_path), "--follow", *option)
@@ -140,6 +163,14 @@ def test_set_takes_finite_numbers_only(tmp_path, value):
         1,
         f"Error: --set `alarm_k3_kl={value}`: the value must be a finite number.\n",
     )
+
+
+def test_a_setting_given_twice_is_refused_naming_both_values(tmp_path):
+    # The last one silently won, as if the first had not been typed; --tag refuses the same.
+    code, _, err = run(
+        "query", str(tmp_path), "SELECT 1", "--set", "is_cap=3", "--set", " is_cap=4"
+    )
+    assert (code, err) == (1, "Error: --set `is_cap` is given twice, as `3` and `4`.\n")
 
 
 def test_steps_matching_nothing_lists_the_dumps_steps(tmp_path):
@@ -185,28 +216,49 @@ def test_fifo_device_directory_and_broken_link_named_like_dump_files(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("names", "message"),
+    ("copies", "message"),
     [
         (
-            ("rollout_data/1.pt", "rollout_data/01.pt"),
+            {"rollout_data/01.pt": "rollout_data/1.pt"},
             "`{d}/rollout_data/1.pt`: names the same step as `rollout_data/01.pt`",
         ),
         (
-            ("rollout_data/1.pt", "train_data/1_0.pt", "train_data/01_0.pt"),
+            {"train_data/01_0.pt": "train_data/1_0.pt"},
             "`{d}/train_data/1_0.pt`: names the same step and rank as `train_data/01_0.pt`",
         ),
     ],
 )
-def test_two_names_for_one_step_are_refused_with_both_names(tmp_path, names, message):
-    dump = empty_dump(tmp_path / "d")
-    for name in names:
-        (dump / name).write_bytes(b"")
-    code, _, err = run("extract", str(dump), "--lake", str(tmp_path / "lake"))
-    assert (code, err) == (
-        1,
-        "Error: "
+def test_two_names_for_one_step_fail_that_step_naming_both_and_the_others_land(
+    tmp_path, copies, message
+):
+    # Either name could be meant, so neither is picked; the whole extraction was refused,
+    # and the dump's other steps did not land either.
+    dump = tmp_path / "d"
+    shutil.copytree(BASIC, dump)
+    for name, original in copies.items():
+        shutil.copyfile(dump / original, dump / name)
+    code, out, err = run("extract", str(dump), "--lake", str(tmp_path / "lake"))
+    assert code == 1
+    assert out.startswith("Run `d`: 2 new, 0 updated, 0 unchanged, 0 removed, 1 skipped steps;")
+    assert err.splitlines()[-1] == (
+        "Skipped step 1: "
         + message.format(d=dump)
-        + "; which one is meant is ambiguous: remove or rename one of them\n",
+        + "; which one is meant is ambiguous: remove or rename one of them. Replace or remove"
+        " the file, then extract again."
+    )
+    steps = run(
+        "query",
+        str(tmp_path / "lake"),
+        "SELECT DISTINCT rollout_id, evaluation FROM samples ORDER BY ALL",
+        "--format",
+        "csv",
+    )
+    assert steps == (0, '"rollout_id","evaluation"\n0,false\n0,true\n', "")
+    (dump / next(iter(copies))).unlink()  # the user removes one name: the step lands
+    code, out, _ = run("extract", str(dump), "--lake", str(tmp_path / "lake"))
+    assert (code, out.split(";")[0]) == (
+        0,
+        "Run `d`: 1 new, 0 updated, 2 unchanged, 0 removed, 0 skipped steps",
     )
 
 

@@ -286,6 +286,31 @@ def test_all_zero_prev_logprobs_are_placeholders_never_a_drift(tmp_path: Path) -
     assert steps == [(1, 0), (2, 351), (3, 537)]
 
 
+def test_a_log_prob_beyond_float32_is_inf_without_a_numpy_warning(tmp_path: Path) -> None:
+    """1e308 is +inf in the lake's float32 (as torch casts it), one of the NaN/inf values the
+    extraction counts; numpy's RuntimeWarning about it reached the user's terminal as two lines
+    of tokenlake's source."""
+    import warnings
+
+    dump = _copy(tmp_path)
+    first = json.loads((dump / "train_data_step1.jsonl").read_text().splitlines()[0])
+    start = first["token_loss_mask"][0].index(1)
+    _edit_lines(
+        dump / "train_data_step1.jsonl", _change_entry(1, "generation_logprobs", start, 1e308)
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    assert [str(warning.message) for warning in caught] == []
+    assert summary.failed == []
+    got = rows(
+        tmp_path / "lake",
+        "SELECT rollout_log_prob, lp_diff FROM tokens"
+        " WHERE rollout_id = 1 AND NOT evaluation AND batch_position = 0 AND position = 0",
+    )
+    assert got == [(math.inf, -math.inf)]
+
+
 def _replace_line(number: int, text: str) -> Any:
     return lambda n, line: text if n == number else line
 
@@ -413,6 +438,22 @@ def test_a_broken_line_fails_its_step_alone(tmp_path: Path, edit: Any, problem: 
     assert message.startswith(f"`{path}` {problem}")
     assert message.endswith(f". {AFTER}") and "\n" not in message
     assert summary.counts["new"] == 3
+
+
+def test_a_second_name_for_a_step_fails_that_step_and_the_others_land(tmp_path: Path) -> None:
+    # Either name could be meant, so neither is picked; the whole extraction was refused.
+    dump = _copy(tmp_path)
+    shutil.copyfile(dump / "train_data_step2.jsonl", dump / "train_data_step02.jsonl")
+    summary = extract_run(dump, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    assert summary.failed == [
+        (
+            "2",
+            f"`{dump}/train_data_step2.jsonl`: names the same step as `logs/train_data_step02"
+            f".jsonl`; which one is meant is ambiguous: remove or rename one of them. {AFTER}",
+        )
+    ]
+    landed = rows(tmp_path / "lake", "SELECT DISTINCT rollout_id, evaluation FROM samples")
+    assert sorted(landed) == [(1, False), (2, True), (3, False)]
 
 
 def test_a_line_written_twice_fails_its_step(tmp_path: Path) -> None:

@@ -287,6 +287,41 @@ def test_a_null_log_prob_is_null_and_leaves_the_drift(tmp_path: Path) -> None:
     assert rows(tmp_path / "lake", "SELECT tokens FROM drift_steps WHERE rollout_id = 1") == [(91,)]
 
 
+def test_a_value_beyond_float32_is_inf_and_inf_minus_inf_is_nan_without_a_numpy_warning(
+    tmp_path: Path,
+) -> None:
+    """The lake's floats are float32: 1e308 is +inf there (IEEE rounding, as torch casts it)
+    and inf - inf is NaN, both counted among the NaN/inf values kept. numpy's RuntimeWarnings
+    about them reached the user's terminal as two lines of tokenlake's source."""
+    import warnings
+
+    run = _copy(tmp_path)
+    path = run / "token_exports" / "step_1" / "rank_1.jsonl"
+    start = _first_loss(json.loads(path.read_text().splitlines()[0]))
+
+    def huge(record: dict[str, Any]) -> None:
+        record["trainer_logprobs"][start] = 1e308
+        record["trainer_logprobs"][start + 1] = math.inf
+        record["inference_logprobs"][start + 1] = math.inf
+
+    _edit_lines(path, _edit_record(1, huge))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    assert [str(warning.message) for warning in caught] == []
+    assert summary.failed == []
+    got = rows(
+        tmp_path / "lake",
+        "SELECT position, train_log_prob, rollout_log_prob, lp_diff"
+        " FROM tokens WHERE rollout_id = 1 AND batch_position = 4 AND position < 2 ORDER BY 1",
+    )
+    assert got[0][1] == math.inf and got[0][3] == math.inf
+    assert got[1][1:3] == (math.inf, math.inf) and math.isnan(got[1][3])
+    assert rows(
+        tmp_path / "lake", "SELECT nonfinite_tokens FROM drift_steps WHERE rollout_id = 1"
+    ) == [(2,)]
+
+
 def test_weight_streams_decide_which_tokens_count_for_drift(tmp_path: Path) -> None:
     """With weight streams, the tokens prime-rl's mismatch statistics count are loss tokens with
     rl_weights != 0 or ref_kl_weights != 0: a cross-entropy-only token keeps its trainer
@@ -506,6 +541,36 @@ def test_a_broken_line_fails_its_step_alone(
     assert summary.counts["new"] == 1
 
 
+def test_a_second_name_for_a_rank_or_a_step_fails_that_step_and_the_other_lands(
+    tmp_path: Path,
+) -> None:
+    # Either name could be meant, so neither is picked; the whole extraction was refused,
+    # and the run's other step did not land either.
+    run = _copy(tmp_path)
+    exports = run / "token_exports"
+    shutil.copyfile(exports / "step_2" / "rank_1.jsonl", exports / "step_2" / "rank_01.jsonl")
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    assert summary.failed == [
+        (
+            "2",
+            f"`{exports}/step_2/rank_1.jsonl`: names the same rank as `step_2/rank_01.jsonl`;"
+            f" which one is meant is ambiguous: remove or rename one of them. {AFTER}",
+        )
+    ]
+    assert rows(tmp_path / "lake", "SELECT DISTINCT rollout_id FROM samples") == [(1,)]
+    (exports / "step_2" / "rank_01.jsonl").unlink()
+    shutil.copytree(exports / "step_1", exports / "step_01")
+    summary = extract_run(run, store_of(tmp_path / "lake"), ExtractOptions(workers=1))
+    assert summary.failed == [
+        (
+            "1",
+            f"`{exports}/step_1/STABLE`: names the same step as `step_01/STABLE`;"
+            f" which one is meant is ambiguous: remove or rename one of them. {AFTER}",
+        )
+    ]
+    assert summary.counts["new"] == 1
+
+
 def test_a_line_written_twice_fails_its_step(tmp_path: Path) -> None:
     """(step, rank, `export_sequence_idx`) keys a sample: a repeated line is not two samples."""
     run = _copy(tmp_path)
@@ -621,6 +686,32 @@ def test_stray_files_and_folders_are_ignored_with_a_reason(tmp_path: Path) -> No
         (exports / "step_1" / "rank_0.jsonl.bak", "not a rollout or train dump file name"),
         (exports / "step_8", "not yet: it has no `STABLE`, prime-rl is still writing the step"),
         (exports / "step_9", "holds no `rank_{R}.jsonl` file"),
+    )
+
+
+def test_a_stable_that_is_not_a_file_is_named_as_such_not_as_a_step_being_written(
+    tmp_path: Path,
+) -> None:
+    # They read "not yet: ... prime-rl is still writing the step", which no wait would end.
+    run = _copy(tmp_path)
+    exports = run / "token_exports"
+    (exports / "step_2" / "STABLE").unlink()
+    (exports / "step_2" / "STABLE").mkdir()
+    (exports / "step_1" / "STABLE").unlink()
+    (exports / "step_1" / "STABLE").symlink_to(tmp_path / "elsewhere")
+    listing = prime_rl.discover(run)
+    assert listing.steps == ()
+    assert listing.ignored == (
+        (
+            exports / "step_1",
+            "its `STABLE` is a symbolic link, not the empty file prime-rl writes once every"
+            " rank flushed the step",
+        ),
+        (
+            exports / "step_2",
+            "its `STABLE` is a directory, not the empty file prime-rl writes once every rank"
+            " flushed the step",
+        ),
     )
 
 

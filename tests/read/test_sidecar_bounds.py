@@ -97,6 +97,25 @@ def test_an_8_gib_trajectory_file_is_one_warning_and_the_steps_land(tmp_path: Pa
     assert sorted(rows(lake, sql)) == [(0, 0), (1, 2)]  # step 1's own file is still read
 
 
+def test_a_trajectory_file_that_is_a_folder_is_one_warning_and_the_steps_land(
+    tmp_path: Path,
+) -> None:
+    # It was passed over in silence, as if the step had no conversations.
+    dump, lake = copy_dump(tmp_path), tmp_path / "lake"
+    folder = dump / "trajectory" / "0.jsonl"
+    folder.unlink()
+    folder.mkdir()
+    code, out, err = extract(dump, lake)
+    assert (code, out) == (0, summary(lake))
+    assert err == [
+        f"Warning: `{folder}` is a directory, not a regular file; the step's conversations are"
+        " NULL."
+    ]
+    assert landed(lake) == BASIC_STEPS
+    sql = "SELECT rollout_id, count(messages_json) FROM samples WHERE NOT evaluation GROUP BY 1"
+    assert sorted(rows(lake, sql)) == [(0, 0), (1, 2)]  # step 1's own file is still read
+
+
 def test_an_8_gib_tokenizer_is_one_line_and_the_steps_land(tmp_path: Path) -> None:
     dump, lake = copy_dump(tmp_path), tmp_path / "lake"
     huge = sparse(dump / "tokenizer" / "tokenizer.json")
@@ -105,6 +124,30 @@ def test_an_8_gib_tokenizer_is_one_line_and_the_steps_land(tmp_path: Path) -> No
     assert err == [
         f"Ignored `{huge}`: is 8,589,934,592 bytes; a `tokenizer.json` may be at most 64 MiB;"
         " token texts are NULL until it is fixed"
+    ]
+    assert landed(lake) == BASIC_STEPS
+    assert rows(lake, "SELECT count(*) FROM vocab") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [(os.mkdir, "a directory"), (os.mkfifo, "a FIFO (named pipe)")],
+    ids=["folder", "fifo"],
+)
+def test_a_tokenizer_json_that_is_not_a_file_is_one_line_and_the_steps_land(
+    tmp_path: Path, make: Any, kind: str
+) -> None:
+    # It was passed over in silence, as if the dump had saved no tokenizer: every token text
+    # NULL with no word of why.
+    dump, lake = copy_dump(tmp_path), tmp_path / "lake"
+    tokenizer = dump / "tokenizer" / "tokenizer.json"
+    tokenizer.unlink()
+    make(tokenizer)
+    code, out, err = extract(dump, lake)
+    assert (code, out) == (0, summary(lake))
+    assert err == [
+        f"Ignored `{tokenizer}`: is {kind}, not a regular file; token texts are NULL until it"
+        " is fixed"
     ]
     assert landed(lake) == BASIC_STEPS
     assert rows(lake, "SELECT count(*) FROM vocab") == [(0,)]

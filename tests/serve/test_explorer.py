@@ -268,9 +268,9 @@ def test_masked_tokens_are_drawn_as_no_value_and_reload_keeps_the_state(
 def test_one_run_keeps_its_colour_on_every_chart(lake, server, browser):
     colours = {}
     for url in (
-        f"{server}compare?runs=example,multi-turn,nemo,slime",
+        f"{server}compare?run=example&run=multi-turn&run=nemo&run=slime",
         f"{server}runs/nemo",
-        f"{server}compare?runs=nemo,slime",
+        f"{server}compare?run=nemo&run=slime",
     ):
         _open(browser, url)
         drawn = browser.evaluate(
@@ -368,6 +368,31 @@ def test_a_hostile_run_name_and_token_texts_stay_text(lake, server, browser):
     assert _outside(browser.events, server) == []
 
 
+def test_a_run_named_with_a_comma_is_ticked_compared_and_opened_as_one_run(browser, tmp_path):
+    # The page joined the ticked runs with commas and the server split them: the page of the
+    # run `a,b` drew the runs `a` and `b` under its name.
+    from tests.lakes import build_lake
+
+    names = ["a", "b", "a,b"]
+    samples = [{"run": name, "rollout_id": 0, "batch_position": 0, "sample_index": 0,
+                "response_length": 0, "has_train_row": True, "raw_reward": 0.5}
+               for name in names]  # fmt: skip
+    runs = [{"run": name, "source_dir": "/d", "tool": "t", "train_steps": 1} for name in names]
+    build_lake(tmp_path / "lake", samples=samples, runs=runs)
+    running = start(store_of(tmp_path / "lake"), ServeOptions(port=0))
+    try:
+        _open(browser, running.url)
+        browser.evaluate("document.querySelector('input[aria-label=\"compare a,b\"]').click()")
+        _click(browser, "#compare")
+        assert _cells(browser, "main > p .badge a") == ["a,b"]
+        assert browser.evaluate("location.search") == "?run=a%2Cb"
+        _click(browser, "main > p .badge a")
+        assert _cells(browser, "h1") == ["a,b"]
+        assert _cells(browser, "main > p .badge a") == ["a,b"]
+    finally:
+        running.stop()
+
+
 def test_beyond_localhost_a_request_without_the_token_is_refused(lake):
     running = start(store_of(lake), ServeOptions(host="0.0.0.0", port=0))
     try:
@@ -430,7 +455,7 @@ def _click_point(tools, chart: str, match: str) -> dict:
 def test_clicking_a_chart_point_opens_its_step_and_a_scatter_point_its_sample(
     lake, server, browser
 ):
-    _open(browser, server + "compare?runs=example,multi-turn")
+    _open(browser, server + "compare?run=example&run=multi-turn")
     _click_point(browser, "mean-abs", "d.run === 'multi-turn' && d.rollout_id === 1")
     assert browser.evaluate("location.pathname") == "/runs/multi-turn/steps/1"
     assert browser.evaluate("document.querySelector('h1').textContent") == "multi-turn · step 1"
@@ -569,7 +594,7 @@ def test_every_step_page_read_over_its_own_files_equals_it_read_over_every_file(
                 )
                 assert [shown["drift"]] == json.loads(json.dumps(drift, default=str))
         for chosen in (["slime"], ["example", "multi-turn"], sorted({r for r, _, _ in steps})):
-            query = urllib.parse.urlencode({"runs": ",".join(chosen)})
+            query = urllib.parse.urlencode([("run", run) for run in chosen])
             with urllib.request.urlopen(server + "api/steps?" + query) as answer:
                 shown = json.load(answer)
             # what the page showed before it kept rows: the views read for these runs
@@ -811,7 +836,7 @@ def test_the_run_charts_draw_the_alarm_thresholds_and_zoom(lake, server, browser
         "ess": "alarm_ess_min",
     }
     expected = {chart: settings[name] for chart, name in alarms.items()}
-    _open(browser, f"{server}compare?runs=example,multi-turn")
+    _open(browser, f"{server}compare?run=example&run=multi-turn")
     for chart, threshold in expected.items():
         rule = browser.evaluate(
             f"(v => [...document.querySelectorAll('#{chart} .role-mark.mark-rule line')].map(l =>"

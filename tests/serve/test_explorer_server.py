@@ -394,7 +394,7 @@ def test_an_object_store_lake_is_served_with_the_values_of_a_local_one(s3, lake)
     try:
         pages = [
             "api/runs",
-            "api/steps?runs=basic",
+            "api/steps?run=basic",
             "api/step?run=basic&step=1",
             "api/sample?run=basic&step=1&position=3",
             "api/version",
@@ -605,3 +605,30 @@ def test_audits_that_fail_say_so_on_the_runs_page(lake, monkeypatch):
         assert page["runs"][0]["audits"] is None and page["runs"][0]["run"] == "basic"
     finally:
         running.stop()
+
+
+# --- run names with a comma ------------------------------------------------------------------
+
+
+def test_a_run_named_with_a_comma_is_one_run_to_the_steps_api(tmp_path):
+    # `runs=a,b` was split at every comma: the page of the run `a,b` asked for the runs `a` and
+    # `b` and drew their steps under its name. Each run is now one `run=` parameter.
+    from tests.lakes import build_lake
+
+    names, samples = ["a", "b", "a,b"], []
+    for number, name in enumerate(names):
+        samples.append({"run": name, "rollout_id": number, "batch_position": 0,
+                        "sample_index": 0, "response_length": 0, "has_train_row": True,
+                        "raw_reward": float(number)})  # fmt: skip
+    runs = [{"run": name, "source_dir": "/d", "tool": "t", "train_steps": 1} for name in names]
+    build_lake(tmp_path / "lake", samples=samples, runs=runs)
+    server = start(store_of(tmp_path / "lake"), ServeOptions(port=0))
+    try:
+        status, body = _get(server.url + "api/steps?" + urllib.parse.urlencode({"run": "a,b"}))
+        drawn = {row["run"] for rows in body.values() if isinstance(rows, list) for row in rows
+                 if isinstance(row, dict) and "run" in row}  # fmt: skip
+        assert (status, body["runs"], drawn) == (200, ["a,b"], {"a,b"})
+        both = urllib.parse.urlencode([("run", "b"), ("run", "a")])
+        assert _get(server.url + "api/steps?" + both)[1]["runs"] == ["a", "b"]
+    finally:
+        server.stop()

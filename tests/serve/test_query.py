@@ -119,6 +119,42 @@ def test_a_setting_that_is_not_a_finite_number_is_one_usage_error(lake, value, s
     assert str(info.value) == f"Drift setting `is_cap` is {shown}; give a finite number."
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("is_cap", 0.5, "0.5; the weight cap is at least 1 (weights clamp to [1/C, C])"),
+        ("is_cap", 0, "0; the weight cap is at least 1 (weights clamp to [1/C, C])"),
+        ("histogram_half_width", 0.0, "0.0; give a number above 0 (nats)"),
+        ("histogram_half_width", -0.1, "-0.1; give a number above 0 (nats)"),
+        ("log_ratio_clamp", -1, "-1; a clamp is at least 0"),
+        ("k3_clamp", -1.0, "-1.0; a clamp is at least 0"),
+        ("outliers_per_step", 2.5, "2.5; give a whole number from 0"),
+        ("outliers_per_step", -5, "-5; give a whole number from 0"),
+        ("shift_min_tokens", 1e30, "1e+30; give a whole number from 0"),
+    ],
+)
+def test_a_setting_outside_its_meaning_is_one_usage_error(lake, name, value, problem):
+    # Each gave numbers with exit 0: is_cap=0 an `ess` of NaN, 0.5 every token both above
+    # the cap and below its inverse; a width of -0.1 bins whose low edge is above the high;
+    # a negative clamp a k3 of e - 2 for every step; outliers_per_step=2.5 kept 3 rows; 1e30
+    # a Conversion Error from DuckDB.
+    with pytest.raises(UsageError) as info:
+        run_query(store_of(lake), "SELECT 1", settings={name: value})
+    assert str(info.value) == f"Drift setting `{name}` is {problem}."
+
+
+def test_a_setting_at_the_edge_of_its_meaning_is_taken(lake):
+    settings = {"is_cap": 1, "outliers_per_step": 0.0, "k3_clamp": 0, "shift_min_tokens": 7}
+    table = run_query(
+        store_of(lake),
+        "SELECT is_cap, outliers_per_step, k3_clamp, shift_min_tokens FROM drift_settings",
+        settings=settings,
+    )
+    assert table.to_pylist() == [
+        {"is_cap": 1.0, "outliers_per_step": 0, "k3_clamp": 0.0, "shift_min_tokens": 7}
+    ]
+
+
 def test_format_table_text():
     assert format_table(RESULT, "table") == "\n".join(
         [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Container
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +88,19 @@ class Dump:
 
     @property
     def tokenizer_file(self) -> Path | None:
-        """`tokenizer/tokenizer.json`, if the dump saved one."""
+        """`tokenizer/tokenizer.json`, if the dump has one: also a folder, a FIFO or a device
+        by that name, which `vocab.vocab_table` refuses in a warning rather than passing it
+        over as if the dump had saved no tokenizer. None when there is nothing (or a broken
+        link) there."""
         path = self.root / TOKENIZER_DIR / TOKENIZER_FILE
-        return path if path.is_file() else None
+        return path if path.exists() else None
 
     def trajectory_file(self, label: str) -> Path | None:
-        """The step's `trajectory/{label}.jsonl`, if the dump has one."""
+        """The step's `trajectory/{label}.jsonl`, if the dump has one (a folder or a FIFO by
+        that name too: `trajectory.read_records` warns of it, rather than passing it over as
+        if the step had no conversations)."""
         path = self.root / TRAJECTORY_DIR / f"{label}.jsonl"
-        return path if path.is_file() else None
+        return path if path.exists() else None
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,15 @@ class RemoteFiles:
 
     url: str
     objects: tuple[tuple[str, int, int], ...]
+
+
+@dataclass(frozen=True)
+class DuplicateName:
+    """A second file name for one step or rank (`01.pt` beside `1.pt`)."""
+
+    path: Path
+    first: Path  # the name listed first, which the step would otherwise read
+    what: str  # "step", "rank", "step and rank"
 
 
 @dataclass(frozen=True)
@@ -128,6 +142,10 @@ class StepFiles:
     unread: tuple[Path, ...] = ()
     # Also extract the routing-replay arrays into the `experts` table (--with-experts).
     with_experts: bool = False
+    # Files that name this step (or one of its ranks) a second time (`01.pt` beside `1.pt`):
+    # either could be meant, so the step fails on them (`duplicate_name_error`) while the
+    # dump's other steps land.
+    duplicates: tuple[DuplicateName, ...] = ()
     # What the step's files lack, settled (`read.completeness`): it lands marked incomplete.
     incomplete: str | None = None
     # A training step whose rank set no other step tells, while its files still change
@@ -161,7 +179,12 @@ class StepFiles:
     def paths(self) -> list[Path]:
         """The rollout file, then the train files (and any its format does not read), each
         once (a prime-rl step without `STABLE` names its first rank file as its first file)."""
-        listed = [self.rollout_file, *(path for _, path in self.train_files), *self.unread]
+        listed = [
+            self.rollout_file,
+            *(path for _, path in self.train_files),
+            *self.unread,
+            *(duplicate.path for duplicate in self.duplicates),
+        ]
         return list(dict.fromkeys(listed))
 
     @property
@@ -178,8 +201,8 @@ def discover(dump_dir: Path, format: str = "miles", per_step_train: bool = False
 
     Files in `rollout_data/` or `train_data/` whose names do not follow the format (or that are
     not regular files, or whose step id exceeds int64) are skipped and reported in `ignored`
-    (the reference reader crashes on them). Two names for one step (`1.pt` and `01.pt`) are an
-    error: either could be meant.
+    (the reference reader crashes on them). Two names for one step (`1.pt` and `01.pt`) fail
+    that step (`duplicate_name_error`): either could be meant.
     """
     root = checked_root(dump_dir)
     rollout_dir = Dump(root).rollout_dir
@@ -187,7 +210,7 @@ def discover(dump_dir: Path, format: str = "miles", per_step_train: bool = False
         raise DumpNotFoundError(
             dump_dir, f"is not a miles dump: it has no `{ROLLOUT_DIR}/` directory"
         )
-    train, unread, ignored = _list_train_files(root, per_step_train)
+    train, unread, duplicates, ignored = _list_train_files(root, per_step_train)
     steps: dict[tuple[int, bool], StepFiles] = {}
     for path in listed(rollout_dir):
         match = _ROLLOUT_NAME.match(path.name)
@@ -197,15 +220,20 @@ def discover(dump_dir: Path, format: str = "miles", per_step_train: bool = False
             continue
         assert match is not None
         rid, evaluation = int(match.group(2)), match.group(1) is not None
-        refuse_duplicate(steps.get((rid, evaluation)), path)
+        duplicate = duplicate_name(steps.get((rid, evaluation)), path)
+        if duplicate is not None:
+            steps[rid, evaluation] = with_duplicate(steps[rid, evaluation], duplicate)
+            continue
         ranks = () if evaluation else tuple(sorted(train.pop(rid, {}).items()))
         others = () if evaluation else tuple(unread.pop(rid, ()))
+        twice = () if evaluation else tuple(duplicates.pop(rid, ()))
         steps[rid, evaluation] = StepFiles(
-            rid, evaluation, path, ranks, root, format=format, unread=others
+            rid, evaluation, path, ranks, root, format=format, unread=others, duplicates=twice
         )
     for rid, by_rank in train.items():  # train files without a rollout file cannot be joined
         why = f"step {rid} has no `{ROLLOUT_DIR}/{rid}.pt` to join it to"
         ignored.extend((path, why) for _, path in sorted(by_rank.items()))
+        ignored.extend((duplicate.path, why) for duplicate in duplicates.pop(rid, ()))
     for rid, paths in unread.items():
         ignored.extend((path, f"step {rid} has no `{ROLLOUT_DIR}/{rid}.pt`") for path in paths)
     ordered = sorted(steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
@@ -279,29 +307,53 @@ def listed(folder: Path) -> list[Path]:
         raise UnreadableError(folder, exc, "listed") from None
 
 
-def refuse_duplicate(earlier: StepFiles | Path | None, path: Path, what: str = "step") -> None:
-    """Two file names for one step or rank (`1.pt`, `01.pt`): refuse rather than pick one."""
+def duplicate_name(
+    earlier: StepFiles | Path | None, path: Path, what: str = "step"
+) -> DuplicateName | None:
+    """A second name for one step or rank (`1.pt`, `01.pt`), or None for the first."""
     if earlier is None:
-        return
+        return None
     first = earlier.rollout_file if isinstance(earlier, StepFiles) else earlier
-    raise DumpFormatError(
-        path,
-        f"names the same {what} as `{first.parent.name}/{first.name}`; which one is meant is"
-        " ambiguous: remove or rename one of them",
+    return DuplicateName(path, first, what)
+
+
+def with_duplicate(files: StepFiles, duplicate: DuplicateName) -> StepFiles:
+    """The step, failing on one more name of it."""
+    return replace(files, duplicates=(*files.duplicates, duplicate))
+
+
+def duplicate_name_error(files: StepFiles) -> DumpFormatError | None:
+    """The step's failure when a file names it (or one of its ranks) a second time: refuse
+    rather than pick one."""
+    if not files.duplicates:
+        return None
+    duplicate = files.duplicates[0]
+    first = duplicate.first
+    return DumpFormatError(
+        duplicate.path,
+        f"names the same {duplicate.what} as `{first.parent.name}/{first.name}`; which one is"
+        " meant is ambiguous: remove or rename one of them",
     )
 
 
-def _list_train_files(
-    root: Path, per_step: bool = False
-) -> tuple[dict[int, dict[int, Path]], dict[int, list[Path]], list[tuple[Path | str, str]]]:
-    """(step → rank → file, step → files of the other layout, ignored) of the dump's
-    `train_data/`; a per-step file is listed as rank 0."""
+_TrainListing = tuple[
+    dict[int, dict[int, Path]],
+    dict[int, list[Path]],
+    dict[int, list[DuplicateName]],
+    list[tuple[Path | str, str]],
+]
+
+
+def _list_train_files(root: Path, per_step: bool = False) -> _TrainListing:
+    """(step → rank → file, step → files of the other layout, step → second names of its
+    files, ignored) of the dump's `train_data/`; a per-step file is listed as rank 0."""
     train_dir = Dump(root).train_dir
     by_step: dict[int, dict[int, Path]] = {}
     unread: dict[int, list[Path]] = {}
+    duplicates: dict[int, list[DuplicateName]] = {}
     ignored: list[tuple[Path | str, str]] = []
     if not train_dir.is_dir():
-        return by_step, unread, ignored
+        return by_step, unread, duplicates, ignored
     read, other = (_TRAIN_STEP_NAME, _TRAIN_NAME) if per_step else (_TRAIN_NAME, _TRAIN_STEP_NAME)
     for path in listed(train_dir):
         match = read.match(path.name)
@@ -316,9 +368,12 @@ def _list_train_files(
         assert match is not None
         ranks = by_step.setdefault(int(match.group(1)), {})
         rank = 0 if per_step else int(match.group(2))
-        refuse_duplicate(ranks.get(rank), path, "step" if per_step else "step and rank")
+        duplicate = duplicate_name(ranks.get(rank), path, "step" if per_step else "step and rank")
+        if duplicate is not None:
+            duplicates.setdefault(int(match.group(1)), []).append(duplicate)
+            continue
         ranks[rank] = path
-    return by_step, unread, ignored
+    return by_step, unread, duplicates, ignored
 
 
 def unread_train_error(files: StepFiles) -> DumpFormatError | None:

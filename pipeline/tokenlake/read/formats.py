@@ -61,11 +61,12 @@ STEP_READERS: dict[str, Callable[[dump.StepFiles], StepRead]] = {
 
 
 def read_step(files: dump.StepFiles) -> StepRead:
-    """One step, read by its format's reader; train files of a layout its format does not read
-    fail the step (`dump.unread_train_error`), never a silent rollout-only step."""
-    unread = dump.unread_train_error(files)
-    if unread is not None:
-        raise unread
+    """One step, read by its format's reader; a second name of one of its files fails the step
+    (`dump.duplicate_name_error`), and so do train files of a layout its format does not read
+    (`dump.unread_train_error`), never a silent rollout-only step."""
+    refusal = dump.duplicate_name_error(files) or dump.unread_train_error(files)
+    if refusal is not None:
+        raise refusal
     return STEP_READERS[files.format](files)
 
 

@@ -108,7 +108,10 @@ def discover(root: Path) -> dump.Dump:
             ignored.append((path, why))
             continue
         rid, evaluation = int(match.group(2)), match.group(1) == "val"
-        dump.refuse_duplicate(steps.get((rid, evaluation)), path)
+        duplicate = dump.duplicate_name(steps.get((rid, evaluation)), path)
+        if duplicate is not None:  # the step fails on it, the others land
+            steps[rid, evaluation] = dump.with_duplicate(steps[rid, evaluation], duplicate)
+            continue
         steps[rid, evaluation] = dump.StepFiles(rid, evaluation, path, root=root, format="nemo-rl")
     ordered = sorted(steps.values(), key=lambda s: (s.rollout_id, s.evaluation))
     return dump.Dump(root, tuple(ordered), tuple(sorted(ignored)))
@@ -245,7 +248,8 @@ def _train_row(
     arrays: dict[str, np.ndarray], prompt: int, length: int, mask: np.ndarray
 ) -> TrainRow:
     def response(key: str) -> np.ndarray:
-        return arrays[key][prompt:length].astype(np.float32)
+        # as logged: the lake's float32 is made where every reader's values are (flatten)
+        return arrays[key][prompt:length]
 
     placeholders = not np.any(arrays["prev_logprobs"][:length])
     fields: dict[str, np.ndarray | None] = {

@@ -165,18 +165,32 @@ def discover(root: Path) -> dump.Dump:
             continue
         rid = int(match.group(1))
         named[rid] = named.get(rid, frozenset()) | _ranks_named(folder)
-        marked = _is_regular(folder / STABLE)
+        stable = folder / STABLE
+        odd = _not_a_marker(stable)
+        if odd is not None:
+            ignored.append((folder, odd))
+            continue
+        marked = _is_regular(stable)
         if not marked and not _before_stable(folder):  # not yet: never read half a step
             ignored.append((folder, NOT_YET))
             continue
-        ranks = _rank_files(root, folder, ignored)
+        ranks, duplicates = _rank_files(root, folder, ignored)
         if not ranks:
             ignored.append((folder, "holds no `rank_{R}.jsonl` file"))
             continue
-        first = folder / STABLE if marked else ranks[min(ranks)]
-        dump.refuse_duplicate(steps.get(rid), first)
+        first = stable if marked else ranks[min(ranks)]
+        duplicate = dump.duplicate_name(steps.get(rid), first)
+        if duplicate is not None:  # `step_01` beside `step_1`: the step fails, the others land
+            steps[rid] = dump.with_duplicate(steps[rid], duplicate)
+            continue
         steps[rid] = dump.StepFiles(
-            rid, False, first, tuple(sorted(ranks.items())), root=root, format="prime-rl"
+            rid,
+            False,
+            first,
+            tuple(sorted(ranks.items())),
+            root=root,
+            format="prime-rl",
+            duplicates=duplicates,
         )
     for rid, files in steps.items():
         if files.rollout_file.name != STABLE and not _finished(files, named):
@@ -226,8 +240,26 @@ def _is_regular(path: Path) -> bool:
         return False
 
 
-def _rank_files(root: Path, folder: Path, ignored: list[tuple[Path | str, str]]) -> dict[int, Path]:
+def _not_a_marker(stable: Path) -> str | None:
+    """Why a `STABLE` that is there is not prime-rl's marker (a folder, a link: no wait makes
+    it one), or None (a file, or none yet)."""
+    try:
+        mode = os.lstat(stable).st_mode
+    except OSError:
+        return None
+    kind = "a symbolic link" if stat.S_ISLNK(mode) else bounded.kind_of(mode)
+    if kind is None:
+        return None
+    return f"its `{STABLE}` is {kind}, not the empty file prime-rl writes once every rank flushed the step"
+
+
+def _rank_files(
+    root: Path, folder: Path, ignored: list[tuple[Path | str, str]]
+) -> tuple[dict[int, Path], tuple[dump.DuplicateName, ...]]:
+    """The step folder's rank files, and the second names of a rank (`rank_01.jsonl` beside
+    `rank_1.jsonl`), on which the step fails."""
     ranks: dict[int, Path] = {}
+    duplicates: list[dump.DuplicateName] = []
     for path in sorted(folder.iterdir()):
         if path.name == STABLE:
             continue
@@ -237,9 +269,12 @@ def _rank_files(root: Path, folder: Path, ignored: list[tuple[Path | str, str]])
             ignored.append((path, why or dump.NOT_A_DUMP_FILE))
             continue
         rank = int(match.group(1))
-        dump.refuse_duplicate(ranks.get(rank), path, "rank")
+        duplicate = dump.duplicate_name(ranks.get(rank), path, "rank")
+        if duplicate is not None:
+            duplicates.append(duplicate)
+            continue
         ranks[rank] = path
-    return ranks
+    return ranks, tuple(duplicates)
 
 
 def read_step(files: dump.StepFiles) -> StepRead:

@@ -26,6 +26,7 @@ from tokenlake.errors import (
     shown,
 )
 from tokenlake.serve import catalog, rollups
+from tokenlake.steps import INT64_MAX
 from tokenlake.store.base import Store
 from tokenlake.terminal import escape_controls, plural
 
@@ -143,7 +144,7 @@ def settings_override_sql(con: duckdb.DuckDBPyConnection, settings: Mapping[str,
         names = ", ".join(f"`{name}`" for name in types)
         raise UsageError(f"Unknown drift setting `{unknown[0]}`; the settings are {names}")
     replaced = ", ".join(
-        f"{_setting_value(name, value)!r}::{types[name]} AS {name}"
+        f"{_setting_in_domain(name, value, types[name])!r}::{types[name]} AS {name}"
         for name, value in settings.items()
     )
     # The temp schema is searched before `main`, so this view shadows the catalog's one for
@@ -175,6 +176,48 @@ def _setting_value(name: str, value: object) -> float:
     if not math.isfinite(number):
         raise UsageError(
             f"Drift setting `{shown(name, literal=False)}` is {shown(value)}; give a finite number."
+        )
+    return number
+
+
+# Settings whose formulas have no meaning outside a range (sql/drift_settings.sql): a value
+# outside it gives numbers, not an error (is_cap 0 an ess of NaN, a negative clamp a k3 of
+# e - 2 for every step, a negative histogram width bins whose low edge is above the high).
+_AT_LEAST_ONE = {"is_cap": "the weight cap is at least 1 (weights clamp to [1/C, C])"}
+_ABOVE_ZERO = {"histogram_half_width": "give a number above 0 (nats)"}
+_AT_LEAST_ZERO = {"log_ratio_clamp": "a clamp is at least 0", "k3_clamp": "a clamp is at least 0"}
+_WHOLE_NUMBER = "give a whole number from 0"
+
+
+def _setting_in_domain(name: str, value: object, sql_type: str) -> float | int:
+    """The override as the SQL column takes it, refused outside the range where the
+    setting's formulas mean something; a BIGINT column's is a whole number from 0 (a count of
+    rows or tokens), not rounded by the cast.
+
+    Examples:
+        >>> _setting_in_domain("outliers_per_step", 50.0, "BIGINT")
+        50
+        >>> _setting_in_domain("is_cap", 0.5, "DOUBLE")
+        Traceback (most recent call last):
+        ...
+        tokenlake.errors.UsageError: Drift setting `is_cap` is 0.5; the weight cap is at least 1 (weights clamp to [1/C, C]).
+    """
+    number = _setting_value(name, value)
+    problem = None
+    if sql_type == "BIGINT":
+        if number != int(number) or not 0 <= number <= INT64_MAX:
+            problem = _WHOLE_NUMBER
+        else:
+            return int(number)
+    elif name in _AT_LEAST_ONE and number < 1:
+        problem = _AT_LEAST_ONE[name]
+    elif name in _ABOVE_ZERO and number <= 0:
+        problem = _ABOVE_ZERO[name]
+    elif name in _AT_LEAST_ZERO and number < 0:
+        problem = _AT_LEAST_ZERO[name]
+    if problem is not None:
+        raise UsageError(
+            f"Drift setting `{shown(name, literal=False)}` is {shown(value)}; {problem}."
         )
     return number
 

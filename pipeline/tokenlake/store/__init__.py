@@ -10,9 +10,10 @@ where `passed_checks.py` keeps the steps whose content checks passed.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from tokenlake.errors import LakeError
+from tokenlake.errors import LakeError, UsageError, shown
 from tokenlake.layout import ROLLOUT_DIR, Location, is_url, local_path
 from tokenlake.store.base import Store
 from tokenlake.store.local import LocalStore
@@ -20,9 +21,25 @@ from tokenlake.store.object import ObjectStore
 
 
 def store_at(location: Location | Store) -> Store:
-    """The store of a directory or an object-store URL (a store is returned as it is)."""
-    if not isinstance(location, (str, Path)):
+    """The store of a directory or an object-store URL (a store is returned as it is).
+
+    Raises:
+        UsageError: The location is empty (`Path("")` is the current folder: an unset
+            variable would open, or extract into, wherever the caller runs) or not a
+            location at all (None, a number, bytes).
+    """
+    if isinstance(location, (LocalStore, ObjectStore)):
         return location
+    if isinstance(location, os.PathLike) and not isinstance(location, Path):
+        location = os.fspath(location)
+    if not isinstance(location, (str, Path)):
+        raise UsageError(
+            f"A lake's location is a folder or a URL (str or os.PathLike), not {shown(location)}."
+        )
+    if isinstance(location, str) and not location.strip():
+        raise UsageError(
+            "The lake's location is empty; give its folder (`.` for this one) or its URL."
+        )
     if is_url(location):
         return ObjectStore(str(location))
     return LocalStore(local_path(location))

@@ -108,9 +108,16 @@ def _train_columns(
     for name, column in (*schema.WEIGHT_TOKEN_FIELDS.items(), *schema.FLAG_TOKEN_FIELDS.items()):
         columns[column] = _f32(fields.get(name))  # flags as 1.0 / 0.0 until `_flag_column`
     lp = columns[schema.TRAIN_LOG_PROB]
-    columns[schema.LP_DIFF] = None if lp is None or train_rlp is None else lp - train_rlp
+    columns[schema.LP_DIFF] = None if lp is None or train_rlp is None else _lp_diff(lp, train_rlp)
     columns[schema.ROLLOUT_LOG_PROB] = train_rlp if train_rlp is not None else _f32(rollout_lp)
     return columns
+
+
+def _lp_diff(lp: np.ndarray, rollout_lp: np.ndarray) -> np.ndarray:
+    """Train minus rollout log-prob in float32; inf - inf is NaN (IEEE), counted as the other
+    non-finite values are, not a warning of numpy's."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return lp - rollout_lp
 
 
 def _add_rollout_fields(columns: dict[str, np.ndarray | None], checked: CheckedSample) -> bool:
@@ -175,7 +182,12 @@ def _rollout_side(values: np.ndarray | None, response_length: int) -> _RolloutAr
 
 
 def _f32(values: np.ndarray | None) -> np.ndarray | None:
-    return None if values is None else np.asarray(values, dtype=np.float32)
+    """The lake's float32; a value beyond its range is ±inf, as torch casts it (one of the
+    NaN/inf values the extraction counts and reports, not a warning of numpy's)."""
+    if values is None:
+        return None
+    with np.errstate(over="ignore"):
+        return np.asarray(values, dtype=np.float32)
 
 
 def _i8(values: np.ndarray | None) -> np.ndarray | None:

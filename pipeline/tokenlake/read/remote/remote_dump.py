@@ -234,6 +234,10 @@ def _moved(files: StepFiles, private: Path) -> StepFiles:
         root=private,
         remote=None,
         unread=tuple(moved(path) for path in files.unread),
+        duplicates=tuple(
+            replace(duplicate, path=moved(duplicate.path), first=moved(duplicate.first))
+            for duplicate in files.duplicates
+        ),
     )
 
 

@@ -470,7 +470,8 @@ class Explorer:
         return await self._answer(request, self._runs_answer)
 
     async def _steps(self, request: web.Request) -> web.StreamResponse:
-        runs = [name for name in request.query.get("runs", "").split(",") if name]
+        # one `run=` per run: a run's name may hold a comma (`a,b` is one run, not `a` and `b`)
+        runs = [name for name in request.query.getall("run", []) if name]
         return await self._answer(
             request,
             lambda cursor, version: data.steps_page(cursor, self._kept(cursor, version), runs),

@@ -59,6 +59,17 @@
   function setParam(name, value) {
     const p = params();
     if (value === null || value === undefined || value === "") p.delete(name); else p.set(name, value);
+    replaceQuery(p);
+  }
+  // Runs travel as one `run=` each: a run's name may hold a comma.
+  function setRuns(runs) {
+    const p = params();
+    p.delete("run");
+    for (const run of runs) p.append("run", run);
+    replaceQuery(p);
+  }
+  function runsQuery(runs) { return new URLSearchParams(runs.map((run) => ["run", run])); }
+  function replaceQuery(p) {
     const query = p.toString();
     history.replaceState(null, "", location.pathname + (query ? "?" + query : ""));
   }
@@ -150,12 +161,12 @@
     const allRuns = data.runs.map((r) => r.run);
     main.replaceChildren(el("h1", {}, "Runs"), el("p", { class: "note" },
       data.runs.length + " run(s). Tick runs and compare them, or open one."));
-    const chosen = new Set((params().get("runs") || "").split(",").filter(Boolean));
+    const chosen = new Set(params().getAll("run").filter(Boolean));
     const compare = el("a", { id: "compare", href: "/compare" }, "Compare the ticked runs");
     function updateCompare() {
       const list = allRuns.filter((r) => chosen.has(r));
-      compare.href = "/compare?runs=" + list.map(seg).join(",");
-      setParam("runs", list.join(","));
+      compare.href = "/compare?" + runsQuery(list).toString();
+      setRuns(list);
     }
     const columns = ["", "run", "framework", "dump_format", "steps", "eval_steps", "samples", "tokens",
       "reward_mean", "mean_abs_lp_diff", "k3_kl", "ess_min", "audits", "tags"];
@@ -212,7 +223,7 @@
   }
 
   async function stepsPage(runs, title) {
-    const data = await api("/api/steps", { runs: runs.join(",") });
+    const data = await api("/api/steps", runsQuery(runs));
     const shown = data.runs;  // the legends list these; their colours are the lake's
     Object.assign(explorer.colours, data.colours);
     crumbs([["runs", "/"], [title, null]]);
@@ -554,7 +565,7 @@
   async function route() {
     const parts = location.pathname.split("/").filter(Boolean).map(decodeURIComponent);
     if (parts.length === 0) return runsPage();
-    if (parts[0] === "compare") return stepsPage((params().get("runs") || "").split(",").filter(Boolean), "Comparison");
+    if (parts[0] === "compare") return stepsPage(params().getAll("run").filter(Boolean), "Comparison");
     if (parts[0] === "sql") return sqlPage();
     if (parts[0] === "runs" && parts.length === 2) return stepsPage([parts[1]], parts[1]);
     if (parts[0] === "runs" && parts.length === 4 && parts[2] === "steps") return stepPage(parts[1], parts[3]);
