@@ -393,6 +393,18 @@ def test_a_run_named_with_a_comma_is_ticked_compared_and_opened_as_one_run(brows
         running.stop()
 
 
+def test_a_comparison_link_of_the_earlier_runs_form_still_opens(browser, server):
+    # Links shared before runs travelled as one `run=` each named them `?runs=a,b`.
+    _open(browser, server + "compare?runs=example,slime")
+    assert _cells(browser, "main > p .badge a") == ["example", "slime"]
+    _open(browser, server + "?runs=slime")
+    ticked = browser.evaluate(
+        "[...document.querySelectorAll('input[aria-label^=\"compare \"]')]"
+        ".filter((box) => box.checked).map((box) => box.getAttribute('aria-label'))"
+    )
+    assert ticked == ["compare slime"]
+
+
 def test_beyond_localhost_a_request_without_the_token_is_refused(lake):
     running = start(store_of(lake), ServeOptions(host="0.0.0.0", port=0))
     try:

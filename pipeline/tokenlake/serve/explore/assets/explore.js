@@ -69,6 +69,14 @@
     replaceQuery(p);
   }
   function runsQuery(runs) { return new URLSearchParams(runs.map((run) => ["run", run])); }
+  // The runs the URL names; a link of the earlier form `?runs=a,b` (one parameter, names
+  // joined by commas, so no name in it holds one) still opens.
+  function urlRuns() {
+    const p = params();
+    const runs = p.getAll("run").filter(Boolean);
+    if (runs.length === 0 && p.has("runs")) return p.get("runs").split(",").filter(Boolean);
+    return runs;
+  }
   function replaceQuery(p) {
     const query = p.toString();
     history.replaceState(null, "", location.pathname + (query ? "?" + query : ""));
@@ -161,7 +169,7 @@
     const allRuns = data.runs.map((r) => r.run);
     main.replaceChildren(el("h1", {}, "Runs"), el("p", { class: "note" },
       data.runs.length + " run(s). Tick runs and compare them, or open one."));
-    const chosen = new Set(params().getAll("run").filter(Boolean));
+    const chosen = new Set(urlRuns());
     const compare = el("a", { id: "compare", href: "/compare" }, "Compare the ticked runs");
     function updateCompare() {
       const list = allRuns.filter((r) => chosen.has(r));
@@ -565,7 +573,7 @@
   async function route() {
     const parts = location.pathname.split("/").filter(Boolean).map(decodeURIComponent);
     if (parts.length === 0) return runsPage();
-    if (parts[0] === "compare") return stepsPage(params().getAll("run").filter(Boolean), "Comparison");
+    if (parts[0] === "compare") return stepsPage(urlRuns(), "Comparison");
     if (parts[0] === "sql") return sqlPage();
     if (parts[0] === "runs" && parts.length === 2) return stepsPage([parts[1]], parts[1]);
     if (parts[0] === "runs" && parts.length === 4 && parts[2] === "steps") return stepPage(parts[1], parts[3]);
