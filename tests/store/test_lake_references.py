@@ -166,6 +166,10 @@ WRONG_VALUES = {
         lambda step, data: data["steps"].update({"0\x1b[2J": data["steps"].pop("0")}),
         "it lists step `0` under the key `0\\x1b[2J`",
     ),
+    "a tag holding a lone surrogate": (  # query and tag: UnicodeEncodeError tracebacks
+        lambda step, data: data.update(tags={"a": "\udc80"}),
+        "it holds '\\udc80', text UTF-8 cannot hold (a lone surrogate)",
+    ),
     "metrics offset as text": (
         lambda step, data: data.update(metrics_sources={"m": {"offset": "a", "head": ""}}),
         f"its `metrics_sources` entry `m`: `offset` is 'a', not a whole number from 0 to {INT64}",

@@ -302,6 +302,9 @@ def parse_manifest(where: str, raw: bytes) -> RunManifest:
         raise _damaged(where, f"it is not JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise _damaged(where, "it is not a JSON object")
+    lone = _lone_surrogate(data) if _SURROGATE_ESCAPE.search(raw) else None
+    if lone is not None:
+        raise _damaged(where, f"it holds {shown(lone)}, text UTF-8 cannot hold (a lone surrogate)")
     version = data.get("version")
     if isinstance(version, bool) or version != MANIFEST_VERSION:
         raise LakeError(
@@ -311,6 +314,28 @@ def parse_manifest(where: str, raw: bytes) -> RunManifest:
         return _from_json(path, data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _damaged(where, _what_is_wrong(exc)) from exc
+
+
+# JSON's escape of a UTF-16 surrogate: a lone one parses into a str that UTF-8 cannot encode.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first text (key or value) in parsed JSON that UTF-8 cannot encode, or None.
+    tokenlake never writes one; every command that digests or writes a manifest encodes it.
+    (Parsed JSON is at most `MAX_MANIFEST_DEPTH` deep.)"""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value
+        return None
+    parts = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    for part in parts if isinstance(parts, list) else ():
+        found = _lone_surrogate(part)
+        if found is not None:
+            return found
+    return None
 
 
 def _damaged(where: str, problem: str) -> DamagedManifestError:
