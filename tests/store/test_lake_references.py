@@ -121,6 +121,22 @@ def test_a_manifest_listing_a_step_twice_is_damaged(lake: Path) -> None:
     assert cli("verify", str(lake)) == (1, "", line)
 
 
+@pytest.mark.slow
+def test_a_folder_under_a_manifests_name_says_to_remove_it(lake: Path) -> None:
+    # Its way out was `tokenlake drop LAKE x`, which failed on it ("manifest cannot be
+    # written (Is a directory)"), as would an extraction: both rename a file over it.
+    planted = lake / "_manifest" / "x.json"
+    planted.mkdir()
+    line = (
+        f"Error: Lake `{planted}`: manifest is damaged: it is a directory, not a regular file."
+        " It is no file tokenlake wrote, and no tokenlake command replaces it: remove it\n"
+    )
+    assert cli("query", str(lake), ROWS_SQL) == (1, "", line)
+    assert cli("verify", str(lake)) == (1, "", line)
+    planted.rmdir()
+    assert cli("verify", str(lake))[:2] == (0, "6 steps checked, 0 problems\n")
+
+
 INT64 = "9,223,372,036,854,775,807"
 # What each forged value of a step (or of the run) made a command do before it was damaged:
 # a TypeError traceback (a text `rollout_id` or `schema_version` compared with ints), a

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -200,7 +201,8 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
     except BoundedReadError as exc:
         if exc.problem.startswith("cannot be read"):
             raise LakeError(where, exc.problem) from exc
-        raise _damaged(where, f"it {exc.problem}") from exc
+        folder = exc.problem.startswith(f"is {bounded.kind_of(stat.S_IFDIR)},")
+        raise _damaged(where, f"it {exc.problem}", folder=folder) from exc
     parsed = _PARSED.get()
     if parsed is None:
         return parse_manifest(where, raw)
@@ -338,9 +340,12 @@ def _lone_surrogate(value: Any) -> str | None:
     return None
 
 
-def _damaged(where: str, problem: str) -> DamagedManifestError:
-    """The error of a damaged manifest at `where`, with the way out its file name allows."""
-    return DamagedManifestError(where, problem, droppable=is_run_name(Path(where).stem))
+def _damaged(where: str, problem: str, folder: bool = False) -> DamagedManifestError:
+    """The error of a damaged manifest at `where`, with the way out its file name (and kind:
+    a `folder`) allows."""
+    return DamagedManifestError(
+        where, problem, droppable=is_run_name(Path(where).stem), folder=folder
+    )
 
 
 def _what_is_wrong(exc: Exception) -> str:
