@@ -349,8 +349,12 @@ def test_other_programs_temporary_files_are_never_deleted(tmp_path: Path) -> Non
         # nor a newline (`$` matched before one): drop deleted these two
         lake / "tokens" / "run=basic" / "rollout_id=0" / "train-0a1b2c3d.parquet\n",
         lake / "tokens" / "run=basic" / "rollout_id=0" / ".tokenlake-12-0a1b2c3d.tmp\n",
+        # tokenlake writes a step id as `str(int)`: no sign, no leading zero (drop deleted them)
+        lake / "tokens" / "run=basic" / "rollout_id=01" / "train-0a1b2c3d.parquet",
+        lake / "tokens" / "run=basic" / "rollout_id=-1" / "train-0a1b2c3d.parquet",
     ]
-    theirs[-3].parent.mkdir()  # not a step folder tokenlake makes either
+    for path in (theirs[5], *theirs[-2:]):  # not step folders tokenlake makes either
+        path.parent.mkdir()
     for path in theirs:
         path.write_text("theirs")
     extract(dump, lake, "--run-name", "other")
@@ -359,7 +363,7 @@ def test_other_programs_temporary_files_are_never_deleted(tmp_path: Path) -> Non
     code, out, _ = cli("verify", str(lake), "--run", "basic")
     assert (code, out) == (0, "3 steps checked, 0 problems\n")  # neither is its leftover
     assert cli("drop", str(lake), "basic")[0] == 0
-    assert [p.read_text() for p in theirs] == ["theirs"] * 8
+    assert [p.read_text() for p in theirs] == ["theirs"] * 10
 
 
 # --- 8.3 and 9: one line for every mistake with a lake ---------------------------------
