@@ -116,6 +116,23 @@ def test_a_steps_files_listed_again_as_its_evaluation_are_found(lake: Path) -> N
         assert cli("verify", str(lake)) == (1, f"{found}4 steps checked, 2 problems\n", [])
 
 
+def test_a_step_listing_no_tokens_file_is_one_line(lake: Path) -> None:
+    # verify raised a KeyError traceback: its checks read a step's tokens and samples
+    path = lake / "_manifest" / "basic.json"
+    data = json.loads(path.read_text())
+    step = data["steps"]["1"]
+    (lake / step["files"].pop("tokens")).unlink()  # else verify names it a leftover
+    del step["identities"]["tokens"]
+    path.write_text(json.dumps(data))
+    assert cli("views", str(lake))[0] == 0  # the catalog lists the manifests' files
+    assert cli("verify", str(lake)) == (
+        1,
+        "run `basic` step 1: lists no `tokens` file; extract the run again\n"
+        "3 steps checked, 1 problem\n",
+        [],
+    )
+
+
 def test_kept_passes_of_other_code_do_not_count(
     lake: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

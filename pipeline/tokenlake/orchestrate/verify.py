@@ -205,6 +205,9 @@ def check_step(
             and manifest record are those of a kept pass is not decoded again; one that
             passes now is recorded.
     """
+    unlisted = [table for table in (schema.TOKENS, schema.SAMPLES) if table not in step.files]
+    if unlisted:  # every step tokenlake writes has both files, of rows or none
+        return [f"lists no `{table}` file; extract the run again" for table in unlisted]
     with ExitStack() as closing:  # each file opened once, for all its checks
         opened = {}
         for table, name in step.files.items():
