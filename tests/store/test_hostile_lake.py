@@ -615,6 +615,7 @@ def test_a_directory_under_a_token_files_name_is_never_read_as_its_rows(tmp_path
         shutil.copy(other, planted)
     step_1 = lake / schema.ROLLUP_DIR / "drift_step_parts/run=basic/rollout_id=1"
     kept = snapshot(step_1)
+    name = planted.relative_to(lake).as_posix()
 
     # The other steps get their rollups; this one keeps its own, and says why in one line.
     code, out, err = cli("views", str(lake), "--recompute")
@@ -623,11 +624,12 @@ def test_a_directory_under_a_token_files_name_is_never_read_as_its_rows(tmp_path
         f"Computed the rollups of 2 steps from their tokens.\nRebuilt {lake / 'tokenlake.duckdb'}\n",
         [
             f"Warning: run `basic` step 1: rollups not computed: Lake `{planted}`: cannot be read"
-            f" ([Errno 21] not a regular file: '{planted}'); extract the run again"
+            f" ([Errno 21] not a regular file: '{planted}'); extract the run again",
+            f"Warning: run `basic` step 1: not served: `{name}` is missing; `tokenlake verify"
+            " LAKE` names it",
         ],
     )
     assert snapshot(step_1) == kept
-    name = planted.relative_to(lake).as_posix()
     assert cli("verify", str(lake))[:2] == (
         1,
         f"run `basic` step 1: file `{name}` is missing\n3 steps checked, 1 problem\n",
