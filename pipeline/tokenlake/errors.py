@@ -325,12 +325,19 @@ class CacheError(PipelineError):
 
 class DamagedManifestError(LakeError):
     """A run manifest (`_manifest/<run>.json`) cannot be read as one; `droppable`: its file
-    name is a run name, which `drop` and `extract` take (else removing the file is the way out).
+    name is a run name, which `drop` and `extract` take (else removing the file is the way out);
+    `folder`: it is a folder, which neither replaces (removing it is the way out).
     """
 
-    def __init__(self, path: Path | str, problem: str, *, droppable: bool = True) -> None:
+    def __init__(
+        self, path: Path | str, problem: str, *, droppable: bool = True, folder: bool = False
+    ) -> None:
         self.run = Path(path).stem
-        if droppable:
+        if folder:  # both replace the manifest by a rename, which a folder refuses
+            way_out = (
+                "It is no file tokenlake wrote, and no tokenlake command replaces it: remove it"
+            )
+        elif droppable:
             way_out = f"Remove the run with `tokenlake drop LAKE {self.run}` or extract it again"
         else:  # `drop` and `extract` refuse the name: neither is a way out
             way_out = (

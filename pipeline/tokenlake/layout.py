@@ -41,7 +41,8 @@ _GLOB_CHARACTERS = re.compile(r"[?*\[\]{}]")
 # only, and `\Z`, not `$` (which also matches before a final newline, a name tokenlake never makes).
 _DATA_FILE = re.compile(r"^(?:train|eval|run|vocab|metrics)(?:-[0-9a-f]{8})?\.parquet\Z")
 _TEMPORARY = re.compile(r"^\.tokenlake-([0-9]+)-[0-9a-f]{8}\.tmp(?:\.wal)?\Z")
-_STEP_FOLDER = re.compile(rf"^{schema.ROLLOUT_ID}=-?[0-9]+\Z")
+# A step id as partition_dir writes it (`str` of an int from 0): no sign, no leading zero.
+_STEP_FOLDER = re.compile(rf"^{schema.ROLLOUT_ID}=(?:0|[1-9][0-9]*)\Z")
 
 
 def is_run_name(name: str) -> bool:

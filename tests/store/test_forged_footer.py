@@ -225,3 +225,27 @@ def test_side_files_of_a_manifest_without_their_identities_are_served_as_before(
         '"run","train_steps"\n"basic",99\n',
         [],
     )
+
+
+def test_a_listed_file_deleted_is_left_out_and_the_rest_served(tmp_path: Path) -> None:
+    # A file its manifest lists, deleted by hand or by another program: every reader failed
+    # on the whole lake (`IO Error: No files found ...`, or for the `runs` file "a Parquet
+    # file vanished while the catalog was built (an extraction running?)"), where a changed
+    # file leaves out its step alone.
+    lake = tmp_path / "lake"
+    extract(REAL_DUMPS / "basic", lake)
+    (tokens,) = (lake / "tokens/run=basic/rollout_id=1").glob("train-*.parquet")
+    (runs,) = (lake / "runs/run=basic").glob("run-*.parquet")
+    tokens.unlink()
+    runs.unlink()
+    by_step = "SELECT rollout_id, count(*) FROM tokens GROUP BY ALL ORDER BY ALL"
+    assert cli_process("query", str(lake), by_step, "--format", "csv") == (
+        0,
+        '"rollout_id","count_star()"\n0,124\n',
+        [
+            f"Warning: run `basic` step 1: not served: `{tokens.relative_to(lake)}` is missing;"
+            " `tokenlake verify LAKE` names it",
+            f"Warning: run `basic`: side files not served: `{runs.relative_to(lake)}` is"
+            " missing; `tokenlake verify LAKE` names it",
+        ],
+    )

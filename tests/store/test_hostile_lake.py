@@ -349,8 +349,12 @@ def test_other_programs_temporary_files_are_never_deleted(tmp_path: Path) -> Non
         # nor a newline (`$` matched before one): drop deleted these two
         lake / "tokens" / "run=basic" / "rollout_id=0" / "train-0a1b2c3d.parquet\n",
         lake / "tokens" / "run=basic" / "rollout_id=0" / ".tokenlake-12-0a1b2c3d.tmp\n",
+        # tokenlake writes a step id as `str(int)`: no sign, no leading zero (drop deleted them)
+        lake / "tokens" / "run=basic" / "rollout_id=01" / "train-0a1b2c3d.parquet",
+        lake / "tokens" / "run=basic" / "rollout_id=-1" / "train-0a1b2c3d.parquet",
     ]
-    theirs[-3].parent.mkdir()  # not a step folder tokenlake makes either
+    for path in (theirs[5], *theirs[-2:]):  # not step folders tokenlake makes either
+        path.parent.mkdir()
     for path in theirs:
         path.write_text("theirs")
     extract(dump, lake, "--run-name", "other")
@@ -359,7 +363,7 @@ def test_other_programs_temporary_files_are_never_deleted(tmp_path: Path) -> Non
     code, out, _ = cli("verify", str(lake), "--run", "basic")
     assert (code, out) == (0, "3 steps checked, 0 problems\n")  # neither is its leftover
     assert cli("drop", str(lake), "basic")[0] == 0
-    assert [p.read_text() for p in theirs] == ["theirs"] * 8
+    assert [p.read_text() for p in theirs] == ["theirs"] * 10
 
 
 # --- 8.3 and 9: one line for every mistake with a lake ---------------------------------
@@ -611,6 +615,7 @@ def test_a_directory_under_a_token_files_name_is_never_read_as_its_rows(tmp_path
         shutil.copy(other, planted)
     step_1 = lake / schema.ROLLUP_DIR / "drift_step_parts/run=basic/rollout_id=1"
     kept = snapshot(step_1)
+    name = planted.relative_to(lake).as_posix()
 
     # The other steps get their rollups; this one keeps its own, and says why in one line.
     code, out, err = cli("views", str(lake), "--recompute")
@@ -619,11 +624,12 @@ def test_a_directory_under_a_token_files_name_is_never_read_as_its_rows(tmp_path
         f"Computed the rollups of 2 steps from their tokens.\nRebuilt {lake / 'tokenlake.duckdb'}\n",
         [
             f"Warning: run `basic` step 1: rollups not computed: Lake `{planted}`: cannot be read"
-            f" ([Errno 21] not a regular file: '{planted}'); extract the run again"
+            f" ([Errno 21] not a regular file: '{planted}'); extract the run again",
+            f"Warning: run `basic` step 1: not served: `{name}` is missing; `tokenlake verify"
+            " LAKE` names it",
         ],
     )
     assert snapshot(step_1) == kept
-    name = planted.relative_to(lake).as_posix()
     assert cli("verify", str(lake))[:2] == (
         1,
         f"run `basic` step 1: file `{name}` is missing\n3 steps checked, 1 problem\n",

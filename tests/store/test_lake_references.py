@@ -10,8 +10,11 @@ whatever the scheme spelling (`s3a://` for `s3://`).
 
 from __future__ import annotations
 
+import copy
 import http.server
 import json
+import re
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,6 +101,109 @@ def test_a_manifest_listing_one_file_twice_is_damaged(lake: Path) -> None:
     )
 
 
+@pytest.mark.slow
+def test_a_manifest_listing_a_step_twice_is_damaged(lake: Path) -> None:
+    # Two records of step 0, the second under a key of its own, each listing its own copy of
+    # the step's files: every command served the step's rows twice, with exit 0.
+    def twice(data):
+        again = copy.deepcopy(data["steps"]["0"])
+        for table, name in again["files"].items():
+            again["files"][table] = re.sub(r"-[0-9a-f]{8}\.parquet\Z", "-0badc0de.parquet", name)
+            shutil.copy(lake / name, lake / again["files"][table])
+        data["steps"]["again"] = again
+
+    path = forge(lake, "pp2", twice)
+    line = (
+        f"Error: Lake `{path}`: manifest is damaged: it lists step `0` twice (as `0` and"
+        f" `again`){WAY_OUT}\n"
+    )
+    assert cli("query", str(lake), ROWS_SQL) == (1, "", line)
+    assert cli("verify", str(lake)) == (1, "", line)
+
+
+@pytest.mark.slow
+def test_a_folder_under_a_manifests_name_says_to_remove_it(lake: Path) -> None:
+    # Its way out was `tokenlake drop LAKE x`, which failed on it ("manifest cannot be
+    # written (Is a directory)"), as would an extraction: both rename a file over it.
+    planted = lake / "_manifest" / "x.json"
+    planted.mkdir()
+    line = (
+        f"Error: Lake `{planted}`: manifest is damaged: it is a directory, not a regular file."
+        " It is no file tokenlake wrote, and no tokenlake command replaces it: remove it\n"
+    )
+    assert cli("query", str(lake), ROWS_SQL) == (1, "", line)
+    assert cli("verify", str(lake)) == (1, "", line)
+    planted.rmdir()
+    assert cli("verify", str(lake))[:2] == (0, "6 steps checked, 0 problems\n")
+
+
+INT64 = "9,223,372,036,854,775,807"
+# What each forged value of a step (or of the run) made a command do before it was damaged:
+# a TypeError traceback (a text `rollout_id` or `schema_version` compared with ints), a
+# confusing verify line ("`samples` has 8 rows; extracted 8"), or nothing at all.
+WRONG_VALUES = {
+    "rollout_id as text": (
+        lambda step, data: step.update(rollout_id="0"),
+        f"its step `0`: `rollout_id` is '0', not a whole number from 0 to {INT64}",
+    ),
+    "schema_version as text": (
+        lambda step, data: step.update(schema_version="5"),
+        f"its step `0`: `schema_version` is '5', not a whole number from 0 to {INT64}",
+    ),
+    "samples as text": (
+        lambda step, data: step.update(samples="8"),
+        f"its step `0`: `samples` is '8', not a whole number from 0 to {INT64}",
+    ),
+    "negative tokens": (
+        lambda step, data: step.update(tokens=-5),
+        f"its step `0`: `tokens` is -5, not a whole number from 0 to {INT64}",
+    ),
+    "train_files beyond int64": (
+        lambda step, data: step.update(train_files=2**63),
+        f"its step `0`: `train_files` is {2**63}, not a whole number from 0 to {INT64}",
+    ),
+    "evaluation as text": (
+        lambda step, data: step.update(evaluation="no"),
+        "its step `0`: `evaluation` is 'no', not true or false",
+    ),
+    "checksum as number": (
+        lambda step, data: step.update(checksum=5),
+        "its step `0`: `checksum` is 5, not a text",
+    ),
+    "source size as text": (
+        lambda step, data: step["sources"][0].update(size="4553"),
+        f"its step `0`: a source's `size` is '4553', not a whole number from 0 to {INT64}",
+    ),
+    "key of another step": (
+        lambda step, data: data["steps"].update({"7": data["steps"].pop("0")}),
+        "it lists step `0` under the key `7`",
+    ),
+    "key with control characters": (
+        lambda step, data: data["steps"].update({"0\x1b[2J": data["steps"].pop("0")}),
+        "it lists step `0` under the key `0\\x1b[2J`",
+    ),
+    "a tag holding a lone surrogate": (  # query and tag: UnicodeEncodeError tracebacks
+        lambda step, data: data.update(tags={"a": "\udc80"}),
+        "it holds '\\udc80', text UTF-8 cannot hold (a lone surrogate)",
+    ),
+    "metrics offset as text": (
+        lambda step, data: data.update(metrics_sources={"m": {"offset": "a", "head": ""}}),
+        f"its `metrics_sources` entry `m`: `offset` is 'a', not a whole number from 0 to {INT64}",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("forged", sorted(WRONG_VALUES))
+def test_a_manifest_value_of_another_type_is_damaged(lake: Path, forged: str) -> None:
+    change, problem = WRONG_VALUES[forged]
+    path = forge(lake, "pp2", lambda data: change(data["steps"]["0"], data))
+    line = f"Error: Lake `{path}`: manifest is damaged: {problem}{WAY_OUT}\n"
+    assert cli("query", str(lake), ROWS_SQL) == (1, "", line)
+    assert cli("verify", str(lake)) == (1, "", line)
+    assert cli("tag", str(lake), "basic", "a=b") == (1, "", line)
+
+
 @pytest.fixture
 def http_server() -> Iterator[tuple[int, list[str]]]:
     """A local HTTP server that records every request it gets."""
@@ -153,7 +259,7 @@ def test_verify_escapes_control_characters_of_manifest_names(lake: Path) -> None
         "source_dir": str(lake / "nowhere"),
         "version": 1,
         "steps": {
-            "0\x1b[2J": {
+            "0": {
                 "rollout_id": 0,
                 "evaluation": False,
                 "sources": [],
@@ -172,9 +278,9 @@ def test_verify_escapes_control_characters_of_manifest_names(lake: Path) -> None
     code, out, err = cli("verify", str(lake))
     assert (code, err) == (1, "")
     assert out == (
-        f"run `{shown}` step 0\\x1b[2J: file `tokens/run={shown}/rollout_id=0/"
+        f"run `{shown}` step 0: file `tokens/run={shown}/rollout_id=0/"
         "train-00000000.parquet` is missing\n"
-        f"run `{shown}` step 0\\x1b[2J: file `samples/run={shown}/rollout_id=0/"
+        f"run `{shown}` step 0: file `samples/run={shown}/rollout_id=0/"
         "train-00000000.parquet` is missing\n"
         "catalog `tokenlake.duckdb` lists other files than the manifests (a command was"
         " interrupted before rebuilding it); run `tokenlake views LAKE` or extract again\n"

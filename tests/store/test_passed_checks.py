@@ -5,8 +5,10 @@ step whose key is kept is not decoded again, and any changed byte or record is c
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -88,6 +90,47 @@ def test_a_changed_manifest_record_is_checked_again(lake: Path) -> None:
     step["checksum"] = "0" * len(step["checksum"])
     path.write_text(json.dumps(text), encoding="utf-8")
     assert cli("verify", str(lake)) == (1, f"{CHECKSUM}\n3 steps checked, 1 problem\n", [])
+
+
+def test_a_steps_files_listed_again_as_its_evaluation_are_found(lake: Path) -> None:
+    # A second record, of eval step 1, lists byte-for-byte copies of step 1's files: every
+    # reader served step 1's rows twice (their `evaluation` is false), and verify passed it,
+    # its bytes and record (but the flag) those of a kept pass.
+    path = lake / "_manifest" / "basic.json"
+    data = json.loads(path.read_text())
+    again = copy.deepcopy(data["steps"]["1"])
+    again["evaluation"] = True
+    for table, name in again["files"].items():
+        again["files"][table] = name.replace("/train-", "/eval-")
+        shutil.copy(lake / name, lake / again["files"][table])
+    data["steps"]["eval_1"] = again
+    path.write_text(json.dumps(data))
+    assert cli("views", str(lake))[0] == 0  # the catalog lists the manifests' files
+    found = (
+        "run `basic` step eval_1: `tokens` has 82 rows of a training step (`evaluation` false),"
+        " not of this evaluation step; extract the run again\n"
+        "run `basic` step eval_1: `samples` has 8 rows of a training step (`evaluation` false),"
+        " not of this evaluation step; extract the run again\n"
+    )
+    for _ in range(2):  # the failed check is not kept
+        assert cli("verify", str(lake)) == (1, f"{found}4 steps checked, 2 problems\n", [])
+
+
+def test_a_step_listing_no_tokens_file_is_one_line(lake: Path) -> None:
+    # verify raised a KeyError traceback: its checks read a step's tokens and samples
+    path = lake / "_manifest" / "basic.json"
+    data = json.loads(path.read_text())
+    step = data["steps"]["1"]
+    (lake / step["files"].pop("tokens")).unlink()  # else verify names it a leftover
+    del step["identities"]["tokens"]
+    path.write_text(json.dumps(data))
+    assert cli("views", str(lake))[0] == 0  # the catalog lists the manifests' files
+    assert cli("verify", str(lake)) == (
+        1,
+        "run `basic` step 1: lists no `tokens` file; extract the run again\n"
+        "3 steps checked, 1 problem\n",
+        [],
+    )
 
 
 def test_kept_passes_of_other_code_do_not_count(

@@ -205,6 +205,9 @@ def check_step(
             and manifest record are those of a kept pass is not decoded again; one that
             passes now is recorded.
     """
+    unlisted = [table for table in (schema.TOKENS, schema.SAMPLES) if table not in step.files]
+    if unlisted:  # every step tokenlake writes has both files, of rows or none
+        return [f"lists no `{table}` file; extract the run again" for table in unlisted]
     with ExitStack() as closing:  # each file opened once, for all its checks
         opened = {}
         for table, name in step.files.items():
@@ -252,7 +255,31 @@ def _content_problems(step: manifest.StepRecord, tables: dict[str, pa.Table]) ->
         problems.append(f"`tokens` has {tokens.num_rows} rows; extracted {step.tokens}")
     if manifest.tokens_checksum(tokens) != step.checksum:
         problems.append("token ids or loss masks differ from what was extracted (checksum)")
-    return problems
+    problems += [
+        _other_kind(step, table, tables[table]) for table in (schema.TOKENS, schema.SAMPLES)
+    ]
+    return [problem for problem in problems if problem]
+
+
+def _other_kind(step: manifest.StepRecord, table: str, rows: pa.Table) -> str | None:
+    """The problem of a step file holding rows whose `evaluation` is not the step's, or None.
+
+    Readers serve a row with the flag it holds: a training step's files listed again (copied)
+    as its evaluation step's served the training step's rows twice. A NULL flag counts too.
+    """
+    other = sum(
+        int(np.count_nonzero(chunk.to_numpy(zero_copy_only=False) != step.evaluation))
+        for chunk in rows.column(schema.EVALUATION).chunks
+    )
+    if not other:
+        return None
+    theirs, ours = (
+        ("a training", "evaluation") if step.evaluation else ("an evaluation", "training")
+    )
+    return (
+        f"`{table}` has {other} rows of {theirs} step (`evaluation`"
+        f" {str(not step.evaluation).lower()}), not of this {ours} step; extract the run again"
+    )
 
 
 def _passed_key(
@@ -271,7 +298,7 @@ def _passed_key(
         if content is None:
             return None
         contents.append(content)
-    record = [step.schema_version, step.samples, step.tokens, step.checksum]
+    record = [step.schema_version, step.evaluation, step.samples, step.tokens, step.checksum]
     record += [value for table in tables for value in (table, step.identities[table])]
     return passed_checks.step_key(code, record, contents)
 
@@ -392,8 +419,8 @@ _WAY_OUT = {
 }
 # The columns verify reads from a step's files of any schema version.
 _READ_COLUMNS = {
-    schema.TOKENS: (schema.TOKEN_ID, schema.LOSS_MASK),
-    schema.SAMPLES: (schema.BATCH_POSITION, schema.RESPONSE_LENGTH),
+    schema.TOKENS: (schema.TOKEN_ID, schema.LOSS_MASK, schema.EVALUATION),
+    schema.SAMPLES: (schema.BATCH_POSITION, schema.RESPONSE_LENGTH, schema.EVALUATION),
 }
 
 

@@ -123,12 +123,14 @@ def _served_steps(
     steps, left_out, no_rollups = {}, {}, {}
     for key, step in record.steps.items():
         own = {t: n for t, n in step.files.items() if t not in schema.ROLLUP_TABLES}
-        problem = _files_problem(store, own, step.identities, listing, footers)
+        problem = _files_problem(store, record.run, own, step.identities, listing, footers)
         if problem is not None:
             left_out[key] = problem
             continue
         rollups = {t: n for t, n in step.files.items() if t in schema.ROLLUP_TABLES}
-        rollup_problem = _files_problem(store, rollups, step.identities, listing, footers)
+        rollup_problem = _files_problem(
+            store, record.run, rollups, step.identities, listing, footers
+        )
         if rollup_problem is not None:  # its views read its tokens, as without rollups
             no_rollups[key] = rollup_problem
             step = replace(step, files=own, rollup_version="", rollup_settings={})
@@ -138,6 +140,7 @@ def _served_steps(
 
 def _files_problem(
     store: Store,
+    run: str,
     files: dict[str, str],
     identities: dict[str, str],
     listing: Any,
@@ -160,11 +163,27 @@ def _files_problem(
         except parquet.UnreadableLakeFile as exc:
             if store.exists(name):
                 return exc.refusal(name) or str(exc)
+            if _still_listed(store, run, name):
+                return f"`{name}` is missing; `tokenlake verify LAKE` names it"
             # gone: superseded by a commit since the manifests were read, which each reader
-            # handles by reading them again (or names as missing)
+            # handles by reading them again
         except LakeError as exc:
             return str(exc)
     return None
+
+
+def _still_listed(store: Store, run: str, name: str) -> bool:
+    """Whether the run's manifest, read now, still lists the file `name` found missing: a
+    writer commits a manifest before it deletes the files that one no longer lists, so a file
+    missing while its manifest lists it is damage (deleted by hand or by another program),
+    not a commit this reader was overtaken by."""
+    try:
+        record = manifest.load_listed(store, run)
+    except LakeError:  # replaced or damaged meanwhile: the reader reads the manifests again
+        return False
+    return name in record.side_files() or any(
+        name in step.files.values() for step in record.steps.values()
+    )
 
 
 def _changed(
@@ -197,7 +216,7 @@ def _without_unservable_side_files(
     identities = record.side_identities
 
     def problem(name: str) -> str | None:
-        return _files_problem(store, {name: name}, identities, listing, footers)
+        return _files_problem(store, record.run, {name: name}, identities, listing, footers)
 
     if record.runs_file is not None and (found := problem(record.runs_file)):
         record.runs_file = None

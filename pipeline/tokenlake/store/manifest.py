@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -36,6 +37,7 @@ from tokenlake.layout import (
     temporary_owner,
 )
 from tokenlake.processes import process_alive
+from tokenlake.steps import INT64_MAX
 from tokenlake.store.base import Store
 from tokenlake.store.parquet import IDENTITY
 
@@ -199,7 +201,8 @@ def _load(where: str, read: Callable[[], bytes]) -> RunManifest:
     except BoundedReadError as exc:
         if exc.problem.startswith("cannot be read"):
             raise LakeError(where, exc.problem) from exc
-        raise _damaged(where, f"it {exc.problem}") from exc
+        folder = exc.problem.startswith(f"is {bounded.kind_of(stat.S_IFDIR)},")
+        raise _damaged(where, f"it {exc.problem}", folder=folder) from exc
     parsed = _PARSED.get()
     if parsed is None:
         return parse_manifest(where, raw)
@@ -301,7 +304,11 @@ def parse_manifest(where: str, raw: bytes) -> RunManifest:
         raise _damaged(where, f"it is not JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise _damaged(where, "it is not a JSON object")
-    if data.get("version") != MANIFEST_VERSION:
+    lone = _lone_surrogate(data) if _SURROGATE_ESCAPE.search(raw) else None
+    if lone is not None:
+        raise _damaged(where, f"it holds {shown(lone)}, text UTF-8 cannot hold (a lone surrogate)")
+    version = data.get("version")
+    if isinstance(version, bool) or version != MANIFEST_VERSION:
         raise LakeError(
             where, f"manifest version {shown(data.get('version'))} is not {MANIFEST_VERSION}"
         )
@@ -311,9 +318,34 @@ def parse_manifest(where: str, raw: bytes) -> RunManifest:
         raise _damaged(where, _what_is_wrong(exc)) from exc
 
 
-def _damaged(where: str, problem: str) -> DamagedManifestError:
-    """The error of a damaged manifest at `where`, with the way out its file name allows."""
-    return DamagedManifestError(where, problem, droppable=is_run_name(Path(where).stem))
+# JSON's escape of a UTF-16 surrogate: a lone one parses into a str that UTF-8 cannot encode.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first text (key or value) in parsed JSON that UTF-8 cannot encode, or None.
+    tokenlake never writes one; every command that digests or writes a manifest encodes it.
+    (Parsed JSON is at most `MAX_MANIFEST_DEPTH` deep.)"""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value
+        return None
+    parts = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    for part in parts if isinstance(parts, list) else ():
+        found = _lone_surrogate(part)
+        if found is not None:
+            return found
+    return None
+
+
+def _damaged(where: str, problem: str, folder: bool = False) -> DamagedManifestError:
+    """The error of a damaged manifest at `where`, with the way out its file name (and kind:
+    a `folder`) allows."""
+    return DamagedManifestError(
+        where, problem, droppable=is_run_name(Path(where).stem), folder=folder
+    )
 
 
 def _what_is_wrong(exc: Exception) -> str:
@@ -389,7 +421,7 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
         tags=_string_map(data.get("tags", {}), "tags"),
         metrics_files=_list(data.get("metrics_files", []), "metrics_files"),
         metrics_sources={
-            str(name): MetricsSource(**_fields(MetricsSource, source))
+            str(name): _metrics_source(name, source)
             for name, source in _object(data.get("metrics_sources", {}), "metrics_sources").items()
         },
         side_identities=_string_map(data.get("side_identities", {}), "side_identities"),
@@ -398,8 +430,76 @@ def _from_json(path: Path, data: dict[str, Any]) -> RunManifest:
         raise TypeError("`source_dir` is not a string")
     if record.run != path.stem:
         raise ValueError(f"its `run` is not `{path.stem}`, the name of the file")
+    _check_steps(record.steps)
+    for name, source in (
+        ("vocab_source", record.vocab_source),
+        ("meta_source", record.meta_source),
+    ):
+        if source is not None:
+            _check_source(source, f"its `{name}`:")
     _check_own_files(record)
     return record
+
+
+def _check_whole(value: Any, what: str, low: int = 0) -> None:
+    """`value` is an int from `low` to int64's largest, not a bool, float or text
+    (ValueError naming `what`): the catalog, `verify` and extraction compare, sort, count and
+    write them into int64 columns."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= INT64_MAX:
+        raise ValueError(
+            f"{what} is {shown(value)}, not a whole number from {low:,} to {INT64_MAX:,}"
+        )
+
+
+def _check_text(value: Any, what: str) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is {shown(value)}, not a text")
+
+
+def _check_flag(value: Any, what: str) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} is {shown(value)}, not true or false")
+
+
+def _check_steps(steps: dict[str, StepRecord]) -> None:
+    """Each step record holds values of the types tokenlake writes, under its own label
+    (ValueError): two records of one step, each listing files of its partition, would serve
+    its rows twice."""
+    keys: dict[str, str] = {}
+    for key, step in steps.items():
+        shown_key = shown(key, literal=False)
+        where = f"its step `{shown_key}`:"
+        _check_whole(step.rollout_id, f"{where} `rollout_id`")
+        _check_flag(step.evaluation, f"{where} `evaluation`")
+        for name in ("samples", "tokens", "train_files", "schema_version"):
+            _check_whole(getattr(step, name), f"{where} `{name}`")
+        _check_text(step.checksum, f"{where} `checksum`")
+        for source in step.sources:
+            _check_source(source, f"{where} a source's")
+        if step.key in keys:
+            raise ValueError(
+                f"it lists step `{step.key}` twice (as `{keys[step.key]}` and `{shown_key}`)"
+            )
+        if key != step.key:
+            raise ValueError(f"it lists step `{step.key}` under the key `{shown_key}`")
+        keys[step.key] = shown_key
+
+
+def _check_source(source: SourceFile, where: str) -> None:
+    """A dump file's identity holds a name, a size and a modification time (ValueError)."""
+    _check_text(source.name, f"{where} `name`")
+    _check_whole(source.size, f"{where} `size`")
+    _check_whole(source.mtime_ns, f"{where} `mtime_ns`", -INT64_MAX - 1)  # before 1970: < 0
+
+
+def _metrics_source(name: str, data: Any) -> MetricsSource:
+    """A metrics stream's read position, of the types tokenlake writes (ValueError)."""
+    source = MetricsSource(**_fields(MetricsSource, data))
+    where = f"its `metrics_sources` entry `{shown(name, literal=False)}`:"
+    _check_whole(source.offset, f"{where} `offset`")
+    _check_text(source.head, f"{where} `head`")
+    _check_flag(source.inside_long, f"{where} `inside_long`")
+    return source
 
 
 _DIGEST = re.compile(r"[0-9a-f]{32}")
