@@ -255,10 +255,11 @@ def _content_problems(step: manifest.StepRecord, tables: dict[str, pa.Table]) ->
         problems.append(f"`tokens` has {tokens.num_rows} rows; extracted {step.tokens}")
     if manifest.tokens_checksum(tokens) != step.checksum:
         problems.append("token ids or loss masks differ from what was extracted (checksum)")
-    problems += [
-        _other_kind(step, table, tables[table]) for table in (schema.TOKENS, schema.SAMPLES)
-    ]
-    return [problem for problem in problems if problem]
+    for table in (schema.TOKENS, schema.SAMPLES):
+        other = _other_kind(step, table, tables[table])
+        if other is not None:
+            problems.append(other)
+    return problems
 
 
 def _other_kind(step: manifest.StepRecord, table: str, rows: pa.Table) -> str | None:
