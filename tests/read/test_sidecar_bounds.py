@@ -153,6 +153,40 @@ def test_a_tokenizer_json_that_is_not_a_file_is_one_line_and_the_steps_land(
     assert rows(lake, "SELECT count(*) FROM vocab") == [(0,)]
 
 
+@pytest.mark.parametrize(
+    ("target", "refusal"),
+    [
+        (
+            "gone.json",
+            "it does not exist (the OS says: [Errno 2] No such file or directory); check the"
+            " path, and that nothing moves or deletes it meanwhile",
+        ),
+        (
+            "tokenizer.json",
+            "the operating system refused it (the OS says: [Errno 40] Too many levels of"
+            " symbolic links); fix what the OS says",
+        ),
+    ],
+    ids=["broken", "loop"],
+)
+def test_a_tokenizer_json_that_is_a_dead_link_is_one_line_once(
+    tmp_path: Path, target: str, refusal: str
+) -> None:
+    # It was passed over in silence, as if the dump had saved no tokenizer.
+    dump, lake = copy_dump(tmp_path), tmp_path / "lake"
+    tokenizer = dump / "tokenizer" / "tokenizer.json"
+    tokenizer.unlink()
+    tokenizer.symlink_to(target)
+    code, out, err = extract(dump, lake)
+    assert (code, out) == (0, summary(lake))
+    assert err == [
+        f"Ignored `{tokenizer}`: cannot be read: {refusal}; token texts are NULL until it is fixed"
+    ]
+    assert landed(lake) == BASIC_STEPS
+    assert rows(lake, "SELECT count(*) FROM vocab") == [(0,)]
+    assert extract(dump, lake)[2] == []  # said once: the link is unchanged
+
+
 def test_a_16_gib_metrics_line_without_newline_is_skipped_once(tmp_path: Path) -> None:
     dump, lake = copy_dump(tmp_path), tmp_path / "lake"
     first = json.dumps({"ts": 1.0, "step_key": "s", "step": 0, "metrics": {"a": 1.5}}) + "\n"

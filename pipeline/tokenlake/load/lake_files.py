@@ -430,7 +430,7 @@ def refresh_vocab(
         record.vocab_file, record.vocab_source = None, None
         return changed, None
     # Identified like every other source (name, size, mtime): no re-reading on each round.
-    stamp = manifest.SourceFile.of(source, root)
+    stamp = _tokenizer_stamp(source, root)
     if stamp == record.vocab_source and (
         record.vocab_file is None or store.exists(record.vocab_file)
     ):
@@ -447,3 +447,13 @@ def refresh_vocab(
     record.side_identities[name] = write.write_lake_file(store, name, schema.VOCAB, table, metadata)
     record.vocab_file, record.vocab_source = name, stamp
     return True, None
+
+
+def _tokenizer_stamp(source: Path, root: Path) -> manifest.SourceFile:
+    """The tokenizer file's identity; a broken or looping link's is the link's own (its target
+    cannot be stat'ed), so that the warning about it comes once, not on every round."""
+    try:
+        return manifest.SourceFile.of(source, root)
+    except OSError:
+        link = source.lstat()
+        return manifest.SourceFile(str(source.relative_to(root)), link.st_size, link.st_mtime_ns)

@@ -10,6 +10,7 @@ Reading only: nothing here ever writes into the dump directory.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Container
 from dataclasses import dataclass, field, replace
@@ -88,12 +89,11 @@ class Dump:
 
     @property
     def tokenizer_file(self) -> Path | None:
-        """`tokenizer/tokenizer.json`, if the dump has one: also a folder, a FIFO or a device
-        by that name, which `vocab.vocab_table` refuses in a warning rather than passing it
-        over as if the dump had saved no tokenizer. None when there is nothing (or a broken
-        link) there."""
+        """`tokenizer/tokenizer.json`, if the dump has one: also a folder, a FIFO, a device or
+        a broken link by that name, which `vocab.vocab_table` refuses in a warning rather than
+        passing it over as if the dump had saved no tokenizer. None when nothing is there."""
         path = self.root / TOKENIZER_DIR / TOKENIZER_FILE
-        return path if path.exists() else None
+        return path if os.path.lexists(path) else None
 
     def trajectory_file(self, label: str) -> Path | None:
         """The step's `trajectory/{label}.jsonl`, if the dump has one (a folder or a FIFO by
