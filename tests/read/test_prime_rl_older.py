@@ -25,6 +25,7 @@ import pytest
 
 from tests.conftest import store_of
 from tests.fixture_paths import PRIME_RL_REAL
+from tokenlake.generator import synth_frameworks
 from tokenlake.orchestrate.extract import ExtractOptions, extract_run
 
 CASE = "packed_2ranks"
@@ -59,22 +60,9 @@ def _rewrite(path: Path, change: Any) -> None:
 
 def _june_2026(record: dict[str, Any], reward: float | None, mode: str = "rl") -> None:
     """A line as prime-rl 941019f2e .. 0be5ac452^ wrote it (2026-06-11 .. 2026-06-26)."""
-    n = len(record["token_ids"])
-    for key in ("rl_weights", "ce_weights", "ref_kl_weights"):
-        del record[key]
-    shaped = {}
-    for key, value in record.items():
-        shaped[key] = value
-        if key == "step":
-            shaped["export_step"] = value
-        if key == "export_sequence_idx":
-            shaped["run_id"] = None
-        if key == "env_name":
-            shaped["training_mode"] = mode
-        if key == "advantages":
-            shaped["rewards"] = [reward] * n
+    older = synth_frameworks.june_2026_line(record, reward, mode)
     record.clear()
-    record.update(shaped)
+    record.update(older)
 
 
 def _to_june_2026(run: Path) -> None:

@@ -297,15 +297,18 @@ def _prime_rl_line(
         "ref_kl_weights": nothing,
     }
     if spec.prime_rl_june_2026 or spec.prime_rl_may_2026:
-        record = _june_2026_line(record, float(step.reward[i]))
+        record = june_2026_line(record, float(step.reward[i]))
     if spec.prime_rl_may_2026:
         del record["export_step"], record["run_id"]
     return record, k3[loss & np.isfinite(k3)]
 
 
-def _june_2026_line(record: dict[str, Any], reward: float) -> dict[str, Any]:
-    """A line as prime-rl wrote it from 2026-06-11 (941019f2e) to 2026-06-26 (before
-    0be5ac452): its keys in that writer's order."""
+def june_2026_line(
+    record: dict[str, Any], reward: float | None, mode: str = "rl"
+) -> dict[str, Any]:
+    """Today's token export line `record` as prime-rl wrote it from 2026-06-11 (941019f2e) to
+    2026-06-26 (before 0be5ac452): its keys in that writer's order, the sample's `reward`
+    (None: none) on every token, the line's `training_mode`."""
     older: dict[str, Any] = {}
     for key, value in record.items():
         if key in ("rl_weights", "ce_weights", "ref_kl_weights"):
@@ -316,7 +319,7 @@ def _june_2026_line(record: dict[str, Any], reward: float) -> dict[str, Any]:
         elif key == "export_sequence_idx":
             older["run_id"] = None
         elif key == "env_name":
-            older["training_mode"] = "rl"
+            older["training_mode"] = mode
         elif key == "advantages":
             older["rewards"] = [reward] * len(record["token_ids"])
     return older

@@ -164,14 +164,15 @@ def discover(root: Path) -> dump.Dump:
             ignored.append((folder, f"its step exceeds the largest step id ({INT64_MAX})"))
             continue
         rid = int(match.group(1))
-        named[rid] = named.get(rid, frozenset()) | _ranks_named(folder)
+        names = _rank_names(folder)
+        named[rid] = named.get(rid, frozenset()) | frozenset(names)
         stable = folder / STABLE
         odd = _not_a_marker(stable)
         if odd is not None:
             ignored.append((folder, odd))
             continue
         marked = _is_regular(stable)
-        if not marked and not _before_stable(folder):  # not yet: never read half a step
+        if not marked and not _before_stable(names):  # not yet: never read half a step
             ignored.append((folder, NOT_YET))
             continue
         ranks, duplicates = _rank_files(root, folder, ignored)
@@ -199,10 +200,11 @@ def discover(root: Path) -> dump.Dump:
     return dump.Dump(root, tuple(ordered), tuple(sorted(ignored)))
 
 
-def _ranks_named(folder: Path) -> frozenset[int]:
-    """The ranks a step folder has a `rank_{R}.jsonl` name of (whatever the file holds)."""
-    found = (RANK_FILE.match(path.name) for path in folder.iterdir())
-    return frozenset(int(match.group(1)) for match in found if match)
+def _rank_names(folder: Path) -> dict[int, Path]:
+    """The step folder's `rank_{R}.jsonl` names by rank, whatever the files hold (of two
+    names of one rank, the last by name)."""
+    found = ((RANK_FILE.match(path.name), path) for path in sorted(folder.iterdir()))
+    return {int(match.group(1)): path for match, path in found if match}
 
 
 def _finished(files: dump.StepFiles, named: dict[int, frozenset[int]]) -> bool:
@@ -211,15 +213,11 @@ def _finished(files: dump.StepFiles, named: dict[int, frozenset[int]]) -> bool:
     return any(later > files.rollout_id and files.ranks <= ranks for later, ranks in named.items())
 
 
-def _before_stable(folder: Path) -> bool:
-    """Whether a folder without `STABLE` was written by prime-rl before 2026-06-11, which
-    never wrote one: the first line of its lowest rank file has a `training_mode` and no
-    `export_step` among the keys before `token_ids` (its writer's keys, in its order)."""
-    ranks = {
-        int(match.group(1)): path
-        for path in folder.iterdir()
-        if (match := RANK_FILE.match(path.name)) is not None
-    }
+def _before_stable(ranks: dict[int, Path]) -> bool:
+    """Whether a folder without `STABLE`, of these rank files (`_rank_names`), was written by
+    prime-rl before 2026-06-11, which never wrote one: the first line of its lowest rank file
+    has a `training_mode` and no `export_step` among the keys before `token_ids` (its writer's
+    keys, in its order)."""
     if not ranks:
         return False
     path = ranks[min(ranks)]
